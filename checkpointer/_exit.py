@@ -1,0 +1,112 @@
+"""Exit hooks: flush every open writer from atexit and from SIGTERM/SIGHUP.
+
+Facts this module is built on (``../shared/FACTS.md``):
+
+* atexit does not run when a signal Python does not handle kills the process
+  (the default SIGTERM and SIGHUP), so we handle those two and write inside
+  the handler;
+* after writing we chain so the exit status is what it would have been
+  without us: a previous Python handler is called; "ignore" (``nohup``) is
+  kept; the default action is restored and the signal re-raised, so the
+  process dies of it (status -15 for SIGTERM);
+* SIGINT is left alone: asyncio's runner and trio install their Ctrl-C
+  handling only when they find Python's default handler.  KeyboardInterrupt
+  unwinds through ``async with`` (whose exit writes) and then atexit runs;
+* a handler runs on the main thread between bytecodes, possibly while that
+  same thread is inside a writer's synchronous write.  Waiting for the
+  writer's lock there would deadlock, so the signal is deferred and handled
+  (flush, then chain) as soon as that write releases its lock.
+
+Handlers are installed when the first writer with ``exit_hooks=True`` opens
+on the main thread and restored when the last one closes, unless another
+handler was installed on top of ours meanwhile; ours then stays and, with no
+writer left, only chains.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._writer import CheckpointWriter
+
+__all__ = ["HANDLED_SIGNALS", "register", "run_deferred", "unregister"]
+
+logger = logging.getLogger("checkpointer")
+
+HANDLED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)
+
+_writers: list[CheckpointWriter[Any]] = []
+_previous: dict[int, Any] = {}
+_deferred: list[int] = []
+_registry_lock = threading.Lock()  # never taken inside a signal handler
+
+
+def register(writer: CheckpointWriter[Any]) -> None:
+    """Flush ``writer`` at exit and on SIGTERM/SIGHUP until ``unregister``."""
+    with _registry_lock:
+        _writers.append(writer)
+        atexit.register(writer._flush_at_exit)
+        if threading.current_thread() is threading.main_thread():
+            for signum in HANDLED_SIGNALS:
+                current = signal.getsignal(signum)
+                if current is not _handle:
+                    _previous[signum] = current
+                    signal.signal(signum, _handle)
+
+
+def unregister(writer: CheckpointWriter[Any]) -> None:
+    """Undo ``register``; restore the signal handlers we replaced if we can."""
+    with _registry_lock:
+        try:
+            _writers.remove(writer)
+        except ValueError:
+            return
+        atexit.unregister(writer._flush_at_exit)
+        if _writers or threading.current_thread() is not threading.main_thread():
+            return
+        for signum in HANDLED_SIGNALS:
+            if signal.getsignal(signum) is _handle and signum in _previous:
+                previous = _previous.pop(signum)
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+
+def _handle(signum: int, frame: FrameType | None) -> None:
+    me = threading.get_ident()
+    writers = list(_writers)
+    if any(w._busy_on(me) for w in writers):
+        # This thread is inside a writer's own write: finish it first.
+        _deferred.append(signum)
+        return
+    for writer in writers:
+        writer._flush_at_signal()
+    _chain(signum, frame)
+
+
+def run_deferred() -> None:
+    """Handle signals that arrived during a write on this thread (main only)."""
+    if not _deferred or threading.current_thread() is not threading.main_thread():
+        return
+    me = threading.get_ident()
+    if any(w._busy_on(me) for w in list(_writers)):
+        return
+    while _deferred:
+        _handle(_deferred.pop(0), None)
+
+
+def _chain(signum: int, frame: FrameType | None) -> None:
+    previous = _previous.get(signum, signal.SIG_DFL)
+    if previous is signal.SIG_IGN:
+        return
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # SIG_DFL, or None (a handler not installed from Python): die of it.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)

@@ -1,0 +1,235 @@
+"""The on-disk format: the envelope, its meta, and loading it back.
+
+A checkpoint file is one JSON object::
+
+    {"format": 1, "meta": {...}, "state": ...}
+
+``format`` is the version of this envelope; ``meta`` is a ``Meta``; ``state``
+is whatever the source returned, encoded by msgspec.  The writer builds the
+file from separately encoded pieces (see ``envelope_chunks``) so the state is
+encoded once and joined in the worker thread, off the event loop.
+
+Schema evolution follows msgspec's rules: a new field gets a default, an
+existing field's type never changes, and ``FORMAT`` moves only when an old
+reader could not read the new file correctly.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import msgspec
+
+if TYPE_CHECKING:
+    from ._stores import Store
+
+__all__ = [
+    "FORMAT",
+    "Checkpoint",
+    "CheckpointError",
+    "Meta",
+    "Snapshot",
+    "decode_checkpoint",
+    "decode_meta",
+    "envelope_chunks",
+    "load",
+]
+
+FORMAT = 1
+"""The envelope version this library writes and the newest it reads."""
+
+T = TypeVar("T")
+
+
+class CheckpointError(Exception):
+    """A checkpoint exists but cannot be trusted.
+
+    Attributes:
+        path: where the bad checkpoint is (the store's location for the key).
+        reason: what is wrong with it, in one line.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class Snapshot(msgspec.Struct, frozen=True):
+    """What the source hands the writer: the session's key and its state.
+
+    ``state`` is anything msgspec can encode (dicts, lists, Structs,
+    dataclasses, ...).  The writer encodes it at write time and does not keep
+    it.
+    """
+
+    key: str
+    state: Any
+
+
+class Meta(msgspec.Struct, frozen=True, kw_only=True):
+    """What a checkpoint file says about itself.
+
+    Attributes:
+        key: the session key.
+        seq: 1 for the first write of the key, then one more on every write,
+            across processes.
+        created_at: UTC time of the key's first write; later writers keep it.
+        updated_at: UTC time of this write.
+        live: True while a writer has the key open; False after its final
+            write (close, exit flush, signal).
+        pinned: a sticky flag set with ``write_now(pin=...)``.
+    """
+
+    key: str
+    seq: int
+    created_at: datetime
+    updated_at: datetime
+    live: bool
+    pinned: bool = False
+
+
+class Checkpoint(msgspec.Struct, Generic[T], frozen=True):
+    """A loaded checkpoint: its ``meta`` and its decoded ``state``."""
+
+    meta: Meta
+    state: T
+
+
+class _Envelope(msgspec.Struct):
+    format: int
+    meta: Meta
+    state: msgspec.Raw
+
+
+class _Head(msgspec.Struct):
+    format: int
+
+
+_ENVELOPE_DECODER = msgspec.json.Decoder(_Envelope)
+_HEAD_DECODER = msgspec.json.Decoder(_Head)
+_META_ENCODER = msgspec.json.Encoder()
+_PREFIX = b'{"format":%d,"meta":' % FORMAT
+_MIDDLE = b',"state":'
+_SUFFIX = b"}"
+
+
+def envelope_chunks(meta: Meta, state_json: bytes) -> list[bytes]:
+    """The pieces of a checkpoint file, to be joined by the writer thread.
+
+    Joining (not ``+``) matters: ``bytes.join`` releases the GIL for large
+    results, so a 50 MB checkpoint does not stall the event loop.
+    """
+    return [_PREFIX, _META_ENCODER.encode(meta), _MIDDLE, state_json, _SUFFIX]
+
+
+@functools.lru_cache(maxsize=64)
+def _decoder_for(type_: Any) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(type_)
+
+
+def _state_decoder(type_: Any) -> msgspec.json.Decoder[Any]:
+    try:
+        return _decoder_for(type_)
+    except TypeError:  # an unhashable type expression: build one each time
+        return msgspec.json.Decoder(type_)
+
+
+def _decode_envelope(data: bytes, path: str) -> _Envelope:
+    if not data:
+        raise CheckpointError(path, "the file is empty (a write never finished?)")
+    try:
+        envelope = _ENVELOPE_DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        _check_format(data, path)
+        raise CheckpointError(path, f"not a checkpoint envelope: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise CheckpointError(path, f"not valid JSON (truncated or corrupt): {exc}") from None
+    if envelope.format > FORMAT:
+        raise CheckpointError(path, _newer(envelope.format))
+    if envelope.format < 1:
+        raise CheckpointError(path, f"unknown format version {envelope.format}")
+    return envelope
+
+
+def _check_format(data: bytes, path: str) -> None:
+    try:
+        head = _HEAD_DECODER.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return
+    if head.format > FORMAT:
+        raise CheckpointError(path, _newer(head.format))
+
+
+def _newer(version: int) -> str:
+    return (
+        f"format version {version} is newer than this library reads ({FORMAT}); "
+        "upgrade agent-checkpointer to load it"
+    )
+
+
+def decode_meta(data: bytes, path: str) -> Meta:
+    """Decode only the meta of a checkpoint file (the state is skipped)."""
+    return _decode_envelope(data, path).meta
+
+
+def decode_checkpoint(data: bytes, path: str, type: Any = Any) -> Checkpoint[Any]:
+    """Decode a whole checkpoint file, its state as ``type``.
+
+    Raises:
+        CheckpointError: the bytes are not a checkpoint this library can read,
+            or the state does not match ``type`` (the message names the JSON
+            path of the bad field, e.g. ``$.state.messages[3].role``).
+    """
+    envelope = _decode_envelope(data, path)
+    try:
+        state = _state_decoder(type).decode(envelope.state)
+    except msgspec.ValidationError as exc:
+        message = str(exc).replace("`$", "`$.state")
+        if "`$.state" not in message:
+            message += " - at `$.state`"
+        raise CheckpointError(path, f"state does not match {_type_name(type)}: {message}") from None
+    except msgspec.DecodeError as exc:  # pragma: no cover - envelope parsing saw it first
+        raise CheckpointError(path, f"state is not valid JSON: {exc}") from None
+    return Checkpoint(meta=envelope.meta, state=state)
+
+
+def _type_name(type_: Any) -> str:
+    return getattr(type_, "__name__", None) or repr(type_)
+
+
+def load(store: Store, key: str, type: Any = Any) -> Checkpoint[Any] | None:
+    """Load the checkpoint of ``key`` from ``store``.
+
+    Args:
+        store: where the checkpoint lives (a ``FileStore``, ...).
+        key: the session key.
+        type: what to decode the state as (any type msgspec understands);
+            ``Any`` gives plain JSON values.
+
+    Returns:
+        The checkpoint, or None when the store has none for ``key``.
+
+    Raises:
+        ValueError: ``key`` is not a valid key for the store.
+        CheckpointError: the checkpoint exists but is truncated, not JSON,
+            not an envelope, of a newer format, or its state does not match
+            ``type``.
+    """
+    store.validate_key(key)
+    location = store.location(key)
+    try:
+        data = store.read(key)
+    except OSError as exc:
+        raise CheckpointError(location, f"cannot be read: {_oserror(exc)}") from None
+    if data is None:
+        return None
+    return decode_checkpoint(data, location, type)
+
+
+def _oserror(exc: OSError) -> str:
+    name = os.strerror(exc.errno) if exc.errno else type(exc).__name__
+    return f"{name} ({type(exc).__name__})"

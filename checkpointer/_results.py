@@ -1,0 +1,101 @@
+"""What a write returns, and what a writer reports about itself.
+
+An expected outcome is a value, never an exception: a write is ``Written``,
+``Skipped`` or ``Failed``.  All are frozen msgspec Structs, cheap to build,
+compare and log.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeAlias
+
+import msgspec
+
+__all__ = [
+    "FailReason",
+    "Failed",
+    "Result",
+    "SkipReason",
+    "Skipped",
+    "WriterStatistics",
+    "Written",
+]
+
+SkipReason: TypeAlias = Literal["unchanged", "no-identity", "closed"]
+FailReason: TypeAlias = Literal[
+    "snapshot-failed",
+    "encode-failed",
+    "invalid-key",
+    "not-sendable",
+    "locked",
+    "write-failed",
+]
+
+
+class Written(msgspec.Struct, frozen=True, kw_only=True):
+    """The checkpoint of ``key`` is on disk at ``location``.
+
+    Attributes:
+        key: the key written.
+        location: where the store put it (a path for ``FileStore``).
+        nbytes: bytes handed to the store.
+        seconds: time from the snapshot to the end of the durable write.
+        seq: the sequence number now in the file's meta.
+    """
+
+    key: str
+    location: str
+    nbytes: int
+    seconds: float
+    seq: int = 0
+
+
+class Skipped(msgspec.Struct, frozen=True):
+    """Nothing was written, and nothing needed to be.
+
+    ``reason`` is ``"unchanged"`` (the store already holds this state, or a
+    newer one), ``"no-identity"`` (the source returned None) or ``"closed"``.
+    """
+
+    reason: SkipReason
+
+
+class Failed(msgspec.Struct, frozen=True):
+    """The write did not happen; the previous checkpoint is intact.
+
+    ``reason`` says which step failed; ``error`` is a one-line message naming
+    the thing (path, key, field) and, where there is one, the way out.  The
+    changes stay pending and are retried with backoff.
+    """
+
+    reason: FailReason
+    error: str
+
+
+Result: TypeAlias = Written | Skipped | Failed
+
+
+class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of a writer's counters (``CheckpointWriter.statistics()``).
+
+    Attributes:
+        events: ``notify()`` calls, including those made through ``attach``.
+        writes: checkpoints the store took.
+        skipped: writes skipped (unchanged, no identity).
+        failures: failed writes, in all.
+        failure_streak: failed writes since the last success.
+        bytes_written: bytes the store took, in all.
+        last_write_seconds: duration of the last successful write, or None.
+        pending: whether changes wait for a write that has not started.
+        key: the key of the last snapshot, or None before the first.
+    """
+
+    events: int
+    writes: int
+    skipped: int
+    failures: int
+    failure_streak: int
+    bytes_written: int
+    last_write_seconds: float | None
+    pending: bool
+    key: str | None

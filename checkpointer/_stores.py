@@ -1,0 +1,158 @@
+"""Where checkpoints live: the store interface and the local-file store.
+
+The writer talks to a store only through ``Store``: synchronous calls that
+the async path runs in one worker-thread hop each and ``flush_sync`` calls
+directly.  Nothing in the writer assumes a local path, so a networked store
+can implement the same protocol.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from ._atomic import fsync_dir, sweep_temps, write_atomic
+
+__all__ = ["KEY_PATTERN", "FileStore", "Store", "check_key"]
+
+logger = logging.getLogger("checkpointer")
+
+KEY_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+"""A key: 1-200 letters, digits, ``.``, ``_``, ``-``; not starting with ``.``."""
+
+
+def check_key(key: object) -> str:
+    """Return ``key`` if it is a valid checkpoint key.
+
+    Raises:
+        ValueError: naming the key and the rule it breaks.
+    """
+    if not isinstance(key, str):
+        # ValueError, not TypeError: every bad key is one kind of error for callers.
+        raise ValueError(f"a key must be a str, got {type(key).__name__} {key!r:.80}")  # noqa: TRY004
+    if KEY_PATTERN.fullmatch(key) is None:
+        if not key:
+            why = "it is empty"
+        elif len(key) > 200:
+            why = f"it has {len(key)} characters (at most 200)"
+        elif key.startswith("."):
+            why = "it starts with '.'"
+        else:
+            why = "use only letters, digits, '.', '_' and '-'"
+        raise ValueError(f"invalid key {key!r:.80}: {why}")
+    return key
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What a checkpoint writer needs from storage.
+
+    Every method is synchronous and may block; the writer calls them from a
+    worker thread (async path) or directly (``flush_sync``).  ``write`` must
+    be atomic: after a crash a reader sees the old bytes or the new ones.
+    """
+
+    def validate_key(self, key: str) -> None:
+        """Raise ValueError if ``key`` cannot name a checkpoint here."""
+
+    def location(self, key: str) -> str:
+        """Where ``key`` lives, for messages and ``Written.location``."""
+
+    def open(self) -> None:
+        """Prepare for writing (clean up debris of crashed writers)."""
+
+    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+        """Atomically and durably replace ``key`` with the joined chunks.
+
+        Returns the number of bytes written.  Raises OSError on failure.
+        """
+
+    def read(self, key: str) -> bytes | None:
+        """The bytes of ``key``, or None if there is none."""
+
+    def keys(self) -> list[str]:
+        """The keys that have a checkpoint, sorted."""
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; False if there was nothing to remove."""
+
+    def move_aside(self, key: str, suffix: str) -> str | None:
+        """Rename ``key``'s checkpoint out of the way; return where it went."""
+
+
+class FileStore:
+    """Checkpoints as files: key ``k`` lives at ``root/k.json``.
+
+    The root is created (mode 0700) on the first write.  Each write is a
+    durable atomic replace (temp file, fsync, rename, directory fsync).
+
+    Args:
+        root: the directory that holds the checkpoint files.
+    """
+
+    suffix = ".json"
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.fspath(root)
+        if not isinstance(self.root, str) or not self.root:
+            raise ValueError(f"FileStore root must be a non-empty path, got {root!r}")
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.root!r})"
+
+    def validate_key(self, key: str) -> None:
+        check_key(key)
+
+    def location(self, key: str) -> str:
+        return os.path.join(self.root, key + self.suffix)
+
+    def open(self) -> None:
+        for path in sweep_temps(self.root):
+            logger.info("checkpointer: removed stale temp file %s", path)
+
+    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+        check_key(key)
+        return write_atomic(self.location(key), chunks)
+
+    def read(self, key: str) -> bytes | None:
+        check_key(key)
+        try:
+            with open(self.location(key), "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def keys(self) -> list[str]:
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        n = len(self.suffix)
+        found = [
+            name[:-n]
+            for name in names
+            if name.endswith(self.suffix) and KEY_PATTERN.fullmatch(name[:-n])
+        ]
+        return sorted(found)
+
+    def delete(self, key: str) -> bool:
+        check_key(key)
+        try:
+            os.unlink(self.location(key))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def move_aside(self, key: str, suffix: str) -> str | None:
+        check_key(key)
+        source = self.location(key)
+        target = os.path.join(self.root, f"{key}.{suffix}")
+        try:
+            os.replace(source, target)
+        except FileNotFoundError:
+            return None
+        fsync_dir(self.root)
+        return target

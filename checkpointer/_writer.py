@@ -1,0 +1,784 @@
+"""The checkpoint writer: a service object that carries out the scheduler.
+
+How a write flows (one write at a time):
+
+1. On the caller's thread (the event loop for the async path): the
+   scheduler marks the pending changes covered, ``source()`` is called,
+   the key is checked, the caller's fingerprint compared, and the state is
+   encoded once.  msgspec holds the GIL while it encodes, so doing this in a
+   worker thread would not spare the loop (``../shared/FACTS.md``).
+2. In one worker-thread hop (``anyio.to_thread.run_sync``) or directly for
+   ``flush_sync``: under the writer's I/O lock the job is checked against
+   what is on disk (generation, content digest, live and pinned flags), the
+   meta is built, and the store joins the pieces and writes them durably.
+
+Every job carries a generation number taken before ``source()`` runs; the
+I/O lock and a per-key "newest generation on disk" make sure an older
+snapshot never replaces a newer one, whichever thread writes it (a signal
+handler's flush can overtake a write in a worker thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Generic, Literal, TypeVar, final
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import msgspec
+
+from . import _exit
+from ._clock import Clock, MonotonicClock
+from ._format import CheckpointError, Meta, Snapshot, decode_checkpoint, envelope_chunks
+from ._results import Failed, Result, Skipped, WriterStatistics, Written
+from ._schedule import IDLE, WRITE, Outcome, Scheduler
+from ._stores import Store
+
+__all__ = ["CheckpointWriter"]
+
+logger = logging.getLogger("checkpointer")
+
+S = TypeVar("S", bound=Snapshot)
+
+_NO_FINGERPRINT: Any = object()
+
+Subscribe = Callable[[Callable[..., None]], Callable[[], object] | None]
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class _KeyState:
+    """What this writer knows about one key's checkpoint on disk."""
+
+    __slots__ = (
+        "content",
+        "created_at",
+        "live",
+        "newest_gen",
+        "pin",
+        "pinned",
+        "resolved",
+        "seq",
+    )
+
+    def __init__(self) -> None:
+        self.resolved = False  # seq/created_at/pinned read from the store
+        self.seq = 0
+        self.created_at: datetime | None = None
+        self.content: object = None  # fingerprint or digest of the state on disk
+        self.live: bool | None = None  # live flag on disk (None: unknown)
+        self.pinned: bool | None = None  # pinned flag on disk (None: unknown)
+        self.pin: bool | None = None  # requested by write_now(pin=...)
+        self.newest_gen = -1  # generation of the snapshot on disk
+
+
+@final
+class _Job:
+    __slots__ = ("content", "force", "gen", "key", "live", "started", "state_json")
+
+    def __init__(
+        self,
+        *,
+        gen: int,
+        key: str,
+        state_json: bytes,
+        content: object,
+        live: bool,
+        force: bool,
+        started: float,
+    ) -> None:
+        self.gen = gen
+        self.key = key
+        self.state_json = state_json
+        self.content = content
+        self.live = live
+        self.force = force
+        self.started = started
+
+
+@final
+class CheckpointWriter(Generic[S]):
+    """Keeps a session's checkpoint on disk, debounced, durable and cheap.
+
+    Use it as ``async with CheckpointWriter(source, store) as writer:`` in
+    an asyncio or trio program (through anyio), or ``with ...`` / ``open()``
+    in a synchronous one, where writes happen on ``flush_sync`` and at exit.
+
+    Args:
+        source: called at write time; returns a ``Snapshot(key, state)`` or
+            None when the session has no identity yet.  Called on the event
+            loop's thread for the async path, on the calling thread for
+            ``flush_sync``.
+        store: where checkpoints go (``FileStore(root)``).
+        debounce: quiet seconds after the latest event before a write.
+        min_interval: least seconds between the starts of two scheduled
+            writes (``write_now``, ``flush_sync`` and the final write are
+            exempt).
+        max_wait: most seconds the oldest unsaved change waits, however
+            steady the stream of events.
+        fingerprint: optional cheap structural fingerprint of a snapshot; a
+            write whose fingerprint equals the last written one is skipped
+            before encoding.  Without it, an identical encoded state counts
+            as unchanged.
+        write_on_start: write once on entry so a new session is resumable
+            at once.
+        exit_hooks: flush at interpreter exit and on SIGTERM/SIGHUP while
+            open (signal handlers only when opened on the main thread).
+        clock: the clock to read and sleep on (tests inject a fake one).
+        backoff_initial: first retry delay after a failed write.
+        backoff_max: cap of the doubling retry delay.
+        close_timeout: bound, in seconds, on the final write when closing.
+        exit_timeout: how long an exit or signal flush waits for a write in
+            flight in a worker thread before it writes anyway.
+
+    Raises:
+        ValueError: a duration is out of range (the message says which).
+        TypeError: ``source``, ``store`` or ``fingerprint`` is not usable.
+    """
+
+    def __init__(
+        self,
+        source: Callable[[], S | None],
+        store: Store,
+        *,
+        debounce: float = 0.5,
+        min_interval: float = 1.0,
+        max_wait: float = 5.0,
+        fingerprint: Callable[[S], Hashable] | None = None,
+        write_on_start: bool = True,
+        exit_hooks: bool = True,
+        clock: Clock | None = None,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        close_timeout: float = 10.0,
+        exit_timeout: float = 5.0,
+    ) -> None:
+        if not callable(source):
+            raise TypeError(f"source must be a callable returning a Snapshot, got {source!r}")
+        if not isinstance(store, Store):
+            raise TypeError(
+                f"store must implement checkpointer.Store (FileStore(root), ...), got {store!r}"
+            )
+        if fingerprint is not None and not callable(fingerprint):
+            raise TypeError(f"fingerprint must be callable or None, got {fingerprint!r}")
+        for name, value in (("close_timeout", close_timeout), ("exit_timeout", exit_timeout)):
+            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        self._sched = Scheduler(
+            debounce=debounce,
+            min_interval=min_interval,
+            max_wait=max_wait,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+        )
+        self._source = source
+        self._store = store
+        self._fingerprint = fingerprint
+        self._write_on_start = write_on_start
+        self._exit_hooks = exit_hooks
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._now = self._clock.now
+        self._close_timeout = float(close_timeout)
+        self._exit_timeout = float(exit_timeout)
+        self._encoder = msgspec.json.Encoder()
+
+        self._opened = False
+        self._closed = False
+        self._hooked = False
+        self._events = 0
+        self._writes = 0
+        self._skipped = 0
+        self._failures = 0
+        self._streak = 0
+        self._bytes = 0
+        self._last_seconds: float | None = None
+
+        self._gen = itertools.count()
+        self._keys: dict[str, _KeyState] = {}
+        self._key: str | None = None
+        self._to_finish: set[str] = set()
+        self._io_lock = threading.Lock()
+        self._busy: set[int] = set()  # threads inside _io(), see _exit
+        self._inflight = False  # an async job is between prepare and commit
+        self._unsubscribes: list[Callable[[], object]] = []
+
+        self._token: anyio.lowlevel.EventLoopToken | None = None
+        self._loop_thread: int | None = None
+        self._write_lock: anyio.Lock | None = None
+        self._sleep_scope: anyio.CancelScope | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open" if self._opened else "new"
+        return f"<CheckpointWriter {state} store={self._store!r} key={self._key!r}>"
+
+    # -- the hot path -------------------------------------------------------
+
+    def notify(self) -> None:
+        """Record that the session changed; a write follows per the timing rules.
+
+        O(1) and non-blocking: one clock read and a few attribute stores in
+        a burst.  Safe from any thread.  A no-op after close.
+        """
+        if self._closed:
+            return
+        self._events += 1
+        if self._sched.event(self._now()):
+            self._wake_threadsafe()
+
+    def _on_event(self, *args: object, **kwargs: object) -> None:
+        self.notify()
+
+    def attach(self, subscribe: Subscribe) -> Callable[[], None]:
+        """Subscribe ``notify`` to an event source.
+
+        Args:
+            subscribe: called once with a callback that accepts any
+                arguments (the agent's "run ended" event, say); returns an
+                unsubscribe function (or None).
+
+        Returns:
+            A function that unsubscribes; it also runs when the writer
+            closes, and running it twice is harmless.
+        """
+        if not callable(subscribe):
+            raise TypeError(f"subscribe must be callable, got {subscribe!r}")
+        undo = subscribe(self._on_event)
+        if undo is not None and not callable(undo):
+            raise TypeError(
+                f"subscribe() must return an unsubscribe callable or None, got {undo!r}"
+            )
+        done = False
+
+        def unsubscribe() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            with contextlib.suppress(ValueError):
+                self._unsubscribes.remove(unsubscribe)
+            if undo is not None:
+                undo()
+
+        self._unsubscribes.append(unsubscribe)
+        return unsubscribe
+
+    def statistics(self) -> WriterStatistics:
+        """The writer's counters, as a frozen value."""
+        return WriterStatistics(
+            events=self._events,
+            writes=self._writes,
+            skipped=self._skipped,
+            failures=self._failures,
+            failure_streak=self._streak,
+            bytes_written=self._bytes,
+            last_write_seconds=self._last_seconds,
+            pending=self._sched.pending,
+            key=self._key,
+        )
+
+    # -- async lifecycle ----------------------------------------------------
+
+    async def __aenter__(self) -> CheckpointWriter[S]:
+        self._claim_open()
+        self._token = anyio.lowlevel.current_token()
+        self._loop_thread = threading.get_ident()
+        self._write_lock = anyio.Lock()
+        await anyio.to_thread.run_sync(self._open_store)
+        self._install_hooks()
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        try:
+            if self._write_on_start:
+                await self._start_write()
+            task_group.start_soon(self._run, name="checkpointer-timer")
+        except BaseException:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(None, None, None)
+            self._task_group = None
+            self._remove_hooks()
+            self._closed = True
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> Result:
+        """Stop the timer, wait for a write in flight, write a final time.
+
+        The final write marks the checkpoint ``live=False``.  Shielded from
+        cancellation and bounded by ``close_timeout``; call it from the task
+        that entered the writer (``async with`` does).  Idempotent.
+
+        Returns:
+            The result of the final write (``Skipped("closed")`` if the
+            writer was closed already).
+        """
+        if self._closed:
+            return Skipped("closed")
+        result: Result = Skipped("closed")
+        task_group, self._task_group = self._task_group, None
+        try:
+            if task_group is not None:  # the timer task; it abandons a write in flight
+                task_group.cancel_scope.cancel()
+                await task_group.__aexit__(None, None, None)
+        finally:
+            result = await self._final_write()
+        return result
+
+    async def _final_write(self) -> Result:
+        # The I/O lock makes this wait for a write the timer abandoned.
+        result: Result = Skipped("closed")
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self._close_timeout) as scope:
+                result = await self._write_async(force=False, pin=None, live=False)
+            if scope.cancelled_caught:
+                result = Failed(
+                    "write-failed",
+                    f"the final write did not finish within close_timeout={self._close_timeout}s",
+                )
+                logger.warning("checkpointer: %s; it may still complete", result.error)
+            self._shut()
+        return result
+
+    async def write_now(self, *, force: bool = False, pin: bool | None = None) -> Result:
+        """Write now, ignoring the debounce and interval timers.
+
+        Args:
+            force: write even if the fingerprint says nothing changed.
+            pin: True or False sets ``Meta.pinned`` (sticky, and part of
+                what "changed" means); None keeps it.
+
+        Returns:
+            ``Written``, ``Skipped`` or ``Failed``; never raises for a failed
+            write.  Waits for a write in flight first.  If cancelled while
+            the store is writing, the write goes on in its thread and the
+            changes stay pending.
+        """
+        if self._closed:
+            return Skipped("closed")
+        return await self._write_async(force=force, pin=pin, live=True)
+
+    async def _start_write(self) -> None:
+        result = await self._write_async(force=False, pin=None, live=True)
+        if isinstance(result, Skipped) and result.reason == "no-identity":
+            self._sched.event(self._now())  # one retry, through the timer
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                now = self._now()
+                decision = self._sched.decide(now)
+                if decision is WRITE:
+                    await self._write_async(force=False, pin=None, live=True)
+                    continue
+                delay = math.inf if decision is IDLE else decision.until - now  # type: ignore[union-attr]
+                with anyio.CancelScope() as scope:
+                    self._sleep_scope = scope
+                    await self._clock.sleep(delay)
+                self._sleep_scope = None
+            except Exception:  # a bug of ours must not kill the agent's task group
+                logger.exception("checkpointer: internal error in the timer task")
+                await self._clock.sleep(self._sched.backoff_max)
+
+    def _wake(self) -> None:
+        scope = self._sleep_scope
+        if scope is not None:
+            scope.cancel()
+
+    def _wake_threadsafe(self) -> None:
+        token = self._token
+        if token is None or self._task_group is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._wake()
+            return
+        with contextlib.suppress(Exception):  # the loop may be gone
+            token.backend_class.run_sync_soon(self._wake, (), token.native_token)
+
+    async def _write_async(self, *, force: bool, pin: bool | None, live: bool) -> Result:
+        assert self._write_lock is not None, "enter the writer with 'async with' first"
+        async with self._write_lock:
+            self._sched.begin_write(self._now())
+            outcome = Outcome.CANCELLED
+            try:
+                job = self._prepare(force=force, pin=pin, live=live)
+                if isinstance(job, _Job):
+                    self._inflight = True
+                    try:
+                        result = await anyio.to_thread.run_sync(
+                            self._execute, job, abandon_on_cancel=True
+                        )
+                    finally:
+                        self._inflight = False
+                else:
+                    result = self._account(job)
+                outcome = _outcome(result)
+                return result
+            finally:
+                self._sched.end_write(self._now(), outcome)
+
+    # -- sync lifecycle -----------------------------------------------------
+
+    def open(self) -> CheckpointWriter[S]:
+        """Open for synchronous use: exit hooks, and a first write.
+
+        Without an event loop there is no timer: the writer writes on
+        ``flush_sync``, at exit and on SIGTERM/SIGHUP.  ``notify`` still
+        records changes.  Pair with ``close()``, or use ``with``.
+        """
+        self._claim_open()
+        self._open_store()
+        self._install_hooks()
+        if self._write_on_start:
+            self._flush(force=False, live=True)
+        return self
+
+    def close(self) -> Result:
+        """Write a final time (``live=False``) and remove the exit hooks."""
+        if self._closed:
+            return Skipped("closed")
+        result = self._flush(force=False, live=False)
+        self._shut()
+        return result
+
+    def __enter__(self) -> CheckpointWriter[S]:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def flush_sync(self, reason: Literal["manual", "exit", "signal"] = "manual") -> Result:
+        """Write the current state now, synchronously, from any thread.
+
+        Needs no event loop and never raises for a failed write: meant for
+        atexit hooks, signal handlers and scripts.  ``"exit"`` and
+        ``"signal"`` mark the checkpoint ``live=False``; ``"manual"`` keeps
+        it live.  Idempotent: a second call with nothing changed is
+        ``Skipped("unchanged")``.  After close: ``Skipped("closed")``.
+
+        Raises:
+            ValueError: ``reason`` is not one of the three above.
+        """
+        if reason not in ("manual", "exit", "signal"):
+            raise ValueError(f"reason must be 'manual', 'exit' or 'signal', got {reason!r}")
+        if self._closed:
+            return Skipped("closed")
+        return self._flush(force=False, live=reason == "manual")
+
+    def _flush_at_exit(self) -> None:
+        self.flush_sync("exit")
+
+    def _flush_at_signal(self) -> None:
+        self.flush_sync("signal")
+
+    def _busy_on(self, thread_id: int) -> bool:
+        return thread_id in self._busy
+
+    def _flush(self, *, force: bool, live: bool) -> Result:
+        if self._busy_on(threading.get_ident()):
+            # Re-entered from a signal handler on the thread that is writing:
+            # the flush that follows that write (see _exit) covers this call.
+            return Skipped("unchanged")
+        job = self._prepare(force=force, pin=None, live=live)
+        if isinstance(job, _Job):
+            return self._execute(job, timeout=self._exit_timeout)
+        return self._account(job)
+
+    # -- open/close helpers -------------------------------------------------
+
+    def _claim_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this CheckpointWriter is closed; create a new one")
+        if self._opened:
+            raise RuntimeError("this CheckpointWriter is open already")
+        self._opened = True
+
+    def _open_store(self) -> None:
+        try:
+            self._store.open()
+        except Exception as exc:  # a broken root fails the writes, loudly, later
+            logger.warning("checkpointer: could not open %r: %s", self._store, _one_line(exc))
+
+    def _install_hooks(self) -> None:
+        if self._exit_hooks:
+            _exit.register(self)
+            self._hooked = True
+
+    def _remove_hooks(self) -> None:
+        if self._hooked:
+            self._hooked = False
+            _exit.unregister(self)
+
+    def _shut(self) -> None:
+        self._closed = True
+        self._remove_hooks()
+        for unsubscribe in list(self._unsubscribes):
+            try:
+                unsubscribe()
+            except Exception as exc:
+                logger.warning("checkpointer: unsubscribe failed: %s", _one_line(exc))
+
+    # -- one write ----------------------------------------------------------
+
+    def _prepare(self, *, force: bool, pin: bool | None, live: bool) -> _Job | Skipped | Failed:
+        """Snapshot, check and encode, on the caller's thread."""
+        gen = next(self._gen)
+        started = time.perf_counter()
+        try:
+            snapshot = self._source()
+        except Exception as exc:
+            return Failed("snapshot-failed", f"source() raised {_one_line(exc)}")
+        if snapshot is None:
+            return Skipped("no-identity")
+        if not isinstance(snapshot, Snapshot):
+            return Failed(
+                "snapshot-failed",
+                f"source() returned {type(snapshot).__name__}, "
+                "expected Snapshot(key, state) or None",
+            )
+        key = snapshot.key
+        try:
+            self._store.validate_key(key)
+        except (ValueError, TypeError) as exc:
+            return Failed("invalid-key", _one_line(exc))
+        state = self._keys.get(key)
+        if state is None:
+            state = self._keys[key] = _KeyState()
+        if self._key is not None and self._key != key:
+            self._to_finish.add(self._key)
+        self._key = key
+        self._to_finish.discard(key)
+        if pin is not None:
+            state.pin = pin
+        content: object = _NO_FINGERPRINT
+        if self._fingerprint is not None:
+            try:
+                content = self._fingerprint(snapshot)
+                hash(content)
+            except Exception as exc:
+                return Failed("snapshot-failed", f"fingerprint() raised {_one_line(exc)}")
+            if (
+                not force
+                and not self._inflight
+                and not self._to_finish
+                and self._unchanged(state, content, live)
+            ):
+                return Skipped("unchanged")
+        try:
+            state_json = self._encoder.encode(snapshot.state)
+        except Exception as exc:
+            return Failed(
+                "encode-failed", f"the state of key {key!r} cannot be encoded: {_one_line(exc)}"
+            )
+        return _Job(
+            gen=gen,
+            key=key,
+            state_json=state_json,
+            content=content,
+            live=live,
+            force=force,
+            started=started,
+        )
+
+    @staticmethod
+    def _unchanged(state: _KeyState, content: object, live: bool) -> bool:
+        pinned = state.pin if state.pin is not None else state.pinned
+        return (
+            state.content is not None
+            and state.content == content
+            and state.live == live
+            and state.pinned == pinned
+        )
+
+    def _execute(self, job: _Job, timeout: float = -1) -> Result:
+        """Write a prepared job; blocking, under the I/O lock."""
+        with self._io(timeout):
+            self._finish_keys()
+            state = self._keys[job.key]
+            if job.gen < state.newest_gen:
+                return self._account(Skipped("unchanged"))  # a newer snapshot is on disk
+            content = job.content
+            if content is _NO_FINGERPRINT:
+                content = hashlib.blake2b(job.state_json, digest_size=16).digest()
+            try:
+                if not state.resolved:
+                    self._resolve(job.key, state)
+            except Exception as exc:
+                return self._account(
+                    Failed(
+                        "write-failed",
+                        f"cannot read {self._store.location(job.key)}: {_one_line(exc)}",
+                    )
+                )
+            if not job.force and self._unchanged(state, content, job.live):
+                state.newest_gen = job.gen
+                return self._account(Skipped("unchanged"))
+            now = _utcnow()
+            pinned = state.pin if state.pin is not None else bool(state.pinned)
+            meta = Meta(
+                key=job.key,
+                seq=state.seq + 1,
+                created_at=state.created_at or now,
+                updated_at=now,
+                live=job.live,
+                pinned=pinned,
+            )
+            try:
+                nbytes = self._store.write(job.key, envelope_chunks(meta, job.state_json))
+            except Exception as exc:
+                return self._account(
+                    Failed(
+                        "write-failed",
+                        f"cannot write {self._store.location(job.key)}: {_one_line(exc)}",
+                    )
+                )
+            state.seq = meta.seq
+            state.created_at = meta.created_at
+            state.content = content
+            state.live = job.live
+            state.pinned = pinned
+            state.newest_gen = job.gen
+            return self._account(
+                Written(
+                    key=job.key,
+                    location=self._store.location(job.key),
+                    nbytes=nbytes,
+                    seconds=time.perf_counter() - job.started,
+                    seq=meta.seq,
+                )
+            )
+
+    @contextlib.contextmanager
+    def _io(self, timeout: float) -> Iterator[None]:
+        me = threading.get_ident()
+        self._busy.add(me)
+        try:
+            acquired = self._io_lock.acquire(timeout=timeout)
+            if not acquired:
+                logger.warning(
+                    "checkpointer: a write in flight did not finish within %ss; writing anyway",
+                    timeout,
+                )
+            try:
+                yield
+            finally:
+                if acquired:
+                    self._io_lock.release()
+        finally:
+            self._busy.discard(me)
+        _exit.run_deferred()
+
+    def _resolve(self, key: str, state: _KeyState) -> None:
+        """Learn seq, created_at and pinned from the checkpoint already stored."""
+        data = self._store.read(key)
+        if data is not None:
+            location = self._store.location(key)
+            try:
+                meta = decode_checkpoint(data, location, msgspec.Raw).meta
+            except CheckpointError as exc:
+                aside = self._store.move_aside(
+                    key, "corrupt-" + _utcnow().strftime("%Y%m%dT%H%M%S.%fZ")
+                )
+                logger.warning(
+                    "checkpointer: %s; moved it aside to %s and starting afresh",
+                    exc,
+                    aside,
+                )
+            else:
+                state.seq = meta.seq
+                state.created_at = meta.created_at
+                state.pinned = meta.pinned
+        state.resolved = True
+
+    def _finish_keys(self) -> None:
+        """Mark the checkpoints of keys the source moved away from not live."""
+        for key in list(self._to_finish):
+            state = self._keys.get(key)
+            if state is None or state.live is not True:
+                self._to_finish.discard(key)
+                continue
+            try:
+                data = self._store.read(key)
+                if data is not None:
+                    old = decode_checkpoint(data, self._store.location(key), msgspec.Raw)
+                    meta = msgspec.structs.replace(
+                        old.meta, seq=old.meta.seq + 1, updated_at=_utcnow(), live=False
+                    )
+                    self._store.write(key, envelope_chunks(meta, bytes(old.state)))
+                    state.seq = meta.seq
+                state.live = False
+                self._to_finish.discard(key)
+            except Exception as exc:
+                logger.warning(
+                    "checkpointer: could not mark %s not live: %s (will retry)",
+                    self._store.location(key),
+                    _one_line(exc),
+                )
+
+    def _account(self, result: Result) -> Result:
+        """Update the counters and log once per failure streak."""
+        if isinstance(result, Written):
+            self._writes += 1
+            self._bytes += result.nbytes
+            self._last_seconds = result.seconds
+            if self._streak:
+                logger.info(
+                    "checkpointer: writing %s works again after %d failures",
+                    result.location,
+                    self._streak,
+                )
+            self._streak = 0
+        elif isinstance(result, Skipped):
+            self._skipped += 1
+            if result.reason == "unchanged":
+                self._streak = 0
+        else:
+            self._failures += 1
+            self._streak += 1
+            if self._streak == 1:
+                logger.warning(
+                    "checkpointer: checkpoint failed (%s): %s; retrying with backoff",
+                    result.reason,
+                    result.error,
+                )
+        return result
+
+
+def _outcome(result: Result) -> Outcome:
+    if isinstance(result, Written):
+        return Outcome.WRITTEN
+    if isinstance(result, Skipped):
+        return Outcome.SKIPPED
+    return Outcome.STORE_FAILED if result.reason == "write-failed" else Outcome.FAILED

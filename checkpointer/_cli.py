@@ -654,7 +654,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
             for target, why in old:
                 if free:
                     tally.remove(target, why)
-                else:
+                elif target != lock_path:  # a held lock is the writer's: not news
                     tally.keep(target, "its lock holder is alive")
     if not tally.lines:
         print(f"nothing older than {limit.text} in {args.root}")
@@ -874,6 +874,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         status: int = args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
     except BrokenPipeError:  # `checkpointer ls ROOT | head`
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -108,7 +108,11 @@ async def main(args: argparse.Namespace) -> int:
         if partial:  # timings of a half-run case are not comparable: run it whole
             print(f"{partial['case']!r} stopped after {len(partial['samples'])} runs; rerunning it")
     async with CheckpointWriter(
-        run.snapshot, store, debounce=args.debounce, max_wait=args.max_wait
+        run.snapshot,
+        store,
+        debounce=args.debounce,
+        min_interval=args.min_interval,
+        max_wait=args.max_wait,
     ) as writer:
         for number, name in enumerate(args.cases, 1):
             if name in run.results:
@@ -155,6 +159,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=5, help="runs per case (%(default)s)")
     parser.add_argument("--delay", type=float, default=0.0, help="extra seconds per run")
     parser.add_argument("--debounce", type=float, default=0.5, help="(%(default)s s)")
+    parser.add_argument("--min-interval", type=float, default=1.0, help="(%(default)s s)")
     parser.add_argument("--max-wait", type=float, default=5.0, help="(%(default)s s)")
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     args = parser.parse_args(argv)

@@ -348,7 +348,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
             _when(r.updated_at),
             _size(r.size),
             _opt(r.seq),
-            _opt(r.turns),
+            _opt(r.turns) if r.error or r.turns is not None else "-",
             _yes(r.live),
             _yes(r.pinned),
             r.lock or "-",

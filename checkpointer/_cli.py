@@ -357,7 +357,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         ]
         for r in rows
     )
-    _print_table(table, right={3 + kinds, 4 + kinds, 5 + kinds})
+    _print_table(table, right={2 + kinds, 3 + kinds, 4 + kinds})  # size, seq, turns
     bad = sum(1 for r in rows if r.error)
     if bad:
         print(

@@ -244,20 +244,24 @@ class KeyLocks:
         self._timeout = timeout
         self._held: dict[str, KeyLock] = {}
 
-    def holds(self, key: str) -> bool:
-        return key in self._held
+    def acquire(self, key: str, location: str) -> Failed | bool:
+        """Take ``key``'s lock unless held already.
 
-    def acquire(self, key: str, location: str) -> Failed | None:
-        """Take ``key``'s lock unless held already; a refusal is a ``Failed``."""
+        Returns:
+            True when the lock was taken just now (someone else may have
+            written the key since this writer last held it), False when it
+            was held already or the store does not lock, ``Failed`` when
+            another writer holds it or locking failed.
+        """
         if self._store is None or key in self._held:
-            return None
+            return False
         try:
             self._held[key] = self._store.lock(key, timeout=self._timeout)
         except KeyLocked as exc:
             return Failed("locked", str(exc))
         except Exception as exc:
             return Failed("write-failed", f"cannot lock {location}: {type(exc).__name__}: {exc}")
-        return None
+        return True
 
     def release(self, key: str) -> None:
         lock = self._held.pop(key, None)

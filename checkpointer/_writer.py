@@ -685,9 +685,11 @@ class CheckpointWriter(Generic[S]):
             state = self._keys[job.key]
             if job.gen < state.newest_gen:
                 return self._account(Skipped("unchanged"))  # a newer snapshot is on disk
-            refused = self._locks.acquire(job.key, self._store.location(job.key))
-            if refused is not None:
-                return self._account(refused)
+            taken = self._locks.acquire(job.key, self._store.location(job.key))
+            if isinstance(taken, Failed):
+                return self._account(taken)
+            if taken:  # others may have written the key since we last held it: re-read
+                state.resolved, state.content, state.live = False, None, None
             content = job.content
             if content is _NO_FINGERPRINT:
                 content = hashlib.blake2b(job.state_json, digest_size=16).digest()

@@ -129,6 +129,29 @@ def test_moving_to_another_key_releases_the_old_one(tmp_path: Path) -> None:
     writer.close()
 
 
+def test_coming_back_to_a_key_rereads_what_others_wrote(tmp_path: Path) -> None:
+    """A writer that let go of a key and takes it again continues its seq from the file,
+    not from memory, and does not skip its state as unchanged."""
+    key = ["a"]
+    state = {"by": "first"}
+    writer = CheckpointWriter(
+        lambda: Snapshot(key[0], state), FileStore(tmp_path), exit_hooks=False
+    ).open()
+    key[0] = "b"
+    writer.flush_sync()  # lets go of "a"
+    other = sync_writer(tmp_path, "a").open()
+    other.flush_sync()
+    other.close()
+    after_other = load(FileStore(tmp_path), "a")
+    assert after_other is not None
+    key[0] = "a"
+    result = writer.flush_sync()
+    assert isinstance(result, Written) and result.seq == after_other.meta.seq + 1
+    cp = load(FileStore(tmp_path), "a")
+    assert cp is not None and cp.state == {"by": "first"}
+    writer.close()
+
+
 def test_readers_never_lock(tmp_path: Path) -> None:
     """load() reads a key another writer holds, and creates no lock file of its own."""
     writer = sync_writer(tmp_path).open()

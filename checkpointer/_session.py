@@ -42,7 +42,7 @@ class Prepared(msgspec.Struct, frozen=True, kw_only=True):
     turns: int | None = None
 
 
-Prepare = Callable[[Any], "Prepared | Failed"]
+Prepare = Callable[[Any], Prepared | Failed]
 """``(Snapshot) -> Prepared | Failed``: the writer's ``prepare`` argument."""
 
 _HOST = socket.gethostname()

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from ._atomic import fsync_dir, sweep_temps, write_atomic
-from ._lock import FileKeyLock, acquire_file_lock
+from ._lock import KeyLock, acquire_file_lock
 
 __all__ = ["KEY_PATTERN", "FileStore", "Store", "check_key"]
 
@@ -54,6 +54,7 @@ class Store(Protocol):
     Every method is synchronous and may block; the writer calls them from a
     worker thread (async path) or directly (``flush_sync``).  ``write`` must
     be atomic: after a crash a reader sees the old bytes or the new ones.
+    A store may also lock a key for one writer (``LockingStore``, optional).
     """
 
     def validate_key(self, key: str) -> None:
@@ -159,7 +160,7 @@ class FileStore:
         fsync_dir(self.root)
         return target
 
-    def lock(self, key: str, *, timeout: float = 0.0) -> FileKeyLock:
+    def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
         """Take the writer lock of ``key``: ``flock`` on ``root/<key>.lock``.
 
         The ``LockingStore`` capability; see ``checkpointer._lock`` for why

@@ -148,6 +148,12 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
         ]
     )
     data = (front + checkpoint.summary).encode("utf-8")
+    # makedirs gives its mode to the last directory only: the root and sessions/
+    # are made one by one, 0700 like a FileStore's root.
+    sessions = os.path.dirname(os.path.dirname(path))
+    for directory in (os.path.dirname(sessions), sessions):
+        if directory:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
     write_atomic(path, [data])
     return path
 

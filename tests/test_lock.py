@@ -33,7 +33,7 @@ from checkpointer import (
 
 from .conftest import FakeClock
 
-CHILD = Path(__file__).with_name("lock_child.py")
+CHILD = Path(__file__).parent / "children" / "lock_child.py"
 
 
 def sync_writer(root: Path, key: str = "k", **kw: Any) -> CheckpointWriter[Any]:

@@ -168,6 +168,14 @@ def test_written_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert os.listdir(tmp_path / "sessions" / "s") == ["checkpoint.md"]
 
 
+def test_private_like_the_checkpoints(tmp_path: Path) -> None:
+    """The summary is as private as the checkpoint files: 0600, in 0700 directories."""
+    root = tmp_path / "root"
+    path = Path(write_summary(root, "s", SummaryCheckpoint(1, "x", WHEN, 1)))
+    modes = [p.stat().st_mode & 0o777 for p in (root, root / "sessions", path.parent, path)]
+    assert modes == [0o700, 0o700, 0o700, 0o600]
+
+
 def test_store_as_root(tmp_path: Path) -> None:
     """A FileStore can stand for its root."""
     write_summary(FileStore(tmp_path), "s", SummaryCheckpoint(1, "x", WHEN, 1))

@@ -1,6 +1,6 @@
-"""A child process that writes one key, for the lock tests.
+"""A child program for ``tests/test_lock.py``: a writer of one key.
 
-    python tests/lock_child.py ROOT KEY MODE
+    python tests/children/lock_child.py ROOT KEY MODE
 
 Prints one JSON line per step on stdout, then, as long as it holds the key,
 waits for its stdin to close before closing the writer cleanly.

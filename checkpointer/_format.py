@@ -32,6 +32,7 @@ __all__ = [
     "CheckpointError",
     "Meta",
     "Snapshot",
+    "TornTail",
     "decode_checkpoint",
     "decode_meta",
     "envelope_chunks",
@@ -92,11 +93,33 @@ class Meta(msgspec.Struct, frozen=True, kw_only=True):
     pinned: bool = False
 
 
+class TornTail(msgspec.Struct, frozen=True, kw_only=True):
+    """The end of a journal that ``load()`` ignored: an append that never finished.
+
+    Attributes:
+        line: the 1-based line number where the ignored bytes start.
+        offset: their byte offset in the file.
+        nbytes: how many bytes were ignored.
+        reason: what was wrong with them, in one line.
+    """
+
+    line: int
+    offset: int
+    nbytes: int
+    reason: str
+
+
 class Checkpoint(msgspec.Struct, Generic[T], frozen=True):
-    """A loaded checkpoint: its ``meta`` and its decoded ``state``."""
+    """A loaded checkpoint: its ``meta`` and its decoded ``state``.
+
+    ``torn`` is set when a journal ended in an append that never finished
+    (a crash mid-write): those bytes were ignored, everything before them
+    loaded.  A writer that opens the journal truncates them away.
+    """
 
     meta: Meta
     state: T
+    torn: TornTail | None = None
 
 
 class _Envelope(msgspec.Struct):
@@ -205,7 +228,8 @@ def load(store: Store, key: str, type: Any = Any) -> Checkpoint[Any] | None:
     """Load the checkpoint of ``key`` from ``store``.
 
     Args:
-        store: where the checkpoint lives (a ``FileStore``, ...).
+        store: where the checkpoint lives (a ``FileStore``, a
+            ``JournalStore``, ...).
         key: the session key.
         type: what to decode the state as (any type msgspec understands);
             ``Any`` gives plain JSON values.
@@ -220,6 +244,10 @@ def load(store: Store, key: str, type: Any = Any) -> Checkpoint[Any] | None:
             ``type``.
     """
     store.validate_key(key)
+    from ._codec import StateStore  # here: _codec imports this module
+
+    if isinstance(store, StateStore):  # a JournalStore: its own layout
+        return store.load_checkpoint(key, type)
     location = store.location(key)
     try:
         data = store.read(key)

@@ -4,13 +4,14 @@ How a write flows (one write at a time):
 
 1. On the caller's thread (the event loop for the async path): the
    scheduler marks the pending changes covered, ``source()`` is called,
-   the key is checked, the caller's fingerprint compared, and the state is
-   encoded once.  msgspec holds the GIL while it encodes, so doing this in a
-   worker thread would not spare the loop (``../shared/FACTS.md``).
+   the key is checked, the caller's fingerprint compared, and the store
+   stages the state (``_codec.py``: encodes it, or only what is new).
+   msgspec holds the GIL while it encodes, so doing this in a worker
+   thread would not spare the loop (``../shared/FACTS.md``).
 2. In one worker-thread hop (``anyio.to_thread.run_sync``) or directly for
    ``flush_sync``: under the writer's I/O lock the job is checked against
    what is on disk (generation, content digest, live and pinned flags), the
-   meta is built, and the store joins the pieces and writes them durably.
+   meta is built, and the store commits the staged state durably.
 
 Every job carries a generation number taken before ``source()`` runs; the
 I/O lock and a per-key "newest generation on disk" make sure an older
@@ -21,7 +22,6 @@ handler's flush can overtake a write in a worker thread).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import logging
 import math
@@ -39,7 +39,8 @@ import msgspec
 
 from . import _exit
 from ._clock import Clock, MonotonicClock
-from ._format import CheckpointError, Meta, Snapshot, decode_checkpoint, envelope_chunks
+from ._codec import Staged, state_store
+from ._format import CheckpointError, Meta, Snapshot
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._schedule import IDLE, WRITE, Outcome, Scheduler
 from ._stores import Store
@@ -93,14 +94,14 @@ class _KeyState:
 
 @final
 class _Job:
-    __slots__ = ("content", "force", "gen", "key", "live", "started", "state_json")
+    __slots__ = ("content", "force", "gen", "key", "live", "staged", "started")
 
     def __init__(
         self,
         *,
         gen: int,
         key: str,
-        state_json: bytes,
+        staged: Staged,
         content: object,
         live: bool,
         force: bool,
@@ -108,7 +109,7 @@ class _Job:
     ) -> None:
         self.gen = gen
         self.key = key
-        self.state_json = state_json
+        self.staged = staged
         self.content = content
         self.live = live
         self.force = force
@@ -199,7 +200,7 @@ class CheckpointWriter(Generic[S]):
         self._now = self._clock.now
         self._close_timeout = float(close_timeout)
         self._exit_timeout = float(exit_timeout)
-        self._encoder = msgspec.json.Encoder()
+        self._states = state_store(store)
 
         self._opened = False
         self._closed = False
@@ -597,7 +598,7 @@ class CheckpointWriter(Generic[S]):
             ):
                 return Skipped("unchanged")
         try:
-            state_json = self._encoder.encode(snapshot.state)
+            staged = self._states.stage(key, snapshot.state)
         except Exception as exc:
             return Failed(
                 "encode-failed", f"the state of key {key!r} cannot be encoded: {_one_line(exc)}"
@@ -605,7 +606,7 @@ class CheckpointWriter(Generic[S]):
         return _Job(
             gen=gen,
             key=key,
-            state_json=state_json,
+            staged=staged,
             content=content,
             live=live,
             force=force,
@@ -631,7 +632,7 @@ class CheckpointWriter(Generic[S]):
                 return self._account(Skipped("unchanged"))  # a newer snapshot is on disk
             content = job.content
             if content is _NO_FINGERPRINT:
-                content = hashlib.blake2b(job.state_json, digest_size=16).digest()
+                content = job.staged.content()
             try:
                 if not state.resolved:
                     self._resolve(job.key, state)
@@ -656,7 +657,7 @@ class CheckpointWriter(Generic[S]):
                 pinned=pinned,
             )
             try:
-                nbytes = self._store.write(job.key, envelope_chunks(meta, job.state_json))
+                nbytes = self._states.commit(job.key, meta, job.staged)
             except Exception as exc:
                 return self._account(
                     Failed(
@@ -702,21 +703,19 @@ class CheckpointWriter(Generic[S]):
 
     def _resolve(self, key: str, state: _KeyState) -> None:
         """Learn seq, created_at and pinned from the checkpoint already stored."""
-        data = self._store.read(key)
-        if data is not None:
-            location = self._store.location(key)
-            try:
-                meta = decode_checkpoint(data, location, msgspec.Raw).meta
-            except CheckpointError as exc:
-                aside = self._store.move_aside(
-                    key, "corrupt-" + _utcnow().strftime("%Y%m%dT%H%M%S.%fZ")
-                )
-                logger.warning(
-                    "checkpointer: %s; moved it aside to %s and starting afresh",
-                    exc,
-                    aside,
-                )
-            else:
+        try:
+            meta = self._states.read_meta(key)
+        except CheckpointError as exc:
+            aside = self._store.move_aside(
+                key, "corrupt-" + _utcnow().strftime("%Y%m%dT%H%M%S.%fZ")
+            )
+            logger.warning(
+                "checkpointer: %s; moved it aside to %s and starting afresh",
+                exc,
+                aside,
+            )
+        else:
+            if meta is not None:
                 state.seq = meta.seq
                 state.created_at = meta.created_at
                 state.pinned = meta.pinned
@@ -730,13 +729,8 @@ class CheckpointWriter(Generic[S]):
                 self._to_finish.discard(key)
                 continue
             try:
-                data = self._store.read(key)
-                if data is not None:
-                    old = decode_checkpoint(data, self._store.location(key), msgspec.Raw)
-                    meta = msgspec.structs.replace(
-                        old.meta, seq=old.meta.seq + 1, updated_at=_utcnow(), live=False
-                    )
-                    self._store.write(key, envelope_chunks(meta, bytes(old.state)))
+                meta = self._states.update_meta(key, _finished)
+                if meta is not None:
                     state.seq = meta.seq
                 state.live = False
                 self._to_finish.discard(key)
@@ -774,6 +768,10 @@ class CheckpointWriter(Generic[S]):
                     result.error,
                 )
         return result
+
+
+def _finished(old: Meta) -> Meta:
+    return msgspec.structs.replace(old, seq=old.seq + 1, updated_at=_utcnow(), live=False)
 
 
 def _outcome(result: Result) -> Outcome:

@@ -76,8 +76,7 @@ from ._format import (
     TornTail,
     _newer,
     _oserror,
-    _state_decoder,
-    _type_name,
+    decode_state,
 )
 from ._stores import FileStore, check_key
 
@@ -166,7 +165,7 @@ def _scan(data: bytes, path: str) -> _Scan:
     for number, line in enumerate(lines, 1):
         try:
             row = _ROWS.decode(line)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:  # ValidationError included
             if number == 1:
                 _check_format(line, path)
             if number == len(lines) and not partial:
@@ -250,7 +249,7 @@ def _compaction(rows: list[_Row], index: int) -> _Compaction:
 def _check_format(line: bytes, path: str) -> None:
     try:
         version = _FORMAT.decode(line).format
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, RecursionError):
         return
     if version > FORMAT:
         raise CheckpointError(path, _newer(version))
@@ -269,7 +268,7 @@ def _assemble(scan: _Scan, path: str) -> bytes:
         base = _OBJECT.decode(compaction.state)
         existing = _ARRAY.decode(base[name])
         rest = _OBJECT.decode(states[-1]) if states else base
-    except (msgspec.DecodeError, msgspec.ValidationError, KeyError) as exc:
+    except (msgspec.DecodeError, RecursionError, KeyError) as exc:
         raise CheckpointError(
             path,
             f"line {scan.compaction_line}: the compaction's state has no "
@@ -278,20 +277,6 @@ def _assemble(scan: _Scan, path: str) -> bytes:
     existing.extend(messages)
     rest[name] = msgspec.Raw(b"".join([b"[", b",".join(existing), b"]"]))
     return _ENCODER.encode(rest)
-
-
-def _decode_state(data: bytes, path: str, type_: Any) -> Any:
-    try:
-        return _state_decoder(type_).decode(data)
-    except msgspec.ValidationError as exc:
-        message = str(exc).replace("`$", "`$.state")
-        if "`$.state" not in message:
-            message += " - at `$.state`"
-        raise CheckpointError(
-            path, f"state does not match {_type_name(type_)}: {message}"
-        ) from None
-    except msgspec.DecodeError as exc:
-        raise CheckpointError(path, f"state is not valid JSON: {exc}") from None
 
 
 # -- writing ----------------------------------------------------------------
@@ -560,7 +545,7 @@ class JournalStore(FileStore):
         if data is None:
             return None
         scan = _scan(data, path)
-        state = _decode_state(_assemble(scan, path), path, type)
+        state = decode_state(_assemble(scan, path), path, type)
         return Checkpoint(meta=scan.meta, state=state, torn=scan.torn)
 
     def stage(self, key: str, state: Any) -> _Full | _Delta:

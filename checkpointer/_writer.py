@@ -220,6 +220,10 @@ class CheckpointWriter(Generic[S]):
         self._io_lock = threading.Lock()
         self._busy: set[int] = set()  # threads inside _io(), see _exit
         self._inflight = False  # an async job is between prepare and commit
+        # key -> (generation, meta, staged state) of an exit flush that wrote
+        # without the I/O lock because a worker's write hung past exit_timeout
+        # (see _execute).
+        self._overtaking: dict[str, tuple[int, Meta, Staged]] = {}
         self._unsubscribes: list[Callable[[], object]] = []
 
         self._token: anyio.lowlevel.EventLoopToken | None = None
@@ -625,7 +629,7 @@ class CheckpointWriter(Generic[S]):
 
     def _execute(self, job: _Job, timeout: float = -1) -> Result:
         """Write a prepared job; blocking, under the I/O lock."""
-        with self._io(timeout):
+        with self._io(timeout) as locked:
             self._finish_keys()
             state = self._keys[job.key]
             if job.gen < state.newest_gen:
@@ -656,6 +660,13 @@ class CheckpointWriter(Generic[S]):
                 live=job.live,
                 pinned=pinned,
             )
+            overtaken = self._overtaking.get(job.key)
+            if not locked:
+                # An exit flush overtaking a write stuck in a worker thread:
+                # leave our state where that write will find it when it ends.
+                self._overtaking[job.key] = (job.gen, meta, job.staged)
+            elif overtaken is not None and overtaken[0] > job.gen:
+                return self._account(Skipped("unchanged"))  # a newer flush is writing
             try:
                 nbytes = self._states.commit(job.key, meta, job.staged)
             except Exception as exc:
@@ -665,6 +676,12 @@ class CheckpointWriter(Generic[S]):
                         f"cannot write {self._store.location(job.key)}: {_one_line(exc)}",
                     )
                 )
+            if locked:
+                overtaken = self._overtaking.pop(job.key, None)
+                if overtaken is not None and overtaken[0] > job.gen:
+                    # The flush overtook us while we wrote: newer bytes go back on top.
+                    self._rewrite(job.key, overtaken[1], overtaken[2])
+                    return self._account(Skipped("unchanged"))
             state.seq = meta.seq
             state.created_at = meta.created_at
             state.content = content
@@ -681,8 +698,18 @@ class CheckpointWriter(Generic[S]):
                 )
             )
 
+    def _rewrite(self, key: str, meta: Meta, staged: Staged) -> None:
+        try:
+            self._states.commit(key, meta, staged)
+        except Exception as exc:
+            logger.warning(
+                "checkpointer: could not put the newer checkpoint back on %s: %s",
+                self._store.location(key),
+                _one_line(exc),
+            )
+
     @contextlib.contextmanager
-    def _io(self, timeout: float) -> Iterator[None]:
+    def _io(self, timeout: float) -> Iterator[bool]:
         me = threading.get_ident()
         self._busy.add(me)
         try:
@@ -693,7 +720,7 @@ class CheckpointWriter(Generic[S]):
                     timeout,
                 )
             try:
-                yield
+                yield acquired
             finally:
                 if acquired:
                     self._io_lock.release()

@@ -29,9 +29,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -50,7 +48,7 @@ from checkpointer import (
     Written,
 )
 
-Figures = dict[str, float]
+from ._harness import Report, Table, ratio, scratch_dir, stat
 
 
 class Message(msgspec.Struct, frozen=True):
@@ -95,7 +93,7 @@ async def _timed_write(writer: CheckpointWriter[Snapshot]) -> float:
 # -- 1. cost of one checkpoint ------------------------------------------------
 
 
-def append_cost(root: str, *, quick: bool) -> Figures:
+def append_cost(root: str, *, quick: bool) -> dict[str, Any]:
     """Median seconds of one checkpoint adding one message, per store and size."""
     journal_repeats = 21 if quick else 61
     snapshot_repeats = 3 if quick else 7
@@ -130,6 +128,7 @@ def append_cost(root: str, *, quick: bool) -> Figures:
     anyio.run(run)
     med = {name: statistics.median(values) for name, values in times.items()}
     return {
+        "samples": times,
         "journal_100_ms": med["journal_100"] * 1e3,
         "journal_100k_ms": med["journal_100000"] * 1e3,
         "journal_growth_x": med["journal_100000"] / med["journal_100"],
@@ -163,7 +162,7 @@ async def _worst_lateness(action: Callable[[], Awaitable[Any]]) -> float:
     return max(lateness)
 
 
-def loop_stall(root: str, *, quick: bool, megabytes: int = 50) -> Figures:
+def loop_stall(root: str, *, quick: bool, megabytes: int = 50) -> dict[str, Any]:
     """Median worst ticker lateness (seconds) per checkpoint of a large transcript."""
     repeats = 3 if quick else 9
     size = 1024
@@ -190,6 +189,7 @@ def loop_stall(root: str, *, quick: bool, megabytes: int = 50) -> Figures:
     anyio.run(run)
     med = {mode: statistics.median(values) for mode, values in worst.items()}
     return {
+        "samples": worst,
         "stall_transcript_mb": len(msgspec.json.encode(session.state)) / 1e6,
         "stall_idle_ms": med["idle"] * 1e3,
         "stall_naive_ms": med["naive"] * 1e3,
@@ -203,7 +203,7 @@ def loop_stall(root: str, *, quick: bool, megabytes: int = 50) -> Figures:
 # -- 3. journal growth ---------------------------------------------------------
 
 
-def journal_growth(root: str, *, quick: bool) -> Figures:
+def journal_growth(root: str, *, quick: bool) -> dict[str, float]:
     """Checkpoint N times; the journal must stay within its rewrite threshold."""
     checkpoints = 300 if quick else 2000
     store = JournalStore(os.path.join(root, "growth"), rewrite_min_bytes=64 * 1024)
@@ -216,7 +216,7 @@ def journal_growth(root: str, *, quick: bool) -> Figures:
         async with _writer(session, store) as writer:
             for i in range(checkpoints):
                 session.add()
-                if i % 250 == 249:  # the agent compacts: a summary and the last 20
+                if i % 100 == 99:  # the agent compacts: a summary and the last 20
                     session.messages[:-20] = [Message("system", f"summary up to {i}")]
                 result = await writer.write_now()
                 assert isinstance(result, Written), result
@@ -245,66 +245,118 @@ def journal_growth(root: str, *, quick: bool) -> Figures:
 
 # -- report --------------------------------------------------------------------
 
-_ROWS: list[tuple[str, str, str, Callable[[float], bool] | None]] = [
-    ("journal_100_ms", "journal, +1 message at 100 msgs (ms)", "", None),
-    ("journal_100k_ms", "journal, +1 message at 100,000 msgs (ms)", "", None),
-    ("journal_growth_x", "journal 100,000 / 100", "<= 2", lambda v: v <= 2),
-    ("snapshot_100_ms", "snapshot, +1 message at 100 msgs (ms)", "", None),
-    ("snapshot_100k_ms", "snapshot, +1 message at 100,000 msgs (ms)", "", None),
-    ("cached_snapshot_100k_ms", "cached snapshot at 100,000 msgs (ms)", "", None),
-    ("snapshot_over_journal_100k_x", "snapshot / journal at 100,000", ">= 50", lambda v: v >= 50),
-    ("stall_transcript_mb", "stall: transcript size (MB)", "", None),
-    ("stall_idle_ms", "stall: ticker lateness, idle (ms)", "", None),
-    ("stall_naive_ms", "stall: naive snapshot (ms)", "", None),
-    ("stall_cached_ms", "stall: snapshot with cache (ms)", "", None),
-    ("stall_journal_ms", "stall: journal (ms)", "", None),
-    ("stall_cached_over_naive", "stall: cached / naive", "<= 0.2", lambda v: v <= 0.2),
-    ("stall_journal_over_naive", "stall: journal / naive", "<= 0.2", lambda v: v <= 0.2),
-    ("growth_checkpoints", "growth: checkpoints", "", None),
-    ("growth_final_kib", "growth: final journal size (KiB)", "", None),
-    ("growth_threshold_kib", "growth: its rewrite threshold (KiB)", "", None),
-    (
-        "growth_worst_size_over_threshold",
-        "growth: worst size / threshold",
-        "<= 1",
-        lambda v: v <= 1,
-    ),
-    ("growth_appends", "growth: appends", "", None),
-    ("growth_compactions", "growth: compaction rows", "", None),
-    ("growth_rewrites", "growth: rewrites (creation included)", "", None),
-    ("growth_written_kib", "growth: bytes written in all (KiB)", "", None),
+
+def main(quick: bool) -> dict[str, Any]:
+    """Measure the three figures; a ``Report`` (see ``benchmarks/__init__.py``) as a dict.
+
+    ``report["figures"]`` holds every figure flat (milliseconds, ratios).
+    """
+    report = Report(title="Journal vs snapshot: checkpoint cost, loop stall, journal size")
+    figures: dict[str, float] = {}
+    with scratch_dir("journal-") as root:
+        cost = append_cost(root, quick=quick)
+        stall = loop_stall(root, quick=quick)
+        growth = journal_growth(root, quick=quick)
+    for part in (cost, stall, growth):
+        figures.update({k: v for k, v in part.items() if isinstance(v, float | int)})
+    samples = cost["samples"]
+    assert isinstance(samples, dict)
+    report.tables.append(
+        Table(
+            title="write_now() after appending one message of ~300 B (fsync included)",
+            columns=["store", "messages", "checkpoint cost", "repeats"],
+            rows=[
+                [label, n, stat(samples[key]), len(samples[key])] for key, label, n in _COST_ROWS
+            ],
+        )
+    )
+    for key, label, n in _COST_ROWS:
+        report.series.setdefault(f"growth/{label}", []).append((float(n), stat(samples[key])))
+    report.ratios += [
+        ratio("JournalStore: cost @100,000 / @100 messages", figures["journal_growth_x"], "<=", 2),
+        ratio(
+            "@100,000 messages: cost FileStore snapshot / JournalStore",
+            figures["snapshot_over_journal_100k_x"],
+            ">=",
+            50,
+        ),
+    ]
+    lateness = stall["samples"]
+    assert isinstance(lateness, dict)
+    mb = figures["stall_transcript_mb"]
+    report.tables.append(
+        Table(
+            title=f"worst 1 ms ticker lag per checkpoint adding one message to {mb:.0f} MB",
+            columns=["approach", "worst lag", "repeats"],
+            rows=[[label, stat(lateness[key]), len(lateness[key])] for key, label in _STALL_ROWS],
+        )
+    )
+    for key, label in _STALL_ROWS:
+        if key != "idle":
+            report.series[f"stall/+1 message to {mb:.0f} MB/{label}"] = [(mb, stat(lateness[key]))]
+    report.ratios += [
+        ratio(
+            "worst stall: cached snapshot / naive", figures["stall_cached_over_naive"], "<=", 0.2
+        ),
+        ratio("worst stall: journal / naive", figures["stall_journal_over_naive"], "<=", 0.2),
+        ratio(
+            "journal size / rewrite threshold, worst after any checkpoint",
+            figures["growth_worst_size_over_threshold"],
+            "<=",
+            1,
+        ),
+    ]
+    report.tables.append(
+        Table(
+            title=f"a journal after {growth['growth_checkpoints']:.0f} checkpoints "
+            "(+1 message each; the agent compacts every 100)",
+            columns=["figure", "value"],
+            rows=[
+                [label, stat([growth[key] * 1024], "B", keep=False) if kib else int(growth[key])]
+                for key, label, kib in _GROWTH_ROWS
+            ],
+        )
+    )
+    report.notes.append(
+        "naive: FileStore(root), the state encoded whole on the loop; cached: "
+        "FileStore(root, transcript=Transcript()); messages are frozen msgspec Structs"
+    )
+    result: dict[str, Any] = msgspec.to_builtins(report)
+    result["figures"] = figures
+    return result
+
+
+_COST_ROWS = [
+    ("journal_100", "JournalStore", 100),
+    ("journal_100000", "JournalStore", 100_000),
+    ("snapshot_100", "FileStore", 100),
+    ("snapshot_100000", "FileStore", 100_000),
+    ("cached_100000", "FileStore+Transcript", 100_000),
+]
+_STALL_ROWS = [
+    ("idle", "idle (no checkpoint)"),
+    ("naive", "naive snapshot"),
+    ("cached", "snapshot with cache"),
+    ("journal", "journal"),
+]
+_GROWTH_ROWS = [
+    ("growth_appends", "appends", False),
+    ("growth_compactions", "compaction rows appended", False),
+    ("growth_rewrites", "rewrites (creation included)", False),
+    ("growth_final_kib", "final size", True),
+    ("growth_threshold_kib", "its rewrite threshold", True),
+    ("growth_written_kib", "bytes written in all", True),
 ]
 
 
-def report(figures: Figures) -> str:
-    """The figures as a table: name, value, target, and whether it is met."""
-    lines = [f"{'figure':<44} {'value':>10}  {'target':<8} ok", "-" * 68]
-    for key, label, target, check in _ROWS:
-        if key not in figures:
-            continue
-        value = figures[key]
-        ok = "" if check is None else ("yes" if check(value) else "NO")
-        lines.append(f"{label:<44} {value:>10.3f}  {target:<8} {ok}")
-    return "\n".join(lines)
-
-
-def main(quick: bool = False) -> Figures:
-    """Measure all three figures, print the table, return the figures."""
-    root = tempfile.mkdtemp(prefix="bench-journal-", dir=os.getcwd())
-    try:
-        figures: Figures = {}
-        figures.update(append_cost(root, quick=quick))
-        figures.update(loop_stall(root, quick=quick))
-        figures.update(journal_growth(root, quick=quick))
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    mode = "quick" if quick else "full"
-    print(f"checkpointer journal benchmark ({mode}; medians after a warm-up)")
-    print(report(figures))
-    return figures
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from .__main__ import render
+
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_journal", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="fewer repeats: well under a minute")
-    main(quick=parser.parse_args().quick)
+    quick = parser.parse_args().quick
+    out = main(quick)
+    print(f"== journal ({'quick' if quick else 'full'}): {out['title']}")
+    print("\n".join(render("journal", out)))

@@ -177,8 +177,11 @@ class Envelopes:
                 return chunks
         chunks, unsettled = transcript.encode_messages(messages)
         transcript.prune(messages)
-        with self._prefix_lock:
-            self._prefix = _Prefix(key, list(messages), list(chunks), unsettled)
+        if self._prefix_lock.acquire(blocking=False):
+            try:
+                self._prefix = _Prefix(key, list(messages), list(chunks), unsettled)
+            finally:
+                self._prefix_lock.release()
         return chunks
 
     def _extend_prefix(

@@ -1,6 +1,6 @@
 """An agent session kept in a journal: checkpoints cost what changed.
 
-Run from the repository root: ``python examples/journal_session.py [root]``.
+Run from the repository root: ``python examples/journal_session.py [--root DIR]``.
 
 The messages are frozen msgspec Structs of strings, so each is encoded once;
 each checkpoint appends the new messages to ``<root>/demo-journal.jsonl``.
@@ -9,7 +9,7 @@ When the agent compacts its history, the journal gets a compaction row.
 
 from __future__ import annotations
 
-import sys
+import argparse
 import tempfile
 
 import anyio
@@ -53,7 +53,9 @@ async def run(root: str) -> None:
 
 
 def main() -> None:
-    root = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="journal-")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", help="the journal directory (default: a new temp dir)")
+    root = parser.parse_args().root or tempfile.mkdtemp(prefix="journal-")
     anyio.run(run, root)
 
 

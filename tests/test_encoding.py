@@ -341,3 +341,17 @@ def test_unwritable_root_is_an_os_error(tmp_path: Path) -> None:
     with pytest.raises(NotADirectoryError) as info:
         codec.commit("k", meta(1), staged)
     assert info.value.errno == errno.ENOTDIR
+
+
+def test_a_stage_reentered_while_the_prefix_is_busy_does_not_wait(tmp_path: Path) -> None:
+    """A signal handler's flush staging mid-stage on the same thread never blocks."""
+    codec = Envelopes(FileStore(tmp_path), Transcript())
+    messages: list[Any] = [Msg("user", "a")]
+    state = {"messages": messages}
+    codec.commit("k", meta(1), codec.stage("k", state))
+    messages.append(Msg("user", "b"))
+    with codec._prefix_lock:  # as if the handler interrupted a stage holding it
+        staged = codec.stage("k", state)
+    codec.commit("k", meta(2), staged)
+    data = (tmp_path / "k.json").read_bytes()
+    assert data.endswith(b',"state":' + msgspec.json.encode(state) + b"}")

@@ -7,6 +7,8 @@ import datetime
 import errno
 import os
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -678,3 +680,47 @@ def test_store_api_validates_keys(tmp_path: Path) -> None:
     assert store.keys() == ["ok"]
     assert store.delete("ok") is True
     assert store.keys() == []
+
+
+# -- the example and the command line ------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_example_and_command_line_read_journals(tmp_path: Path) -> None:
+    """examples/journal_session.py runs; `checkpointer ls` and `verify` read its journal."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *args], capture_output=True, text=True, env=env, timeout=60
+        )
+
+    example = run(str(ROOT / "examples" / "journal_session.py"), "--root", str(tmp_path))
+    assert example.returncode == 0, example.stderr
+    assert "compactions 1" in example.stdout
+    listing = run("-m", "checkpointer", "ls", str(tmp_path))
+    assert listing.returncode == 0, listing.stderr
+    assert "demo-journal" in listing.stdout
+    verified = run("-m", "checkpointer", "verify", str(tmp_path))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "1 ok, 0 bad" in verified.stdout
+    with open(tmp_path / "demo-journal.jsonl", "ab") as f:
+        f.write(b"garbage\n" + _line({"kind": "meta", "meta": _meta(99, key="demo-journal")}))
+    damaged = run("-m", "checkpointer", "verify", str(tmp_path))
+    assert damaged.returncode == 1
+    assert "is not a journal row" in damaged.stdout
+
+
+def test_a_stage_reentered_while_the_witnesses_are_busy_does_not_wait(tmp_path: Path) -> None:
+    """Staging while the witness list is in use (a re-entrant flush) writes a compaction."""
+    store = JournalStore(tmp_path)
+    session = Session()
+    session.add(2)
+    store.commit("s1", meta(1), store.stage("s1", session.state))
+    session.add()
+    with store._witness_lock:  # as if a signal handler interrupted a stage holding it
+        staged = store.stage("s1", session.state)
+    store.commit("s1", meta(2), staged)
+    assert kinds(store)[-1] == "compaction"
+    assert loaded(store).state == as_json(session.state)

@@ -31,6 +31,7 @@ CASES: list[tuple[str, str]] = [
     ("stall", "benchmarks.bench_stall"),
     ("peers", "benchmarks.bench_peers"),
     ("growth", "benchmarks.bench_growth"),
+    ("fingerprint", "benchmarks.bench_fingerprint"),
     ("aiofiles", "benchmarks.bench_aiofiles"),
     ("journal", "benchmarks.bench_journal"),  # from the journal issue; skipped until it lands
 ]
@@ -42,6 +43,8 @@ DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 def _time(seconds: float) -> str:
     if math.isnan(seconds) or math.isinf(seconds):
         return str(seconds)
+    if seconds == 0:
+        return "0"
     magnitude = abs(seconds)
     if magnitude >= 1:
         return f"{seconds:.2f} s"

@@ -21,16 +21,24 @@ from __future__ import annotations
 import hashlib
 import operator
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from ._encoding import Transcript, state_pieces
-from ._format import Checkpoint, Meta, decode_checkpoint, decode_meta, envelope_chunks, load
+from ._format import (
+    Checkpoint,
+    Meta,
+    decode_checkpoint,
+    decode_meta,
+    decode_state,
+    envelope_chunks,
+    load,
+)
 from ._stores import Store
 
-__all__ = ["Envelopes", "Staged", "StateStore", "state_store"]
+__all__ = ["Envelopes", "Staged", "StateStore", "load_from", "state_store"]
 
 
 class Staged(Protocol):
@@ -74,8 +82,12 @@ class StateStore(Protocol):
         """Store ``update(meta)`` with the state unchanged; None if no checkpoint."""
         ...
 
-    def load_checkpoint(self, key: str, type: Any) -> Checkpoint[Any] | None:
-        """What ``load(store, key, type)`` returns for this store."""
+    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
+        """The checkpoint of ``key``, its state as raw JSON; None if none.
+
+        ``load()`` decodes (and migrates) the state.  Raises CheckpointError
+        for a checkpoint that cannot be trusted, or cannot be read.
+        """
         ...
 
 
@@ -226,8 +238,37 @@ class Envelopes:
         self.store.write(key, envelope_chunks(meta, bytes(old.state)))
         return meta
 
-    def load_checkpoint(self, key: str, type: Any) -> Checkpoint[Any] | None:
-        return load(self.store, key, type)
+    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
+        return load(self.store, key, msgspec.Raw)
+
+
+def load_from(
+    store: StateStore,
+    location: str,
+    key: str,
+    type: Any,
+    *,
+    state_version: int | None,
+    migrations: Mapping[int, Callable[[Any], Any]] | None,
+) -> Checkpoint[Any] | None:
+    """``load()`` for a ``StateStore``: its raw checkpoint, decoded as ``type``.
+
+    With ``state_version``, the same versioning rules as for a snapshot file
+    (``_versions.decode_versioned``) apply to the state the store assembled.
+    """
+    raw = store.read_checkpoint(key)
+    if raw is None:
+        return None
+    if state_version is None:
+        checkpoint = Checkpoint(meta=raw.meta, state=decode_state(raw.state, location, type))
+    else:
+        from ._versions import decode_versioned
+
+        envelope = b"".join(envelope_chunks(raw.meta, bytes(raw.state)))
+        checkpoint = decode_versioned(envelope, location, type, state_version, migrations or {})
+    if raw.torn is not None:
+        checkpoint = msgspec.structs.replace(checkpoint, torn=raw.torn)
+    return checkpoint
 
 
 def state_store(store: Store) -> StateStore:

@@ -76,7 +76,6 @@ from ._format import (
     TornTail,
     _newer,
     _oserror,
-    decode_state,
 )
 from ._stores import FileStore, check_key
 
@@ -535,7 +534,7 @@ class JournalStore(FileStore):
 
     # -- the StateStore protocol ---------------------------------------------
 
-    def load_checkpoint(self, key: str, type: Any) -> Checkpoint[Any] | None:
+    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
         check_key(key)
         path = self.location(key)
         try:
@@ -545,7 +544,7 @@ class JournalStore(FileStore):
         if data is None:
             return None
         scan = _scan(data, path)
-        state = decode_state(_assemble(scan, path), path, type)
+        state = msgspec.Raw(_assemble(scan, path))
         return Checkpoint(meta=scan.meta, state=state, torn=scan.torn)
 
     def stage(self, key: str, state: Any) -> _Full | _Delta:

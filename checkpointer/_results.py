@@ -42,6 +42,10 @@ class Written(msgspec.Struct, frozen=True, kw_only=True):
             bytes appended for a journal (or the fresh file of a rewrite).
         seconds: time from the snapshot to the end of the durable write.
         seq: the sequence number now in the file's meta.
+        repaired: tool calls without a result that the writer's ``prepare``
+            step closed with an error result in the file (not in memory).
+        settled: items still running at snapshot time that ``prepare``
+            settled as errors in the file (not in memory).
     """
 
     key: str
@@ -49,6 +53,8 @@ class Written(msgspec.Struct, frozen=True, kw_only=True):
     nbytes: int
     seconds: float
     seq: int = 0
+    repaired: int = 0
+    settled: int = 0
 
 
 class Skipped(msgspec.Struct, frozen=True):
@@ -89,6 +95,8 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
         last_write_seconds: duration of the last successful write, or None.
         pending: whether changes wait for a write that has not started.
         key: the key of the last snapshot, or None before the first.
+        repaired: tool calls closed by ``prepare`` in written files, in all.
+        settled: running items settled by ``prepare`` in written files, in all.
     """
 
     events: int
@@ -100,3 +108,5 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
     last_write_seconds: float | None
     pending: bool
     key: str | None
+    repaired: int = 0
+    settled: int = 0

@@ -41,8 +41,10 @@ from . import _exit
 from ._clock import Clock, MonotonicClock
 from ._codec import Staged, state_store
 from ._format import CheckpointError, Meta, Snapshot
+from ._lock import KeyLocks
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._schedule import IDLE, WRITE, Outcome, Scheduler
+from ._session import Prepare, Prepared, run_prepare, session_meta
 from ._stores import Store
 
 __all__ = ["CheckpointWriter"]
@@ -94,7 +96,7 @@ class _KeyState:
 
 @final
 class _Job:
-    __slots__ = ("content", "force", "gen", "key", "live", "staged", "started")
+    __slots__ = ("content", "force", "gen", "key", "live", "prepared", "staged", "started")
 
     def __init__(
         self,
@@ -106,7 +108,9 @@ class _Job:
         live: bool,
         force: bool,
         started: float,
+        prepared: Prepared,
     ) -> None:
+        self.prepared = prepared
         self.gen = gen
         self.key = key
         self.staged = staged
@@ -150,6 +154,18 @@ class CheckpointWriter(Generic[S]):
         close_timeout: bound, in seconds, on the final write when closing.
         exit_timeout: how long an exit or signal flush waits for a write in
             flight in a worker thread before it writes anyway.
+        prepare: optional step run on each snapshot after the fingerprint
+            check and before encoding, e.g. ``transcript_prepare()``: returns
+            ``Prepared`` (a repaired copy to write) or ``Failed`` (nothing is
+            written, the previous file stays).
+        state_version: the version of your state's schema, stamped on every
+            file (``Meta.state_version``); ``load(..., state_version=,
+            migrations=)`` migrates older files.  The writer never replaces
+            a file of a newer state version.
+        lock_timeout: how long a write waits for another live writer of the
+            same key to let go of the key's lock; 0 (default) means
+            ``Failed("locked")`` at once, retried with backoff.  Stores
+            without the ``LockingStore`` capability are not locked.
 
     Raises:
         ValueError: a duration is out of range (the message says which).
@@ -172,6 +188,9 @@ class CheckpointWriter(Generic[S]):
         backoff_max: float = 30.0,
         close_timeout: float = 10.0,
         exit_timeout: float = 5.0,
+        prepare: Prepare | None = None,
+        state_version: int = 0,
+        lock_timeout: float = 0.0,
     ) -> None:
         if not callable(source):
             raise TypeError(f"source must be a callable returning a Snapshot, got {source!r}")
@@ -184,6 +203,18 @@ class CheckpointWriter(Generic[S]):
         for name, value in (("close_timeout", close_timeout), ("exit_timeout", exit_timeout)):
             if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        if prepare is not None and not callable(prepare):
+            raise TypeError(f"prepare must be callable or None, got {prepare!r}")
+        if (
+            isinstance(state_version, bool)
+            or not isinstance(state_version, int)
+            or state_version < 0
+        ):
+            raise ValueError(f"state_version must be an int >= 0, got {state_version!r}")
+        if not (isinstance(lock_timeout, (int, float)) and 0 <= lock_timeout < math.inf):
+            raise ValueError(
+                f"lock_timeout must be a finite number of seconds >= 0, got {lock_timeout!r}"
+            )
         self._sched = Scheduler(
             debounce=debounce,
             min_interval=min_interval,
@@ -201,6 +232,11 @@ class CheckpointWriter(Generic[S]):
         self._close_timeout = float(close_timeout)
         self._exit_timeout = float(exit_timeout)
         self._states = state_store(store)
+        self._prepare_step = prepare
+        self._state_version = state_version
+        self._locks = KeyLocks(store, float(lock_timeout))
+        self._repaired = 0
+        self._settled = 0
 
         self._opened = False
         self._closed = False
@@ -299,6 +335,8 @@ class CheckpointWriter(Generic[S]):
             last_write_seconds=self._last_seconds,
             pending=self._sched.pending,
             key=self._key,
+            repaired=self._repaired,
+            settled=self._settled,
         )
 
     # -- async lifecycle ----------------------------------------------------
@@ -504,6 +542,7 @@ class CheckpointWriter(Generic[S]):
 
     def _flush_at_exit(self) -> None:
         self.flush_sync("exit")
+        self._release_locks()  # a later write takes them again
 
     def _flush_at_signal(self) -> None:
         self.flush_sync("signal")
@@ -549,11 +588,24 @@ class CheckpointWriter(Generic[S]):
     def _shut(self) -> None:
         self._closed = True
         self._remove_hooks()
+        self._release_locks()
         for unsubscribe in list(self._unsubscribes):
             try:
                 unsubscribe()
             except Exception as exc:
                 logger.warning("checkpointer: unsubscribe failed: %s", _one_line(exc))
+
+    def _release_locks(self) -> None:
+        # Not while a write is in flight (a final write past close_timeout):
+        # that key stays locked until the process exits rather than let
+        # another writer in under a write that may still land.
+        if self._io_lock.acquire(blocking=False):
+            try:
+                self._locks.release_all()
+            finally:
+                self._io_lock.release()
+        else:
+            logger.warning("checkpointer: a write is still in flight; keeping its key locked")
 
     # -- one write ----------------------------------------------------------
 
@@ -601,8 +653,11 @@ class CheckpointWriter(Generic[S]):
                 and self._unchanged(state, content, live)
             ):
                 return Skipped("unchanged")
+        prepared = run_prepare(self._prepare_step, snapshot)
+        if isinstance(prepared, Failed):
+            return prepared
         try:
-            staged = self._states.stage(key, snapshot.state)
+            staged = self._states.stage(key, prepared.snapshot.state)
         except Exception as exc:
             return Failed(
                 "encode-failed", f"the state of key {key!r} cannot be encoded: {_one_line(exc)}"
@@ -615,6 +670,7 @@ class CheckpointWriter(Generic[S]):
             live=live,
             force=force,
             started=started,
+            prepared=prepared,
         )
 
     @staticmethod
@@ -634,6 +690,11 @@ class CheckpointWriter(Generic[S]):
             state = self._keys[job.key]
             if job.gen < state.newest_gen:
                 return self._account(Skipped("unchanged"))  # a newer snapshot is on disk
+            taken = self._locks.acquire(job.key, self._store.location(job.key))
+            if isinstance(taken, Failed):
+                return self._account(taken)
+            if taken:  # others may have written the key since we last held it: re-read
+                state.resolved, state.content, state.live = False, None, None
             content = job.content
             if content is _NO_FINGERPRINT:
                 content = job.staged.content()
@@ -659,6 +720,7 @@ class CheckpointWriter(Generic[S]):
                 updated_at=now,
                 live=job.live,
                 pinned=pinned,
+                **session_meta(job.prepared, self._state_version),
             )
             overtaken = self._overtaking.get(job.key)
             if not locked:
@@ -688,6 +750,8 @@ class CheckpointWriter(Generic[S]):
             state.live = job.live
             state.pinned = pinned
             state.newest_gen = job.gen
+            self._repaired += job.prepared.repaired
+            self._settled += job.prepared.settled
             return self._account(
                 Written(
                     key=job.key,
@@ -695,6 +759,8 @@ class CheckpointWriter(Generic[S]):
                     nbytes=nbytes,
                     seconds=time.perf_counter() - job.started,
                     seq=meta.seq,
+                    repaired=job.prepared.repaired,
+                    settled=job.prepared.settled,
                 )
             )
 
@@ -743,6 +809,12 @@ class CheckpointWriter(Generic[S]):
             )
         else:
             if meta is not None:
+                if meta.state_version > self._state_version:
+                    raise CheckpointError(
+                        self._store.location(key),
+                        f"holds state version {meta.state_version}, newer than this writer's "
+                        f"{self._state_version}; not replacing it (upgrade, or use another key)",
+                    )
                 state.seq = meta.seq
                 state.created_at = meta.created_at
                 state.pinned = meta.pinned
@@ -754,6 +826,7 @@ class CheckpointWriter(Generic[S]):
             state = self._keys.get(key)
             if state is None or state.live is not True:
                 self._to_finish.discard(key)
+                self._locks.release(key)
                 continue
             try:
                 meta = self._states.update_meta(key, _finished)
@@ -761,6 +834,7 @@ class CheckpointWriter(Generic[S]):
                     state.seq = meta.seq
                 state.live = False
                 self._to_finish.discard(key)
+                self._locks.release(key)
             except Exception as exc:
                 logger.warning(
                     "checkpointer: could not mark %s not live: %s (will retry)",

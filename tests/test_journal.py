@@ -724,3 +724,27 @@ def test_a_stage_reentered_while_the_witnesses_are_busy_does_not_wait(tmp_path: 
     store.commit("s1", meta(2), staged)
     assert kinds(store)[-1] == "compaction"
     assert loaded(store).state == as_json(session.state)
+
+
+async def test_state_versions_and_migrations_apply_to_journals(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """load(state_version=, migrations=) migrates a journal's state like a snapshot's."""
+    session = Session()
+    session.add(2)
+    store = JournalStore(tmp_path)
+    async with writer_for(session, store, clock, state_version=1) as writer:
+        session.add()
+        await writer.write_now()
+    migrated = loaded_versioned(store, 2, {1: lambda s: {**s, "title": s["title"].upper()}})
+    assert migrated.state["title"] == "T"
+    assert len(migrated.state["messages"]) == 3
+    assert migrated.meta.state_version == 1
+    with pytest.raises(CheckpointError, match="newer than this program"):
+        load(store, "s1", state_version=0)
+
+
+def loaded_versioned(store: JournalStore, version: int, migrations: Any) -> Checkpoint[Any]:
+    checkpoint = load(store, "s1", state_version=version, migrations=migrations)
+    assert checkpoint is not None
+    return checkpoint

@@ -486,6 +486,9 @@ class CheckpointWriter(Generic[S]):
                 return result
             finally:
                 self._sched.end_write(self._now(), outcome)
+                if self._sched.pending:
+                    # The timer saw this write in flight and sleeps until woken.
+                    self._wake()
 
     # -- sync lifecycle -----------------------------------------------------
 
@@ -732,6 +735,10 @@ class CheckpointWriter(Generic[S]):
             try:
                 nbytes = self._states.commit(job.key, meta, job.staged)
             except Exception as exc:
+                # The bytes may have landed anyway (a directory fsync failing
+                # after the rename): re-read the key before the retry.
+                state.resolved = False
+                state.content = None
                 return self._account(
                     Failed(
                         "write-failed",

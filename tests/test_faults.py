@@ -267,7 +267,7 @@ async def test_root_that_is_a_regular_file_fails_until_it_is_a_directory(
         assert isinstance(result, Failed) and result.reason == "write-failed"
         assert str(root) in result.error
         assert "File exists" in result.error or "Not a directory" in result.error
-        writer.notify()  # after write_now: see test_change_during_write_now_is_written
+        writer.notify()  # the agent goes on changing the session
         await clock.advance(10.0)
         # The start write and write_now at 0, retries at 2 and 6 (backoff 2, 4 s), none since.
         assert writer.statistics().failures == 4
@@ -317,7 +317,7 @@ async def test_file_replaced_by_a_directory_fails_cleanly(tmp_path: Path, clock:
         result = await writer.write_now()
         assert isinstance(result, Failed) and result.reason == "write-failed", result
         assert "Is a directory" in result.error and str(path) in result.error
-        writer.notify()  # the change, for the timer's retries
+        writer.notify()  # the agent goes on changing the session
         assert entries(tmp_path) == [f"{KEY}.json"]  # no temp left
         assert entries(path) == ["inside"]
         with pytest.raises(CheckpointError, match="cannot be read"):

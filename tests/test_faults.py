@@ -31,6 +31,7 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     FileStore,
+    JournalStore,
     Snapshot,
     Written,
     load,
@@ -245,6 +246,36 @@ def test_fault_on_the_sync_path_is_a_value(fault: Fault) -> None:
     assert isinstance(writer.flush_sync(), Written)
     assert isinstance(writer.close(), Written)
     assert loaded_state(store) == session.snapshot().state
+
+
+@pytest.mark.parametrize("fs", ["tmpfs", "ext4"])
+def test_journal_on_a_full_filesystem(tmp_path: Path, fs: str) -> None:
+    """The journal, disk full mid-append: Failed, the journal loads as before, then recovers."""
+    mnt = tmp_path / "mnt"
+    mount(fs, mnt, tmp_path)
+    try:
+        root = mnt / "root"
+        store = JournalStore(root)
+        session = Session()
+        writer = CheckpointWriter(session.snapshot, store, exit_hooks=False).open()
+        session.add("appended")
+        assert isinstance(writer.flush_sync(), Written)
+        before = loaded_state(store)
+        fill(mnt / "ballast")
+        session.add(BIG)
+        for _ in range(2):  # the append, then the rewrite that follows a broken append
+            result = writer.flush_sync()
+            assert isinstance(result, Failed) and "No space left" in result.error, result
+            cp = load(store, KEY)
+            assert cp is not None and cp.state == before and cp.torn is None
+            assert entries(root) == [f"{KEY}.jsonl"]  # no temp file, no partial append
+        unfill(mnt / "ballast")
+        assert isinstance(writer.flush_sync(), Written)
+        assert isinstance(writer.close(), Written)
+        cp = load(JournalStore(root), KEY)  # as the next process reads it
+        assert cp is not None and cp.state == session.snapshot().state and cp.torn is None
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
 
 
 # -- the root and the file changing underneath ----------------------------------------------

@@ -5,13 +5,12 @@ and ``demo``.  Exit status: 0 when all is well, 1 when something is wrong
 with the store (a missing root, an unknown key, a bad file), 2 for a usage
 error (argparse's own status: a bad option, a bad duration, an invalid key).
 
-Two things here are built ahead of the library and are meant to be swapped
-for it (each in one place):
-
-* the file kinds a root holds (``_KINDS``): snapshots ``<key>.json`` and
-  journals ``<key>.jsonl``;
-* the per-key lock ``<key>.lock`` (``probe_lock`` and ``claim_stale_lock``):
-  a writer holds an ``fcntl.flock`` on it while the key is open.
+The file kinds a root holds are listed once (``_KINDS``): snapshots
+``<key>.json`` and journals ``<key>.jsonl``.  Locks are the library's
+(``checkpointer._lock``): ``ls`` and ``show`` look with ``probe_file_lock``,
+which never takes a lock a writer could be reaching for; ``prune`` takes a
+key's writer lock (``FileStore.lock``) before it removes anything of the key.
+Histories are checked by ``validate_history``.
 """
 
 from __future__ import annotations
@@ -19,13 +18,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import fcntl
 import logging
-import math
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
@@ -34,9 +31,11 @@ import msgspec
 
 from ._format import CheckpointError, load
 from ._journal import JournalStore
+from ._lock import KeyLocked, LockProbe, probe_file_lock
 from ._stores import KEY_PATTERN, FileStore, check_key
+from ._transcript import HistoryProblem, validate_history
 
-__all__ = ["check_history", "claim_stale_lock", "main", "parse_duration", "probe_lock"]
+__all__ = ["main", "parse_duration"]
 
 OK, PROBLEM, USAGE = 0, 1, 2
 
@@ -122,92 +121,10 @@ def _open_root(command: str, root: str) -> tuple[list[File], dict[str, str]] | N
 
 
 # -- the per-key lock ------------------------------------------------------------
-#
-# Until the writer's own lock API lands, the CLI reads the lock the way it is
-# specified: <root>/<key>.lock, held with fcntl.flock by the writing process,
-# its contents naming the holder (pid, host, start time).
 
 
-class LockState(NamedTuple):
-    """What a lock file says: whether its holder is alive, and who it is."""
-
-    path: str
-    alive: bool | None  # None: cannot tell (no permission, odd file system)
-    holder: str  # the file's contents, on one line ("" if empty)
-
-
-def probe_lock(path: str) -> LockState | None:
-    """Whether a process holds the lock file at ``path``; None if there is none.
-
-    Tries a shared, non-blocking ``flock``: it fails (EWOULDBLOCK) only while
-    a writer holds the lock, and is released at once when it succeeds.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return LockState(path, None, "")
-    try:
-        alive: bool | None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            alive = True
-        except OSError:
-            alive = None
-        else:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            alive = False
-        try:
-            holder = _holder_text(os.read(fd, 1024))
-        except OSError:
-            holder = ""
-        return LockState(path, alive, holder)
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def claim_stale_lock(path: str, *, hold: bool = True) -> Iterator[bool]:
-    """Hold ``path`` exclusively while the caller removes a key's files.
-
-    Yields True when there is no lock file or nobody holds it (the caller may
-    remove the key; the lock file goes too), False when a holder is alive or
-    that cannot be told.  Holding the lock while unlinking keeps a writer
-    from taking it in between.  ``hold=False`` (a dry run) only probes.
-    """
-    if not hold:
-        lock = probe_lock(path)
-        yield lock is None or lock.alive is False
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        yield True
-        return
-    except OSError:
-        yield False
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
-def _holder_text(data: bytes) -> str:
-    try:
-        value = msgspec.json.decode(data)
-    except msgspec.DecodeError:
-        return _one_line(data.decode("utf-8", "replace"), 120)
-    if isinstance(value, dict):
-        return " ".join(f"{k}={v}" for k, v in value.items())
-    return _one_line(str(value), 120)
+def _lock_state(probe: LockProbe) -> Literal["alive", "stale", "unknown"]:
+    return "unknown" if probe.alive is None else "alive" if probe.alive else "stale"
 
 
 # -- reading one checkpoint ------------------------------------------------------
@@ -299,10 +216,10 @@ def _inspect(file: File, locks: dict[str, str]) -> tuple[Row, Loaded | None]:
         mtime=datetime.fromtimestamp(st.st_mtime if st else 0, UTC),
     )
     lock_path = locks.get(file.key)
-    lock = probe_lock(lock_path) if lock_path else None
+    lock = probe_file_lock(lock_path) if lock_path else None
     if lock is not None:
-        row.lock = "unknown" if lock.alive is None else "alive" if lock.alive else "stale"
-        row.lock_holder = lock.holder
+        row.lock = _lock_state(lock)
+        row.lock_holder = lock.holder.describe() if lock.holder is not None else ""
     loaded, row.error = _read(file)
     if loaded is None:
         return row, None
@@ -499,74 +416,83 @@ def _message_line(message: Any, width: int = 100) -> str:
 # -- verify ----------------------------------------------------------------------
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+_AT = "$.state.messages"
 
 
-def check_history(messages: Any, at: str = "$.state.messages") -> str | None:
-    """The first problem of an agent history, as ``"<json path>: <what>"``, or None.
-
-    A minimal check until the library's own ``validate_history``: a list of
-    message objects with a known ``role``; each ``tool`` message answers an
-    earlier assistant's tool call, once; a call is answered before the next
-    non-tool message (calls still open at the end are fine: the session was
-    checkpointed while its tools ran).  An id may come back in a later turn.
-    """
+def _shape(messages: Any) -> str | None:
+    """What ``validate_history`` takes for granted: a list of objects with a known role."""
     if not isinstance(messages, list):
-        return f"{at}: is {_json_type(messages)}, not a list of messages"
-    open_calls: dict[str, str] = {}  # call id -> where it was made
-    seen: set[str] = set()
+        return f"{_AT}: is {_json_type(messages)}, not a list of messages"
     for i, message in enumerate(messages):
-        here = f"{at}[{i}]"
         if not isinstance(message, dict):
-            return f"{here}: is {_json_type(message)}, not a message object"
+            return f"{_AT}[{i}]: is {_json_type(message)}, not a message object"
         role = message.get("role")
         if not isinstance(role, str):
-            return f"{here}.role: is {_json_type(role)}, not a string"
+            return f"{_AT}[{i}].role: is {_json_type(role)}, not a string"
         if role not in _ROLES:
-            return f"{here}.role: unknown role {role!r} (expected one of {', '.join(_ROLES)})"
-        if role == "tool":
-            call = message.get("tool_call_id")
-            if not isinstance(call, str):
-                return f"{here}.tool_call_id: is {_json_type(call)}, not a string"
-            if call not in open_calls:
-                why = "was answered before" if call in seen else "matches no earlier tool call"
-                return f"{here}.tool_call_id: {call!r} {why}"
-            del open_calls[call]
-            continue
-        if open_calls:
-            call, where = next(iter(open_calls.items()))
-            return f"{where}: tool call {call!r} has no result before {here} ({role})"
-        calls = message.get("tool_calls") if role == "assistant" else None
-        if calls is None:
-            continue
-        if not isinstance(calls, list):
-            return f"{here}.tool_calls: is {_json_type(calls)}, not a list"
-        for j, c in enumerate(calls):
-            call = c.get("id") if isinstance(c, dict) else None
-            if not isinstance(call, str):
-                return f"{here}.tool_calls[{j}].id: is {_json_type(call)}, not a string"
-            if call in open_calls:
-                return f"{here}.tool_calls[{j}].id: {call!r} is used twice in one message"
-            seen.add(call)
-            open_calls[call] = f"{here}.tool_calls[{j}]"
+            return f"{_AT}[{i}].role: unknown role {role!r} (expected one of {', '.join(_ROLES)})"
     return None
 
 
-def _verify(file: File) -> tuple[str | None, str]:
-    """(why the file is bad or None, a summary of a good one)."""
+def _open_at_end(problem: HistoryProblem, messages: list[Any]) -> bool:
+    """An unclosed call with nothing after it but tool results: saved while its tool ran."""
+    return problem.kind == "unclosed-call" and all(
+        m.get("role") == "tool" for m in messages[problem.index + 1 :]
+    )
+
+
+class Verdict(NamedTuple):
+    """``verify``'s word on one file: bad (``problem``), or ok, maybe with a warning."""
+
+    problem: str | None  # why the file is bad
+    summary: str  # what a good file holds
+    warning: str | None = None  # what a good file needs before it is sent to a model
+
+
+def _verify(file: File) -> Verdict:
     loaded, error = _read(file)
     if loaded is None:
-        return error, ""
+        return Verdict(error, "")
     meta = loaded.meta
     if meta.key != file.key:
-        return f"its meta says key {meta.key!r}, but the file is named for {file.key!r}", ""
+        return Verdict(
+            f"its meta says key {meta.key!r}, but the file is named for {file.key!r}", ""
+        )
     summary = f"seq {meta.seq}"
     state = loaded.state
-    if isinstance(state, dict) and "messages" in state:
-        problem = check_history(state["messages"])
-        if problem is not None:
-            return f"invalid agent history: {problem}", ""
-        summary += f", {len(state['messages'])} messages"
-    return None, summary
+    if not (isinstance(state, dict) and "messages" in state):
+        return Verdict(None, summary)
+    messages = state["messages"]
+    shape = _shape(messages)
+    if shape is not None:
+        return Verdict(f"invalid agent history: {shape}", "")
+    summary += f", {len(messages)} messages"
+    problems = validate_history(messages)
+    # Calls left open at the end are not damage: a writer without prepare
+    # saved the session while its tools ran (transcript_prepare() closes
+    # them as it writes).  Sendable only once they are run again or closed,
+    # so they are a warning; anything else a model API would refuse is bad.
+    open_calls: list[HistoryProblem] = []
+    bad: list[HistoryProblem] = []
+    for problem in problems:
+        (open_calls if _open_at_end(problem, messages) else bad).append(problem)
+    if bad:
+        shown = "; ".join(p.describe(_AT) for p in bad[:3])
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        return Verdict(f"not sendable to a model API: {shown}{more}", "")
+    if not open_calls:
+        return Verdict(None, summary)
+    ids = ", ".join(
+        f"{p.call_id!r} ({_AT}[{p.index}])" if p.call_id else f"{_AT}[{p.index}]"
+        for p in open_calls
+    )
+    return Verdict(
+        None,
+        summary,
+        f"{len(open_calls)} tool call(s) open at the end, saved while the tool ran: {ids}; "
+        "run them again or close them before sending the history "
+        "(a writer with prepare=transcript_prepare() closes them as it writes)",
+    )
 
 
 _ASIDE = re.compile(r"\.corrupt-\d{8}T\d{6}(\.\d+)?Z$")
@@ -577,15 +503,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if scanned is None:
         return PROBLEM
     files, _ = scanned
-    bad = 0
+    bad = warned = 0
     for file in files:
-        problem, summary = _verify(file)
-        if problem is None:
-            if not args.quiet:
-                print(f"ok   {file.path}: {summary}")
-        else:
+        verdict = _verify(file)
+        if verdict.problem is not None:
             bad += 1
-            print(f"BAD  {file.path}: {problem}")
+            print(f"BAD  {file.path}: {verdict.problem}")
+        elif verdict.warning is not None:
+            warned += 1
+            if not args.quiet:
+                print(f"warn {file.path}: {verdict.summary}; {verdict.warning}")
+        elif not args.quiet:
+            print(f"ok   {file.path}: {verdict.summary}")
     with contextlib.suppress(OSError):
         for name in sorted(os.listdir(args.root)):
             if _ASIDE.search(name):
@@ -593,7 +522,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if not files:
         print(f"no checkpoints in {args.root}")
         return OK
-    print(f"{len(files)} checkpoint(s): {len(files) - bad} ok, {bad} bad")
+    ok = f"{len(files) - bad} ok"
+    if warned:
+        ok += f" ({warned} with tool calls open at the end)"
+    print(f"{len(files)} checkpoint(s): {ok}, {bad} bad")
     return PROBLEM if bad else OK
 
 
@@ -639,43 +571,85 @@ def cmd_prune(args: argparse.Namespace) -> int:
     for file in files:
         by_key.setdefault(file.key, []).append(file)
     tally = _Tally(dry_run=args.dry_run)
+    store = FileStore(args.root)
     for key in sorted(by_key.keys() | locks.keys()):
-        old: list[tuple[str, str]] = []  # (path, why) to remove
-        stays = False  # some file of the key stays: so does its lock
+        old: list[tuple[str, str]] = []  # (checkpoint file, why) to remove
         for file in by_key.get(key, []):
             row, _ = _inspect(file, {})
             age = (now - (row.updated_at or row.mtime)).total_seconds()
             if age <= limit.seconds:
-                stays = True
-            elif row.pinned:
-                stays = True
+                continue
+            if row.pinned:
                 tally.keep(file.path, f"pinned (updated {_ago(age)} ago)")
             else:
                 old.append((file.path, f"updated {_ago(age)} ago"))
         lock_path = locks.get(key)
-        if lock_path is not None and not stays:
-            if old:
-                old.append((lock_path, "its lock file"))
-            elif _age(lock_path, now) > limit.seconds:
-                old.append((lock_path, "stale lock, no checkpoint"))
-        if not old:
+        lock = probe_file_lock(lock_path) if lock_path else None
+        if lock is not None and lock.alive is not False:
+            # A live writer's key (its lock is not news), or one we cannot
+            # tell about: leave all of it alone, without touching its lock.
+            why = "its lock holder is alive" if lock.alive else "cannot tell if its lock is held"
+            for path, _ in old:
+                tally.keep(path, why)
             continue
-        path = lock_path or os.path.join(args.root, key + LOCK_SUFFIX)
-        with claim_stale_lock(path, hold=not args.dry_run) as free:
-            for target, why in old:
-                if free:
-                    tally.remove(target, why)
-                elif target != lock_path:  # a held lock is the writer's: not news
-                    tally.keep(target, "its lock holder is alive")
+        stale = None if lock is None else "its lock file" if old else "stale lock, holder gone"
+        if not old and stale is None:
+            continue
+        if args.dry_run:
+            for path, why in old:
+                tally.remove(path, why)
+            if lock_path and stale:
+                tally.remove(lock_path, stale, lock=True)
+            continue
+        _prune_key(store, key, old, lock_path, stale, tally)
     if not tally.lines:
-        print(f"nothing older than {limit.text} in {args.root}")
+        print(f"nothing older than {limit.text} and no stale locks in {args.root}")
         return OK
     for line in tally.lines:
         print(line)
     verb = "would remove" if args.dry_run else "removed"
-    summary = f"{verb} {tally.removed} file(s) older than {limit.text}, kept {tally.kept}"
+    summary = (
+        f"{verb} {tally.removed} file(s) older than {limit.text} and "
+        f"{tally.locks} stale lock file(s), kept {tally.kept}"
+    )
     print(summary + (f", {tally.failed} could not be removed" if tally.failed else ""))
     return PROBLEM if tally.failed else OK
+
+
+def _prune_key(
+    store: FileStore,
+    key: str,
+    old: list[tuple[str, str]],
+    lock_path: str | None,
+    stale: str | None,
+    tally: _Tally,
+) -> None:
+    """Remove ``old`` files of ``key`` and its stale lock file, holding the key's lock.
+
+    Holding the writer lock keeps a writer from starting on the key midway;
+    releasing it unlinks the lock file (the library's release, which a
+    writer waiting on the old file notices and starts over).
+    """
+    try:
+        held = store.lock(key)
+    except KeyLocked:  # a writer took the key since the probe
+        for path, _ in old:
+            tally.keep(path, "its lock holder is alive")
+        return
+    except OSError as exc:
+        tally.fail(lock_path or os.path.join(store.root, key + LOCK_SUFFIX), exc, "lock")
+        return
+    try:
+        for path, why in old:
+            tally.remove(path, why)
+    finally:
+        try:
+            held.release()
+        except OSError as exc:
+            tally.fail(lock_path or os.path.join(store.root, key + LOCK_SUFFIX), exc, "remove")
+        else:
+            if lock_path and stale:
+                tally.remove(lock_path, stale, lock=True, unlink=False)
 
 
 class _Tally:
@@ -684,29 +658,30 @@ class _Tally:
     def __init__(self, *, dry_run: bool) -> None:
         self.dry_run = dry_run
         self.lines: list[str] = []
-        self.removed = self.kept = self.failed = 0
+        self.removed = self.locks = self.kept = self.failed = 0
 
     def keep(self, path: str, why: str) -> None:
         self.kept += 1
         self.lines.append(f"kept {path}: {why}")
 
-    def remove(self, path: str, why: str) -> None:
-        if not self.dry_run:
+    def fail(self, path: str, exc: OSError, what: str) -> None:
+        self.failed += 1
+        _error("prune", f"cannot {what} {path}: {_why(exc)}")
+
+    def remove(self, path: str, why: str, *, lock: bool = False, unlink: bool = True) -> None:
+        if unlink and not self.dry_run:
             try:
                 os.unlink(path)
             except FileNotFoundError:  # gone already: not ours to report
                 return
             except OSError as exc:
-                self.failed += 1
-                _error("prune", f"cannot remove {path}: {_why(exc)}")
+                self.fail(path, exc, "remove")
                 return
-        self.removed += 1
+        if lock:
+            self.locks += 1
+        else:
+            self.removed += 1
         self.lines.append(f"{'would remove' if self.dry_run else 'removed'} {path} ({why})")
-
-
-def _age(path: str, now: datetime) -> float:
-    st = _stat(path)
-    return math.inf if st is None else now.timestamp() - st.st_mtime
 
 
 # -- small formatting helpers ----------------------------------------------------
@@ -792,8 +767,8 @@ def _build_parser() -> argparse.ArgumentParser:
         help="list the checkpoints of a store directory",
         description="One row per checkpoint: key, last update (UTC), size, seq, turns, "
         "live (a writer had it open at its last write), pinned, lock (alive: a writer "
-        "holds <key>.lock now; stale: the lock file is left over), and a title (the "
-        "first user message).",
+        "holds <key>.lock now; stale: the lock file was left by a writer that died), and "
+        "a title (the first user message).",
     )
     ls.add_argument("root", metavar="ROOT", help="the store directory (FileStore root)")
     ls.add_argument(
@@ -827,8 +802,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "verify",
         help="load every checkpoint and check agent histories; exit 1 if any is bad",
         description="Load every checkpoint of ROOT; where the state has messages, check "
-        "the agent history (roles, tool calls answered). Prints each bad file with its "
-        "reason and exits with status 1 when any is bad.",
+        "that a model API would accept the agent history (roles; every tool call "
+        "answered, once, before the conversation goes on). Prints each bad file with its "
+        "reason and exits with status 1 when any is bad. Tool calls still open at the "
+        "end (saved while the tool ran) are a warning, not bad.",
     )
     verify.add_argument("root", metavar="ROOT", help="the store directory")
     verify.add_argument("-q", "--quiet", action="store_true", help="print only bad files")
@@ -838,8 +815,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "prune",
         help="remove checkpoints not updated for a while, and stale locks",
         description="Remove checkpoints last updated more than DURATION ago, with their "
-        "lock files, and lock files nobody holds. Never removes a key whose lock holder "
-        "is alive, nor a pinned checkpoint. Lists what it removes.",
+        "lock files, and every stale lock file (its holder is gone), whatever its age. "
+        "Never removes anything of a key whose lock holder is alive, nor a pinned "
+        "checkpoint. Lists what it removes.",
     )
     prune.add_argument("root", metavar="ROOT", help="the store directory")
     prune.add_argument(

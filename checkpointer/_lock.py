@@ -12,7 +12,10 @@ Why not the ``filelock`` package: it is ``flock`` underneath, leaves the
 lock file behind on release, and would be a third runtime dependency.
 
 The lock file holds its holder's pid, host and start time, for error
-messages and for a person running ``cat``; nothing decides anything from it.
+messages, for a person running ``cat``, and for ``probe_file_lock``, which
+tells a live holder from a dead one without taking the lock (so it never
+makes a writer's non-blocking acquire fail); nothing that writes decides
+anything from it.
 
 Releasing unlinks the file while still holding the lock, so no lock debris
 is left after a clean close.  That opens a race this module closes: a
@@ -49,8 +52,10 @@ __all__ = [
     "KeyLocked",
     "KeyLocks",
     "LockHolder",
+    "LockProbe",
     "LockingStore",
     "acquire_file_lock",
+    "probe_file_lock",
     "read_holder",
 ]
 
@@ -221,6 +226,86 @@ def read_holder(path: str) -> LockHolder | None:
         return _HOLDER_DECODER.decode(data)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
+
+
+class LockProbe(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``probe_file_lock`` found in a lock file.
+
+    Attributes:
+        path: the lock file.
+        alive: True while a live process holds it, False when its holder is
+            gone (a stale file, left by a SIGKILLed writer), None when that
+            cannot be told (no permission to open it, say).
+        holder: who the file names; None if it is empty or garbled.
+    """
+
+    path: str
+    alive: bool | None
+    holder: LockHolder | None
+
+
+def probe_file_lock(path: str) -> LockProbe | None:
+    """Whether the lock file at ``path`` is held by a live process; None if there is none.
+
+    For display and for cleaning up (``checkpointer ls``, ``prune``): the
+    answer may be out of date as soon as it is returned.  To act on a key,
+    take its lock (``acquire_file_lock``), which is authoritative.
+
+    Returns:
+        A ``LockProbe``, or None when there is no lock file.
+    """
+    # Why not simply try a shared flock: while a probe holds LOCK_SH, even
+    # for microseconds, a writer taking over a stale file with LOCK_EX|LOCK_NB
+    # fails and reports the key as locked.  So when the file names a holder
+    # on this host, its pid decides (os.kill(pid, 0); a zombie counts as
+    # dead, it holds no files) and the lock is not touched.  Only a file
+    # naming no holder (empty: a writer between create and flock; garbled) or
+    # one on another host (a shared file system) is asked with a brief
+    # LOCK_SH|LOCK_NB.  The price: a reused pid, or a holder in another pid
+    # namespace under the same hostname, can be misread; acquiring is never.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return LockProbe(path=path, alive=None, holder=None)
+    try:
+        try:
+            holder: LockHolder | None = _HOLDER_DECODER.decode(os.pread(fd, 4096, 0))
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            holder = None
+        if holder is not None and holder.pid > 0 and holder.host == socket.gethostname():
+            return LockProbe(path=path, alive=_pid_alive(holder.pid), holder=holder)
+        alive: bool | None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            alive = True
+        except OSError:
+            alive = None
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            alive = False
+        return LockProbe(path=path, alive=alive, holder=holder)
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host is running (not gone, not a zombie)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, and belongs to another user
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # no procfs: trust kill
+        return True
+    # "pid (comm) S ...": the state follows the last ")" (comm may hold one).
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
 
 
 def _same_file(fd: int, path: str) -> bool:

@@ -7,6 +7,8 @@ import fcntl
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -18,10 +20,12 @@ import msgspec
 import pytest
 
 from checkpointer import CheckpointWriter, FileStore, Snapshot
-from checkpointer._cli import check_history, main, parse_duration
+from checkpointer._cli import main, parse_duration
+from checkpointer._lock import LockHolder, acquire_file_lock, probe_file_lock
 
 _SCRIPT = Path(sys.executable).with_name("checkpointer")
 CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "checkpointer"]
+LOCK_CHILD = Path(__file__).parent / "children" / "lock_child.py"
 NOW = datetime.now(UTC)
 LONG = "Find the bug in parser.py: it crashes on empty input, and also on input with tabs"
 
@@ -95,16 +99,17 @@ def age_file(path: Path, age: timedelta) -> None:
     os.utime(path, (then, then))
 
 
+HOLDER = f"pid {os.getpid()} on {socket.gethostname()} since "
+
+
 @contextlib.contextmanager
 def hold_lock(path: Path) -> Iterator[None]:
-    """Hold ``path`` as a live writer would: an exclusive flock, holder in the file."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    """Hold ``path`` as a live writer does: the library's lock, this process named in it."""
+    lock = acquire_file_lock(str(path))
     try:
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": "testhost"}).encode())
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
 @pytest.fixture
@@ -156,7 +161,7 @@ def test_ls_json_reports_every_field(store: Path) -> None:
     alpha, beta, gamma = rows["alpha"], rows["beta"], rows["gamma"]
     assert (alpha["seq"], alpha["turns"], alpha["messages"]) == (9, 6, 13)
     assert (alpha["live"], alpha["pinned"], alpha["lock"]) == (True, False, "alive")
-    assert "pid=" in alpha["lock_holder"] and "host=testhost" in alpha["lock_holder"]
+    assert alpha["lock_holder"].startswith(HOLDER)
     assert alpha["title"].startswith("Find the bug in parser.py") and alpha["title"].endswith("...")
     assert len(alpha["title"]) == 48
     assert alpha["size"] == (store / "alpha.json").stat().st_size
@@ -246,7 +251,7 @@ def test_show_meta_lock_and_last_messages(store: Path) -> None:
     out = unaligned(proc.stdout)
     for line in ["key  alpha", "seq  9", "live  yes", "messages  13"]:
         assert line in out
-    assert "lock  alive pid=" in out and "host=testhost" in out
+    assert f"lock  alive {HOLDER}" in out
     assert "turns  6 (assistant messages)" in out
     assert "last 3 of 13 messages:" in out
     assert "[10] assistant:  -> 1 tool call(s): grep" not in out  # no stray spaces
@@ -321,9 +326,10 @@ def test_verify_reports_each_bad_file(store: Path) -> None:
         "renamed.json",
         "torn.json",
     ]
-    assert "$.state.messages[0].tool_call_id: 'x' matches no earlier tool call" in "".join(
-        bad.values()
-    )
+    assert (
+        f"BAD  {store / 'history.json'}: not sendable to a model API: $.state.messages[0]: "
+        "tool result for 'x' answers no open tool call (orphan result)"
+    ) in bad.values()
     assert "its meta says key 'original'" in bad[str(store / "renamed.json")]
     assert "not valid JSON" in bad[str(store / "torn.json")]
     assert "cannot be read" in bad[str(store / "dir.json")]
@@ -367,7 +373,7 @@ def test_prune_bad_duration_is_a_usage_error(store: Path) -> None:
 
 
 def test_prune_removes_old_and_stale_never_live_or_pinned(tmp_path: Path) -> None:
-    """prune removes old checkpoints and stale locks; a held lock or a pin keeps a key."""
+    """prune removes old checkpoints and every stale lock; a held lock or a pin keeps a key."""
     root = tmp_path / "store"
     old = timedelta(days=10)
     put(root, "old", {"n": 1}, age=old)
@@ -376,10 +382,10 @@ def test_prune_removes_old_and_stale_never_live_or_pinned(tmp_path: Path) -> Non
     put(root, "old-held", {"n": 3}, age=old, live=True)
     put(root, "old-pinned", {"n": 4}, age=old, pinned=True)
     put(root, "young", {"n": 5}, age=timedelta(hours=1))
-    (root / "young.lock").write_text("")
+    (root / "young.lock").write_text("")  # stale, of a key that stays
     (root / "orphan-old.lock").write_text("")
     age_file(root / "orphan-old.lock", old)
-    (root / "orphan-young.lock").write_text("")
+    (root / "orphan-young.lock").write_text("")  # stale however young
     (root / "torn.json").write_bytes(b"{")
     age_file(root / "torn.json", old)
     with hold_lock(root / "old-held.lock"):
@@ -389,33 +395,136 @@ def test_prune_removes_old_and_stale_never_live_or_pinned(tmp_path: Path) -> Non
         assert sorted(p.name for p in root.iterdir()) == before
         proc = cli("prune", root, "--older-than", "7d")
     assert proc.returncode == 0, proc.stderr
-    gone = {"old.json", "old-stale-lock.json", "old-stale-lock.lock", "orphan-old.lock"}
-    gone.add("torn.json")
-    assert sorted(p.name for p in root.iterdir()) == sorted(set(before) - gone)
+    gone = {"old.json", "old-stale-lock.json", "torn.json"}
+    stale = {"old-stale-lock.lock", "young.lock", "orphan-old.lock", "orphan-young.lock"}
+    released = {"old-held.lock"}  # by its holder, on leaving hold_lock
+    assert sorted(p.name for p in root.iterdir()) == sorted(set(before) - gone - stale - released)
     removed = sorted(
         Path(line.split()[1]).name
         for line in proc.stdout.splitlines()[:-1]
         if line.startswith("removed ")
     )
-    assert removed == sorted(gone)
+    assert removed == sorted(gone | stale)
     assert (
         dry.stdout.replace("would remove", "removed").splitlines()[:-1]
         == (proc.stdout.splitlines()[:-1])
     )
+    assert f"removed {root / 'old-stale-lock.lock'} (its lock file)" in proc.stdout
+    assert f"removed {root / 'young.lock'} (stale lock, holder gone)" in proc.stdout
     assert f"kept {root / 'old-held.json'}: its lock holder is alive" in proc.stdout
     assert f"kept {root / 'old-pinned.json'}: pinned (updated 10d ago)" in proc.stdout
-    assert proc.stdout.splitlines()[-1] == "removed 5 file(s) older than 7d, kept 2"
+    assert proc.stdout.splitlines()[-1] == (
+        "removed 3 file(s) older than 7d and 4 stale lock file(s), kept 2"
+    )
     after = cli("prune", root, "--older-than", "7d")  # the holder is gone now
     assert f"removed {root / 'old-held.json'} (updated 10d ago)" in after.stdout
-    assert f"removed {root / 'old-held.lock'} (its lock file)" in after.stdout
-    assert not (root / "old-held.lock").exists()
 
 
-def test_prune_nothing_to_do(store: Path) -> None:
-    """With nothing old enough prune says so and removes nothing."""
+def test_prune_young_store_loses_only_its_stale_lock(store: Path) -> None:
+    """With nothing old enough prune removes only stale locks, then says there is nothing."""
     proc = cli("prune", store, "--older-than", "30d")
-    assert (proc.returncode, proc.stdout.strip()) == (0, f"nothing older than 30d in {store}")
-    assert len(list(store.iterdir())) == 6
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"removed {store / 'beta.lock'} (stale lock, holder gone)",
+        "removed 0 file(s) older than 30d and 1 stale lock file(s), kept 0",
+    ]
+    assert len(list(store.iterdir())) == 5
+    again = cli("prune", store, "--older-than", "30d")
+    assert again.stdout.strip() == f"nothing older than 30d and no stale locks in {store}"
+
+
+def test_sigkilled_writer_leaves_a_stale_lock_that_prune_removes(tmp_path: Path) -> None:
+    """A writer killed by SIGKILL: ls says stale (even before it is reaped), prune removes it."""
+    lock = tmp_path / "killed.lock"
+    with subprocess.Popen(
+        [sys.executable, str(LOCK_CHILD), str(tmp_path), "killed", "hold"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stdout is not None
+            assert json.loads(child.stdout.readline())["result"] == "Written"
+            held = probe_file_lock(str(lock))
+            assert held is not None and held.alive is True
+            assert held.holder is not None and held.holder.pid == child.pid
+            child.send_signal(signal.SIGKILL)
+            os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # a zombie, not reaped
+            zombie = probe_file_lock(str(lock))
+            assert zombie is not None and zombie.alive is False
+        finally:
+            child.kill()
+    (row,) = json.loads(cli("ls", tmp_path, "--json").stdout)
+    assert (row["key"], row["live"], row["lock"]) == ("killed", True, "stale")
+    assert row["lock_holder"].startswith(f"pid {child.pid} on {socket.gethostname()} since ")
+    proc = cli("prune", tmp_path, "--older-than", "1d")
+    assert proc.returncode == 0, proc.stderr
+    assert f"removed {lock} (stale lock, holder gone)" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["killed.json"]
+
+
+# -- the lock probe ls, show and prune use ---------------------------------------
+
+
+def holder_file(path: Path, pid: int, host: str) -> None:
+    """A lock file naming ``pid`` on ``host``, nobody holding it."""
+    path.write_bytes(msgspec.json.encode(LockHolder(pid=pid, host=host, started_at=NOW)))
+
+
+@pytest.fixture
+def flock_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every flock the probe makes, recorded (and still made)."""
+    calls: list[int] = []
+    real = fcntl.flock
+
+    def spy(fd: int, operation: int) -> None:
+        calls.append(operation)
+        real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", spy)  # the module checkpointer._lock calls
+    return calls
+
+
+def test_probe_of_a_holder_on_this_host_never_flocks(
+    tmp_path: Path, flock_calls: list[int]
+) -> None:
+    """A lock naming a process of this host is judged by its pid, alive or dead, never flocked."""
+    live, dead, none = tmp_path / "live.lock", tmp_path / "dead.lock", tmp_path / "none.lock"
+    holder_file(live, os.getpid(), socket.gethostname())
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    holder_file(dead, int(gone.stdout), socket.gethostname())
+    probes = [probe_file_lock(str(p)) for p in (live, dead, none)]
+    assert [p.alive if p else None for p in probes] == [True, False, None]
+    assert probes[2] is None  # no lock file at all
+    assert flock_calls == []
+
+
+@pytest.mark.parametrize("content", ["", "garbage", "other-host"])
+def test_probe_asks_the_kernel_when_the_file_names_no_local_holder(
+    tmp_path: Path, flock_calls: list[int], content: str
+) -> None:
+    """An empty or garbled file, or a holder on another host: a brief shared flock decides."""
+    path = tmp_path / "k.lock"
+    if content == "other-host":
+        holder_file(path, os.getpid(), "elsewhere.invalid")
+    else:
+        path.write_text(content)
+    free = probe_file_lock(str(path))
+    assert free is not None and free.alive is False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held = probe_file_lock(str(path))
+    finally:
+        os.close(fd)
+    assert held is not None and held.alive is True
+    assert (held.holder is not None) == (content == "other-host")
+    assert flock_calls.count(fcntl.LOCK_SH | fcntl.LOCK_NB) == 2
 
 
 USER = {"role": "user", "content": "q"}
@@ -423,45 +532,72 @@ CALLS = {"role": "assistant", "tool_calls": [{"id": "a"}, {"id": "b"}]}
 RESULT_A = {"role": "tool", "tool_call_id": "a", "content": "ra"}
 RESULT_B = {"role": "tool", "tool_call_id": "b", "content": "rb"}
 ANSWER = {"role": "assistant", "content": "done"}
+USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "u", "name": "x"}]}
+RESULT_U = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "u"}]}
 
 
 @pytest.mark.parametrize(
-    ("messages", "problem"),
+    ("messages", "line"),
     [
-        ([USER, CALLS, RESULT_B, RESULT_A, ANSWER], None),
-        ([USER, CALLS, RESULT_A], None),  # checkpointed while tool b ran
-        ([USER, CALLS, RESULT_A, RESULT_B, ANSWER, USER, CALLS, RESULT_A, RESULT_B], None),
-        ({"role": "user"}, "$.state.messages: is an object, not a list of messages"),
-        ([USER, "hi"], "$.state.messages[1]: is a string, not a message object"),
-        ([{"content": "x"}], "$.state.messages[0].role: is missing or null, not a string"),
-        ([{"role": "robot"}], "$.state.messages[0].role: unknown role 'robot'"),
-        ([USER, RESULT_A], "$.state.messages[1].tool_call_id: 'a' matches no earlier tool call"),
+        ([USER, CALLS, RESULT_B, RESULT_A, ANSWER], "ok   {path}: seq 3, 5 messages"),
+        ([USER, USE, RESULT_U, ANSWER], "ok   {path}: seq 3, 4 messages"),
+        ([USER, CALLS, RESULT_A, RESULT_B, ANSWER, USER, USE, RESULT_U], "ok   {path}: seq 3, 8"),
         (
-            [USER, CALLS, RESULT_A, RESULT_A],
-            "$.state.messages[3].tool_call_id: 'a' was answered before",
+            [USER, CALLS, RESULT_A],
+            "warn {path}: seq 3, 3 messages; 1 tool call(s) open at the end, saved while the "
+            "tool ran: 'b' ($.state.messages[1]); run them again or close them",
+        ),
+        (
+            [USER, USE],
+            "warn {path}: seq 3, 2 messages; 1 tool call(s) open at the end, saved while the "
+            "tool ran: 'u' ($.state.messages[1])",
+        ),
+        (
+            {"role": "user"},
+            "BAD  {path}: invalid agent history: $.state.messages: is an object, not a list",
+        ),
+        ([USER, "hi"], "BAD  {path}: invalid agent history: $.state.messages[1]: is a string"),
+        ([{"content": "x"}], "BAD  {path}: invalid agent history: $.state.messages[0].role: is"),
+        ([{"role": "robot"}], "BAD  {path}: invalid agent history: $.state.messages[0].role: "),
+        (
+            [USER, RESULT_A],
+            "BAD  {path}: not sendable to a model API: $.state.messages[1]: tool result for "
+            "'a' answers no open tool call (orphan result)",
+        ),
+        (
+            [USER, CALLS, RESULT_A, RESULT_B, RESULT_A],
+            "BAD  {path}: not sendable to a model API: $.state.messages[4]: tool call 'a' is "
+            "answered a second time",
         ),
         (
             [USER, CALLS, RESULT_A, ANSWER],
-            "$.state.messages[1].tool_calls[1]: tool call 'b' has no result before "
-            "$.state.messages[3] (assistant)",
+            "BAD  {path}: not sendable to a model API: $.state.messages[1]: tool call 'b' has "
+            "no result before the conversation goes on",
         ),
         (
-            [{"role": "assistant", "tool_calls": [{"id": "a"}, {"id": "a"}]}],
-            "$.state.messages[0].tool_calls[1].id: 'a' is used twice in one message",
+            [USER, USE, USER],  # messages style: the next user message must answer it
+            "BAD  {path}: not sendable to a model API: $.state.messages[1]: tool call 'u' has "
+            "no result",
         ),
         (
-            [{"role": "assistant", "tool_calls": [{"name": "x"}]}],
-            "$.state.messages[0].tool_calls[0].id: is missing or null, not a string",
+            [USER, CALLS, RESULT_A, RESULT_B, ANSWER, CALLS],
+            "BAD  {path}: not sendable to a model API: $.state.messages[5]: tool call id 'a' "
+            "is used by an earlier call too",
         ),
     ],
 )
-def test_check_history(messages: Any, problem: str | None) -> None:
-    """The interim history check names the first problem by its JSON path."""
-    found = check_history(messages)
-    if problem is None:
-        assert found is None
-    else:
-        assert found is not None and found.startswith(problem), found
+def test_verify_checks_histories_with_validate_history(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], messages: Any, line: str
+) -> None:
+    """verify: a history a model API refuses is bad (exit 1); calls open at the end warn (0)."""
+    path = put(tmp_path, "s", {"messages": messages})
+    status = main(["verify", str(tmp_path)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(line.format(path=path)), out[0]
+    assert status == (1 if line.startswith("BAD") else 0)
+    if line.startswith("warn"):
+        assert out[-1] == "1 checkpoint(s): 1 ok (1 with tool calls open at the end), 0 bad"
+        assert "prepare=transcript_prepare() closes them as it writes" in out[0]
 
 
 def test_broken_pipe_is_quiet(store: Path) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from checkpointer import Checkpoint, FileStore, load, load_summary, validate_history
-from checkpointer._cli import check_history
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TIMEOUT = 30.0
@@ -92,7 +91,7 @@ def user_tasks(messages: list[dict[str, Any]]) -> list[int]:
 def assert_complete(messages: list[dict[str, Any]], turns: int) -> None:
     """Every turn once, in order, each tool call answered once, ending with an answer."""
     assert user_tasks(messages) == list(range(turns))
-    assert check_history(messages) is None
+    assert validate_history(messages) == []
     calls = [c["id"] for m in messages for c in m.get("tool_calls", [])]
     answers = [m["tool_call_id"] for m in messages if m["role"] == "tool"]
     assert sorted(calls) == sorted(answers)

@@ -54,6 +54,17 @@ def test_the_torture_catches_a_store_that_tears_files() -> None:
     assert summary.kills <= 20
 
 
+def test_the_torture_notices_a_lock_left_held(tmp_path: Path) -> None:
+    """If the key's lock outlived its holder, a new child's first write fails: reported."""
+    held = FileStore(tmp_path).lock(KEY)  # as if a killed child had kept it
+    try:
+        summary = torture.run(1, root=tmp_path, early=0.0)
+    finally:
+        held.release()
+    assert summary.losses == 1, "\n".join(summary.lines())
+    assert "the first write of a new child failed (n=0): 0 written, 1 failed" in summary.problems[0]
+
+
 def write_state(root: Path, state: object, seq: int) -> FileStore:
     """Put a checkpoint with ``state`` and ``seq`` at root/KEY.json."""
     now = datetime(2024, 5, 1, tzinfo=UTC)

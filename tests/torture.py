@@ -23,7 +23,8 @@ or while it runs, and then checks the file:
 * ``n`` and ``meta.seq`` are at least those of the last write the child
   reported (nothing that returned is lost) and never go back between kills;
 * the leftovers of the interrupted write (temp files of a dead process) are
-  gone once the next child has opened its store.
+  gone once the next child has opened its store, and that child's first write
+  succeeded (the key's lock went with the killed process).
 
 It prints a summary per store; the exit status is 1 if anything was lost.
 ``--store`` picks the store (``file``, ``file-transcript``, ``journal``,
@@ -302,7 +303,9 @@ async def _child(spec: dict[str, Any]) -> int:
     writer = CheckpointWriter(source, store, debounce=0.002, min_interval=0.0, max_wait=0.02)
     _say("START")
     async with writer:
-        _say(f"READY {n}")
+        # The first write must not fail: the killed child's key lock is gone with it.
+        stats = writer.statistics()
+        _say(f"READY {n} {stats.writes} {stats.failures}")
         while os.getppid() == parent:  # until the SIGKILL (or the helper is gone)
             n += 1
             writer.notify()
@@ -627,6 +630,7 @@ def run(
                 elif zygote.wait(child, child.ready):
                     # The child's writer has opened the store: the debris must be gone.
                     problems += _swept(kind, where, debris, summary)
+                    problems += _started_well(child)
                     time.sleep(rng.uniform(0.0, max_delay))
                 else:
                     problems.append("the child never got ready")
@@ -675,6 +679,17 @@ def run(
             ]
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _started_well(child: _Run) -> list[str]:
+    """A problem if the child's first write failed (say, a lock the killed child kept)."""
+    ready = next(line for line in child.lines if line.startswith("READY "))
+    _, n, writes, failures = ready.split()
+    if failures != "0" or writes != "1":
+        return [
+            f"the first write of a new child failed (n={n}): {writes} written, {failures} failed"
+        ]
+    return []
 
 
 def _swept(kind: StoreKind, root: str, debris: set[str], summary: Summary) -> list[str]:

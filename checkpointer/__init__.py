@@ -2,6 +2,7 @@
 
 from ._clock import Clock, MonotonicClock
 from ._format import Checkpoint, CheckpointError, Meta, Snapshot, load
+from ._postgres import KeyLockedError, PostgresStore, PostgresStoreError, StaleWriteError
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._stores import FileStore, Store
 from ._writer import CheckpointWriter
@@ -13,11 +14,15 @@ __all__ = [
     "Clock",
     "Failed",
     "FileStore",
+    "KeyLockedError",
     "Meta",
     "MonotonicClock",
+    "PostgresStore",
+    "PostgresStoreError",
     "Result",
     "Skipped",
     "Snapshot",
+    "StaleWriteError",
     "Store",
     "WriterStatistics",
     "Written",

@@ -30,6 +30,9 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--backend", choices=["asyncio", "trio"], default="asyncio", help="(%(default)s)"
     )
+    from ._postgres import add_command  # imports no psycopg
+
+    add_command(commands)
     return parser
 
 
@@ -48,4 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return await run_demo(args.root, key=args.key, turns=args.turns)
 
         return anyio.run(demo, backend=args.backend)
+    if args.command == "pg-schema":
+        from ._postgres import run_command
+
+        return run_command(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover

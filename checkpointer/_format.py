@@ -231,5 +231,7 @@ def load(store: Store, key: str, type: Any = Any) -> Checkpoint[Any] | None:
 
 
 def _oserror(exc: OSError) -> str:
+    if not exc.errno and str(exc):  # a store's own error (no errno) says it all
+        return str(exc)
     name = os.strerror(exc.errno) if exc.errno else type(exc).__name__
     return f"{name} ({type(exc).__name__})"

@@ -27,7 +27,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar, final
@@ -220,6 +220,7 @@ class CheckpointWriter(Generic[S]):
         self._busy: set[int] = set()  # threads inside _io(), see _exit
         self._inflight = False  # an async job is between prepare and commit
         self._unsubscribes: list[Callable[[], object]] = []
+        self._held: set[str] = set()  # keys whose store lock we took (stores with acquire)
 
         self._token: anyio.lowlevel.EventLoopToken | None = None
         self._loop_thread: int | None = None
@@ -364,6 +365,9 @@ class CheckpointWriter(Generic[S]):
                     f"the final write did not finish within close_timeout={self._close_timeout}s",
                 )
                 logger.warning("checkpointer: %s; it may still complete", result.error)
+            if self._held:
+                with anyio.move_on_after(self._close_timeout):
+                    await anyio.to_thread.run_sync(self._unlock, abandon_on_cancel=True)
             self._shut()
         return result
 
@@ -465,6 +469,7 @@ class CheckpointWriter(Generic[S]):
         if self._closed:
             return Skipped("closed")
         result = self._flush(force=False, live=False)
+        self._unlock()
         self._shut()
         return result
 
@@ -629,6 +634,9 @@ class CheckpointWriter(Generic[S]):
             state = self._keys[job.key]
             if job.gen < state.newest_gen:
                 return self._account(Skipped("unchanged"))  # a newer snapshot is on disk
+            refused = self._lock(job.key)
+            if refused is not None:
+                return self._account(refused)
             content = job.content
             if content is _NO_FINGERPRINT:
                 content = hashlib.blake2b(job.state_json, digest_size=16).digest()
@@ -700,6 +708,36 @@ class CheckpointWriter(Generic[S]):
             self._busy.discard(me)
         _exit.run_deferred()
 
+    def _lock(self, key: str) -> Failed | None:
+        """Take the store's one-writer lock of ``key`` before reading or writing it.
+
+        Only for stores with ``acquire(key) -> None | holder`` (PostgresStore);
+        the lock is taken before the seq is read, so it is read fresh.
+        """
+        acquire = getattr(self._store, "acquire", None)
+        if acquire is None:
+            return None
+        try:
+            holder = acquire(key)
+        except Exception as exc:
+            where = self._store.location(key)
+            return Failed("write-failed", f"cannot lock {where}: {_one_line(exc)}")
+        if holder is not None:
+            return Failed("locked", str(holder))
+        self._held.add(key)
+        return None
+
+    def _unlock(self, keys: Iterable[str] | None = None) -> None:
+        """Release the store locks of ``keys`` (all we hold by default); never raises."""
+        release = getattr(self._store, "release", None)
+        for key in list(self._held if keys is None else keys):
+            self._held.discard(key)
+            try:
+                if release is not None:
+                    release(key)
+            except Exception as exc:
+                logger.warning("checkpointer: could not release %r: %s", key, _one_line(exc))
+
     def _resolve(self, key: str, state: _KeyState) -> None:
         """Learn seq, created_at and pinned from the checkpoint already stored."""
         data = self._store.read(key)
@@ -728,6 +766,7 @@ class CheckpointWriter(Generic[S]):
             state = self._keys.get(key)
             if state is None or state.live is not True:
                 self._to_finish.discard(key)
+                self._unlock([key])
                 continue
             try:
                 data = self._store.read(key)
@@ -740,6 +779,7 @@ class CheckpointWriter(Generic[S]):
                     state.seq = meta.seq
                 state.live = False
                 self._to_finish.discard(key)
+                self._unlock([key])
             except Exception as exc:
                 logger.warning(
                     "checkpointer: could not mark %s not live: %s (will retry)",

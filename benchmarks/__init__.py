@@ -1,0 +1,1 @@
+"""Benchmarks (the harness lives in ``python -m benchmarks``)."""

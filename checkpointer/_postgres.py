@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SCHEMA_VERSION",
     "KeyLockedError",
+    "PostgresKeyLock",
     "PostgresStore",
     "PostgresStoreError",
     "StaleWriteError",
@@ -317,6 +318,26 @@ class _Watchdog:
                         sock.close()
 
 
+@final
+class PostgresKeyLock:
+    """A held writer lock of one key of a ``PostgresStore`` (from ``lock``)."""
+
+    def __init__(self, store: PostgresStore, key: str) -> None:
+        self.store = store
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"<PostgresKeyLock {self.store.location(self.key)!r}>"
+
+    @property
+    def held(self) -> bool:
+        return self.key in self.store.held()
+
+    def release(self) -> None:
+        """Give the lock up; idempotent, never raises for I/O."""
+        self.store.release(self.key)
+
+
 class PostgresStore:
     """Checkpoints as rows in PostgreSQL, with one writer per key across a fleet.
 
@@ -491,8 +512,31 @@ class PostgresStore:
             PostgresStoreError: the server cannot be reached.
         """
         check_key(key)
+        if key in self._held:  # held on the live connection: no round trip
+            return None
         with self._session() as conn:
             return self._acquire(conn, key)
+
+    def lock(self, key: str, *, timeout: float = 0.0) -> PostgresKeyLock:
+        """Take the writer lock of ``key``, waiting at most ``timeout`` seconds.
+
+        The same lock as ``acquire``, in the shape of a held lock object whose
+        ``release()`` gives it back (the ``LockingStore`` capability).
+
+        Raises:
+            KeyLockedError: another writer still holds it after ``timeout``.
+            PostgresStoreError: the server cannot be reached.
+        """
+        if not (isinstance(timeout, (int, float)) and 0 <= timeout < math.inf):
+            raise ValueError(
+                f"lock timeout must be a finite number of seconds >= 0, got {timeout!r}"
+            )
+        deadline = time.monotonic() + timeout
+        while (holder := self.acquire(key)) is not None:
+            if time.monotonic() >= deadline:
+                raise KeyLockedError(key, holder)
+            time.sleep(0.05)
+        return PostgresKeyLock(self, key)
 
     def release(self, key: str) -> None:
         """Give the writer lock of ``key`` back; a no-op if not held.
@@ -520,7 +564,7 @@ class PostgresStore:
 
     def held(self) -> frozenset[str]:
         """The keys whose writer lock this store holds (as far as it knows)."""
-        return frozenset(self._held)
+        return frozenset(self._held.copy())
 
     # -- schema -------------------------------------------------------------
 

@@ -359,6 +359,21 @@ def test_lock_race_between_processes(
             reap(p)
 
 
+def test_lock_object_waits_and_releases(make_store: Callable[..., PostgresStore]) -> None:
+    """lock(key, timeout=) waits for the holder, raises KeyLockedError after it; release frees."""
+    a, b = make_store(), make_store()
+    held = a.lock("k")
+    assert held.held and a.held() == {"k"}
+    t0 = time.monotonic()
+    with pytest.raises(KeyLockedError, match=r"is locked by another writer") as info:
+        b.lock("k", timeout=0.2)
+    assert 0.2 <= time.monotonic() - t0 < 1.0 and info.value.key == "k"
+    threading.Timer(0.1, held.release).start()
+    assert b.lock("k", timeout=5).held
+    assert not held.held
+    held.release()  # idempotent
+
+
 # -- fencing -------------------------------------------------------------------
 
 

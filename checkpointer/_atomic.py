@@ -21,36 +21,45 @@ import contextlib
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["fsync_dir", "sweep_temps", "write_atomic"]
 
 _TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp$")
 
 
-def fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str, fsync: Callable[[int], None] = os.fsync) -> None:
     """Make the entries of ``directory`` (renames, new files) durable."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)
 
 
 def write_atomic(
-    path: str, chunks: Sequence[bytes], *, mode: int = 0o600, dir_mode: int = 0o700
+    path: str,
+    chunks: Sequence[bytes],
+    *,
+    mode: int = 0o600,
+    dir_mode: int = 0o700,
+    fsync: Callable[[int], None] = os.fsync,
+    replace: Callable[[str, str], None] = os.replace,
 ) -> int:
     """Replace ``path`` with the concatenation of ``chunks``, durably.
 
     Creates the parent directory (with ``dir_mode``) when it is missing.
     Blocking: call it from a worker thread or a synchronous exit path.
+    ``fsync`` (of the temp file, then of the directory) and ``replace`` are
+    seams for fault-injection tests.
 
     Returns:
         The number of bytes written.
 
     Raises:
-        OSError: any step failed; ``path`` then still holds its previous
-            content and no temp file is left behind.
+        OSError: any step failed; no temp file is left behind, and ``path``
+            still holds its previous content, unless only the final directory
+            fsync failed (then the new content is in place, maybe not durably).
     """
     directory, name = os.path.split(path)
     directory = directory or "."
@@ -65,15 +74,15 @@ def write_atomic(
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fsync(fd)
+            fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+    fsync_dir(directory, fsync)
     return len(data)
 
 
@@ -93,7 +102,9 @@ def sweep_temps(directory: str) -> list[str]:
         if match is None or _alive(int(match["pid"])):
             continue
         path = os.path.join(directory, name)
-        with contextlib.suppress(FileNotFoundError):
+        # One entry we cannot remove (gone already, not ours, a directory)
+        # must not stop the sweep or fail the store's open().
+        with contextlib.suppress(OSError):
             os.unlink(path)
             removed.append(path)
     return removed

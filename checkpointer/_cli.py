@@ -1,23 +1,844 @@
-"""The ``checkpointer`` command line (also ``python -m checkpointer``)."""
+"""The ``checkpointer`` command line (also ``python -m checkpointer``).
+
+Commands over a store directory: ``ls``, ``show``, ``verify``, ``prune``,
+and ``demo``.  Exit status: 0 when all is well, 1 when something is wrong
+with the store (a missing root, an unknown key, a bad file), 2 for a usage
+error (argparse's own status: a bad option, a bad duration, an invalid key).
+
+Two things here are built ahead of the library and are meant to be swapped
+for it (each in one place):
+
+* the file kinds a root holds (``_KINDS``): snapshots ``<key>.json`` now;
+  a journal ``<key>.jsonl`` is one more entry;
+* the per-key lock ``<key>.lock`` (``probe_lock`` and ``claim_stale_lock``):
+  a writer holds an ``fcntl.flock`` on it while the key is open.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
+import fcntl
 import logging
+import math
+import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal, NamedTuple
 
 import anyio
+import msgspec
 
-__all__ = ["main"]
+from ._format import CheckpointError, load
+from ._stores import KEY_PATTERN, FileStore, check_key
+
+__all__ = ["main", "parse_duration"]
+
+OK, PROBLEM, USAGE = 0, 1, 2
+
+
+# -- what a root holds ---------------------------------------------------------
+
+
+class Loaded(NamedTuple):
+    """A decoded checkpoint of any kind: its meta and its state."""
+
+    meta: Any
+    state: Any
+
+
+class Kind(NamedTuple):
+    """One kind of checkpoint file: ``<key><suffix>`` in the root."""
+
+    name: str
+    suffix: str
+    load: Callable[[str, str], Loaded | None]  # (root, key); raises CheckpointError
+
+
+def _load_snapshot(root: str, key: str) -> Loaded | None:
+    checkpoint = load(FileStore(root), key)
+    return None if checkpoint is None else Loaded(checkpoint.meta, checkpoint.state)
+
+
+# The journal of issue 4 becomes: Kind("journal", ".jsonl", _load_journal).
+_KINDS: tuple[Kind, ...] = (Kind("snapshot", FileStore.suffix, _load_snapshot),)
+
+LOCK_SUFFIX = ".lock"
+
+
+class File(NamedTuple):
+    """A checkpoint file found in a root."""
+
+    key: str
+    kind: Kind
+    path: str
+
+
+def _scan(root: str) -> tuple[list[File], dict[str, str]]:
+    """The checkpoint files of ``root`` and its lock files (key -> path).
+
+    Raises:
+        OSError: the root cannot be listed.
+    """
+    files: list[File] = []
+    locks: dict[str, str] = {}
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        if name.endswith(LOCK_SUFFIX) and KEY_PATTERN.fullmatch(name[: -len(LOCK_SUFFIX)]):
+            locks[name[: -len(LOCK_SUFFIX)]] = path
+            continue
+        for kind in _KINDS:
+            key = name[: -len(kind.suffix)]
+            if name.endswith(kind.suffix) and KEY_PATTERN.fullmatch(key):
+                files.append(File(key, kind, path))
+                break
+    return files, locks
+
+
+def _open_root(command: str, root: str) -> tuple[list[File], dict[str, str]] | None:
+    """``_scan`` the root, or say clearly why not (None)."""
+    if not os.path.exists(root):
+        _error(command, f"no such directory: {root} (a writer creates it on its first write)")
+        return None
+    if not os.path.isdir(root):
+        _error(command, f"not a directory: {root}; give the directory a FileStore writes to")
+        return None
+    try:
+        return _scan(root)
+    except OSError as exc:
+        _error(command, f"cannot list {root}: {os.strerror(exc.errno or 0) or exc}")
+        return None
+
+
+# -- the per-key lock ------------------------------------------------------------
+#
+# Until the writer's own lock API lands, the CLI reads the lock the way it is
+# specified: <root>/<key>.lock, held with fcntl.flock by the writing process,
+# its contents naming the holder (pid, host, start time).
+
+
+class LockState(NamedTuple):
+    """What a lock file says: whether its holder is alive, and who it is."""
+
+    path: str
+    alive: bool | None  # None: cannot tell (no permission, odd file system)
+    holder: str  # the file's contents, on one line ("" if empty)
+
+
+def probe_lock(path: str) -> LockState | None:
+    """Whether a process holds the lock file at ``path``; None if there is none.
+
+    Tries a shared, non-blocking ``flock``: it fails (EWOULDBLOCK) only while
+    a writer holds the lock, and is released at once when it succeeds.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return LockState(path, None, "")
+    try:
+        alive: bool | None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            alive = True
+        except OSError:
+            alive = None
+        else:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            alive = False
+        try:
+            holder = _holder_text(os.read(fd, 1024))
+        except OSError:
+            holder = ""
+        return LockState(path, alive, holder)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def claim_stale_lock(path: str, *, hold: bool = True) -> Iterator[bool]:
+    """Hold ``path`` exclusively while the caller removes a key's files.
+
+    Yields True when there is no lock file or nobody holds it (the caller may
+    remove the key; the lock file goes too), False when a holder is alive or
+    that cannot be told.  Holding the lock while unlinking keeps a writer
+    from taking it in between.  ``hold=False`` (a dry run) only probes.
+    """
+    if not hold:
+        lock = probe_lock(path)
+        yield lock is None or lock.alive is False
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        yield True
+        return
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _holder_text(data: bytes) -> str:
+    try:
+        value = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return _one_line(data.decode("utf-8", "replace"), 120)
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items())
+    return _one_line(str(value), 120)
+
+
+# -- reading one checkpoint ------------------------------------------------------
+
+
+class Row(msgspec.Struct, kw_only=True):
+    """One line of ``ls``: a checkpoint file and what it says (``--json`` too)."""
+
+    key: str
+    kind: str
+    path: str
+    size: int
+    mtime: datetime
+    updated_at: datetime | None = None
+    created_at: datetime | None = None
+    seq: int | None = None
+    turns: int | None = None
+    messages: int | None = None
+    live: bool | None = None
+    pinned: bool | None = None
+    lock: Literal["alive", "stale", "unknown"] | None = None
+    lock_holder: str | None = None
+    title: str = ""
+    error: str | None = None
+
+
+def _messages(state: Any) -> list[Any] | None:
+    """The agent history in a state (``state["messages"]``), if it has one."""
+    if isinstance(state, dict):
+        messages = state.get("messages")
+        return messages if isinstance(messages, list) else None
+    return None
+
+
+def _text(content: Any) -> str:
+    """The text of a message's content: a string, or a list of text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = (p.get("text") if isinstance(p, dict) else p for p in content)
+        return " ".join(p for p in parts if isinstance(p, str))
+    return "" if content is None else str(content)
+
+
+def _title(messages: list[Any] | None) -> str:
+    for message in messages or ():
+        if isinstance(message, dict) and message.get("role") == "user":
+            return _one_line(_text(message.get("content")), 48)
+    return ""
+
+
+def _turns(meta: Any, messages: list[Any] | None) -> int | None:
+    turns = getattr(meta, "turns", None)
+    if isinstance(turns, int):
+        return turns
+    if messages is None:
+        return None
+    return sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+def _read(file: File) -> tuple[Loaded | None, str | None]:
+    """Load a file: (what it holds, None) or (None, why it cannot be trusted)."""
+    try:
+        loaded = file.kind.load(os.path.dirname(file.path) or ".", file.key)
+    except CheckpointError as exc:
+        return None, exc.reason
+    except OSError as exc:  # a directory in place of the file, no permission, ...
+        return None, f"cannot be read: {os.strerror(exc.errno or 0) or exc}"
+    if loaded is None:
+        return None, "disappeared while reading (removed by a prune or a writer?)"
+    return loaded, None
+
+
+def _row(file: File, locks: dict[str, str]) -> Row:
+    st = _stat(file.path)
+    row = Row(
+        key=file.key,
+        kind=file.kind.name,
+        path=file.path,
+        size=st.st_size if st else 0,
+        mtime=datetime.fromtimestamp(st.st_mtime if st else 0, UTC),
+    )
+    lock_path = locks.get(file.key)
+    lock = probe_lock(lock_path) if lock_path else None
+    if lock is not None:
+        row.lock = "unknown" if lock.alive is None else "alive" if lock.alive else "stale"
+        row.lock_holder = lock.holder
+    loaded, row.error = _read(file)
+    if loaded is None:
+        return row
+    meta = loaded.meta
+    messages = _messages(loaded.state)
+    row.updated_at = meta.updated_at
+    row.created_at = meta.created_at
+    row.seq = meta.seq
+    row.live = meta.live
+    row.pinned = meta.pinned
+    row.turns = _turns(meta, messages)
+    row.messages = None if messages is None else len(messages)
+    row.title = _title(messages)
+    return row
+
+
+# -- ls ------------------------------------------------------------------------
+
+_SORTS: dict[str, Callable[[Row], Any]] = {
+    "key": lambda r: r.key,
+    "updated": lambda r: r.updated_at or r.mtime,
+    "size": lambda r: r.size,
+    "seq": lambda r: r.seq if r.seq is not None else -1,
+    "turns": lambda r: r.turns if r.turns is not None else -1,
+    "title": lambda r: r.title.casefold(),
+}
+_DESCENDING = {"updated", "size", "seq", "turns"}  # newest, biggest first
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    scanned = _open_root("ls", args.root)
+    if scanned is None:
+        return PROBLEM
+    files, locks = scanned
+    rows = [_row(file, locks) for file in files]
+    rows.sort(key=lambda r: r.key)
+    rows.sort(key=_SORTS[args.sort], reverse=(args.sort in _DESCENDING) != args.reverse)
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(rows)).decode() + "\n")
+        return OK
+    if not rows:
+        print(f"no checkpoints in {args.root}")
+        return OK
+    kinds = len({r.kind for r in rows}) > 1
+    header = ["KEY", *(["KIND"] if kinds else []), "UPDATED (UTC)", "SIZE", "SEQ", "TURNS"]
+    header += ["LIVE", "PINNED", "LOCK", "TITLE"]
+    table = [header]
+    table += (
+        [
+            r.key,
+            *([r.kind] if kinds else []),
+            _when(r.updated_at),
+            _size(r.size),
+            _opt(r.seq),
+            _opt(r.turns) if r.error or r.turns is not None else "-",
+            _yes(r.live),
+            _yes(r.pinned),
+            r.lock or "-",
+            f"! {r.error}" if r.error else r.title,
+        ]
+        for r in rows
+    )
+    _print_table(table, right={3 + kinds, 4 + kinds, 5 + kinds})
+    bad = sum(1 for r in rows if r.error)
+    if bad:
+        print(
+            f"checkpointer ls: {bad} file(s) cannot be read; "
+            f"`checkpointer verify {args.root}` says why",
+            file=sys.stderr,
+        )
+    return OK
+
+
+def _print_table(table: list[list[str]], *, right: set[int]) -> None:
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(row)
+        ]
+        print("  ".join(cells).rstrip())
+
+
+# -- show ------------------------------------------------------------------------
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    try:
+        check_key(args.key)
+    except ValueError as exc:
+        _error("show", str(exc))
+        return USAGE
+    scanned = _open_root("show", args.root)
+    if scanned is None:
+        return PROBLEM
+    files, locks = scanned
+    mine = [f for f in files if f.key == args.key]
+    if not mine:
+        keys = sorted({f.key for f in files})
+        hint = difflib.get_close_matches(args.key, keys, n=1)
+        why = f"no checkpoint {args.key!r} in {args.root}"
+        if hint:
+            why += f"; did you mean {hint[0]!r}?"
+        elif keys:
+            why += f"; `checkpointer ls {args.root}` lists the {len(keys)} there"
+        _error("show", why)
+        return PROBLEM
+    status = OK
+    for n, file in enumerate(mine):
+        if n:
+            print()
+        if args.raw:
+            status = max(status, _show_raw(file))
+        else:
+            status = max(status, _show(file, locks, args.last))
+    return status
+
+
+def _show_raw(file: File) -> int:
+    try:
+        with open(file.path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        _error("show", f"{file.path}: cannot be read: {os.strerror(exc.errno or 0) or exc}")
+        return PROBLEM
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data if data.endswith(b"\n") else data + b"\n")
+    return OK
+
+
+def _show(file: File, locks: dict[str, str], last: int) -> int:
+    row = _row(file, locks)
+    fields: list[tuple[str, str]] = [("file", f"{file.path} ({_size(row.size)}, {file.kind.name})")]
+    lock = probe_lock(locks[file.key]) if file.key in locks else None
+    if lock is None:
+        fields.append(("lock", "none"))
+    else:
+        state = {True: "alive", False: "stale", None: "cannot tell"}[lock.alive]
+        fields.append(("lock", f"{state} {lock.holder}".rstrip() + f" ({lock.path})"))
+    loaded, error = _read(file)
+    if loaded is None:
+        _print_fields(fields)
+        _error("show", f"{file.path}: {error}")
+        return PROBLEM
+    for name, value in msgspec.structs.asdict(loaded.meta).items():
+        fields.append((name, _value(value)))
+    messages = _messages(loaded.state)
+    if row.turns is not None and not any(name == "turns" for name, _ in fields):
+        fields.append(("turns", f"{row.turns} (assistant messages)"))
+    if messages is None:
+        fields.append(("state", _one_line(msgspec.json.encode(loaded.state).decode(), 300)))
+        _print_fields(fields)
+        return OK
+    fields.append(("messages", str(len(messages))))
+    if row.title:
+        fields.append(("title", row.title))
+    _print_fields(fields)
+    shown = messages[-last:] if last > 0 else []
+    if shown:
+        print(f"last {len(shown)} of {len(messages)} messages:")
+        start = len(messages) - len(shown)
+        width = len(str(len(messages) - 1))
+        for i, message in enumerate(shown, start):
+            print(f"  [{i:>{width}}] {_message_line(message)}")
+    return OK
+
+
+def _print_fields(fields: list[tuple[str, str]]) -> None:
+    width = max(len(name) for name, _ in fields)
+    for name, value in fields:
+        print(f"{name:<{width}}  {value}")
+
+
+def _message_line(message: Any, width: int = 100) -> str:
+    if not isinstance(message, dict):
+        return _one_line(msgspec.json.encode(message).decode(), width)
+    role = str(message.get("role", "?"))
+    if role == "tool" and "tool_call_id" in message:
+        role = f"tool[{message['tool_call_id']}]"
+    text = _text(message.get("content"))
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        names = [
+            str((c.get("function") or {}).get("name") or c.get("name") or "?")
+            if isinstance(c, dict)
+            else "?"
+            for c in calls
+        ]
+        text = f"{text} -> {len(calls)} tool call(s): {', '.join(names)}".strip()
+    return f"{role}: {_one_line(text, width)}"
+
+
+# -- verify ----------------------------------------------------------------------
+
+_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def check_history(messages: Any, at: str = "$.state.messages") -> str | None:
+    """The first problem of an agent history, as ``"<json path>: <what>"``, or None.
+
+    A minimal check until the library's own ``validate_history``: a list of
+    message objects with a known ``role``; each ``tool`` message answers an
+    earlier assistant's tool call, once; a call is answered before the next
+    non-tool message (calls still open at the end are fine: the session was
+    checkpointed while its tools ran).  An id may come back in a later turn.
+    """
+    if not isinstance(messages, list):
+        return f"{at}: is {_json_type(messages)}, not a list of messages"
+    open_calls: dict[str, str] = {}  # call id -> where it was made
+    seen: set[str] = set()
+    for i, message in enumerate(messages):
+        here = f"{at}[{i}]"
+        if not isinstance(message, dict):
+            return f"{here}: is {_json_type(message)}, not a message object"
+        role = message.get("role")
+        if not isinstance(role, str):
+            return f"{here}.role: is {_json_type(role)}, not a string"
+        if role not in _ROLES:
+            return f"{here}.role: unknown role {role!r} (expected one of {', '.join(_ROLES)})"
+        if role == "tool":
+            call = message.get("tool_call_id")
+            if not isinstance(call, str):
+                return f"{here}.tool_call_id: is {_json_type(call)}, not a string"
+            if call not in open_calls:
+                why = "was answered before" if call in seen else "matches no earlier tool call"
+                return f"{here}.tool_call_id: {call!r} {why}"
+            del open_calls[call]
+            continue
+        if open_calls:
+            call, where = next(iter(open_calls.items()))
+            return f"{where}: tool call {call!r} has no result before {here} ({role})"
+        calls = message.get("tool_calls") if role == "assistant" else None
+        if calls is None:
+            continue
+        if not isinstance(calls, list):
+            return f"{here}.tool_calls: is {_json_type(calls)}, not a list"
+        for j, c in enumerate(calls):
+            call = c.get("id") if isinstance(c, dict) else None
+            if not isinstance(call, str):
+                return f"{here}.tool_calls[{j}].id: is {_json_type(call)}, not a string"
+            if call in open_calls:
+                return f"{here}.tool_calls[{j}].id: {call!r} is used twice in one message"
+            seen.add(call)
+            open_calls[call] = f"{here}.tool_calls[{j}]"
+    return None
+
+
+def _verify(file: File) -> tuple[str | None, str]:
+    """(why the file is bad or None, a summary of a good one)."""
+    loaded, error = _read(file)
+    if loaded is None:
+        return error, ""
+    meta = loaded.meta
+    if meta.key != file.key:
+        return f"its meta says key {meta.key!r}, but the file is named for {file.key!r}", ""
+    summary = f"seq {meta.seq}"
+    if "messages" in (loaded.state if isinstance(loaded.state, dict) else {}):
+        problem = check_history(loaded.state["messages"])
+        if problem is not None:
+            return f"invalid agent history: {problem}", ""
+        summary += f", {len(loaded.state['messages'])} messages"
+    return None, summary
+
+
+_ASIDE = re.compile(r"\.corrupt-\d{8}T\d{6}(\.\d+)?Z$")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    scanned = _open_root("verify", args.root)
+    if scanned is None:
+        return PROBLEM
+    files, _ = scanned
+    bad = 0
+    for file in files:
+        problem, summary = _verify(file)
+        if problem is None:
+            if not args.quiet:
+                print(f"ok   {file.path}: {summary}")
+        else:
+            bad += 1
+            print(f"BAD  {file.path}: {problem}")
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(args.root)):
+            if _ASIDE.search(name):
+                print(f"note {os.path.join(args.root, name)}: a corrupt file a writer moved aside")
+    if not files:
+        print(f"no checkpoints in {args.root}")
+        return OK
+    print(f"{len(files)} checkpoint(s): {len(files) - bad} ok, {bad} bad")
+    return PROBLEM if bad else OK
+
+
+# -- prune -----------------------------------------------------------------------
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+
+
+class Duration(NamedTuple):
+    """A parsed ``--older-than``: seconds, and the text the user wrote."""
+
+    seconds: float
+    text: str
+
+
+def parse_duration(text: str) -> Duration:
+    """Parse a number and a unit, or several: ``7d``, ``12h``, ``30m``, ``1h30m``.
+
+    Units: ``s``, ``m``, ``h``, ``d``, ``w``.
+
+    Raises:
+        argparse.ArgumentTypeError: naming the text and the accepted forms.
+    """
+    compact = text.strip().lower()
+    if not compact or _DURATION.sub("", compact):
+        raise argparse.ArgumentTypeError(
+            f"bad duration {text!r}: use a number and a unit (s, m, h, d, w), "
+            "e.g. 7d, 12h, 30m or 1h30m"
+        )
+    seconds = sum(float(n) * _UNITS[unit] for n, unit in _DURATION.findall(compact))
+    return Duration(seconds, text.strip())
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    scanned = _open_root("prune", args.root)
+    if scanned is None:
+        return PROBLEM
+    files, locks = scanned
+    limit: Duration = args.older_than
+    now = datetime.now(UTC)
+    by_key: dict[str, list[File]] = {}
+    for file in files:
+        by_key.setdefault(file.key, []).append(file)
+    tally = _Tally(dry_run=args.dry_run)
+    for key in sorted(by_key.keys() | locks.keys()):
+        old: list[tuple[str, str]] = []  # (path, why) to remove
+        stays = False  # some file of the key stays: so does its lock
+        for file in by_key.get(key, []):
+            row = _row(file, {})
+            age = (now - (row.updated_at or row.mtime)).total_seconds()
+            if age <= limit.seconds:
+                stays = True
+            elif row.pinned:
+                stays = True
+                tally.keep(file.path, f"pinned (updated {_ago(age)} ago)")
+            else:
+                old.append((file.path, f"updated {_ago(age)} ago"))
+        lock_path = locks.get(key)
+        if lock_path is not None and not stays:
+            if old:
+                old.append((lock_path, "its lock file"))
+            elif _age(lock_path, now) > limit.seconds:
+                old.append((lock_path, "stale lock, no checkpoint"))
+        if not old:
+            continue
+        path = lock_path or os.path.join(args.root, key + LOCK_SUFFIX)
+        with claim_stale_lock(path, hold=not args.dry_run) as free:
+            for target, why in old:
+                if free:
+                    tally.remove(target, why)
+                elif target != lock_path:  # a held lock is the writer's: not news
+                    tally.keep(target, "its lock holder is alive")
+    if not tally.lines:
+        print(f"nothing older than {limit.text} in {args.root}")
+        return OK
+    for line in tally.lines:
+        print(line)
+    verb = "would remove" if args.dry_run else "removed"
+    summary = f"{verb} {tally.removed} file(s) older than {limit.text}, kept {tally.kept}"
+    print(summary + (f", {tally.failed} could not be removed" if tally.failed else ""))
+    return PROBLEM if tally.failed else OK
+
+
+class _Tally:
+    """What prune did, as lines to print and counts."""
+
+    def __init__(self, *, dry_run: bool) -> None:
+        self.dry_run = dry_run
+        self.lines: list[str] = []
+        self.removed = self.kept = self.failed = 0
+
+    def keep(self, path: str, why: str) -> None:
+        self.kept += 1
+        self.lines.append(f"kept {path}: {why}")
+
+    def remove(self, path: str, why: str) -> None:
+        if not self.dry_run:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:  # gone already: not ours to report
+                return
+            except OSError as exc:
+                self.failed += 1
+                _error("prune", f"cannot remove {path}: {os.strerror(exc.errno or 0) or exc}")
+                return
+        self.removed += 1
+        self.lines.append(f"{'would remove' if self.dry_run else 'removed'} {path} ({why})")
+
+
+def _age(path: str, now: datetime) -> float:
+    st = _stat(path)
+    return math.inf if st is None else now.timestamp() - st.st_mtime
+
+
+# -- small formatting helpers ----------------------------------------------------
+
+
+def _error(command: str, message: str) -> None:
+    print(f"checkpointer {command}: {message}", file=sys.stderr)
+
+
+def _one_line(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "missing or null"
+    return names.get(type(value), "a number" if isinstance(value, (int, float)) else "?")
+
+
+def _when(value: datetime | None) -> str:
+    return "?" if value is None else f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    size = n / 1024
+    for unit in ("KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _opt(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _yes(value: bool | None) -> str:
+    return "?" if value is None else "yes" if value else "no"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return _yes(value)
+    if isinstance(value, datetime):
+        return _when(value) + " UTC"
+    if isinstance(value, msgspec.Struct):
+        value = msgspec.structs.asdict(value)
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{max(seconds, 0):.0f}s"
+
+
+# -- the parser ------------------------------------------------------------------
 
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="checkpointer",
-        description="Debounced, durable checkpoints for async agent sessions.",
+        description="Debounced, durable checkpoints for async agent sessions. "
+        "Look inside a store directory, check it, prune it, or run the demo.",
+        epilog="Exit status: 0 all well, 1 a problem with the store (missing root, "
+        "unknown key, bad file), 2 a usage error.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    ls = commands.add_parser(
+        "ls",
+        help="list the checkpoints of a store directory",
+        description="One row per checkpoint: key, last update (UTC), size, seq, turns, "
+        "live (a writer had it open at its last write), pinned, lock (alive: a writer "
+        "holds <key>.lock now; stale: the lock file is left over), and a title (the "
+        "first user message).",
+    )
+    ls.add_argument("root", metavar="ROOT", help="the store directory (FileStore root)")
+    ls.add_argument(
+        "--sort",
+        choices=sorted(_SORTS),
+        default="key",
+        help="order rows by this field (%(default)s); updated, size, seq and turns "
+        "put the newest or largest first",
+    )
+    ls.add_argument("-r", "--reverse", action="store_true", help="reverse the order")
+    ls.add_argument("--json", action="store_true", help="print a JSON array, for scripts")
+    ls.set_defaults(run=cmd_ls)
+
+    show = commands.add_parser(
+        "show",
+        help="show one checkpoint: its meta and its last messages",
+        description="Print the meta of KEY's checkpoint, its lock, and a short view of "
+        "the state: the message count and the last messages, truncated.",
+    )
+    show.add_argument("root", metavar="ROOT", help="the store directory")
+    show.add_argument("key", metavar="KEY", help="the session key")
+    show.add_argument(
+        "--last", type=int, default=5, metavar="N", help="messages to show (%(default)s)"
+    )
+    show.add_argument(
+        "--raw", action="store_true", help="print the file's bytes as they are, undecoded"
+    )
+    show.set_defaults(run=cmd_show)
+
+    verify = commands.add_parser(
+        "verify",
+        help="load every checkpoint and check agent histories; exit 1 if any is bad",
+        description="Load every checkpoint of ROOT; where the state has messages, check "
+        "the agent history (roles, tool calls answered). Prints each bad file with its "
+        "reason and exits with status 1 when any is bad.",
+    )
+    verify.add_argument("root", metavar="ROOT", help="the store directory")
+    verify.add_argument("-q", "--quiet", action="store_true", help="print only bad files")
+    verify.set_defaults(run=cmd_verify)
+
+    prune = commands.add_parser(
+        "prune",
+        help="remove checkpoints not updated for a while, and stale locks",
+        description="Remove checkpoints last updated more than DURATION ago, with their "
+        "lock files, and lock files nobody holds. Never removes a key whose lock holder "
+        "is alive, nor a pinned checkpoint. Lists what it removes.",
+    )
+    prune.add_argument("root", metavar="ROOT", help="the store directory")
+    prune.add_argument(
+        "--older-than",
+        required=True,
+        type=parse_duration,
+        metavar="DURATION",
+        help="e.g. 7d, 12h, 30m, 1h30m (units s, m, h, d, w)",
+    )
+    prune.add_argument(
+        "-n", "--dry-run", action="store_true", help="list what would go, remove nothing"
+    )
+    prune.set_defaults(run=cmd_prune)
+
     demo = commands.add_parser(
         "demo",
         help="run a simulated agent loop checkpointed to a local directory",
@@ -30,29 +851,35 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--backend", choices=["asyncio", "trio"], default="asyncio", help="(%(default)s)"
     )
+    demo.set_defaults(run=cmd_demo)
     from ._postgres import add_command  # imports no psycopg
 
     add_command(commands)
     return parser
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    if args.turns < 1:
+        print("checkpointer demo: --turns must be at least 1", file=sys.stderr)
+        return USAGE
+
+    async def demo() -> int:
+        return await run_demo(args.root, key=args.key, turns=args.turns)
+
+    return anyio.run(demo, backend=args.backend)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    if args.command == "demo":
-        from ._demo import run_demo
-
-        if args.turns < 1:
-            print("checkpointer demo: --turns must be at least 1", file=sys.stderr)
-            return 2
-
-        async def demo() -> int:
-            return await run_demo(args.root, key=args.key, turns=args.turns)
-
-        return anyio.run(demo, backend=args.backend)
-    if args.command == "pg-schema":
-        from ._postgres import run_command
-
-        return run_command(args)
-    raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
+    try:
+        status: int = args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+    except BrokenPipeError:  # `checkpointer ls ROOT | head`
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return PROBLEM
+    return status

@@ -148,6 +148,8 @@ def _decode_envelope(data: bytes, path: str) -> _Envelope:
         raise CheckpointError(path, f"not a checkpoint envelope: {exc}") from None
     except msgspec.DecodeError as exc:
         raise CheckpointError(path, f"not valid JSON (truncated or corrupt): {exc}") from None
+    except RecursionError:  # msgspec's answer to deeply nested garbage
+        raise CheckpointError(path, "nested too deeply to decode (corrupt?)") from None
     if envelope.format > FORMAT:
         raise CheckpointError(path, _newer(envelope.format))
     if envelope.format < 1:
@@ -158,7 +160,7 @@ def _decode_envelope(data: bytes, path: str) -> _Envelope:
 def _check_format(data: bytes, path: str) -> None:
     try:
         head = _HEAD_DECODER.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.DecodeError, RecursionError):
         return
     if head.format > FORMAT:
         raise CheckpointError(path, _newer(head.format))
@@ -188,9 +190,10 @@ def decode_checkpoint(data: bytes, path: str, type: Any = Any) -> Checkpoint[Any
     try:
         state = _state_decoder(type).decode(envelope.state)
     except msgspec.ValidationError as exc:
-        message = str(exc).replace("`$", "`$.state")
-        if "`$.state" not in message:
-            message += " - at `$.state`"
+        # msgspec ends its message with " - at `$...`" (none at the root);
+        # rewrite only that marker, not a "`$" inside a quoted field name.
+        message, at, where = str(exc).rpartition(" - at `$")
+        message = f"{message} - at `$.state{where}" if at else f"{where} - at `$.state`"
         raise CheckpointError(path, f"state does not match {_type_name(type)}: {message}") from None
     except msgspec.DecodeError as exc:  # pragma: no cover - envelope parsing saw it first
         raise CheckpointError(path, f"state is not valid JSON: {exc}") from None

@@ -23,6 +23,9 @@ logger = logging.getLogger("checkpointer")
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
 """A key: 1-200 letters, digits, ``.``, ``_``, ``-``; not starting with ``.``."""
 
+_RULE = "a key is 1-200 ASCII letters, digits, '.', '_' or '-', not starting with '.'"
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
 
 def check_key(key: object) -> str:
     """Return ``key`` if it is a valid checkpoint key.
@@ -32,18 +35,25 @@ def check_key(key: object) -> str:
     """
     if not isinstance(key, str):
         # ValueError, not TypeError: every bad key is one kind of error for callers.
-        raise ValueError(f"a key must be a str, got {type(key).__name__} {key!r:.80}")  # noqa: TRY004
+        why = f"it is of type {type(key).__name__}, not str"
+        raise ValueError(f"invalid key {_shown(key)}: {why}; {_RULE}")  # noqa: TRY004
     if KEY_PATTERN.fullmatch(key) is None:
         if not key:
             why = "it is empty"
         elif len(key) > 200:
-            why = f"it has {len(key)} characters (at most 200)"
+            why = f"it has {len(key)} characters"
         elif key.startswith("."):
             why = "it starts with '.'"
         else:
-            why = "use only letters, digits, '.', '_' and '-'"
-        raise ValueError(f"invalid key {key!r:.80}: {why}")
+            bad = next(c for c in key if c not in _KEY_CHARS)
+            why = f"it contains {bad!r}"
+        raise ValueError(f"invalid key {_shown(key)}: {why}; {_RULE}")
     return key
+
+
+def _shown(key: object) -> str:
+    text = repr(key)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 @runtime_checkable

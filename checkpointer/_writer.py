@@ -219,6 +219,9 @@ class CheckpointWriter(Generic[S]):
         self._io_lock = threading.Lock()
         self._busy: set[int] = set()  # threads inside _io(), see _exit
         self._inflight = False  # an async job is between prepare and commit
+        # key -> (generation, bytes) of an exit flush that wrote without the I/O
+        # lock because a worker's write hung past exit_timeout (see _execute).
+        self._overtaking: dict[str, tuple[int, list[bytes]]] = {}
         self._unsubscribes: list[Callable[[], object]] = []
         self._held: set[str] = set()  # keys whose store lock we took (stores with acquire)
 
@@ -629,7 +632,7 @@ class CheckpointWriter(Generic[S]):
 
     def _execute(self, job: _Job, timeout: float = -1) -> Result:
         """Write a prepared job; blocking, under the I/O lock."""
-        with self._io(timeout):
+        with self._io(timeout) as locked:
             self._finish_keys()
             state = self._keys[job.key]
             if job.gen < state.newest_gen:
@@ -663,8 +666,16 @@ class CheckpointWriter(Generic[S]):
                 live=job.live,
                 pinned=pinned,
             )
+            chunks = envelope_chunks(meta, job.state_json)
+            overtaken = self._overtaking.get(job.key)
+            if not locked:
+                # An exit flush overtaking a write stuck in a worker thread:
+                # leave our bytes where that write will find them when it ends.
+                self._overtaking[job.key] = (job.gen, chunks)
+            elif overtaken is not None and overtaken[0] > job.gen:
+                return self._account(Skipped("unchanged"))  # a newer flush is writing
             try:
-                nbytes = self._store.write(job.key, envelope_chunks(meta, job.state_json))
+                nbytes = self._store.write(job.key, chunks)
             except Exception as exc:
                 return self._account(
                     Failed(
@@ -672,6 +683,12 @@ class CheckpointWriter(Generic[S]):
                         f"cannot write {self._store.location(job.key)}: {_one_line(exc)}",
                     )
                 )
+            if locked:
+                overtaken = self._overtaking.pop(job.key, None)
+                if overtaken is not None and overtaken[0] > job.gen:
+                    # The flush overtook us while we wrote: newer bytes go back on top.
+                    self._rewrite(job.key, overtaken[1])
+                    return self._account(Skipped("unchanged"))
             state.seq = meta.seq
             state.created_at = meta.created_at
             state.content = content
@@ -688,8 +705,18 @@ class CheckpointWriter(Generic[S]):
                 )
             )
 
+    def _rewrite(self, key: str, chunks: list[bytes]) -> None:
+        try:
+            self._store.write(key, chunks)
+        except Exception as exc:
+            logger.warning(
+                "checkpointer: could not put the newer checkpoint back on %s: %s",
+                self._store.location(key),
+                _one_line(exc),
+            )
+
     @contextlib.contextmanager
-    def _io(self, timeout: float) -> Iterator[None]:
+    def _io(self, timeout: float) -> Iterator[bool]:
         me = threading.get_ident()
         self._busy.add(me)
         try:
@@ -700,7 +727,7 @@ class CheckpointWriter(Generic[S]):
                     timeout,
                 )
             try:
-                yield
+                yield acquired
             finally:
                 if acquired:
                     self._io_lock.release()

@@ -1,0 +1,114 @@
+"""The benchmarks run end to end, so they never rot; no timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks._agent import Durable, _waits
+from benchmarks._harness import ratio, stat
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Every case and the ratio lines it must print (prefixes of the ratio names).
+EXPECTED = {
+    "hot-path": [
+        "notify / no-op @10 msgs",
+        "notify / no-op @100,000 msgs",
+        "notify @100,000 vs @10 msgs",
+    ],
+    "coalescing": [
+        "steady: longest wait to disk",
+        "bursty: longest wait to disk",
+        "stepwise: longest wait to disk",
+    ],
+    "floor": ["1 KiB:", "100 KiB:", "10 MiB:", "50 MiB:"],
+    "exit-flush": ["1 KiB:", "100 KiB:", "10 MiB:", "50 MiB:"],
+    "stall": [
+        "10 MiB: worst stall checkpointer / msgspec on loop",
+        "50 MiB: worst stall checkpointer / json.dumps on loop",
+    ],
+    "peers": [
+        f"{pattern}: {what} checkpointer / {peer}"
+        for pattern in ("steady", "bursty", "stepwise")
+        for what in ("bytes written", "worst stall")
+        for peer in ("naive", "debounce", "langgraph")
+    ],
+    "growth": ["FileStore: cost @100,000 / @100 messages"],
+    "aiofiles": ["1 KiB on disk: aiofiles / one hop"],
+}
+
+RATIO_LINE = re.compile(
+    r"^  ratio (?P<case>[\w-]+): (?P<name>.+) = (?:[\d.]+x|n/a) \((?:no bar|bar [<>=]+ [\d.]+x: "
+    r"(?:met|MISSED|n/a))(?:; .*)?\)$"
+)
+
+
+def test_quick_run_prints_every_ratio(tmp_path: Path) -> None:
+    """`python -m benchmarks --quick` completes, prints each case's ratios, writes JSON."""
+    env = {**os.environ, "CHECKPOINTER_BENCH_DIR": str(tmp_path / "scratch")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--no-charts", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    found: dict[str, list[str]] = {}
+    for line in proc.stdout.splitlines():
+        m = RATIO_LINE.match(line)
+        if m:
+            found.setdefault(m["case"], []).append(m["name"])
+    for case, names in EXPECTED.items():
+        assert f"== {case}:" in proc.stdout, f"case {case} did not run"
+        for name in names:
+            assert any(n.startswith(name) for n in found.get(case, [])), (
+                f"no ratio line {case}: {name}...\n{proc.stdout[-2000:]}"
+            )
+    assert "== summary:" in proc.stdout
+    document = json.loads((tmp_path / "quick.json").read_text())
+    assert document["mode"] == "quick"
+    assert set(EXPECTED) <= set(document["cases"])
+    for case in EXPECTED:
+        assert document["cases"][case]["ratios"], case
+
+
+def test_wait_to_disk_is_event_to_covering_write() -> None:
+    """The longest wait runs from a change to the end of the first write that covers it."""
+    events = [0.0, 0.010, 0.020]  # messages 0, 1, 2 of a session without history
+    durable = [Durable(0.015, 0.030, 2), Durable(0.040, 0.050, 3)]
+    longest, over = _waits(events, durable, history=0)
+    assert longest == pytest.approx(0.030)  # message 2: 0.020 -> 0.050
+    assert over == pytest.approx(0.020)  # message 2 less its 10 ms write
+
+
+def test_change_never_on_disk_has_no_wait() -> None:
+    """A change that no write covered is reported as lost (None), not as a short wait."""
+    longest, over = _waits([0.0, 0.01], [Durable(0.001, 0.002, 11)], history=10)
+    assert longest is None and over is None
+
+
+@pytest.mark.parametrize(
+    ("value", "op", "bar", "ok"),
+    [(0.5, "<", 1.0, True), (1.0, "<", 1.0, False), (1.2, "<=", 1.2, True), (None, "<=", 1, None)],
+)
+def test_ratio_verdict(value: float | None, op: str, bar: float, ok: bool | None) -> None:
+    """A ratio is met, missed, or not measured, exactly as its bar says."""
+    assert ratio("r", value, op, bar).ok is ok  # type: ignore[arg-type]
+
+
+def test_stat_spread() -> None:
+    """Median and p10-p90 come from the samples, in any order."""
+    s = stat([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert s.median == 3.0
+    assert s.p10 == pytest.approx(1.4)
+    assert s.p90 == pytest.approx(4.6)

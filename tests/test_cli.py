@@ -1,0 +1,458 @@
+"""The ``checkpointer`` console script, run for real in a subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from checkpointer import CheckpointWriter, FileStore, Snapshot
+from checkpointer._cli import check_history, parse_duration
+
+_SCRIPT = Path(sys.executable).with_name("checkpointer")
+CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "checkpointer"]
+NOW = datetime.now(UTC)
+LONG = "Find the bug in parser.py: it crashes on empty input, and also on input with tabs"
+
+
+def cli(*args: str | Path, module: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the console script (or ``python -m checkpointer``) with ``args``."""
+    command = [sys.executable, "-m", "checkpointer"] if module else CLI
+    return subprocess.run(
+        [*command, *map(str, args)], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def cli_all(*commands: Sequence[str | Path]) -> list[subprocess.CompletedProcess[str]]:
+    """Run several commands at once (each start costs ~0.3 s of imports)."""
+    procs = [
+        subprocess.Popen(
+            [*CLI, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for args in commands
+    ]
+    done = []
+    for args, proc in zip(commands, procs, strict=True):
+        out, err = proc.communicate(timeout=60)
+        done.append(subprocess.CompletedProcess(args, proc.returncode, out, err))
+    return done
+
+
+def put(
+    root: Path,
+    key: str,
+    state: Any,
+    *,
+    age: timedelta = timedelta(minutes=5),
+    seq: int = 3,
+    live: bool = False,
+    pinned: bool = False,
+    meta_key: str | None = None,
+) -> Path:
+    """Write a checkpoint file as the writer would, last updated ``age`` ago."""
+    updated = NOW - age
+    meta = {
+        "key": meta_key or key,
+        "seq": seq,
+        "created_at": updated - timedelta(hours=1),
+        "updated_at": updated,
+        "live": live,
+        "pinned": pinned,
+    }
+    root.mkdir(exist_ok=True)
+    path = root / f"{key}.json"
+    path.write_bytes(msgspec.json.encode({"format": 1, "meta": meta, "state": state}))
+    return path
+
+
+def agent(turns: int, first: str = LONG) -> dict[str, Any]:
+    """An agent history: per turn a user task, a tool call, its result, an answer."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+    for n in range(turns):
+        call = {"id": f"c{n}", "name": "grep"}
+        messages += [
+            {"role": "user", "content": first if n == 0 else f"and task {n}"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": f"c{n}", "content": "x " * 200},
+            {"role": "assistant", "content": f"answer {n}"},
+        ]
+    return {"messages": messages}
+
+
+def age_file(path: Path, age: timedelta) -> None:
+    then = (NOW - age).timestamp()
+    os.utime(path, (then, then))
+
+
+@contextlib.contextmanager
+def hold_lock(path: Path) -> Iterator[None]:
+    """Hold ``path`` as a live writer would: an exclusive flock, holder in the file."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": "testhost"}).encode())
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """A root with an agent session (held lock), a pinned one, a plain state, debris."""
+    root = tmp_path / "store"
+    put(root, "alpha", agent(3), seq=9, live=True)
+    put(root, "beta", agent(1, first="short task"), seq=2, pinned=True, age=timedelta(hours=2))
+    put(root, "gamma", {"counter": 41}, seq=5, age=timedelta(days=1))
+    (root / "beta.lock").write_text("")  # left over by a dead writer
+    (root / ".alpha.json.999999.abc.tmp").write_text("partial")  # not a checkpoint
+    (root / "notes.txt").write_text("not a checkpoint either")
+    return root
+
+
+def test_help_on_every_command() -> None:
+    """--help works for the tool and each command, and names the command."""
+    commands = ["", "ls", "show", "verify", "prune", "demo"]
+    helps = cli_all(*([c, "--help"] if c else ["--help"] for c in commands))
+    for command, proc in zip(commands, helps, strict=True):
+        assert proc.returncode == 0, proc.stderr
+        assert f"usage: checkpointer {command}".rstrip() in proc.stdout
+
+
+def test_no_command_is_a_usage_error() -> None:
+    """Without a command the tool says what it expects and exits 2."""
+    proc = cli()
+    assert proc.returncode == 2
+    assert "COMMAND" in proc.stderr
+
+
+def test_ls_json_reports_every_field(store: Path) -> None:
+    """ls --json: one object per checkpoint with meta, turns, lock state and title."""
+    with hold_lock(store / "alpha.lock"):
+        proc = cli("ls", store, "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["key"]: r for r in json.loads(proc.stdout)}
+    assert sorted(rows) == ["alpha", "beta", "gamma"]
+    alpha, beta, gamma = rows["alpha"], rows["beta"], rows["gamma"]
+    assert (alpha["seq"], alpha["turns"], alpha["messages"]) == (9, 6, 13)
+    assert (alpha["live"], alpha["pinned"], alpha["lock"]) == (True, False, "alive")
+    assert "pid=" in alpha["lock_holder"] and "host=testhost" in alpha["lock_holder"]
+    assert alpha["title"].startswith("Find the bug in parser.py") and alpha["title"].endswith("...")
+    assert len(alpha["title"]) == 48
+    assert alpha["size"] == (store / "alpha.json").stat().st_size
+    assert datetime.fromisoformat(alpha["updated_at"]) == NOW - timedelta(minutes=5)
+    assert (beta["pinned"], beta["lock"], beta["title"]) == (True, "stale", "short task")
+    assert (gamma["turns"], gamma["messages"], gamma["lock"], gamma["title"]) == (
+        None,
+        None,
+        None,
+        "",
+    )
+
+
+def test_ls_table_sorts(store: Path) -> None:
+    """ls prints a header and one row per key, in the order --sort asks for."""
+    by_key, by_seq, oldest_first = cli_all(
+        ["ls", store], ["ls", store, "--sort", "seq"], ["ls", store, "--sort", "updated", "-r"]
+    )
+    assert by_key.returncode == 0, by_key.stderr
+    lines = by_key.stdout.splitlines()
+    assert lines[0].split() == [
+        "KEY",
+        "UPDATED",
+        "(UTC)",
+        "SIZE",
+        "SEQ",
+        "TURNS",
+        "LIVE",
+        "PINNED",
+        "LOCK",
+        "TITLE",
+    ]
+    assert [line.split()[0] for line in lines[1:]] == ["alpha", "beta", "gamma"]
+    assert "Find the bug in parser.py" in lines[1] and "stale" in lines[2]
+    assert [line.split()[0] for line in by_seq.stdout.splitlines()[1:]] == [
+        "alpha",
+        "gamma",
+        "beta",
+    ]
+    assert [line.split()[0] for line in oldest_first.stdout.splitlines()[1:]] == [
+        "gamma",
+        "beta",
+        "alpha",
+    ]
+
+
+def test_ls_reads_files_a_real_writer_wrote(tmp_path: Path) -> None:
+    """A checkpoint written by CheckpointWriter lists, through `python -m checkpointer` too."""
+    messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    source = lambda: Snapshot("real", {"messages": messages})  # noqa: E731
+    with CheckpointWriter(source, FileStore(tmp_path), exit_hooks=False) as writer:
+        writer.flush_sync()
+    proc = cli("ls", tmp_path, "--json", module=True)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert (row["key"], row["seq"], row["live"], row["turns"], row["title"]) == (
+        "real",
+        2,  # the write on open, then the final one (live=False) on close
+        False,
+        1,
+        "hello",
+    )
+
+
+def test_ls_empty_root_and_unreadable_file(tmp_path: Path) -> None:
+    """An empty root says so; a corrupt file is listed with its reason and a hint."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "broken.json").write_bytes(b'{"format": 1, "meta": {"key"')
+    empty, proc = cli_all(["ls", tmp_path], ["ls", broken])
+    assert (empty.returncode, empty.stdout.strip()) == (0, f"no checkpoints in {tmp_path}")
+    assert proc.returncode == 0
+    assert "broken" in proc.stdout and "! not valid JSON" in proc.stdout
+    assert f"checkpointer verify {broken}" in proc.stderr
+
+
+def test_show_meta_lock_and_last_messages(store: Path) -> None:
+    """show prints the meta, the live lock holder and the last messages, truncated."""
+    with hold_lock(store / "alpha.lock"):
+        proc = cli("show", store, "alpha", "--last", "3")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for line in ["key         alpha", "seq         9", "live        yes", "messages    13"]:
+        assert line in out
+    assert "lock        alive pid=" in out and "host=testhost" in out
+    assert "turns       6 (assistant messages)" in out
+    assert "last 3 of 13 messages:" in out
+    assert "[10] assistant:  -> 1 tool call(s): grep" not in out  # no stray spaces
+    assert "[10] assistant: -> 1 tool call(s): grep" in out
+    tool_line = next(line for line in out.splitlines() if "[11]" in line)
+    assert tool_line.startswith("  [11] tool[c2]: x x x") and tool_line.endswith("...")
+    assert len(tool_line) < 130
+    assert "[12] assistant: answer 2" in out
+
+
+def test_show_plain_state_and_raw(store: Path) -> None:
+    """A state without messages is shown as JSON; --raw prints the file's exact bytes."""
+    plain, raw = cli_all(["show", store, "gamma"], ["show", store, "gamma", "--raw"])
+    assert plain.returncode == 0, plain.stderr
+    assert 'state       {"counter":41}' in plain.stdout
+    assert "lock        none" in plain.stdout
+    assert raw.returncode == 0
+    assert raw.stdout.encode() == (store / "gamma.json").read_bytes() + b"\n"
+
+
+def test_show_unknown_invalid_and_corrupt_keys(store: Path) -> None:
+    """An unknown key suggests a near one (1); an invalid key is a usage error (2)."""
+    (store / "gamma.json").write_bytes(b'{"format": 1, "meta": {"ke')
+    unknown, far, invalid, corrupt = cli_all(
+        ["show", store, "alpah"],
+        ["show", store, "zzz"],
+        ["show", store, "../etc/passwd"],
+        ["show", store, "gamma"],
+    )
+    assert unknown.returncode == 1
+    assert "no checkpoint 'alpah'" in unknown.stderr and "did you mean 'alpha'?" in unknown.stderr
+    assert far.returncode == 1 and f"checkpointer ls {store}" in far.stderr
+    assert invalid.returncode == 2 and "invalid key '../etc/passwd'" in invalid.stderr
+    assert corrupt.returncode == 1
+    assert corrupt.stderr.startswith(f"checkpointer show: {store / 'gamma.json'}: ")
+    assert "JSON" in corrupt.stderr
+
+
+def test_missing_root_or_not_a_directory(tmp_path: Path) -> None:
+    """Every command over a missing root, or a file, says so and exits 1."""
+    missing = tmp_path / "nope"
+    (tmp_path / "file").write_text("")
+    *procs, not_dir = cli_all(
+        ["ls", missing],
+        ["show", missing, "k"],
+        ["verify", missing],
+        ["prune", missing, "--older-than", "1d"],
+        ["ls", tmp_path / "file"],
+    )
+    for command, proc in zip(["ls", "show", "verify", "prune"], procs, strict=True):
+        assert proc.returncode == 1
+        assert proc.stderr.startswith(f"checkpointer {command}: no such directory: {missing}")
+    assert not_dir.returncode == 1 and "not a directory" in not_dir.stderr
+
+
+def test_verify_reports_each_bad_file(store: Path) -> None:
+    """verify names each bad file and why, notes moved-aside files, exits 1; else 0."""
+    good = cli("verify", store)
+    assert good.returncode == 0, good.stdout
+    assert good.stdout.splitlines()[-1] == "3 checkpoint(s): 3 ok, 0 bad"
+    put(store, "renamed", {"n": 1}, meta_key="original")
+    put(store, "history", {"messages": [{"role": "tool", "tool_call_id": "x", "content": ""}]})
+    (store / "torn.json").write_bytes((store / "alpha.json").read_bytes()[:100])
+    (store / "dir.json").mkdir()
+    (store / "torn.corrupt-20240101T000000.000001Z").write_text("old")
+    proc = cli("verify", store, "--quiet")
+    assert proc.returncode == 1
+    bad = {line.split()[1].rstrip(":"): line for line in proc.stdout.splitlines() if "BAD" in line}
+    assert sorted(Path(p).name for p in bad) == [
+        "dir.json",
+        "history.json",
+        "renamed.json",
+        "torn.json",
+    ]
+    assert "$.state.messages[0].tool_call_id: 'x' matches no earlier tool call" in "".join(
+        bad.values()
+    )
+    assert "its meta says key 'original'" in bad[str(store / "renamed.json")]
+    assert "not valid JSON" in bad[str(store / "torn.json")]
+    assert "cannot be read" in bad[str(store / "dir.json")]
+    assert "note " in proc.stdout and "torn.corrupt-20240101T000000.000001Z" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "7 checkpoint(s): 3 ok, 4 bad"
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("7d", 7 * 86400),
+        ("12h", 12 * 3600),
+        ("30m", 1800),
+        ("45s", 45),
+        ("2w", 14 * 86400),
+        ("1h30m", 5400),
+        ("1.5h", 5400),
+        ("0s", 0),
+        (" 7D ", 7 * 86400),
+    ],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    """Durations are a number and a unit, or several summed."""
+    assert parse_duration(text).seconds == seconds
+
+
+@pytest.mark.parametrize("text", ["", "7", "d", "7x", "-1d", "7d3", "1 h", "seven days"])
+def test_parse_duration_rejects(text: str) -> None:
+    """Anything else is refused with the forms that work."""
+    with pytest.raises(Exception, match=r"bad duration .*e\.g\. 7d, 12h, 30m"):
+        parse_duration(text)
+
+
+def test_prune_bad_duration_is_a_usage_error(store: Path) -> None:
+    """A bad --older-than exits 2 and says what a duration looks like; nothing is removed."""
+    proc, no_duration = cli_all(["prune", store, "--older-than", "7x"], ["prune", store])
+    assert proc.returncode == 2
+    assert "bad duration '7x'" in proc.stderr
+    assert no_duration.returncode == 2 and "--older-than" in no_duration.stderr
+    assert sorted(p.name for p in store.glob("*.json")) == ["alpha.json", "beta.json", "gamma.json"]
+
+
+def test_prune_removes_old_and_stale_never_live_or_pinned(tmp_path: Path) -> None:
+    """prune removes old checkpoints and stale locks; a held lock or a pin keeps a key."""
+    root = tmp_path / "store"
+    old = timedelta(days=10)
+    put(root, "old", {"n": 1}, age=old)
+    put(root, "old-stale-lock", {"n": 2}, age=old)
+    (root / "old-stale-lock.lock").write_text("")
+    put(root, "old-held", {"n": 3}, age=old, live=True)
+    put(root, "old-pinned", {"n": 4}, age=old, pinned=True)
+    put(root, "young", {"n": 5}, age=timedelta(hours=1))
+    (root / "young.lock").write_text("")
+    (root / "orphan-old.lock").write_text("")
+    age_file(root / "orphan-old.lock", old)
+    (root / "orphan-young.lock").write_text("")
+    (root / "torn.json").write_bytes(b"{")
+    age_file(root / "torn.json", old)
+    with hold_lock(root / "old-held.lock"):
+        before = sorted(p.name for p in root.iterdir())
+        dry = cli("prune", root, "--older-than", "7d", "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert sorted(p.name for p in root.iterdir()) == before
+        proc = cli("prune", root, "--older-than", "7d")
+    assert proc.returncode == 0, proc.stderr
+    gone = {"old.json", "old-stale-lock.json", "old-stale-lock.lock", "orphan-old.lock"}
+    gone.add("torn.json")
+    assert sorted(p.name for p in root.iterdir()) == sorted(set(before) - gone)
+    removed = sorted(
+        Path(line.split()[1]).name
+        for line in proc.stdout.splitlines()[:-1]
+        if line.startswith("removed ")
+    )
+    assert removed == sorted(gone)
+    assert (
+        dry.stdout.replace("would remove", "removed").splitlines()[:-1]
+        == (proc.stdout.splitlines()[:-1])
+    )
+    assert f"kept {root / 'old-held.json'}: its lock holder is alive" in proc.stdout
+    assert f"kept {root / 'old-pinned.json'}: pinned (updated 10d ago)" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "removed 5 file(s) older than 7d, kept 2"
+    after = cli("prune", root, "--older-than", "7d")  # the holder is gone now
+    assert f"removed {root / 'old-held.json'} (updated 10d ago)" in after.stdout
+    assert f"removed {root / 'old-held.lock'} (its lock file)" in after.stdout
+    assert not (root / "old-held.lock").exists()
+
+
+def test_prune_nothing_to_do(store: Path) -> None:
+    """With nothing old enough prune says so and removes nothing."""
+    proc = cli("prune", store, "--older-than", "30d")
+    assert (proc.returncode, proc.stdout.strip()) == (0, f"nothing older than 30d in {store}")
+    assert len(list(store.iterdir())) == 6
+
+
+USER = {"role": "user", "content": "q"}
+CALLS = {"role": "assistant", "tool_calls": [{"id": "a"}, {"id": "b"}]}
+RESULT_A = {"role": "tool", "tool_call_id": "a", "content": "ra"}
+RESULT_B = {"role": "tool", "tool_call_id": "b", "content": "rb"}
+ANSWER = {"role": "assistant", "content": "done"}
+
+
+@pytest.mark.parametrize(
+    ("messages", "problem"),
+    [
+        ([USER, CALLS, RESULT_B, RESULT_A, ANSWER], None),
+        ([USER, CALLS, RESULT_A], None),  # checkpointed while tool b ran
+        ([USER, CALLS, RESULT_A, RESULT_B, ANSWER, USER, CALLS, RESULT_A, RESULT_B], None),
+        ({"role": "user"}, "$.state.messages: is an object, not a list of messages"),
+        ([USER, "hi"], "$.state.messages[1]: is a string, not a message object"),
+        ([{"content": "x"}], "$.state.messages[0].role: is missing or null, not a string"),
+        ([{"role": "robot"}], "$.state.messages[0].role: unknown role 'robot'"),
+        ([USER, RESULT_A], "$.state.messages[1].tool_call_id: 'a' matches no earlier tool call"),
+        (
+            [USER, CALLS, RESULT_A, RESULT_A],
+            "$.state.messages[3].tool_call_id: 'a' was answered before",
+        ),
+        (
+            [USER, CALLS, RESULT_A, ANSWER],
+            "$.state.messages[1].tool_calls[1]: tool call 'b' has no result before "
+            "$.state.messages[3] (assistant)",
+        ),
+        (
+            [{"role": "assistant", "tool_calls": [{"id": "a"}, {"id": "a"}]}],
+            "$.state.messages[0].tool_calls[1].id: 'a' is used twice in one message",
+        ),
+        (
+            [{"role": "assistant", "tool_calls": [{"name": "x"}]}],
+            "$.state.messages[0].tool_calls[0].id: is missing or null, not a string",
+        ),
+    ],
+)
+def test_check_history(messages: Any, problem: str | None) -> None:
+    """The interim history check names the first problem by its JSON path."""
+    found = check_history(messages)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and found.startswith(problem), found
+
+
+def test_broken_pipe_is_quiet(store: Path) -> None:
+    """`checkpointer ls ROOT | head -0` prints no traceback."""
+    ls = subprocess.Popen([*CLI, "ls", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert ls.stdout is not None and ls.stderr is not None
+    ls.stdout.close()
+    assert ls.wait(timeout=30) in (0, 1)
+    assert b"Traceback" not in ls.stderr.read()
+    ls.stderr.close()

@@ -58,12 +58,15 @@ class Cluster:
         fsync: keep the server's fsync on (benchmarks compare durable
             writes); tests turn it off, which changes nothing they check
             (a killed process, not a power cut).
+        parent: the directory to make the cluster's directory in (the
+            system's temp directory by default); the ``postgres`` user must
+            be able to reach it.
     """
 
-    def __init__(self, bindir: Path, *, fsync: bool = True) -> None:
+    def __init__(self, bindir: Path, *, fsync: bool = True, parent: str | None = None) -> None:
         self.bindir = bindir
         self.fsync = fsync
-        self.root = Path(tempfile.mkdtemp(prefix="checkpointer-pg-"))
+        self.root = Path(tempfile.mkdtemp(prefix="checkpointer-pg-", dir=parent))
         self.data = self.root / "data"
         self.log = self.root / "server.log"
         self.port = free_port()

@@ -722,13 +722,18 @@ def test_readme_fleet_example_runs(pg: Cluster, tmp_path: Path) -> None:
             assert proc.returncode == 0, f"{block}\n--- stderr:\n{proc.stderr}"
 
 
-def test_benchmark_quick(pg: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_benchmark_quick(pg: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """`python -m benchmarks.bench_postgres --quick` measures both stores and reports ratios."""
     from benchmarks import bench_postgres
 
     monkeypatch.setenv("CHECKPOINTER_BENCH_DSN", pg.dsn())
+    monkeypatch.setenv("CHECKPOINTER_BENCH_DIR", str(tmp_path))
     report = bench_postgres.main(quick=True)
     names = {r["name"] for r in report["ratios"]}
-    assert {"latency postgres/file (1 KiB)", "sessions/s postgres/file (2 workers)"} <= names
+    assert {
+        "1 KiB: latency PostgresStore / FileStore",
+        "256 KiB: loop stall PostgresStore / FileStore",
+        "2 workers: sessions/s PostgresStore / FileStore",
+    } <= names
     for r in report["ratios"]:
         assert r["value"] is not None and r["value"] > 0, r

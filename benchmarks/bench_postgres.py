@@ -29,6 +29,7 @@ import contextlib
 import multiprocessing
 import multiprocessing.synchronize
 import os
+import random
 import statistics
 import sys
 import time
@@ -53,14 +54,21 @@ MiB = 1024 * KiB
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+_WORDS = ["the", "of", "and", "to", "is", "for", "search", "result", "tool", "file", "error"]
+
+
 def _session(nbytes: int) -> dict[str, Any]:
-    """A transcript of about ``nbytes`` of JSON: ~1 KiB messages."""
-    body = "x" * (KiB - 60)
-    return {
-        "messages": [
-            {"role": "tool", "content": body, "n": i} for i in range(max(1, nbytes // KiB))
-        ]
-    }
+    """A transcript of about ``nbytes`` of JSON: ~1 KiB messages of varied words.
+
+    Text, not one repeated byte: the server compresses large states, and how
+    well and how fast depends on the content (a file store does not care).
+    """
+    rng = random.Random(nbytes)
+    messages = []
+    for i in range(max(1, nbytes // KiB)):
+        content = " ".join(rng.choice(_WORDS) for _ in range(170))
+        messages.append({"role": "tool", "content": content[: KiB - 60], "n": i})
+    return {"messages": messages}
 
 
 def _label(size: int) -> str:

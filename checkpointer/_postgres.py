@@ -125,6 +125,8 @@ CREATE TABLE IF NOT EXISTS {s}.aside (
 INSERT INTO {s}.schema_version (version) VALUES (1) ON CONFLICT (one) DO NOTHING;
 """
 
+_LZ4_SQL = "ALTER TABLE {s}.checkpoints ALTER COLUMN state SET COMPRESSION lz4;"
+
 # Each statement is one round trip.  {s} is the quoted schema name.
 _Q = {
     "version": "SELECT version FROM {s}.schema_version",
@@ -218,7 +220,13 @@ def schema_sql(schema: str = "checkpointer") -> str:
     For a database administrator who prefers to run it; the store creates
     the same on first use unless ``create_schema=False``.
     """
-    return _SCHEMA_SQL.format(s=_quote_schema(schema))
+    quoted = _quote_schema(schema)
+    lz4 = _LZ4_SQL.format(s=quoted)
+    return (
+        _SCHEMA_SQL.format(s=quoted)
+        + "-- Optional, on PostgreSQL 14+ built with lz4 (what the store does when it can):\n"
+        + f"-- {lz4}\n"
+    )
 
 
 def _quote_schema(schema: str) -> str:
@@ -781,7 +789,11 @@ class PostgresStore:
             version = self._version_in(conn)
             self._check_newer(version)
             if version is None:
-                conn.execute(schema_sql(self.schema).encode())
+                conn.execute(_SCHEMA_SQL.format(s=self._quoted).encode())
+                # lz4 where the server has it (14+, built with lz4): for a
+                # transcript of several MB, 3-4x quicker than the default pglz.
+                with contextlib.suppress(self._pg.Error), conn.transaction():
+                    conn.execute(_LZ4_SQL.format(s=self._quoted).encode())
 
     def _version_in(self, conn: psycopg.Connection[Any]) -> int | None:
         # Inside a transaction a failed statement would abort it: look first.

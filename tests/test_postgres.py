@@ -243,6 +243,17 @@ def test_schema_is_created_once_versioned_and_checked(
     assert errors == []
     assert stores[0].schema_version() == SCHEMA_VERSION
     assert stores[0].create_schema() == SCHEMA_VERSION  # idempotent
+    with admin(pg) as conn:
+        row = conn.execute(
+            "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+        ).fetchone()
+        compression = conn.execute(
+            "SELECT attcompression FROM pg_attribute WHERE attname = 'state' "
+            "AND attrelid = %s::regclass",
+            [f'"{schema}".checkpoints'],
+        ).fetchone()
+    assert row is not None and compression is not None
+    assert compression[0] == ("l" if row[0] else "")  # lz4 for the state where the server has it
 
     with pytest.raises(PostgresStoreError, match=r"checkpointer pg-schema"):
         make_store(schema=schema + "_none", create_schema=False).open()

@@ -24,6 +24,7 @@ computes how long any change waited to reach disk.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import functools
 import json
@@ -424,30 +425,58 @@ class Run(msgspec.Struct, kw_only=True):
     longest_write: float | None  # snapshot to durable, the slowest write of the run
     longest_wait: float | None  # event to disk, None if some change never got there
     wait_over_write: float | None  # longest (wait - the covering write's own duration)
+    wait_contract: float | None  # longest wait / its contract bound, see _waits
     durable_at_end: bool
     stored_bytes: int
 
 
+class Waits(msgspec.Struct, frozen=True):
+    """How long changes waited to reach disk (seconds), None if one never did."""
+
+    longest: float | None
+    over_write: float | None  # longest wait less the duration of its covering write
+    contract: float | None  # longest wait / its bound (see ``_waits``)
+
+
 def _waits(
-    event_times: list[float], durable: list[Durable], history: int
-) -> tuple[float | None, float | None]:
-    """Longest event-to-disk wait, and the longest wait less its covering write."""
+    event_times: list[float],
+    durable: list[Durable],
+    history: int,
+    *,
+    max_wait: float = MAX_WAIT,
+    slack: float = 0.0,
+) -> Waits:
+    """Each change's wait: from its event to the end of the first write covering it.
+
+    ``contract`` compares every wait with the bound the timing contract
+    gives when writes are one at a time: the covering write starts at most
+    ``max_wait`` after the change, or when the write in flight at the change
+    ends if that is later; then it takes its own time.  ``slack`` adds the
+    loop's own timer lateness to that bound.
+    """
     ordered = sorted(durable, key=lambda d: d.done_at)
-    longest = 0.0
-    over = 0.0
+    starts = sorted(durable, key=lambda d: d.snapshot_at)
+    start_times = [d.snapshot_at for d in starts]
+    longest = over = contract = 0.0
     i = 0
     covered = 0
     for d in ordered:
+        own = d.done_at - d.snapshot_at
         while i < len(event_times) and i < d.messages - history:
-            if i >= covered:
-                wait = d.done_at - event_times[i]
-                longest = max(longest, wait)
-                over = max(over, wait - (d.done_at - d.snapshot_at))
+            t = event_times[i]
+            wait = d.done_at - t
+            longest = max(longest, wait)
+            over = max(over, wait - own)
+            k = bisect.bisect_right(start_times, t) - 1
+            inflight = 0.0
+            if k >= 0 and starts[k].done_at > t:
+                inflight = starts[k].done_at - starts[k].snapshot_at
+            contract = max(contract, wait / (max(max_wait, inflight) + own + slack))
             i += 1
         covered = max(covered, d.messages - history)
     if covered < len(event_times):
-        return None, None
-    return longest, over
+        return Waits(None, None, None)
+    return Waits(longest, over, contract)
 
 
 def _dir_bytes(root: str) -> int:
@@ -477,7 +506,7 @@ async def run_workload(approach: Approach, turns: int, pattern: Pattern, history
             ticker.stop()
         on_disk = await approach.on_disk(root)
         stored = _dir_bytes(root)
-    longest, over = _waits(agent.event_times, rec.durable, history)
+    waits = _waits(agent.event_times, rec.durable, history, slack=percentile(lags, 0.99))
     return Run(
         approach=approach.name,
         pattern=pattern,
@@ -491,8 +520,9 @@ async def run_workload(approach: Approach, turns: int, pattern: Pattern, history
         stall_worst=lags[-1] if lags else 0.0,
         stall_p99=percentile(lags, 0.99),
         longest_write=max((d.done_at - d.snapshot_at for d in rec.durable), default=None),
-        longest_wait=longest if approach.name != "none" else None,
-        wait_over_write=over if approach.name != "none" else None,
+        longest_wait=waits.longest if approach.name != "none" else None,
+        wait_over_write=waits.over_write if approach.name != "none" else None,
+        wait_contract=waits.contract if approach.name != "none" else None,
         durable_at_end=on_disk == agent.messages if approach.name != "none" else False,
         stored_bytes=stored,
     )

@@ -5,11 +5,14 @@ bursty and stepwise patterns; timers at 1/100 of the defaults) runs with a
 ``CheckpointWriter`` attached to its event bus.  Reported: events per write,
 bytes written, the longest time any change waited to reach disk, and the
 bar: that wait never exceeds ``max_wait`` plus one write (the slowest write
-of the run).  The runs are shared with the peer case (case 6).
+of the run) plus the loop's own timer lateness (p99 lag of a 1 ms ticker in
+the same run: no timer wakes more punctually than its event loop lets it).
+The runs are shared with the peer case (case 6).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -26,10 +29,17 @@ def main(quick: bool) -> dict[str, Any]:
         runs = w.runs.get(f"checkpointer/{pattern}", [])
         if not runs:
             continue
-        worst = 0.0
+        worst = raw = contract = 0.0
         for run in runs:
+            contract = max(
+                contract, run.wait_contract if run.wait_contract is not None else math.inf
+            )
+            wait = run.longest_wait if run.longest_wait is not None else math.inf
             bound = MAX_WAIT + (run.longest_write or 0.0)
-            worst = max(worst, (run.longest_wait or float("inf")) / bound)
+            raw = max(raw, wait / bound)
+            # The writer's timer wakes no more punctually than the loop lets
+            # any task wake: allow the ticker's p99 lateness of the same run.
+            worst = max(worst, wait / (bound + run.stall_p99))
         rows.append(
             [
                 pattern,
@@ -37,18 +47,28 @@ def main(quick: bool) -> dict[str, Any]:
                 stat([r.writes for r in runs], ""),
                 stat([r.events / max(r.writes, 1) for r in runs], "x"),
                 stat([r.payload_bytes for r in runs], "B"),
-                stat([r.longest_wait or float("inf") for r in runs]),
+                stat([r.longest_wait if r.longest_wait is not None else math.inf for r in runs]),
                 stat([r.longest_write or 0.0 for r in runs]),
+                stat([r.stall_p99 for r in runs]),
                 "yes" if all(r.durable_at_end for r in runs) else "NO",
             ]
         )
         report.ratios.append(
             ratio(
-                f"{pattern}: longest wait to disk / (max_wait + slowest write)",
+                f"{pattern}: longest wait to disk / (max_wait + slowest write + loop lag p99)",
                 worst,
                 "<=",
                 1.0,
-                note="worst of the repeats",
+                note=f"worst of the repeats; without the loop's lag {raw:.2f}x",
+            )
+        )
+        report.ratios.append(
+            ratio(
+                f"{pattern}: each wait / (max(max_wait, write in flight) + its write + loop lag)",
+                contract,
+                "<=",
+                1.0,
+                note="the contract's bound when a write outlasts max_wait; worst of the repeats",
             )
         )
     report.tables.append(
@@ -66,6 +86,7 @@ def main(quick: bool) -> dict[str, Any]:
                 "bytes written",
                 "longest wait",
                 "slowest write",
+                "loop lag p99",
                 "last state on disk",
             ],
             rows=rows,

@@ -28,6 +28,10 @@ from ._agent import APPROACHES, PATTERNS, Run, workload
 from ._harness import Report, Stat, Table, ratio, stat
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
 def _bytes(run: Run) -> float:
     return float(run.bytes_written if run.bytes_written is not None else run.payload_bytes)
 
@@ -91,6 +95,7 @@ def main(quick: bool) -> dict[str, Any]:
             )
         )
         ours = figures.get("checkpointer")
+        noise = figures["none"]["stall"].median if "none" in figures else math.nan
         for approach in APPROACHES:
             if approach.name in ("none", "checkpointer"):
                 continue
@@ -107,12 +112,19 @@ def main(quick: bool) -> dict[str, Any]:
                         )
                     )
                     continue
+                note = ""
+                if what == "stall":
+                    note = (
+                        f"{_ms(ours[what].median)} vs {_ms(peer[what].median)}; "
+                        f"no persistence: {_ms(noise)}"
+                    )
                 report.ratios.append(
                     ratio(
                         f"{pattern}: {label} checkpointer / {approach.name}",
                         ours[what].median / peer[what].median if peer[what].median else None,
                         "<",
                         1.0,
+                        note=note,
                     )
                 )
     return msgspec.to_builtins(report)  # type: ignore[no-any-return]

@@ -35,7 +35,7 @@ import msgspec
 from ._format import CheckpointError, load
 from ._stores import KEY_PATTERN, FileStore, check_key
 
-__all__ = ["main", "parse_duration"]
+__all__ = ["check_history", "claim_stale_lock", "main", "parse_duration", "probe_lock"]
 
 OK, PROBLEM, USAGE = 0, 1, 2
 
@@ -109,7 +109,7 @@ def _open_root(command: str, root: str) -> tuple[list[File], dict[str, str]] | N
     try:
         return _scan(root)
     except OSError as exc:
-        _error(command, f"cannot list {root}: {os.strerror(exc.errno or 0) or exc}")
+        _error(command, f"cannot list {root}: {_why(exc)}")
         return None
 
 
@@ -274,13 +274,14 @@ def _read(file: File) -> tuple[Loaded | None, str | None]:
     except CheckpointError as exc:
         return None, exc.reason
     except OSError as exc:  # a directory in place of the file, no permission, ...
-        return None, f"cannot be read: {os.strerror(exc.errno or 0) or exc}"
+        return None, f"cannot be read: {_why(exc)}"
     if loaded is None:
         return None, "disappeared while reading (removed by a prune or a writer?)"
     return loaded, None
 
 
-def _row(file: File, locks: dict[str, str]) -> Row:
+def _inspect(file: File, locks: dict[str, str]) -> tuple[Row, Loaded | None]:
+    """Everything ``ls`` says about a file, and what it holds (None if unreadable)."""
     st = _stat(file.path)
     row = Row(
         key=file.key,
@@ -296,7 +297,7 @@ def _row(file: File, locks: dict[str, str]) -> Row:
         row.lock_holder = lock.holder
     loaded, row.error = _read(file)
     if loaded is None:
-        return row
+        return row, None
     meta = loaded.meta
     messages = _messages(loaded.state)
     row.updated_at = meta.updated_at
@@ -307,7 +308,7 @@ def _row(file: File, locks: dict[str, str]) -> Row:
     row.turns = _turns(meta, messages)
     row.messages = None if messages is None else len(messages)
     row.title = _title(messages)
-    return row
+    return row, loaded
 
 
 # -- ls ------------------------------------------------------------------------
@@ -328,7 +329,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if scanned is None:
         return PROBLEM
     files, locks = scanned
-    rows = [_row(file, locks) for file in files]
+    rows = [_inspect(file, locks)[0] for file in files]
     rows.sort(key=lambda r: r.key)
     rows.sort(key=_SORTS[args.sort], reverse=(args.sort in _DESCENDING) != args.reverse)
     if args.json:
@@ -356,7 +357,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         ]
         for r in rows
     )
-    _print_table(table, right={3 + kinds, 4 + kinds, 5 + kinds})
+    _print_table(table, right={2 + kinds, 3 + kinds, 4 + kinds})  # size, seq, turns
     bad = sum(1 for r in rows if r.error)
     if bad:
         print(
@@ -417,7 +418,7 @@ def _show_raw(file: File) -> int:
         with open(file.path, "rb") as f:
             data = f.read()
     except OSError as exc:
-        _error("show", f"{file.path}: cannot be read: {os.strerror(exc.errno or 0) or exc}")
+        _error("show", f"{file.path}: cannot be read: {_why(exc)}")
         return PROBLEM
     sys.stdout.flush()
     sys.stdout.buffer.write(data if data.endswith(b"\n") else data + b"\n")
@@ -425,18 +426,18 @@ def _show_raw(file: File) -> int:
 
 
 def _show(file: File, locks: dict[str, str], last: int) -> int:
-    row = _row(file, locks)
+    row, loaded = _inspect(file, locks)
     fields: list[tuple[str, str]] = [("file", f"{file.path} ({_size(row.size)}, {file.kind.name})")]
-    lock = probe_lock(locks[file.key]) if file.key in locks else None
-    if lock is None:
+    if row.lock is None:
         fields.append(("lock", "none"))
     else:
-        state = {True: "alive", False: "stale", None: "cannot tell"}[lock.alive]
-        fields.append(("lock", f"{state} {lock.holder}".rstrip() + f" ({lock.path})"))
-    loaded, error = _read(file)
+        state = "cannot tell" if row.lock == "unknown" else row.lock
+        fields.append(
+            ("lock", f"{state} {row.lock_holder or ''}".rstrip() + f" ({locks[file.key]})")
+        )
     if loaded is None:
         _print_fields(fields)
-        _error("show", f"{file.path}: {error}")
+        _error("show", f"{file.path}: {row.error}")
         return PROBLEM
     for name, value in msgspec.structs.asdict(loaded.meta).items():
         fields.append((name, _value(value)))
@@ -550,11 +551,12 @@ def _verify(file: File) -> tuple[str | None, str]:
     if meta.key != file.key:
         return f"its meta says key {meta.key!r}, but the file is named for {file.key!r}", ""
     summary = f"seq {meta.seq}"
-    if "messages" in (loaded.state if isinstance(loaded.state, dict) else {}):
-        problem = check_history(loaded.state["messages"])
+    state = loaded.state
+    if isinstance(state, dict) and "messages" in state:
+        problem = check_history(state["messages"])
         if problem is not None:
             return f"invalid agent history: {problem}", ""
-        summary += f", {len(loaded.state['messages'])} messages"
+        summary += f", {len(state['messages'])} messages"
     return None, summary
 
 
@@ -632,7 +634,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         old: list[tuple[str, str]] = []  # (path, why) to remove
         stays = False  # some file of the key stays: so does its lock
         for file in by_key.get(key, []):
-            row = _row(file, {})
+            row, _ = _inspect(file, {})
             age = (now - (row.updated_at or row.mtime)).total_seconds()
             if age <= limit.seconds:
                 stays = True
@@ -687,7 +689,7 @@ class _Tally:
                 return
             except OSError as exc:
                 self.failed += 1
-                _error("prune", f"cannot remove {path}: {os.strerror(exc.errno or 0) or exc}")
+                _error("prune", f"cannot remove {path}: {_why(exc)}")
                 return
         self.removed += 1
         self.lines.append(f"{'would remove' if self.dry_run else 'removed'} {path} ({why})")
@@ -699,6 +701,10 @@ def _age(path: str, now: datetime) -> float:
 
 
 # -- small formatting helpers ----------------------------------------------------
+
+
+def _why(exc: OSError) -> str:
+    return os.strerror(exc.errno) if exc.errno else str(exc)
 
 
 def _error(command: str, message: str) -> None:

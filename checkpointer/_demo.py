@@ -90,7 +90,8 @@ async def run_demo(
         agent.snapshot, store, debounce=0.05, min_interval=0.1, max_wait=0.5
     ) as writer:
         writer.attach(bus.subscribe)
-        for n in range(turns):
+        done = sum(1 for m in agent.messages if m.get("role") == "user")
+        for n in range(done, done + turns):  # a resumed session numbers on
             await agent.turn(n, pause)
     stats = writer.statistics()
     checkpoint = load(store, key)

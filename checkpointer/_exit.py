@@ -20,7 +20,10 @@ Facts this module is built on (``../shared/FACTS.md``):
 Handlers are installed when the first writer with ``exit_hooks=True`` opens
 on the main thread and restored when the last one closes, unless another
 handler was installed on top of ours meanwhile; ours then stays and, with no
-writer left, only chains.
+writer left, only chains.  Each installation is its own ``_Handler`` that
+remembers what it replaced, so a writer opened later over an application
+handler that chains to an earlier ``_Handler`` adds a layer instead of
+making a loop (ours -> the app's -> ours -> ...).
 """
 
 from __future__ import annotations
@@ -43,9 +46,31 @@ logger = logging.getLogger("checkpointer")
 HANDLED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)
 
 _writers: list[CheckpointWriter[Any]] = []
-_previous: dict[int, Any] = {}
-_deferred: list[int] = []
+_deferred: list[tuple[_Handler, int]] = []
 _registry_lock = threading.Lock()  # never taken inside a signal handler
+
+
+class _Handler:
+    """Our handler for a signal, installed on top of ``previous``."""
+
+    __slots__ = ("previous",)
+
+    def __init__(self, previous: Any) -> None:
+        self.previous = previous
+
+    def __repr__(self) -> str:
+        return f"<checkpointer exit handler over {self.previous!r}>"
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        me = threading.get_ident()
+        writers = list(_writers)
+        if any(w._busy_on(me) for w in writers):
+            # This thread is inside a writer's own write: finish it first.
+            _deferred.append((self, signum))
+            return
+        for writer in writers:
+            writer._flush_at_signal()
+        _chain(self.previous, signum, frame)
 
 
 def register(writer: CheckpointWriter[Any]) -> None:
@@ -56,9 +81,8 @@ def register(writer: CheckpointWriter[Any]) -> None:
         if threading.current_thread() is threading.main_thread():
             for signum in HANDLED_SIGNALS:
                 current = signal.getsignal(signum)
-                if current is not _handle:
-                    _previous[signum] = current
-                    signal.signal(signum, _handle)
+                if not isinstance(current, _Handler):
+                    signal.signal(signum, _Handler(current))
 
 
 def unregister(writer: CheckpointWriter[Any]) -> None:
@@ -72,21 +96,10 @@ def unregister(writer: CheckpointWriter[Any]) -> None:
         if _writers or threading.current_thread() is not threading.main_thread():
             return
         for signum in HANDLED_SIGNALS:
-            if signal.getsignal(signum) is _handle and signum in _previous:
-                previous = _previous.pop(signum)
+            current = signal.getsignal(signum)
+            if isinstance(current, _Handler):
+                previous = current.previous
                 signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
-
-
-def _handle(signum: int, frame: FrameType | None) -> None:
-    me = threading.get_ident()
-    writers = list(_writers)
-    if any(w._busy_on(me) for w in writers):
-        # This thread is inside a writer's own write: finish it first.
-        _deferred.append(signum)
-        return
-    for writer in writers:
-        writer._flush_at_signal()
-    _chain(signum, frame)
 
 
 def run_deferred() -> None:
@@ -97,11 +110,11 @@ def run_deferred() -> None:
     if any(w._busy_on(me) for w in list(_writers)):
         return
     while _deferred:
-        _handle(_deferred.pop(0), None)
+        handler, signum = _deferred.pop(0)
+        handler(signum, None)
 
 
-def _chain(signum: int, frame: FrameType | None) -> None:
-    previous = _previous.get(signum, signal.SIG_DFL)
+def _chain(previous: Any, signum: int, frame: FrameType | None) -> None:
     if previous is signal.SIG_IGN:
         return
     if callable(previous):

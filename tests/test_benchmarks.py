@@ -24,9 +24,9 @@ EXPECTED = {
         "notify @100,000 vs @10 msgs",
     ],
     "coalescing": [
-        "steady: longest wait to disk",
-        "bursty: longest wait to disk",
-        "stepwise: longest wait to disk",
+        f"{pattern}: {what}"
+        for pattern in ("steady", "bursty", "stepwise")
+        for what in ("longest wait to disk", "each wait / (max(max_wait, write in flight)")
     ],
     "floor": ["1 KiB:", "100 KiB:", "10 MiB:", "50 MiB:"],
     "exit-flush": ["1 KiB:", "100 KiB:", "10 MiB:", "50 MiB:"],
@@ -86,15 +86,26 @@ def test_wait_to_disk_is_event_to_covering_write() -> None:
     """The longest wait runs from a change to the end of the first write that covers it."""
     events = [0.0, 0.010, 0.020]  # messages 0, 1, 2 of a session without history
     durable = [Durable(0.015, 0.030, 2), Durable(0.040, 0.050, 3)]
-    longest, over = _waits(events, durable, history=0)
-    assert longest == pytest.approx(0.030)  # message 2: 0.020 -> 0.050
-    assert over == pytest.approx(0.020)  # message 2 less its 10 ms write
+    waits = _waits(events, durable, history=0, max_wait=0.050)
+    assert waits.longest == pytest.approx(0.030)  # message 2: 0.020 -> 0.050
+    assert waits.over_write == pytest.approx(0.020)  # message 2 less its 10 ms write
+    # message 2 came while the first write (15 ms) was in flight: bound 50 + 10 ms
+    assert waits.contract == pytest.approx(0.030 / 0.060)
+
+
+def test_contract_bound_grows_with_a_slow_write_in_flight() -> None:
+    """A change made during a write longer than max_wait may wait for it, then its own."""
+    events = [0.001]
+    durable = [Durable(0.0, 0.200, 0), Durable(0.200, 0.300, 1)]
+    waits = _waits(events, durable, history=0, max_wait=0.050)
+    assert waits.longest == pytest.approx(0.299)
+    assert waits.contract == pytest.approx(0.299 / (0.200 + 0.100))
 
 
 def test_change_never_on_disk_has_no_wait() -> None:
     """A change that no write covered is reported as lost (None), not as a short wait."""
-    longest, over = _waits([0.0, 0.01], [Durable(0.001, 0.002, 11)], history=10)
-    assert longest is None and over is None
+    waits = _waits([0.0, 0.01], [Durable(0.001, 0.002, 11)], history=10)
+    assert waits.longest is None and waits.contract is None
 
 
 @pytest.mark.parametrize(

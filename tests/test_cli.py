@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from checkpointer import CheckpointWriter, FileStore, Snapshot
-from checkpointer._cli import check_history, parse_duration
+from checkpointer._cli import check_history, main, parse_duration
 
 _SCRIPT = Path(sys.executable).with_name("checkpointer")
 CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "checkpointer"]
@@ -119,13 +119,23 @@ def store(tmp_path: Path) -> Path:
     return root
 
 
-def test_help_on_every_command() -> None:
-    """--help works for the tool and each command, and names the command."""
-    commands = ["", "ls", "show", "verify", "prune", "demo"]
-    helps = cli_all(*([c, "--help"] if c else ["--help"] for c in commands))
-    for command, proc in zip(commands, helps, strict=True):
-        assert proc.returncode == 0, proc.stderr
-        assert f"usage: checkpointer {command}".rstrip() in proc.stdout
+def test_help_from_the_console_script() -> None:
+    """--help of the installed script and of `python -m checkpointer` list the commands."""
+    top, prune = cli("--help"), cli("prune", "--help", module=True)
+    assert top.returncode == 0 and prune.returncode == 0, top.stderr + prune.stderr
+    assert top.stdout.startswith("usage: checkpointer [-h] COMMAND")
+    for command in ("ls", "show", "verify", "prune", "demo"):
+        assert f"    {command} " in top.stdout
+    assert prune.stdout.startswith("usage: checkpointer prune [-h] --older-than DURATION")
+
+
+@pytest.mark.parametrize("command", ["ls", "show", "verify", "prune", "demo"])
+def test_help_on_every_command(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each command's --help shows its usage and exits 0."""
+    with pytest.raises(SystemExit) as exit_:
+        main([command, "--help"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: checkpointer {command} [-h]")
 
 
 def test_no_command_is_a_usage_error() -> None:

@@ -1,0 +1,1 @@
+"""Child programs that the tests run as real processes (``sys.executable path``)."""

@@ -1,0 +1,664 @@
+"""Crash torture: ``kill -9`` a checkpointing process at random moments, check the file each time.
+
+Run it from the repository root::
+
+    python -m tests.torture --kills 200
+
+A child process runs a real ``CheckpointWriter`` on the chosen store with
+small timers, on asyncio, trio or uvloop, and
+changes its session without pause: the state for sequence number ``n`` is
+``state_for(n)``, a transcript of up to ``--max-mib`` MiB whose every byte
+depends on ``n``, so the child is inside a durable write most of the time.
+The store is wrapped so that after each write that returned the child prints
+``W <seq> <n>`` on its stdout pipe.  The parent kills the child with SIGKILL
+at a random moment, either while the writer starts (open, the first write)
+or while it runs, and then checks the file:
+
+* it loads (no torn bytes);
+* its state is exactly ``state_for(n)`` for the ``n`` it holds (no mixture
+  of two writes);
+* ``n`` and ``meta.seq`` are at least those of the last write the child
+  reported (nothing that returned is lost) and never go back between kills;
+* the leftovers of the interrupted write (temp files of a dead process) are
+  gone once the next child has opened its store.
+
+It prints a summary; the exit status is 1 if anything was lost.  Another
+store is one more entry in ``STORES``; ``--store naive`` is a deliberately
+unsafe store (writes in place) that shows the torture catching torn files.
+
+The children are forked from a helper process (this file with ``--zygote``)
+that has imported everything once, so a kill costs milliseconds, not an
+interpreter start; each child still opens the store, resumes from the file
+and runs its own event loop, as a fresh process would.
+
+A SIGKILL leaves the kernel's page cache intact: this tests atomicity
+against a crashing process, not durability against a power cut (which needs
+a VM or a fault-injecting block device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import math
+import os
+import queue
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import anyio
+import msgspec
+
+from checkpointer import CheckpointError, CheckpointWriter, FileStore, Meta, Snapshot, Store, load
+from checkpointer._atomic import _TEMP_RE
+
+KEY = "torture"
+HANG_GUARD = 30.0  # seconds; a hang guard, never a timing assertion
+MIB = 1 << 20
+
+__all__ = ["STORES", "StoreKind", "Summary", "check", "main", "run", "state_for"]
+
+
+# -- the state for a sequence number ---------------------------------------------------
+
+
+def state_for(n: int, max_bytes: int) -> dict[str, Any]:
+    """The session state for sequence number ``n``: deterministic, every byte depends on ``n``.
+
+    Sizes are log-uniform between 64 bytes and ``max_bytes``, so most states
+    are small and some are megabytes; the content is a transcript of tool
+    messages, each a hash of ``n`` and its index repeated to its length.
+    """
+    rng = random.Random(n)
+    size = int(math.exp(rng.uniform(math.log(64), math.log(max(max_bytes, 65)))))
+    count = max(1, min(64, size // 32768))
+    each = max(1, size // count)
+    messages = []
+    for i in range(count):
+        tag = hashlib.blake2b(f"{n}/{i}".encode(), digest_size=16).hexdigest()
+        messages.append({"role": "tool", "content": (tag * (each // len(tag) + 1))[:each]})
+    return {"n": n, "messages": messages}
+
+
+# -- stores under test -------------------------------------------------------------------
+
+
+def file_leftovers(root: str) -> list[str]:
+    """Temp files of ``FileStore`` writers that are no longer running."""
+    try:
+        names = os.listdir(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found = []
+    for name in names:
+        match = _TEMP_RE.match(name)
+        if match is not None and not _alive(int(match["pid"])):
+            found.append(os.path.join(root, name))
+    return sorted(found)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def temp_files(root: str) -> list[str]:
+    """Every temp file in ``root``, whoever wrote it."""
+    try:
+        return sorted(os.path.join(root, n) for n in os.listdir(root) if _TEMP_RE.match(n))
+    except FileNotFoundError:
+        return []
+
+
+class NaiveStore(FileStore):
+    """A deliberately unsafe store: rewrites the file in place, syncing each piece.
+
+    What ``open(path, "wb").write(data)`` amounts to on a slow disk.  Only
+    here to show that the torture notices torn files.
+    """
+
+    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+        os.makedirs(self.root, exist_ok=True)
+        data = b"".join(chunks)
+        with open(self.location(key), "wb") as f:
+            for start in range(0, len(data), 256 * 1024):
+                f.write(data[start : start + 256 * 1024])
+                f.flush()
+                os.fdatasync(f.fileno())
+        return len(data)
+
+
+@dataclass(frozen=True)
+class StoreKind:
+    """A store the torture can run: how to make one, and what a killed writer may leave.
+
+    ``leftovers(root)`` lists what an interrupted write of a process that is
+    gone left behind, which the next ``open()`` must clear away.
+    """
+
+    make: Callable[[str], Store]
+    leftovers: Callable[[str], list[str]]
+    temps: Callable[[str], list[str]]
+    unsafe: bool = False
+
+
+STORES: dict[str, StoreKind] = {
+    "file": StoreKind(FileStore, file_leftovers, temp_files),
+    "naive": StoreKind(NaiveStore, file_leftovers, temp_files, unsafe=True),
+}
+"""The stores to torture; the journal store (issue 4) becomes one more entry."""
+
+
+# -- the child ---------------------------------------------------------------------------
+
+
+class _Head(msgspec.Struct):
+    n: int
+
+
+class _Written(msgspec.Struct):
+    meta: Meta
+    state: _Head
+
+
+_WRITTEN = msgspec.json.Decoder(_Written)
+
+
+def _say(line: str) -> None:
+    # One write(2) of a short line to a pipe is atomic: whole or absent, even at a kill.
+    os.write(1, f"{os.getpid()} {line}\n".encode())
+
+
+class ReportingStore:
+    """Wraps a store; after each write that returned, says ``W <seq> <n>`` on stdout."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    def validate_key(self, key: str) -> None:
+        self.inner.validate_key(key)
+
+    def location(self, key: str) -> str:
+        return self.inner.location(key)
+
+    def open(self) -> None:
+        self.inner.open()
+
+    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+        nbytes = self.inner.write(key, chunks)
+        written = _WRITTEN.decode(b"".join(chunks))
+        _say(f"W {written.meta.seq} {written.state.n}")
+        return nbytes
+
+    def read(self, key: str) -> bytes | None:
+        return self.inner.read(key)
+
+    def keys(self) -> list[str]:
+        return self.inner.keys()
+
+    def delete(self, key: str) -> bool:
+        return self.inner.delete(key)
+
+    def move_aside(self, key: str, suffix: str) -> str | None:
+        return self.inner.move_aside(key, suffix)
+
+
+async def _child(spec: dict[str, Any]) -> int:
+    """Checkpoint a session that changes without pause, until killed."""
+    parent = os.getppid()
+    store = ReportingStore(STORES[spec["store"]].make(spec["root"]))
+    try:
+        previous = load(store, KEY)
+    except CheckpointError as exc:
+        _say(f"CORRUPT {exc}")
+        return 3
+    n = 0 if previous is None else int(previous.state["n"])
+    max_bytes = int(spec["max_bytes"])
+    rng = random.Random(spec["seed"])
+
+    def source() -> Snapshot:
+        return Snapshot(KEY, state_for(n, max_bytes))
+
+    writer = CheckpointWriter(source, store, debounce=0.002, min_interval=0.0, max_wait=0.02)
+    _say("START")
+    async with writer:
+        _say(f"READY {n}")
+        while os.getppid() == parent:  # until the SIGKILL (or the helper is gone)
+            n += 1
+            writer.notify()
+            dice = rng.random()
+            if dice < 0.08:
+                await writer.write_now()
+            elif dice < 0.12:
+                await anyio.to_thread.run_sync(writer.flush_sync)
+            else:
+                await anyio.sleep(rng.uniform(0.0, 0.004))
+    return 4
+
+
+def _run_child(spec: dict[str, Any]) -> int:
+    backend = "trio" if spec["backend"] == "trio" else "asyncio"
+    options = {"use_uvloop": True} if spec["backend"] == "uvloop" else {}
+    return anyio.run(_child, spec, backend=backend, backend_options=options)
+
+
+def _zygote() -> int:
+    """Fork a child per ``SPAWN <json>`` line on stdin; reap it on ``REAP <pid>``."""
+    with contextlib.suppress(ImportError):
+        import trio  # noqa: F401  # imported once here, not in every child
+        import uvloop  # noqa: F401
+    for raw in sys.stdin.buffer:
+        command, _, rest = raw.decode().strip().partition(" ")
+        if command == "SPAWN":
+            spec = json.loads(rest)
+            pid = os.fork()
+            if pid == 0:
+                code = 70
+                try:
+                    code = _run_child(spec)
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            os.write(1, f"PID {pid}\n".encode())
+        elif command == "REAP":
+            pid = int(rest)
+            _, status = os.waitpid(pid, 0)
+            os.write(1, f"REAPED {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+    return 0
+
+
+# -- the parent --------------------------------------------------------------------------
+
+
+@dataclass
+class Summary:
+    """What a torture run did and found."""
+
+    store: str
+    seed: int
+    max_bytes: int
+    kills: int = 0
+    early_kills: int = 0
+    writes: int = 0
+    max_seq: int = 0
+    largest: int = 0
+    mid_write: int = 0
+    swept: int = 0
+    seconds: float = 0.0
+    backends: dict[str, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def losses(self) -> int:
+        return len(self.problems)
+
+    def lines(self) -> list[str]:
+        return [
+            f"torture: {self.kills} kills (SIGKILL) of a process checkpointing to the "
+            f"{self.store!r} store, states up to {self.max_bytes / MIB:.1f} MiB, "
+            f"seed {self.seed}, {self.seconds:.1f} s",
+            "  backends: " + ", ".join(f"{k} {v}" for k, v in sorted(self.backends.items())),
+            f"  killed while starting (open, first write): {self.early_kills}",
+            f"  writes the child reported done: {self.writes}; seq reached {self.max_seq}; "
+            f"largest file {self.largest / MIB:.2f} MiB",
+            f"  kills that left a write's temp file behind (mid-write): {self.mid_write}; "
+            f"swept by the next open: {self.swept}",
+            f"  after every kill the file loaded, held exactly the state of its sequence "
+            f"number, and was at least as new as the last reported write: "
+            f"{'yes' if not self.problems else 'NO'}",
+            *(f"  LOST: {p}" for p in self.problems),
+            f"kills={self.kills} writes={self.writes} max_seq={self.max_seq} "
+            f"mid_write={self.mid_write} swept={self.swept} losses={self.losses}",
+        ]
+
+
+@dataclass
+class Reported:
+    """The newest write a child reported done, and the newest seen on disk before it."""
+
+    seq: int = 0
+    n: int = -1
+
+
+def check(store: Store, max_bytes: int, floor: Reported) -> list[str]:
+    """Check the file after a kill against ``floor`` (what must be on disk at least).
+
+    Returns:
+        One line per problem (empty when all is well).  ``floor`` moves up
+        to what the file holds, so a later file may not go back.
+    """
+    try:
+        cp = load(store, KEY)
+    except CheckpointError as exc:
+        return [f"the checkpoint does not load: {exc}"]
+    if cp is None:
+        if floor.n >= 0:
+            return [f"the checkpoint is gone; seq {floor.seq} (n={floor.n}) was reported"]
+        return []
+    n = cp.state.get("n") if isinstance(cp.state, dict) else None
+    if not isinstance(n, int):
+        return [f"the state has no sequence number: {str(cp.state)[:80]}"]
+    problems = []
+    if cp.state != state_for(n, max_bytes):
+        problems.append(f"the state is not the state of its sequence number n={n} (mixed/torn)")
+    if n < floor.n or cp.meta.seq < floor.seq:
+        problems.append(
+            f"the file holds seq {cp.meta.seq} (n={n}), older than seq {floor.seq} "
+            f"(n={floor.n}), reported done or seen before"
+        )
+    floor.seq = max(floor.seq, cp.meta.seq)
+    floor.n = max(floor.n, n)
+    return problems
+
+
+class _Run:
+    """What one child said on its stdout, as the helper's reader thread sorts it out."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.started = threading.Event()
+        self.ready = threading.Event()
+        self.status: int | None = None
+
+    def reported(self) -> tuple[int, Reported]:
+        """How many writes the child reported done, and the newest of them."""
+        count, newest = 0, Reported()
+        for line in self.lines:
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == "W":
+                count += 1
+                newest.seq = max(newest.seq, int(parts[1]))
+                newest.n = max(newest.n, int(parts[2]))
+        return count, newest
+
+
+class _Zygote:
+    """The helper process that forks the children (``--zygote``), and its pipes."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.runs: dict[int, _Run] = {}
+        self.replies: queue.Queue[tuple[str, int]] = queue.Queue()
+        self.err: list[bytes] = []
+        self.lock = threading.Lock()
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.pumps = [
+            threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True),
+            threading.Thread(target=self._read_err, args=(self.proc.stderr,), daemon=True),
+        ]
+        for pump in self.pumps:
+            pump.start()
+
+    def run_of(self, pid: int) -> _Run:
+        with self.lock:
+            return self.runs.setdefault(pid, _Run())
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            first, _, rest = raw.decode(errors="replace").rstrip("\n").partition(" ")
+            if first == "PID":
+                self.replies.put(("PID", int(rest)))
+            elif first == "REAPED":
+                pid, code = rest.split()
+                self.run_of(int(pid)).status = int(code)
+                self.replies.put(("REAPED", int(pid)))
+            elif first.isdigit():
+                run = self.run_of(int(first))
+                run.lines.append(rest)
+                if rest == "START":
+                    run.started.set()
+                elif rest.startswith("READY "):
+                    run.ready.set()
+        self.replies.put(("EOF", 0))
+
+    def _read_err(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            self.err.append(raw)
+            del self.err[:-40]
+
+    def _ask(self, line: str, reply: str) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+        kind, value = self.replies.get(timeout=HANG_GUARD)
+        if kind != reply:
+            raise RuntimeError(f"the torture helper died: {self.stderr()}")
+        return value
+
+    def spawn(self, spec: dict[str, Any]) -> tuple[int, _Run]:
+        pid = self._ask("SPAWN " + json.dumps(spec), "PID")
+        return pid, self.run_of(pid)
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL the child (if still there) and wait until the helper has reaped it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        self._ask(f"REAP {pid}", "REAPED")
+
+    def wait(self, run: _Run, event: threading.Event) -> bool:
+        """Wait for ``event`` (hang guard); False if the child ended first."""
+        deadline = time.monotonic() + HANG_GUARD
+        while not event.wait(0.002):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return event.is_set()
+            if any(line.startswith("CORRUPT") for line in run.lines):
+                return False
+        return True
+
+    def stderr(self) -> str:
+        return b"".join(self.err).decode(errors="replace")
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(HANG_GUARD)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for pump in self.pumps:
+            pump.join(HANG_GUARD)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _backends() -> list[str]:
+    names = ["asyncio", "trio"]
+    with contextlib.suppress(ImportError):
+        import uvloop  # noqa: F401
+
+        names.append("uvloop")
+    return names
+
+
+def run(
+    kills: int = 200,
+    *,
+    store: str = "file",
+    max_bytes: int = 4 * MIB,
+    max_delay: float = 0.25,
+    early: float = 0.15,
+    seed: int | None = None,
+    root: str | os.PathLike[str] | None = None,
+    stop_on_loss: bool = False,
+    progress: Callable[[str], object] | None = None,
+) -> Summary:
+    """Kill a checkpointing child ``kills`` times and check the file after each kill.
+
+    Args:
+        kills: how many children to start and SIGKILL.
+        store: a name in ``STORES``.
+        max_bytes: the largest state (see ``state_for``).
+        max_delay: a running child is killed uniformly within this many
+            seconds after it is ready.
+        early: the share of kills aimed at a child still starting (within
+            30 ms of entering the writer: the open and the first write).
+        seed: chooses backends, moments and the children's behaviour;
+            random if None (printed in the summary).
+        root: the store's directory (a fresh temp directory by default,
+            removed afterwards).
+        stop_on_loss: stop at the first problem.
+        progress: called with a line after every kill.
+    """
+    kind = STORES[store]
+    seed = random.randrange(2**32) if seed is None else seed
+    rng = random.Random(seed)
+    summary = Summary(store=store, seed=seed, max_bytes=max_bytes)
+    backends = _backends()
+    started = time.monotonic()
+    with _root(root) as where, contextlib.closing(_Zygote()) as zygote:
+        floor = Reported()
+        debris: set[str] = set()  # a killed writer's leftovers, until a next open is seen
+        for i in range(kills):
+            debris.update(kind.leftovers(where))
+            backend = rng.choice(backends)
+            summary.backends[backend] = summary.backends.get(backend, 0) + 1
+            aim_early = rng.random() < early
+            spec: dict[str, Any] = {"root": where, "store": store, "backend": backend}
+            spec.update(max_bytes=max_bytes, seed=rng.randrange(2**32))
+            pid, child = zygote.spawn(spec)
+            problems: list[str] = []
+            try:
+                if aim_early:  # while it opens the store and writes its first checkpoint
+                    if zygote.wait(child, child.started):
+                        time.sleep(rng.uniform(0.0, 0.03))
+                    else:
+                        problems.append("the child never started")
+                elif zygote.wait(child, child.ready):
+                    # The child's writer has opened the store: the debris must be gone.
+                    unswept = sorted(p for p in debris if os.path.exists(p))
+                    unswept += [p for p in kind.leftovers(where) if p not in debris]
+                    if unswept:
+                        problems.append(f"the next open left a dead writer's leftovers {unswept}")
+                    summary.swept += len(debris) - len(unswept)
+                    debris.clear()
+                    time.sleep(rng.uniform(0.0, max_delay))
+                else:
+                    problems.append("the child never got ready")
+            finally:
+                zygote.kill(pid)
+            if child.status != -signal.SIGKILL:
+                tail = "\n".join(child.lines[-5:])
+                problems.append(
+                    f"the child ended with status {child.status} before the kill:\n{tail}\n"
+                    f"{zygote.stderr()[-2000:]}"
+                )
+            summary.kills += 1
+            summary.early_kills += aim_early
+            summary.mid_write += bool(kind.temps(where))
+            count, newest = child.reported()
+            summary.writes += count
+            floor.seq, floor.n = max(floor.seq, newest.seq), max(floor.n, newest.n)
+            problems += check(kind.make(where), max_bytes, floor)
+            with contextlib.suppress(OSError):
+                size = os.path.getsize(kind.make(where).location(KEY))
+                summary.largest = max(summary.largest, size)
+            summary.max_seq = max(summary.max_seq, floor.seq)
+            summary.problems += [f"kill {i + 1} ({backend}): {p}" for p in problems]
+            if progress is not None:
+                moment = "starting" if aim_early else "running"
+                progress(
+                    f"kill {i + 1}/{kills} {backend:7} {moment}: {count:3} writes, "
+                    f"seq {floor.seq}, losses {summary.losses}"
+                )
+            if problems:
+                if stop_on_loss:
+                    break
+                # Start the next child afresh; the bad file stays, aside, for a look.
+                with contextlib.suppress(OSError):
+                    kind.make(where).move_aside(KEY, f"lost-{i + 1}")
+                floor = Reported()
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+@contextlib.contextmanager
+def _root(root: str | os.PathLike[str] | None) -> Iterator[str]:
+    if root is not None:
+        os.makedirs(root, exist_ok=True)
+        yield os.fspath(root)
+        return
+    where = tempfile.mkdtemp(prefix="checkpointer-torture-")
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+
+
+# -- the command ---------------------------------------------------------------------------
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m tests.torture",
+        description="SIGKILL a checkpointing process at random moments and check the file "
+        "after every kill.",
+    )
+    p.add_argument("--kills", type=int, default=200, help="how many kills (default 200)")
+    p.add_argument(
+        "--store",
+        choices=sorted(STORES),
+        default="file",
+        help="the store to torture (default file; 'naive' is deliberately unsafe)",
+    )
+    p.add_argument("--max-mib", type=float, default=4.0, help="largest state in MiB (default 4)")
+    p.add_argument(
+        "--max-delay",
+        type=float,
+        default=0.25,
+        help="kill a running child within this many seconds (default 0.25)",
+    )
+    p.add_argument("--seed", type=int, default=None, help="seed (default: random, printed)")
+    p.add_argument("--root", default=None, help="store directory (default: a fresh temp dir)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print the summary only")
+    p.add_argument("--zygote", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command: ``python -m tests.torture [--kills N] ...``; exit status 1 on a loss."""
+    args = _parse(argv)
+    if args.zygote:
+        return _zygote()
+    if args.kills < 1 or args.max_mib <= 0 or args.max_delay < 0:
+        print("torture: --kills must be >= 1, --max-mib > 0, --max-delay >= 0", file=sys.stderr)
+        return 2
+    summary = run(
+        args.kills,
+        store=args.store,
+        max_bytes=int(args.max_mib * MIB),
+        max_delay=args.max_delay,
+        seed=args.seed,
+        root=args.root,
+        progress=None if args.quiet else lambda line: print(line, flush=True),
+    )
+    print("\n".join(summary.lines()), flush=True)
+    return 1 if summary.losses else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

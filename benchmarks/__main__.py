@@ -42,6 +42,8 @@ DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"
 def _time(seconds: float) -> str:
     if math.isnan(seconds) or math.isinf(seconds):
         return str(seconds)
+    if seconds == 0:
+        return "0"
     magnitude = abs(seconds)
     if magnitude >= 1:
         return f"{seconds:.2f} s"

@@ -31,6 +31,7 @@ CASES: list[tuple[str, str]] = [
     ("stall", "benchmarks.bench_stall"),
     ("peers", "benchmarks.bench_peers"),
     ("growth", "benchmarks.bench_growth"),
+    ("fingerprint", "benchmarks.bench_fingerprint"),
     ("aiofiles", "benchmarks.bench_aiofiles"),
     ("journal", "benchmarks.bench_journal"),  # from the journal issue; skipped until it lands
 ]

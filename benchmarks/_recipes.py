@@ -60,6 +60,8 @@ _WORDS = [
     "rows",
 ]
 
+_TEXT = " ".join(_WORDS * 8)
+
 MESSAGE_BYTES = 1024
 """Encoded size of a ``transcript_of`` message, about (10k messages: 10 MiB)."""
 
@@ -68,15 +70,10 @@ def message(i: int, size: int = 100) -> dict[str, Any]:
     """The i-th message of a transcript; its JSON is about ``size`` bytes."""
     role = ("user", "assistant", "tool")[i % 3]
     want = max(8, size - 40 - len(str(i)))
-    words: list[str] = []
-    n = 0
-    k = i
-    while n < want:
-        word = _WORDS[k % len(_WORDS)]
-        words.append(word)
-        n += len(word) + 1
-        k += 7
-    text = " ".join(words)[:want]
+    start = (i * 7) % len(_TEXT)  # each message a different cut of the same prose
+    text = _TEXT[start : start + want]
+    while len(text) < want:
+        text += " " + _TEXT[: want - len(text) - 1]
     return {"role": role, "content": text, "n": i}
 
 

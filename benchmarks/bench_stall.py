@@ -55,7 +55,7 @@ def _langgraph_missing() -> str | None:
 
 
 async def _measure(
-    root: str, state: dict[str, Any], n: int
+    root: str, state: dict[str, Any], n: int, warm_up: bool
 ) -> dict[str, list[tuple[float, float]]]:
     out: dict[str, list[tuple[float, float]]] = {}
     path = os.path.join(root, "plain.json")
@@ -115,8 +115,9 @@ async def _measure(
         ticker = Ticker()
         async with anyio.create_task_group() as tg:
             await tg.start(ticker.run)
-            for job in jobs.values():  # warm-up
-                await job()
+            for job in jobs.values():  # warm-up (a big quick run skips it: time)
+                if warm_up:
+                    await job()
             for i in range(n):
                 names = list(jobs) if i % 2 == 0 else list(reversed(jobs))
                 for name in names:
@@ -138,7 +139,7 @@ def main(quick: bool) -> dict[str, Any]:
         n = (1 if quick else 3) if nbytes > 20 << 20 else (2 if quick else 5)
         state = state_of(nbytes)
         with scratch_dir("stall-") as root:
-            out = anyio.run(_measure, root, state, n)
+            out = anyio.run(_measure, root, state, n, not quick or nbytes < 20 << 20)
         worst = {name: stat([w for w, _ in out[name]]) for name in out}
         p99 = {name: stat([p for _, p in out[name]]) for name in out}
         for name in APPROACHES:

@@ -1,32 +1,95 @@
 """checkpointer: debounced, durable checkpoints for async agent sessions."""
 
 from ._clock import Clock, MonotonicClock
-from ._format import Checkpoint, CheckpointError, Meta, Snapshot, load
+from ._format import Checkpoint, CheckpointError, Meta, Snapshot, WriterInfo, load
+from ._lock import KeyLock, KeyLocked, LockHolder, LockingStore
 from ._postgres import KeyLockedError, PostgresStore, PostgresStoreError, StaleWriteError
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
+from ._session import Prepared
 from ._stores import FileStore, Store
+from ._summary import (
+    SummaryCheckpoint,
+    SummaryFailed,
+    collapse,
+    load_summary,
+    resume_context,
+    summary_path,
+    write_summary,
+)
+from ._transcript import (
+    CLOSED_CALL_TEXT,
+    INTERRUPTED_TEXT,
+    ChatMessage,
+    ContentBlock,
+    HistoryProblem,
+    Message,
+    TextBlock,
+    ToolCall,
+    ToolFunction,
+    ToolResultBlock,
+    ToolUseBlock,
+    close_dangling_tool_calls,
+    count_turns,
+    settle_running,
+    transcript_fingerprint,
+    transcript_prepare,
+    validate_history,
+)
+from ._version import VERSION
+from ._versions import Migration
 from ._writer import CheckpointWriter
 
 __all__ = [
+    "CLOSED_CALL_TEXT",
+    "INTERRUPTED_TEXT",
+    "ChatMessage",
     "Checkpoint",
     "CheckpointError",
     "CheckpointWriter",
     "Clock",
+    "ContentBlock",
     "Failed",
     "FileStore",
+    "HistoryProblem",
+    "KeyLock",
+    "KeyLocked",
     "KeyLockedError",
+    "LockHolder",
+    "LockingStore",
+    "Message",
     "Meta",
+    "Migration",
     "MonotonicClock",
     "PostgresStore",
     "PostgresStoreError",
+    "Prepared",
     "Result",
     "Skipped",
     "Snapshot",
     "StaleWriteError",
     "Store",
+    "SummaryCheckpoint",
+    "SummaryFailed",
+    "TextBlock",
+    "ToolCall",
+    "ToolFunction",
+    "ToolResultBlock",
+    "ToolUseBlock",
+    "WriterInfo",
     "WriterStatistics",
     "Written",
+    "close_dangling_tool_calls",
+    "collapse",
+    "count_turns",
     "load",
+    "load_summary",
+    "resume_context",
+    "settle_running",
+    "summary_path",
+    "transcript_fingerprint",
+    "transcript_prepare",
+    "validate_history",
+    "write_summary",
 ]
 
-__version__ = "0.1.0"
+__version__ = VERSION

@@ -440,7 +440,8 @@ def _show(file: File, locks: dict[str, str], last: int) -> int:
         _error("show", f"{file.path}: {row.error}")
         return PROBLEM
     for name, value in msgspec.structs.asdict(loaded.meta).items():
-        fields.append((name, _value(value)))
+        if value is not None:  # None: a field this file's writer did not record
+            fields.append((name, _value(value)))
     messages = _messages(loaded.state)
     if row.turns is not None and not any(name == "turns" for name, _ in fields):
         fields.append(("turns", f"{row.turns} (assistant messages)"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -32,6 +33,7 @@ __all__ = [
     "CheckpointError",
     "Meta",
     "Snapshot",
+    "WriterInfo",
     "decode_checkpoint",
     "decode_meta",
     "envelope_chunks",
@@ -63,11 +65,20 @@ class Snapshot(msgspec.Struct, frozen=True):
 
     ``state`` is anything msgspec can encode (dicts, lists, Structs,
     dataclasses, ...).  The writer encodes it at write time and does not keep
-    it.
+    it.  ``parent`` is the key of the session this one branched from; the
+    writer copies it into ``Meta.parent`` at every write.
     """
 
     key: str
     state: Any
+    parent: str | None = None
+
+
+class WriterInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """Which process wrote a checkpoint: ``pid`` on ``host``."""
+
+    pid: int
+    host: str
 
 
 class Meta(msgspec.Struct, frozen=True, kw_only=True):
@@ -82,6 +93,17 @@ class Meta(msgspec.Struct, frozen=True, kw_only=True):
         live: True while a writer has the key open; False after its final
             write (close, exit flush, signal).
         pinned: a sticky flag set with ``write_now(pin=...)``.
+        turns: assistant messages in the file's transcript (set by the
+            writer's ``prepare`` step, e.g. ``transcript_prepare``), or None.
+        parent: the key of the session this one branched from
+            (``Snapshot.parent`` at the time of the write), or None.
+        writer: the process that wrote the file (pid, host).
+        library_version: the agent-checkpointer version that wrote the file.
+        state_version: the caller's own version of the state's schema
+            (``CheckpointWriter(state_version=...)``); see ``load``.
+
+    Fields after ``pinned`` came later: files written before them load with
+    the defaults (msgspec's schema-evolution rules).
     """
 
     key: str
@@ -90,6 +112,11 @@ class Meta(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: datetime
     live: bool
     pinned: bool = False
+    turns: int | None = None
+    parent: str | None = None
+    writer: WriterInfo | None = None
+    library_version: str | None = None
+    state_version: int = 0
 
 
 class Checkpoint(msgspec.Struct, Generic[T], frozen=True):
@@ -204,7 +231,14 @@ def _type_name(type_: Any) -> str:
     return getattr(type_, "__name__", None) or repr(type_)
 
 
-def load(store: Store, key: str, type: Any = Any) -> Checkpoint[Any] | None:
+def load(
+    store: Store,
+    key: str,
+    type: Any = Any,
+    *,
+    state_version: int | None = None,
+    migrations: Mapping[int, Callable[[Any], Any]] | None = None,
+) -> Checkpoint[Any] | None:
     """Load the checkpoint of ``key`` from ``store``.
 
     Args:
@@ -212,16 +246,27 @@ def load(store: Store, key: str, type: Any = Any) -> Checkpoint[Any] | None:
         key: the session key.
         type: what to decode the state as (any type msgspec understands);
             ``Any`` gives plain JSON values.
+        state_version: the newest state version this program understands;
+            None (the default) skips the version check.
+        migrations: ``{old_version: function}``; each function takes the
+            state of ``old_version`` as plain JSON values and returns it at
+            ``old_version + 1``.  A file at an older version goes through
+            them in order before it is decoded as ``type``.
 
     Returns:
-        The checkpoint, or None when the store has none for ``key``.
+        The checkpoint, or None when the store has none for ``key``.  After
+        a migration, ``meta`` is still what the file says.
 
     Raises:
-        ValueError: ``key`` is not a valid key for the store.
+        ValueError: ``key`` is not a valid key for the store, or
+            ``migrations`` was given without ``state_version``.
         CheckpointError: the checkpoint exists but is truncated, not JSON,
-            not an envelope, of a newer format, or its state does not match
+            not an envelope, of a newer format or a newer state version, a
+            migration is missing or failed, or its state does not match
             ``type``.
     """
+    if migrations and state_version is None:
+        raise ValueError("migrations need state_version=, the version they migrate to")
     store.validate_key(key)
     location = store.location(key)
     try:
@@ -230,6 +275,10 @@ def load(store: Store, key: str, type: Any = Any) -> Checkpoint[Any] | None:
         raise CheckpointError(location, f"cannot be read: {_oserror(exc)}") from None
     if data is None:
         return None
+    if state_version is not None:
+        from ._versions import decode_versioned
+
+        return decode_versioned(data, location, type, state_version, migrations or {})
     return decode_checkpoint(data, location, type)
 
 

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, final
 import msgspec
 
 from ._format import _MIDDLE, _PREFIX, _SUFFIX, FORMAT, Meta, decode_checkpoint
+from ._lock import KeyLocked, LockHolder
 from ._stores import check_key
 
 if TYPE_CHECKING:
@@ -184,18 +185,18 @@ class PostgresStoreError(OSError):
     """
 
 
-class KeyLockedError(PostgresStoreError):
-    """``write()`` met another writer's lock on the key.
+class KeyLockedError(KeyLocked, PostgresStoreError):
+    """Another writer holds the key's lock in PostgreSQL.
+
+    A ``KeyLocked`` (what every locking store raises, and what the writer
+    turns into ``Failed("locked")``) and a ``PostgresStoreError``.
 
     Attributes:
         key: the key.
-        holder: who holds the lock, in one line.
+        location: the key's row, and the PostgreSQL backend holding the lock.
+        holder: who holds it (pid, host, since when), or None if it is not
+            a checkpointer writer that said so.
     """
-
-    def __init__(self, key: str, holder: str) -> None:
-        super().__init__(holder)
-        self.key = key
-        self.holder = holder
 
 
 class StaleWriteError(PostgresStoreError):
@@ -467,9 +468,9 @@ class PostgresStore:
             "writer": self._writer_id,
         }
         with self._session() as conn:
-            holder = self._acquire(conn, key)
-            if holder is not None:
-                raise KeyLockedError(key, holder)
+            refused = self._acquire(conn, key)
+            if refused is not None:
+                raise refused
             with conn.transaction():
                 applied = self._upsert(conn, params)
             if not applied:
@@ -514,11 +515,15 @@ class PostgresStore:
 
         Returns:
             None when this store holds the lock; otherwise one line naming
-            the holder (host, pid, since when) and when it is released.
+            the holder (pid, host, since when).
 
         Raises:
             PostgresStoreError: the server cannot be reached.
         """
+        refused = self._try_lock(key)
+        return None if refused is None else str(refused)
+
+    def _try_lock(self, key: str) -> KeyLockedError | None:
         check_key(key)
         if key in self._held:  # held on the live connection: no round trip
             return None
@@ -540,9 +545,9 @@ class PostgresStore:
                 f"lock timeout must be a finite number of seconds >= 0, got {timeout!r}"
             )
         deadline = time.monotonic() + timeout
-        while (holder := self.acquire(key)) is not None:
+        while (refused := self._try_lock(key)) is not None:
             if time.monotonic() >= deadline:
-                raise KeyLockedError(key, holder)
+                raise refused
             time.sleep(0.05)
         return PostgresKeyLock(self, key)
 
@@ -806,7 +811,7 @@ class PostgresStore:
     def _lock_id(self, key: str) -> int:
         return _int64(self._quoted.encode() + b"\0" + key.encode())
 
-    def _acquire(self, conn: psycopg.Connection[Any], key: str) -> str | None:
+    def _acquire(self, conn: psycopg.Connection[Any], key: str) -> KeyLockedError | None:
         if key in self._held:
             return None
         lock_id = self._lock_id(key)
@@ -825,7 +830,7 @@ class PostgresStore:
             return None
         return self._holder(conn, key, lock_id)
 
-    def _holder(self, conn: psycopg.Connection[Any], key: str, lock_id: int) -> str:
+    def _holder(self, conn: psycopg.Connection[Any], key: str, lock_id: int) -> KeyLockedError:
         hi, lo = (lock_id >> 32) & 0xFFFFFFFF, lock_id & 0xFFFFFFFF
         params = {"key": key, "hi": hi, "lo": lo}
         for _ in range(3):
@@ -836,17 +841,12 @@ class PostgresStore:
             # row shows when that statement commits, a moment after the lock.
             time.sleep(0.02)
         where = self.location(key)
-        if row is None:
-            who = "another writer, which released it a moment ago (a retry may take it)"
-        elif row[1] is None:
-            who = f"PostgreSQL backend {row[0]} (no holder row: not a checkpointer writer?)"
-        else:
-            since = row[3].isoformat(timespec="seconds") if row[3] is not None else "?"
-            who = f"pid {row[2]} on host {row[1]} (backend {row[0]}, since {since})"
-        return (
-            f"{where} is locked by another writer: {who}; the lock is released when "
-            "that writer closes or its connection ends"
-        )
+        if row is None:  # gone between our try and our look: a retry may take it
+            return KeyLockedError(key, f"{where}, released a moment ago", None)
+        holder = None
+        if row[1] is not None:
+            holder = LockHolder(pid=row[2], host=row[1], started_at=row[3])
+        return KeyLockedError(key, f"{where}, held by PostgreSQL backend {row[0]}", holder)
 
     def _upsert(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> bool:
         """Run the fenced upsert inside the caller's transaction; True if applied."""

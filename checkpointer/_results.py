@@ -41,6 +41,10 @@ class Written(msgspec.Struct, frozen=True, kw_only=True):
         nbytes: bytes handed to the store.
         seconds: time from the snapshot to the end of the durable write.
         seq: the sequence number now in the file's meta.
+        repaired: tool calls without a result that the writer's ``prepare``
+            step closed with an error result in the file (not in memory).
+        settled: items still running at snapshot time that ``prepare``
+            settled as errors in the file (not in memory).
     """
 
     key: str
@@ -48,6 +52,8 @@ class Written(msgspec.Struct, frozen=True, kw_only=True):
     nbytes: int
     seconds: float
     seq: int = 0
+    repaired: int = 0
+    settled: int = 0
 
 
 class Skipped(msgspec.Struct, frozen=True):
@@ -88,6 +94,8 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
         last_write_seconds: duration of the last successful write, or None.
         pending: whether changes wait for a write that has not started.
         key: the key of the last snapshot, or None before the first.
+        repaired: tool calls closed by ``prepare`` in written files, in all.
+        settled: running items settled by ``prepare`` in written files, in all.
     """
 
     events: int
@@ -99,3 +107,5 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
     last_write_seconds: float | None
     pending: bool
     key: str | None
+    repaired: int = 0
+    settled: int = 0

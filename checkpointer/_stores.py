@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from ._atomic import fsync_dir, sweep_temps, write_atomic
+from ._lock import KeyLock, acquire_file_lock
 
 __all__ = ["KEY_PATTERN", "FileStore", "Store", "check_key"]
 
@@ -63,6 +64,7 @@ class Store(Protocol):
     Every method is synchronous and may block; the writer calls them from a
     worker thread (async path) or directly (``flush_sync``).  ``write`` must
     be atomic: after a crash a reader sees the old bytes or the new ones.
+    A store may also lock a key for one writer (``LockingStore``, optional).
     """
 
     def validate_key(self, key: str) -> None:
@@ -98,6 +100,7 @@ class FileStore:
 
     The root is created (mode 0700) on the first write.  Each write is a
     durable atomic replace (temp file, fsync, rename, directory fsync).
+    A writer holds ``root/k.lock`` while it writes ``k`` (see ``lock``).
 
     Args:
         root: the directory that holds the checkpoint files.
@@ -166,3 +169,16 @@ class FileStore:
             return None
         fsync_dir(self.root)
         return target
+
+    def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
+        """Take the writer lock of ``key``: ``flock`` on ``root/<key>.lock``.
+
+        The ``LockingStore`` capability; see ``checkpointer._lock`` for why
+        ``flock`` and how release avoids the unlink race.
+
+        Raises:
+            KeyLocked: another writer holds it after ``timeout`` seconds.
+        """
+        check_key(key)
+        path = os.path.join(self.root, key + ".lock")
+        return acquire_file_lock(path, key=key, timeout=timeout)

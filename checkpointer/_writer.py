@@ -27,7 +27,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar, final
@@ -40,8 +40,10 @@ import msgspec
 from . import _exit
 from ._clock import Clock, MonotonicClock
 from ._format import CheckpointError, Meta, Snapshot, decode_checkpoint, envelope_chunks
+from ._lock import KeyLocked, KeyLocks
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._schedule import IDLE, WRITE, Outcome, Scheduler
+from ._session import Prepare, Prepared, run_prepare, session_meta
 from ._stores import Store
 
 __all__ = ["CheckpointWriter"]
@@ -93,7 +95,7 @@ class _KeyState:
 
 @final
 class _Job:
-    __slots__ = ("content", "force", "gen", "key", "live", "started", "state_json")
+    __slots__ = ("content", "force", "gen", "key", "live", "prepared", "started", "state_json")
 
     def __init__(
         self,
@@ -105,7 +107,9 @@ class _Job:
         live: bool,
         force: bool,
         started: float,
+        prepared: Prepared,
     ) -> None:
+        self.prepared = prepared
         self.gen = gen
         self.key = key
         self.state_json = state_json
@@ -149,6 +153,18 @@ class CheckpointWriter(Generic[S]):
         close_timeout: bound, in seconds, on the final write when closing.
         exit_timeout: how long an exit or signal flush waits for a write in
             flight in a worker thread before it writes anyway.
+        prepare: optional step run on each snapshot after the fingerprint
+            check and before encoding, e.g. ``transcript_prepare()``: returns
+            ``Prepared`` (a repaired copy to write) or ``Failed`` (nothing is
+            written, the previous file stays).
+        state_version: the version of your state's schema, stamped on every
+            file (``Meta.state_version``); ``load(..., state_version=,
+            migrations=)`` migrates older files.  The writer never replaces
+            a file of a newer state version.
+        lock_timeout: how long a write waits for another live writer of the
+            same key to let go of the key's lock; 0 (default) means
+            ``Failed("locked")`` at once, retried with backoff.  Stores
+            without the ``LockingStore`` capability are not locked.
 
     Raises:
         ValueError: a duration is out of range (the message says which).
@@ -171,6 +187,9 @@ class CheckpointWriter(Generic[S]):
         backoff_max: float = 30.0,
         close_timeout: float = 10.0,
         exit_timeout: float = 5.0,
+        prepare: Prepare | None = None,
+        state_version: int = 0,
+        lock_timeout: float = 0.0,
     ) -> None:
         if not callable(source):
             raise TypeError(f"source must be a callable returning a Snapshot, got {source!r}")
@@ -183,6 +202,18 @@ class CheckpointWriter(Generic[S]):
         for name, value in (("close_timeout", close_timeout), ("exit_timeout", exit_timeout)):
             if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        if prepare is not None and not callable(prepare):
+            raise TypeError(f"prepare must be callable or None, got {prepare!r}")
+        if (
+            isinstance(state_version, bool)
+            or not isinstance(state_version, int)
+            or state_version < 0
+        ):
+            raise ValueError(f"state_version must be an int >= 0, got {state_version!r}")
+        if not (isinstance(lock_timeout, (int, float)) and 0 <= lock_timeout < math.inf):
+            raise ValueError(
+                f"lock_timeout must be a finite number of seconds >= 0, got {lock_timeout!r}"
+            )
         self._sched = Scheduler(
             debounce=debounce,
             min_interval=min_interval,
@@ -200,6 +231,11 @@ class CheckpointWriter(Generic[S]):
         self._close_timeout = float(close_timeout)
         self._exit_timeout = float(exit_timeout)
         self._encoder = msgspec.json.Encoder()
+        self._prepare_step = prepare
+        self._state_version = state_version
+        self._locks = KeyLocks(store, float(lock_timeout))
+        self._repaired = 0
+        self._settled = 0
 
         self._opened = False
         self._closed = False
@@ -223,7 +259,6 @@ class CheckpointWriter(Generic[S]):
         # lock because a worker's write hung past exit_timeout (see _execute).
         self._overtaking: dict[str, tuple[int, list[bytes]]] = {}
         self._unsubscribes: list[Callable[[], object]] = []
-        self._held: set[str] = set()  # keys whose store lock we took (stores with acquire)
 
         self._token: anyio.lowlevel.EventLoopToken | None = None
         self._loop_thread: int | None = None
@@ -298,6 +333,8 @@ class CheckpointWriter(Generic[S]):
             last_write_seconds=self._last_seconds,
             pending=self._sched.pending,
             key=self._key,
+            repaired=self._repaired,
+            settled=self._settled,
         )
 
     # -- async lifecycle ----------------------------------------------------
@@ -368,9 +405,6 @@ class CheckpointWriter(Generic[S]):
                     f"the final write did not finish within close_timeout={self._close_timeout}s",
                 )
                 logger.warning("checkpointer: %s; it may still complete", result.error)
-            if self._held:
-                with anyio.move_on_after(self._close_timeout):
-                    await anyio.to_thread.run_sync(self._unlock, abandon_on_cancel=True)
             self._shut()
         return result
 
@@ -472,7 +506,6 @@ class CheckpointWriter(Generic[S]):
         if self._closed:
             return Skipped("closed")
         result = self._flush(force=False, live=False)
-        self._unlock()
         self._shut()
         return result
 
@@ -507,6 +540,7 @@ class CheckpointWriter(Generic[S]):
 
     def _flush_at_exit(self) -> None:
         self.flush_sync("exit")
+        self._release_locks()  # a later write takes them again
 
     def _flush_at_signal(self) -> None:
         self.flush_sync("signal")
@@ -552,11 +586,24 @@ class CheckpointWriter(Generic[S]):
     def _shut(self) -> None:
         self._closed = True
         self._remove_hooks()
+        self._release_locks()
         for unsubscribe in list(self._unsubscribes):
             try:
                 unsubscribe()
             except Exception as exc:
                 logger.warning("checkpointer: unsubscribe failed: %s", _one_line(exc))
+
+    def _release_locks(self) -> None:
+        # Not while a write is in flight (a final write past close_timeout):
+        # that key stays locked until the process exits rather than let
+        # another writer in under a write that may still land.
+        if self._io_lock.acquire(blocking=False):
+            try:
+                self._locks.release_all()
+            finally:
+                self._io_lock.release()
+        else:
+            logger.warning("checkpointer: a write is still in flight; keeping its key locked")
 
     # -- one write ----------------------------------------------------------
 
@@ -604,8 +651,11 @@ class CheckpointWriter(Generic[S]):
                 and self._unchanged(state, content, live)
             ):
                 return Skipped("unchanged")
+        prepared = run_prepare(self._prepare_step, snapshot)
+        if isinstance(prepared, Failed):
+            return prepared
         try:
-            state_json = self._encoder.encode(snapshot.state)
+            state_json = self._encoder.encode(prepared.snapshot.state)
         except Exception as exc:
             return Failed(
                 "encode-failed", f"the state of key {key!r} cannot be encoded: {_one_line(exc)}"
@@ -618,6 +668,7 @@ class CheckpointWriter(Generic[S]):
             live=live,
             force=force,
             started=started,
+            prepared=prepared,
         )
 
     @staticmethod
@@ -637,9 +688,11 @@ class CheckpointWriter(Generic[S]):
             state = self._keys[job.key]
             if job.gen < state.newest_gen:
                 return self._account(Skipped("unchanged"))  # a newer snapshot is on disk
-            refused = self._lock(job.key)
-            if refused is not None:
-                return self._account(refused)
+            taken = self._locks.acquire(job.key, self._store.location(job.key))
+            if isinstance(taken, Failed):
+                return self._account(taken)
+            if taken:  # others may have written the key since we last held it: re-read
+                state.resolved, state.content, state.live = False, None, None
             content = job.content
             if content is _NO_FINGERPRINT:
                 content = hashlib.blake2b(job.state_json, digest_size=16).digest()
@@ -665,6 +718,7 @@ class CheckpointWriter(Generic[S]):
                 updated_at=now,
                 live=job.live,
                 pinned=pinned,
+                **session_meta(job.prepared, self._state_version),
             )
             chunks = envelope_chunks(meta, job.state_json)
             overtaken = self._overtaking.get(job.key)
@@ -676,6 +730,8 @@ class CheckpointWriter(Generic[S]):
                 return self._account(Skipped("unchanged"))  # a newer flush is writing
             try:
                 nbytes = self._store.write(job.key, chunks)
+            except KeyLocked as exc:  # a networked store lost its lock and could not retake it
+                return self._account(Failed("locked", str(exc)))
             except Exception as exc:
                 return self._account(
                     Failed(
@@ -695,6 +751,8 @@ class CheckpointWriter(Generic[S]):
             state.live = job.live
             state.pinned = pinned
             state.newest_gen = job.gen
+            self._repaired += job.prepared.repaired
+            self._settled += job.prepared.settled
             return self._account(
                 Written(
                     key=job.key,
@@ -702,6 +760,8 @@ class CheckpointWriter(Generic[S]):
                     nbytes=nbytes,
                     seconds=time.perf_counter() - job.started,
                     seq=meta.seq,
+                    repaired=job.prepared.repaired,
+                    settled=job.prepared.settled,
                 )
             )
 
@@ -735,36 +795,6 @@ class CheckpointWriter(Generic[S]):
             self._busy.discard(me)
         _exit.run_deferred()
 
-    def _lock(self, key: str) -> Failed | None:
-        """Take the store's one-writer lock of ``key`` before reading or writing it.
-
-        Only for stores with ``acquire(key) -> None | holder`` (PostgresStore);
-        the lock is taken before the seq is read, so it is read fresh.
-        """
-        acquire = getattr(self._store, "acquire", None)
-        if acquire is None:
-            return None
-        try:
-            holder = acquire(key)
-        except Exception as exc:
-            where = self._store.location(key)
-            return Failed("write-failed", f"cannot lock {where}: {_one_line(exc)}")
-        if holder is not None:
-            return Failed("locked", str(holder))
-        self._held.add(key)
-        return None
-
-    def _unlock(self, keys: Iterable[str] | None = None) -> None:
-        """Release the store locks of ``keys`` (all we hold by default); never raises."""
-        release = getattr(self._store, "release", None)
-        for key in list(self._held if keys is None else keys):
-            self._held.discard(key)
-            try:
-                if release is not None:
-                    release(key)
-            except Exception as exc:
-                logger.warning("checkpointer: could not release %r: %s", key, _one_line(exc))
-
     def _resolve(self, key: str, state: _KeyState) -> None:
         """Learn seq, created_at and pinned from the checkpoint already stored."""
         data = self._store.read(key)
@@ -782,6 +812,12 @@ class CheckpointWriter(Generic[S]):
                     aside,
                 )
             else:
+                if meta.state_version > self._state_version:
+                    raise CheckpointError(
+                        location,
+                        f"holds state version {meta.state_version}, newer than this writer's "
+                        f"{self._state_version}; not replacing it (upgrade, or use another key)",
+                    )
                 state.seq = meta.seq
                 state.created_at = meta.created_at
                 state.pinned = meta.pinned
@@ -793,7 +829,7 @@ class CheckpointWriter(Generic[S]):
             state = self._keys.get(key)
             if state is None or state.live is not True:
                 self._to_finish.discard(key)
-                self._unlock([key])
+                self._locks.release(key)
                 continue
             try:
                 data = self._store.read(key)
@@ -806,7 +842,7 @@ class CheckpointWriter(Generic[S]):
                     state.seq = meta.seq
                 state.live = False
                 self._to_finish.discard(key)
-                self._unlock([key])
+                self._locks.release(key)
             except Exception as exc:
                 logger.warning(
                     "checkpointer: could not mark %s not live: %s (will retry)",

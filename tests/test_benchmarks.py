@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import bench_fingerprint
 from benchmarks._agent import Durable, _waits
 from benchmarks._harness import ratio, stat
 
@@ -41,6 +42,7 @@ EXPECTED = {
         for peer in ("naive", "debounce", "langgraph")
     ],
     "growth": ["FileStore: cost @100,000 / @100 messages"],
+    "fingerprint": ["fingerprint @100,000 vs @10 msgs"],
     "aiofiles": ["1 KiB on disk: aiofiles / one hop"],
 }
 
@@ -123,3 +125,14 @@ def test_stat_spread() -> None:
     assert s.median == 3.0
     assert s.p10 == pytest.approx(1.4)
     assert s.p90 == pytest.approx(4.6)
+
+
+def test_fingerprint_cost_does_not_grow_with_the_history() -> None:
+    """The transcript fingerprint of 100,000 messages costs at most 1.2x that of 10
+    (the best of three tries, for a noisy machine)."""
+    ratios = []
+    for _ in range(3):
+        ratios.append(bench_fingerprint.growth())
+        if ratios[-1] <= bench_fingerprint.LIMIT:
+            return
+    raise AssertionError(f"ratios {ratios} exceed {bench_fingerprint.LIMIT}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from checkpointer import Checkpoint, FileStore, load
+from checkpointer import Checkpoint, FileStore, load, load_summary, validate_history
 from checkpointer._cli import check_history
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -232,3 +232,26 @@ def test_atexit_script_sigkill_keeps_the_start(tmp_path: Path) -> None:
     assert code == -signal.SIGKILL
     on_disk = checkpoint(tmp_path, "atexit-script")
     assert on_disk.state["done"] == [] and on_disk.meta.live is True  # what open() wrote
+
+
+# -- resuming a session an earlier run wrote --------------------------------------
+
+
+def test_resume_session_resumes_what_an_earlier_run_wrote(tmp_path: Path) -> None:
+    """Run 1 stops mid-tool and its file is repaired; run 2 (on trio) resumes it: the
+    history is sendable, the older part is collapsed, created_at is kept."""
+    first = run("resume_session.py", "--root", tmp_path)
+    assert "new session 'example-session'" in first
+    assert "1 tool call(s) closed and 1 running tool(s) settled" in first
+    after_first = checkpoint(tmp_path, "example-session")
+    assert validate_history(after_first.state["messages"]) == []
+    second = run("resume_session.py", "--root", tmp_path, "--backend", "trio")
+    assert "resumed 'example-session': 14 messages" in second
+    assert after_first.meta.created_at.isoformat() in second
+    assert "history is sendable" in second
+    assert "collapsed messages before 6 into a summary" in second
+    after_second = checkpoint(tmp_path, "example-session")
+    assert after_second.meta.created_at == after_first.meta.created_at
+    assert after_second.meta.seq > after_first.meta.seq
+    summary = load_summary(tmp_path, "example-session")
+    assert summary is not None and "question 0" in summary.summary

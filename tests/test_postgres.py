@@ -319,8 +319,9 @@ def test_second_writer_is_locked_then_resumes(make_store: Callable[..., Postgres
     b.open()  # its first write meets a's lock
     refused = b.flush_sync()
     assert isinstance(refused, Failed) and refused.reason == "locked"
-    assert f"pid {os.getpid()} on host {socket.gethostname()}" in refused.error
-    assert "shared" in refused.error and "released when that writer closes" in refused.error
+    assert f"pid {os.getpid()} on {socket.gethostname()} since" in refused.error
+    assert "'shared' is locked by another writer" in refused.error
+    assert "held by PostgreSQL backend" in refused.error and "close that writer" in refused.error
     a.close()  # final write (seq 3), then the lock is released
     resumed = b.flush_sync()
     assert isinstance(resumed, Written) and resumed.seq == 4  # read after taking the lock
@@ -361,7 +362,7 @@ def test_lock_race_between_processes(
         for pid, line in results.items():
             if pid != winners[0]:
                 assert line.startswith("lost "), line
-                assert f"pid {winners[0]} on host" in line, line
+                assert f"pid {winners[0]} on " in line, line
     finally:
         for p in procs:
             if p.stdin is not None:
@@ -442,6 +443,30 @@ def test_writer_that_lost_its_session_is_fenced(
     assert state_of(make_store(), "sess") == {"by": "b"}
     a.close()
     assert state_of(make_store(), "sess") == {"by": "b"}
+
+
+def test_lost_lock_held_elsewhere_is_locked_then_resumes(
+    pg: Cluster, make_store: Callable[..., PostgresStore]
+) -> None:
+    """A writer whose lock went with its connection and is held elsewhere gets "locked"."""
+    state = {"n": 1}
+    a = CheckpointWriter(
+        lambda: Snapshot("taken", state), make_store(application_name="taken-a"), exit_hooks=False
+    )
+    a.open()
+    terminate(pg, "taken-a")
+    other = make_store()
+    assert other.acquire("taken") is None
+    state["n"] = 2
+    lost = a.flush_sync()
+    assert isinstance(lost, Failed) and "lost the connection" in lost.error
+    refused = a.flush_sync()  # reconnected; the key is held by `other`
+    assert isinstance(refused, Failed) and refused.reason == "locked", refused
+    other.release("taken")  # released without writing: nothing to fence
+    written = a.flush_sync()
+    assert isinstance(written, Written) and written.seq == 2
+    a.close()
+    assert state_of(make_store(), "taken") == {"n": 2}
 
 
 # -- faults ----------------------------------------------------------------------

@@ -1,0 +1,618 @@
+"""Agent transcripts: sendable histories, repairs on a copy, O(1) fingerprints.
+
+Two message shapes are understood, as plain dicts or as the frozen Structs
+below (or any object with the same attribute names):
+
+* chat-completions style: an assistant message's ``tool_calls[].id`` is
+  answered by ``{"role": "tool", "tool_call_id": ...}`` messages that follow
+  it directly;
+* messages style: an assistant message's ``tool_use`` content blocks (``id``)
+  are answered by ``tool_result`` blocks (``tool_use_id``) in the user
+  message right after it.
+
+A history is *sendable* when a model API would accept it: every result
+answers a call that is still open (no orphan), every call is answered before
+the conversation moves on (none unclosed), and no id is used twice.
+
+The rules of the one-pass scan (``_scan``): a call opens when its assistant
+message is seen.  Results close open calls.  Any message that is not a
+chat-style ``tool`` message ends the *window* of the calls still open (after
+its own results are taken), and those calls are unclosed; a result that
+comes later is an orphan.  So for the messages style the window is the one
+user message after the call, and for the chat style it is the run of
+``tool`` messages after it, as the APIs require.
+
+Repairs never mutate: ``settle_running`` and ``close_dangling_tool_calls``
+return a new list in which only the messages they change are new objects,
+built with ``dict`` copies or ``msgspec.structs.replace``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Literal, TypeAlias
+
+import msgspec
+
+from ._format import Snapshot
+from ._results import Failed
+from ._session import Prepared
+
+__all__ = [
+    "CLOSED_CALL_TEXT",
+    "INTERRUPTED_TEXT",
+    "ChatMessage",
+    "ContentBlock",
+    "HistoryProblem",
+    "Message",
+    "TextBlock",
+    "ToolCall",
+    "ToolFunction",
+    "ToolResultBlock",
+    "ToolUseBlock",
+    "close_dangling_tool_calls",
+    "count_turns",
+    "settle_running",
+    "starts_with_results",
+    "transcript_fingerprint",
+    "transcript_prepare",
+    "validate_history",
+]
+
+CLOSED_CALL_TEXT = (
+    "The tool call did not complete: the session stopped before it returned a result."
+)
+"""The one fixed sentence of the error result that closes a dangling call."""
+
+INTERRUPTED_TEXT = (
+    "Interrupted: the tool was still running when the session was checkpointed and did not finish."
+)
+"""The reason given to a running item when it is settled as an error."""
+
+
+# -- chat-completions style --------------------------------------------------
+
+
+class ToolFunction(msgspec.Struct, frozen=True):
+    """The function of a chat-completions tool call: name and JSON arguments."""
+
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    """One entry of an assistant message's ``tool_calls``."""
+
+    id: str
+    function: ToolFunction
+    type: str = "function"
+
+
+class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A chat-completions message (system, developer, user, assistant, tool).
+
+    ``status`` is not part of the API: an agent may mark a ``tool`` message
+    ``"running"`` while the tool runs; ``settle_running`` turns that into
+    ``"error"``.  Fields left at None are not written.
+    """
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    id: str | None = None
+    status: str | None = None
+
+
+# -- messages style ----------------------------------------------------------
+
+
+class TextBlock(msgspec.Struct, frozen=True, tag_field="type", tag="text"):
+    """A text content block."""
+
+    text: str
+
+
+class ToolUseBlock(msgspec.Struct, frozen=True, tag_field="type", tag="tool_use"):
+    """A tool call in an assistant message (messages style)."""
+
+    id: str
+    name: str
+    input: dict[str, Any] = {}
+
+
+class ToolResultBlock(
+    msgspec.Struct, frozen=True, omit_defaults=True, tag_field="type", tag="tool_result"
+):
+    """A tool result in a user message (messages style).
+
+    ``status`` is not part of the API (see ``ChatMessage.status``).
+    """
+
+    tool_use_id: str
+    content: str | list[dict[str, Any]] = ""
+    is_error: bool = False
+    status: str | None = None
+
+
+ContentBlock: TypeAlias = TextBlock | ToolUseBlock | ToolResultBlock
+
+
+class Message(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A messages-style message: a role and a string or content blocks.
+
+    For block types beyond text, tool use and tool result (images,
+    thinking, ...) keep plain dicts: every function here takes those too.
+    """
+
+    role: str
+    content: str | tuple[ContentBlock, ...]
+    id: str | None = None
+
+
+# -- problems ----------------------------------------------------------------
+
+ProblemKind: TypeAlias = Literal["orphan-result", "unclosed-call", "duplicate-id"]
+
+
+class HistoryProblem(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a history would be refused by a model API.
+
+    Attributes:
+        kind: ``"orphan-result"`` (a result answers no open call),
+            ``"unclosed-call"`` (a call is never answered in time) or
+            ``"duplicate-id"`` (a call id used twice, or a call answered twice).
+        index: the message where it is (the call's message for an unclosed
+            call, the result's message otherwise).
+        call_id: the tool call id concerned (None if the result has none).
+        detail: one sentence saying what is wrong.
+    """
+
+    kind: ProblemKind
+    index: int
+    call_id: str | None
+    detail: str
+
+    def describe(self, path: str = "$") -> str:
+        """The problem with its JSON path, e.g. ``$.messages[3]: ...``."""
+        return f"{path}[{self.index}]: {self.detail}"
+
+
+# -- field access on dicts, Structs and plain objects ------------------------
+
+
+def _get(obj: Any, name: str) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _block_type(block: Any) -> Any:
+    if isinstance(block, dict):
+        return block.get("type")
+    if isinstance(block, msgspec.Struct):
+        return block.__struct_config__.tag
+    return getattr(block, "type", None)
+
+
+def _replace(obj: Any, **changes: Any) -> Any:
+    """A copy of ``obj`` with ``changes``; fields a Struct lacks are left out."""
+    if isinstance(obj, dict):
+        return {**obj, **changes}
+    if isinstance(obj, msgspec.Struct):
+        fields = obj.__struct_fields__
+        return msgspec.structs.replace(obj, **{k: v for k, v in changes.items() if k in fields})
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = {f.name for f in dataclasses.fields(obj)}
+        return dataclasses.replace(obj, **{k: v for k, v in changes.items() if k in names})
+    raise TypeError(f"cannot copy a {type(obj).__name__} message; use dicts or msgspec Structs")
+
+
+def _is_sequence(value: Any) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+# -- the one-pass scan -------------------------------------------------------
+
+
+class _Unclosed(msgspec.Struct, frozen=True):
+    call_index: int  # the assistant message with the call
+    window_end: int  # the message that closed its window (len(messages) at the end)
+    call_id: str
+    chat: bool  # chat-completions style (else messages style)
+
+
+class _Scan(msgspec.Struct):
+    problems: list[HistoryProblem]
+    unclosed: list[_Unclosed]
+    running: list[int]  # indices of messages holding running results
+    turns: int  # assistant messages
+
+
+def _scan(messages: Sequence[Any]) -> _Scan:
+    # The hot loop of every transcript write: dicts are read inline, and a
+    # message costs a few dict lookups unless it carries calls or results.
+    problems: list[HistoryProblem] = []
+    unclosed: list[_Unclosed] = []
+    running: list[int] = []
+    open_calls: dict[str, tuple[int, bool]] = {}  # id -> (call message index, chat style)
+    called: set[str] = set()
+    answered: set[str] = set()
+    turns = 0
+    for i, message in enumerate(messages):
+        fields = message if type(message) is dict else None
+        role = fields.get("role") if fields is not None else getattr(message, "role", None)
+        if role == "tool":  # chat style: answers, and keeps the window open
+            if fields is not None:
+                call_id, status = fields.get("tool_call_id"), fields.get("status")
+            else:
+                call_id, status = _get(message, "tool_call_id"), _get(message, "status")
+            if call_id in open_calls:
+                del open_calls[call_id]
+                answered.add(call_id)
+            else:
+                _stray(call_id, i, answered, problems)
+            if status == "running":
+                running.append(i)
+            continue
+        content = fields.get("content") if fields is not None else getattr(message, "content", None)
+        blocks = content if type(content) is list or type(content) is tuple else ()
+        if role != "assistant" and blocks:
+            is_running = False
+            for block in blocks:
+                if _block_type(block) == "tool_result":
+                    call_id = _get(block, "tool_use_id")
+                    if call_id in open_calls:
+                        del open_calls[call_id]
+                        answered.add(call_id)
+                    else:
+                        _stray(call_id, i, answered, problems)
+                    is_running = is_running or _get(block, "status") == "running"
+            if is_running:
+                running.append(i)
+        # Any message but a chat "tool" message ends the window of open calls.
+        if open_calls:
+            for call_id, (at, chat) in open_calls.items():
+                unclosed.append(_Unclosed(at, i, call_id, chat))
+            open_calls.clear()
+        if role == "assistant":
+            turns += 1
+            calls = fields.get("tool_calls") if fields is not None else _get(message, "tool_calls")
+            if calls:
+                for call in calls:
+                    call_id = call.get("id") if type(call) is dict else _get(call, "id")
+                    if type(call_id) is str and call_id not in called:
+                        called.add(call_id)
+                        open_calls[call_id] = (i, True)
+                    else:
+                        _call(call_id, i, True, open_calls, called, problems)
+            for block in blocks:
+                if _block_type(block) == "tool_use":
+                    _call(_get(block, "id"), i, False, open_calls, called, problems)
+    for call_id, (at, chat) in open_calls.items():
+        unclosed.append(_Unclosed(at, len(messages), call_id, chat))
+    problems.extend(
+        HistoryProblem(
+            kind="unclosed-call",
+            index=u.call_index,
+            call_id=u.call_id,
+            detail=f"tool call {u.call_id!r} has no result before the conversation goes on",
+        )
+        for u in unclosed
+    )
+    problems.sort(key=lambda p: p.index)  # stable: per message, in the order found
+    return _Scan(problems, unclosed, running, turns)
+
+
+def _call(
+    call_id: Any,
+    index: int,
+    chat: bool,
+    open_calls: dict[str, tuple[int, bool]],
+    called: set[str],
+    problems: list[HistoryProblem],
+) -> None:
+    if not isinstance(call_id, str):
+        return  # an id-less call cannot be answered or checked
+    if call_id in called:
+        problems.append(
+            HistoryProblem(
+                kind="duplicate-id",
+                index=index,
+                call_id=call_id,
+                detail=f"tool call id {call_id!r} is used by an earlier call too",
+            )
+        )
+        return
+    called.add(call_id)
+    open_calls[call_id] = (index, chat)
+
+
+def _stray(call_id: Any, index: int, answered: set[str], problems: list[HistoryProblem]) -> None:
+    """A result that answers no open call: a second answer, or an orphan."""
+    if isinstance(call_id, str) and call_id in answered:
+        kind: ProblemKind = "duplicate-id"
+        detail = f"tool call {call_id!r} is answered a second time"
+    else:
+        kind = "orphan-result"
+        detail = f"tool result for {call_id!r} answers no open tool call (orphan result)"
+    problems.append(
+        HistoryProblem(
+            kind=kind,
+            index=index,
+            call_id=call_id if isinstance(call_id, str) else None,
+            detail=detail,
+        )
+    )
+
+
+# -- public functions ----------------------------------------------------------
+
+
+def validate_history(messages: Sequence[Any]) -> list[HistoryProblem]:
+    """Every reason a model API would refuse ``messages``, in one pass.
+
+    Args:
+        messages: chat-completions or messages-style messages, as dicts or
+            Structs.
+
+    Returns:
+        The problems in message order; empty when the history is sendable
+        (an empty history is).
+    """
+    return _scan(messages).problems
+
+
+def settle_running(
+    messages: Sequence[Any], *, reason: str = INTERRUPTED_TEXT
+) -> tuple[list[Any], int]:
+    """Settle results still marked ``status: "running"`` as errors, on a copy.
+
+    A chat ``tool`` message, or a ``tool_result`` block, whose ``status`` is
+    ``"running"`` gets ``status: "error"`` and ``reason`` as its content
+    (blocks also ``is_error: True``).  Meant for a snapshot taken while a
+    tool ran: whoever resumes it will never see that tool finish.
+
+    Returns:
+        ``(copy, count)``: a new list (only the changed messages are new
+        objects; ``messages`` and its messages are never mutated) and the
+        number of items settled.
+    """
+    return _settle(list(messages), _scan(messages).running, reason)
+
+
+def close_dangling_tool_calls(messages: Sequence[Any]) -> tuple[list[Any], int]:
+    """Answer every unclosed tool call with an error result, on a copy.
+
+    Each call that gets no result before the conversation goes on is given
+    one, saying ``CLOSED_CALL_TEXT``, where the API expects it: chat style,
+    a ``tool`` message after the call's other results; messages style, a
+    ``tool_result`` block at the start of the next user message (a new user
+    message if the next one is not).  Orphan results and duplicate ids are
+    not touched (``validate_history`` still reports them).
+
+    Returns:
+        ``(copy, count)``: a new list (only changed or added messages are new
+        objects; ``messages`` and its messages are never mutated) and the
+        number of calls closed.
+    """
+    unclosed = _scan(messages).unclosed
+    return _close(list(messages), unclosed), len(unclosed)
+
+
+def starts_with_results(message: Any) -> bool:
+    """Whether ``message`` answers tool calls (so a transcript cannot start with it)."""
+    if _get(message, "role") == "tool":
+        return True
+    content = _get(message, "content")
+    return _is_sequence(content) and any(_block_type(b) == "tool_result" for b in content)
+
+
+def count_turns(messages: Sequence[Any]) -> int:
+    """The number of assistant messages in ``messages``."""
+    return _scan(messages).turns
+
+
+def _settle(copy: list[Any], running: list[int], reason: str) -> tuple[list[Any], int]:
+    count = 0
+    for i in running:
+        message = copy[i]
+        if _get(message, "role") == "tool":
+            copy[i] = _replace(message, status="error", content=reason)
+            count += 1
+            continue
+        content = _get(message, "content")
+        blocks = []
+        for block in content:
+            if _block_type(block) == "tool_result" and _get(block, "status") == "running":
+                block = _replace(block, status="error", is_error=True, content=reason)
+                count += 1
+            blocks.append(block)
+        copy[i] = _replace(message, content=type(content)(blocks))
+    return copy, count
+
+
+def _close(copy: list[Any], unclosed: list[_Unclosed]) -> list[Any]:
+    if not unclosed:
+        return copy
+    by_end: dict[int, list[_Unclosed]] = {}
+    for u in unclosed:
+        by_end.setdefault(u.window_end, []).append(u)
+    out: list[Any] = []
+    start = 0
+    for end in sorted(by_end):
+        out.extend(copy[start:end])
+        group = by_end[end]
+        follower = copy[end] if end < len(copy) else None
+        out.extend(_tool_message(copy[u.call_index], u.call_id) for u in group if u.chat)
+        blocks = [_result_block(copy[u.call_index], u.call_id) for u in group if not u.chat]
+        start = end
+        if blocks:
+            if follower is not None and _get(follower, "role") == "user":
+                out.append(_prepend_blocks(follower, blocks))
+                start = end + 1
+            else:
+                out.append(_user_message(copy[group[0].call_index], blocks))
+    out.extend(copy[start:])
+    return out
+
+
+def _tool_message(call_message: Any, call_id: str) -> Any:
+    if isinstance(call_message, ChatMessage):
+        return ChatMessage(role="tool", tool_call_id=call_id, content=CLOSED_CALL_TEXT)
+    return {"role": "tool", "tool_call_id": call_id, "content": CLOSED_CALL_TEXT}
+
+
+def _result_block(call_message: Any, call_id: str) -> Any:
+    if isinstance(call_message, Message):
+        return ToolResultBlock(tool_use_id=call_id, content=CLOSED_CALL_TEXT, is_error=True)
+    return {
+        "type": "tool_result",
+        "tool_use_id": call_id,
+        "content": CLOSED_CALL_TEXT,
+        "is_error": True,
+    }
+
+
+def _user_message(call_message: Any, blocks: list[Any]) -> Any:
+    if isinstance(call_message, Message):
+        return Message(role="user", content=tuple(blocks))
+    return {"role": "user", "content": blocks}
+
+
+def _prepend_blocks(message: Any, blocks: list[Any]) -> Any:
+    content = _get(message, "content")
+    if isinstance(content, str):
+        text: Any = TextBlock(content) if isinstance(message, Message) else _text_dict(content)
+        existing: list[Any] = [text] if content else []
+    else:
+        existing = list(content or ())
+    merged = blocks + existing
+    as_tuple = isinstance(content, tuple) or isinstance(message, Message)
+    return _replace(message, content=tuple(merged) if as_tuple else merged)
+
+
+def _text_dict(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+# -- the writer's hooks ------------------------------------------------------
+
+
+def transcript_fingerprint(
+    *, field: str = "messages", pin: str = "pinned", extra: Sequence[str] = ()
+) -> Callable[[Snapshot], Hashable]:
+    """A structural fingerprint of a transcript, for ``CheckpointWriter(fingerprint=)``.
+
+    It is made of the key, the parent, the message count, the last
+    message's role, id, content length and number of tool calls, the state's
+    pin flag, and the state fields named in ``extra``.  It costs the same at
+    10 and at 100,000 messages: it never iterates, hashes or encodes the
+    history.  The price: an edit of an earlier message that changes none of
+    these is not seen; name a revision counter in ``extra``, or use
+    ``write_now(force=True)``, after such edits.
+
+    Args:
+        field: the state's field (dict key or attribute) holding the messages.
+        pin: the state's field holding a pin flag (absent counts as None).
+        extra: more state fields to include; their values must be hashable.
+    """
+    names = tuple(extra)
+
+    def fingerprint(snapshot: Snapshot) -> Hashable:
+        state = snapshot.state
+        messages = _get(state, field)
+        if messages is None:
+            raise TypeError(f"the state has no {field!r} field")
+        count = len(messages)
+        last = messages[-1] if count else None
+        return (
+            snapshot.key,
+            snapshot.parent,
+            count,
+            _get(last, "role"),
+            _get(last, "id"),
+            _size(_get(last, "content")),
+            len(_get(last, "tool_calls") or ()),
+            _get(state, pin),
+            tuple(_get(state, name) for name in names),
+        )
+
+    return fingerprint
+
+
+def _size(content: Any) -> Hashable:
+    """The length of a content: of the string, or blocks and the last block's text."""
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return len(content)
+    if _is_sequence(content):
+        if not content:
+            return (0, 0)
+        last = content[-1]
+        for name in ("text", "content", "input", "thinking"):
+            value = _get(last, name)
+            if value is not None:
+                return (len(content), len(value) if hasattr(value, "__len__") else 0)
+        return (len(content), 0)
+    return len(content) if hasattr(content, "__len__") else 0
+
+
+def transcript_prepare(
+    *, field: str = "messages", settle: bool = True, repair: bool = True
+) -> Callable[[Snapshot], Prepared | Failed]:
+    """The writer's ``prepare`` step for agent transcripts.
+
+    On each snapshot, before it is encoded: settle running results, close
+    dangling tool calls (both on a copy, never in memory), then validate.
+    A history still not sendable (an orphan result, a duplicate id) is
+    ``Failed("not-sendable")`` naming the first problems' JSON paths; the
+    previous file stays.  ``Written.repaired`` / ``.settled`` say what was
+    repaired, and ``Meta.turns`` counts the assistant messages written.
+
+    Args:
+        field: the state's field (dict key, Struct or dataclass attribute)
+            holding the messages.
+        settle: settle ``status: "running"`` results as errors.
+        repair: close dangling tool calls.
+
+    Returns:
+        ``(Snapshot) -> Prepared | Failed``, for ``CheckpointWriter(prepare=)``.
+    """
+
+    def prepare(snapshot: Snapshot) -> Prepared | Failed:
+        state = snapshot.state
+        messages = _get(state, field)
+        if not _is_sequence(messages):
+            return Failed(
+                "snapshot-failed",
+                f"the state of key {snapshot.key!r} has no list at $.state.{field}",
+            )
+        scan = _scan(messages)
+        running = scan.running if settle else []
+        unclosed = scan.unclosed if repair else []
+        settled = repaired = 0
+        if running or unclosed:
+            copy, settled = _settle(list(messages), running, INTERRUPTED_TEXT)
+            copy = _close(copy, unclosed)
+            repaired = len(unclosed)
+            problems = _scan(copy).problems
+            state = _replace(state, **{field: copy})
+            snapshot = msgspec.structs.replace(snapshot, state=state)
+        else:
+            problems = scan.problems
+        if problems:
+            shown = "; ".join(p.describe(f"$.state.{field}") for p in problems[:3])
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            return Failed(
+                "not-sendable",
+                f"the history of key {snapshot.key!r} would be refused by a model API: "
+                f"{shown}{more}",
+            )
+        # Repairs add results, never assistant messages: the turns stay.
+        return Prepared(snapshot=snapshot, repaired=repaired, settled=settled, turns=scan.turns)
+
+    return prepare

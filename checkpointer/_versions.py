@@ -1,0 +1,90 @@
+"""The caller's state versions: refuse newer files, migrate older ones.
+
+The envelope's ``format`` is this library's business; ``Meta.state_version``
+is the caller's.  A writer stamps its ``state_version`` on every file.  A
+reader says which version it understands and registers migrations
+``{old_version: function}``, each taking the state of ``old_version`` as
+plain JSON values and returning it at ``old_version + 1``.  A file at an
+older version goes through them in order; a file at a newer version is a
+``CheckpointError``, never a silent downgrade.
+
+A migration works on plain values, not on the caller's types: the types of
+the old version may no longer exist in the program.  The migrated state is
+encoded once more and decoded as the caller's type by the same code as any
+other load, so it is checked the same way (a bad field names its JSON path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
+
+from ._format import Checkpoint, CheckpointError, decode_checkpoint, envelope_chunks
+
+__all__ = ["Migration", "decode_versioned"]
+
+Migration = Callable[[Any], Any]
+"""Takes a state at version ``v`` (plain JSON values), returns it at ``v + 1``."""
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def decode_versioned(
+    data: bytes,
+    path: str,
+    type: Any,
+    state_version: int,
+    migrations: Mapping[int, Migration],
+) -> Checkpoint[Any]:
+    """Decode a checkpoint file written at any state version up to ``state_version``.
+
+    Raises:
+        CheckpointError: the file is not a checkpoint, its state version is
+            newer than ``state_version``, a migration step is missing or
+            raised, or the (migrated) state does not match ``type``.
+    """
+    if isinstance(state_version, bool) or not isinstance(state_version, int) or state_version < 0:
+        raise ValueError(f"state_version must be an int >= 0, got {state_version!r}")
+    raw = decode_checkpoint(data, path, msgspec.Raw)
+    found = raw.meta.state_version
+    if found > state_version:
+        raise CheckpointError(
+            path,
+            f"state version {found} is newer than this program supports ({state_version}); "
+            "upgrade the program that reads it, or load it with a newer state_version",
+        )
+    if found == state_version:
+        return decode_checkpoint(data, path, type)
+    state = msgspec.json.decode(bytes(raw.state))
+    for version in range(found, state_version):
+        migrate = migrations.get(version)
+        if migrate is None:
+            raise CheckpointError(
+                path,
+                f"state version {found} needs migrating to {state_version}, but there is "
+                f"no migration from version {version}; register migrations[{version}]",
+            )
+        try:
+            state = migrate(state)
+        except Exception as exc:
+            raise CheckpointError(
+                path,
+                f"migration from state version {version} to {version + 1} raised "
+                f"{_type_name(exc)}: {exc}",
+            ) from exc
+    try:
+        state_json = _ENCODER.encode(state)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(
+            path,
+            f"migration to state version {state_version} returned a state that cannot be "
+            f"encoded as JSON: {exc}",
+        ) from exc
+    migrated = b"".join(envelope_chunks(raw.meta, state_json))
+    return Checkpoint(meta=raw.meta, state=decode_checkpoint(migrated, path, type).state)
+
+
+def _type_name(exc: BaseException) -> str:
+    return type(exc).__name__

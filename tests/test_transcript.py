@@ -1,0 +1,304 @@
+"""Agent histories: sendable or not, repairs on a copy, O(1) fingerprints."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+
+from checkpointer import (
+    CLOSED_CALL_TEXT,
+    INTERRUPTED_TEXT,
+    ChatMessage,
+    Failed,
+    Message,
+    Prepared,
+    Snapshot,
+    close_dangling_tool_calls,
+    count_turns,
+    settle_running,
+    transcript_fingerprint,
+    transcript_prepare,
+    validate_history,
+)
+
+from .transcripts import STYLES, Chat, Messages, Style, field, role_of
+
+styles = pytest.mark.parametrize("style", STYLES, ids=[s.name for s in STYLES])
+
+
+def kinds(messages: list[Any]) -> list[tuple[str, int, str | None]]:
+    return [(p.kind, p.index, p.call_id) for p in validate_history(messages)]
+
+
+def frozen_view(messages: list[Any]) -> tuple[bytes, list[int]]:
+    """The value (encoded) and the identity of every message and of its content."""
+    ids = [id(m) for m in messages] + [id(field(m, "content")) for m in messages]
+    return msgspec.json.encode(messages), ids
+
+
+@styles
+def test_complete_history_is_sendable(style: Style) -> None:
+    """A history whose every call is answered in time has no problems; so has an empty one."""
+    history = [
+        *style.user("hi"),
+        *style.call("a", "b"),
+        *style.results("a", "b"),
+        *style.answer("done"),
+    ]
+    assert validate_history(history) == []
+    assert validate_history([]) == []
+    assert close_dangling_tool_calls([]) == ([], 0)
+    assert settle_running([]) == ([], 0)
+
+
+@styles
+def test_validate_reports_every_problem_in_one_pass(style: Style) -> None:
+    """Orphan, unclosed and duplicate ids are all reported, in message order."""
+    history = [
+        *style.user("hi"),  # 0
+        *style.results("ghost"),  # 1: orphan
+        *style.call("a", "b"),  # 2: b never answered
+        *style.results("a"),  # 3
+        *style.answer("next"),  # 4
+        *style.call("a"),  # 5: duplicate call id
+        *style.call("c"),  # 6
+        *style.results("c"),  # 7
+        *style.results("c"),  # 8: answered twice
+    ]
+    assert kinds(history) == [
+        ("orphan-result", 1, "ghost"),
+        ("unclosed-call", 2, "b"),
+        ("duplicate-id", 5, "a"),
+        ("duplicate-id", 8, "c"),
+    ]
+    problem = validate_history(history)[0]
+    assert problem.describe("$.messages") == (
+        "$.messages[1]: tool result for 'ghost' answers no open tool call (orphan result)"
+    )
+
+
+@styles
+def test_a_result_after_the_conversation_moved_on_is_late(style: Style) -> None:
+    """A call must be answered before the next turn: later, the call is unclosed and the
+    result an orphan, as the model APIs see it."""
+    history = [*style.call("a"), *style.user("are you there?"), *style.results("a")]
+    assert kinds(history) == [("unclosed-call", 0, "a"), ("orphan-result", 2, "a")]
+
+
+@styles
+def test_close_dangling_returns_a_repaired_copy(style: Style) -> None:
+    """Each unanswered call gets one error result where the API expects it; the live list
+    and its messages are untouched, by value and by identity."""
+    live = [
+        *style.user("hi"),
+        *style.call("a", "b"),
+        *style.results("a"),
+        *style.user("go on"),
+        *style.call("c"),
+    ]
+    before = frozen_view(live)
+    repaired, count = close_dangling_tool_calls(live)
+    assert frozen_view(live) == before
+    assert repaired is not live
+    assert count == 2
+    assert validate_history(repaired) == []
+    assert repaired[0] is live[0] and repaired[1] is live[1]  # untouched messages are shared
+    closing = [m for m in repaired if CLOSED_CALL_TEXT in msgspec.json.encode(m).decode()]
+    assert len(closing) == 2
+    if isinstance(style, Chat):
+        # after the call's own results, before the next user message
+        assert [role_of(m) for m in repaired] == [
+            "user", "assistant", "tool", "tool", "user", "assistant", "tool"
+        ]  # fmt: skip
+        assert field(repaired[3], "tool_call_id") == "b"
+    else:
+        # merged at the front of the next user message, or a new user message at the end
+        assert [role_of(m) for m in repaired] == [
+            "user",
+            "assistant",
+            "user",
+            "user",
+            "assistant",
+            "user",
+        ]
+        assert repaired[2] is not live[2]
+        blocks = field(repaired[2], "content")
+        assert [field(b, "tool_use_id") for b in blocks] == ["b", "a"]
+        assert field(blocks[0], "is_error") is True
+
+
+@pytest.mark.parametrize("style", [Messages(False), Messages(True)], ids=["dict", "struct"])
+def test_close_dangling_merges_into_a_text_user_message(style: Messages) -> None:
+    """Messages style: a user message with plain text after the call gets the result
+    first, then its text as a block."""
+    live = [*style.call("a"), *style.user("what happened?")]
+    repaired, count = close_dangling_tool_calls(live)
+    assert count == 1
+    assert validate_history(repaired) == []
+    blocks = field(repaired[1], "content")
+    assert field(blocks[1], "text") == "what happened?"
+    assert field(live[1], "content") == "what happened?"
+
+
+@styles
+def test_settle_running_on_a_copy(style: Style) -> None:
+    """A result still marked running becomes an error naming the interruption, on a copy."""
+    live = [*style.call("a", "b"), *style.results("a", "b", running=("b",))]
+    before = frozen_view(live)
+    settled, count = settle_running(live)
+    assert frozen_view(live) == before
+    assert count == 1
+    text = msgspec.json.encode(settled).decode()
+    assert '"status":"running"' not in text
+    assert '"status":"error"' in text
+    assert INTERRUPTED_TEXT in text
+    assert "running" in msgspec.json.encode(live).decode()
+
+
+def test_repairs_keep_struct_types() -> None:
+    """Repairs of Struct histories are Structs of the same types, decodable as before."""
+    style = Messages(True)
+    live = [*style.call("a")]
+    repaired, _ = close_dangling_tool_calls(live)
+    assert all(isinstance(m, Message) for m in repaired)
+    decoded = msgspec.json.decode(msgspec.json.encode(repaired), type=list[Message])
+    assert decoded == repaired
+    chat = Chat(True)
+    repaired, _ = close_dangling_tool_calls(chat.call("x"))
+    assert all(isinstance(m, ChatMessage) for m in repaired)
+
+
+# -- fingerprint ---------------------------------------------------------------
+
+
+class OnlyTheEnd(list[Any]):
+    """A history that refuses to be iterated: only len() and [-1] work."""
+
+    def __iter__(self) -> Iterator[Any]:
+        raise AssertionError("the fingerprint iterated the history")
+
+    def __getitem__(self, index: Any) -> Any:
+        if index != -1:
+            raise AssertionError(f"the fingerprint read message {index!r}")
+        return super().__getitem__(index)
+
+
+def test_fingerprint_never_walks_or_encodes_the_history() -> None:
+    """The fingerprint reads the count and the last message only: unencodable and
+    unhashable earlier messages do not matter, and it is never iterated."""
+    fp = transcript_fingerprint()
+    history = OnlyTheEnd([object()] * 100_000 + [{"role": "assistant", "id": "m1", "content": "x"}])
+    value = fp(Snapshot("k", {"messages": history}))
+    hash(value)
+
+
+def test_fingerprint_sees_what_it_promises() -> None:
+    """Key, parent, count, last role/id/content length, pin flag and extra fields all
+    change the fingerprint; an in-place edit of an earlier message does not."""
+    fp = transcript_fingerprint(extra=("revision",))
+
+    def state(**over: Any) -> dict[str, Any]:
+        base: dict[str, Any] = {
+            "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+            "pinned": False,
+            "revision": 1,
+        }
+        base.update(over)
+        return base
+
+    ref = fp(Snapshot("k", state()))
+    assert fp(Snapshot("k", state())) == ref
+    last = {"role": "assistant", "content": "b"}
+    variants = [
+        Snapshot("k2", state()),
+        Snapshot("k", state(), parent="p"),
+        Snapshot("k", state(messages=[{"role": "user", "content": "a"}])),
+        Snapshot("k", state(messages=[{"role": "user", "content": "a"}, {**last, "role": "tool"}])),
+        Snapshot("k", state(messages=[{"role": "user", "content": "a"}, {**last, "id": "m9"}])),
+        Snapshot(
+            "k", state(messages=[{"role": "user", "content": "a"}, {**last, "content": "bb"}])
+        ),
+        Snapshot("k", state(pinned=True)),
+        Snapshot("k", state(revision=2)),
+    ]
+    assert all(fp(v) != ref for v in variants)
+    edited = state()
+    edited["messages"][0]["content"] = "a different first message"
+    assert fp(Snapshot("k", edited)) == ref  # the documented price of O(1)
+
+
+def test_fingerprint_of_blocks_and_structs() -> None:
+    """For content blocks, the fingerprint follows the block count and the last block's text."""
+    fp = transcript_fingerprint()
+    style = Messages(True)
+    one = fp(Snapshot("k", {"messages": style.answer("hello")}))
+    two = fp(Snapshot("k", {"messages": style.answer("hello, world")}))
+    assert one != two
+
+
+# -- the prepare step ----------------------------------------------------------
+
+
+@styles
+def test_prepare_repairs_then_validates(style: Style) -> None:
+    """prepare settles and closes on a copy and counts turns; the snapshot's state is new."""
+    live = [*style.user("hi"), *style.call("a", "b"), *style.results("a", running=("a",))]
+    state = {"messages": live, "other": 1}
+    snapshot = Snapshot("k", state, parent="p0")
+    prepared = transcript_prepare()(snapshot)
+    assert isinstance(prepared, Prepared)
+    assert (prepared.repaired, prepared.settled, prepared.turns) == (1, 1, 1)
+    assert prepared.snapshot.state["messages"] is not live
+    assert prepared.snapshot.state["other"] == 1
+    assert prepared.snapshot.parent == "p0"
+    assert state["messages"] is live
+    assert validate_history(prepared.snapshot.state["messages"]) == []
+
+
+@styles
+def test_prepare_refuses_what_repair_cannot_fix(style: Style) -> None:
+    """An orphan result makes the snapshot not sendable, with the JSON path in the error."""
+    live = [*style.user("hi"), *style.results("ghost")]
+    result = transcript_prepare()(Snapshot("k", {"messages": live}))
+    assert isinstance(result, Failed)
+    assert result.reason == "not-sendable"
+    assert "$.state.messages[1]" in result.error
+    assert "'k'" in result.error
+
+
+def test_prepare_without_repair_refuses_dangling_calls() -> None:
+    """With repair=False an unclosed call is refused rather than repaired."""
+    style = Chat(False)
+    result = transcript_prepare(repair=False)(Snapshot("k", {"messages": style.call("a")}))
+    assert isinstance(result, Failed) and result.reason == "not-sendable"
+    assert "$.state.messages[0]: tool call 'a' has no result" in result.error
+
+
+def test_prepare_on_struct_state_and_missing_field() -> None:
+    """A Struct state is copied with msgspec.structs.replace; no messages list is a Failed."""
+
+    class State(msgspec.Struct, frozen=True):
+        messages: list[Any]
+        title: str
+
+    style = Chat(True)
+    state = State(messages=style.call("a"), title="t")
+    prepared = transcript_prepare()(Snapshot("k", state))
+    assert isinstance(prepared, Prepared)
+    assert isinstance(prepared.snapshot.state, State)
+    assert prepared.snapshot.state.title == "t"
+    assert len(prepared.snapshot.state.messages) == 2
+    assert len(state.messages) == 1
+    missing = transcript_prepare()(Snapshot("k", {"history": []}))
+    assert isinstance(missing, Failed) and missing.reason == "snapshot-failed"
+    assert "$.state.messages" in missing.error
+
+
+def test_count_turns() -> None:
+    """Turns are the assistant messages."""
+    style = Chat(False)
+    history = [*style.user("a"), *style.call("x"), *style.results("x"), *style.answer("b")]
+    assert count_turns(history) == 2

@@ -1,0 +1,152 @@
+"""The caller's state versions and migrations; corrupt files moved aside."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from checkpointer import (
+    CheckpointError,
+    CheckpointWriter,
+    Failed,
+    FileStore,
+    Snapshot,
+    Written,
+    load,
+)
+
+from .conftest import FakeClock
+
+
+class StateV3(msgspec.Struct):
+    title: str
+    messages: list[str]
+    tags: list[str]
+
+
+def write(root: Path, state: Any, *, version: int, key: str = "s") -> None:
+    writer = CheckpointWriter(
+        lambda: Snapshot(key, state), FileStore(root), state_version=version, exit_hooks=False
+    )
+    writer.open()
+    writer.close()
+
+
+def v1_to_v2(state: dict[str, Any]) -> dict[str, Any]:
+    """v2 renamed 'name' to 'title'."""
+    state = dict(state)
+    state["title"] = state.pop("name")
+    return state
+
+
+def v2_to_v3(state: dict[str, Any]) -> dict[str, Any]:
+    """v3 added 'tags', derived from the title (so the order of steps shows)."""
+    return {**state, "tags": [state["title"].lower()]}
+
+
+MIGRATIONS = {1: v1_to_v2, 2: v2_to_v3}
+
+
+def test_the_envelope_carries_the_state_version(tmp_path: Path) -> None:
+    """The writer's state_version is in every file's meta."""
+    write(tmp_path, {"title": "T", "messages": [], "tags": []}, version=3)
+    cp = load(FileStore(tmp_path), "s")
+    assert cp is not None and cp.meta.state_version == 3
+
+
+def test_migrations_run_in_order_then_the_type_is_checked(tmp_path: Path) -> None:
+    """A v1 file loaded at v3 goes through 1->2 then 2->3 and decodes as the v3 type."""
+    write(tmp_path, {"name": "Hello", "messages": ["a"]}, version=1)
+    cp = load(FileStore(tmp_path), "s", StateV3, state_version=3, migrations=MIGRATIONS)
+    assert cp is not None
+    assert cp.state == StateV3(title="Hello", messages=["a"], tags=["hello"])
+    assert cp.meta.state_version == 1  # meta is what the file says
+    again = load(FileStore(tmp_path), "s", state_version=2, migrations=MIGRATIONS)
+    assert again is not None and again.state == {"title": "Hello", "messages": ["a"]}
+
+
+def test_a_current_file_needs_no_migration(tmp_path: Path) -> None:
+    """A file at the reader's version is decoded directly."""
+    write(tmp_path, {"title": "T", "messages": [], "tags": ["x"]}, version=3)
+    boom = {2: lambda s: 1 / 0}
+    cp = load(FileStore(tmp_path), "s", StateV3, state_version=3, migrations=boom)
+    assert cp is not None and cp.state.tags == ["x"]
+
+
+def test_a_newer_file_is_an_error_never_a_downgrade(tmp_path: Path) -> None:
+    """A file of a newer state version than the reader supports is a CheckpointError."""
+    write(tmp_path, {"title": "T"}, version=4)
+    with pytest.raises(
+        CheckpointError, match=r"state version 4 is newer .* supports \(3\)"
+    ) as info:
+        load(FileStore(tmp_path), "s", state_version=3, migrations=MIGRATIONS)
+    assert info.value.path == str(tmp_path / "s.json")
+
+
+def test_a_missing_or_failing_migration_is_an_error(tmp_path: Path) -> None:
+    """A missing step names the version to register; a raising step names itself."""
+    write(tmp_path, {"name": "T", "messages": []}, version=1)
+    store = FileStore(tmp_path)
+    with pytest.raises(CheckpointError, match=r"no migration from version 2; register"):
+        load(store, "s", state_version=3, migrations={1: v1_to_v2})
+    with pytest.raises(CheckpointError, match=r"migration from state version 1 to 2 raised Key"):
+        load(store, "s", state_version=3, migrations={1: lambda s: s["nope"], 2: v2_to_v3})
+    with pytest.raises(CheckpointError, match=r"missing required field `tags` - at `\$\.state`"):
+        load(store, "s", StateV3, state_version=3, migrations={1: v1_to_v2, 2: lambda s: s})
+    with pytest.raises(ValueError, match="state_version"):
+        load(store, "s", migrations=MIGRATIONS)
+
+
+def test_loading_without_versions_ignores_them(tmp_path: Path) -> None:
+    """Callers who never use versions load any file as before."""
+    write(tmp_path, {"x": 1}, version=7)
+    cp = load(FileStore(tmp_path), "s")
+    assert cp is not None and cp.state == {"x": 1}
+
+
+def test_a_writer_never_replaces_a_newer_state_version(tmp_path: Path) -> None:
+    """An older program's writer fails on a key holding a newer state version; the file stays."""
+    write(tmp_path, {"title": "new"}, version=5)
+    before = (tmp_path / "s.json").read_bytes()
+    writer = CheckpointWriter(
+        lambda: Snapshot("s", {"name": "old"}),
+        FileStore(tmp_path),
+        state_version=4,
+        exit_hooks=False,
+        write_on_start=False,
+    ).open()
+    result = writer.flush_sync()
+    writer.close()
+    assert isinstance(result, Failed)
+    assert "state version 5, newer than this writer's 4" in result.error
+    assert (tmp_path / "s.json").read_bytes() == before
+
+
+@pytest.mark.anyio
+async def test_a_corrupt_file_is_moved_aside_with_a_utc_stamp_and_logged(
+    tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer opening a key whose file cannot be loaded moves it to
+    <key>.corrupt-<UTC timestamp>, logs where, starts afresh; nothing is lost."""
+    garbage = b'{"format":1,"meta":{"key":"s"'
+    (tmp_path / "s.json").write_bytes(garbage)
+    caplog.set_level(logging.WARNING, logger="checkpointer")
+    store = FileStore(tmp_path)
+    async with CheckpointWriter(
+        lambda: Snapshot("s", {"fresh": True}), store, clock=clock, exit_hooks=False
+    ) as writer:
+        result = await writer.write_now(force=True)
+        assert isinstance(result, Written)
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("s.corrupt-")]
+    assert len(aside) == 1
+    assert aside[0].read_bytes() == garbage
+    stamp = datetime.strptime(aside[0].name.removeprefix("s.corrupt-"), "%Y%m%dT%H%M%S.%fZ")
+    assert abs(stamp.replace(tzinfo=UTC) - datetime.now(UTC)) < timedelta(minutes=5)
+    assert any(str(aside[0]) in r.getMessage() for r in caplog.records)
+    cp = load(store, "s")
+    assert cp is not None and cp.state == {"fresh": True} and cp.meta.seq >= 1

@@ -27,6 +27,7 @@ __all__ = [
     "Ticker",
     "bytes_written",
     "machine",
+    "paired",
     "percentile",
     "ratio",
     "scratch_dir",
@@ -100,6 +101,12 @@ def stat(samples: Sequence[float], unit: Unit = "s", *, keep: bool = True) -> St
         unit=unit,
         samples=list(samples) if keep else [],
     )
+
+
+def paired(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """Median of per-pair ratios: each pair ran back to back, so drift cancels."""
+    ratios = sorted(a / b for a, b in zip(numerators, denominators, strict=True) if b > 0)
+    return percentile(ratios, 0.5)
 
 
 def ratio(

@@ -484,6 +484,9 @@ class CheckpointWriter(Generic[S]):
                 return result
             finally:
                 self._sched.end_write(self._now(), outcome)
+                if self._sched.pending:
+                    # The timer saw this write in flight and sleeps until woken.
+                    self._wake()
 
     # -- sync lifecycle -----------------------------------------------------
 
@@ -733,6 +736,10 @@ class CheckpointWriter(Generic[S]):
             except KeyLocked as exc:  # a networked store lost its lock and could not retake it
                 return self._account(Failed("locked", str(exc)))
             except Exception as exc:
+                # The bytes may have landed anyway (a directory fsync failing
+                # after the rename): re-read the key before the retry.
+                state.resolved = False
+                state.content = None
                 return self._account(
                     Failed(
                         "write-failed",

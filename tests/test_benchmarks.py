@@ -136,3 +136,18 @@ def test_fingerprint_cost_does_not_grow_with_the_history() -> None:
         if ratios[-1] <= bench_fingerprint.LIMIT:
             return
     raise AssertionError(f"ratios {ratios} exceed {bench_fingerprint.LIMIT}")
+
+
+def test_charts_drawn_from_series(tmp_path: Path) -> None:
+    """With matplotlib installed, the growth and stall series become two PNG files."""
+    pytest.importorskip("matplotlib")
+    from benchmarks._charts import draw
+
+    point = {"median": 0.01, "p10": 0.008, "p90": 0.012, "unit": "s", "samples": []}
+    results = {
+        "growth": {"series": {"growth/FileStore": [[100, point], [1000, point]]}},
+        "stall": {"series": {"stall/one 10 MiB checkpoint/checkpointer": [[10, point]]}},
+    }
+    lines = draw(results, str(tmp_path), "test")
+    assert (tmp_path / "test-growth.png").stat().st_size > 0, lines
+    assert (tmp_path / "test-stall.png").stat().st_size > 0, lines

@@ -361,11 +361,6 @@ class DirSyncFails(FileStore):
         return write_atomic(self.location(key), chunks, fsync=fsync)
 
 
-@pytest.mark.xfail(
-    reason="_writer.py: after a failed write the writer keeps its old seq although the "
-    "rename happened (directory fsync EIO), so the next write repeats a seq already on disk",
-    strict=True,
-)
 def test_seq_never_repeats_after_a_failed_directory_fsync(tmp_path: Path) -> None:
     """Directory fsync EIO after the rename: Failed, and the next write still gets a new seq."""
     session = Session()
@@ -418,11 +413,6 @@ def timer_slept_again(clock: FakeClock, before: list[Any]) -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(
-    reason="_writer.py: the timer, woken by a change during write_now(), sees a write "
-    "in flight, sleeps until woken, and nothing wakes it when write_now() ends",
-    strict=True,
-)
 async def test_change_during_write_now_is_written(tmp_path: Path, clock: FakeClock) -> None:
     """A change notified while write_now() writes is written by the timer after debounce."""
     session = Session()

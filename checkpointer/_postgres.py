@@ -24,10 +24,13 @@ How it works
   so a refused writer is told whose lock it met.  ``write()`` takes the lock
   itself when it does not hold it: a write is never made without it.
 * **Fencing.**  A write is one transaction: an upsert that applies only if
-  the stored ``seq`` is lower, or equal and written by this same store (a
-  retry of a commit whose answer was lost).  A late write from a worker that
-  lost its session, whose successor wrote since, is refused
-  (``StaleWriteError``), never applied.
+  the stored ``seq`` is lower and the row was last written by the writer
+  this store found there when it took the key (or by itself since), or if
+  it is this store's own ``seq`` again (a retry of a commit whose answer was
+  lost).  So a worker that lost its session (its connection, and with it the
+  lock), whose successor wrote since, is refused whatever seq it sends, even
+  after re-reading the key (``StaleWriteError``).  It stays fenced for that
+  key (refused without a round trip, its lock given back) until ``release``.
 * **Bounded calls.**  ``connect_timeout`` bounds connecting; the session's
   ``statement_timeout`` and ``lock_timeout`` bound the server's work; a
   watchdog thread shuts the socket down when a call outlives
@@ -159,9 +162,11 @@ _Q = {
         ON CONFLICT (key) DO UPDATE SET seq = EXCLUDED.seq, format = EXCLUDED.format,
             meta = EXCLUDED.meta, state = EXCLUDED.state, writer = EXCLUDED.writer,
             updated_at = EXCLUDED.updated_at
-        WHERE c.seq < EXCLUDED.seq OR (c.seq = EXCLUDED.seq AND c.writer = EXCLUDED.writer)
+        WHERE (c.seq < EXCLUDED.seq AND c.writer IS NOT DISTINCT FROM %(base)s::text)
+           OR (c.seq = EXCLUDED.seq AND c.writer = EXCLUDED.writer)
         RETURNING c.seq""",
-    "stored": "SELECT seq, updated_at FROM {s}.checkpoints WHERE key = %(key)s",
+    "last_writer": "SELECT writer FROM {s}.checkpoints WHERE key = %(key)s",
+    "stored": "SELECT seq, writer FROM {s}.checkpoints WHERE key = %(key)s",
     "read": "SELECT format, meta::text, state FROM {s}.checkpoints WHERE key = %(key)s",
     "keys": "SELECT key FROM {s}.checkpoints",
     "delete": "DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING 1",
@@ -408,6 +413,10 @@ class PostgresStore:
         self._conn: psycopg.Connection[Any] | None = None
         self._schema_ok = False
         self._held: set[str] = set()
+        # Fencing, per key: the writer id of the row when this store took the
+        # key (then its own, once it wrote); a write applies only over that.
+        self._base: dict[str, str | None] = {}
+        self._fenced: dict[str, str] = {}  # key -> why its writes are refused
         self._suspect = False  # the connection may hold a lock we do not know of
         self._watchdog = _Watchdog(f"checkpointer-pg-watchdog {self._where}")
         # A call gets no answer a second after the server would have given up.
@@ -452,7 +461,8 @@ class PostgresStore:
 
         Raises:
             KeyLockedError: another writer holds the key.
-            StaleWriteError: the store holds a newer checkpoint of the key.
+            StaleWriteError: another writer wrote the key since this store took it
+                (or the store holds a newer seq); the store is fenced for the key.
             PostgresStoreError: the server failed or cannot be reached.
             ValueError: ``chunks`` is not a checkpoint envelope.
         """
@@ -467,14 +477,20 @@ class PostgresStore:
             "state": state,
             "writer": self._writer_id,
         }
+        if key in self._fenced:
+            raise StaleWriteError(self._fenced[key])
         with self._session() as conn:
-            refused = self._acquire(conn, key)
+            refused = self._acquire(conn, key, fresh=False)
             if refused is not None:
                 raise refused
+            params["base"] = self._base.get(key)
             with conn.transaction():
                 applied = self._upsert(conn, params)
             if not applied:
-                raise StaleWriteError(self._stale(conn, key, seq))
+                why = self._fenced[key] = self._stale(conn, key, seq)
+                self._unlock(conn, key)  # a fenced store lets go of the key
+                raise StaleWriteError(why)
+            self._base[key] = self._writer_id
         return sum(len(chunk) for chunk in chunks)
 
     def read(self, key: str) -> bytes | None:
@@ -528,7 +544,7 @@ class PostgresStore:
         if key in self._held:  # held on the live connection: no round trip
             return None
         with self._session() as conn:
-            return self._acquire(conn, key)
+            return self._acquire(conn, key, fresh=True)
 
     def lock(self, key: str, *, timeout: float = 0.0) -> PostgresKeyLock:
         """Take the writer lock of ``key``, waiting at most ``timeout`` seconds.
@@ -561,15 +577,17 @@ class PostgresStore:
         if not self._mutex.acquire(timeout=self._busy_wait):
             return
         try:
+            self._base.pop(key, None)
+            self._fenced.pop(key, None)
             if key not in self._held:
                 return
-            self._held.discard(key)
             conn = self._conn
             if conn is None or conn.closed:
+                self._held.discard(key)
                 return
             try:
                 with self._watchdog.watch(conn.fileno(), self._deadline):
-                    conn.execute(self._sql["release"], {"key": key, "id": self._lock_id(key)})
+                    self._unlock(conn, key)
             except self._pg.Error:
                 self._drop()
         finally:
@@ -607,6 +625,8 @@ class PostgresStore:
         """
         with self._mutex:
             self._drop()
+            self._base.clear()
+            self._fenced.clear()
             self._watchdog.close()
 
     def __del__(self) -> None:
@@ -811,7 +831,17 @@ class PostgresStore:
     def _lock_id(self, key: str) -> int:
         return _int64(self._quoted.encode() + b"\0" + key.encode())
 
-    def _acquire(self, conn: psycopg.Connection[Any], key: str) -> KeyLockedError | None:
+    def _acquire(
+        self, conn: psycopg.Connection[Any], key: str, *, fresh: bool
+    ) -> KeyLockedError | None:
+        """Take the key's lock on ``conn`` unless held; a refusal is returned.
+
+        ``fresh``: a writer starts on the key now (``acquire``/``lock``) and
+        will read it first, so whatever is stored becomes the base it may
+        write over.  Otherwise (``write`` taking the lock again after a lost
+        connection) the base stays what it was: a store that lost the key
+        to a writer that wrote since is refused.
+        """
         if key in self._held:
             return None
         lock_id = self._lock_id(key)
@@ -820,15 +850,25 @@ class PostgresStore:
                 self._sql["acquire"],
                 {"id": lock_id, "key": key, "host": self._host, "pid": os.getpid()},
             ).fetchone()
+            taken = row is not None and bool(row[0])
+            if taken and (fresh or key not in self._base):
+                # A statement of its own: its snapshot is taken after the lock.
+                last = conn.execute(self._sql["last_writer"], {"key": key}).fetchone()
+                self._base[key] = None if last is None else last[0]
+                self._fenced.pop(key, None)
         except self._pg.Error:
-            # The lock may be held now although the statement failed: only
+            # The lock may be held now although we could not finish: only
             # closing the connection makes sure it is not kept unknowingly.
             self._suspect = True
             raise
-        if row is not None and row[0]:
+        if taken:
             self._held.add(key)
             return None
         return self._holder(conn, key, lock_id)
+
+    def _unlock(self, conn: psycopg.Connection[Any], key: str) -> None:
+        self._held.discard(key)
+        conn.execute(self._sql["release"], {"key": key, "id": self._lock_id(key)})
 
     def _holder(self, conn: psycopg.Connection[Any], key: str, lock_id: int) -> KeyLockedError:
         hi, lo = (lock_id >> 32) & 0xFFFFFFFF, lock_id & 0xFFFFFFFF
@@ -857,8 +897,8 @@ class PostgresStore:
         stored = "a newer checkpoint" if row is None else f"seq {row[0]}"
         return (
             f"refused a late write of {self.location(key)} (seq {seq}): the store holds "
-            f"{stored}, written by another writer that took the session over; reload it "
-            "with load() before writing again"
+            f"{stored}, written by another writer since this one last held the key; "
+            "this writer lost the session: reload it with load() in a new writer"
         )
 
     def _split(self, key: str, chunks: Sequence[bytes]) -> tuple[int, bytes, bytes]:

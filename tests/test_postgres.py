@@ -392,7 +392,7 @@ def test_lock_object_waits_and_releases(make_store: Callable[..., PostgresStore]
 def test_late_write_is_refused_not_applied(
     pg: Cluster, make_store: Callable[..., PostgresStore]
 ) -> None:
-    """A worker that lost its session cannot overwrite what its successor wrote."""
+    """A store that lost its session cannot overwrite what its successor wrote, at any seq."""
     a = make_store(application_name="late-a")
     b = make_store(application_name="late-b")
     a.write("k", chunks("k", 1, b'"a1"'))
@@ -404,12 +404,16 @@ def test_late_write_is_refused_not_applied(
     b.release("k")
     with pytest.raises(PostgresStoreError, match=r"lost the connection"):
         a.write("k", chunks("k", 3, b'"a3-late"'))  # a learns it lost the connection ...
-    with pytest.raises(
-        StaleWriteError, match=r"refused a late write .*\(seq 3\): the store holds seq 3"
-    ):
-        a.write("k", chunks("k", 3, b'"a3-late"'))  # ... reconnects, relocks: still refused
+    stale = r"refused a late write .*\(seq 3\): the store holds seq 3, written by another"
+    with pytest.raises(StaleWriteError, match=stale):
+        a.write("k", chunks("k", 3, b'"a3-late"'))  # ... reconnects, relocks: refused
+    with pytest.raises(StaleWriteError):
+        a.write("k", chunks("k", 9, b'"a9-late"'))  # a newer seq does not help: fenced
+    assert a.held() == frozenset()  # a fenced store lets go of the key
     assert state_of(b, "k") == "b3"
-    a.write("k", chunks("k", 4, b'"a4"'))  # a newer seq goes in, from the lock holder
+    a.release("k")  # a new session of a: it takes the key fresh, so it may write
+    assert a.acquire("k") is None
+    a.write("k", chunks("k", 4, b'"a4"'))
     a.write("k", chunks("k", 4, b'"a4-retry"'))  # a retry of its own seq (lost commit answer)
     assert state_of(b, "k") == "a4-retry"
     a.release("k")
@@ -440,6 +444,8 @@ def test_writer_that_lost_its_session_is_fenced(
     late = a.flush_sync()  # ... reconnects and relocks, but its write is late
     assert isinstance(late, Failed) and late.reason == "write-failed"
     assert "refused a late write" in late.error and "load()" in late.error
+    again = a.flush_sync()  # re-reading the seq after a failure does not get it through
+    assert isinstance(again, Failed) and "refused a late write" in again.error
     assert state_of(make_store(), "sess") == {"by": "b"}
     a.close()
     assert state_of(make_store(), "sess") == {"by": "b"}

@@ -1,7 +1,10 @@
 """checkpointer: debounced, durable checkpoints for async agent sessions."""
 
 from ._clock import Clock, MonotonicClock
-from ._format import Checkpoint, CheckpointError, Meta, Snapshot, WriterInfo, load
+from ._codec import Staged, StateStore
+from ._encoding import Transcript
+from ._format import Checkpoint, CheckpointError, Meta, Snapshot, TornTail, WriterInfo, load
+from ._journal import JournalStatistics, JournalStore
 from ._lock import KeyLock, KeyLocked, LockHolder, LockingStore
 from ._postgres import KeyLockedError, PostgresStore, PostgresStoreError, StaleWriteError
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
@@ -51,6 +54,8 @@ __all__ = [
     "Failed",
     "FileStore",
     "HistoryProblem",
+    "JournalStatistics",
+    "JournalStore",
     "KeyLock",
     "KeyLocked",
     "KeyLockedError",
@@ -66,7 +71,9 @@ __all__ = [
     "Result",
     "Skipped",
     "Snapshot",
+    "Staged",
     "StaleWriteError",
+    "StateStore",
     "Store",
     "SummaryCheckpoint",
     "SummaryFailed",
@@ -75,6 +82,8 @@ __all__ = [
     "ToolFunction",
     "ToolResultBlock",
     "ToolUseBlock",
+    "TornTail",
+    "Transcript",
     "WriterInfo",
     "WriterStatistics",
     "Written",

@@ -23,7 +23,7 @@ import re
 import tempfile
 from collections.abc import Callable, Sequence
 
-__all__ = ["fsync_dir", "sweep_temps", "write_atomic"]
+__all__ = ["fsync_dir", "sweep_temps", "write_all", "write_atomic"]
 
 _TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp$")
 
@@ -64,16 +64,11 @@ def write_atomic(
     directory, name = os.path.split(path)
     directory = directory or "."
     os.makedirs(directory, mode=dir_mode, exist_ok=True)
-    # bytes.join releases the GIL for large results: the loop keeps running.
-    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.{os.getpid()}.", suffix=".tmp", dir=directory)
     try:
         try:
             os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            size = write_all(fd, chunks)
             fsync(fd)
         finally:
             os.close(fd)
@@ -83,7 +78,41 @@ def write_atomic(
             os.unlink(tmp)
         raise
     fsync_dir(directory, fsync)
-    return len(data)
+    return size
+
+
+_IOV_MAX = 1024  # IOV_MAX on Linux and macOS: the most buffers one writev takes
+
+
+def write_all(fd: int, chunks: Sequence[bytes]) -> int:
+    """Write ``chunks`` in order with ``os.writev``, batches of up to IOV_MAX.
+
+    No joined copy is made: a 50 MB checkpoint in 50,000 pieces is never one
+    50 MB buffer that would have to be faulted in and, worse, freed while
+    holding the GIL (tens of milliseconds on a busy machine).  The GIL is
+    released during each ``writev``.
+
+    Returns:
+        The number of bytes written.
+    """
+    total = 0
+    for start in range(0, len(chunks), _IOV_MAX):
+        batch: list[bytes | memoryview] = list(chunks[start : start + _IOV_MAX])
+        left = sum(map(len, batch))
+        while left:
+            written = os.writev(fd, batch)
+            if written <= 0:
+                raise OSError(f"writev wrote {written} of {left} bytes")
+            total += written
+            left -= written
+            if not left:
+                break
+            skip = 0  # a short write: drop what went out, resume mid-buffer
+            while written >= len(batch[skip]):
+                written -= len(batch[skip])
+                skip += 1
+            batch = [memoryview(batch[skip])[written:], *batch[skip + 1 :]]
+    return total
 
 
 def sweep_temps(directory: str) -> list[str]:

@@ -8,8 +8,8 @@ error (argparse's own status: a bad option, a bad duration, an invalid key).
 Two things here are built ahead of the library and are meant to be swapped
 for it (each in one place):
 
-* the file kinds a root holds (``_KINDS``): snapshots ``<key>.json`` now;
-  a journal ``<key>.jsonl`` is one more entry;
+* the file kinds a root holds (``_KINDS``): snapshots ``<key>.json`` and
+  journals ``<key>.jsonl``;
 * the per-key lock ``<key>.lock`` (``probe_lock`` and ``claim_stale_lock``):
   a writer holds an ``fcntl.flock`` on it while the key is open.
 """
@@ -33,6 +33,7 @@ import anyio
 import msgspec
 
 from ._format import CheckpointError, load
+from ._journal import JournalStore
 from ._stores import KEY_PATTERN, FileStore, check_key
 
 __all__ = ["check_history", "claim_stale_lock", "main", "parse_duration", "probe_lock"]
@@ -63,8 +64,15 @@ def _load_snapshot(root: str, key: str) -> Loaded | None:
     return None if checkpoint is None else Loaded(checkpoint.meta, checkpoint.state)
 
 
-# The journal of issue 4 becomes: Kind("journal", ".jsonl", _load_journal).
-_KINDS: tuple[Kind, ...] = (Kind("snapshot", FileStore.suffix, _load_snapshot),)
+def _load_journal(root: str, key: str) -> Loaded | None:
+    checkpoint = load(JournalStore(root), key)
+    return None if checkpoint is None else Loaded(checkpoint.meta, checkpoint.state)
+
+
+_KINDS: tuple[Kind, ...] = (
+    Kind("snapshot", FileStore.suffix, _load_snapshot),
+    Kind("journal", JournalStore.suffix, _load_journal),
+)
 
 LOCK_SUFFIX = ".lock"
 

@@ -33,9 +33,11 @@ __all__ = [
     "CheckpointError",
     "Meta",
     "Snapshot",
+    "TornTail",
     "WriterInfo",
     "decode_checkpoint",
     "decode_meta",
+    "decode_state",
     "envelope_chunks",
     "load",
 ]
@@ -119,11 +121,33 @@ class Meta(msgspec.Struct, frozen=True, kw_only=True):
     state_version: int = 0
 
 
+class TornTail(msgspec.Struct, frozen=True, kw_only=True):
+    """The end of a journal that ``load()`` ignored: an append that never finished.
+
+    Attributes:
+        line: the 1-based line number where the ignored bytes start.
+        offset: their byte offset in the file.
+        nbytes: how many bytes were ignored.
+        reason: what was wrong with them, in one line.
+    """
+
+    line: int
+    offset: int
+    nbytes: int
+    reason: str
+
+
 class Checkpoint(msgspec.Struct, Generic[T], frozen=True):
-    """A loaded checkpoint: its ``meta`` and its decoded ``state``."""
+    """A loaded checkpoint: its ``meta`` and its decoded ``state``.
+
+    ``torn`` is set when a journal ended in an append that never finished
+    (a crash mid-write): those bytes were ignored, everything before them
+    loaded.  A writer that opens the journal truncates them away.
+    """
 
     meta: Meta
     state: T
+    torn: TornTail | None = None
 
 
 class _Envelope(msgspec.Struct):
@@ -214,17 +238,21 @@ def decode_checkpoint(data: bytes, path: str, type: Any = Any) -> Checkpoint[Any
             path of the bad field, e.g. ``$.state.messages[3].role``).
     """
     envelope = _decode_envelope(data, path)
+    return Checkpoint(meta=envelope.meta, state=decode_state(envelope.state, path, type))
+
+
+def decode_state(data: bytes | msgspec.Raw, path: str, type: Any = Any) -> Any:
+    """Decode the JSON of a state as ``type``; errors name ``$.state...``."""
     try:
-        state = _state_decoder(type).decode(envelope.state)
+        return _state_decoder(type).decode(data)
     except msgspec.ValidationError as exc:
         # msgspec ends its message with " - at `$...`" (none at the root);
         # rewrite only that marker, not a "`$" inside a quoted field name.
         message, at, where = str(exc).rpartition(" - at `$")
         message = f"{message} - at `$.state{where}" if at else f"{where} - at `$.state`"
         raise CheckpointError(path, f"state does not match {_type_name(type)}: {message}") from None
-    except msgspec.DecodeError as exc:  # pragma: no cover - envelope parsing saw it first
+    except msgspec.DecodeError as exc:
         raise CheckpointError(path, f"state is not valid JSON: {exc}") from None
-    return Checkpoint(meta=envelope.meta, state=state)
 
 
 def _type_name(type_: Any) -> str:
@@ -242,7 +270,8 @@ def load(
     """Load the checkpoint of ``key`` from ``store``.
 
     Args:
-        store: where the checkpoint lives (a ``FileStore``, ...).
+        store: where the checkpoint lives (a ``FileStore``, a
+            ``JournalStore``, ...).
         key: the session key.
         type: what to decode the state as (any type msgspec understands);
             ``Any`` gives plain JSON values.
@@ -269,6 +298,12 @@ def load(
         raise ValueError("migrations need state_version=, the version they migrate to")
     store.validate_key(key)
     location = store.location(key)
+    from ._codec import StateStore, load_from  # here: _codec imports this module
+
+    if isinstance(store, StateStore):  # a JournalStore: its own layout
+        return load_from(
+            store, location, key, type, state_version=state_version, migrations=migrations
+        )
     try:
         data = store.read(key)
     except OSError as exc:

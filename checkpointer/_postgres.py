@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import msgspec
 
+from ._encoding import Transcript
 from ._format import _MIDDLE, _PREFIX, _SUFFIX, FORMAT, Meta, decode_checkpoint
 from ._lock import KeyLocked, LockHolder
 from ._stores import check_key
@@ -373,6 +374,10 @@ class PostgresStore:
             call that gets no answer a second after that is cut off.
         lock_timeout: seconds a statement may wait for a table or row lock.
         application_name: shown in ``pg_stat_activity``.
+        transcript: where states keep their messages; given, each settled
+            message is encoded once and its bytes cached, and the state is
+            joined in the worker thread (no loop stall for large sessions),
+            as with ``FileStore``.
 
     Raises:
         ImportError: psycopg is not installed (the message names the extra).
@@ -389,8 +394,12 @@ class PostgresStore:
         statement_timeout: float = 10.0,
         lock_timeout: float = 2.0,
         application_name: str = "checkpointer",
+        transcript: Transcript | None = None,
     ) -> None:
         self._pg = _import_psycopg()
+        if transcript is not None and not isinstance(transcript, Transcript):
+            raise TypeError(f"transcript must be a Transcript or None, got {transcript!r}")
+        self.transcript = transcript
         if not isinstance(dsn, str):
             raise TypeError(f"dsn must be a str (a libpq connection string), got {dsn!r:.80}")
         try:
@@ -904,12 +913,16 @@ class PostgresStore:
     def _split(self, key: str, chunks: Sequence[bytes]) -> tuple[int, bytes, bytes]:
         """The format, the meta JSON and the state JSON of an envelope."""
         if (
-            len(chunks) == 5
+            len(chunks) >= 4
             and chunks[0] == _PREFIX
             and chunks[2] == _MIDDLE
-            and chunks[4] == _SUFFIX
+            and chunks[-1] == _SUFFIX
         ):
-            return FORMAT, bytes(chunks[1]), bytes(chunks[3])
+            # The writer's envelope: the meta, then the state in one or more
+            # pieces (a transcript's cached messages), joined here in the
+            # worker thread (bytes.join releases the GIL for large results).
+            state = chunks[3] if len(chunks) == 5 else b"".join(chunks[3:-1])
+            return FORMAT, bytes(chunks[1]), bytes(state)
         data = b"".join(chunks)
         try:
             checkpoint = decode_checkpoint(data, self.location(key), msgspec.Raw)

@@ -38,7 +38,8 @@ class Written(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         key: the key written.
         location: where the store put it (a path for ``FileStore``).
-        nbytes: bytes handed to the store.
+        nbytes: bytes the store wrote: the whole file for a snapshot, the
+            bytes appended for a journal (or the fresh file of a rewrite).
         seconds: time from the snapshot to the end of the durable write.
         seq: the sequence number now in the file's meta.
         repaired: tool calls without a result that the writer's ``prepare``

@@ -109,6 +109,7 @@ class Scheduler:
         ValueError: if the durations break
             ``0 <= debounce <= max_wait`` or ``0 <= min_interval <= max_wait``,
             or a backoff is not positive and finite.
+        TypeError: if a duration is not a number (a bool is not one).
     """
 
     __slots__ = (
@@ -159,6 +160,8 @@ class Scheduler:
             ("backoff_initial", backoff_initial),
             ("backoff_max", backoff_max),
         ):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise TypeError(f"{name} must be a number of seconds, got {value!r}")
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         if backoff_initial > backoff_max:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from ._atomic import fsync_dir, sweep_temps, write_atomic
+from ._encoding import Transcript
 from ._lock import KeyLock, acquire_file_lock
 
 __all__ = ["KEY_PATTERN", "FileStore", "Store", "check_key"]
@@ -104,14 +105,22 @@ class FileStore:
 
     Args:
         root: the directory that holds the checkpoint files.
+        transcript: where states keep their messages; given, each settled
+            message is encoded once and its bytes cached, and the file is
+            joined in the worker thread (no loop stall for large sessions).
     """
 
     suffix = ".json"
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, transcript: Transcript | None = None
+    ) -> None:
         self.root = os.fspath(root)
         if not isinstance(self.root, str) or not self.root:
             raise ValueError(f"FileStore root must be a non-empty path, got {root!r}")
+        if transcript is not None and not isinstance(transcript, Transcript):
+            raise TypeError(f"transcript must be a Transcript or None, got {transcript!r}")
+        self.transcript = transcript
 
     def __repr__(self) -> str:
         return f"FileStore({self.root!r})"

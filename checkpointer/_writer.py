@@ -4,13 +4,14 @@ How a write flows (one write at a time):
 
 1. On the caller's thread (the event loop for the async path): the
    scheduler marks the pending changes covered, ``source()`` is called,
-   the key is checked, the caller's fingerprint compared, and the state is
-   encoded once.  msgspec holds the GIL while it encodes, so doing this in a
-   worker thread would not spare the loop (``../shared/FACTS.md``).
+   the key is checked, the caller's fingerprint compared, and the store
+   stages the state (``_codec.py``: encodes it, or only what is new).
+   msgspec holds the GIL while it encodes, so doing this in a worker
+   thread would not spare the loop (``../shared/FACTS.md``).
 2. In one worker-thread hop (``anyio.to_thread.run_sync``) or directly for
    ``flush_sync``: under the writer's I/O lock the job is checked against
    what is on disk (generation, content digest, live and pinned flags), the
-   meta is built, and the store joins the pieces and writes them durably.
+   meta is built, and the store commits the staged state durably.
 
 Every job carries a generation number taken before ``source()`` runs; the
 I/O lock and a per-key "newest generation on disk" make sure an older
@@ -21,7 +22,6 @@ handler's flush can overtake a write in a worker thread).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import logging
 import math
@@ -39,7 +39,8 @@ import msgspec
 
 from . import _exit
 from ._clock import Clock, MonotonicClock
-from ._format import CheckpointError, Meta, Snapshot, decode_checkpoint, envelope_chunks
+from ._codec import Staged, state_store
+from ._format import CheckpointError, Meta, Snapshot
 from ._lock import KeyLocked, KeyLocks
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._schedule import IDLE, WRITE, Outcome, Scheduler
@@ -95,14 +96,14 @@ class _KeyState:
 
 @final
 class _Job:
-    __slots__ = ("content", "force", "gen", "key", "live", "prepared", "started", "state_json")
+    __slots__ = ("content", "force", "gen", "key", "live", "prepared", "staged", "started")
 
     def __init__(
         self,
         *,
         gen: int,
         key: str,
-        state_json: bytes,
+        staged: Staged,
         content: object,
         live: bool,
         force: bool,
@@ -112,7 +113,7 @@ class _Job:
         self.prepared = prepared
         self.gen = gen
         self.key = key
-        self.state_json = state_json
+        self.staged = staged
         self.content = content
         self.live = live
         self.force = force
@@ -230,7 +231,7 @@ class CheckpointWriter(Generic[S]):
         self._now = self._clock.now
         self._close_timeout = float(close_timeout)
         self._exit_timeout = float(exit_timeout)
-        self._encoder = msgspec.json.Encoder()
+        self._states = state_store(store)
         self._prepare_step = prepare
         self._state_version = state_version
         self._locks = KeyLocks(store, float(lock_timeout))
@@ -255,9 +256,10 @@ class CheckpointWriter(Generic[S]):
         self._io_lock = threading.Lock()
         self._busy: set[int] = set()  # threads inside _io(), see _exit
         self._inflight = False  # an async job is between prepare and commit
-        # key -> (generation, bytes) of an exit flush that wrote without the I/O
-        # lock because a worker's write hung past exit_timeout (see _execute).
-        self._overtaking: dict[str, tuple[int, list[bytes]]] = {}
+        # key -> (generation, meta, staged state) of an exit flush that wrote
+        # without the I/O lock because a worker's write hung past exit_timeout
+        # (see _execute).
+        self._overtaking: dict[str, tuple[int, Meta, Staged]] = {}
         self._unsubscribes: list[Callable[[], object]] = []
 
         self._token: anyio.lowlevel.EventLoopToken | None = None
@@ -658,7 +660,7 @@ class CheckpointWriter(Generic[S]):
         if isinstance(prepared, Failed):
             return prepared
         try:
-            state_json = self._encoder.encode(prepared.snapshot.state)
+            staged = self._states.stage(key, prepared.snapshot.state)
         except Exception as exc:
             return Failed(
                 "encode-failed", f"the state of key {key!r} cannot be encoded: {_one_line(exc)}"
@@ -666,7 +668,7 @@ class CheckpointWriter(Generic[S]):
         return _Job(
             gen=gen,
             key=key,
-            state_json=state_json,
+            staged=staged,
             content=content,
             live=live,
             force=force,
@@ -698,7 +700,7 @@ class CheckpointWriter(Generic[S]):
                 state.resolved, state.content, state.live = False, None, None
             content = job.content
             if content is _NO_FINGERPRINT:
-                content = hashlib.blake2b(job.state_json, digest_size=16).digest()
+                content = job.staged.content()
             try:
                 if not state.resolved:
                     self._resolve(job.key, state)
@@ -723,16 +725,15 @@ class CheckpointWriter(Generic[S]):
                 pinned=pinned,
                 **session_meta(job.prepared, self._state_version),
             )
-            chunks = envelope_chunks(meta, job.state_json)
             overtaken = self._overtaking.get(job.key)
             if not locked:
                 # An exit flush overtaking a write stuck in a worker thread:
-                # leave our bytes where that write will find them when it ends.
-                self._overtaking[job.key] = (job.gen, chunks)
+                # leave our state where that write will find it when it ends.
+                self._overtaking[job.key] = (job.gen, meta, job.staged)
             elif overtaken is not None and overtaken[0] > job.gen:
                 return self._account(Skipped("unchanged"))  # a newer flush is writing
             try:
-                nbytes = self._store.write(job.key, chunks)
+                nbytes = self._states.commit(job.key, meta, job.staged)
             except KeyLocked as exc:  # a networked store lost its lock and could not retake it
                 return self._account(Failed("locked", str(exc)))
             except Exception as exc:
@@ -750,7 +751,7 @@ class CheckpointWriter(Generic[S]):
                 overtaken = self._overtaking.pop(job.key, None)
                 if overtaken is not None and overtaken[0] > job.gen:
                     # The flush overtook us while we wrote: newer bytes go back on top.
-                    self._rewrite(job.key, overtaken[1])
+                    self._rewrite(job.key, overtaken[1], overtaken[2])
                     return self._account(Skipped("unchanged"))
             state.seq = meta.seq
             state.created_at = meta.created_at
@@ -772,9 +773,9 @@ class CheckpointWriter(Generic[S]):
                 )
             )
 
-    def _rewrite(self, key: str, chunks: list[bytes]) -> None:
+    def _rewrite(self, key: str, meta: Meta, staged: Staged) -> None:
         try:
-            self._store.write(key, chunks)
+            self._states.commit(key, meta, staged)
         except Exception as exc:
             logger.warning(
                 "checkpointer: could not put the newer checkpoint back on %s: %s",
@@ -804,24 +805,22 @@ class CheckpointWriter(Generic[S]):
 
     def _resolve(self, key: str, state: _KeyState) -> None:
         """Learn seq, created_at and pinned from the checkpoint already stored."""
-        data = self._store.read(key)
-        if data is not None:
-            location = self._store.location(key)
-            try:
-                meta = decode_checkpoint(data, location, msgspec.Raw).meta
-            except CheckpointError as exc:
-                aside = self._store.move_aside(
-                    key, "corrupt-" + _utcnow().strftime("%Y%m%dT%H%M%S.%fZ")
-                )
-                logger.warning(
-                    "checkpointer: %s; moved it aside to %s and starting afresh",
-                    exc,
-                    aside,
-                )
-            else:
+        try:
+            meta = self._states.read_meta(key)
+        except CheckpointError as exc:
+            aside = self._store.move_aside(
+                key, "corrupt-" + _utcnow().strftime("%Y%m%dT%H%M%S.%fZ")
+            )
+            logger.warning(
+                "checkpointer: %s; moved it aside to %s and starting afresh",
+                exc,
+                aside,
+            )
+        else:
+            if meta is not None:
                 if meta.state_version > self._state_version:
                     raise CheckpointError(
-                        location,
+                        self._store.location(key),
                         f"holds state version {meta.state_version}, newer than this writer's "
                         f"{self._state_version}; not replacing it (upgrade, or use another key)",
                     )
@@ -839,13 +838,8 @@ class CheckpointWriter(Generic[S]):
                 self._locks.release(key)
                 continue
             try:
-                data = self._store.read(key)
-                if data is not None:
-                    old = decode_checkpoint(data, self._store.location(key), msgspec.Raw)
-                    meta = msgspec.structs.replace(
-                        old.meta, seq=old.meta.seq + 1, updated_at=_utcnow(), live=False
-                    )
-                    self._store.write(key, envelope_chunks(meta, bytes(old.state)))
+                meta = self._states.update_meta(key, _finished)
+                if meta is not None:
                     state.seq = meta.seq
                 state.live = False
                 self._to_finish.discard(key)
@@ -884,6 +878,10 @@ class CheckpointWriter(Generic[S]):
                     result.error,
                 )
         return result
+
+
+def _finished(old: Meta) -> Meta:
+    return msgspec.structs.replace(old, seq=old.seq + 1, updated_at=_utcnow(), live=False)
 
 
 def _outcome(result: Result) -> Outcome:

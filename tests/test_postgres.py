@@ -37,6 +37,7 @@ from checkpointer import (
     Skipped,
     Snapshot,
     StaleWriteError,
+    Transcript,
     Written,
     load,
 )
@@ -301,6 +302,23 @@ async def test_writer_checkpoints_to_postgres(make_store: Callable[..., Postgres
     assert checkpoint.state == {"messages": messages}
     assert checkpoint.meta.live is False
     assert checkpoint.meta.seq == writer.statistics().writes
+
+
+def test_transcript_pieces_are_joined_in_the_store(
+    make_store: Callable[..., PostgresStore],
+) -> None:
+    """With a Transcript, the writer hands the state in cached pieces; the row holds it whole."""
+    store = make_store(transcript=Transcript())
+    messages: list[dict[str, Any]] = []
+    with CheckpointWriter(
+        lambda: Snapshot("t-1", {"messages": messages, "n": len(messages)}),
+        store,
+        exit_hooks=False,
+    ) as writer:
+        for n in range(50):
+            messages.append({"role": "user", "content": f"turn {n}"})
+            assert isinstance(writer.flush_sync(), Written)
+    assert state_of(make_store(), "t-1") == {"messages": messages, "n": 50}
 
 
 # -- one writer per key --------------------------------------------------------

@@ -34,7 +34,7 @@ def test_twenty_kills_lose_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     assert int(figures["writes"]) >= 20, out
     # Kills landed inside writes, and the next open swept what they left.
     assert int(figures["mid_write"]) >= 1, out
-    assert int(figures["swept"]) >= 1, out
+    assert int(figures["swept"]) >= int(figures["mid_write"]), out
 
 
 def test_the_torture_catches_a_store_that_tears_files() -> None:

@@ -118,14 +118,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def temp_files(root: str) -> list[str]:
-    """Every temp file in ``root``, whoever wrote it."""
-    try:
-        return sorted(os.path.join(root, n) for n in os.listdir(root) if _TEMP_RE.match(n))
-    except FileNotFoundError:
-        return []
-
-
 class NaiveStore(FileStore):
     """A deliberately unsafe store: rewrites the file in place, syncing each piece.
 
@@ -154,13 +146,12 @@ class StoreKind:
 
     make: Callable[[str], Store]
     leftovers: Callable[[str], list[str]]
-    temps: Callable[[str], list[str]]
     unsafe: bool = False
 
 
 STORES: dict[str, StoreKind] = {
-    "file": StoreKind(FileStore, file_leftovers, temp_files),
-    "naive": StoreKind(NaiveStore, file_leftovers, temp_files, unsafe=True),
+    "file": StoreKind(FileStore, file_leftovers),
+    "naive": StoreKind(NaiveStore, file_leftovers, unsafe=True),
 }
 """The stores to torture; the journal store (issue 4) becomes one more entry."""
 
@@ -318,8 +309,8 @@ class Summary:
             f"  killed while starting (open, first write): {self.early_kills}",
             f"  writes the child reported done: {self.writes}; seq reached {self.max_seq}; "
             f"largest file {self.largest / MIB:.2f} MiB",
-            f"  kills that left a write's temp file behind (mid-write): {self.mid_write}; "
-            f"swept by the next open: {self.swept}",
+            f"  kills that landed mid-write (left a temp file): {self.mid_write}; "
+            f"temp files swept by the next open: {self.swept}",
             f"  after every kill the file loaded, held exactly the state of its sequence "
             f"number, and was at least as new as the last reported write: "
             f"{'yes' if not self.problems else 'NO'}",
@@ -532,9 +523,8 @@ def run(
     started = time.monotonic()
     with _root(root) as where, contextlib.closing(_Zygote()) as zygote:
         floor = Reported()
-        debris: set[str] = set()  # a killed writer's leftovers, until a next open is seen
+        debris: set[str] = set()  # killed writers' leftovers, until an open is seen
         for i in range(kills):
-            debris.update(kind.leftovers(where))
             backend = rng.choice(backends)
             summary.backends[backend] = summary.backends.get(backend, 0) + 1
             aim_early = rng.random() < early
@@ -550,12 +540,7 @@ def run(
                         problems.append("the child never started")
                 elif zygote.wait(child, child.ready):
                     # The child's writer has opened the store: the debris must be gone.
-                    unswept = sorted(p for p in debris if os.path.exists(p))
-                    unswept += [p for p in kind.leftovers(where) if p not in debris]
-                    if unswept:
-                        problems.append(f"the next open left a dead writer's leftovers {unswept}")
-                    summary.swept += len(debris) - len(unswept)
-                    debris.clear()
+                    problems += _swept(kind, where, debris, summary)
                     time.sleep(rng.uniform(0.0, max_delay))
                 else:
                     problems.append("the child never got ready")
@@ -569,7 +554,9 @@ def run(
                 )
             summary.kills += 1
             summary.early_kills += aim_early
-            summary.mid_write += bool(kind.temps(where))
+            fresh = set(kind.leftovers(where)) - debris  # what this kill left behind
+            summary.mid_write += bool(fresh)
+            debris |= fresh
             count, newest = child.reported()
             summary.writes += count
             floor.seq, floor.n = max(floor.seq, newest.seq), max(floor.n, newest.n)
@@ -592,8 +579,23 @@ def run(
                 with contextlib.suppress(OSError):
                     kind.make(where).move_aside(KEY, f"lost-{i + 1}")
                 floor = Reported()
+        else:  # no child opens the store after the last kill: open it here
+            with contextlib.suppress(OSError):
+                kind.make(where).open()
+            summary.problems += [
+                f"after the last kill: {p}" for p in _swept(kind, where, debris, summary)
+            ]
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _swept(kind: StoreKind, root: str, debris: set[str], summary: Summary) -> list[str]:
+    """After an open: count the debris that went; a problem for any that stayed."""
+    unswept = sorted(p for p in debris if os.path.exists(p))
+    unswept += [p for p in kind.leftovers(root) if p not in debris]
+    summary.swept += len(debris) - len(unswept)
+    debris.clear()
+    return [f"an open left a dead writer's leftovers {unswept}"] if unswept else []
 
 
 @contextlib.contextmanager

@@ -1,0 +1,285 @@
+"""How the writer hands states to stores: staged on the loop, committed in a worker.
+
+The writer never encodes a state itself.  It asks a ``StateStore`` to
+*stage* the state on the caller's thread (the event loop for the async path:
+the only place the state may be read safely, and where msgspec holds the GIL
+anyway), then, in one worker-thread hop under its I/O lock, to *commit* the
+staged state with its ``Meta``.
+
+* ``JournalStore`` implements ``StateStore`` itself: it stages only what is
+  new since its last commit and appends it.
+* Any other ``Store`` (``FileStore``, your own) is wrapped in
+  ``Envelopes``: the whole-file format of ``_format.py``, written with
+  ``store.write``.  When the store has a ``transcript`` attribute (a
+  ``Transcript``, e.g. ``FileStore(root, transcript=Transcript())``), the
+  state is encoded message by message through its cache, and the file is
+  joined in the worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+
+from ._encoding import Transcript, state_pieces
+from ._format import (
+    Checkpoint,
+    Meta,
+    decode_checkpoint,
+    decode_meta,
+    decode_state,
+    envelope_chunks,
+    load,
+)
+from ._stores import Store
+
+__all__ = ["Envelopes", "Staged", "StateStore", "load_from", "state_store"]
+
+
+class Staged(Protocol):
+    """A state staged on the caller's thread, ready for ``StateStore.commit``."""
+
+    def content(self) -> object:
+        """What would be stored, for the writer's "unchanged" check.
+
+        Two staged states of a key compare equal (``==``) only if committing
+        either stores the same state.  Called in the worker thread.
+        """
+        ...
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """A store that takes states, not bytes: it encodes and lays them out itself.
+
+    The writer calls ``stage`` on the caller's thread and the other methods
+    from a worker thread (or the thread of ``flush_sync``), one at a time
+    per writer, under its I/O lock.
+    """
+
+    def stage(self, key: str, state: Any) -> Staged:
+        """Encode what must be read from ``state`` now (caller's thread)."""
+        ...
+
+    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
+        """Store a staged state durably; return the bytes written.
+
+        Raises OSError (or CheckpointError for a file it cannot trust) on
+        failure; the previous checkpoint is then still loadable.
+        """
+        ...
+
+    def read_meta(self, key: str) -> Meta | None:
+        """The meta of ``key``'s checkpoint, or None; CheckpointError if untrusted."""
+        ...
+
+    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
+        """Store ``update(meta)`` with the state unchanged; None if no checkpoint."""
+        ...
+
+    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
+        """The checkpoint of ``key``, its state as raw JSON; None if none.
+
+        ``load()`` decodes (and migrates) the state.  Raises CheckpointError
+        for a checkpoint that cannot be trusted, or cannot be read.
+        """
+        ...
+
+
+class _Whole:
+    """A state encoded in one piece on the caller's thread."""
+
+    __slots__ = ("_digest", "data")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._digest: bytes | None = None
+
+    def content(self) -> object:
+        if self._digest is None:  # hashlib releases the GIL for large inputs
+            self._digest = hashlib.blake2b(self.data, digest_size=16).digest()
+        return self._digest
+
+    def pieces(self) -> list[bytes]:
+        return [self.data]
+
+
+class _Spliced:
+    """A state cut around its transcript: the messages' bytes come from the cache."""
+
+    __slots__ = ("chunks", "head", "tail")
+
+    def __init__(self, head: bytes, chunks: list[bytes], tail: bytes) -> None:
+        self.head = head
+        self.chunks = chunks
+        self.tail = tail
+
+    def content(self) -> object:
+        # Exact, and cheap: cached chunks compare by identity, fresh ones by memcmp.
+        return (self.head, self.tail, self.chunks)
+
+    def pieces(self) -> list[bytes]:
+        return state_pieces(self.head, self.chunks, self.tail)
+
+
+class _Prefix:
+    """The messages of the last state staged for a key, and their bytes."""
+
+    __slots__ = ("chunks", "key", "messages", "unsettled")
+
+    def __init__(
+        self, key: str, messages: list[Any], chunks: list[bytes], unsettled: list[int]
+    ) -> None:
+        self.key = key
+        self.messages = messages  # references: compared by identity only
+        self.chunks = chunks
+        self.unsettled = unsettled  # positions re-encoded at every stage
+
+
+class Envelopes:
+    """``StateStore`` over any bytes ``Store``: one envelope file per checkpoint.
+
+    Args:
+        store: where the bytes go (``store.write``, ``store.read``).
+        transcript: encode the messages one by one through its cache, and
+            join the file in the worker thread; None encodes the state whole.
+    """
+
+    def __init__(self, store: Store, transcript: Transcript | None = None) -> None:
+        self.store = store
+        self.transcript = transcript
+        self._encoder = msgspec.json.Encoder()
+        self._prefix: _Prefix | None = None
+        self._prefix_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Envelopes({self.store!r}, transcript={self.transcript!r})"
+
+    def stage(self, key: str, state: Any) -> _Whole | _Spliced:
+        transcript = self.transcript
+        if transcript is not None:
+            split = transcript.split(state)
+            if split is not None:
+                chunks = self._encode_messages(transcript, key, split.messages)
+                return _Spliced(split.head, chunks, split.tail)
+        return _Whole(self._encoder.encode(state))
+
+    def _encode_messages(
+        self, transcript: Transcript, key: str, messages: Sequence[Any]
+    ) -> list[bytes]:
+        """The bytes of each message, strictly as the cache rule allows.
+
+        Fast path: when the messages start with the very objects (``is``) of
+        the last stage, their bytes are reused by position, without a cache
+        lookup per message (a C-speed identity scan, a few nanoseconds a
+        message): settled ones as they are, unsettled ones encoded afresh.
+        Otherwise each message is looked up in the transcript's cache.
+        """
+        if isinstance(messages, list) and self._prefix_lock.acquire(blocking=False):
+            try:  # not blocking: a signal handler may re-enter on this thread
+                chunks = self._extend_prefix(transcript, key, messages)
+            finally:
+                self._prefix_lock.release()
+            if chunks is not None:
+                return chunks
+        chunks, unsettled = transcript.encode_messages(messages)
+        transcript.prune(messages)
+        if self._prefix_lock.acquire(blocking=False):
+            try:
+                self._prefix = _Prefix(key, list(messages), list(chunks), unsettled)
+            finally:
+                self._prefix_lock.release()
+        return chunks
+
+    def _extend_prefix(
+        self, transcript: Transcript, key: str, messages: list[Any]
+    ) -> list[bytes] | None:
+        prefix = self._prefix
+        if prefix is None or prefix.key != key:
+            return None
+        n = len(prefix.messages)
+        if len(messages) < n or not all(map(operator.is_, messages, prefix.messages)):
+            return None
+        new = messages[n:]
+        new_chunks, new_unsettled = transcript.encode_messages(new)
+        chunks = prefix.chunks + new_chunks
+        encode = transcript.encoder.encode
+        for at in prefix.unsettled:  # identical, but mutable: encode again
+            chunks[at] = encode(messages[at])
+        prefix.messages.extend(new)
+        prefix.chunks.extend(new_chunks)
+        prefix.unsettled.extend(n + at for at in new_unsettled)
+        transcript.prune(messages)
+        return chunks
+
+    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
+        if not isinstance(staged, (_Whole, _Spliced)):
+            raise TypeError(f"Envelopes cannot commit {type(staged).__name__}")
+        chunks = envelope_chunks(meta, b"")
+        return self.store.write(key, [*chunks[:3], *staged.pieces(), *chunks[4:]])
+
+    def read_meta(self, key: str) -> Meta | None:
+        data = self.store.read(key)
+        if data is None:
+            return None
+        return decode_meta(data, self.store.location(key))
+
+    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
+        data = self.store.read(key)
+        if data is None:
+            return None
+        old = decode_checkpoint(data, self.store.location(key), msgspec.Raw)
+        meta = update(old.meta)
+        self.store.write(key, envelope_chunks(meta, bytes(old.state)))
+        return meta
+
+    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
+        return load(self.store, key, msgspec.Raw)
+
+
+def load_from(
+    store: StateStore,
+    location: str,
+    key: str,
+    type: Any,
+    *,
+    state_version: int | None,
+    migrations: Mapping[int, Callable[[Any], Any]] | None,
+) -> Checkpoint[Any] | None:
+    """``load()`` for a ``StateStore``: its raw checkpoint, decoded as ``type``.
+
+    With ``state_version``, the same versioning rules as for a snapshot file
+    (``_versions.decode_versioned``) apply to the state the store assembled.
+    """
+    raw = store.read_checkpoint(key)
+    if raw is None:
+        return None
+    if state_version is None:
+        checkpoint = Checkpoint(meta=raw.meta, state=decode_state(raw.state, location, type))
+    else:
+        from ._versions import decode_versioned
+
+        envelope = b"".join(envelope_chunks(raw.meta, bytes(raw.state)))
+        checkpoint = decode_versioned(envelope, location, type, state_version, migrations or {})
+    if raw.torn is not None:
+        checkpoint = msgspec.structs.replace(checkpoint, torn=raw.torn)
+    return checkpoint
+
+
+def state_store(store: Store) -> StateStore:
+    """The ``StateStore`` the writer uses for ``store``.
+
+    Raises:
+        TypeError: ``store.transcript`` is set but is not a ``Transcript``.
+    """
+    if isinstance(store, StateStore):
+        return store
+    transcript = getattr(store, "transcript", None)
+    if transcript is not None and not isinstance(transcript, Transcript):
+        raise TypeError(f"store.transcript must be a Transcript or None, got {transcript!r}")
+    return Envelopes(store, transcript)

@@ -91,6 +91,10 @@ class StateStore(Protocol):
         ...
 
 
+KEEP_BYTES = 64 * 1024 * 1024
+"""States encoded to at most this many bytes are compared byte for byte."""
+
+
 class _Whole:
     """A state encoded in one piece on the caller's thread."""
 
@@ -101,9 +105,16 @@ class _Whole:
         self._digest: bytes | None = None
 
     def content(self) -> object:
-        if self._digest is None:  # hashlib releases the GIL for large inputs
-            self._digest = hashlib.blake2b(self.data, digest_size=16).digest()
-        return self._digest
+        # What "unchanged" compares.  Up to KEEP_BYTES the bytes themselves:
+        # a length check, then memcmp, and no hashing on the write path (the
+        # cost is one kept copy of the last write per key).  Above it a
+        # SHA-256 digest, which releases the GIL and uses the CPU's SHA
+        # instructions where it has them (about twice blake2b's speed here).
+        if len(self.data) <= KEEP_BYTES:
+            return self.data
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.data).digest()
+        return ("sha256", self._digest)
 
     def pieces(self) -> list[bytes]:
         return [self.data]

@@ -18,7 +18,8 @@ of the previous write that reached the store.  The next write is due at::
 * ``prev`` moves only for writes that reached the store (written, or failed
   inside the store); a write skipped as unchanged or refused before the store
   does not count.
-* A failed write puts the changes it covered back (the earliest ``first``
+* A failed write puts the changes it covered back (for a forced write with
+  nothing pending, the state as of its start) (the earliest ``first``
   wins, so ``max_wait`` is measured from the oldest unsaved change) and the
   next attempt waits a capped exponential backoff:
   ``min(backoff_max, backoff_initial * 2 ** (failures - 1))`` after the
@@ -201,7 +202,9 @@ class Scheduler:
         """A write starts at ``now`` and covers every pending change."""
         first = self.first
         self.first = None  # before the snapshot: see the module docstring
-        self._covered = None if first is None else (first, self.last)
+        # A write with nothing pending (write_now, a final write) still covers
+        # the state as of now: if it fails, that state is retried.
+        self._covered = (now, now) if first is None else (first, self.last)
         self.writing = True
         self.write_started = now
 

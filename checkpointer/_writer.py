@@ -254,6 +254,7 @@ class CheckpointWriter(Generic[S]):
         self._key: str | None = None
         self._to_finish: set[str] = set()
         self._io_lock = threading.Lock()
+        self._snapshot_lock = threading.Lock()  # generation + source() + encode
         self._busy: set[int] = set()  # threads inside _io(), see _exit
         self._inflight = False  # an async job is between prepare and commit
         # key -> (generation, meta, staged state) of an exit flush that wrote
@@ -613,7 +614,26 @@ class CheckpointWriter(Generic[S]):
     # -- one write ----------------------------------------------------------
 
     def _prepare(self, *, force: bool, pin: bool | None, live: bool) -> _Job | Skipped | Failed:
-        """Snapshot, check and encode, on the caller's thread."""
+        """Snapshot, check and encode, on the caller's thread.
+
+        The generation, ``source()`` and the encoding happen under one lock,
+        so generations order the states as they were encoded: two threads
+        flushing at once cannot give the older state the newer generation.
+        A signal landing while this thread holds the lock is deferred (see
+        ``_exit``) rather than deadlock on it.
+        """
+        me = threading.get_ident()
+        self._busy.add(me)
+        try:
+            with self._snapshot_lock:
+                return self._prepare_locked(force=force, pin=pin, live=live)
+        finally:
+            self._busy.discard(me)
+            _exit.run_deferred()
+
+    def _prepare_locked(
+        self, *, force: bool, pin: bool | None, live: bool
+    ) -> _Job | Skipped | Failed:
         gen = next(self._gen)
         started = time.perf_counter()
         try:

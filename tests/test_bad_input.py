@@ -454,11 +454,6 @@ def test_flush_sync_from_8_threads_at_once(tmp_path: Path) -> None:
     assert cp is not None and cp.state["n"] == 96 and cp.meta.live is False
 
 
-@pytest.mark.xfail(
-    reason="_writer.py: the generation is taken before source() runs, so two flush_sync "
-    "threads can snapshot in the other order and the older snapshot lands last",
-    strict=True,
-)
 def test_concurrent_flush_sync_never_puts_an_older_snapshot_on_top(tmp_path: Path) -> None:
     """Thread A takes its generation, B snapshots n=7, A snapshots n=8 and writes, B writes last."""
     state = {"n": 7}
@@ -541,7 +536,7 @@ print(json.dumps({
     ],
 )
 def test_a_very_large_state_is_written_whole(tmp_path: Path, megabytes: int) -> None:
-    """A 20 MB (200 MB opt-in) transcript is written and loads equal; extra memory < 3x its size."""
+    """A 20 MB (200 MB opt-in) transcript is written whole and loads equal; one copy in memory."""
     proc = subprocess.run(
         [sys.executable, "-c", _BIG_CHILD, str(megabytes * 1_000_000), str(tmp_path)],
         capture_output=True,
@@ -554,5 +549,6 @@ def test_a_very_large_state_is_written_whole(tmp_path: Path, megabytes: int) -> 
     assert report["written"] is True
     assert report["same"] is True
     assert report["nbytes"] > megabytes * 1_000_000
-    # The encoded state and the joined file: about 2x; a third copy would show.
-    assert report["extra"] < 3 * report["nbytes"], report
+    # One encoded copy (about 1x, measured 1.0x); the store writes the pieces with
+    # writev, so a joined second copy would show here.
+    assert report["extra"] < 1.6 * report["nbytes"], report

@@ -444,11 +444,6 @@ async def test_change_during_write_now_is_written(tmp_path: Path, clock: FakeClo
 
 
 @pytest.mark.anyio
-@pytest.mark.xfail(
-    reason="_writer.py: a failed write_now() with no notify() leaves nothing pending, "
-    "so it is never retried",
-    strict=True,
-)
 async def test_failed_write_now_is_retried_without_notify(tmp_path: Path, clock: FakeClock) -> None:
     """write_now() fails (disk full) and the caller never notifies: the writer still retries."""
     session = Session()

@@ -334,7 +334,11 @@ Step = tuple[str, float] | tuple[str, float, Outcome]
             [("event", 0.0), ("begin", 1.0), ("end", 1.5, CANCELLED)], 1.5, WRITE, id="cancelled"
         ),
         pytest.param([("begin", 1.0), ("end", 1.5, WRITTEN)], 1.5, IDLE, id="forced, empty"),
-        pytest.param([("begin", 1.0), ("end", 1.5, FAILED)], 1.5, IDLE, id="forced, empty, failed"),
+        # A failed write with nothing pending still owes the state as of its
+        # start: it is retried after the backoff (1 s).
+        pytest.param(
+            [("begin", 1.0), ("end", 1.5, FAILED)], 1.5, Wait(2.5), id="forced, empty, failed"
+        ),
         pytest.param(
             [("begin", 1.0), ("end", 1.5, FAILED), ("event", 1.75)],
             1.75,

@@ -106,8 +106,9 @@ class Reference:
         self.failures = 0
         self.retry_at: float | None = None
 
-    def begin(self) -> None:
-        self.in_flight, self.pending = self.pending, []
+    def begin(self, now: float) -> None:
+        # A write with nothing pending still covers the state as of its start.
+        self.in_flight, self.pending = self.pending or [now], []
         self.writing = True
 
     def end(self, now: float, start: float, outcome: Outcome) -> None:
@@ -224,8 +225,11 @@ class SchedulerMachine(RuleBasedStateMachine):
                 f"after its deadline {change.deadline}"
             )
         self.sched.begin_write(self.now)
-        self.ref.begin()
-        self.covered, self.pending = self.pending, []
+        self.ref.begin(self.now)
+        # A forced write with nothing pending covers the state as of now:
+        # if it fails, that state must still reach the disk.
+        now_change = Change(self.now, self.now + self.config.max_wait)
+        self.covered, self.pending = self.pending or [now_change], []
         self.flight = Flight(self.now, self.now + duration, outcome, forced)
 
     def end_write(self) -> None:

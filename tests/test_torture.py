@@ -18,7 +18,7 @@ from checkpointer import FileStore
 from checkpointer._format import Meta, envelope_chunks
 
 from . import torture
-from .torture import KEY, Reported, check, state_for
+from .torture import EPOCH, KEY, Reported, check, state_for
 
 SMALL = 256 * 1024
 
@@ -35,6 +35,15 @@ def test_twenty_kills_lose_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     # Kills landed inside writes, and the next open swept what they left.
     assert int(figures["mid_write"]) >= 1, out
     assert int(figures["swept"]) >= int(figures["mid_write"]), out
+
+
+def test_ten_kills_of_a_journal_lose_nothing() -> None:
+    """The journal store under the same torture: appends, compactions and rewrites killed."""
+    summary = torture.run(10, store="journal", max_bytes=2 << 20)
+    assert summary.losses == 0, "\n".join(summary.lines())
+    assert summary.kills == 10
+    assert summary.writes >= 10
+    assert summary.swept >= summary.temps
 
 
 def test_the_torture_catches_a_store_that_tears_files() -> None:
@@ -59,15 +68,19 @@ def big_n(max_bytes: int) -> int:
     return next(n for n in range(10_000) if len(state_for(n, max_bytes)["messages"]) >= 3)
 
 
-def test_state_for_is_deterministic_and_distinct() -> None:
-    """The state of n is the same every time, differs from n+1's, and stays within max_bytes."""
-    for n in range(50):
+def test_state_for_is_deterministic_grows_then_compacts() -> None:
+    """The state of n is the same every time; within an epoch n+1 adds a message, then it resets."""
+    for n in range(2 * EPOCH):
         state = state_for(n, SMALL)
         assert state == state_for(n, SMALL)
-        assert state != state_for(n + 1, SMALL)
         assert sum(len(m["content"]) for m in state["messages"]) <= SMALL
+        following = state_for(n + 1, SMALL)["messages"]
+        if (n + 1) % EPOCH:
+            assert following[:-1] == state["messages"]  # an append
+        else:
+            assert len(following) == 1 and following[0] != state["messages"][0]  # compacted
     sizes = [sum(len(m["content"]) for m in state_for(n, 4 << 20)["messages"]) for n in range(200)]
-    assert min(sizes) < 10_000 < 1_000_000 < max(sizes)
+    assert min(sizes) < 10_000 < 1_000_000 < max(sizes) <= 4 << 20
 
 
 def test_check_accepts_a_whole_newer_file_and_raises_the_floor(tmp_path: Path) -> None:
@@ -82,7 +95,7 @@ def test_check_flags_a_mixture_of_two_states(tmp_path: Path) -> None:
     """A file whose last message comes from another sequence number is mixed/torn."""
     n = big_n(SMALL)
     mixed = state_for(n, SMALL)
-    other = state_for(n + 1, SMALL)["messages"][0]["content"]
+    other = state_for(n + EPOCH, SMALL)["messages"][0]["content"]
     last = mixed["messages"][-1]
     last["content"] = (other * 2)[: len(last["content"])]
     store = write_state(tmp_path, mixed, seq=3)
@@ -122,6 +135,7 @@ def test_check_flags_a_missing_file_after_a_reported_write(tmp_path: Path) -> No
 
 def test_stores_are_a_parameter() -> None:
     """Every store in STORES makes a Store; only the naive one is marked unsafe."""
-    assert {name for name, kind in torture.STORES.items() if not kind.unsafe} == {"file"}
+    safe = {name for name, kind in torture.STORES.items() if not kind.unsafe}
+    assert safe == {"file", "file-transcript", "journal"}
     for kind in torture.STORES.values():
-        assert kind.make("/nonexistent/root").location(KEY).endswith(".json")
+        assert kind.make("/nonexistent/root").location(KEY).startswith("/nonexistent/root/")

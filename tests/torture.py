@@ -5,16 +5,19 @@ Run it from the repository root::
     python -m tests.torture --kills 200
 
 A child process runs a real ``CheckpointWriter`` on the chosen store with
-small timers, on asyncio, trio or uvloop, and
-changes its session without pause: the state for sequence number ``n`` is
-``state_for(n)``, a transcript of up to ``--max-mib`` MiB whose every byte
-depends on ``n``, so the child is inside a durable write most of the time.
-The store is wrapped so that after each write that returned the child prints
+small timers, on asyncio, trio or uvloop, and changes its session without
+pause: the state for sequence number ``n`` is ``state_for(n)``, a transcript
+of up to ``--max-mib`` MiB that grows by a message per number and is
+replaced every ``EPOCH`` numbers, so the child is inside a durable write
+most of the time (and a journal both appends and compacts).  Timer writes,
+``write_now()`` and ``flush_sync()`` from a worker thread are mixed.  The
+store is wrapped so that after each write that returned the child prints
 ``W <seq> <n>`` on its stdout pipe.  The parent kills the child with SIGKILL
 at a random moment, either while the writer starts (open, the first write)
 or while it runs, and then checks the file:
 
-* it loads (no torn bytes);
+* it loads (no torn bytes; a journal may end in an unfinished append, which
+  ``load`` ignores and reports, and which is counted);
 * its state is exactly ``state_for(n)`` for the ``n`` it holds (no mixture
   of two writes);
 * ``n`` and ``meta.seq`` are at least those of the last write the child
@@ -22,9 +25,11 @@ or while it runs, and then checks the file:
 * the leftovers of the interrupted write (temp files of a dead process) are
   gone once the next child has opened its store.
 
-It prints a summary; the exit status is 1 if anything was lost.  Another
-store is one more entry in ``STORES``; ``--store naive`` is a deliberately
-unsafe store (writes in place) that shows the torture catching torn files.
+It prints a summary per store; the exit status is 1 if anything was lost.
+``--store`` picks the store (``file``, ``file-transcript``, ``journal``,
+``all``); another store is one more entry in ``STORES``.  ``--store naive``
+is a deliberately unsafe store (writes in place) that shows the torture
+catching torn files.
 
 The children are forked from a helper process (this file with ``--zygote``)
 that has imported everything once, so a kill costs milliseconds, not an
@@ -62,8 +67,23 @@ from typing import IO, Any
 import anyio
 import msgspec
 
-from checkpointer import CheckpointError, CheckpointWriter, FileStore, Meta, Snapshot, Store, load
+from checkpointer import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointWriter,
+    FileStore,
+    JournalStore,
+    Meta,
+    Snapshot,
+    Staged,
+    Store,
+    TornTail,
+    Transcript,
+    load,
+)
 from checkpointer._atomic import _TEMP_RE
+from checkpointer._codec import state_store
+from checkpointer._lock import KeyLock, LockingStore
 
 KEY = "torture"
 HANG_GUARD = 30.0  # seconds; a hang guard, never a timing assertion
@@ -75,21 +95,32 @@ __all__ = ["STORES", "StoreKind", "Summary", "check", "main", "run", "state_for"
 # -- the state for a sequence number ---------------------------------------------------
 
 
-def state_for(n: int, max_bytes: int) -> dict[str, Any]:
-    """The session state for sequence number ``n``: deterministic, every byte depends on ``n``.
+EPOCH = 40
+"""Sequence numbers per history: within one, each state is the last plus a message."""
 
-    Sizes are log-uniform between 64 bytes and ``max_bytes``, so most states
-    are small and some are megabytes; the content is a transcript of tool
-    messages, each a hash of ``n`` and its index repeated to its length.
+ROLES = ("user", "assistant", "tool")
+
+
+def state_for(n: int, max_bytes: int) -> dict[str, Any]:
+    """The session state for sequence number ``n``: deterministic, and different for every ``n``.
+
+    Within an epoch of ``EPOCH`` numbers the history only grows (state
+    ``n + 1`` is state ``n`` plus one message), as an agent's does; at each
+    new epoch it is replaced, as when an agent compacts its history.  So an
+    append-only store both appends and compacts.  Message sizes are
+    log-uniform from 64 bytes to ``max_bytes / 8``, the whole state at most
+    ``max_bytes``; a message's bytes depend on its epoch and index.
     """
-    rng = random.Random(n)
-    size = int(math.exp(rng.uniform(math.log(64), math.log(max(max_bytes, 65)))))
-    count = max(1, min(64, size // 32768))
-    each = max(1, size // count)
+    epoch, last = divmod(n, EPOCH)
+    budget = max_bytes
+    cap = max(65, max_bytes // 8)
     messages = []
-    for i in range(count):
-        tag = hashlib.blake2b(f"{n}/{i}".encode(), digest_size=16).hexdigest()
-        messages.append({"role": "tool", "content": (tag * (each // len(tag) + 1))[:each]})
+    for i in range(last + 1):
+        name = f"{epoch}/{i}"
+        size = min(budget, int(math.exp(random.Random(name).uniform(math.log(64), math.log(cap)))))
+        budget -= size
+        tag = hashlib.blake2b(name.encode(), digest_size=16).hexdigest()
+        messages.append({"role": ROLES[i % 3], "content": (tag * (size // len(tag) + 1))[:size]})
     return {"n": n, "messages": messages}
 
 
@@ -149,26 +180,26 @@ class StoreKind:
     unsafe: bool = False
 
 
+def _file_transcript(root: str) -> Store:
+    return FileStore(root, transcript=Transcript())
+
+
 STORES: dict[str, StoreKind] = {
     "file": StoreKind(FileStore, file_leftovers),
+    "file-transcript": StoreKind(_file_transcript, file_leftovers),
+    "journal": StoreKind(JournalStore, file_leftovers),
     "naive": StoreKind(NaiveStore, file_leftovers, unsafe=True),
 }
-"""The stores to torture; the journal store (issue 4) becomes one more entry."""
+"""The stores to torture: a new store is one more entry.
+
+``file-transcript`` is a ``FileStore`` that encodes messages one by one
+(through a ``Transcript``) and joins them in the worker thread; ``journal``
+appends batches to a JSON Lines file and rewrites it (temp file and rename)
+when it outgrows its content, so kills land in appends and in rewrites.
+"""
 
 
 # -- the child ---------------------------------------------------------------------------
-
-
-class _Head(msgspec.Struct):
-    n: int
-
-
-class _Written(msgspec.Struct):
-    meta: Meta
-    state: _Head
-
-
-_WRITTEN = msgspec.json.Decoder(_Written)
 
 
 def _say(line: str) -> None:
@@ -176,11 +207,52 @@ def _say(line: str) -> None:
     os.write(1, f"{os.getpid()} {line}\n".encode())
 
 
+class _Tagged:
+    """A staged state, and the sequence number of the state it was staged from."""
+
+    __slots__ = ("inner", "n")
+
+    def __init__(self, inner: Staged, n: int) -> None:
+        self.inner = inner
+        self.n = n
+
+    def content(self) -> object:
+        return self.inner.content()
+
+
 class ReportingStore:
-    """Wraps a store; after each write that returned, says ``W <seq> <n>`` on stdout."""
+    """The child's store: after each commit that returned, it says ``W <seq> <n>``.
+
+    It is the ``StateStore`` the writer would use for ``inner`` (the store
+    itself, or ``Envelopes`` over a bytes store), so the child's writes take
+    the path a program's do; the bytes and lock calls go straight through.
+    """
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
+        self.states = state_store(inner)
+
+    # -- StateStore ----------------------------------------------------------------
+
+    def stage(self, key: str, state: Any) -> _Tagged:
+        return _Tagged(self.states.stage(key, state), int(state["n"]))
+
+    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
+        assert isinstance(staged, _Tagged)
+        nbytes = self.states.commit(key, meta, staged.inner)
+        _say(f"W {meta.seq} {staged.n}")
+        return nbytes
+
+    def read_meta(self, key: str) -> Meta | None:
+        return self.states.read_meta(key)
+
+    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
+        return self.states.update_meta(key, update)
+
+    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
+        return self.states.read_checkpoint(key)
+
+    # -- Store and LockingStore ----------------------------------------------------
 
     def validate_key(self, key: str) -> None:
         self.inner.validate_key(key)
@@ -192,10 +264,7 @@ class ReportingStore:
         self.inner.open()
 
     def write(self, key: str, chunks: Sequence[bytes]) -> int:
-        nbytes = self.inner.write(key, chunks)
-        written = _WRITTEN.decode(b"".join(chunks))
-        _say(f"W {written.meta.seq} {written.state.n}")
-        return nbytes
+        return self.inner.write(key, chunks)
 
     def read(self, key: str) -> bytes | None:
         return self.inner.read(key)
@@ -208,6 +277,10 @@ class ReportingStore:
 
     def move_aside(self, key: str, suffix: str) -> str | None:
         return self.inner.move_aside(key, suffix)
+
+    def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
+        assert isinstance(self.inner, LockingStore)
+        return self.inner.lock(key, timeout=timeout)
 
 
 async def _child(spec: dict[str, Any]) -> int:
@@ -290,7 +363,8 @@ class Summary:
     writes: int = 0
     max_seq: int = 0
     largest: int = 0
-    mid_write: int = 0
+    temps: int = 0
+    torn: int = 0
     swept: int = 0
     seconds: float = 0.0
     backends: dict[str, int] = field(default_factory=dict)
@@ -299,6 +373,11 @@ class Summary:
     @property
     def losses(self) -> int:
         return len(self.problems)
+
+    @property
+    def mid_write(self) -> int:
+        """Kills that provably landed inside a write: a temp file or a torn append left."""
+        return self.temps + self.torn
 
     def lines(self) -> list[str]:
         return [
@@ -309,14 +388,16 @@ class Summary:
             f"  killed while starting (open, first write): {self.early_kills}",
             f"  writes the child reported done: {self.writes}; seq reached {self.max_seq}; "
             f"largest file {self.largest / MIB:.2f} MiB",
-            f"  kills that landed mid-write (left a temp file): {self.mid_write}; "
-            f"temp files swept by the next open: {self.swept}",
+            f"  kills that landed mid-write: {self.mid_write} (left a temp file: {self.temps}, "
+            f"temp files swept by the next open: {self.swept}; left a torn append, "
+            f"which load ignored: {self.torn})",
             f"  after every kill the file loaded, held exactly the state of its sequence "
             f"number, and was at least as new as the last reported write: "
             f"{'yes' if not self.problems else 'NO'}",
             *(f"  LOST: {p}" for p in self.problems),
-            f"kills={self.kills} writes={self.writes} max_seq={self.max_seq} "
-            f"mid_write={self.mid_write} swept={self.swept} losses={self.losses}",
+            f"store={self.store} kills={self.kills} writes={self.writes} "
+            f"max_seq={self.max_seq} mid_write={self.mid_write} temps={self.temps} "
+            f"swept={self.swept} torn={self.torn} losses={self.losses}",
         ]
 
 
@@ -328,12 +409,15 @@ class Reported:
     n: int = -1
 
 
-def check(store: Store, max_bytes: int, floor: Reported) -> list[str]:
+def check(
+    store: Store, max_bytes: int, floor: Reported, torn: list[TornTail] | None = None
+) -> list[str]:
     """Check the file after a kill against ``floor`` (what must be on disk at least).
 
     Returns:
         One line per problem (empty when all is well).  ``floor`` moves up
-        to what the file holds, so a later file may not go back.
+        to what the file holds, so a later file may not go back.  A journal's
+        unfinished last append, which ``load`` ignores, goes to ``torn``.
     """
     try:
         cp = load(store, KEY)
@@ -346,6 +430,8 @@ def check(store: Store, max_bytes: int, floor: Reported) -> list[str]:
     n = cp.state.get("n") if isinstance(cp.state, dict) else None
     if not isinstance(n, int):
         return [f"the state has no sequence number: {str(cp.state)[:80]}"]
+    if cp.torn is not None and torn is not None:
+        torn.append(cp.torn)
     problems = []
     if cp.state != state_for(n, max_bytes):
         problems.append(f"the state is not the state of its sequence number n={n} (mixed/torn)")
@@ -555,12 +641,14 @@ def run(
             summary.kills += 1
             summary.early_kills += aim_early
             fresh = set(kind.leftovers(where)) - debris  # what this kill left behind
-            summary.mid_write += bool(fresh)
+            summary.temps += bool(fresh)
             debris |= fresh
             count, newest = child.reported()
             summary.writes += count
             floor.seq, floor.n = max(floor.seq, newest.seq), max(floor.n, newest.n)
-            problems += check(kind.make(where), max_bytes, floor)
+            torn: list[TornTail] = []
+            problems += check(kind.make(where), max_bytes, floor, torn)
+            summary.torn += bool(torn)
             with contextlib.suppress(OSError):
                 size = os.path.getsize(kind.make(where).location(KEY))
                 summary.largest = max(summary.largest, size)
@@ -623,9 +711,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--kills", type=int, default=200, help="how many kills (default 200)")
     p.add_argument(
         "--store",
-        choices=sorted(STORES),
-        default="file",
-        help="the store to torture (default file; 'naive' is deliberately unsafe)",
+        action="append",
+        choices=[*sorted(STORES), "all"],
+        help="the store to torture, repeatable (default file); 'all' is every safe "
+        "store; 'naive' is deliberately unsafe",
     )
     p.add_argument("--max-mib", type=float, default=4.0, help="largest state in MiB (default 4)")
     p.add_argument(
@@ -649,17 +738,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kills < 1 or args.max_mib <= 0 or args.max_delay < 0:
         print("torture: --kills must be >= 1, --max-mib > 0, --max-delay >= 0", file=sys.stderr)
         return 2
-    summary = run(
-        args.kills,
-        store=args.store,
-        max_bytes=int(args.max_mib * MIB),
-        max_delay=args.max_delay,
-        seed=args.seed,
-        root=args.root,
-        progress=None if args.quiet else lambda line: print(line, flush=True),
-    )
-    print("\n".join(summary.lines()), flush=True)
-    return 1 if summary.losses else 0
+    stores: list[str] = []
+    for name in args.store or ["file"]:
+        for one in [n for n, k in STORES.items() if not k.unsafe] if name == "all" else [name]:
+            if one not in stores:
+                stores.append(one)
+    losses = 0
+    for store in stores:
+        summary = run(
+            args.kills,
+            store=store,
+            max_bytes=int(args.max_mib * MIB),
+            max_delay=args.max_delay,
+            seed=args.seed,
+            root=None if args.root is None else os.path.join(args.root, store),
+            progress=None if args.quiet else lambda line: print(line, flush=True),
+        )
+        print("\n".join(summary.lines()), flush=True)
+        losses += summary.losses
+    return 1 if losses else 0
 
 
 if __name__ == "__main__":

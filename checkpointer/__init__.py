@@ -6,6 +6,7 @@ from ._encoding import Transcript
 from ._format import Checkpoint, CheckpointError, Meta, Snapshot, TornTail, WriterInfo, load
 from ._journal import JournalStatistics, JournalStore
 from ._lock import KeyLock, KeyLocked, LockHolder, LockingStore
+from ._postgres import KeyLockedError, PostgresStore, PostgresStoreError, StaleWriteError
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._session import Prepared
 from ._stores import FileStore, Store
@@ -57,17 +58,21 @@ __all__ = [
     "JournalStore",
     "KeyLock",
     "KeyLocked",
+    "KeyLockedError",
     "LockHolder",
     "LockingStore",
     "Message",
     "Meta",
     "Migration",
     "MonotonicClock",
+    "PostgresStore",
+    "PostgresStoreError",
     "Prepared",
     "Result",
     "Skipped",
     "Snapshot",
     "Staged",
+    "StaleWriteError",
     "StateStore",
     "Store",
     "SummaryCheckpoint",

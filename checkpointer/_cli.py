@@ -845,6 +845,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "--backend", choices=["asyncio", "trio"], default="asyncio", help="(%(default)s)"
     )
     demo.set_defaults(run=cmd_demo)
+    from ._postgres import add_command  # imports no psycopg
+
+    add_command(commands)
     return parser
 
 

@@ -318,5 +318,7 @@ def load(
 
 
 def _oserror(exc: OSError) -> str:
+    if not exc.errno and str(exc):  # a store's own error (no errno) says it all
+        return str(exc)
     name = os.strerror(exc.errno) if exc.errno else type(exc).__name__
     return f"{name} ({type(exc).__name__})"

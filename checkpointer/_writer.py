@@ -41,7 +41,7 @@ from . import _exit
 from ._clock import Clock, MonotonicClock
 from ._codec import Staged, state_store
 from ._format import CheckpointError, Meta, Snapshot
-from ._lock import KeyLocks
+from ._lock import KeyLocked, KeyLocks
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._schedule import IDLE, WRITE, Outcome, Scheduler
 from ._session import Prepare, Prepared, run_prepare, session_meta
@@ -754,6 +754,8 @@ class CheckpointWriter(Generic[S]):
                 return self._account(Skipped("unchanged"))  # a newer flush is writing
             try:
                 nbytes = self._states.commit(job.key, meta, job.staged)
+            except KeyLocked as exc:  # a networked store lost its lock and could not retake it
+                return self._account(Failed("locked", str(exc)))
             except Exception as exc:
                 # The bytes may have landed anyway (a directory fsync failing
                 # after the rename): re-read the key before the retry.

@@ -1,0 +1,291 @@
+"""PostgresStore next to FileStore: checkpoint latency, loop stall, fleet throughput.
+
+    python -m benchmarks.bench_postgres [--quick]
+
+Three measurements, each on both stores in the same run, reported as ratios
+PostgresStore / FileStore:
+
+* **latency**: ``await writer.write_now(force=True)`` of a session of the
+  given size, on asyncio: snapshot, encode, the store's durable write, back
+  on the loop.  FileStore fsyncs a file and its directory; PostgresStore
+  commits one upsert, which waits for the server's WAL flush.
+* **loop stall**: the worst lateness of a 1 ms ticker task during each write
+  (what a heartbeat of the agent would feel).
+* **sessions/s**: N worker processes, each with its own store, checkpoint
+  their own sessions (4 KiB each) as fast as they can; the total of durable
+  checkpoints per second.
+
+The server is ``$CHECKPOINTER_BENCH_DSN`` when set (point it at the server
+you deploy on), else a private throwaway cluster started here (``tests/pg.py``,
+fsync on) whose data directory sits next to the FileStore directory, on the
+disk under test (``benchmarks._harness.scratch_dir``), reached over loopback
+TCP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+import multiprocessing.synchronize
+import os
+import random
+import statistics
+import sys
+import time
+import uuid
+import warnings
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import msgspec
+
+from checkpointer import CheckpointWriter, FileStore, PostgresStore, Snapshot, Store, Written
+from checkpointer._format import Meta, envelope_chunks
+
+from ._harness import Report, Table, ratio, scratch_dir, stat
+
+__all__ = ["main"]
+
+KiB = 1024
+MiB = 1024 * KiB
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+_WORDS = ["the", "of", "and", "to", "is", "for", "search", "result", "tool", "file", "error"]
+
+
+def _session(nbytes: int) -> dict[str, Any]:
+    """A transcript of about ``nbytes`` of JSON: ~1 KiB messages of varied words.
+
+    Text, not one repeated byte: the server compresses large states, and how
+    well and how fast depends on the content (a file store does not care).
+    """
+    rng = random.Random(nbytes)
+    messages = []
+    for i in range(max(1, nbytes // KiB)):
+        content = " ".join(rng.choice(_WORDS) for _ in range(170))
+        messages.append({"role": "tool", "content": content[: KiB - 60], "n": i})
+    return {"messages": messages}
+
+
+def _label(size: int) -> str:
+    return f"{size // MiB} MiB" if size >= MiB else f"{size // KiB} KiB"
+
+
+@contextlib.contextmanager
+def _server(scratch: str) -> Iterator[tuple[str, str]]:
+    """A DSN to measure against, and what it is."""
+    dsn = os.environ.get("CHECKPOINTER_BENCH_DSN")
+    if dsn is not None:
+        yield dsn, "the server of $CHECKPOINTER_BENCH_DSN"
+        return
+    sys.path.insert(0, ROOT)
+    from tests.pg import Cluster, find_binaries
+
+    bindir = find_binaries()
+    if bindir is None:
+        raise SystemExit(
+            "no PostgreSQL server binaries found: install PostgreSQL or set CHECKPOINTER_BENCH_DSN"
+        )
+    os.chmod(scratch, 0o711)  # the server runs as another user; it must reach its directory
+    cluster = Cluster(bindir, fsync=True, parent=scratch)
+    try:
+        cluster.start()
+        yield cluster.dsn(), "a private PostgreSQL cluster, fsync on, loopback TCP, same disk"
+    finally:
+        cluster.destroy()
+
+
+def _drop_schema(dsn: str, schema: str) -> None:
+    import psycopg
+
+    with contextlib.suppress(psycopg.Error), psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
+
+
+# -- latency and loop stall ---------------------------------------------------
+
+
+async def _measure_writes(
+    store: Store, key: str, state: dict[str, Any], repeats: int
+) -> tuple[list[float], list[float]]:
+    latencies: list[float] = []
+    stalls: list[float] = []
+    lags: list[float] = []
+    period = 0.001
+
+    async def tick() -> None:
+        while True:
+            t0 = time.perf_counter()
+            await anyio.sleep(period)
+            lags.append(time.perf_counter() - t0 - period)
+
+    writer = CheckpointWriter(lambda: Snapshot(key, state), store, exit_hooks=False)
+    async with anyio.create_task_group() as tg, writer:
+        tg.start_soon(tick)
+        await anyio.sleep(0.01)
+        for n in range(repeats + 3):  # three warm-up writes
+            await anyio.sleep(0.003)  # the ticker settles between writes
+            mark = len(lags)
+            t0 = time.perf_counter()
+            result = await writer.write_now(force=True)
+            elapsed = time.perf_counter() - t0
+            await anyio.sleep(0.002)  # the tick that was due during the write lands
+            if not isinstance(result, Written):
+                raise RuntimeError(f"write failed: {result}")
+            if n >= 3:
+                latencies.append(elapsed)
+                stalls.append(max(lags[mark:], default=0.0))
+        tg.cancel_scope.cancel()
+    return latencies, stalls
+
+
+def _latency(dsn: str, root: str, sizes: list[int], repeats: int, report: Report) -> None:
+    table = Table(
+        title="checkpoint latency and loop stall (write_now, asyncio)",
+        columns=["store", "session", "latency", "loop stall (worst tick lag)"],
+        rows=[],
+    )
+    schema = "bench_" + uuid.uuid4().hex[:8]
+    pg = PostgresStore(dsn, schema=schema)
+    try:
+        for size in sizes:
+            state = _session(size)
+            figures: dict[str, tuple[list[float], list[float]]] = {}
+            for name, store in (("FileStore", FileStore(root)), ("PostgresStore", pg)):
+                figures[name] = anyio.run(_measure_writes, store, f"s{size}", state, repeats)
+                lat, stall = figures[name]
+                table.rows.append([name, _label(size), stat(lat), stat(stall)])
+            (f_lat, f_stall), (p_lat, p_stall) = figures["FileStore"], figures["PostgresStore"]
+            report.ratios.append(
+                ratio(
+                    f"{_label(size)}: latency PostgresStore / FileStore",
+                    statistics.median(p_lat) / statistics.median(f_lat),
+                    note="medians",
+                )
+            )
+            report.ratios.append(
+                ratio(
+                    f"{_label(size)}: loop stall PostgresStore / FileStore",
+                    stat(p_stall).p90 / max(stat(f_stall).p90, 1e-6),
+                    note="p90 of the worst tick lag per write",
+                )
+            )
+    finally:
+        pg.close()
+        _drop_schema(dsn, schema)
+    report.tables.append(table)
+
+
+# -- sessions per second, N processes -----------------------------------------
+
+
+def _worker(
+    kind: str,
+    target: str,
+    schema: str,
+    wid: str,
+    seconds: float,
+    ready: multiprocessing.synchronize.Barrier,
+    out: Any,
+) -> None:
+    store: Store = FileStore(target) if kind == "file" else PostgresStore(target, schema=schema)
+    store.open()
+    state = b'{"messages":[' + b",".join([b'"' + b"x" * 1000 + b'"'] * 4) + b"]}"
+    now = datetime.now(UTC)
+    keys = [f"w{wid}-s{i}" for i in range(8)]
+    count = 0
+    ready.wait()
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        key = keys[count % len(keys)]
+        meta = Meta(key=key, seq=count + 1, created_at=now, updated_at=now, live=True)
+        store.write(key, envelope_chunks(meta, state))
+        count += 1
+    out.put(count)
+    if isinstance(store, PostgresStore):
+        store.close()
+
+
+def _throughput(kind: str, target: str, schema: str, workers: int, seconds: float) -> float:
+    ctx = multiprocessing.get_context("fork")  # workers inherit the imports: quick to start
+    ready = ctx.Barrier(workers + 1)
+    out = ctx.Queue()
+    run = uuid.uuid4().hex[:6]
+    procs = [
+        ctx.Process(target=_worker, args=(kind, target, schema, f"{run}-{w}", seconds, ready, out))
+        for w in range(workers)
+    ]
+    with warnings.catch_warnings():
+        # Python 3.12+ warns about fork in a process with threads (anyio's idle
+        # workers here); the children only write, with stores of their own.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for p in procs:
+            p.start()
+    ready.wait(timeout=60)
+    t0 = time.perf_counter()
+    total = sum(int(out.get(timeout=60 + seconds)) for _ in procs)
+    elapsed = max(time.perf_counter() - t0, seconds)
+    for p in procs:
+        p.join(timeout=30)
+    return total / elapsed
+
+
+def _fleet(dsn: str, root: str, counts: list[int], seconds: float, report: Report) -> None:
+    table = Table(
+        title=f"sessions checkpointed per second: N processes, 4 KiB each, {seconds:g} s a run",
+        columns=["worker processes", "FileStore", "PostgresStore", "PostgresStore / FileStore"],
+        rows=[],
+    )
+    schema = "bench_" + uuid.uuid4().hex[:8]
+    with PostgresStore(dsn, schema=schema) as setup:
+        setup.open()  # the schema, before the workers race for it
+    try:
+        for n in counts:
+            file_rate = _throughput("file", root, schema, n, seconds)
+            pg_rate = _throughput("postgres", dsn, schema, n, seconds)
+            table.rows.append(
+                [n, f"{file_rate:.0f}/s", f"{pg_rate:.0f}/s", f"{pg_rate / file_rate:.2f}x"]
+            )
+            report.ratios.append(
+                ratio(f"{n} workers: sessions/s PostgresStore / FileStore", pg_rate / file_rate)
+            )
+    finally:
+        _drop_schema(dsn, schema)
+    report.tables.append(table)
+
+
+# -- the case ---------------------------------------------------------------------
+
+
+def main(quick: bool = False) -> dict[str, Any]:
+    """Measure both stores on the same workloads; return the report."""
+    sizes = [KiB, 256 * KiB] if quick else [KiB, 256 * KiB, 4 * MiB]
+    repeats = 6 if quick else 40
+    counts = [2] if quick else [1, 2, 4, 8]
+    seconds = 0.3 if quick else 3.0
+    report = Report(title="PostgresStore next to FileStore: latency, loop stall, sessions/s")
+    with scratch_dir("pg-") as scratch:
+        root = os.path.join(scratch, "files")
+        with _server(scratch) as (dsn, server):
+            _latency(dsn, root, sizes, repeats, report)
+            _fleet(dsn, os.path.join(root, "fleet"), counts, seconds, report)
+    report.notes.append(f"server: {server}")
+    report.notes.append(f"{os.cpu_count()} CPUs; ratios are PostgresStore / FileStore in one run")
+    return msgspec.to_builtins(report)  # type: ignore[no-any-return]
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_postgres")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, repeats and workers")
+    quick = parser.parse_args().quick
+    from .__main__ import render
+
+    t0 = time.perf_counter()
+    result = main(quick)
+    print(f"== postgres: {result['title']} ({time.perf_counter() - t0:.1f} s)")
+    for line in render("postgres", result):
+        print(line)

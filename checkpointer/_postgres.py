@@ -1,0 +1,981 @@
+"""The PostgreSQL store: checkpoints as rows, one writer per key across a fleet.
+
+``PostgresStore`` implements the same ``Store`` protocol as ``FileStore``, so
+the writer, ``load()`` and the CLI work with it unchanged.  Every call is a
+synchronous psycopg call: the async path runs it in the writer's one
+worker-thread hop (psycopg's async connection is asyncio-only), and
+``flush_sync`` runs it directly.
+
+How it works
+------------
+* **One connection per store**, opened lazily (or by ``open()``), in
+  autocommit mode.  It holds this store's locks and carries its writes.
+* **Rows.**  ``<schema>.checkpoints`` holds per key: ``seq``, the envelope
+  ``format``, ``meta`` (jsonb), the state's bytes (bytea), the id of the store
+  instance that wrote it (``writer``) and the server's ``updated_at``.
+  ``read()`` rebuilds the same envelope a ``FileStore`` file holds.
+* **Versioned schema**, created on first use (or by ``create_schema()`` /
+  ``checkpointer pg-schema``) under a transaction-level advisory lock, so
+  concurrent first users do not race; ``<schema>.schema_version`` says which.
+* **One writer per key** (``acquire``/``release``): a session-level advisory
+  lock on a 64-bit hash of (schema, key), held by the store's connection.
+  The server releases it when that connection ends, however the process
+  died.  ``<schema>.holders`` records who holds it (host, pid, backend pid),
+  so a refused writer is told whose lock it met.  ``write()`` takes the lock
+  itself when it does not hold it: a write is never made without it.
+* **Fencing.**  A write is one transaction: an upsert that applies only if
+  the stored ``seq`` is lower and the row was last written by the writer
+  this store found there when it took the key (or by itself since), or if
+  it is this store's own ``seq`` again (a retry of a commit whose answer was
+  lost).  So a worker that lost its session (its connection, and with it the
+  lock), whose successor wrote since, is refused whatever seq it sends, even
+  after re-reading the key (``StaleWriteError``).  It stays fenced for that
+  key (refused without a round trip, its lock given back) until ``release``.
+* **Bounded calls.**  ``connect_timeout`` bounds connecting; the session's
+  ``statement_timeout`` and ``lock_timeout`` bound the server's work; a
+  watchdog thread shuts the socket down when a call outlives
+  ``statement_timeout`` by a second (a server that stopped answering, or a
+  network that dropped without a reset), and TCP keepalives and
+  ``tcp_user_timeout`` catch a vanished host.  So ``flush_sync`` in a signal
+  handler never hangs on a dead server.  A broken connection is dropped and
+  the next call reconnects (and takes its locks again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, final
+
+import msgspec
+
+from ._encoding import Transcript
+from ._format import _MIDDLE, _PREFIX, _SUFFIX, FORMAT, Meta, decode_checkpoint
+from ._lock import KeyLocked, LockHolder
+from ._stores import check_key
+
+if TYPE_CHECKING:
+    import argparse
+
+    import psycopg
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "KeyLockedError",
+    "PostgresKeyLock",
+    "PostgresStore",
+    "PostgresStoreError",
+    "StaleWriteError",
+    "schema_sql",
+]
+
+SCHEMA_VERSION = 1
+"""The version of the tables this library creates and the newest it uses."""
+
+_INSTALL_HINT = "PostgresStore needs psycopg 3: pip install 'agent-checkpointer[postgres]'"
+_SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_META_DECODER = msgspec.json.Decoder(Meta)
+
+
+class _FormatOnly(msgspec.Struct):
+    format: int
+
+
+_FORMAT_DECODER = msgspec.json.Decoder(_FormatOnly)
+
+_SCHEMA_SQL = """\
+CREATE SCHEMA IF NOT EXISTS {s};
+CREATE TABLE IF NOT EXISTS {s}.schema_version (
+    one boolean PRIMARY KEY DEFAULT true CHECK (one),
+    version integer NOT NULL,
+    installed_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS {s}.checkpoints (
+    key text PRIMARY KEY,
+    seq bigint NOT NULL,
+    format integer NOT NULL,
+    meta jsonb NOT NULL,
+    state bytea NOT NULL,
+    writer text NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS {s}.holders (
+    key text PRIMARY KEY,
+    host text NOT NULL,
+    pid integer NOT NULL,
+    backend_pid integer NOT NULL,
+    acquired_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS {s}.aside (
+    key text NOT NULL,
+    suffix text NOT NULL,
+    seq bigint NOT NULL,
+    format integer NOT NULL,
+    meta jsonb NOT NULL,
+    state bytea NOT NULL,
+    writer text NOT NULL,
+    updated_at timestamptz NOT NULL,
+    moved_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (key, suffix)
+);
+INSERT INTO {s}.schema_version (version) VALUES (1) ON CONFLICT (one) DO NOTHING;
+"""
+
+_LZ4_SQL = "ALTER TABLE {s}.checkpoints ALTER COLUMN state SET COMPRESSION lz4;"
+
+# Each statement is one round trip.  {s} is the quoted schema name.
+_Q = {
+    "version": "SELECT version FROM {s}.schema_version",
+    "install_lock": "SELECT pg_advisory_xact_lock(%(id)s)",
+    "acquire": """
+        WITH got AS (SELECT pg_try_advisory_lock(%(id)s) AS ok),
+        noted AS (
+            INSERT INTO {s}.holders AS h (key, host, pid, backend_pid, acquired_at)
+            SELECT %(key)s, %(host)s, %(pid)s, pg_backend_pid(), now() FROM got WHERE got.ok
+            ON CONFLICT (key) DO UPDATE SET host = EXCLUDED.host, pid = EXCLUDED.pid,
+                backend_pid = EXCLUDED.backend_pid, acquired_at = EXCLUDED.acquired_at
+        )
+        SELECT ok FROM got""",
+    "holder": """
+        SELECT l.pid, h.host, h.pid, h.acquired_at
+        FROM pg_locks l
+        LEFT JOIN {s}.holders h ON h.key = %(key)s AND h.backend_pid = l.pid
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid::bigint = %(hi)s AND l.objid::bigint = %(lo)s""",
+    "release": """
+        WITH gone AS (
+            DELETE FROM {s}.holders WHERE key = %(key)s AND backend_pid = pg_backend_pid()
+        )
+        SELECT pg_advisory_unlock(%(id)s)""",
+    "upsert": """
+        INSERT INTO {s}.checkpoints AS c (key, seq, format, meta, state, writer, updated_at)
+        VALUES (%(key)s, %(seq)s, %(format)s, %(meta)s::jsonb, %(state)b, %(writer)s, now())
+        ON CONFLICT (key) DO UPDATE SET seq = EXCLUDED.seq, format = EXCLUDED.format,
+            meta = EXCLUDED.meta, state = EXCLUDED.state, writer = EXCLUDED.writer,
+            updated_at = EXCLUDED.updated_at
+        WHERE (c.seq < EXCLUDED.seq AND c.writer IS NOT DISTINCT FROM %(base)s::text)
+           OR (c.seq = EXCLUDED.seq AND c.writer = EXCLUDED.writer)
+        RETURNING c.seq""",
+    "last_writer": "SELECT writer FROM {s}.checkpoints WHERE key = %(key)s",
+    "stored": "SELECT seq, writer FROM {s}.checkpoints WHERE key = %(key)s",
+    "read": "SELECT format, meta::text, state FROM {s}.checkpoints WHERE key = %(key)s",
+    "keys": "SELECT key FROM {s}.checkpoints",
+    "delete": "DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING 1",
+    "move_aside": """
+        WITH moved AS (DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING *)
+        INSERT INTO {s}.aside AS a (key, suffix, seq, format, meta, state, writer, updated_at)
+        SELECT key, %(suffix)s, seq, format, meta, state, writer, updated_at FROM moved
+        ON CONFLICT (key, suffix) DO UPDATE SET seq = EXCLUDED.seq, format = EXCLUDED.format,
+            meta = EXCLUDED.meta, state = EXCLUDED.state, writer = EXCLUDED.writer,
+            updated_at = EXCLUDED.updated_at, moved_at = now()
+        RETURNING 1""",
+}
+
+
+class PostgresStoreError(OSError):
+    """The PostgreSQL store could not do what was asked.
+
+    The message names the server (never the password) and, where there is
+    one, the way out.  An ``OSError`` (without an errno), as the ``Store``
+    protocol promises for a failed write.
+    """
+
+
+class KeyLockedError(KeyLocked, PostgresStoreError):
+    """Another writer holds the key's lock in PostgreSQL.
+
+    A ``KeyLocked`` (what every locking store raises, and what the writer
+    turns into ``Failed("locked")``) and a ``PostgresStoreError``.
+
+    Attributes:
+        key: the key.
+        location: the key's row, and the PostgreSQL backend holding the lock.
+        holder: who holds it (pid, host, since when), or None if it is not
+            a checkpointer writer that said so.
+    """
+
+
+class StaleWriteError(PostgresStoreError):
+    """A write was refused: the store holds a newer checkpoint of the key.
+
+    The writer that sent it lost the session to another writer, which wrote
+    since; applying the late write would lose that writer's work.
+    """
+
+
+def _import_psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise ImportError(f"{_INSTALL_HINT} ({exc})") from exc
+    return psycopg
+
+
+def schema_sql(schema: str = "checkpointer") -> str:
+    """The SQL that creates the tables (version ``SCHEMA_VERSION``).
+
+    For a database administrator who prefers to run it; the store creates
+    the same on first use unless ``create_schema=False``.
+    """
+    quoted = _quote_schema(schema)
+    lz4 = _LZ4_SQL.format(s=quoted)
+    return (
+        _SCHEMA_SQL.format(s=quoted)
+        + "-- Optional, on PostgreSQL 14+ built with lz4 (what the store does when it can):\n"
+        + f"-- {lz4}\n"
+    )
+
+
+def _quote_schema(schema: str) -> str:
+    if not isinstance(schema, str) or _SCHEMA_RE.fullmatch(schema) is None:
+        raise ValueError(
+            f"invalid schema name {schema!r}: use 1-63 lowercase letters, digits "
+            "and '_', not starting with a digit"
+        )
+    return f'"{schema}"'
+
+
+def _int64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big", signed=True)
+
+
+def _one_line(text: str) -> str:
+    text = " ".join(text.split())
+    return text[:297] + "..." if len(text) > 300 else text
+
+
+def _seconds(name: str, value: float) -> float:
+    if not (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and value > 0
+        and math.isfinite(value)
+    ):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+@final
+class _Watchdog:
+    """Shuts a connection's socket down when a call on it outlives its deadline.
+
+    A psycopg call blocked on a server that stopped answering then fails at
+    once ("server closed the connection"), whichever thread waits.  One
+    daemon thread per store, started on first use.  It works on a duplicate
+    of the socket's descriptor, taken when the watch starts, so it can never
+    hit a descriptor number the process reused meanwhile.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition(threading.Lock())
+        self._deadline: float | None = None
+        self._fd = -1
+        self._stop: threading.Event | None = None  # set: that thread exits
+        self.fired = False
+
+    @contextlib.contextmanager
+    def watch(self, fd: int, seconds: float) -> Iterator[None]:
+        dup = os.dup(fd)
+        with self._cond:
+            self.fired = False
+            self._deadline = time.monotonic() + seconds
+            self._fd = dup
+            if self._stop is None:
+                self._stop = threading.Event()
+                threading.Thread(
+                    target=self._run, args=(self._stop,), name=self._name, daemon=True
+                ).start()
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._deadline = None
+                self._fd = -1
+            os.close(dup)
+
+    def close(self) -> None:
+        """Let the thread exit (a later ``watch`` starts another)."""
+        with self._cond:
+            if self._stop is not None:
+                self._stop.set()
+                self._stop = None
+                self._cond.notify_all()
+
+    def _run(self, stop: threading.Event) -> None:
+        with self._cond:
+            while not stop.is_set():
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                remaining = self._deadline - time.monotonic()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                self._deadline = None
+                self.fired = True
+                with contextlib.suppress(OSError):
+                    sock = socket.socket(fileno=os.dup(self._fd))
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    finally:
+                        sock.close()
+
+
+@final
+class PostgresKeyLock:
+    """A held writer lock of one key of a ``PostgresStore`` (from ``lock``)."""
+
+    def __init__(self, store: PostgresStore, key: str) -> None:
+        self.store = store
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"<PostgresKeyLock {self.store.location(self.key)!r}>"
+
+    @property
+    def held(self) -> bool:
+        return self.key in self.store.held()
+
+    def release(self) -> None:
+        """Give the lock up; idempotent, never raises for I/O."""
+        self.store.release(self.key)
+
+
+class PostgresStore:
+    """Checkpoints as rows in PostgreSQL, with one writer per key across a fleet.
+
+    Key ``k`` is the row ``k`` of ``<schema>.checkpoints``.  Implements the
+    ``Store`` protocol plus ``acquire``/``release``, the writer lock.  Use
+    it like a ``FileStore``; close it (or use ``with``) to release its locks
+    early, else they go when the process exits.
+
+    Args:
+        dsn: a libpq connection string or URI
+            (``"postgresql://app@db.internal:5432/agents"``); ``""`` uses the
+            ``PG*`` environment variables.  A password may come from the DSN,
+            ``PGPASSWORD`` or ``~/.pgpass``.
+        schema: the PostgreSQL schema that holds the tables.
+        create_schema: create (or upgrade) the tables on first use; with
+            False a missing schema is an error that says how to create it.
+        connect_timeout: seconds to connect (libpq waits at least 2).
+        statement_timeout: seconds the server may spend on one statement; a
+            call that gets no answer a second after that is cut off.
+        lock_timeout: seconds a statement may wait for a table or row lock.
+        application_name: shown in ``pg_stat_activity``.
+        transcript: where states keep their messages; given, each settled
+            message is encoded once and its bytes cached, and the state is
+            joined in the worker thread (no loop stall for large sessions),
+            as with ``FileStore``.
+
+    Raises:
+        ImportError: psycopg is not installed (the message names the extra).
+        ValueError: the DSN cannot be parsed, or an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        dsn: str = "",
+        *,
+        schema: str = "checkpointer",
+        create_schema: bool = True,
+        connect_timeout: float = 5.0,
+        statement_timeout: float = 10.0,
+        lock_timeout: float = 2.0,
+        application_name: str = "checkpointer",
+        transcript: Transcript | None = None,
+    ) -> None:
+        self._pg = _import_psycopg()
+        if transcript is not None and not isinstance(transcript, Transcript):
+            raise TypeError(f"transcript must be a Transcript or None, got {transcript!r}")
+        self.transcript = transcript
+        if not isinstance(dsn, str):
+            raise TypeError(f"dsn must be a str (a libpq connection string), got {dsn!r:.80}")
+        try:
+            params = self._pg.conninfo.conninfo_to_dict(dsn)
+        except self._pg.Error as exc:
+            raise ValueError(f"invalid PostgreSQL DSN: {_one_line(str(exc))}") from None
+        self._dsn = dsn
+        self.schema = schema
+        self._quoted = _quote_schema(schema)
+        self._create = bool(create_schema)
+        self.connect_timeout = _seconds("connect_timeout", connect_timeout)
+        self.statement_timeout = _seconds("statement_timeout", statement_timeout)
+        self.lock_timeout = _seconds("lock_timeout", lock_timeout)
+        self._application_name = str(application_name)
+        self._where = _describe(params)
+        self._sql = {name: q.format(s=self._quoted).encode() for name, q in _Q.items()}
+        self._writer_id = uuid.uuid4().hex
+        self._host = socket.gethostname()
+        self._mutex = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._schema_ok = False
+        self._held: set[str] = set()
+        # Fencing, per key: the writer id of the row when this store took the
+        # key (then its own, once it wrote); a write applies only over that.
+        self._base: dict[str, str | None] = {}
+        self._fenced: dict[str, str] = {}  # key -> why its writes are refused
+        self._suspect = False  # the connection may hold a lock we do not know of
+        self._watchdog = _Watchdog(f"checkpointer-pg-watchdog {self._where}")
+        # A call gets no answer a second after the server would have given up.
+        self._deadline = self.statement_timeout + 1.0
+        self._busy_wait = self.connect_timeout + self._deadline + 1.0
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self._where!r}, schema={self.schema!r})"
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the Store protocol -------------------------------------------------
+
+    def validate_key(self, key: str) -> None:
+        check_key(key)
+
+    def location(self, key: str) -> str:
+        return f"{self._where}/{self.schema}/{key}"
+
+    def open(self) -> None:
+        """Connect and make sure the schema is there (creating it if allowed).
+
+        Raises:
+            PostgresStoreError: the server cannot be reached, refuses the
+                login, has no such database, or the schema is missing or
+                newer than this library; the message says which.
+        """
+        with self._session():
+            pass
+
+    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+        """Store the checkpoint in ``chunks`` (an envelope) in one transaction.
+
+        Takes the key's writer lock first if this store does not hold it.
+
+        Returns:
+            The envelope's size in bytes.
+
+        Raises:
+            KeyLockedError: another writer holds the key.
+            StaleWriteError: another writer wrote the key since this store took it
+                (or the store holds a newer seq); the store is fenced for the key.
+            PostgresStoreError: the server failed or cannot be reached.
+            ValueError: ``chunks`` is not a checkpoint envelope.
+        """
+        check_key(key)
+        fmt, meta_json, state = self._split(key, chunks)
+        seq = _META_DECODER.decode(meta_json).seq
+        params = {
+            "key": key,
+            "seq": seq,
+            "format": fmt,
+            "meta": meta_json.decode(),
+            "state": state,
+            "writer": self._writer_id,
+        }
+        if key in self._fenced:
+            raise StaleWriteError(self._fenced[key])
+        with self._session() as conn:
+            refused = self._acquire(conn, key, fresh=False)
+            if refused is not None:
+                raise refused
+            params["base"] = self._base.get(key)
+            with conn.transaction():
+                applied = self._upsert(conn, params)
+            if not applied:
+                why = self._fenced[key] = self._stale(conn, key, seq)
+                self._unlock(conn, key)  # a fenced store lets go of the key
+                raise StaleWriteError(why)
+            self._base[key] = self._writer_id
+        return sum(len(chunk) for chunk in chunks)
+
+    def read(self, key: str) -> bytes | None:
+        check_key(key)
+        with self._session() as conn:
+            row = conn.execute(self._sql["read"], {"key": key}, binary=True).fetchone()
+        if row is None:
+            return None
+        fmt, meta, state = row
+        return b"".join([b'{"format":%d,"meta":' % fmt, meta.encode(), _MIDDLE, state, _SUFFIX])
+
+    def keys(self) -> list[str]:
+        with self._session() as conn:
+            rows = conn.execute(self._sql["keys"]).fetchall()
+        return sorted(row[0] for row in rows)
+
+    def delete(self, key: str) -> bool:
+        check_key(key)
+        with self._session() as conn:
+            return conn.execute(self._sql["delete"], {"key": key}).fetchone() is not None
+
+    def move_aside(self, key: str, suffix: str) -> str | None:
+        check_key(key)
+        with self._session() as conn:
+            row = conn.execute(self._sql["move_aside"], {"key": key, "suffix": suffix})
+            if row.fetchone() is None:
+                return None
+        return f"{self._where}/{self.schema}.aside/{key}.{suffix}"
+
+    # -- the writer lock ----------------------------------------------------
+
+    def acquire(self, key: str) -> str | None:
+        """Take the writer lock of ``key`` for this store's connection.
+
+        Idempotent (a lock this store holds costs no round trip).  The lock
+        lasts until ``release``, ``close``, or the end of the connection,
+        whichever comes first; the server drops it when the process dies.
+
+        Returns:
+            None when this store holds the lock; otherwise one line naming
+            the holder (pid, host, since when).
+
+        Raises:
+            PostgresStoreError: the server cannot be reached.
+        """
+        refused = self._try_lock(key)
+        return None if refused is None else str(refused)
+
+    def _try_lock(self, key: str) -> KeyLockedError | None:
+        check_key(key)
+        if key in self._held:  # held on the live connection: no round trip
+            return None
+        with self._session() as conn:
+            return self._acquire(conn, key, fresh=True)
+
+    def lock(self, key: str, *, timeout: float = 0.0) -> PostgresKeyLock:
+        """Take the writer lock of ``key``, waiting at most ``timeout`` seconds.
+
+        The same lock as ``acquire``, in the shape of a held lock object whose
+        ``release()`` gives it back (the ``LockingStore`` capability).
+
+        Raises:
+            KeyLockedError: another writer still holds it after ``timeout``.
+            PostgresStoreError: the server cannot be reached.
+        """
+        if not (isinstance(timeout, (int, float)) and 0 <= timeout < math.inf):
+            raise ValueError(
+                f"lock timeout must be a finite number of seconds >= 0, got {timeout!r}"
+            )
+        deadline = time.monotonic() + timeout
+        while (refused := self._try_lock(key)) is not None:
+            if time.monotonic() >= deadline:
+                raise refused
+            time.sleep(0.05)
+        return PostgresKeyLock(self, key)
+
+    def release(self, key: str) -> None:
+        """Give the writer lock of ``key`` back; a no-op if not held.
+
+        Never raises for I/O: if the server cannot be told, the connection
+        is dropped, which releases the lock as surely.
+        """
+        check_key(key)
+        if not self._mutex.acquire(timeout=self._busy_wait):
+            return
+        try:
+            self._base.pop(key, None)
+            self._fenced.pop(key, None)
+            if key not in self._held:
+                return
+            conn = self._conn
+            if conn is None or conn.closed:
+                self._held.discard(key)
+                return
+            try:
+                with self._watchdog.watch(conn.fileno(), self._deadline):
+                    self._unlock(conn, key)
+            except self._pg.Error:
+                self._drop()
+        finally:
+            self._mutex.release()
+
+    def held(self) -> frozenset[str]:
+        """The keys whose writer lock this store holds (as far as it knows)."""
+        return frozenset(self._held.copy())
+
+    # -- schema -------------------------------------------------------------
+
+    def create_schema(self) -> int:
+        """Create or upgrade the tables; return the schema version now in place.
+
+        Raises:
+            PostgresStoreError: the server cannot be reached, the user may not
+                create the schema, or the schema is newer than this library.
+        """
+        with self._session(ensure=False) as conn:
+            self._install(conn)
+            self._schema_ok = True
+        return SCHEMA_VERSION
+
+    def schema_version(self) -> int | None:
+        """The version of the tables in the database, or None if there are none."""
+        with self._session(ensure=False) as conn:
+            return self._version(conn)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection, which releases every lock this store holds.
+
+        The store stays usable: a later call connects again.
+        """
+        with self._mutex:
+            self._drop()
+            self._base.clear()
+            self._fenced.clear()
+            self._watchdog.close()
+
+    def __del__(self) -> None:
+        # A store dropped without close(): close its connection quietly
+        # (psycopg would warn) and let the watchdog thread go.
+        with contextlib.suppress(Exception):
+            if self._mutex.acquire(blocking=False):
+                try:
+                    self._drop()
+                    self._watchdog.close()
+                finally:
+                    self._mutex.release()
+
+    # -- internals ----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _session(self, *, ensure: bool = True) -> Iterator[psycopg.Connection[Any]]:
+        """The live connection, under the store's mutex and the watchdog.
+
+        psycopg errors become ``PostgresStoreError``; a broken connection is
+        dropped (with it every lock) and the next call reconnects.
+        """
+        if not self._mutex.acquire(timeout=self._busy_wait):
+            raise PostgresStoreError(
+                f"{self._where}: the store's connection stayed busy for {self._busy_wait:g}s "
+                "(a call in another thread is stuck); try again later"
+            )
+        try:
+            conn = self._connection()
+            failure: PostgresStoreError | None = None
+            try:
+                with self._watchdog.watch(conn.fileno(), self._deadline):
+                    if ensure and not self._schema_ok:
+                        self._ensure_schema(conn)
+                    yield conn
+            except self._pg.Error as exc:
+                failure = self._failure(conn, exc)
+            if failure is not None:
+                if conn.closed or conn.broken or self._watchdog.fired or self._suspect:
+                    self._drop()
+                raise failure
+        finally:
+            self._mutex.release()
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        current = self._conn
+        if current is not None and not current.closed:
+            return current
+        self._drop()
+        pg = self._pg
+        try:
+            conn: psycopg.Connection[Any] = pg.connect(
+                self._dsn,
+                autocommit=True,
+                connect_timeout=max(2, math.ceil(self.connect_timeout)),
+                application_name=self._application_name,
+                keepalives=1,
+                keepalives_idle=max(1, round(self.statement_timeout)),
+                keepalives_interval=1,
+                keepalives_count=3,
+                tcp_user_timeout=round(self._deadline * 1000),
+            )
+        except pg.Error as exc:
+            raise PostgresStoreError(self._connect_failure(exc)) from None
+        try:
+            with self._watchdog.watch(conn.fileno(), self._deadline):
+                conn.execute(
+                    b"SET statement_timeout = %d; SET lock_timeout = %d; "
+                    b"SET idle_in_transaction_session_timeout = %d; "
+                    # The server ends the session of a vanished host (and frees
+                    # its locks) about statement_timeout + 6 s after it went.
+                    b"SET tcp_keepalives_idle = %d; SET tcp_keepalives_interval = 2; "
+                    b"SET tcp_keepalives_count = 3"
+                    % (
+                        round(self.statement_timeout * 1000),
+                        round(self.lock_timeout * 1000),
+                        round(self._deadline * 1000),
+                        max(1, round(self.statement_timeout)),
+                    )
+                )
+        except pg.Error as exc:
+            conn.close()
+            raise PostgresStoreError(
+                f"{self._where}: connected, but setting the session up failed: "
+                f"{_one_line(str(exc))}"
+            ) from None
+        info = conn.info
+        self._where = _describe(
+            {"host": info.host, "port": info.port, "dbname": info.dbname, "user": info.user}
+        )
+        self._conn = conn
+        return conn
+
+    def _drop(self) -> None:
+        """Forget the connection (closing it) and the locks it held."""
+        conn, self._conn = self._conn, None
+        self._held.clear()
+        self._suspect = False
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _failure(self, conn: psycopg.Connection[Any], exc: Exception) -> PostgresStoreError:
+        pg = self._pg
+        text = _one_line(str(exc)) or type(exc).__name__
+        if self._watchdog.fired:
+            return PostgresStoreError(
+                f"{self._where}: no answer within {self._deadline:g}s "
+                f"(statement_timeout={self.statement_timeout:g}s); dropped the connection, "
+                "the next call reconnects"
+            )
+        if conn.closed or conn.broken:
+            return PostgresStoreError(
+                f"{self._where}: lost the connection ({text}); the next call reconnects"
+            )
+        if isinstance(exc, pg.errors.QueryCanceled):
+            return PostgresStoreError(
+                f"{self._where}: a statement ran longer than statement_timeout="
+                f"{self.statement_timeout:g}s ({text})"
+            )
+        if isinstance(exc, pg.errors.LockNotAvailable):
+            return PostgresStoreError(
+                f"{self._where}: waited longer than lock_timeout={self.lock_timeout:g}s ({text})"
+            )
+        if isinstance(exc, pg.errors.InsufficientPrivilege):
+            return PostgresStoreError(
+                f"{self._where}: permission denied ({text}); grant the user access to "
+                f"schema {self.schema!r} or have an administrator run `checkpointer pg-schema`"
+            )
+        return PostgresStoreError(f"{self._where}: {text}")
+
+    def _connect_failure(self, exc: Exception) -> str:
+        text = _one_line(str(exc))
+        low = text.lower()
+        if "password authentication failed" in low or "no password supplied" in low:
+            hint = "check the user and password (in the DSN, PGPASSWORD or ~/.pgpass)"
+        elif "does not exist" in low and "database" in low:
+            hint = "create the database (createdb) or fix dbname in the DSN"
+        elif "does not exist" in low and "role" in low:
+            hint = "create the role or fix user in the DSN"
+        elif "refused" in low:
+            hint = "is the server running and listening on that host and port?"
+        elif "timeout" in low or "timed out" in low:
+            hint = f"no answer within connect_timeout={self.connect_timeout:g}s"
+        elif "resolve" in low or "name or service not known" in low:
+            hint = "check host in the DSN"
+        else:
+            hint = "check the DSN"
+        return f"cannot connect to PostgreSQL at {self._where}: {text}; {hint}"
+
+    def _version(self, conn: psycopg.Connection[Any]) -> int | None:
+        try:
+            row = conn.execute(self._sql["version"]).fetchone()
+        except (self._pg.errors.UndefinedTable, self._pg.errors.InvalidSchemaName):
+            return None
+        return None if row is None else int(row[0])
+
+    def _ensure_schema(self, conn: psycopg.Connection[Any]) -> None:
+        version = self._version(conn)
+        if version == SCHEMA_VERSION:
+            self._schema_ok = True
+            return
+        self._check_newer(version)
+        if not self._create:
+            raise PostgresStoreError(
+                f"{self._where}: no checkpointer tables in schema {self.schema!r}; create "
+                f"them with `checkpointer pg-schema` or PostgresStore(...).create_schema()"
+            )
+        self._install(conn)
+        self._schema_ok = True
+
+    def _check_newer(self, version: int | None) -> None:
+        if version is not None and version > SCHEMA_VERSION:
+            raise PostgresStoreError(
+                f"{self._where}: schema {self.schema!r} has version {version}, newer than "
+                f"this library uses ({SCHEMA_VERSION}); upgrade agent-checkpointer"
+            )
+
+    def _install(self, conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction():
+            # Concurrent first users wait here instead of racing on CREATE.
+            conn.execute(
+                self._sql["install_lock"], {"id": _int64(b"schema\0" + self._quoted.encode())}
+            )
+            version = self._version_in(conn)
+            self._check_newer(version)
+            if version is None:
+                conn.execute(_SCHEMA_SQL.format(s=self._quoted).encode())
+                # lz4 where the server has it (14+, built with lz4): for a
+                # transcript of several MB, 3-4x quicker than the default pglz.
+                with contextlib.suppress(self._pg.Error), conn.transaction():
+                    conn.execute(_LZ4_SQL.format(s=self._quoted).encode())
+
+    def _version_in(self, conn: psycopg.Connection[Any]) -> int | None:
+        # Inside a transaction a failed statement would abort it: look first.
+        row = conn.execute(b"SELECT to_regclass(%s)", [f"{self._quoted}.schema_version"]).fetchone()
+        if row is None or row[0] is None:
+            return None
+        found = conn.execute(self._sql["version"]).fetchone()
+        return None if found is None else int(found[0])
+
+    def _lock_id(self, key: str) -> int:
+        return _int64(self._quoted.encode() + b"\0" + key.encode())
+
+    def _acquire(
+        self, conn: psycopg.Connection[Any], key: str, *, fresh: bool
+    ) -> KeyLockedError | None:
+        """Take the key's lock on ``conn`` unless held; a refusal is returned.
+
+        ``fresh``: a writer starts on the key now (``acquire``/``lock``) and
+        will read it first, so whatever is stored becomes the base it may
+        write over.  Otherwise (``write`` taking the lock again after a lost
+        connection) the base stays what it was: a store that lost the key
+        to a writer that wrote since is refused.
+        """
+        if key in self._held:
+            return None
+        lock_id = self._lock_id(key)
+        try:
+            row = conn.execute(
+                self._sql["acquire"],
+                {"id": lock_id, "key": key, "host": self._host, "pid": os.getpid()},
+            ).fetchone()
+            taken = row is not None and bool(row[0])
+            if taken and (fresh or key not in self._base):
+                # A statement of its own: its snapshot is taken after the lock.
+                last = conn.execute(self._sql["last_writer"], {"key": key}).fetchone()
+                self._base[key] = None if last is None else last[0]
+                self._fenced.pop(key, None)
+        except self._pg.Error:
+            # The lock may be held now although we could not finish: only
+            # closing the connection makes sure it is not kept unknowingly.
+            self._suspect = True
+            raise
+        if taken:
+            self._held.add(key)
+            return None
+        return self._holder(conn, key, lock_id)
+
+    def _unlock(self, conn: psycopg.Connection[Any], key: str) -> None:
+        self._held.discard(key)
+        conn.execute(self._sql["release"], {"key": key, "id": self._lock_id(key)})
+
+    def _holder(self, conn: psycopg.Connection[Any], key: str, lock_id: int) -> KeyLockedError:
+        hi, lo = (lock_id >> 32) & 0xFFFFFFFF, lock_id & 0xFFFFFFFF
+        params = {"key": key, "hi": hi, "lo": lo}
+        for _ in range(3):
+            row = conn.execute(self._sql["holder"], params).fetchone()
+            if row is None or row[1] is not None:
+                break
+            # The holder notes itself in the statement that takes the lock; its
+            # row shows when that statement commits, a moment after the lock.
+            time.sleep(0.02)
+        where = self.location(key)
+        if row is None:  # gone between our try and our look: a retry may take it
+            return KeyLockedError(key, f"{where}, released a moment ago", None)
+        holder = None
+        if row[1] is not None:
+            holder = LockHolder(pid=row[2], host=row[1], started_at=row[3])
+        return KeyLockedError(key, f"{where}, held by PostgreSQL backend {row[0]}", holder)
+
+    def _upsert(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> bool:
+        """Run the fenced upsert inside the caller's transaction; True if applied."""
+        return conn.execute(self._sql["upsert"], params).fetchone() is not None
+
+    def _stale(self, conn: psycopg.Connection[Any], key: str, seq: int) -> str:
+        row = conn.execute(self._sql["stored"], {"key": key}).fetchone()
+        stored = "a newer checkpoint" if row is None else f"seq {row[0]}"
+        return (
+            f"refused a late write of {self.location(key)} (seq {seq}): the store holds "
+            f"{stored}, written by another writer since this one last held the key; "
+            "this writer lost the session: reload it with load() in a new writer"
+        )
+
+    def _split(self, key: str, chunks: Sequence[bytes]) -> tuple[int, bytes, bytes]:
+        """The format, the meta JSON and the state JSON of an envelope."""
+        if (
+            len(chunks) >= 4
+            and chunks[0] == _PREFIX
+            and chunks[2] == _MIDDLE
+            and chunks[-1] == _SUFFIX
+        ):
+            # The writer's envelope: the meta, then the state in one or more
+            # pieces (a transcript's cached messages), joined here in the
+            # worker thread (bytes.join releases the GIL for large results).
+            state = chunks[3] if len(chunks) == 5 else b"".join(chunks[3:-1])
+            return FORMAT, bytes(chunks[1]), bytes(state)
+        data = b"".join(chunks)
+        try:
+            checkpoint = decode_checkpoint(data, self.location(key), msgspec.Raw)
+        except Exception as exc:
+            raise ValueError(f"not a checkpoint envelope for {key!r}: {exc}") from None
+        meta = msgspec.json.encode(checkpoint.meta)
+        return _FORMAT_DECODER.decode(data).format, meta, bytes(checkpoint.state)
+
+
+def _describe(params: dict[str, Any]) -> str:
+    """``postgresql://user@host:port/dbname`` for messages: never the password."""
+    env = os.environ
+    user = params.get("user") or env.get("PGUSER") or ""
+    host = params.get("host") or params.get("hostaddr") or env.get("PGHOST") or "localhost"
+    port = params.get("port") or env.get("PGPORT") or "5432"
+    dbname = params.get("dbname") or env.get("PGDATABASE") or user
+    if str(host).startswith("/"):
+        host = f"[{host}]"
+    return f"postgresql://{user}{'@' if user else ''}{host}:{port}/{dbname}"
+
+
+# -- the `checkpointer pg-schema` command ------------------------------------
+
+
+def add_command(commands: Any) -> None:
+    """Add ``pg-schema`` to the CLI's subcommands (psycopg is not imported)."""
+    cmd = commands.add_parser(
+        "pg-schema",
+        help="create or upgrade the PostgresStore tables",
+        description="Create (or upgrade) the tables PostgresStore uses, in one "
+        "transaction, and print the schema version; or print the SQL with --sql.",
+    )
+    cmd.add_argument(
+        "dsn",
+        nargs="?",
+        default="",
+        help="libpq connection string or URI (default: the PG* environment variables)",
+    )
+    cmd.add_argument("--schema", default="checkpointer", help="PostgreSQL schema (%(default)s)")
+    cmd.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+    cmd.set_defaults(run=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``pg-schema``; return the exit status."""
+    try:
+        if args.sql:
+            sys.stdout.write(schema_sql(args.schema))
+            return 0
+        with PostgresStore(args.dsn, schema=args.schema) as store:
+            version = store.create_schema()
+            print(f"{store.location('')[:-1]}: schema version {version}")
+    except (ImportError, ValueError, PostgresStoreError) as exc:
+        print(f"checkpointer pg-schema: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -3,7 +3,8 @@
 ``python -m benchmarks`` runs every case in ``benchmarks.__main__.CASES``,
 prints one table per case and each ratio with its bar, writes the raw
 figures to ``benchmarks/results/<mode>.json`` and, when matplotlib is
-installed, draws the charts next to it.  ``--quick`` runs in under a minute.
+installed, draws the charts next to it.  ``--quick`` runs every case, at smaller
+sizes and with fewer repeats, in 10-20 seconds.
 
 A case is a module ``benchmarks/bench_<name>.py`` with::
 

@@ -33,7 +33,7 @@ CASES: list[tuple[str, str]] = [
     ("growth", "benchmarks.bench_growth"),
     ("fingerprint", "benchmarks.bench_fingerprint"),
     ("aiofiles", "benchmarks.bench_aiofiles"),
-    ("journal", "benchmarks.bench_journal"),  # from the journal issue; skipped until it lands
+    ("journal", "benchmarks.bench_journal"),
 ]
 """(case id, module with ``main(quick) -> dict``); adding a case is one entry."""
 
@@ -138,7 +138,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description="Run the checkpointer benchmarks."
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (<1 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smaller sizes, few repeats: every case in 10-20 s"
+    )
     parser.add_argument(
         "--only", default="", help="comma-separated case ids: " + ",".join(c for c, _ in CASES)
     )

@@ -540,7 +540,7 @@ class Workload(msgspec.Struct, kw_only=True):
 
 def workload_config(quick: bool) -> tuple[int, int, int]:
     """(turns, history messages, repeats) of the agent runs."""
-    return (4, 50, 1) if quick else (30, 200, 3)
+    return (1, 20, 1) if quick else (30, 200, 3)
 
 
 @functools.cache

@@ -65,7 +65,7 @@ def draw(results: dict[str, Any], out: str, mode: str) -> list[str]:
             med = [bars[n]["median"] * 1e3 for n in names]
             err_lo = [max(0.0, (bars[n]["median"] - bars[n]["p10"]) * 1e3) for n in names]
             err_hi = [max(0.0, (bars[n]["p90"] - bars[n]["median"]) * 1e3) for n in names]
-            colors = ["tab:green" if n == "checkpointer" else "tab:gray" for n in names]
+            colors = ["tab:green" if n.startswith("checkpointer") else "tab:gray" for n in names]
             ax.bar(range(len(names)), med, yerr=[err_lo, err_hi], color=colors, capsize=3)
             ax.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=8)
             ax.set_title(group, fontsize=9)

@@ -14,11 +14,14 @@ import tempfile
 from typing import Any
 
 import anyio
+import msgspec
 
 __all__ = [
     "MESSAGE_BYTES",
+    "SettledMessage",
     "aiofiles_hops",
     "message",
+    "settled",
     "transcript",
     "transcript_of",
     "write_aiofiles",
@@ -75,6 +78,23 @@ def message(i: int, size: int = 100) -> dict[str, Any]:
     while len(text) < want:
         text += " " + _TEXT[: want - len(text) - 1]
     return {"role": role, "content": text, "n": i}
+
+
+class SettledMessage(msgspec.Struct, frozen=True):
+    """A ``message()`` as a frozen Struct: the same JSON bytes, but settled.
+
+    The message cache (``Transcript``) encodes a settled message once in its
+    life; a dict is encoded afresh at every checkpoint.
+    """
+
+    role: str
+    content: str
+    n: int
+
+
+def settled(messages: list[dict[str, Any]]) -> list[SettledMessage]:
+    """``messages`` (from ``message()``) as ``SettledMessage``: same bytes when encoded."""
+    return [SettledMessage(m["role"], m["content"], m["n"]) for m in messages]
 
 
 def transcript(n: int, size: int = 100) -> list[dict[str, Any]]:

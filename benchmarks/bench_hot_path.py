@@ -67,7 +67,7 @@ def main(quick: bool) -> dict[str, Any]:
     # Short repeats, many of them: the machine's disturbances come in bursts
     # longer than one repeat, so the pairs within a repeat see the same one.
     number = 20_000
-    repeats = 15 if quick else 101
+    repeats = 9 if quick else 101
     samples = anyio.run(_measure, number, repeats)
     stats = {name: stat(values) for name, values in samples.items()}
     table = Table(

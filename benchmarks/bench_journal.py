@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python -m benchmarks.bench_journal            # about a minute
-    python -m benchmarks.bench_journal --quick    # well under a minute
+    python -m benchmarks.bench_journal --quick    # a few seconds: fewer repeats, 10 MB
 
 Three figures, each against a baseline measured in the same run (shared
 machines are noisy: trust the ratios, not the absolutes):
@@ -15,9 +15,10 @@ machines are noisy: trust the ratios, not the absolutes):
    ``await writer.write_now()``, fsync included; medians after a warm-up,
    the sessions interleaved so disk noise hits them alike.
 2. **Worst event-loop stall** (the lateness of a 1 ms ticker task) while
-   checkpointing a ~50 MB transcript, one message added each time: the naive
-   snapshot (encode on the loop) against the snapshot with the message cache
-   (``FileStore(root, transcript=Transcript())``) and the journal.  Median
+   checkpointing a ~50 MB transcript (10 MB with ``--quick``), one message
+   added each time: the naive snapshot (encode on the loop) against the
+   snapshot with the message cache (``FileStore(root,
+   transcript=Transcript())``) and the journal.  Median
    over checkpoints of each checkpoint's worst lateness, after a warm-up.
 3. **Journal size after N checkpoints** (one message each, the agent
    compacting its history now and then): the largest ``size / threshold``
@@ -64,10 +65,11 @@ def _message(i: int, size: int) -> Message:
 
 
 class _Session:
-    def __init__(self, key: str, n: int, size: int) -> None:
+    def __init__(self, key: str, n: int, size: int, history: list[Message] | None = None) -> None:
         self.key = key
         self.size = size
-        self.messages = [_message(i, size) for i in range(n)]
+        # Sessions may share their first n messages (frozen: nobody can change them).
+        self.messages = history[:n] if history else [_message(i, size) for i in range(n)]
         self.state = {"title": key, "messages": self.messages}
 
     def snapshot(self) -> Snapshot:
@@ -95,8 +97,8 @@ async def _timed_write(writer: CheckpointWriter[Snapshot]) -> float:
 
 def append_cost(root: str, *, quick: bool) -> dict[str, Any]:
     """Median seconds of one checkpoint adding one message, per store and size."""
-    journal_repeats = 21 if quick else 61
-    snapshot_repeats = 3 if quick else 7
+    journal_repeats = 11 if quick else 61
+    snapshot_repeats = 2 if quick else 7
     plan: list[tuple[str, Callable[[str], Store], int, int]] = [
         ("journal", JournalStore, 100, journal_repeats),
         ("journal", JournalStore, 100_000, journal_repeats),
@@ -105,13 +107,14 @@ def append_cost(root: str, *, quick: bool) -> dict[str, Any]:
         ("cached", lambda r: FileStore(r, transcript=Transcript()), 100_000, snapshot_repeats),
     ]
     times: dict[str, list[float]] = {}
+    history = [_message(i, 300) for i in range(max(n for _, _, n, _ in plan))]
 
     async def run() -> None:
         async with contextlib.AsyncExitStack() as stack:
             entries = []
             for kind, make, n, repeats in plan:
                 name = f"{kind}_{n}"
-                session = _Session(name, n, 300)
+                session = _Session(name, n, 300, history)
                 writer = await stack.enter_async_context(
                     _writer(session, make(os.path.join(root, kind)))
                 )
@@ -162,9 +165,13 @@ async def _worst_lateness(action: Callable[[], Awaitable[Any]]) -> float:
     return max(lateness)
 
 
-def loop_stall(root: str, *, quick: bool, megabytes: int = 50) -> dict[str, Any]:
-    """Median worst ticker lateness (seconds) per checkpoint of a large transcript."""
+def loop_stall(root: str, *, quick: bool, megabytes: int | None = None) -> dict[str, Any]:
+    """Median worst ticker lateness (seconds) per checkpoint of a large transcript.
+
+    ``megabytes``: the transcript's size; 50, or 10 with ``quick``.
+    """
     repeats = 3 if quick else 9
+    megabytes = megabytes or (10 if quick else 50)
     size = 1024
     n = megabytes * 1_000_000 // (size + 40)
     modes: list[tuple[str, Callable[[str], Store]]] = [
@@ -205,8 +212,9 @@ def loop_stall(root: str, *, quick: bool, megabytes: int = 50) -> dict[str, Any]
 
 def journal_growth(root: str, *, quick: bool) -> dict[str, float]:
     """Checkpoint N times; the journal must stay within its rewrite threshold."""
-    checkpoints = 300 if quick else 2000
-    store = JournalStore(os.path.join(root, "growth"), rewrite_min_bytes=64 * 1024)
+    # Quick: fewer checkpoints, and a lower floor so that they still rewrite.
+    checkpoints, floor = (150, 48 * 1024) if quick else (2000, 64 * 1024)
+    store = JournalStore(os.path.join(root, "growth"), rewrite_min_bytes=floor)
     session = _Session("growth", 50, 200)
     worst = 0.0
     written = 0

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_fingerprint
+from benchmarks import bench_fingerprint, bench_floor, bench_growth, bench_stall
 from benchmarks._agent import Durable, _waits
 from benchmarks._harness import ratio, stat
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Every case and the ratio lines it must print (prefixes of the ratio names).
+# Every case and the ratio lines --quick must print (prefixes of the ratio names).
+# Quick runs smaller sizes where a case is about size; one ratio per full-run ratio.
 EXPECTED = {
     "hot-path": [
         "notify / no-op @10 msgs",
@@ -29,11 +30,19 @@ EXPECTED = {
         for pattern in ("steady", "bursty", "stepwise")
         for what in ("longest wait to disk", "each wait / (max(max_wait, write in flight)")
     ],
-    "floor": ["1 KiB:", "100 KiB:", "10 MiB:", "50 MiB:"],
-    "exit-flush": ["1 KiB:", "100 KiB:", "10 MiB:", "50 MiB:"],
+    "floor": ["1 KiB:", "100 KiB:", "1 MiB:", "5 MiB:"],
+    "exit-flush": ["1 KiB:", "100 KiB:", "1 MiB:", "5 MiB:"],
     "stall": [
-        "10 MiB: worst stall checkpointer / msgspec on loop",
-        "50 MiB: worst stall checkpointer / json.dumps on loop",
+        f"{size}: worst stall {ours} / {base}"
+        for size in ("1 MiB", "5 MiB")
+        for ours, base in [
+            ("checkpointer", "msgspec on loop"),
+            ("checkpointer", "json.dumps on loop"),
+            ("checkpointer", "json.dumps in a thread"),
+            ("checkpointer", "langgraph aput"),
+            ("checkpointer + cache", "checkpointer"),
+            ("checkpointer + cache", "msgspec on loop"),
+        ]
     ],
     "peers": [
         f"{pattern}: {what} checkpointer / {peer}"
@@ -41,9 +50,19 @@ EXPECTED = {
         for what in ("bytes written", "worst stall")
         for peer in ("naive", "debounce", "langgraph")
     ],
-    "growth": ["FileStore: cost @100,000 / @100 messages"],
+    "growth": [
+        f"{store}: cost @10,000 / @100 messages"
+        for store in ("FileStore", "FileStore+Transcript", "JournalStore")
+    ],
     "fingerprint": ["fingerprint @100,000 vs @10 msgs"],
     "aiofiles": ["1 KiB on disk: aiofiles / one hop"],
+    "journal": [
+        "JournalStore: cost @100,000 / @100 messages",
+        "@100,000 messages: cost FileStore snapshot / JournalStore",
+        "worst stall: cached snapshot / naive",
+        "worst stall: journal / naive",
+        "journal size / rewrite threshold",
+    ],
 }
 
 RATIO_LINE = re.compile(
@@ -82,6 +101,20 @@ def test_quick_run_prints_every_ratio(tmp_path: Path) -> None:
     assert set(EXPECTED) <= set(document["cases"])
     for case in EXPECTED:
         assert document["cases"][case]["ratios"], case
+    growth = document["cases"]["growth"]["series"]
+    assert sorted(growth) == [f"growth/{name}" for name, *_ in sorted(bench_growth.STORES)]
+    assert all(len(points) == 3 for points in growth.values())  # 100, 1,000, 10,000
+    stall = document["cases"]["stall"]["series"]
+    assert "stall/one 5 MiB checkpoint/checkpointer + cache" in stall
+
+
+def test_quick_sizes_shadow_the_full_ones() -> None:
+    """--quick runs a smaller size for every size of the full run, so no ratio goes missing."""
+    assert len(bench_floor.QUICK_SIZES) == len(bench_floor.SIZES)
+    assert len(bench_stall.QUICK_SIZES) == len(bench_stall.SIZES)
+    assert len(bench_growth.QUICK_LENGTHS) >= 2
+    assert bench_growth.LENGTHS[-1] == 100_000  # the full run keeps its sizes
+    assert [label for label, _ in bench_floor.SIZES][-1] == "50 MiB"
 
 
 def test_wait_to_disk_is_event_to_covering_write() -> None:

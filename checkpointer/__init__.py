@@ -6,6 +6,7 @@ from ._encoding import Transcript
 from ._format import Checkpoint, CheckpointError, Meta, Snapshot, TornTail, WriterInfo, load
 from ._journal import JournalStatistics, JournalStore
 from ._lock import KeyLock, KeyLocked, LockHolder, LockingStore
+from ._pgjournal import PostgresJournalStore
 from ._postgres import KeyLockedError, PostgresStore, PostgresStoreError, StaleWriteError
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._session import Prepared
@@ -65,6 +66,7 @@ __all__ = [
     "Meta",
     "Migration",
     "MonotonicClock",
+    "PostgresJournalStore",
     "PostgresStore",
     "PostgresStoreError",
     "Prepared",

@@ -417,6 +417,79 @@ def _witnesses(messages: list[Any], chunks: Sequence[bytes], unsettled: list[int
     return out
 
 
+class _Prefixes:
+    """Staging by prefix: only the messages after what a key's track holds are new.
+
+    Shared by ``JournalStore`` and the PostgreSQL journal.  The class using it
+    keeps ``_transcript``, ``_tracks`` (key -> ``_Track``) and
+    ``_witness_lock``; its commit turns a ``_Delta`` whose base is no longer
+    the key's track into a compaction (``_Delta.full()``).
+    """
+
+    _transcript: Transcript
+    _tracks: dict[str, _Track]
+    _witness_lock: threading.Lock
+
+    def stage(self, key: str, state: Any) -> _Full | _Delta:
+        transcript = self._transcript
+        split = transcript.split(state)
+        if split is None:
+            return _Full(whole=transcript.encoder.encode(state))
+        track = self._tracks.get(key)
+        if (
+            track is not None
+            and track.witnesses is not None
+            and not track.broken
+            and track.name == split.name
+            and isinstance(split.messages, list)
+        ):
+            new = self._new_messages(track, split.messages)
+            if new is not None:
+                chunks, unsettled = transcript.encode_messages(new)
+                transcript.prune(split.messages)
+                return _Delta(track, new, chunks, unsettled, split.head, split.tail)
+        messages = list(split.messages)  # private: witnesses are built in the worker
+        chunks, unsettled = transcript.encode_messages(messages)
+        transcript.prune(messages)
+        return _Full(
+            name=split.name,
+            head=split.head,
+            tail=split.tail,
+            chunks=chunks,
+            messages=messages,
+            unsettled=unsettled,
+        )
+
+    def _new_messages(self, track: _Track, messages: list[Any]) -> list[Any] | None:
+        """The messages after the track's prefix, or None if the prefix changed.
+
+        One list ``==`` in C against the witnesses, which stand for settled
+        messages themselves, so an unchanged prefix compares by identity and
+        its messages are not even dereferenced.  No copy of the prefix is made
+        (at 100,000 messages, copying the list costs more than the compare):
+        the witness list is extended with the new messages for the compare
+        and trimmed back, under a lock that a commit takes to extend it.
+        """
+        n = track.n
+        witnesses = track.witnesses
+        if witnesses is None or len(messages) < n:
+            return None
+        if not self._witness_lock.acquire(blocking=False):
+            return None  # a commit is extending it, or a signal handler re-entered
+        try:
+            if len(witnesses) != n:
+                return None  # a newer commit extended it: this track is stale
+            new = messages[n:]
+            witnesses.extend(new)
+            try:
+                same = messages == witnesses
+            finally:
+                del witnesses[n:]
+        finally:
+            self._witness_lock.release()
+        return new if same else None
+
+
 class JournalStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """What a ``JournalStore`` did, and the size of one key's journal.
 
@@ -441,7 +514,7 @@ class JournalStatistics(msgspec.Struct, frozen=True, kw_only=True):
     threshold: int | None = None
 
 
-class JournalStore(FileStore):
+class JournalStore(_Prefixes, FileStore):
     """Checkpoints as append-only journals: key ``k`` lives at ``root/k.jsonl``.
 
     A checkpoint costs what changed: new messages are appended (one write,
@@ -546,65 +619,6 @@ class JournalStore(FileStore):
         scan = _scan(data, path)
         state = msgspec.Raw(_assemble(scan, path))
         return Checkpoint(meta=scan.meta, state=state, torn=scan.torn)
-
-    def stage(self, key: str, state: Any) -> _Full | _Delta:
-        transcript = self._transcript
-        split = transcript.split(state)
-        if split is None:
-            return _Full(whole=transcript.encoder.encode(state))
-        track = self._tracks.get(key)
-        if (
-            track is not None
-            and track.witnesses is not None
-            and not track.broken
-            and track.name == split.name
-            and isinstance(split.messages, list)
-        ):
-            new = self._new_messages(track, split.messages)
-            if new is not None:
-                chunks, unsettled = transcript.encode_messages(new)
-                transcript.prune(split.messages)
-                return _Delta(track, new, chunks, unsettled, split.head, split.tail)
-        messages = list(split.messages)  # private: witnesses are built in the worker
-        chunks, unsettled = transcript.encode_messages(messages)
-        transcript.prune(messages)
-        return _Full(
-            name=split.name,
-            head=split.head,
-            tail=split.tail,
-            chunks=chunks,
-            messages=messages,
-            unsettled=unsettled,
-        )
-
-    def _new_messages(self, track: _Track, messages: list[Any]) -> list[Any] | None:
-        """The messages after the track's prefix, or None if the prefix changed.
-
-        One list ``==`` in C against the witnesses, which stand for settled
-        messages themselves, so an unchanged prefix compares by identity and
-        its messages are not even dereferenced.  No copy of the prefix is made
-        (at 100,000 messages, copying the list costs more than the compare):
-        the witness list is extended with the new messages for the compare
-        and trimmed back, under a lock that a commit takes to extend it.
-        """
-        n = track.n
-        witnesses = track.witnesses
-        if witnesses is None or len(messages) < n:
-            return None
-        if not self._witness_lock.acquire(blocking=False):
-            return None  # a commit is extending it, or a signal handler re-entered
-        try:
-            if len(witnesses) != n:
-                return None  # a newer commit extended it: this track is stale
-            new = messages[n:]
-            witnesses.extend(new)
-            try:
-                same = messages == witnesses
-            finally:
-                del witnesses[n:]
-        finally:
-            self._witness_lock.release()
-        return new if same else None
 
     def commit(self, key: str, meta: Meta, staged: object) -> int:
         check_key(key)

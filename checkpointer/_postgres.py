@@ -53,13 +53,14 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 import msgspec
 
 from ._encoding import Transcript
 from ._format import _MIDDLE, _PREFIX, _SUFFIX, FORMAT, Meta, decode_checkpoint
+from ._journal import _END, _HEADER_HEAD, _META_HEAD, _assemble, _scan
 from ._lock import KeyLocked, LockHolder
 from ._stores import check_key
 
@@ -78,7 +79,7 @@ __all__ = [
     "schema_sql",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """The version of the tables this library creates and the newest it uses."""
 
 _INSTALL_HINT = "PostgresStore needs psycopg 3: pip install 'agent-checkpointer[postgres]'"
@@ -130,6 +131,22 @@ CREATE TABLE IF NOT EXISTS {s}.aside (
 INSERT INTO {s}.schema_version (version) VALUES (1) ON CONFLICT (one) DO NOTHING;
 """
 
+# Version 2: the journal (``PostgresJournalStore``).  A journal key's
+# checkpoints row is its head (seq, meta, fencing; ``state`` empty); its
+# rows hold the journal's lines, in order of ``n``.
+_MIGRATE_2_SQL = """\
+ALTER TABLE {s}.checkpoints
+    ADD COLUMN IF NOT EXISTS journal boolean NOT NULL DEFAULT false;
+CREATE TABLE IF NOT EXISTS {s}.journal (
+    key text NOT NULL,
+    n bigserial,
+    kind text NOT NULL,
+    body bytea NOT NULL,
+    PRIMARY KEY (key, n)
+);
+UPDATE {s}.schema_version SET version = 2, installed_at = now() WHERE version < 2;
+"""
+
 _LZ4_SQL = "ALTER TABLE {s}.checkpoints ALTER COLUMN state SET COMPRESSION lz4;"
 
 # Each statement is one round trip.  {s} is the quoted schema name.
@@ -158,19 +175,37 @@ _Q = {
         )
         SELECT pg_advisory_unlock(%(id)s)""",
     "upsert": """
-        INSERT INTO {s}.checkpoints AS c (key, seq, format, meta, state, writer, updated_at)
-        VALUES (%(key)s, %(seq)s, %(format)s, %(meta)s::jsonb, %(state)b, %(writer)s, now())
+        INSERT INTO {s}.checkpoints AS c
+            (key, seq, format, meta, state, writer, updated_at, journal)
+        VALUES (%(key)s, %(seq)s, %(format)s, %(meta)s::jsonb, %(state)b, %(writer)s, now(),
+            %(journal)s)
         ON CONFLICT (key) DO UPDATE SET seq = EXCLUDED.seq, format = EXCLUDED.format,
             meta = EXCLUDED.meta, state = EXCLUDED.state, writer = EXCLUDED.writer,
-            updated_at = EXCLUDED.updated_at
+            updated_at = EXCLUDED.updated_at, journal = EXCLUDED.journal
         WHERE (c.seq < EXCLUDED.seq AND c.writer IS NOT DISTINCT FROM %(base)s::text)
            OR (c.seq = EXCLUDED.seq AND c.writer = EXCLUDED.writer)
         RETURNING c.seq""",
     "last_writer": "SELECT writer FROM {s}.checkpoints WHERE key = %(key)s",
     "stored": "SELECT seq, writer FROM {s}.checkpoints WHERE key = %(key)s",
-    "read": "SELECT format, meta::text, state FROM {s}.checkpoints WHERE key = %(key)s",
+    # One statement, so the head and the rows come from one snapshot.
+    "read": """
+        SELECT c.format, c.meta::text, c.state, c.journal, j.body
+        FROM {s}.checkpoints c
+        LEFT JOIN {s}.journal j ON c.journal AND j.key = c.key AND j.n >= (
+            SELECT max(n) FROM {s}.journal WHERE key = c.key AND kind = 'compaction')
+        WHERE c.key = %(key)s
+        ORDER BY j.n""",
+    "head": "SELECT meta::text, journal FROM {s}.checkpoints WHERE key = %(key)s",
     "keys": "SELECT key FROM {s}.checkpoints",
-    "delete": "DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING 1",
+    "delete": """
+        WITH rows AS (DELETE FROM {s}.journal WHERE key = %(key)s)
+        DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING 1""",
+    "journal_clear": "DELETE FROM {s}.journal WHERE key = %(key)s",
+    "journal_append": """
+        INSERT INTO {s}.journal (key, kind, body)
+        SELECT %(key)s, u.kind, u.body
+        FROM unnest(%(kinds)s::text[], %(bodies)s::bytea[]) WITH ORDINALITY AS u(kind, body, i)
+        ORDER BY u.i""",
     "move_aside": """
         WITH moved AS (DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING *)
         INSERT INTO {s}.aside AS a (key, suffix, seq, format, meta, state, writer, updated_at)
@@ -231,6 +266,7 @@ def schema_sql(schema: str = "checkpointer") -> str:
     lz4 = _LZ4_SQL.format(s=quoted)
     return (
         _SCHEMA_SQL.format(s=quoted)
+        + _MIGRATE_2_SQL.format(s=quoted)
         + "-- Optional, on PostgreSQL 14+ built with lz4 (what the store does when it can):\n"
         + f"-- {lz4}\n"
     )
@@ -485,7 +521,22 @@ class PostgresStore:
             "meta": meta_json.decode(),
             "state": state,
             "writer": self._writer_id,
+            "journal": False,
         }
+        self._fenced_write(key, params)
+        return sum(len(chunk) for chunk in chunks)
+
+    def _fenced_write(
+        self,
+        key: str,
+        params: dict[str, Any],
+        then: Callable[[psycopg.Connection[Any]], None] | None = None,
+    ) -> None:
+        """The fenced upsert of ``key``'s row, and ``then(conn)``, in one transaction.
+
+        Takes the key's lock first if not held; ``then`` runs only if the
+        upsert applied (the journal's rows go with their head, or not at all).
+        """
         if key in self._fenced:
             raise StaleWriteError(self._fenced[key])
         with self._session() as conn:
@@ -495,21 +546,26 @@ class PostgresStore:
             params["base"] = self._base.get(key)
             with conn.transaction():
                 applied = self._upsert(conn, params)
+                if applied and then is not None:
+                    then(conn)
             if not applied:
-                why = self._fenced[key] = self._stale(conn, key, seq)
+                why = self._fenced[key] = self._stale(conn, key, params["seq"])
                 self._unlock(conn, key)  # a fenced store lets go of the key
                 raise StaleWriteError(why)
             self._base[key] = self._writer_id
-        return sum(len(chunk) for chunk in chunks)
 
     def read(self, key: str) -> bytes | None:
+        """The checkpoint of ``key`` as an envelope (a journal's rows assembled)."""
         check_key(key)
         with self._session() as conn:
-            row = conn.execute(self._sql["read"], {"key": key}, binary=True).fetchone()
-        if row is None:
+            rows = conn.execute(self._sql["read"], {"key": key}, binary=True).fetchall()
+        if not rows:
             return None
-        fmt, meta, state = row
-        return b"".join([b'{"format":%d,"meta":' % fmt, meta.encode(), _MIDDLE, state, _SUFFIX])
+        fmt, meta, state, journal, _ = rows[0]
+        meta_json = meta.encode()
+        if journal:
+            state = assemble_journal(meta_json, [row[4] for row in rows], self.location(key))
+        return b"".join([b'{"format":%d,"meta":' % fmt, meta_json, _MIDDLE, state, _SUFFIX])
 
     def keys(self) -> list[str]:
         with self._session() as conn:
@@ -828,6 +884,8 @@ class PostgresStore:
                 # transcript of several MB, 3-4x quicker than the default pglz.
                 with contextlib.suppress(self._pg.Error), conn.transaction():
                     conn.execute(_LZ4_SQL.format(s=self._quoted).encode())
+            if version is None or version < 2:
+                conn.execute(_MIGRATE_2_SQL.format(s=self._quoted).encode())
 
     def _version_in(self, conn: psycopg.Connection[Any]) -> int | None:
         # Inside a transaction a failed statement would abort it: look first.
@@ -930,6 +988,23 @@ class PostgresStore:
             raise ValueError(f"not a checkpoint envelope for {key!r}: {exc}") from None
         meta = msgspec.json.encode(checkpoint.meta)
         return _FORMAT_DECODER.decode(data).format, meta, bytes(checkpoint.state)
+
+
+def assemble_journal(meta_json: bytes, bodies: Sequence[bytes | None], where: str) -> bytes:
+    """The state of a journal key from its rows (a compaction first), as JSON.
+
+    The rows are the file journal's lines, so its reader checks and
+    assembles them; the head's meta closes them as a ``meta`` line would.
+
+    Raises:
+        CheckpointError: the rows are not a journal (no compaction first, a
+            damaged row).
+    """
+    lines = [b"".join([_HEADER_HEAD, meta_json, _END])]
+    lines.extend(body + b"\n" for body in bodies if body is not None)
+    lines.append(b"".join([_META_HEAD, meta_json, _END]))
+    data = b"".join(lines)
+    return _assemble(_scan(data, where), where)
 
 
 def _describe(params: dict[str, Any]) -> str:

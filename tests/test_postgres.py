@@ -273,7 +273,10 @@ def test_pg_schema_command(pg: Cluster, schema: str, capsys: pytest.CaptureFixtu
     assert f'CREATE TABLE IF NOT EXISTS "{schema}".checkpoints' in capsys.readouterr().out
     assert cli_main(["pg-schema", pg.dsn(), "--schema", schema]) == 0
     assert f"schema version {SCHEMA_VERSION}" in capsys.readouterr().out
-    assert PostgresStore(pg.dsn(), schema=schema, create_schema=False).schema_version() == 1
+    assert (
+        PostgresStore(pg.dsn(), schema=schema, create_schema=False).schema_version()
+        == SCHEMA_VERSION
+    )
     assert cli_main(["pg-schema", pg.dsn(password="nope"), "--schema", schema]) == 1
     err = capsys.readouterr().err
     assert "password authentication failed" in err and "nope" not in err

@@ -1,0 +1,269 @@
+"""The PostgreSQL journal: a checkpoint inserts only the rows of what changed.
+
+``PostgresJournalStore`` is a ``PostgresStore`` (same connection, lock,
+fencing and timeouts) that implements the ``StateStore`` protocol the way
+``JournalStore`` does for files, and decides append or compaction with the
+same staging (``_journal._Prefixes``):
+
+* A key's ``<schema>.checkpoints`` row is its *head*: seq, meta, the
+  fencing writer id, ``journal = true`` and an empty ``state``.
+* ``<schema>.journal`` holds the key's rows, ordered by ``n``: the file
+  journal's lines (``compaction``, ``message``, ``state``), one per row.
+* **Append**: the new messages are inserted as rows, with a ``state`` row
+  when the rest of the state changed, and the head is updated: one
+  transaction, fenced like every ``PostgresStore`` write.
+* **Compaction** (the prefix changed, the store has not written the key
+  yet, or the rows outgrew ``rewrite_factor`` times the last compaction):
+  one transaction updates the head, deletes the key's rows and inserts one
+  compaction row.
+* ``read_checkpoint``: the head and the rows from the last compaction on,
+  in one statement, assembled by the file journal's reader.
+
+A failed commit forgets what the store knew of the key (its answer may have
+been lost after the server committed), so the next commit is a compaction.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ._codec import Envelopes
+from ._encoding import Transcript
+from ._format import FORMAT, Checkpoint, CheckpointError, Meta, decode_checkpoint
+from ._journal import (
+    _COMPACTION_HEAD,
+    _MESSAGE_HEAD,
+    _STATE_HEAD,
+    _absent,
+    _Delta,
+    _Full,
+    _Prefixes,
+    _Track,
+    _witnesses,
+)
+from ._postgres import PostgresStore
+from ._stores import check_key
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["PostgresJournalStore"]
+
+_ENCODER = msgspec.json.Encoder()
+_META = msgspec.json.Decoder(Meta)
+
+
+class PostgresJournalStore(_Prefixes, PostgresStore):
+    """A ``PostgresStore`` whose checkpoints cost what changed: rows per message.
+
+    Takes the arguments of ``PostgresStore`` (``transcript`` defaults to
+    ``Transcript()``), plus:
+
+    Args:
+        rewrite_factor: compact a key when its rows would grow past this
+            many times the size of its last compaction row (> 1).
+        rewrite_min_bytes: ... but never below this size.
+
+    Keys written by a plain ``PostgresStore`` load, and are compacted into a
+    journal on this store's first commit; a plain store reads journal keys.
+    """
+
+    def __init__(
+        self,
+        dsn: str = "",
+        *,
+        rewrite_factor: float = 2.0,
+        rewrite_min_bytes: int = 1 << 20,
+        transcript: Transcript | None = None,
+        **options: Any,
+    ) -> None:
+        if transcript is None:
+            transcript = Transcript()
+        super().__init__(dsn, transcript=transcript, **options)
+        if not (isinstance(rewrite_factor, (int, float)) and 1 < rewrite_factor < float("inf")):
+            raise ValueError(f"rewrite_factor must be a finite number > 1, got {rewrite_factor!r}")
+        if not (isinstance(rewrite_min_bytes, int) and rewrite_min_bytes >= 0):
+            raise ValueError(f"rewrite_min_bytes must be an int >= 0, got {rewrite_min_bytes!r}")
+        self.rewrite_factor = float(rewrite_factor)
+        self.rewrite_min_bytes = rewrite_min_bytes
+        self._transcript = transcript
+        self._tracks: dict[str, _Track] = {}
+        self._witness_lock = threading.Lock()
+        self.appends = 0
+        self.compactions = 0
+
+    def __repr__(self) -> str:
+        return f"PostgresJournalStore({self._where!r}, schema={self.schema!r})"
+
+    # -- the Store protocol, with the tracks kept in step -----------------------
+
+    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+        """Store an envelope as a plain (snapshot) row, as ``PostgresStore`` does."""
+        self._tracks.pop(key, None)
+        return super().write(key, chunks)
+
+    def delete(self, key: str) -> bool:
+        self._tracks.pop(key, None)
+        return super().delete(key)
+
+    def move_aside(self, key: str, suffix: str) -> str | None:
+        self._tracks.pop(key, None)
+        return super().move_aside(key, suffix)
+
+    def release(self, key: str) -> None:
+        self._tracks.pop(key, None)  # whoever takes the key next may change it
+        super().release(key)
+
+    def close(self) -> None:
+        self._tracks.clear()
+        super().close()
+
+    # -- the StateStore protocol ---------------------------------------------------
+
+    def commit(self, key: str, meta: Meta, staged: object) -> int:
+        check_key(key)
+        track = self._tracks.get(key)
+        if isinstance(staged, _Delta):
+            if staged.base is track:
+                return self._append_delta(key, track, meta, staged)
+            staged = staged.full()
+        if not isinstance(staged, _Full):
+            raise TypeError(f"PostgresJournalStore cannot commit {type(staged).__name__}")
+        return self._compact(key, meta, staged)
+
+    def read_meta(self, key: str) -> Meta | None:
+        check_key(key)
+        head = self._head(key)
+        return None if head is None else head[0]
+
+    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
+        check_key(key)
+        rows = self._head(key)
+        if rows is None:
+            return None
+        old, journal = rows
+        if not journal:  # a snapshot row: rewrite it whole
+            return Envelopes(self).update_meta(key, update)
+        meta = update(old)
+        track = self._tracks.get(key)
+        try:
+            self._fenced_write(key, self._params(key, meta))
+        except BaseException:
+            self._tracks.pop(key, None)
+            raise
+        if track is not None:
+            self._tracks[key] = track._replace(meta=meta)
+        return meta
+
+    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
+        check_key(key)
+        try:
+            data = self.read(key)
+        except OSError as exc:
+            raise CheckpointError(self.location(key), f"cannot be read: {exc}") from None
+        if data is None:
+            return None
+        return decode_checkpoint(data, self.location(key), msgspec.Raw)
+
+    # -- internals ---------------------------------------------------------------
+
+    def _head(self, key: str) -> tuple[Meta, bool] | None:
+        with self._session() as conn:
+            row = conn.execute(self._sql["head"], {"key": key}).fetchone()
+        if row is None:
+            return None
+        try:
+            return _META.decode(row[0]), bool(row[1])
+        except msgspec.DecodeError as exc:
+            raise CheckpointError(self.location(key), f"bad meta: {exc}") from None
+
+    def _params(self, key: str, meta: Meta) -> dict[str, Any]:
+        return {
+            "key": key,
+            "seq": meta.seq,
+            "format": FORMAT,
+            "meta": _ENCODER.encode(meta).decode(),
+            "state": b"",
+            "writer": self._writer_id,
+            "journal": True,
+        }
+
+    def _insert(
+        self, key: str, meta: Meta, kinds: list[str], bodies: list[bytes], *, clear: bool
+    ) -> None:
+        def rows(conn: psycopg.Connection[Any]) -> None:
+            if clear:
+                conn.execute(self._sql["journal_clear"], {"key": key})
+            if bodies:
+                conn.execute(
+                    self._sql["journal_append"], {"key": key, "kinds": kinds, "bodies": bodies}
+                )
+
+        try:
+            self._fenced_write(key, self._params(key, meta), rows)
+        except BaseException:
+            self._tracks.pop(key, None)  # the server may have committed it: compact next
+            raise
+
+    def _append_delta(self, key: str, track: _Track, meta: Meta, delta: _Delta) -> int:
+        bodies = [b"".join([_MESSAGE_HEAD, chunk, b"}"]) for chunk in delta.chunks]
+        kinds = ["message"] * len(bodies)
+        if (delta.head, delta.tail) != (track.head, track.tail):
+            meta_json = _ENCODER.encode(meta)
+            state = [delta.head, b"null", delta.tail]
+            bodies.append(b"".join([_STATE_HEAD, meta_json, b',"state":', *state, b"}"]))
+            kinds.append("state")
+        nbytes = sum(map(len, bodies))
+        limit = max(self.rewrite_min_bytes, int(self.rewrite_factor * track.live))
+        if track.size + nbytes > limit:
+            return self._compact(key, meta, delta.full())
+        self._insert(key, meta, kinds, bodies, clear=False)
+        self.appends += 1
+        assert track.witnesses is not None
+        assert track.chunks is not None
+        witnesses = _witnesses(delta.messages, delta.chunks, delta.unsettled)
+        with self._witness_lock:
+            track.witnesses.extend(witnesses)
+        track.chunks.extend(delta.chunks)
+        self._tracks[key] = track._replace(
+            meta=meta,
+            size=track.size + nbytes,
+            n=track.n + len(delta.chunks),
+            head=delta.head,
+            tail=delta.tail,
+        )
+        return nbytes
+
+    def _compact(self, key: str, meta: Meta, full: _Full) -> int:
+        name = b"null" if full.name is None else _ENCODER.encode(full.name)
+        body = b"".join(
+            [
+                _COMPACTION_HEAD,
+                _ENCODER.encode(meta),
+                b',"transcript":',
+                name,
+                b',"state":',
+                *full.state_pieces(),
+                b"}",
+            ]
+        )
+        self._insert(key, meta, ["compaction"], [body], clear=True)
+        self.compactions += 1
+        transcript = full.whole is None
+        self._tracks[key] = _absent()._replace(
+            meta=meta,
+            size=len(body),
+            live=len(body),
+            epoch=full.epoch,
+            n=len(full.chunks),
+            witnesses=full.build_witnesses() if transcript else None,
+            chunks=full.chunks if transcript else None,
+            head=full.head,
+            tail=full.tail,
+            name=full.name,
+        )
+        return len(body)

@@ -1,0 +1,317 @@
+"""PostgresJournalStore on a real throwaway cluster: rows per message, compactions, faults."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psycopg
+import pytest
+
+from checkpointer import (
+    CheckpointWriter,
+    FileStore,
+    KeyLockedError,
+    PostgresJournalStore,
+    PostgresStore,
+    PostgresStoreError,
+    StaleWriteError,
+    Written,
+    load,
+)
+from checkpointer._postgres import _SCHEMA_SQL, SCHEMA_VERSION
+
+from . import test_postgres as _pg
+from .conftest import FakeClock
+from .pg import Cluster
+from .test_journal import Msg, Session, _agent_compaction, _truncate, as_json, meta, writer_for
+from .test_postgres import admin, spawn, terminate
+
+pytestmark = _pg.pytestmark
+# The throwaway cluster and a fresh schema per test, as in test_postgres.py.
+cluster = _pg.cluster
+pg = _pg.pg
+schema = _pg.schema
+
+
+@pytest.fixture
+def make_journal(pg: Cluster, schema: str) -> Iterator[Callable[..., PostgresJournalStore]]:
+    """Build journal stores on this test's schema; all closed at the end."""
+    made: list[PostgresJournalStore] = []
+
+    def make(**kwargs: Any) -> PostgresJournalStore:
+        options: dict[str, Any] = {"schema": schema, "connect_timeout": 2, "statement_timeout": 2}
+        options.update(kwargs)
+        store = PostgresJournalStore(pg.dsn(), **options)
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
+
+
+def rows(pg: Cluster, schema: str, key: str = "s1") -> list[tuple[int, str]]:
+    """The key's journal rows, (n, kind), in order."""
+    with admin(pg) as conn:
+        found = conn.execute(
+            f'SELECT n, kind FROM "{schema}".journal WHERE key = %s ORDER BY n', [key]
+        ).fetchall()
+    return [(int(n), str(kind)) for n, kind in found]
+
+
+def kinds(pg: Cluster, schema: str, key: str = "s1") -> list[str]:
+    return [kind for _, kind in rows(pg, schema, key)]
+
+
+def state_of(store: Any, key: str = "s1") -> Any:
+    checkpoint = load(store, key)
+    assert checkpoint is not None
+    return checkpoint.state
+
+
+def test_appends_insert_one_row_per_new_message(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """A checkpoint adding k messages inserts k rows (and a state row if the rest changed)."""
+    store = make_journal()
+    session = Session()
+    session.add(3)
+    store.commit("s1", meta(1), store.stage("s1", session.state))
+    assert kinds(pg, schema) == ["compaction"]
+    for seq, added in [(2, 1), (3, 5), (4, 2)]:
+        before = rows(pg, schema)
+        session.add(added)
+        store.commit("s1", meta(seq), store.stage("s1", session.state))
+        after = rows(pg, schema)
+        assert after[: len(before)] == before  # nothing rewritten
+        assert [kind for _, kind in after[len(before) :]] == ["message"] * added
+        assert state_of(store) == as_json(session.state)
+    session.state["title"] = "renamed"
+    session.add(1)
+    store.commit("s1", meta(5), store.stage("s1", session.state))
+    assert kinds(pg, schema)[-2:] == ["message", "state"]
+    assert store.compactions == 1 and store.appends == 4
+    assert state_of(make_journal()) == as_json(session.state)
+    assert state_of(PostgresStore(pg.dsn(), schema=schema)) == as_json(session.state)
+
+
+def test_changed_history_replaces_the_rows_with_one_compaction(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """An edited history deletes the key's rows and inserts one compaction row."""
+    store = make_journal()
+    session = Session()
+    session.add(3)
+    store.commit("s1", meta(1), store.stage("s1", session.state))
+    session.add(4)
+    store.commit("s1", meta(2), store.stage("s1", session.state))
+    assert len(rows(pg, schema)) == 5
+    session.messages[1] = Msg("user", "edited")
+    store.commit("s1", meta(3), store.stage("s1", session.state))
+    assert kinds(pg, schema) == ["compaction"]
+    assert state_of(store)["messages"][1]["content"] == "edited"
+    older = store.stage("s1", session.state)
+    session.add()
+    store.commit("s1", meta(4), store.stage("s1", session.state))
+    store.commit("s1", meta(5), older)  # staged before the last commit: never duplicated
+    assert kinds(pg, schema) == ["compaction"]
+    assert state_of(store) == as_json(session.state) | {"messages": as_json(session.messages[:-1])}
+
+
+def test_rows_are_compacted_past_the_rewrite_threshold(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """Rows never outgrow rewrite_factor times the last compaction (past the minimum)."""
+    store = make_journal(rewrite_min_bytes=2000)
+    session = Session()
+    for seq in range(1, 60):
+        session.state["title"] = f"t{seq}"  # a state row every time
+        session.add()
+        store.commit("s1", meta(seq), store.stage("s1", session.state))
+        assert state_of(store) == as_json(session.state)
+    with admin(pg) as conn:
+        row = conn.execute(
+            f'SELECT sum(length(body)) FROM "{schema}".journal WHERE key = %s', ["s1"]
+        ).fetchone()
+    assert row is not None and row[0] <= max(2000, 2 * 2000)
+    assert store.compactions >= 2
+
+
+@pytest.mark.anyio
+async def test_journal_loads_equal_to_a_filestore_snapshot(
+    tmp_path: Path, clock: FakeClock, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """The same session through the writer: journal rows and a snapshot file load equal."""
+    session = Session()
+    stores: list[Any] = [make_journal(rewrite_min_bytes=600), FileStore(tmp_path)]
+    async with contextlib.AsyncExitStack() as stack:
+        writers = [await stack.enter_async_context(writer_for(session, s, clock)) for s in stores]
+        steps: list[Callable[[], object]] = [
+            lambda: session.add(3),
+            lambda: session.state.update(title="renamed"),
+            lambda: session.messages.append({"role": "tool", "content": "a dict"}),
+            lambda: _agent_compaction(session),
+            lambda: session.add(5),
+            lambda: _truncate(session),
+            lambda: session.add(40),
+        ]
+        for step in steps:
+            step()
+            for w in writers:
+                assert isinstance(await w.write_now(), Written)
+            states = [state_of(s) for s in stores]
+            assert states[0] == states[1] == as_json(session.state)
+    closed = [load(s, "s1") for s in stores]
+    assert closed[0] is not None and closed[1] is not None
+    assert closed[0].state == closed[1].state
+    assert (closed[0].meta.seq, closed[0].meta.live) == (closed[1].meta.seq, False)
+
+
+def test_fencing_and_the_lock_hold_for_journal_commits(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """A second store is locked out; one that lost its session is refused, its rows not added."""
+    first = make_journal(application_name="journal-first")
+    second = make_journal()
+    session = Session()
+    session.add(2)
+    assert first.acquire("s1") is None
+    first.commit("s1", meta(1), first.stage("s1", session.state))
+    assert "held by PostgreSQL backend" in (second.acquire("s1") or "")
+    assert terminate(pg, "journal-first") == 1  # first loses its connection and lock
+    assert second.acquire("s1") is None
+    assert state_of(second) == as_json(session.state)
+    session.add(1)
+    second.commit("s1", meta(2), second.stage("s1", session.state))
+    written = rows(pg, schema)
+    late = Session()
+    late.messages.extend(session.messages[:2])
+    late.add(3)
+    staged = first.stage("s1", late.state)
+    with pytest.raises(PostgresStoreError, match="lost the connection"):
+        first.commit("s1", meta(5), staged)  # the writer retries: on a new connection
+    with pytest.raises(KeyLockedError):
+        first.commit("s1", meta(5), staged)
+    second.release("s1")
+    with pytest.raises(StaleWriteError, match="lost the session"):
+        first.commit("s1", meta(5), staged)
+    assert rows(pg, schema) == written
+    assert state_of(second) == as_json(session.state)
+
+
+STALLER = """
+    import os, sys, time
+    from checkpointer import PostgresJournalStore
+    from checkpointer._format import Meta
+    from datetime import UTC, datetime
+
+    class Stalling(PostgresJournalStore):
+        stall = False
+
+        def _upsert(self, conn, params):
+            applied = super()._upsert(conn, params)
+            if self.stall:
+                conn.execute(self._sql["journal_append"], {
+                    "key": params["key"], "kinds": ["message"],
+                    "bodies": [b'{"kind":"message","message":{"never":1}}']})
+                print("in-transaction", flush=True)  # rows written, not committed
+                time.sleep(60)
+            return applied
+
+    def meta(seq):
+        now = datetime.now(UTC)
+        return Meta(key="kill9", seq=seq, created_at=now, updated_at=now, live=True)
+
+    store = Stalling(os.environ["DSN"], schema=sys.argv[1])
+    state = {"messages": [{"v": "committed"}]}
+    store.commit("kill9", meta(1), store.stage("kill9", state))
+    state["messages"].append({"v": "never committed"})
+    store.stall = True
+    store.commit("kill9", meta(2), store.stage("kill9", state))
+"""
+
+
+def test_sigkill_mid_transaction_leaves_the_last_commit(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """A journal writer killed inside its append: the last commit loads, the key is free."""
+    proc = spawn(STALLER, pg.dsn(), schema)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "in-transaction", proc.stderr
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=20)
+    store = make_journal()
+    t0 = time.monotonic()
+    while (holder := store.acquire("kill9")) is not None:
+        assert time.monotonic() - t0 < 1.0, holder
+        time.sleep(0.01)
+    checkpoint = load(store, "kill9")
+    assert checkpoint is not None and checkpoint.state == {"messages": [{"v": "committed"}]}
+    assert checkpoint.meta.seq == 1
+    assert kinds(pg, schema, "kill9") == ["compaction"]
+
+
+def test_version_1_schema_is_migrated_and_its_rows_kept(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """A version-1 schema gains the journal table; its snapshot rows load and become journals."""
+    old: dict[str, Any] = {"title": "v1", "messages": [{"c": 0}]}
+    with admin(pg) as conn:
+        conn.execute(_SCHEMA_SQL.format(s=f'"{schema}"').encode())
+        conn.execute(
+            f'INSERT INTO "{schema}".checkpoints (key, seq, format, meta, state, writer) '
+            "VALUES ('s1', 1, 1, %s::jsonb, %s, 'someone')",
+            [msgspec.json.encode(meta(1)).decode(), msgspec.json.encode(old)],
+        )
+    store = make_journal()
+    assert state_of(store) == old
+    assert store.schema_version() == SCHEMA_VERSION == 2
+    assert store.acquire("s1") is None
+    old["messages"].append({"c": 1})
+    store.commit("s1", meta(2), store.stage("s1", old))
+    assert kinds(pg, schema) == ["compaction"]
+    assert state_of(store) == old
+    assert state_of(PostgresStore(pg.dsn(), schema=schema)) == old
+    with pytest.raises(psycopg.errors.DuplicateTable), admin(pg) as conn:
+        conn.execute(f'CREATE TABLE "{schema}".journal (x int)')
+
+
+def test_delete_removes_the_rows(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """Deleting a journal key removes its head and its rows."""
+    store = make_journal()
+    session = Session()
+    session.add(2)
+    store.commit("s1", meta(1), store.stage("s1", session.state))
+    session.add(2)
+    store.commit("s1", meta(2), store.stage("s1", session.state))
+    assert store.keys() == ["s1"] and len(rows(pg, schema)) == 3
+    assert store.delete("s1")
+    assert store.keys() == [] and rows(pg, schema) == []
+    assert load(store, "s1") is None
+
+
+def test_writer_on_the_journal_store(make_journal: Callable[..., PostgresJournalStore]) -> None:
+    """CheckpointWriter takes the journal store unchanged (flush_sync, close)."""
+    store = make_journal()
+    session = Session()
+    writer: CheckpointWriter[Any] = CheckpointWriter(session.snapshot, store, exit_hooks=False)
+    writer.open()
+    session.add(3)
+    assert isinstance(writer.flush_sync(), Written)
+    session.add(1)
+    assert isinstance(writer.flush_sync(), Written)
+    writer.close()
+    checkpoint = load(make_journal(), "s1")
+    assert checkpoint is not None and checkpoint.state == as_json(session.state)
+    assert store.appends >= 1

@@ -1,4 +1,4 @@
-"""PostgresStore next to FileStore: checkpoint latency, loop stall, fleet throughput.
+"""PostgresStore next to FileStore: latency, loop stall, journal growth, fleet throughput.
 
     python -m benchmarks.bench_postgres [--quick]
 
@@ -11,6 +11,11 @@ PostgresStore / FileStore:
   commits one upsert, which waits for the server's WAL flush.
 * **loop stall**: the worst lateness of a 1 ms ticker task during each write
   (what a heartbeat of the agent would feel).
+* **journal growth**: one message added to a session of 100 vs 10,000
+  (``--quick``) or 100,000 messages: ``PostgresJournalStore`` inserts one
+  row, ``PostgresStore`` (with a ``Transcript`` cache) upserts the whole
+  state.  Ratios: each store's latency at the long session over the short
+  one, and journal / snapshot at the long one; rows inserted per checkpoint.
 * **sessions/s**: N worker processes, each with its own store, checkpoint
   their own sessions (4 KiB each) as fast as they can; the total of durable
   checkpoints per second.
@@ -42,7 +47,16 @@ from typing import Any
 import anyio
 import msgspec
 
-from checkpointer import CheckpointWriter, FileStore, PostgresStore, Snapshot, Store, Written
+from checkpointer import (
+    CheckpointWriter,
+    FileStore,
+    PostgresJournalStore,
+    PostgresStore,
+    Snapshot,
+    Store,
+    Transcript,
+    Written,
+)
 from checkpointer._format import Meta, envelope_chunks
 
 from ._harness import Report, Table, ratio, scratch_dir, stat
@@ -180,6 +194,89 @@ def _latency(dsn: str, root: str, sizes: list[int], repeats: int, report: Report
     report.tables.append(table)
 
 
+# -- journal growth: one message added at 100 vs N messages --------------------
+
+
+class Message(msgspec.Struct, frozen=True):
+    """A settled chat message (frozen, strings only): its bytes are cached."""
+
+    role: str
+    content: str
+
+
+def _journal_rows(dsn: str, schema: str) -> int:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(f'SELECT count(*) FROM "{schema}".journal'.encode()).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+async def _add_one(store: Store, key: str, length: int, repeats: int) -> list[float]:
+    """Latency of ``write_now`` after adding one message to ``length`` messages."""
+    rng = random.Random(length)
+    messages = [
+        Message("user", " ".join(rng.choice(_WORDS) for _ in range(30))) for _ in range(length)
+    ]
+    state = {"title": "growth", "messages": messages}
+    latencies: list[float] = []
+    async with CheckpointWriter(lambda: Snapshot(key, state), store, exit_hooks=False) as w:
+        for n in range(repeats + 2):  # two warm-up writes
+            messages.append(Message("assistant", f"reply {n}"))
+            t0 = time.perf_counter()
+            result = await w.write_now()
+            elapsed = time.perf_counter() - t0
+            if not isinstance(result, Written):
+                raise RuntimeError(f"write failed: {result}")
+            if n >= 2:
+                latencies.append(elapsed)
+    return latencies
+
+
+def _growth(dsn: str, lengths: list[int], repeats: int, report: Report) -> None:
+    table = Table(
+        title="one message added: PostgresJournalStore (rows) vs PostgresStore (snapshot row)",
+        columns=["store", "messages", "latency", "journal rows inserted per checkpoint"],
+        rows=[],
+    )
+    schema = "bench_" + uuid.uuid4().hex[:8]
+    journal = PostgresJournalStore(dsn, schema=schema)
+    snapshot = PostgresStore(dsn, schema=schema, transcript=Transcript())
+    medians: dict[tuple[str, int], float] = {}
+    try:
+        journal.open()  # the schema, before counting its rows
+        for length in lengths:
+            for name, store in (("journal", journal), ("snapshot", snapshot)):
+                before = _journal_rows(dsn, schema) if name == "journal" else 0
+                lat = anyio.run(_add_one, store, f"{name}{length}", length, repeats)
+                added = _journal_rows(dsn, schema) - before if name == "journal" else 0
+                per = (added - 1) / (repeats + 2) if name == "journal" else 0.0
+                medians[name, length] = statistics.median(lat)
+                rows = f"{per:.2f} (+1 compaction at open)" if name == "journal" else "0 (1 upsert)"
+                table.rows.append([name, f"{length:,}", stat(lat), rows])
+        short, long = lengths[0], lengths[-1]
+        for name in ("journal", "snapshot"):
+            report.ratios.append(
+                ratio(
+                    f"{name}: one-message checkpoint at {long:,} / at {short:,} messages",
+                    medians[name, long] / medians[name, short],
+                    note="medians",
+                )
+            )
+        report.ratios.append(
+            ratio(
+                f"{long:,} messages: one-message checkpoint journal / snapshot",
+                medians["journal", long] / medians["snapshot", long],
+                note="medians",
+            )
+        )
+    finally:
+        journal.close()
+        snapshot.close()
+        _drop_schema(dsn, schema)
+    report.tables.append(table)
+
+
 # -- sessions per second, N processes -----------------------------------------
 
 
@@ -266,12 +363,16 @@ def main(quick: bool = False) -> dict[str, Any]:
     sizes = [KiB, 256 * KiB] if quick else [KiB, 256 * KiB, 4 * MiB]
     repeats = 6 if quick else 40
     counts = [2] if quick else [1, 2, 4, 8]
+    lengths = [100, 10_000] if quick else [100, 100_000]
     seconds = 0.3 if quick else 3.0
-    report = Report(title="PostgresStore next to FileStore: latency, loop stall, sessions/s")
+    report = Report(
+        title="PostgresStore next to FileStore: latency, loop stall, journal growth, sessions/s"
+    )
     with scratch_dir("pg-") as scratch:
         root = os.path.join(scratch, "files")
         with _server(scratch) as (dsn, server):
             _latency(dsn, root, sizes, repeats, report)
+            _growth(dsn, lengths, repeats, report)
             _fleet(dsn, os.path.join(root, "fleet"), counts, seconds, report)
     report.notes.append(f"server: {server}")
     report.notes.append(f"{os.cpu_count()} CPUs; ratios are PostgresStore / FileStore in one run")

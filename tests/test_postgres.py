@@ -797,6 +797,8 @@ def test_benchmark_quick(pg: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path:
         "1 KiB: latency PostgresStore / FileStore",
         "256 KiB: loop stall PostgresStore / FileStore",
         "2 workers: sessions/s PostgresStore / FileStore",
+        "journal: one-message checkpoint at 10,000 / at 100 messages",
+        "10,000 messages: one-message checkpoint journal / snapshot",
     } <= names
     for r in report["ratios"]:
         assert r["value"] is not None and r["value"] > 0, r

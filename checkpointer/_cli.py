@@ -29,6 +29,7 @@ from typing import Any, Literal, NamedTuple
 import anyio
 import msgspec
 
+from . import _pgcli
 from ._format import CheckpointError, load
 from ._journal import JournalStore
 from ._lock import KeyLocked, LockProbe, probe_file_lock
@@ -250,6 +251,8 @@ _DESCENDING = {"updated", "size", "seq", "turns"}  # newest, biggest first
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    if _pgcli.is_dsn(args.root):
+        return _pgcli.run("ls", args)
     scanned = _open_root("ls", args.root)
     if scanned is None:
         return PROBLEM
@@ -307,6 +310,8 @@ def _print_table(table: list[list[str]], *, right: set[int]) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    if _pgcli.is_dsn(args.root):
+        return _pgcli.run("show", args)
     try:
         check_key(args.key)
     except ValueError as exc:
@@ -364,6 +369,11 @@ def _show(file: File, locks: dict[str, str], last: int) -> int:
         _print_fields(fields)
         _error("show", f"{file.path}: {row.error}")
         return PROBLEM
+    return _show_loaded(fields, row, loaded, last)
+
+
+def _show_loaded(fields: list[tuple[str, str]], row: Row, loaded: Loaded, last: int) -> int:
+    """Print the meta and the last messages of a readable checkpoint (files and rows)."""
     for name, value in msgspec.structs.asdict(loaded.meta).items():
         if value is not None:  # None: a field this file's writer did not record
             fields.append((name, _value(value)))
@@ -499,6 +509,8 @@ _ASIDE = re.compile(r"\.corrupt-\d{8}T\d{6}(\.\d+)?Z$")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    if _pgcli.is_dsn(args.root):
+        return _pgcli.run("verify", args)
     scanned = _open_root("verify", args.root)
     if scanned is None:
         return PROBLEM
@@ -561,6 +573,8 @@ def parse_duration(text: str) -> Duration:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
+    if _pgcli.is_dsn(args.root):
+        return _pgcli.run("prune", args)
     scanned = _open_root("prune", args.root)
     if scanned is None:
         return PROBLEM
@@ -752,6 +766,13 @@ def _ago(seconds: float) -> str:
 # -- the parser ------------------------------------------------------------------
 
 
+_PG_ROOT = (
+    "a PostgreSQL URI (postgresql://user@host:port/dbname; a password from "
+    "PGPASSWORD or ~/.pgpass) to look at a PostgresStore"
+)
+_PG_SCHEMA = "with a PostgreSQL ROOT: the schema of the store's tables (%(default)s)"
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="checkpointer",
@@ -770,7 +791,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "holds <key>.lock now; stale: the lock file was left by a writer that died), and "
         "a title (the first user message).",
     )
-    ls.add_argument("root", metavar="ROOT", help="the store directory (FileStore root)")
+    ls.add_argument(
+        "root", metavar="ROOT", help="the store directory (FileStore root), or " + _PG_ROOT
+    )
     ls.add_argument(
         "--sort",
         choices=sorted(_SORTS),
@@ -780,6 +803,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     ls.add_argument("-r", "--reverse", action="store_true", help="reverse the order")
     ls.add_argument("--json", action="store_true", help="print a JSON array, for scripts")
+    ls.add_argument("--schema", default="checkpointer", help=_PG_SCHEMA)
     ls.set_defaults(run=cmd_ls)
 
     show = commands.add_parser(
@@ -788,7 +812,7 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Print the meta of KEY's checkpoint, its lock, and a short view of "
         "the state: the message count and the last messages, truncated.",
     )
-    show.add_argument("root", metavar="ROOT", help="the store directory")
+    show.add_argument("root", metavar="ROOT", help="the store directory, or " + _PG_ROOT)
     show.add_argument("key", metavar="KEY", help="the session key")
     show.add_argument(
         "--last", type=int, default=5, metavar="N", help="messages to show (%(default)s)"
@@ -796,6 +820,7 @@ def _build_parser() -> argparse.ArgumentParser:
     show.add_argument(
         "--raw", action="store_true", help="print the file's bytes as they are, undecoded"
     )
+    show.add_argument("--schema", default="checkpointer", help=_PG_SCHEMA)
     show.set_defaults(run=cmd_show)
 
     verify = commands.add_parser(
@@ -807,8 +832,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "reason and exits with status 1 when any is bad. Tool calls still open at the "
         "end (saved while the tool ran) are a warning, not bad.",
     )
-    verify.add_argument("root", metavar="ROOT", help="the store directory")
+    verify.add_argument("root", metavar="ROOT", help="the store directory, or " + _PG_ROOT)
     verify.add_argument("-q", "--quiet", action="store_true", help="print only bad files")
+    verify.add_argument("--schema", default="checkpointer", help=_PG_SCHEMA)
     verify.set_defaults(run=cmd_verify)
 
     prune = commands.add_parser(
@@ -819,7 +845,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "Never removes anything of a key whose lock holder is alive, nor a pinned "
         "checkpoint. Lists what it removes.",
     )
-    prune.add_argument("root", metavar="ROOT", help="the store directory")
+    prune.add_argument("root", metavar="ROOT", help="the store directory, or " + _PG_ROOT)
     prune.add_argument(
         "--older-than",
         required=True,
@@ -830,6 +856,7 @@ def _build_parser() -> argparse.ArgumentParser:
     prune.add_argument(
         "-n", "--dry-run", action="store_true", help="list what would go, remove nothing"
     )
+    prune.add_argument("--schema", default="checkpointer", help=_PG_SCHEMA)
     prune.set_defaults(run=cmd_prune)
 
     demo = commands.add_parser(

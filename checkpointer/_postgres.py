@@ -658,6 +658,24 @@ class PostgresStore:
         finally:
             self._mutex.release()
 
+    def locked_by(self, key: str) -> str | None:
+        """Who holds the writer lock of ``key`` (one line), or None if it is free.
+
+        Only looks: never takes the lock.  This store's own lock counts.
+        """
+        check_key(key)
+        lock_id = self._lock_id(key)
+        hi, lo = (lock_id >> 32) & 0xFFFFFFFF, lock_id & 0xFFFFFFFF
+        with self._session() as conn:
+            row = conn.execute(self._sql["holder"], {"key": key, "hi": hi, "lo": lo}).fetchone()
+        if row is None:
+            return None
+        if row[1] is None:
+            return f"PostgreSQL backend {row[0]}"
+        return (
+            f"{LockHolder(pid=row[2], host=row[1], started_at=row[3]).describe()}, backend {row[0]}"
+        )
+
     def held(self) -> frozenset[str]:
         """The keys whose writer lock this store holds (as far as it knows)."""
         return frozenset(self._held.copy())

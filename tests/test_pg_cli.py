@@ -1,0 +1,114 @@
+"""The ``checkpointer`` console script with a PostgreSQL URI as ROOT, on a real cluster."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from checkpointer import Meta, PostgresJournalStore, PostgresStore
+from checkpointer._format import envelope_chunks
+
+from . import test_postgres as _pg
+from .pg import PASSWORD, USER, Cluster
+from .test_cli import cli, cli_all
+
+pytestmark = _pg.pytestmark
+cluster = _pg.cluster
+pg = _pg.pg
+schema = _pg.schema
+
+NOW = datetime.now(UTC)
+OLD = NOW - timedelta(days=30)
+
+
+def meta(key: str, seq: int, *, when: datetime = NOW, pinned: bool = False) -> Meta:
+    return Meta(key=key, seq=seq, created_at=when, updated_at=when, live=False, pinned=pinned)
+
+
+def chat(n: int) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Find the bug in parser.py"}]
+    messages += [{"role": "assistant", "content": f"step {i}"} for i in range(n)]
+    return {"messages": messages}
+
+
+@pytest.fixture
+def fleet(pg: Cluster, schema: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A store with a journal key, old snapshot keys (one pinned, one locked), a bad history."""
+    monkeypatch.setenv("PGPASSWORD", PASSWORD)
+    journal = PostgresJournalStore(pg.dsn(), schema=schema)
+    state = chat(2)
+    journal.commit("alpha", meta("alpha", 1), journal.stage("alpha", state))
+    state["messages"].append({"role": "assistant", "content": "the last word"})
+    journal.commit("alpha", meta("alpha", 2), journal.stage("alpha", state))
+    plain = PostgresStore(pg.dsn(), schema=schema)
+    for key, pinned in [("old", False), ("pinned", True), ("held", False)]:
+        plain.write(key, envelope_chunks(meta(key, 1, when=OLD, pinned=pinned), b'{"v":1}'))
+    bad = {"messages": [{"role": "tool", "content": "no call", "tool_call_id": "c1"}]}
+    plain.write("bad", envelope_chunks(meta("bad", 1), json.dumps(bad).encode()))
+    plain.close()  # its writes took the keys' locks: give them back
+    holder = PostgresStore(pg.dsn(), schema=schema)
+    assert holder.acquire("held") is None  # a live writer's key
+    yield f"postgresql://{USER}@127.0.0.1:{pg.port}/postgres"
+    for store in (journal, holder):
+        store.close()
+
+
+def test_ls_show_verify_read_rows_through_the_store(fleet: str, schema: str) -> None:
+    """ls, show and verify take a postgresql:// ROOT: journal and snapshot rows alike."""
+    ls, js, show, verify = cli_all(
+        ["ls", fleet, "--schema", schema],
+        ["ls", fleet, "--schema", schema, "--json"],
+        ["show", fleet, "alpha", "--schema", schema, "--last", "1"],
+        ["verify", fleet, "--schema", schema],
+    )
+    assert ls.returncode == 0, ls.stderr
+    lines = ls.stdout.splitlines()
+    assert lines[0].split()[:3] == ["KEY", "UPDATED", "(UTC)"]
+    assert [line.split()[0] for line in lines[1:]] == ["alpha", "bad", "held", "old", "pinned"]
+    (alpha,) = [line for line in lines if line.startswith("alpha")]
+    assert "Find the bug in parser.py" in alpha
+    (held,) = [line for line in lines if line.startswith("held")]
+    assert held.split()[-1] == "alive"
+    rows = {r["key"]: r for r in json.loads(js.stdout)}
+    assert rows["alpha"]["messages"] == 4 and rows["alpha"]["seq"] == 2
+    assert rows["held"]["lock"] == "alive" and "pid" in rows["held"]["lock_holder"]
+    assert rows["old"]["lock"] is None and rows["alpha"]["lock"] == "alive"  # journal's writer
+    assert show.returncode == 0, show.stderr
+    assert "assistant: the last word" in show.stdout and re.search(
+        r"^messages +4$", show.stdout, re.M
+    )
+    assert f"/{schema}/alpha" in show.stdout
+    assert verify.returncode == 1
+    assert f"BAD  postgresql://{USER}@127.0.0.1:" in verify.stdout
+    assert "5 checkpoint(s): 4 ok, 1 bad" in verify.stdout
+    for done in (ls, js, show, verify):
+        assert PASSWORD not in done.stdout + done.stderr
+
+
+def test_prune_deletes_old_rows_whose_lock_is_free(fleet: str, schema: str) -> None:
+    """prune removes old, unpinned keys it can lock; a live writer's key and a pinned one stay."""
+    dry = cli("prune", fleet, "--schema", schema, "--older-than", "7d", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would remove" in dry.stdout and "/old (updated" in dry.stdout
+    done = cli("prune", fleet, "--schema", schema, "--older-than", "7d")
+    assert done.returncode == 0, done.stderr
+    assert f"/{schema}/pinned: pinned" in done.stdout
+    assert f"/{schema}/held: its lock holder is alive" in done.stdout
+    assert "removed 1 checkpoint(s) older than 7d, kept 2" in done.stdout
+    after = cli("ls", fleet, "--schema", schema, "--json")
+    assert sorted(r["key"] for r in json.loads(after.stdout)) == ["alpha", "bad", "held", "pinned"]
+
+
+def test_unknown_key_and_unreachable_server_are_clear(fleet: str, schema: str) -> None:
+    """A missing key suggests a close one; a server that is not there names the way out."""
+    show, gone = cli_all(
+        ["show", fleet, "alpah", "--schema", schema],
+        ["ls", "postgres://nobody@127.0.0.1:1/x", "--schema", schema],
+    )
+    assert show.returncode == 1 and "did you mean 'alpha'?" in show.stderr
+    assert gone.returncode == 1
+    assert "cannot connect to PostgreSQL at postgresql://nobody@127.0.0.1:1/x" in gone.stderr

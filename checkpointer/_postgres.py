@@ -207,9 +207,16 @@ _Q = {
         FROM unnest(%(kinds)s::text[], %(bodies)s::bytea[]) WITH ORDINALITY AS u(kind, body, i)
         ORDER BY u.i""",
     "move_aside": """
-        WITH moved AS (DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING *)
+        WITH moved AS (DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING *),
+        rows AS (DELETE FROM {s}.journal WHERE key = %(key)s RETURNING n, body)
         INSERT INTO {s}.aside AS a (key, suffix, seq, format, meta, state, writer, updated_at)
-        SELECT key, %(suffix)s, seq, format, meta, state, writer, updated_at FROM moved
+        SELECT key, %(suffix)s, seq, format, meta,
+            -- a journal key's rows go aside too: its lines, as they were, one per line
+            CASE WHEN journal THEN coalesce(
+                (SELECT string_agg(body, '\x0a'::bytea ORDER BY n) FROM rows), ''::bytea)
+            ELSE state END,
+            writer, updated_at
+        FROM moved
         ON CONFLICT (key, suffix) DO UPDATE SET seq = EXCLUDED.seq, format = EXCLUDED.format,
             meta = EXCLUDED.meta, state = EXCLUDED.state, writer = EXCLUDED.writer,
             updated_at = EXCLUDED.updated_at, moved_at = now()

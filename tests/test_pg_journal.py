@@ -315,3 +315,23 @@ def test_writer_on_the_journal_store(make_journal: Callable[..., PostgresJournal
     checkpoint = load(make_journal(), "s1")
     assert checkpoint is not None and checkpoint.state == as_json(session.state)
     assert store.appends >= 1
+
+
+def test_move_aside_keeps_a_journal_rows(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """Moving a journal key aside takes its rows along, as lines; the key is then free."""
+    store = make_journal()
+    session = Session()
+    session.add(2)
+    store.commit("s1", meta(1), store.stage("s1", session.state))
+    session.add(1)
+    store.commit("s1", meta(2), store.stage("s1", session.state))
+    assert store.move_aside("s1", "corrupt-x") is not None
+    assert rows(pg, schema) == [] and load(store, "s1") is None
+    with admin(pg) as conn:
+        row = conn.execute(f'SELECT state FROM "{schema}".aside WHERE key = %s', ["s1"]).fetchone()
+    assert row is not None
+    lines = [msgspec.json.decode(line) for line in bytes(row[0]).split(b"\n")]
+    assert [line["kind"] for line in lines] == ["compaction", "message"]
+    assert lines[1]["message"]["content"] == "m2"

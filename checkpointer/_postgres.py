@@ -213,7 +213,7 @@ _Q = {
         SELECT key, %(suffix)s, seq, format, meta,
             -- a journal key's rows go aside too: its lines, as they were, one per line
             CASE WHEN journal THEN coalesce(
-                (SELECT string_agg(body, '\x0a'::bytea ORDER BY n) FROM rows), ''::bytea)
+                (SELECT string_agg(body, '\\x0a'::bytea ORDER BY n) FROM rows), ''::bytea)
             ELSE state END,
             writer, updated_at
         FROM moved

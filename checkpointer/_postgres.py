@@ -880,6 +880,12 @@ class PostgresStore:
             self._schema_ok = True
             return
         self._check_newer(version)
+        if not self._create and version is not None:
+            raise PostgresStoreError(
+                f"{self._where}: schema {self.schema!r} has version {version}, older than "
+                f"this library uses ({SCHEMA_VERSION}); upgrade it in place with "
+                "`checkpointer pg-schema` or PostgresStore(...).create_schema()"
+            )
         if not self._create:
             raise PostgresStoreError(
                 f"{self._where}: no checkpointer tables in schema {self.schema!r}; create "

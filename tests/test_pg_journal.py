@@ -272,6 +272,8 @@ def test_version_1_schema_is_migrated_and_its_rows_kept(
             "VALUES ('s1', 1, 1, %s::jsonb, %s, 'someone')",
             [msgspec.json.encode(meta(1)).decode(), msgspec.json.encode(old)],
         )
+    with pytest.raises(PostgresStoreError, match=r"version 1, older .* `checkpointer pg-schema`"):
+        make_journal(create_schema=False).open()
     store = make_journal()
     assert state_of(store) == old
     assert store.schema_version() == SCHEMA_VERSION == 2

@@ -251,7 +251,7 @@ _DESCENDING = {"updated", "size", "seq", "turns"}  # newest, biggest first
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    if _pgcli.is_dsn(args.root):
+    if args.dsn is not None or _pgcli.is_dsn(args.root):
         return _pgcli.run("ls", args)
     scanned = _open_root("ls", args.root)
     if scanned is None:
@@ -310,7 +310,7 @@ def _print_table(table: list[list[str]], *, right: set[int]) -> None:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    if _pgcli.is_dsn(args.root):
+    if args.dsn is not None or _pgcli.is_dsn(args.root):
         return _pgcli.run("show", args)
     try:
         check_key(args.key)
@@ -509,7 +509,7 @@ _ASIDE = re.compile(r"\.corrupt-\d{8}T\d{6}(\.\d+)?Z$")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    if _pgcli.is_dsn(args.root):
+    if args.dsn is not None or _pgcli.is_dsn(args.root):
         return _pgcli.run("verify", args)
     scanned = _open_root("verify", args.root)
     if scanned is None:
@@ -573,7 +573,7 @@ def parse_duration(text: str) -> Duration:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    if _pgcli.is_dsn(args.root):
+    if args.dsn is not None or _pgcli.is_dsn(args.root):
         return _pgcli.run("prune", args)
     scanned = _open_root("prune", args.root)
     if scanned is None:
@@ -770,6 +770,10 @@ _PG_ROOT = (
     "a PostgreSQL URI (postgresql://user@host:port/dbname; a password from "
     "PGPASSWORD or ~/.pgpass) to look at a PostgresStore"
 )
+_PG_DSN = (
+    "a libpq connection string (host=db dbname=agents user=app) or URI, in place "
+    "of ROOT: look at the PostgresStore there"
+)
 _PG_SCHEMA = "with a PostgreSQL ROOT: the schema of the store's tables (%(default)s)"
 
 
@@ -792,7 +796,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "a title (the first user message).",
     )
     ls.add_argument(
-        "root", metavar="ROOT", help="the store directory (FileStore root), or " + _PG_ROOT
+        "root",
+        metavar="ROOT",
+        nargs="?",
+        help="the store directory (FileStore root), or " + _PG_ROOT,
     )
     ls.add_argument(
         "--sort",
@@ -804,7 +811,8 @@ def _build_parser() -> argparse.ArgumentParser:
     ls.add_argument("-r", "--reverse", action="store_true", help="reverse the order")
     ls.add_argument("--json", action="store_true", help="print a JSON array, for scripts")
     ls.add_argument("--schema", default="checkpointer", help=_PG_SCHEMA)
-    ls.set_defaults(run=cmd_ls)
+    ls.add_argument("--dsn", help=_PG_DSN)
+    ls.set_defaults(run=cmd_ls, parser=ls)
 
     show = commands.add_parser(
         "show",
@@ -812,8 +820,8 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Print the meta of KEY's checkpoint, its lock, and a short view of "
         "the state: the message count and the last messages, truncated.",
     )
-    show.add_argument("root", metavar="ROOT", help="the store directory, or " + _PG_ROOT)
-    show.add_argument("key", metavar="KEY", help="the session key")
+    show.add_argument("root", metavar="ROOT", nargs="?", help="the store directory, or " + _PG_ROOT)
+    show.add_argument("key", metavar="KEY", nargs="?", help="the session key")
     show.add_argument(
         "--last", type=int, default=5, metavar="N", help="messages to show (%(default)s)"
     )
@@ -821,7 +829,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--raw", action="store_true", help="print the file's bytes as they are, undecoded"
     )
     show.add_argument("--schema", default="checkpointer", help=_PG_SCHEMA)
-    show.set_defaults(run=cmd_show)
+    show.add_argument("--dsn", help=_PG_DSN)
+    show.set_defaults(run=cmd_show, parser=show)
 
     verify = commands.add_parser(
         "verify",
@@ -832,10 +841,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "reason and exits with status 1 when any is bad. Tool calls still open at the "
         "end (saved while the tool ran) are a warning, not bad.",
     )
-    verify.add_argument("root", metavar="ROOT", help="the store directory, or " + _PG_ROOT)
+    verify.add_argument(
+        "root", metavar="ROOT", nargs="?", help="the store directory, or " + _PG_ROOT
+    )
     verify.add_argument("-q", "--quiet", action="store_true", help="print only bad files")
     verify.add_argument("--schema", default="checkpointer", help=_PG_SCHEMA)
-    verify.set_defaults(run=cmd_verify)
+    verify.add_argument("--dsn", help=_PG_DSN)
+    verify.set_defaults(run=cmd_verify, parser=verify)
 
     prune = commands.add_parser(
         "prune",
@@ -845,7 +857,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "Never removes anything of a key whose lock holder is alive, nor a pinned "
         "checkpoint. Lists what it removes.",
     )
-    prune.add_argument("root", metavar="ROOT", help="the store directory, or " + _PG_ROOT)
+    prune.add_argument(
+        "root", metavar="ROOT", nargs="?", help="the store directory, or " + _PG_ROOT
+    )
     prune.add_argument(
         "--older-than",
         required=True,
@@ -857,7 +871,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "-n", "--dry-run", action="store_true", help="list what would go, remove nothing"
     )
     prune.add_argument("--schema", default="checkpointer", help=_PG_SCHEMA)
-    prune.set_defaults(run=cmd_prune)
+    prune.add_argument("--dsn", help=_PG_DSN)
+    prune.set_defaults(run=cmd_prune, parser=prune)
 
     demo = commands.add_parser(
         "demo",
@@ -894,6 +909,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     args = _build_parser().parse_args(argv)
+    if hasattr(args, "parser"):  # ls, show, verify, prune: ROOT or --dsn
+        _pgcli.settle_root(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         status: int = args.run(args)

@@ -1,9 +1,10 @@
 """``ls``, ``show``, ``verify`` and ``prune`` over a PostgreSQL store.
 
 ``checkpointer ls postgresql://app@db/agents`` (or ``postgres://``): ROOT is
-a libpq URI, and the commands go through the store API (``keys()``,
-``read()``, ``load()``, ``delete()``), so snapshot rows and journal rows look
-alike.  Each key is shown as ``store.location(key)`` (never the password).
+a libpq URI (or ``--dsn`` gives any libpq connection string instead), and
+the commands go through the store API (``keys()``, ``read()``, ``load()``,
+``delete()``), so snapshot rows and journal rows look alike.  Each key is
+shown as ``store.location(key)`` (never the password).
 Locks are the advisory writer locks: ``ls`` and ``show`` only look
 (``PostgresStore.locked_by``); ``prune`` deletes a key only while it holds
 the key's lock itself, so a live writer's key is never touched.
@@ -26,7 +27,7 @@ from ._format import load
 if TYPE_CHECKING:
     from ._postgres import PostgresStore
 
-__all__ = ["is_dsn", "run"]
+__all__ = ["is_dsn", "run", "settle_root"]
 
 _SCHEMES = ("postgresql://", "postgres://")
 
@@ -34,6 +35,30 @@ _SCHEMES = ("postgresql://", "postgres://")
 def is_dsn(root: str) -> bool:
     """Whether a ROOT argument names a PostgreSQL server rather than a directory."""
     return root.startswith(_SCHEMES)
+
+
+def settle_root(args: argparse.Namespace) -> None:
+    """Check ROOT (and KEY) against ``--dsn``; with ``--dsn``, ROOT becomes the DSN.
+
+    ROOT is optional on the parser only so that ``--dsn`` can stand in for it;
+    without ``--dsn`` a missing ROOT is the same usage error as before (exit 2).
+    """
+    parser: argparse.ArgumentParser = args.parser
+    has_key = hasattr(args, "key")
+    if args.dsn is None:
+        missing = ["ROOT"] if args.root is None else []
+        if has_key and args.key is None:
+            missing.append("KEY")
+        if missing:
+            parser.error(f"the following arguments are required: {', '.join(missing)}")
+        return
+    if has_key and args.key is None:  # `show --dsn DSN KEY`: the one positional is KEY
+        args.root, args.key = None, args.root
+    if args.root is not None:
+        parser.error("give ROOT or --dsn, not both")
+    if has_key and args.key is None:
+        parser.error("the following arguments are required: KEY")
+    args.root = args.dsn
 
 
 def run(command: str, args: argparse.Namespace) -> int:

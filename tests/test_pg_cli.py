@@ -112,3 +112,22 @@ def test_unknown_key_and_unreachable_server_are_clear(fleet: str, schema: str) -
     assert show.returncode == 1 and "did you mean 'alpha'?" in show.stderr
     assert gone.returncode == 1
     assert "cannot connect to PostgreSQL at postgresql://nobody@127.0.0.1:1/x" in gone.stderr
+
+
+def test_dsn_option_stands_in_for_root(fleet: str, schema: str, pg: Cluster) -> None:
+    """--dsn takes a key=value connection string; ROOT is still required without it."""
+    ls, show, both, neither = cli_all(
+        ["ls", "--dsn", pg.dsn(), "--schema", schema],
+        ["show", "--dsn", pg.dsn(), "alpha", "--schema", schema, "--last", "1"],
+        ["verify", fleet, "--dsn", pg.dsn()],
+        ["verify"],
+    )
+    assert ls.returncode == 0, ls.stderr
+    assert [line.split()[0] for line in ls.stdout.splitlines()[1:]][:2] == ["alpha", "bad"]
+    assert show.returncode == 0 and "assistant: the last word" in show.stdout
+    assert PASSWORD not in ls.stdout + show.stdout + ls.stderr + show.stderr
+    assert both.returncode == 2 and "give ROOT or --dsn, not both" in both.stderr
+    assert neither.returncode == 2
+    assert "checkpointer verify: error: the following arguments are required: ROOT" in (
+        neither.stderr
+    )

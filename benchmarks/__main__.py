@@ -34,6 +34,7 @@ CASES: list[tuple[str, str]] = [
     ("fingerprint", "benchmarks.bench_fingerprint"),
     ("aiofiles", "benchmarks.bench_aiofiles"),
     ("journal", "benchmarks.bench_journal"),
+    ("prepare", "benchmarks.bench_prepare"),
 ]
 """(case id, module with ``main(quick) -> dict``); adding a case is one entry."""
 

@@ -63,6 +63,12 @@ EXPECTED = {
         "worst stall: journal / naive",
         "journal size / rewrite threshold",
     ],
+    "prepare": [
+        "prepare after 1 append @100,000 vs @100 msgs",
+        "prepare after 1 append @100,000 / one list == of 100,000 references",
+        "full scan / prepare after 1 append @100,000 msgs",
+        "journal checkpoint + prepare @100,000 vs @100 msgs",
+    ],
 }
 
 RATIO_LINE = re.compile(

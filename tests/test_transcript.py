@@ -302,3 +302,18 @@ def test_count_turns() -> None:
     style = Chat(False)
     history = [*style.user("a"), *style.call("x"), *style.results("x"), *style.answer("b")]
     assert count_turns(history) == 2
+
+
+def test_content_in_a_list_subclass_is_read_as_blocks() -> None:
+    """Blocks held in a list (or tuple) subclass are read like a list's: a call there is
+    seen, reported when unanswered, and closed by the repair."""
+
+    class Blocks(list[Any]):
+        pass
+
+    call = {"type": "tool_use", "id": "a", "name": "search", "input": {}}
+    history = [{"role": "assistant", "content": Blocks([call])}, {"role": "user", "content": "?"}]
+    assert kinds(history) == [("unclosed-call", 0, "a")]
+    repaired, count = close_dangling_tool_calls(history)
+    assert count == 1
+    assert validate_history(repaired) == []

@@ -408,6 +408,10 @@ class CheckpointWriter(Generic[S]):
                     f"the final write did not finish within close_timeout={self._close_timeout}s",
                 )
                 logger.warning("checkpointer: %s; it may still complete", result.error)
+            # Releasing a lock may be I/O (a database round trip for a
+            # networked store): not on the event loop's thread.
+            with anyio.move_on_after(self._close_timeout):
+                await anyio.to_thread.run_sync(self._release_locks, abandon_on_cancel=True)
             self._shut()
         return result
 

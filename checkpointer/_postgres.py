@@ -14,6 +14,11 @@ How it works
   ``format``, ``meta`` (jsonb), the state's bytes (bytea), the id of the store
   instance that wrote it (``writer``) and the server's ``updated_at``.
   ``read()`` rebuilds the same envelope a ``FileStore`` file holds.
+* **Journal keys** (``PostgresJournalStore``, ``_pgjournal.py``; schema
+  version 2): the key's ``checkpoints`` row is its head (``journal`` true, an
+  empty ``state``) and ``<schema>.journal`` holds its rows.  ``read()``,
+  ``delete()`` and ``move_aside()`` handle both kinds, so any store (and the
+  CLI) reads either.
 * **Versioned schema**, created on first use (or by ``create_schema()`` /
   ``checkpointer pg-schema``) under a transaction-level advisory lock, so
   concurrent first users do not race; ``<schema>.schema_version`` says which.

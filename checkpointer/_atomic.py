@@ -63,8 +63,12 @@ def write_atomic(
     """
     directory, name = os.path.split(path)
     directory = directory or "."
-    os.makedirs(directory, mode=dir_mode, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.{os.getpid()}.", suffix=".tmp", dir=directory)
+    prefix = f".{name}.{os.getpid()}."
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+    except FileNotFoundError:  # first write: make the directory (a syscall saved per write)
+        os.makedirs(directory, mode=dir_mode, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
     try:
         try:
             os.fchmod(fd, mode)

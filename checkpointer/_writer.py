@@ -391,7 +391,13 @@ class CheckpointWriter(Generic[S]):
         try:
             if task_group is not None:  # the timer task; it abandons a write in flight
                 task_group.cancel_scope.cancel()
-                await task_group.__aexit__(None, None, None)
+                try:
+                    await task_group.__aexit__(None, None, None)
+                except BaseExceptionGroup as group:
+                    # trio raises Ctrl-C's KeyboardInterrupt in whatever task
+                    # runs, possibly our timer task: hand it on as it came,
+                    # not wrapped in the group of a task group users never see.
+                    raise _sole(group) from None
         finally:
             result = await self._final_write()
         return result
@@ -906,6 +912,19 @@ class CheckpointWriter(Generic[S]):
 
 def _finished(old: Meta) -> Meta:
     return msgspec.structs.replace(old, seq=old.seq + 1, updated_at=_utcnow(), live=False)
+
+
+def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one exception inside ``group`` (nested groups flattened), else the group."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 else group
 
 
 def _outcome(result: Result) -> Outcome:

@@ -217,11 +217,14 @@ def runs(
         if isinstance(case, Case) and case not in cases:
             cases.append(case)
     spawned: list[Child] = []
+    mktemp_lock = threading.Lock()  # TempPathFactory is not thread-safe
 
     def start(
         case: Case, args: tuple[str, ...], note: bool
     ) -> tuple[Child, Checkpoint[Any] | None]:
-        one = Child(tmp_path_factory.mktemp(str(case)), *args)
+        with mktemp_lock:
+            root = tmp_path_factory.mktemp(str(case))
+        one = Child(root, *args)
         spawned.append(one)
         return one, drive(one, case, note=note)
 

@@ -10,6 +10,7 @@ named ``case`` so that module's runner does not pick these up as well.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,6 +26,8 @@ GAPS = [
 
 Ran = dict[Case, tuple[Child, Child]]
 
+_MKTEMP_LOCK = threading.Lock()
+
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ran]:
@@ -32,7 +35,9 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ran]:
     spawned: list[Child] = []
 
     def start(gap: Case, args: tuple[str, ...]) -> Child:
-        one = Child(tmp_path_factory.mktemp(str(gap)), *args)
+        with _MKTEMP_LOCK:  # TempPathFactory is not thread-safe
+            root = tmp_path_factory.mktemp(str(gap))
+        one = Child(root, *args)
         spawned.append(one)
         drive(one, gap, note=False)
         return one

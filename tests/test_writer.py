@@ -416,3 +416,37 @@ def test_sync_writer_without_loop(tmp_path: Path) -> None:
     assert cp is not None and cp.meta.live is False
     with pytest.raises(ValueError, match="reason"):
         writer.flush_sync("bogus")  # type: ignore[arg-type]
+
+
+class InterruptingClock(FakeClock):
+    """A clock whose next sleep raises KeyboardInterrupt, as trio's Ctrl-C can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+
+    async def sleep(self, seconds: float) -> None:
+        if self.armed:
+            self.armed = False
+            raise KeyboardInterrupt
+        await super().sleep(seconds)
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_ctrl_c_in_the_timer_task_is_a_bare_keyboard_interrupt(tmp_path: Path) -> None:
+    """Ctrl-C landing in the writer's own task leaves `async with` as KeyboardInterrupt, written."""
+    import anyio
+
+    clock = InterruptingClock()
+    session = Session()
+    store = FileStore(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        async with writer_for(session, store, clock) as writer:
+            session.add(2)
+            clock.armed = True
+            writer.notify()  # wakes the timer task, whose next sleep is interrupted
+            await anyio.sleep_forever()  # cancelled when the timer task fails
+    cp = load(store, "s1")
+    assert cp is not None
+    assert len(cp.state["messages"]) == 2
+    assert cp.meta.live is False

@@ -430,6 +430,22 @@ class _Prefixes:
     _tracks: dict[str, _Track]
     _witness_lock: threading.Lock
 
+    def _appended(self, key: str, track: _Track, meta: Meta, delta: _Delta, nbytes: int) -> None:
+        """Extend ``key``'s track by an append of ``delta`` (``nbytes`` stored)."""
+        assert track.witnesses is not None
+        assert track.chunks is not None
+        witnesses = _witnesses(delta.messages, delta.chunks, delta.unsettled)
+        with self._witness_lock:
+            track.witnesses.extend(witnesses)
+        track.chunks.extend(delta.chunks)
+        self._tracks[key] = track._replace(
+            meta=meta,
+            size=track.size + nbytes,
+            n=track.n + len(delta.chunks),
+            head=delta.head,
+            tail=delta.tail,
+        )
+
     def stage(self, key: str, state: Any) -> _Full | _Delta:
         transcript = self._transcript
         split = transcript.split(state)
@@ -738,19 +754,7 @@ class JournalStore(_Prefixes, FileStore):
         self._append(key, track, [data])
         self._appends += 1
         self._bytes += len(data)
-        assert track.witnesses is not None
-        assert track.chunks is not None
-        witnesses = _witnesses(delta.messages, delta.chunks, delta.unsettled)
-        with self._witness_lock:
-            track.witnesses.extend(witnesses)
-        track.chunks.extend(delta.chunks)
-        self._tracks[key] = track._replace(
-            meta=meta,
-            size=track.size + len(data),
-            n=track.n + len(delta.chunks),
-            head=delta.head,
-            tail=delta.tail,
-        )
+        self._appended(key, track, meta, delta, len(data))
         return len(data)
 
     def _commit_full(

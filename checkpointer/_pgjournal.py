@@ -43,7 +43,6 @@ from ._journal import (
     _Full,
     _Prefixes,
     _Track,
-    _witnesses,
 )
 from ._postgres import PostgresStore
 from ._stores import check_key
@@ -223,19 +222,7 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
             return self._compact(key, meta, delta.full())
         self._insert(key, meta, kinds, bodies, clear=False)
         self.appends += 1
-        assert track.witnesses is not None
-        assert track.chunks is not None
-        witnesses = _witnesses(delta.messages, delta.chunks, delta.unsettled)
-        with self._witness_lock:
-            track.witnesses.extend(witnesses)
-        track.chunks.extend(delta.chunks)
-        self._tracks[key] = track._replace(
-            meta=meta,
-            size=track.size + nbytes,
-            n=track.n + len(delta.chunks),
-            head=delta.head,
-            tail=delta.tail,
-        )
+        self._appended(key, track, meta, delta, nbytes)
         return nbytes
 
     def _compact(self, key: str, meta: Meta, full: _Full) -> int:

@@ -508,6 +508,20 @@ def _verify(file: File) -> Verdict:
 _ASIDE = re.compile(r"\.corrupt-\d{8}T\d{6}(\.\d+)?Z$")
 
 
+def report_verdict(path: str, verdict: Verdict, *, quiet: bool) -> Literal["bad", "warn", "ok"]:
+    """Print one ``verify`` line for ``path`` (ok and warn lines unless quiet)."""
+    if verdict.problem is not None:
+        print(f"BAD  {path}: {verdict.problem}")
+        return "bad"
+    if verdict.warning is not None:
+        if not quiet:
+            print(f"warn {path}: {verdict.summary}; {verdict.warning}")
+        return "warn"
+    if not quiet:
+        print(f"ok   {path}: {verdict.summary}")
+    return "ok"
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     if args.dsn is not None or _pgcli.is_dsn(args.root):
         return _pgcli.run("verify", args)
@@ -517,16 +531,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     files, _ = scanned
     bad = warned = 0
     for file in files:
-        verdict = _verify(file)
-        if verdict.problem is not None:
-            bad += 1
-            print(f"BAD  {file.path}: {verdict.problem}")
-        elif verdict.warning is not None:
-            warned += 1
-            if not args.quiet:
-                print(f"warn {file.path}: {verdict.summary}; {verdict.warning}")
-        elif not args.quiet:
-            print(f"ok   {file.path}: {verdict.summary}")
+        outcome = report_verdict(file.path, _verify(file), quiet=args.quiet)
+        bad += outcome == "bad"
+        warned += outcome == "warn"
     with contextlib.suppress(OSError):
         for name in sorted(os.listdir(args.root)):
             if _ASIDE.search(name):

@@ -180,16 +180,9 @@ def _verify(store: PostgresStore, args: argparse.Namespace) -> int:
     bad = warned = 0
     for key in keys:
         file = cli.File(key, kind, store.location(key))
-        verdict = cli._verify(file)
-        if verdict.problem is not None:
-            bad += 1
-            print(f"BAD  {file.path}: {verdict.problem}")
-        elif verdict.warning is not None:
-            warned += 1
-            if not args.quiet:
-                print(f"warn {file.path}: {verdict.summary}; {verdict.warning}")
-        elif not args.quiet:
-            print(f"ok   {file.path}: {verdict.summary}")
+        outcome = cli.report_verdict(file.path, cli._verify(file), quiet=args.quiet)
+        bad += outcome == "bad"
+        warned += outcome == "warn"
     if not keys:
         print(f"no checkpoints in {store.location('')[:-1]}")
         return cli.OK

@@ -640,7 +640,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         _prune_key(store, key, old, lock_path, stale, tally)
     if not tally.lines:
         print(f"nothing older than {limit.text} and no stale locks in {args.root}")
-        return OK
+        return PROBLEM if tally.failed else OK  # failed: something planted, said on stderr
     for line in tally.lines:
         print(line)
     verb = "would remove" if args.dry_run else "removed"

@@ -272,7 +272,8 @@ def probe_file_lock(path: str) -> LockProbe | None:
     # LOCK_SH|LOCK_NB.  The price: a reused pid, or a holder in another pid
     # namespace under the same hostname, can be misread; acquiring is never.
     try:
-        fd, _ = open_checked(path, os.O_RDONLY, links=True)  # never blocks on a FIFO
+        # Never a link, a FIFO (no wait), a second hard link (no LOCK_SH on it).
+        fd, _ = open_checked(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     except UnsafeFile as exc:

@@ -76,10 +76,10 @@ class UnsafeFile(OSError):
         found: what is there ("a symbolic link to '/etc/passwd'", "a FIFO").
     """
 
-    def __init__(self, path: str, found: str) -> None:
+    def __init__(self, path: str, found: str, *, expected: str = "a file") -> None:
         super().__init__(
-            f"{path} is {found}, not a file this library made; refusing to follow or "
-            "write through it and leaving it as it is (remove it, and writes go on)"
+            f"{path} is {found}, not {expected} this library made; not following it, "
+            "and leaving it as it is (remove it to go on)"
         )
         self.path = path
         self.found = found
@@ -133,7 +133,9 @@ def _owners(dir_owner: int | None) -> tuple[int, ...]:
     return (os.geteuid(), 0) if dir_owner is None else (os.geteuid(), 0, dir_owner)
 
 
-def _check_owner(st: os.stat_result, path: str, dir_fd: int | None) -> None:
+def _check_owner(
+    st: os.stat_result, path: str, dir_fd: int | None, *, expected: str = "a file"
+) -> None:
     if st.st_uid in _owners(None):
         return
     # Only now look at the directory (most files are our own: no syscall then).
@@ -146,6 +148,7 @@ def _check_owner(st: os.stat_result, path: str, dir_fd: int | None) -> None:
             path,
             f"owned by uid {st.st_uid}, not by this process (uid {os.geteuid()}), root, "
             f"or the owner of its directory (uid {owner})",
+            expected=expected,
         )
 
 
@@ -298,9 +301,9 @@ def open_subdir(
         st = _lstat(path, parent_fd)
         if st is None:
             raise
-        raise UnsafeFile(path, describe(st, path, parent_fd)) from None
+        raise UnsafeFile(path, describe(st, path, parent_fd), expected="a directory") from None
     try:
-        _check_owner(os.fstat(fd), path, parent_fd)
+        _check_owner(os.fstat(fd), path, parent_fd, expected="a directory")
     except BaseException:
         os.close(fd)
         raise

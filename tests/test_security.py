@@ -550,6 +550,24 @@ def test_torn_journal_hard_linked_is_not_truncated_through_the_link(tmp_path: Pa
     assert cp is not None and cp.torn is None and cp.state == session.snapshot().state
 
 
+@pytest.mark.parametrize("store", ["FileStore", "JournalStore"])
+def test_a_hard_linked_corrupt_file_is_moved_aside_by_name(tmp_path: Path, store: str) -> None:
+    """A hard link to an outside garbage file: renamed aside (the name), outside intact; Written."""
+    root, make, name = written_store(tmp_path, store)
+    (root / name).unlink()
+    bait = tmp_path / "bait"
+    bait.write_bytes(b"not a checkpoint\n")
+    os.link(bait, root / name)
+    before = (bait.read_bytes(), bait.stat().st_mtime_ns)
+    session = Session(3)
+    with CheckpointWriter(session.snapshot, make(root), exit_hooks=False) as writer:
+        assert writer.statistics().writes == 1
+    assert (bait.read_bytes(), bait.stat().st_mtime_ns) == before
+    (aside,) = [p for p in root.iterdir() if ".corrupt-" in p.name]
+    assert aside.stat().st_ino == bait.stat().st_ino
+    check_recovered(tmp_path, store, session)
+
+
 def test_a_symlinked_root_is_allowed(tmp_path: Path) -> None:
     """The root itself may be a link (users do that on purpose): writes, locks, summaries work."""
     real = tmp_path / "real"

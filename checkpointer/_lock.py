@@ -226,8 +226,8 @@ def read_holder(path: str) -> LockHolder | None:
     Reads without locking: the answer is for display only.
     """
     try:
-        data = read_checked(path)  # no link followed, no FIFO waited on
-        return None if data is None else _HOLDER_DECODER.decode(data[:4096])
+        data = read_checked(path, limit=4096)  # no link followed, no FIFO waited on
+        return None if data is None else _HOLDER_DECODER.decode(data)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
 

@@ -203,8 +203,8 @@ def _check_opened(st: os.stat_result, path: str, dir_fd: int | None, links: bool
     _check_owner(st, path, dir_fd)
 
 
-def read_checked(path: str, *, dir_fd: int | None = None) -> bytes | None:
-    """The bytes of the regular file at ``path``; None if nothing is there.
+def read_checked(path: str, *, dir_fd: int | None = None, limit: int | None = None) -> bytes | None:
+    """The bytes of the regular file at ``path`` (its first ``limit``); None if nothing is there.
 
     Never follows a symbolic link at ``path`` itself, never blocks on a
     FIFO, never reads a device.  Owners and links are not checked: reading
@@ -227,6 +227,8 @@ def read_checked(path: str, *, dir_fd: int | None = None) -> bytes | None:
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafeFile(path, describe(st, path, dir_fd))
+        if limit is not None:
+            return os.read(fd, limit)
         return read_fd(fd, st.st_size)
     finally:
         os.close(fd)

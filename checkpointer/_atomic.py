@@ -18,8 +18,10 @@ that a live writer is about to rename.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import secrets
 import tempfile
 from collections.abc import Callable, Sequence
 
@@ -43,8 +45,9 @@ def write_atomic(
     *,
     mode: int = 0o600,
     dir_mode: int = 0o700,
+    dir_fd: int | None = None,
     fsync: Callable[[int], None] = os.fsync,
-    replace: Callable[[str, str], None] = os.replace,
+    replace: Callable[..., None] = os.replace,
 ) -> int:
     """Replace ``path`` with the concatenation of ``chunks``, durably.
 
@@ -52,6 +55,14 @@ def write_atomic(
     Blocking: call it from a worker thread or a synchronous exit path.
     ``fsync`` (of the temp file, then of the directory) and ``replace`` are
     seams for fault-injection tests.
+
+    The rename replaces the name ``path``: a symbolic link or a hard link
+    there is replaced, never written through.  With ``dir_fd`` (a directory
+    below a store's root, opened by ``_safefs.open_subdir``), the temp file,
+    the rename (``replace(tmp, name, src_dir_fd=, dst_dir_fd=)``) and the
+    fsync all go through that descriptor, so no link swapped in for the
+    directory can redirect them; ``path`` then names the file in messages
+    and its basename is the name in ``dir_fd``.
 
     Returns:
         The number of bytes written.
@@ -63,6 +74,8 @@ def write_atomic(
     """
     directory, name = os.path.split(path)
     directory = directory or "."
+    if dir_fd is not None:
+        return _write_atomic_at(dir_fd, name, chunks, mode, fsync, replace)
     prefix = f".{name}.{os.getpid()}."
     try:
         fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
@@ -82,6 +95,44 @@ def write_atomic(
             os.unlink(tmp)
         raise
     fsync_dir(directory, fsync)
+    return size
+
+
+_TEMP_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _write_atomic_at(
+    dir_fd: int,
+    name: str,
+    chunks: Sequence[bytes],
+    mode: int,
+    fsync: Callable[[int], None],
+    replace: Callable[..., None],
+) -> int:
+    """``write_atomic`` relative to a directory descriptor (``openat``, ``renameat``)."""
+    prefix = f".{name}.{os.getpid()}."
+    for _ in range(100):  # as mkstemp does, a fresh random name until one is free
+        tmp = f"{prefix}{secrets.token_hex(6)}.tmp"
+        try:
+            fd = os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(errno.EEXIST, "no unused temp file name", prefix)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            size = write_all(fd, chunks)
+            fsync(fd)
+        finally:
+            os.close(fd)
+        replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    fsync(dir_fd)
     return size
 
 
@@ -135,8 +186,10 @@ def sweep_temps(directory: str) -> list[str]:
         if match is None or _alive(int(match["pid"])):
             continue
         path = os.path.join(directory, name)
-        # One entry we cannot remove (gone already, not ours, a directory)
-        # must not stop the sweep or fail the store's open().
+        # unlink removes the name only: a link planted under a temp's name
+        # goes, what it points to stays.  One entry we cannot remove (gone
+        # already, not ours, a directory) must not stop the sweep or fail
+        # the store's open().
         with contextlib.suppress(OSError):
             os.unlink(path)
             removed.append(path)

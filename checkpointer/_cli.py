@@ -21,6 +21,7 @@ import difflib
 import logging
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -33,6 +34,7 @@ from . import _pgcli
 from ._format import CheckpointError, load
 from ._journal import JournalStore
 from ._lock import KeyLocked, LockProbe, probe_file_lock
+from ._safefs import UnsafeFile, describe, read_checked
 from ._stores import KEY_PATTERN, FileStore, check_key
 from ._transcript import HistoryProblem, validate_history
 
@@ -221,6 +223,7 @@ def _inspect(file: File, locks: dict[str, str]) -> tuple[Row, Loaded | None]:
     if lock is not None:
         row.lock = _lock_state(lock)
         row.lock_holder = lock.holder.describe() if lock.holder is not None else ""
+        row.lock_holder = lock.problem or row.lock_holder  # a link, a FIFO, ...: say so
     loaded, row.error = _read(file)
     if loaded is None:
         return row, None
@@ -345,10 +348,12 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _show_raw(file: File) -> int:
     try:
-        with open(file.path, "rb") as f:
-            data = f.read()
+        data = read_checked(file.path)  # no link followed, no FIFO waited on
     except OSError as exc:
         _error("show", f"{file.path}: cannot be read: {_why(exc)}")
+        return PROBLEM
+    if data is None:
+        _error("show", f"{file.path}: disappeared while reading (removed by a prune or a writer?)")
         return PROBLEM
     sys.stdout.flush()
     sys.stdout.buffer.write(data if data.endswith(b"\n") else data + b"\n")
@@ -596,6 +601,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
     for key in sorted(by_key.keys() | locks.keys()):
         old: list[tuple[str, str]] = []  # (checkpoint file, why) to remove
         for file in by_key.get(key, []):
+            planted = _not_a_file(file.path)
+            if planted is not None:  # a link, a FIFO, ...: not ours to remove
+                tally.refuse(planted)
+                continue
             row, _ = _inspect(file, {})
             age = (now - (row.updated_at or row.mtime)).total_seconds()
             if age <= limit.seconds:
@@ -606,6 +615,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
                 old.append((file.path, f"updated {_ago(age)} ago"))
         lock_path = locks.get(key)
         lock = probe_file_lock(lock_path) if lock_path else None
+        if lock is not None and lock.problem is not None:
+            # Not a lock file this library made: leave it and the key alone.
+            tally.refuse(lock.problem)
+            for path, _ in old:
+                tally.keep(path, f"its lock file {lock_path} is not one this library made")
+            continue
         if lock is not None and lock.alive is not False:
             # A live writer's key (its lock is not news), or one we cannot
             # tell about: leave all of it alone, without touching its lock.
@@ -625,7 +640,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         _prune_key(store, key, old, lock_path, stale, tally)
     if not tally.lines:
         print(f"nothing older than {limit.text} and no stale locks in {args.root}")
-        return OK
+        return PROBLEM if tally.failed else OK  # failed: something planted, said on stderr
     for line in tally.lines:
         print(line)
     verb = "would remove" if args.dry_run else "removed"
@@ -689,6 +704,11 @@ class _Tally:
         self.failed += 1
         _error("prune", f"cannot {what} {path}: {_why(exc)}")
 
+    def refuse(self, problem: str) -> None:
+        """Something planted in the root (``UnsafeFile``'s text): left, and counted as failed."""
+        self.failed += 1
+        _error("prune", problem)
+
     def remove(self, path: str, why: str, *, lock: bool = False, unlink: bool = True) -> None:
         if unlink and not self.dry_run:
             try:
@@ -703,6 +723,17 @@ class _Tally:
         else:
             self.removed += 1
         self.lines.append(f"{'would remove' if self.dry_run else 'removed'} {path} ({why})")
+
+
+def _not_a_file(path: str) -> str | None:
+    """Why prune leaves ``path`` alone (a link, a FIFO, ...), or None for a regular file."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None  # gone: nothing to remove, the unlink will say so
+    if stat.S_ISREG(st.st_mode):
+        return None
+    return str(UnsafeFile(path, describe(st, path)))
 
 
 # -- small formatting helpers ----------------------------------------------------

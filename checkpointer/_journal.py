@@ -57,6 +57,7 @@ the new one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -77,6 +78,7 @@ from ._format import (
     _newer,
     _oserror,
 )
+from ._safefs import open_checked, read_checked, read_fd
 from ._stores import FileStore, check_key
 
 __all__ = ["JournalStatistics", "JournalStore"]
@@ -506,6 +508,16 @@ class _Prefixes:
         return new if same else None
 
 
+def _warn_linked(path: str, links: int) -> None:
+    logger.warning(
+        "checkpointer: %s has %d hard links (a backup, or a name outside the root?): "
+        "rewriting it fresh instead of appending through them; the other names keep "
+        "their bytes",
+        path,
+        links,
+    )
+
+
 class JournalStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """What a ``JournalStore`` did, and the size of one key's journal.
 
@@ -676,24 +688,30 @@ class JournalStore(_Prefixes, FileStore):
         """Read the journal for writing: check it, truncate an unfinished append."""
         path = self.location(key)
         try:
-            f = open(path, "r+b")  # noqa: SIM115 - closed below, after the truncate
+            # A regular file of ours, never through a link or a FIFO (_safefs).
+            fd, st = open_checked(path, os.O_RDWR, links=True)
         except FileNotFoundError:
             track = self._tracks[key] = _absent()
             return track
-        with f:
-            data = f.read()
-            scan = _scan(data, path)
-            if scan.torn is not None:
-                f.truncate(scan.end)
-                os.fsync(f.fileno())
+        try:
+            scan = _scan(read_fd(fd, st.st_size), path)
+            linked = st.st_nlink > 1
+            if scan.torn is not None and not linked:
+                os.ftruncate(fd, scan.end)
+                os.fsync(fd)
                 logger.info(
                     "checkpointer: %s: removed an unfinished append (%d bytes from line %d)",
                     path,
                     scan.torn.nbytes,
                     scan.torn.line,
                 )
-            ino = os.fstat(f.fileno()).st_ino
-        track = _absent()._replace(meta=scan.meta, size=scan.end, ino=ino, live=scan.live)
+        finally:
+            os.close(fd)
+        track = _absent()._replace(
+            meta=scan.meta, size=scan.end, ino=st.st_ino, live=scan.live, broken=linked
+        )
+        if linked:
+            _warn_linked(path, st.st_nlink)
         self._tracks[key] = track
         return track
 
@@ -709,8 +727,10 @@ class JournalStore(_Prefixes, FileStore):
                 witnesses=track.witnesses[:count],
             )
         path = self.location(key)
-        with open(path, "rb") as f:
-            return _Full(whole=_assemble(_scan(f.read(), path), path))
+        data = read_checked(path)
+        if data is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        return _Full(whole=_assemble(_scan(data, path), path))
 
     def _current(self, key: str) -> _Track:
         """The track of ``key``, re-read if the file changed behind our back."""
@@ -720,12 +740,15 @@ class JournalStore(_Prefixes, FileStore):
         if track.broken:
             return track  # rewrite from memory: the file is not to be trusted
         try:
-            st = os.stat(self.location(key))
+            st = os.lstat(self.location(key))  # a link planted in its place is a change
         except FileNotFoundError:
             if track.meta is None:
                 return track
         else:
             if track.meta is not None and (st.st_ino, st.st_size) == (track.ino, track.size):
+                if st.st_nlink > 1:  # linked since: rewrite it by rename, never append
+                    _warn_linked(self.location(key), st.st_nlink)
+                    track = self._tracks[key] = track._replace(broken=True)
                 return track
         logger.warning(
             "checkpointer: %s changed behind this store (another writer?); re-reading it",
@@ -782,7 +805,7 @@ class JournalStore(_Prefixes, FileStore):
             or track.size + row_size > self.threshold(live)
         ):
             nbytes = write_atomic(path, [header, *row])
-            size, ino = nbytes, os.stat(path).st_ino
+            size, ino = nbytes, os.lstat(path).st_ino
             self._rewrites += 1
         else:
             self._append(key, track, row)
@@ -811,9 +834,9 @@ class JournalStore(_Prefixes, FileStore):
 
         (More than one ``writev`` only past 1024 pieces: a compaction row.)
         """
-        fd = os.open(self.location(key), os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        # Never through a link, a FIFO or a second hard link (_safefs).
+        fd, st = open_checked(self.location(key), os.O_WRONLY | os.O_APPEND)
         try:
-            st = os.fstat(fd)
             if (st.st_ino, st.st_size) != (track.ino, track.size):
                 raise OSError(f"{self.location(key)} changed while appending; will rewrite it")
             try:

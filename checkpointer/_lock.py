@@ -45,6 +45,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from ._results import Failed
+from ._safefs import UnsafeFile, open_checked, read_checked
 
 __all__ = [
     "FileKeyLock",
@@ -178,6 +179,8 @@ def acquire_file_lock(
     Raises:
         KeyLocked: another open file description still holds the lock after
             ``timeout`` (naming the holder when its file says who).
+        UnsafeFile: ``path`` is a symbolic link, a FIFO, a directory, a file
+            with a second hard link or of another owner; it is left as it is.
         OSError: the file cannot be created or locked.
     """
     if not (timeout >= 0 and math.isfinite(timeout)):
@@ -185,7 +188,9 @@ def acquire_file_lock(
     os.makedirs(os.path.dirname(path) or ".", mode=dir_mode, exist_ok=True)
     deadline = time.monotonic() + timeout
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Never through a link, a FIFO or a second hard link: the holder's
+        # JSON goes into this file in place (see _safefs).
+        fd, _ = open_checked(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -221,9 +226,8 @@ def read_holder(path: str) -> LockHolder | None:
     Reads without locking: the answer is for display only.
     """
     try:
-        with open(path, "rb") as f:
-            data = f.read(4096)
-        return _HOLDER_DECODER.decode(data)
+        data = read_checked(path, limit=4096)  # no link followed, no FIFO waited on
+        return None if data is None else _HOLDER_DECODER.decode(data)
     except (OSError, msgspec.DecodeError, msgspec.ValidationError):
         return None
 
@@ -237,11 +241,15 @@ class LockProbe(msgspec.Struct, frozen=True, kw_only=True):
             gone (a stale file, left by a SIGKILLed writer), None when that
             cannot be told (no permission to open it, say).
         holder: who the file names; None if it is empty or garbled.
+        problem: what is wrong with the path when it is not a lock file
+            this library made (a symbolic link, a FIFO, ...: ``alive`` is
+            None then, and the file was not opened or not read); else None.
     """
 
     path: str
     alive: bool | None
     holder: LockHolder | None
+    problem: str | None = None
 
 
 def probe_file_lock(path: str) -> LockProbe | None:
@@ -264,9 +272,12 @@ def probe_file_lock(path: str) -> LockProbe | None:
     # LOCK_SH|LOCK_NB.  The price: a reused pid, or a holder in another pid
     # namespace under the same hostname, can be misread; acquiring is never.
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        # Never a link, a FIFO (no wait), a second hard link (no LOCK_SH on it).
+        fd, _ = open_checked(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
+    except UnsafeFile as exc:
+        return LockProbe(path=path, alive=None, holder=None, problem=str(exc))
     except OSError:
         return LockProbe(path=path, alive=None, holder=None)
     try:

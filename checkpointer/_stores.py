@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 from ._atomic import fsync_dir, sweep_temps, write_atomic
 from ._encoding import Transcript
 from ._lock import KeyLock, acquire_file_lock
+from ._safefs import check_root, read_checked
 
 __all__ = ["KEY_PATTERN", "FileStore", "Store", "check_key"]
 
@@ -102,6 +103,8 @@ class FileStore:
     The root is created (mode 0700) on the first write.  Each write is a
     durable atomic replace (temp file, fsync, rename, directory fsync).
     A writer holds ``root/k.lock`` while it writes ``k`` (see ``lock``).
+    Nothing planted in the root (a link, a FIFO, a hard link) is followed
+    or written through; see ``_safefs`` for the rules.
 
     Args:
         root: the directory that holds the checkpoint files.
@@ -132,6 +135,7 @@ class FileStore:
         return os.path.join(self.root, key + self.suffix)
 
     def open(self) -> None:
+        check_root(self.root)
         for path in sweep_temps(self.root):
             logger.info("checkpointer: removed stale temp file %s", path)
 
@@ -140,12 +144,15 @@ class FileStore:
         return write_atomic(self.location(key), chunks)
 
     def read(self, key: str) -> bytes | None:
+        """The bytes of ``key``'s file, or None.
+
+        Raises:
+            UnsafeFile: a symbolic link, a FIFO or a device is in its place
+                (never followed, never waited on; see ``_safefs``).
+            OSError: it cannot be read.
+        """
         check_key(key)
-        try:
-            with open(self.location(key), "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
+        return read_checked(self.location(key))
 
     def keys(self) -> list[str]:
         try:
@@ -173,6 +180,7 @@ class FileStore:
         source = self.location(key)
         target = os.path.join(self.root, f"{key}.{suffix}")
         try:
+            # A rename moves and replaces names, never following a link at either.
             os.replace(source, target)
         except FileNotFoundError:
             return None

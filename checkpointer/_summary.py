@@ -27,11 +27,12 @@ ends at its first ``---`` line and none of its own values can contain one.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -40,6 +41,7 @@ import msgspec
 
 from ._atomic import write_atomic
 from ._format import CheckpointError
+from ._safefs import check_root, open_dir, open_subdir, read_checked, refuse_unless_replaceable
 from ._stores import FileStore, check_key
 from ._transcript import starts_with_results
 
@@ -148,14 +150,29 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
         ]
     )
     data = (front + checkpoint.summary).encode("utf-8")
-    # makedirs gives its mode to the last directory only: the root and sessions/
-    # are made one by one, 0700 like a FileStore's root.
+    # sessions/ and sessions/<key>/ are made 0700 like a FileStore's root and
+    # opened without following a link, each relative to its parent; the
+    # write goes through the last descriptor (see _safefs).
     sessions = os.path.dirname(os.path.dirname(path))
-    for directory in (os.path.dirname(sessions), sessions):
-        if directory:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-    write_atomic(path, [data])
+    root = os.path.dirname(sessions) or "."
+    check_root(root)
+    with _dirs(root, sessions, key, create=True) as directory:
+        refuse_unless_replaceable(path, dir_fd=directory)
+        write_atomic(path, [data], dir_fd=directory)
     return path
+
+
+@contextlib.contextmanager
+def _dirs(root: str, sessions: str, key: str, *, create: bool) -> Iterator[int]:
+    """A descriptor of ``<root>/sessions/<key>``, reached without following links below root."""
+    fds = [open_dir(root, create=create)]
+    try:
+        fds.append(open_subdir(fds[-1], "sessions", sessions, create=create))
+        fds.append(open_subdir(fds[-1], key, os.path.join(sessions, key), create=create))
+        yield fds[-1]
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def load_summary(root: Root, key: str) -> SummaryCheckpoint | None:
@@ -167,13 +184,16 @@ def load_summary(root: Root, key: str) -> SummaryCheckpoint | None:
             summary checkpoint (``.path`` is the file, ``.reason`` says why).
     """
     path = summary_path(root, key)
+    sessions = os.path.dirname(os.path.dirname(path))
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        with _dirs(os.path.dirname(sessions) or ".", sessions, key, create=False) as directory:
+            data = read_checked(path, dir_fd=directory)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise CheckpointError(path, f"cannot be read: {exc.strerror or exc}") from None
+    if data is None:
+        return None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -133,8 +133,8 @@ async def test_bad_key_is_failed_and_writes_nothing_outside(
     assert sorted(tree(tmp_path)) == ["a", "a/root", "a/root/s1.json"]
 
 
-def test_a_symlink_in_place_of_the_file_is_replaced_not_followed(tmp_path: Path) -> None:
-    """root/key.json linking outside the root: the write replaces the link; outside untouched."""
+def test_a_symlink_in_place_of_the_file_is_refused_not_followed(tmp_path: Path) -> None:
+    """root/key.json linking outside the root: Failed naming the link, both left; then Written."""
     outside = tmp_path / "outside.json"
     outside.write_bytes(b"precious")
     root = tmp_path / "root"
@@ -142,9 +142,13 @@ def test_a_symlink_in_place_of_the_file_is_replaced_not_followed(tmp_path: Path)
     (root / f"{KEY}.json").symlink_to(outside)
     source = Source()
     with CheckpointWriter(source, FileStore(root), exit_hooks=False) as writer:
-        assert writer.statistics().writes == 1
+        result = writer.flush_sync()
+        assert isinstance(result, Failed) and result.reason == "write-failed", result
+        assert f"{root / KEY}.json is a symbolic link to '{outside}'" in result.error
+        assert (root / f"{KEY}.json").is_symlink()
+        (root / f"{KEY}.json").unlink()
+        assert isinstance(writer.flush_sync(), Written)
     assert outside.read_bytes() == b"precious"
-    assert not (root / f"{KEY}.json").is_symlink()
     cp = load(FileStore(root), KEY)
     assert cp is not None and cp.state == GOOD
 

@@ -155,11 +155,11 @@ def test_written_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     old = SummaryCheckpoint(3, "old summary", WHEN, 3)
     write_summary(tmp_path, "s", old)
 
-    def replace(src: str, dst: str) -> None:
+    def replace(src: str, dst: str, **dir_fds: int) -> None:
         raise OSError(5, "Input/output error")
 
-    def failing(path: str, chunks: Any) -> int:
-        return write_atomic(path, chunks, replace=replace)
+    def failing(path: str, chunks: Any, **kw: Any) -> int:
+        return write_atomic(path, chunks, replace=replace, **kw)
 
     monkeypatch.setattr("checkpointer._summary.write_atomic", failing)
     with pytest.raises(OSError, match="Input/output"):

@@ -57,17 +57,20 @@ the new one.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import operator
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 import msgspec
 
 from ._atomic import write_all, write_atomic
-from ._encoding import Transcript, decoded_copy, new_epoch, state_pieces
+from ._codec import time_left
+from ._encoding import Transcript, new_epoch, state_pieces
 from ._format import (
     FORMAT,
     Checkpoint,
@@ -281,48 +284,91 @@ def _assemble(scan: _Scan, path: str) -> bytes:
 # -- writing ----------------------------------------------------------------
 
 
-class _Track(NamedTuple):
-    """What the store knows about one key's journal.  Replaced on every commit.
+class _Known:
+    """What a store knows of one transcript layout (an *epoch*) it wrote.
 
-    ``witnesses`` and ``chunks`` are shared with older tracks and only ever
-    extended, so the first ``n`` entries an older track saw never change.
+    Shared by the tracks of one epoch and only ever extended, so the first
+    ``n`` entries an older track saw never change (``dead`` aside).  Position
+    ``i`` is the ``i``-th message stored:
+
+    * ``chunks[i]``: its bytes, as written;
+    * ``witnesses[i]``: the object that was staged there.  At a settled
+      position the witness encodes to ``chunks[i]`` for as long as it lives
+      (it is deeply immutable), so finding that very object (``is``) there
+      again means the same bytes.  Only a settled object that encodes to
+      ``chunks[i]`` ever becomes the witness of a settled position;
+    * ``unsettled``: the positions whose witness proves nothing (a dict can
+      be edited in place), checked by encoding them again: ``joined`` is
+      their chunks joined with commas, one ``memcmp`` against a fresh
+      encoding of them as one array.
+
+    ``loose``: a settled witness is ``LOOSE`` (``_encoding.settledness``): an
+    object equal to it (``==``) may encode differently, so the prefix check
+    must be by identity, not ``==``.  ``dead``: an overtaking commit wrote the
+    key behind this epoch's back; nothing is staged on it any more.
     """
+
+    __slots__ = ("chunks", "dead", "epoch", "joined", "loose", "unsettled", "witnesses")
+
+    def __init__(
+        self,
+        epoch: int,
+        witnesses: list[Any],
+        chunks: list[bytes],
+        unsettled: list[int],
+        *,
+        loose: bool,
+    ) -> None:
+        self.epoch = epoch
+        self.witnesses = witnesses
+        self.chunks = chunks
+        self.unsettled = unsettled
+        self.joined = bytearray(b",".join([chunks[at] for at in unsettled]))
+        self.loose = loose
+        self.dead = False
+
+
+class _Track(NamedTuple):
+    """What the store knows about one key's journal.  Replaced on every commit."""
 
     meta: Meta | None  # of the last committed row; None: no file
     size: int
     ino: int
     live: int
     broken: bool  # an append failed: rewrite from memory, never fsync this file again
-    epoch: int  # which witnesses; content tokens of stages of one epoch compare
-    n: int  # messages in the transcript on disk
-    witnesses: list[Any] | None  # None: transcript unknown, the next stage is a compaction
-    chunks: list[bytes] | None
+    known: _Known | None  # None: transcript unknown, the next stage is a compaction
+    n: int  # messages in the transcript on disk: known's first n positions
+    u: int  # ... of which unsettled: known.unsettled[:u]
+    jlen: int  # ... whose joined chunks are known.joined[:jlen]
     head: bytes
     tail: bytes
     name: str | None
 
 
 def _absent() -> _Track:
-    return _Track(None, 0, 0, 0, False, new_epoch(), 0, None, None, b"", b"", None)
+    return _Track(None, 0, 0, 0, False, None, 0, 0, 0, b"", b"", None)
 
 
 class _Full:
     """A whole state to commit as a compaction row (or a fresh file).
 
-    ``witnesses`` holds ready witnesses for the first messages; ``messages``
-    the rest, whose witnesses are built in the worker thread.
+    ``messages`` are the objects staged at each position (the witnesses to
+    be), ``unsettled`` the positions among them that are not settled,
+    ``loose`` whether a settled one is ``LOOSE``.  The first ``count`` chunks
+    are the state's, whatever later happens to the list.
     """
 
     __slots__ = (
         "chunks",
+        "count",
         "epoch",
         "head",
+        "loose",
         "messages",
         "name",
         "tail",
         "unsettled",
         "whole",
-        "witnesses",
     )
 
     def __init__(
@@ -333,38 +379,65 @@ class _Full:
         head: bytes = b"",
         tail: bytes = b"",
         chunks: list[bytes] | None = None,
-        witnesses: list[Any] | None = None,
         messages: list[Any] | None = None,
         unsettled: list[int] | None = None,
+        loose: bool = False,
     ) -> None:
         self.epoch = new_epoch()
+        self.loose = loose
         self.whole = whole
         self.name = name
         self.head = head
         self.tail = tail
         self.chunks = chunks if chunks is not None else []
-        self.witnesses = witnesses if witnesses is not None else []
+        self.count = len(self.chunks)
         self.messages = messages if messages is not None else []
         self.unsettled = unsettled if unsettled is not None else []
 
     def content(self) -> object:
         if self.whole is not None:
             return ("whole", self.whole)
-        return (self.epoch, len(self.chunks), self.head, self.tail)
+        return (self.epoch, self.count, self.head, self.tail)
 
     def state_pieces(self) -> list[bytes]:
         if self.whole is not None:
             return [self.whole]
-        return state_pieces(self.head, self.chunks, self.tail)
+        return state_pieces(self.head, self.chunks[: self.count], self.tail)
 
-    def build_witnesses(self) -> list[Any]:
-        return self.witnesses + _witnesses(self.messages, self.chunks, self.unsettled)
+    def track(self, meta: Meta, *, size: int, ino: int, live: int) -> _Track:
+        """The track of a key once this state is committed (built in the worker)."""
+        if self.whole is not None:
+            return _absent()._replace(
+                meta=meta, size=size, ino=ino, live=live, head=self.head, tail=self.tail
+            )
+        count = self.count
+        known = _Known(  # copies: a Full committed twice must not share its lists
+            self.epoch,
+            self.messages[:count],
+            self.chunks[:count],
+            list(self.unsettled),
+            loose=self.loose,
+        )
+        return _Track(
+            meta=meta,
+            size=size,
+            ino=ino,
+            live=live,
+            broken=False,
+            known=known,
+            n=count,
+            u=len(known.unsettled),
+            jlen=len(known.joined),
+            head=self.head,
+            tail=self.tail,
+            name=self.name,
+        )
 
 
 class _Delta:
     """New messages (and the rest of the state) on top of a track's prefix."""
 
-    __slots__ = ("base", "chunks", "head", "messages", "tail", "unsettled")
+    __slots__ = ("_full", "base", "chunks", "head", "loose", "messages", "tail", "unsettled")
 
     def __init__(
         self,
@@ -374,47 +447,82 @@ class _Delta:
         unsettled: list[int],
         head: bytes,
         tail: bytes,
+        *,
+        loose: bool,
     ) -> None:
+        assert base.known is not None
         self.base = base
         self.messages = messages
         self.chunks = chunks
         self.unsettled = unsettled
         self.head = head
         self.tail = tail
+        self.loose = loose
+        self._full: _Full | None = None
 
     def content(self) -> object:
+        # (epoch, n) stands for the first n positions of the epoch, whose bytes
+        # never change once a commit has taken them.  Ours, past the base, may
+        # have been taken since we were staged (a commit in flight when a
+        # flush_sync staged us): with other bytes, we are another state, to be
+        # written as a compaction.
         base = self.base
-        return (base.epoch, base.n + len(self.chunks), self.head, self.tail)
+        known = base.known
+        assert known is not None
+        count = len(self.chunks)
+        taken = known.chunks[base.n : base.n + count]
+        if known.dead or (taken and taken != self.chunks[: len(taken)]):
+            return self.as_full().content()
+        return (known.epoch, base.n + count, self.head, self.tail)
 
-    def full(self) -> _Full:
+    def as_full(self) -> _Full:
         """The same state as a compaction (the track moved on since staging)."""
+        if self._full is None:
+            base = self.base
+            known = base.known
+            assert known is not None
+            count = base.n
+            self._full = _Full(
+                name=base.name,
+                head=self.head,
+                tail=self.tail,
+                chunks=known.chunks[:count] + self.chunks,
+                messages=known.witnesses[:count] + self.messages,
+                unsettled=known.unsettled[: base.u] + [count + at for at in self.unsettled],
+                loose=known.loose or self.loose,
+            )
+        return self._full
+
+    def rebased(self, track: _Track | None) -> _Delta | None:
+        """This state on top of ``track``, if ``track`` is our base plus some of our messages.
+
+        So a delta staged while another commit of its key was in flight is
+        still an append (or a meta row) once that commit is on disk.
+        """
         base = self.base
-        assert base.witnesses is not None
-        assert base.chunks is not None
-        count = base.n
-        prefix = base.chunks[:count]
-        return _Full(
-            name=base.name,
-            head=self.head,
-            tail=self.tail,
-            chunks=prefix + self.chunks,
-            witnesses=base.witnesses[:count],
-            messages=self.messages,
-            unsettled=[count + i for i in self.unsettled],
+        known = base.known
+        if (
+            track is None
+            or track.known is not known
+            or known is None
+            or known.dead
+            or track.broken
+            or not base.n <= track.n <= base.n + len(self.chunks)
+            or len(known.chunks) != track.n  # not the newest track of the epoch
+        ):
+            return None
+        skip = track.n - base.n
+        if known.chunks[base.n : track.n] != self.chunks[:skip]:
+            return None
+        return _Delta(
+            track,
+            self.messages[skip:],
+            self.chunks[skip:],
+            [at - skip for at in self.unsettled if at >= skip],
+            self.head,
+            self.tail,
+            loose=self.loose,
         )
-
-
-def _witnesses(messages: list[Any], chunks: Sequence[bytes], unsettled: list[int]) -> list[Any]:
-    """Settled messages stand for themselves; the others get private decoded copies.
-
-    ``chunks`` may be longer than ``messages``: its last ``len(messages)``
-    entries are theirs; ``unsettled`` indexes ``chunks``.
-    """
-    out = list(messages)
-    offset = len(chunks) - len(messages)
-    for at in unsettled:
-        out[at - offset] = decoded_copy(out[at - offset], chunks[at])
-    return out
 
 
 class _Prefixes:
@@ -422,26 +530,54 @@ class _Prefixes:
 
     Shared by ``JournalStore`` and the PostgreSQL journal.  The class using it
     keeps ``_transcript``, ``_tracks`` (key -> ``_Track``) and
-    ``_witness_lock``; its commit turns a ``_Delta`` whose base is no longer
-    the key's track into a compaction (``_Delta.full()``).
+    ``_witness_lock``; its commit asks ``_settle`` what to write for a staged
+    state on top of the key's current track.
+
+    A prefix is unchanged when it *encodes* the same: ``2`` and ``2.0``,
+    ``0`` and ``False`` are equal in Python but not on disk, so ``==`` is
+    never the test.  Settled messages must be the very objects (``is``)
+    that were written, a C-speed scan; unsettled ones (dicts, plain Structs,
+    dataclasses) are encoded again, as one array, and compared with what was
+    written.  Anything else (a settled message replaced by another object)
+    takes the slow path: every message of the prefix is encoded (through the
+    cache) and compared.
     """
 
     _transcript: Transcript
     _tracks: dict[str, _Track]
     _witness_lock: threading.Lock
 
+    def _settle(self, track: _Track | None, staged: object) -> _Full | _Delta:
+        """What to commit for ``staged`` on top of ``track``, the key's current track."""
+        if isinstance(staged, _Delta):
+            known = staged.base.known
+            if staged.base is track and known is not None and not known.dead:
+                return staged
+            return staged.rebased(track) or staged.as_full()
+        if not isinstance(staged, _Full):
+            raise TypeError(f"{type(self).__name__} cannot commit {type(staged).__name__}")
+        return staged
+
     def _appended(self, key: str, track: _Track, meta: Meta, delta: _Delta, nbytes: int) -> None:
         """Extend ``key``'s track by an append of ``delta`` (``nbytes`` stored)."""
-        assert track.witnesses is not None
-        assert track.chunks is not None
-        witnesses = _witnesses(delta.messages, delta.chunks, delta.unsettled)
+        known = track.known
+        assert known is not None
+        n = track.n
         with self._witness_lock:
-            track.witnesses.extend(witnesses)
-        track.chunks.extend(delta.chunks)
+            known.witnesses.extend(delta.messages)
+            known.loose = known.loose or delta.loose
+        known.chunks.extend(delta.chunks)
+        if delta.unsettled:
+            known.unsettled.extend([n + at for at in delta.unsettled])
+            if known.joined:
+                known.joined += b","
+            known.joined += b",".join([delta.chunks[at] for at in delta.unsettled])
         self._tracks[key] = track._replace(
             meta=meta,
             size=track.size + nbytes,
-            n=track.n + len(delta.chunks),
+            n=n + len(delta.chunks),
+            u=track.u + len(delta.unsettled),
+            jlen=len(known.joined),
             head=delta.head,
             tail=delta.tail,
         )
@@ -454,18 +590,20 @@ class _Prefixes:
         track = self._tracks.get(key)
         if (
             track is not None
-            and track.witnesses is not None
+            and track.known is not None
+            and not track.known.dead
             and not track.broken
             and track.name == split.name
-            and isinstance(split.messages, list)
         ):
             new = self._new_messages(track, split.messages)
             if new is not None:
                 chunks, unsettled = transcript.encode_messages(new)
+                loose = transcript.any_loose(new)
                 transcript.prune(split.messages)
-                return _Delta(track, new, chunks, unsettled, split.head, split.tail)
-        messages = list(split.messages)  # private: witnesses are built in the worker
+                return _Delta(track, new, chunks, unsettled, split.head, split.tail, loose=loose)
+        messages = list(split.messages)  # private: the witnesses to be
         chunks, unsettled = transcript.encode_messages(messages)
+        loose = transcript.any_loose(messages)
         transcript.prune(messages)
         return _Full(
             name=split.name,
@@ -474,36 +612,96 @@ class _Prefixes:
             chunks=chunks,
             messages=messages,
             unsettled=unsettled,
+            loose=loose,
         )
 
-    def _new_messages(self, track: _Track, messages: list[Any]) -> list[Any] | None:
+    def _new_messages(
+        self, track: _Track, messages: list[Any] | tuple[Any, ...]
+    ) -> list[Any] | None:
         """The messages after the track's prefix, or None if the prefix changed.
 
-        One list ``==`` in C against the witnesses, which stand for settled
-        messages themselves, so an unchanged prefix compares by identity and
-        its messages are not even dereferenced.  No copy of the prefix is made
-        (at 100,000 messages, copying the list costs more than the compare):
-        the witness list is extended with the new messages for the compare
-        and trimmed back, under a lock that a commit takes to extend it.
+        Fast path: the messages against the witnesses in C, then one encode of
+        the unsettled messages of the prefix, compared with what was written.
+        With only ``EXACT`` settled witnesses the first step is one list
+        ``==``, identity first (a nanosecond a message, nothing dereferenced
+        while the objects are the same; no copy of the prefix: at 100,000
+        messages copying the list costs more than the compare, so the
+        witnesses are extended with the new messages and trimmed back);
+        otherwise an identity scan (``is``, about 20 ns a message).  The
+        witnesses are used under a lock that a commit takes to extend them
+        (not blocking: a signal handler may re-enter here).
         """
+        known = track.known
+        assert known is not None
         n = track.n
-        witnesses = track.witnesses
-        if witnesses is None or len(messages) < n:
+        if len(messages) < n:
             return None
         if not self._witness_lock.acquire(blocking=False):
-            return None  # a commit is extending it, or a signal handler re-entered
+            return None  # a commit is extending them, or a signal handler re-entered
         try:
+            witnesses = known.witnesses
             if len(witnesses) != n:
-                return None  # a newer commit extended it: this track is stale
-            new = messages[n:]
-            witnesses.extend(new)
-            try:
-                same = messages == witnesses
-            finally:
-                del witnesses[n:]
+                return None  # a newer commit extended them: this track is stale
+            if known.loose:
+                same = all(map(operator.is_, messages, witnesses))
+            else:
+                live = messages if isinstance(messages, list) else list(messages)
+                witnesses.extend(live[n:])
+                try:
+                    same = live == witnesses
+                except Exception:  # a message's own __eq__ failed: compare the bytes
+                    same = False
+                finally:
+                    del witnesses[n:]
         finally:
             self._witness_lock.release()
-        return new if same else None
+        if same:
+            if track.u and not self._unsettled_unchanged(track, messages):
+                return None
+        elif not self._prefix_unchanged(track, messages):
+            return None
+        return list(messages[n:])
+
+    def _unsettled_unchanged(self, track: _Track, messages: Sequence[Any]) -> bool:
+        """Whether the unsettled messages of the prefix encode as they were written."""
+        known = track.known
+        assert known is not None
+        if track.u == track.n:
+            live: Sequence[Any] = messages[: track.n]
+        else:
+            live = list(map(messages.__getitem__, itertools.islice(known.unsettled, track.u)))
+        data = self._transcript.encoder.encode(live)  # b"[" + the joined chunks + b"]"
+        return len(data) == track.jlen + 2 and known.joined.startswith(memoryview(data)[1:-1])
+
+    def _prefix_unchanged(self, track: _Track, messages: Sequence[Any]) -> bool:
+        """The slow path: encode the whole prefix (through the cache) and compare.
+
+        When it encodes the same, the new objects become the witnesses of
+        their positions where that keeps ``_Known``'s rule, so the next
+        stage takes the fast path again.
+        """
+        known = track.known
+        assert known is not None
+        n = track.n
+        transcript = self._transcript
+        prefix = list(messages[:n])
+        chunks, unsettled = transcript.encode_messages(prefix)
+        if chunks != known.chunks[:n]:
+            return False
+        if self._witness_lock.acquire(blocking=False):
+            try:
+                checked = set(itertools.islice(known.unsettled, track.u))
+                fresh = set(unsettled)
+                witnesses = known.witnesses
+                adopted = []
+                for at, message in enumerate(prefix):
+                    if message is not witnesses[at] and (at in checked or at not in fresh):
+                        witnesses[at] = message
+                        adopted.append(message)
+                known.loose = known.loose or transcript.any_loose(adopted)
+            finally:
+                self._witness_lock.release()
+        return True
 
 
 class JournalStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -607,17 +805,17 @@ class JournalStore(_Prefixes, FileStore):
 
     def write(self, key: str, chunks: Sequence[bytes]) -> int:
         """Replace the journal of ``key`` with raw journal bytes, atomically."""
-        with self._lock:
+        with self._locked(key):
             self._tracks.pop(key, None)
             return super().write(key, chunks)
 
     def delete(self, key: str) -> bool:
-        with self._lock:
+        with self._locked(key):
             self._tracks.pop(key, None)
             return super().delete(key)
 
     def move_aside(self, key: str, suffix: str) -> str | None:
-        with self._lock:
+        with self._locked(key):
             self._tracks.pop(key, None)
             return super().move_aside(key, suffix)
 
@@ -638,24 +836,27 @@ class JournalStore(_Prefixes, FileStore):
 
     def commit(self, key: str, meta: Meta, staged: object) -> int:
         check_key(key)
-        with self._lock:
+        if not isinstance(staged, _Full | _Delta):
+            raise TypeError(f"JournalStore cannot commit {type(staged).__name__}")
+        if not self._lock.acquire(timeout=time_left()):
+            return self._overtake(key, meta, staged)
+        try:
             track = self._current(key)
+            staged = self._settle(track, staged)
             if isinstance(staged, _Delta):
-                if staged.base is track:
-                    return self._append_delta(key, track, meta, staged)
-                staged = staged.full()
-            if not isinstance(staged, _Full):
-                raise TypeError(f"JournalStore cannot commit {type(staged).__name__}")
+                return self._append_delta(key, track, meta, staged)
             return self._commit_full(key, track, meta, staged)
+        finally:
+            self._lock.release()
 
     def read_meta(self, key: str) -> Meta | None:
         check_key(key)
-        with self._lock:
+        with self._locked(key):
             return self._open(key).meta
 
     def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
         check_key(key)
-        with self._lock:
+        with self._locked(key):
             track = self._current(key)
             if track.meta is None:
                 return None
@@ -669,6 +870,59 @@ class JournalStore(_Prefixes, FileStore):
             self._bytes += len(row)
             self._tracks[key] = track._replace(meta=meta, size=track.size + len(row))
             return meta
+
+    # -- the lock, bounded by a flush's deadline ---------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        """The store's lock, waited for no longer than the caller's deadline.
+
+        A flush with a timeout (``flush_sync``, the exit and signal hooks) runs
+        under ``_codec.commit_deadline``; without one the wait is unbounded.
+
+        Raises:
+            TimeoutError: another commit of this store held it past the deadline.
+        """
+        if not self._lock.acquire(timeout=time_left()):
+            raise TimeoutError(
+                f"cannot use {self.location(key)}: another commit of this store did not "
+                "finish within the flush's timeout (exit_timeout); is the disk stuck?"
+            )
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _overtake(self, key: str, meta: Meta, staged: object) -> int:
+        """Commit without the lock, which a commit stuck past the flush's deadline holds.
+
+        The state is written as a fresh file (temp, fsync, rename), as
+        ``FileStore`` does.  A stuck append goes on into the file it opened,
+        which this rename replaced; a stuck rewrite may rename its older file
+        over this one, and the writer then commits the newer state again once
+        it returns.  Either way the key's tracks are dead: nothing is staged
+        on them again, and the next commit re-reads the file.
+        """
+        full = self._settle(None, staged)
+        assert isinstance(full, _Full)
+        path = self.location(key)
+        logger.warning(
+            "checkpointer: %s: a commit of this store did not finish within the flush's "
+            "timeout; writing the journal fresh beside it",
+            path,
+        )
+        self._forget(key)
+        header, row, _ = self._fresh_rows(meta, full)
+        nbytes = write_atomic(path, [header, *row])
+        self._forget(key)  # whatever the stuck commit left meanwhile
+        self._rewrites += 1
+        self._bytes += nbytes
+        return nbytes
+
+    def _forget(self, key: str) -> None:
+        track = self._tracks.pop(key, None)
+        if track is not None and track.known is not None:
+            track.known.dead = True
 
     # -- internals (under self._lock) ----------------------------------------
 
@@ -699,14 +953,17 @@ class JournalStore(_Prefixes, FileStore):
 
     def _remembered(self, key: str, track: _Track) -> _Full:
         """The state on disk as a compaction, from memory when the track has it."""
-        if track.witnesses is not None and track.chunks is not None:
+        known = track.known
+        if known is not None:
             count = track.n
             return _Full(
                 name=track.name,
                 head=track.head,
                 tail=track.tail,
-                chunks=track.chunks[:count],
-                witnesses=track.witnesses[:count],
+                chunks=known.chunks[:count],
+                messages=known.witnesses[:count],
+                unsettled=known.unsettled[: track.u],
+                loose=known.loose,
             )
         path = self.location(key)
         with open(path, "rb") as f:
@@ -750,16 +1007,16 @@ class JournalStore(_Prefixes, FileStore):
         rows.append(b"".join(closing))
         data = b"".join(rows)
         if track.broken or track.size + len(data) > self.threshold(track.live):
-            return self._commit_full(key, track, meta, delta.full(), rewrite=True)
+            return self._commit_full(key, track, meta, delta.as_full(), rewrite=True)
         self._append(key, track, [data])
         self._appends += 1
         self._bytes += len(data)
         self._appended(key, track, meta, delta, len(data))
         return len(data)
 
-    def _commit_full(
-        self, key: str, track: _Track, meta: Meta, full: _Full, *, rewrite: bool = False
-    ) -> int:
+    @staticmethod
+    def _fresh_rows(meta: Meta, full: _Full) -> tuple[bytes, list[bytes], int]:
+        """The header line of a fresh file, the compaction row's pieces, and its size."""
         meta_json = _ENCODER.encode(meta)
         name = b"null" if full.name is None else _ENCODER.encode(full.name)
         row = [
@@ -771,8 +1028,13 @@ class JournalStore(_Prefixes, FileStore):
             *full.state_pieces(),
             _END,
         ]
-        row_size = sum(map(len, row))
         header = b"".join([_HEADER_HEAD, meta_json, _END])
+        return header, row, sum(map(len, row))
+
+    def _commit_full(
+        self, key: str, track: _Track, meta: Meta, full: _Full, *, rewrite: bool = False
+    ) -> int:
+        header, row, row_size = self._fresh_rows(meta, full)
         live = len(header) + row_size
         path = self.location(key)
         if (
@@ -789,21 +1051,7 @@ class JournalStore(_Prefixes, FileStore):
             nbytes, size, ino = row_size, track.size + row_size, track.ino
             self._compactions += 1
         self._bytes += nbytes
-        transcript = full.whole is None
-        self._tracks[key] = _Track(
-            meta=meta,
-            size=size,
-            ino=ino,
-            live=live,
-            broken=False,
-            epoch=full.epoch,
-            n=len(full.chunks),
-            witnesses=full.build_witnesses() if transcript else None,
-            chunks=full.chunks if transcript else None,
-            head=full.head,
-            tail=full.tail,
-            name=full.name,
-        )
+        self._tracks[key] = full.track(meta, size=size, ino=ino, live=live)
         return nbytes
 
     def _append(self, key: str, track: _Track, pieces: Sequence[bytes]) -> None:

@@ -107,7 +107,8 @@ def resaved(path: Path, **dump: Any) -> str:
     """Re-save the front matter of ``path`` the way a YAML tool does: load, then dump."""
     text = path.read_text(encoding="utf-8")
     front, body = text[4:].split("\n---\n", 1)
-    again = "---\n" + yaml.safe_dump(yaml.safe_load(front), **dump) + "---\n" + body
+    dumped: str = yaml.safe_dump(yaml.safe_load(front), **dump)
+    again = "---\n" + dumped + "---\n" + body
     path.write_text(again, encoding="utf-8")
     return again
 

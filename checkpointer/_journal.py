@@ -32,16 +32,25 @@ it.  Older rows stay in the file, for audit, until a rewrite.
 
 Append or compaction
 --------------------
-The store remembers, per key, the messages it has written (``_Track``): the
-message objects themselves when they are settled (deeply immutable, see
-``_encoding.py``), private decoded copies otherwise.  A new state whose
-messages start with that prefix (one ``==`` of two lists, in C; settled
-messages compare by identity first, so the check costs a few nanoseconds a
-message and encodes nothing) gets only its new messages appended.
-Otherwise (the agent compacted, edited or truncated its history) it gets a
-compaction row.  The rule is value equality: a message replaced by one equal
-to it (``==``) is not written again, so what ``load`` returns always equals
-the session.
+The store remembers, per key, the messages it has written (``_Track`` and
+its ``_Known``): their bytes, and the objects staged.  A new state whose
+messages (a list or a tuple) start with that prefix gets only its new
+messages appended; otherwise (the agent compacted, edited or truncated its
+history) it gets a compaction row.  The rule is the bytes: a prefix is
+unchanged only if it encodes as it was written, so ``2`` -> ``2.0`` or
+``0`` -> ``False`` (equal in Python) is a change, and a message replaced by
+another object that encodes the same is not.  Settled messages (deeply
+immutable, see ``_encoding.py``) must be the very objects written, checked
+in C with one list ``==`` while no settled witness is ``LOOSE`` (``==``
+could hide a change), else with an identity scan; unsettled ones are
+encoded again, as one array, and compared with what was written.  See
+``_Prefixes``.
+
+A staged ``_Delta`` stands for "the first n messages of this epoch", for the
+writer's unchanged check (``content()``): exact, since the bytes of a
+position never change once a commit has taken them, and a delta whose new
+positions another commit took with other bytes (a ``flush_sync`` staged
+while a write was in flight) stands for its compaction instead.
 
 Bounded growth (like Redis's AOF rewrite)
 -----------------------------------------

@@ -3,7 +3,7 @@
 ``PostgresJournalStore`` is a ``PostgresStore`` (same connection, lock,
 fencing and timeouts) that implements the ``StateStore`` protocol the way
 ``JournalStore`` does for files, and decides append or compaction with the
-same staging (``_journal._Prefixes``):
+same staging (``_staging._Prefixes``):
 
 * A key's ``<schema>.checkpoints`` row is its *head*: seq, meta, the
   fencing writer id, ``journal = true`` and an empty ``state``.
@@ -34,16 +34,9 @@ import msgspec
 from ._codec import Envelopes
 from ._encoding import Transcript
 from ._format import FORMAT, Checkpoint, CheckpointError, Meta, decode_checkpoint
-from ._journal import (
-    _COMPACTION_HEAD,
-    _MESSAGE_HEAD,
-    _STATE_HEAD,
-    _Delta,
-    _Full,
-    _Prefixes,
-    _Track,
-)
+from ._journal import _COMPACTION_HEAD, _MESSAGE_HEAD, _STATE_HEAD
 from ._postgres import PostgresStore
+from ._staging import _Delta, _Full, _Prefixes, _Track
 from ._stores import check_key
 
 if TYPE_CHECKING:

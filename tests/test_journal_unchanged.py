@@ -25,6 +25,7 @@ from checkpointer import (
     Written,
     _atomic,
     _journal,
+    _staging,
     load,
 )
 from checkpointer._codec import commit_deadline
@@ -242,7 +243,7 @@ def test_an_unsettled_message_edited_in_place_is_a_compaction(tmp_path: Path) ->
     for seq, at in [(2, 0), (3, -1)]:
         messages[at]["content"] = f"edited {seq}"
         staged = store.stage("s1", state)
-        assert isinstance(staged, _journal._Full)
+        assert isinstance(staged, _staging._Full)
         store.commit("s1", meta(seq), staged)
         assert loaded(store).state == as_json(state)
 

@@ -10,15 +10,24 @@ The recipe (``../shared/FACTS.md``, "Durable atomic replace on Linux"):
    with a fresh temp file built from memory: never fsync the same file again,
    the kernel may have dropped its dirty pages.
 
-Temp names carry the writing process's pid (``.<name>.<pid>.<random>.tmp``)
+Temp names say which process wrote them, ``.<name>.<pid>.<tag><random>.tmp``,
 so ``sweep_temps`` removes the debris of dead processes only, never a temp
-that a live writer is about to rename.
+that a live writer is about to rename.  A pid alone does not say it: pids
+are reused, and in a container every run is pid 1, so the temps of the
+previous run would look like our own forever.  The tag (``_tag``) tells one
+process from another that had the same pid: a hash of the boot id and the
+process's start time (``/proc/<pid>/stat``), which the sweep can compute for
+any live pid; or, where ``/proc`` cannot be read, a random one that only the
+process itself knows.  Names without a tag (from versions before it) are
+still swept: by pid, and always when the pid is ours, since we never write
+them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import secrets
@@ -27,7 +36,9 @@ from collections.abc import Callable, Sequence
 
 __all__ = ["fsync_dir", "sweep_temps", "write_all", "write_atomic"]
 
-_TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.[A-Za-z0-9_]+\.tmp$")
+_TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<rest>[A-Za-z0-9_]+)\.tmp$")
+# The tag and mkstemp's 8 random characters; an older name has the 8 only.
+_TAGGED_RE = re.compile(r"^(?P<tag>[sr][0-9a-f]{15})[a-z0-9_]{8}$")
 
 
 def fsync_dir(directory: str, fsync: Callable[[int], None] = os.fsync) -> None:
@@ -76,7 +87,8 @@ def write_atomic(
     directory = directory or "."
     if dir_fd is not None:
         return _write_atomic_at(dir_fd, name, chunks, mode, fsync, replace)
-    prefix = f".{name}.{os.getpid()}."
+    pid, tag = _me()
+    prefix = f".{name}.{pid}.{tag}"
     try:
         fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
     except FileNotFoundError:  # first write: make the directory (a syscall saved per write)
@@ -110,7 +122,8 @@ def _write_atomic_at(
     replace: Callable[..., None],
 ) -> int:
     """``write_atomic`` relative to a directory descriptor (``openat``, ``renameat``)."""
-    prefix = f".{name}.{os.getpid()}."
+    pid, tag = _me()
+    prefix = f".{name}.{pid}.{tag}"
     for _ in range(100):  # as mkstemp does, a fresh random name until one is free
         tmp = f"{prefix}{secrets.token_hex(6)}.tmp"
         try:
@@ -183,7 +196,10 @@ def sweep_temps(directory: str) -> list[str]:
         return removed
     for name in names:
         match = _TEMP_RE.match(name)
-        if match is None or _alive(int(match["pid"])):
+        if match is None:
+            continue
+        tagged = _TAGGED_RE.match(match["rest"])
+        if _alive(int(match["pid"]), tagged["tag"] if tagged else None):
             continue
         path = os.path.join(directory, name)
         # unlink removes the name only: a link planted under a temp's name
@@ -196,9 +212,20 @@ def sweep_temps(directory: str) -> list[str]:
     return removed
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
+def _alive(pid: int, tag: str | None) -> bool:
+    """Whether the process that wrote a temp named with ``pid`` and ``tag`` may still run."""
+    me, my_tag = _me()
+    if pid == me:
+        return tag == my_tag  # an untagged name is never ours
+    if not _pid_exists(pid):
+        return False
+    if tag is not None and tag.startswith("s"):
+        theirs = _start_tag(pid)
+        return theirs is None or theirs == tag  # None: cannot tell, keep it
+    return True
+
+
+def _pid_exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -208,3 +235,43 @@ def _alive(pid: int) -> bool:
     except OverflowError:
         return False
     return True
+
+
+_mine: tuple[int, str] | None = None
+
+
+def _me() -> tuple[int, str]:
+    """This process's pid and tag; computed again in a forked child.  A seam for tests."""
+    global _mine
+    pid = os.getpid()
+    if _mine is None or _mine[0] != pid:
+        _mine = (pid, _start_tag("self") or "r" + secrets.token_hex(8)[:15])
+    return _mine
+
+
+def _start_tag(pid: int | str) -> str | None:
+    """``"s"`` and 15 hex digits naming the process ``pid`` in this boot, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses.
+        start = stat[stat.rindex(b")") + 2 :].split()[19]  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return None
+    digest = hashlib.blake2b(_boot_id() + b":" + start, digest_size=8).hexdigest()
+    return "s" + digest[:15]
+
+
+_boot: bytes | None = None
+
+
+def _boot_id() -> bytes:
+    """This boot's id: start times count from the boot, and pid 1 starts every one."""
+    global _boot
+    if _boot is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                _boot = f.read().strip()
+        except OSError:
+            _boot = b""
+    return _boot

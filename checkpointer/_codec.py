@@ -14,14 +14,20 @@ staged state with its ``Meta``.
   ``Transcript``, e.g. ``FileStore(root, transcript=Transcript())``), the
   state is encoded message by message through its cache, and the file is
   joined in the worker thread.
+
+A flush with a timeout (``flush_sync``, the exit and signal hooks) runs the
+store's calls under ``commit_deadline``: a store that waits on a lock of its
+own (``JournalStore``) waits no longer than ``time_left()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import operator
 import threading
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -38,7 +44,43 @@ from ._format import (
 )
 from ._stores import Store
 
-__all__ = ["Envelopes", "Staged", "StateStore", "load_from", "state_store"]
+__all__ = [
+    "Envelopes",
+    "Staged",
+    "StateStore",
+    "commit_deadline",
+    "load_from",
+    "state_store",
+    "time_left",
+]
+
+_deadline = threading.local()
+
+
+@contextlib.contextmanager
+def commit_deadline(timeout: float) -> Iterator[None]:
+    """Bound, on this thread, the waits of the store calls made inside the block.
+
+    Args:
+        timeout: seconds from now; negative means no bound.
+    """
+    previous = getattr(_deadline, "at", None)
+    _deadline.at = None if timeout < 0 else time.monotonic() + timeout
+    try:
+        yield
+    finally:
+        _deadline.at = previous
+
+
+def time_left() -> float:
+    """Seconds left before this thread's ``commit_deadline``: -1 when there is none.
+
+    Suits ``threading.Lock.acquire(timeout=time_left())``.
+    """
+    at: float | None = getattr(_deadline, "at", None)
+    if at is None:
+        return -1
+    return max(0.0, at - time.monotonic())
 
 
 class Staged(Protocol):

@@ -50,45 +50,77 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-__all__ = ["Split", "Transcript", "decoded_copy", "is_settled", "new_epoch", "state_pieces"]
+__all__ = [
+    "EXACT",
+    "LOOSE",
+    "UNSETTLED",
+    "Split",
+    "Transcript",
+    "is_settled",
+    "new_epoch",
+    "settledness",
+    "state_pieces",
+]
 
-_SCALARS: Final = frozenset(
-    {
-        str,
-        int,
-        float,
-        bool,
-        type(None),
-        bytes,
-        decimal.Decimal,
-        uuid.UUID,
-        datetime.date,
-        datetime.timedelta,
-    }
+# Immutable scalars.  EXACT ones equal (==) only values that encode the same:
+# "a" == "a", but 2 == 2.0 == True and Decimal("2") == 2, which msgspec encodes
+# as 2, 2.0, true and "2".
+_EXACT_SCALARS: Final = frozenset(
+    {str, bytes, type(None), uuid.UUID, datetime.date, datetime.timedelta}
 )
+_LOOSE_SCALARS: Final = frozenset({int, float, bool, decimal.Decimal})
 _TZ_TYPES: Final = (datetime.timezone, zoneinfo.ZoneInfo)
 _MAX_DEPTH = 32
+
+UNSETTLED: Final = 0
+"""``settledness``: it may change."""
+LOOSE: Final = 1
+"""``settledness``: it never changes, but an object equal to it (==) may encode differently."""
+EXACT: Final = 2
+"""``settledness``: it never changes, and whatever equals it (==) encodes the same."""
 
 # Per Struct type: the attribute names of a frozen Struct, None for a mutable one.
 _struct_fields: dict[type, tuple[str, ...] | None] = {}
 
 
-def is_settled(obj: object, _depth: int = 0) -> bool:
+def is_settled(obj: object) -> bool:
     """Whether nothing reachable from ``obj`` can change: safe to cache its bytes.
 
     Conservative: an unknown type, a subclass of a builtin other than an
     Enum, or nesting deeper than 32 levels counts as not settled.
     """
+    return settledness(obj) != UNSETTLED
+
+
+def settledness(obj: object, _depth: int = 0) -> int:
+    """``UNSETTLED``, ``LOOSE`` or ``EXACT``: the least of ``obj`` and all it reaches.
+
+    ``EXACT`` holds only str, bytes, None, UUID, date, timedelta, naive
+    datetime and time, plain Enum members and str Enum members, in settled
+    Structs and tuples; a number, a bool, an aware time or a frozenset (two
+    equal sets may iterate in different orders) makes it ``LOOSE``.
+    """
     cls = type(obj)
-    if cls in _SCALARS:
-        return True
+    if cls in _EXACT_SCALARS:
+        return EXACT
+    if cls in _LOOSE_SCALARS:
+        return LOOSE
     if _depth >= _MAX_DEPTH:
-        return False
+        return UNSETTLED
     if cls is tuple or cls is frozenset:
-        return all(is_settled(item, _depth + 1) for item in obj)  # type: ignore[attr-defined]
+        level = EXACT if cls is tuple else LOOSE
+        for item in obj:  # type: ignore[attr-defined]
+            sub = settledness(item, _depth + 1)
+            if sub < level:
+                if sub == UNSETTLED:
+                    return UNSETTLED
+                level = sub
+        return level
     if cls is datetime.datetime or cls is datetime.time:
         tz = obj.tzinfo  # type: ignore[attr-defined]
-        return tz is None or type(tz) in _TZ_TYPES
+        if tz is None:
+            return EXACT
+        return LOOSE if type(tz) in _TZ_TYPES else UNSETTLED
     if isinstance(obj, msgspec.Struct):
         names = _struct_fields.get(cls, ())
         if names == ():
@@ -96,11 +128,23 @@ def is_settled(obj: object, _depth: int = 0) -> bool:
             names = cls.__struct_fields__ if config.frozen else None  # type: ignore[attr-defined]
             _struct_fields[cls] = names
         if names is None:
-            return False
-        return all(is_settled(getattr(obj, name), _depth + 1) for name in names)
+            return UNSETTLED
+        level = EXACT
+        for name in names:
+            sub = settledness(getattr(obj, name), _depth + 1)
+            if sub < level:
+                if sub == UNSETTLED:
+                    return UNSETTLED
+                level = sub
+        return level
     if isinstance(obj, enum.Enum):
-        return is_settled(obj.value, _depth + 1)
-    return False
+        level = settledness(obj.value, _depth + 1)
+        if level == UNSETTLED:
+            return UNSETTLED
+        # A plain member equals only itself; a str one equals its value.
+        exact = isinstance(obj, str) or cls.__eq__ is object.__eq__
+        return level if exact else LOOSE
+    return UNSETTLED
 
 
 class Split(NamedTuple):
@@ -148,8 +192,9 @@ class Transcript:
         # A marker no message or state can contain: a NUL and a random hex.
         self._marker = f"\x00checkpointer-transcript-{uuid.uuid4().hex}"
         self._marker_json = self.encoder.encode(self._marker)
-        # (id -> bytes, id -> message): one tuple, swapped whole when pruned.
-        self._cache: tuple[dict[int, bytes], dict[int, object]] = ({}, {})
+        # (id -> bytes, id -> message, ids of LOOSE messages): one tuple,
+        # swapped whole when pruned.
+        self._cache: tuple[dict[int, bytes], dict[int, object], set[int]] = ({}, {}, set())
         self._names: dict[type, str | None] = {}
         self.hits = 0
         self.misses = 0
@@ -207,7 +252,7 @@ class Transcript:
             The bytes of each message, and the positions of the messages that
             are not settled (encoded now, not cached).
         """
-        by_id, refs = self._cache
+        by_id, refs, loose = self._cache
         chunks: list[bytes | None] = list(map(by_id.get, map(id, messages)))
         unsettled: list[int] = []
         missed = 0
@@ -221,8 +266,11 @@ class Transcript:
                     break
                 message = messages[at]
                 data = encode(message)
-                if is_settled(message):
+                level = settledness(message)
+                if level != UNSETTLED:
                     refs[id(message)] = message  # the reference first: see _prune
+                    if level == LOOSE:
+                        loose.add(id(message))
                     by_id[id(message)] = data
                 else:
                     unsettled.append(at)
@@ -240,7 +288,7 @@ class Transcript:
         is in parts).  Amortised O(1) per message: the cache is rebuilt only
         when it has doubled.
         """
-        by_id, refs = self._cache
+        by_id, refs, loose = self._cache
         if len(refs) <= 2 * sum(map(len, live)) + 1024:
             return
         keep: set[int] = set()
@@ -248,7 +296,15 @@ class Transcript:
             keep.update(map(id, messages))
         items = list(by_id.items())
         new_by_id = {key: data for key, data in items if key in keep}
-        self._cache = (new_by_id, {key: refs[key] for key in new_by_id})
+        self._cache = (new_by_id, {key: refs[key] for key in new_by_id}, loose & new_by_id.keys())
+
+    def any_loose(self, messages: Sequence[Any]) -> bool:
+        """Whether one of ``messages``, just encoded, is settled but ``LOOSE``.
+
+        Free when no cached message is loose; else a C-speed scan.
+        """
+        loose = self._cache[2]
+        return bool(loose) and any(map(loose.__contains__, map(id, messages)))
 
     def cached(self) -> int:
         """How many messages have their bytes cached."""
@@ -280,18 +336,3 @@ _epochs = itertools.count(1)
 def new_epoch() -> int:
     """A number no other transcript layout in this process has."""
     return next(_epochs)
-
-
-def decoded_copy(message: object, data: bytes) -> object:
-    """A private copy of an unsettled message, decoded from its bytes.
-
-    It compares equal (``==``) to the message while the message keeps the
-    value it had when encoded; the caller can never mutate it.  An object()
-    (equal to nothing) when the bytes do not decode back to the type.
-    """
-    try:
-        if isinstance(message, msgspec.Struct):
-            return msgspec.json.decode(data, type=type(message))
-        return msgspec.json.decode(data)
-    except (msgspec.DecodeError, TypeError):
-        return object()

@@ -32,16 +32,11 @@ it.  Older rows stay in the file, for audit, until a rewrite.
 
 Append or compaction
 --------------------
-The store remembers, per key, the messages it has written (``_Track``): the
-message objects themselves when they are settled (deeply immutable, see
-``_encoding.py``), private decoded copies otherwise.  A new state whose
-messages start with that prefix (one ``==`` of two lists, in C; settled
-messages compare by identity first, so the check costs a few nanoseconds a
-message and encodes nothing) gets only its new messages appended.
-Otherwise (the agent compacted, edited or truncated its history) it gets a
-compaction row.  The rule is value equality: a message replaced by one equal
-to it (``==``) is not written again, so what ``load`` returns always equals
-the session.
+A new state whose transcript starts with the messages the store wrote gets
+only its new messages appended; otherwise (the agent compacted, edited or
+truncated its history) it gets a compaction row.  Which it is, and what
+"unchanged" means (the same bytes, never only ``==``), is decided by the
+staging both journals share: ``_staging.py``.
 
 Bounded growth (like Redis's AOF rewrite)
 -----------------------------------------
@@ -61,14 +56,15 @@ import errno
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import msgspec
 
 from ._atomic import write_all, write_atomic
-from ._encoding import Transcript, decoded_copy, new_epoch, state_pieces
+from ._codec import time_left
+from ._encoding import Transcript
 from ._format import (
     FORMAT,
     Checkpoint,
@@ -79,6 +75,7 @@ from ._format import (
     _oserror,
 )
 from ._safefs import open_checked, read_checked, read_fd
+from ._staging import _absent, _Delta, _Full, _Prefixes, _Track
 from ._stores import FileStore, check_key
 
 __all__ = ["JournalStatistics", "JournalStore"]
@@ -283,231 +280,6 @@ def _assemble(scan: _Scan, path: str) -> bytes:
 # -- writing ----------------------------------------------------------------
 
 
-class _Track(NamedTuple):
-    """What the store knows about one key's journal.  Replaced on every commit.
-
-    ``witnesses`` and ``chunks`` are shared with older tracks and only ever
-    extended, so the first ``n`` entries an older track saw never change.
-    """
-
-    meta: Meta | None  # of the last committed row; None: no file
-    size: int
-    ino: int
-    live: int
-    broken: bool  # an append failed: rewrite from memory, never fsync this file again
-    epoch: int  # which witnesses; content tokens of stages of one epoch compare
-    n: int  # messages in the transcript on disk
-    witnesses: list[Any] | None  # None: transcript unknown, the next stage is a compaction
-    chunks: list[bytes] | None
-    head: bytes
-    tail: bytes
-    name: str | None
-
-
-def _absent() -> _Track:
-    return _Track(None, 0, 0, 0, False, new_epoch(), 0, None, None, b"", b"", None)
-
-
-class _Full:
-    """A whole state to commit as a compaction row (or a fresh file).
-
-    ``witnesses`` holds ready witnesses for the first messages; ``messages``
-    the rest, whose witnesses are built in the worker thread.
-    """
-
-    __slots__ = (
-        "chunks",
-        "epoch",
-        "head",
-        "messages",
-        "name",
-        "tail",
-        "unsettled",
-        "whole",
-        "witnesses",
-    )
-
-    def __init__(
-        self,
-        *,
-        whole: bytes | None = None,
-        name: str | None = None,
-        head: bytes = b"",
-        tail: bytes = b"",
-        chunks: list[bytes] | None = None,
-        witnesses: list[Any] | None = None,
-        messages: list[Any] | None = None,
-        unsettled: list[int] | None = None,
-    ) -> None:
-        self.epoch = new_epoch()
-        self.whole = whole
-        self.name = name
-        self.head = head
-        self.tail = tail
-        self.chunks = chunks if chunks is not None else []
-        self.witnesses = witnesses if witnesses is not None else []
-        self.messages = messages if messages is not None else []
-        self.unsettled = unsettled if unsettled is not None else []
-
-    def content(self) -> object:
-        if self.whole is not None:
-            return ("whole", self.whole)
-        return (self.epoch, len(self.chunks), self.head, self.tail)
-
-    def state_pieces(self) -> list[bytes]:
-        if self.whole is not None:
-            return [self.whole]
-        return state_pieces(self.head, self.chunks, self.tail)
-
-    def build_witnesses(self) -> list[Any]:
-        return self.witnesses + _witnesses(self.messages, self.chunks, self.unsettled)
-
-
-class _Delta:
-    """New messages (and the rest of the state) on top of a track's prefix."""
-
-    __slots__ = ("base", "chunks", "head", "messages", "tail", "unsettled")
-
-    def __init__(
-        self,
-        base: _Track,
-        messages: list[Any],
-        chunks: list[bytes],
-        unsettled: list[int],
-        head: bytes,
-        tail: bytes,
-    ) -> None:
-        self.base = base
-        self.messages = messages
-        self.chunks = chunks
-        self.unsettled = unsettled
-        self.head = head
-        self.tail = tail
-
-    def content(self) -> object:
-        base = self.base
-        return (base.epoch, base.n + len(self.chunks), self.head, self.tail)
-
-    def full(self) -> _Full:
-        """The same state as a compaction (the track moved on since staging)."""
-        base = self.base
-        assert base.witnesses is not None
-        assert base.chunks is not None
-        count = base.n
-        prefix = base.chunks[:count]
-        return _Full(
-            name=base.name,
-            head=self.head,
-            tail=self.tail,
-            chunks=prefix + self.chunks,
-            witnesses=base.witnesses[:count],
-            messages=self.messages,
-            unsettled=[count + i for i in self.unsettled],
-        )
-
-
-def _witnesses(messages: list[Any], chunks: Sequence[bytes], unsettled: list[int]) -> list[Any]:
-    """Settled messages stand for themselves; the others get private decoded copies.
-
-    ``chunks`` may be longer than ``messages``: its last ``len(messages)``
-    entries are theirs; ``unsettled`` indexes ``chunks``.
-    """
-    out = list(messages)
-    offset = len(chunks) - len(messages)
-    for at in unsettled:
-        out[at - offset] = decoded_copy(out[at - offset], chunks[at])
-    return out
-
-
-class _Prefixes:
-    """Staging by prefix: only the messages after what a key's track holds are new.
-
-    Shared by ``JournalStore`` and the PostgreSQL journal.  The class using it
-    keeps ``_transcript``, ``_tracks`` (key -> ``_Track``) and
-    ``_witness_lock``; its commit turns a ``_Delta`` whose base is no longer
-    the key's track into a compaction (``_Delta.full()``).
-    """
-
-    _transcript: Transcript
-    _tracks: dict[str, _Track]
-    _witness_lock: threading.Lock
-
-    def _appended(self, key: str, track: _Track, meta: Meta, delta: _Delta, nbytes: int) -> None:
-        """Extend ``key``'s track by an append of ``delta`` (``nbytes`` stored)."""
-        assert track.witnesses is not None
-        assert track.chunks is not None
-        witnesses = _witnesses(delta.messages, delta.chunks, delta.unsettled)
-        with self._witness_lock:
-            track.witnesses.extend(witnesses)
-        track.chunks.extend(delta.chunks)
-        self._tracks[key] = track._replace(
-            meta=meta,
-            size=track.size + nbytes,
-            n=track.n + len(delta.chunks),
-            head=delta.head,
-            tail=delta.tail,
-        )
-
-    def stage(self, key: str, state: Any) -> _Full | _Delta:
-        transcript = self._transcript
-        split = transcript.split(state)
-        if split is None:
-            return _Full(whole=transcript.encoder.encode(state))
-        track = self._tracks.get(key)
-        if (
-            track is not None
-            and track.witnesses is not None
-            and not track.broken
-            and track.name == split.name
-            and isinstance(split.messages, list)
-        ):
-            new = self._new_messages(track, split.messages)
-            if new is not None:
-                chunks, unsettled = transcript.encode_messages(new)
-                transcript.prune(split.messages)
-                return _Delta(track, new, chunks, unsettled, split.head, split.tail)
-        messages = list(split.messages)  # private: witnesses are built in the worker
-        chunks, unsettled = transcript.encode_messages(messages)
-        transcript.prune(messages)
-        return _Full(
-            name=split.name,
-            head=split.head,
-            tail=split.tail,
-            chunks=chunks,
-            messages=messages,
-            unsettled=unsettled,
-        )
-
-    def _new_messages(self, track: _Track, messages: list[Any]) -> list[Any] | None:
-        """The messages after the track's prefix, or None if the prefix changed.
-
-        One list ``==`` in C against the witnesses, which stand for settled
-        messages themselves, so an unchanged prefix compares by identity and
-        its messages are not even dereferenced.  No copy of the prefix is made
-        (at 100,000 messages, copying the list costs more than the compare):
-        the witness list is extended with the new messages for the compare
-        and trimmed back, under a lock that a commit takes to extend it.
-        """
-        n = track.n
-        witnesses = track.witnesses
-        if witnesses is None or len(messages) < n:
-            return None
-        if not self._witness_lock.acquire(blocking=False):
-            return None  # a commit is extending it, or a signal handler re-entered
-        try:
-            if len(witnesses) != n:
-                return None  # a newer commit extended it: this track is stale
-            new = messages[n:]
-            witnesses.extend(new)
-            try:
-                same = messages == witnesses
-            finally:
-                del witnesses[n:]
-        finally:
-            self._witness_lock.release()
-        return new if same else None
-
-
 def _warn_linked(path: str, links: int) -> None:
     logger.warning(
         "checkpointer: %s has %d hard links (a backup, or a name outside the root?): "
@@ -619,17 +391,17 @@ class JournalStore(_Prefixes, FileStore):
 
     def write(self, key: str, chunks: Sequence[bytes]) -> int:
         """Replace the journal of ``key`` with raw journal bytes, atomically."""
-        with self._lock:
+        with self._locked(key):
             self._tracks.pop(key, None)
             return super().write(key, chunks)
 
     def delete(self, key: str) -> bool:
-        with self._lock:
+        with self._locked(key):
             self._tracks.pop(key, None)
             return super().delete(key)
 
     def move_aside(self, key: str, suffix: str) -> str | None:
-        with self._lock:
+        with self._locked(key):
             self._tracks.pop(key, None)
             return super().move_aside(key, suffix)
 
@@ -650,24 +422,27 @@ class JournalStore(_Prefixes, FileStore):
 
     def commit(self, key: str, meta: Meta, staged: object) -> int:
         check_key(key)
-        with self._lock:
+        if not isinstance(staged, _Full | _Delta):
+            raise TypeError(f"JournalStore cannot commit {type(staged).__name__}")
+        if not self._lock.acquire(timeout=time_left()):
+            return self._overtake(key, meta, staged)
+        try:
             track = self._current(key)
+            staged = self._settle(track, staged)
             if isinstance(staged, _Delta):
-                if staged.base is track:
-                    return self._append_delta(key, track, meta, staged)
-                staged = staged.full()
-            if not isinstance(staged, _Full):
-                raise TypeError(f"JournalStore cannot commit {type(staged).__name__}")
+                return self._append_delta(key, track, meta, staged)
             return self._commit_full(key, track, meta, staged)
+        finally:
+            self._lock.release()
 
     def read_meta(self, key: str) -> Meta | None:
         check_key(key)
-        with self._lock:
+        with self._locked(key):
             return self._open(key).meta
 
     def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
         check_key(key)
-        with self._lock:
+        with self._locked(key):
             track = self._current(key)
             if track.meta is None:
                 return None
@@ -681,6 +456,59 @@ class JournalStore(_Prefixes, FileStore):
             self._bytes += len(row)
             self._tracks[key] = track._replace(meta=meta, size=track.size + len(row))
             return meta
+
+    # -- the lock, bounded by a flush's deadline ---------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        """The store's lock, waited for no longer than the caller's deadline.
+
+        A flush with a timeout (``flush_sync``, the exit and signal hooks) runs
+        under ``_codec.commit_deadline``; without one the wait is unbounded.
+
+        Raises:
+            TimeoutError: another commit of this store held it past the deadline.
+        """
+        if not self._lock.acquire(timeout=time_left()):
+            raise TimeoutError(
+                f"cannot use {self.location(key)}: another commit of this store did not "
+                "finish within the flush's timeout (exit_timeout); is the disk stuck?"
+            )
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _overtake(self, key: str, meta: Meta, staged: object) -> int:
+        """Commit without the lock, which a commit stuck past the flush's deadline holds.
+
+        The state is written as a fresh file (temp, fsync, rename), as
+        ``FileStore`` does.  A stuck append goes on into the file it opened,
+        which this rename replaced; a stuck rewrite may rename its older file
+        over this one, and the writer then commits the newer state again once
+        it returns.  Either way the key's tracks are dead: nothing is staged
+        on them again, and the next commit re-reads the file.
+        """
+        full = self._settle(None, staged)
+        assert isinstance(full, _Full)
+        path = self.location(key)
+        logger.warning(
+            "checkpointer: %s: a commit of this store did not finish within the flush's "
+            "timeout; writing the journal fresh beside it",
+            path,
+        )
+        self._forget(key)
+        header, row, _ = self._fresh_rows(meta, full)
+        nbytes = write_atomic(path, [header, *row])
+        self._forget(key)  # whatever the stuck commit left meanwhile
+        self._rewrites += 1
+        self._bytes += nbytes
+        return nbytes
+
+    def _forget(self, key: str) -> None:
+        track = self._tracks.pop(key, None)
+        if track is not None and track.known is not None:
+            track.known.dead = True
 
     # -- internals (under self._lock) ----------------------------------------
 
@@ -717,14 +545,17 @@ class JournalStore(_Prefixes, FileStore):
 
     def _remembered(self, key: str, track: _Track) -> _Full:
         """The state on disk as a compaction, from memory when the track has it."""
-        if track.witnesses is not None and track.chunks is not None:
+        known = track.known
+        if known is not None:
             count = track.n
             return _Full(
                 name=track.name,
                 head=track.head,
                 tail=track.tail,
-                chunks=track.chunks[:count],
-                witnesses=track.witnesses[:count],
+                chunks=known.chunks[:count],
+                messages=known.witnesses[:count],
+                unsettled=known.unsettled[: track.u],
+                loose=known.loose,
             )
         path = self.location(key)
         data = read_checked(path)
@@ -773,16 +604,16 @@ class JournalStore(_Prefixes, FileStore):
         rows.append(b"".join(closing))
         data = b"".join(rows)
         if track.broken or track.size + len(data) > self.threshold(track.live):
-            return self._commit_full(key, track, meta, delta.full(), rewrite=True)
+            return self._commit_full(key, track, meta, delta.as_full(), rewrite=True)
         self._append(key, track, [data])
         self._appends += 1
         self._bytes += len(data)
         self._appended(key, track, meta, delta, len(data))
         return len(data)
 
-    def _commit_full(
-        self, key: str, track: _Track, meta: Meta, full: _Full, *, rewrite: bool = False
-    ) -> int:
+    @staticmethod
+    def _fresh_rows(meta: Meta, full: _Full) -> tuple[bytes, list[bytes], int]:
+        """The header line of a fresh file, the compaction row's pieces, and its size."""
         meta_json = _ENCODER.encode(meta)
         name = b"null" if full.name is None else _ENCODER.encode(full.name)
         row = [
@@ -794,8 +625,13 @@ class JournalStore(_Prefixes, FileStore):
             *full.state_pieces(),
             _END,
         ]
-        row_size = sum(map(len, row))
         header = b"".join([_HEADER_HEAD, meta_json, _END])
+        return header, row, sum(map(len, row))
+
+    def _commit_full(
+        self, key: str, track: _Track, meta: Meta, full: _Full, *, rewrite: bool = False
+    ) -> int:
+        header, row, row_size = self._fresh_rows(meta, full)
         live = len(header) + row_size
         path = self.location(key)
         if (
@@ -812,21 +648,7 @@ class JournalStore(_Prefixes, FileStore):
             nbytes, size, ino = row_size, track.size + row_size, track.ino
             self._compactions += 1
         self._bytes += nbytes
-        transcript = full.whole is None
-        self._tracks[key] = _Track(
-            meta=meta,
-            size=size,
-            ino=ino,
-            live=live,
-            broken=False,
-            epoch=full.epoch,
-            n=len(full.chunks),
-            witnesses=full.build_witnesses() if transcript else None,
-            chunks=full.chunks if transcript else None,
-            head=full.head,
-            tail=full.tail,
-            name=full.name,
-        )
+        self._tracks[key] = full.track(meta, size=size, ino=ino, live=live)
         return nbytes
 
     def _append(self, key: str, track: _Track, pieces: Sequence[bytes]) -> None:

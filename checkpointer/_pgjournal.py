@@ -3,7 +3,7 @@
 ``PostgresJournalStore`` is a ``PostgresStore`` (same connection, lock,
 fencing and timeouts) that implements the ``StateStore`` protocol the way
 ``JournalStore`` does for files, and decides append or compaction with the
-same staging (``_journal._Prefixes``):
+same staging (``_staging._Prefixes``):
 
 * A key's ``<schema>.checkpoints`` row is its *head*: seq, meta, the
   fencing writer id, ``journal = true`` and an empty ``state``.
@@ -34,17 +34,9 @@ import msgspec
 from ._codec import Envelopes
 from ._encoding import Transcript
 from ._format import FORMAT, Checkpoint, CheckpointError, Meta, decode_checkpoint
-from ._journal import (
-    _COMPACTION_HEAD,
-    _MESSAGE_HEAD,
-    _STATE_HEAD,
-    _absent,
-    _Delta,
-    _Full,
-    _Prefixes,
-    _Track,
-)
+from ._journal import _COMPACTION_HEAD, _MESSAGE_HEAD, _STATE_HEAD
 from ._postgres import PostgresStore
+from ._staging import _Delta, _Full, _Prefixes, _Track
 from ._stores import check_key
 
 if TYPE_CHECKING:
@@ -126,12 +118,10 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
     def commit(self, key: str, meta: Meta, staged: object) -> int:
         check_key(key)
         track = self._tracks.get(key)
+        staged = self._settle(track, staged)
         if isinstance(staged, _Delta):
-            if staged.base is track:
-                return self._append_delta(key, track, meta, staged)
-            staged = staged.full()
-        if not isinstance(staged, _Full):
-            raise TypeError(f"PostgresJournalStore cannot commit {type(staged).__name__}")
+            assert track is not None
+            return self._append_delta(key, track, meta, staged)
         return self._compact(key, meta, staged)
 
     def read_meta(self, key: str) -> Meta | None:
@@ -219,7 +209,7 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
         nbytes = sum(map(len, bodies))
         limit = max(self.rewrite_min_bytes, int(self.rewrite_factor * track.live))
         if track.size + nbytes > limit:
-            return self._compact(key, meta, delta.full())
+            return self._compact(key, meta, delta.as_full())
         self._insert(key, meta, kinds, bodies, clear=False)
         self.appends += 1
         self._appended(key, track, meta, delta, nbytes)
@@ -240,17 +230,5 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
         )
         self._insert(key, meta, ["compaction"], [body], clear=True)
         self.compactions += 1
-        transcript = full.whole is None
-        self._tracks[key] = _absent()._replace(
-            meta=meta,
-            size=len(body),
-            live=len(body),
-            epoch=full.epoch,
-            n=len(full.chunks),
-            witnesses=full.build_witnesses() if transcript else None,
-            chunks=full.chunks if transcript else None,
-            head=full.head,
-            tail=full.tail,
-            name=full.name,
-        )
+        self._tracks[key] = full.track(meta, size=len(body), ino=0, live=len(body))
         return len(body)

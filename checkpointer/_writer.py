@@ -39,7 +39,7 @@ import msgspec
 
 from . import _exit
 from ._clock import Clock, MonotonicClock
-from ._codec import Staged, state_store
+from ._codec import Staged, commit_deadline, state_store
 from ._format import CheckpointError, Meta, Snapshot
 from ._lock import KeyLocked, KeyLocks
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
@@ -718,7 +718,7 @@ class CheckpointWriter(Generic[S]):
 
     def _execute(self, job: _Job, timeout: float = -1) -> Result:
         """Write a prepared job; blocking, under the I/O lock."""
-        with self._io(timeout) as locked:
+        with commit_deadline(timeout), self._io(timeout) as locked:
             self._finish_keys()
             state = self._keys[job.key]
             if job.gen < state.newest_gen:

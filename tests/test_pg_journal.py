@@ -124,6 +124,38 @@ def test_changed_history_replaces_the_rows_with_one_compaction(
     assert state_of(store) == as_json(session.state) | {"messages": as_json(session.messages[:-1])}
 
 
+def test_a_change_that_encodes_differently_is_a_compaction_and_tuples_append(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """The shared staging on PostgreSQL: 2 -> 2.0 in place and a stale delta with other
+    bytes are compactions; a tuple transcript inserts one row per new message."""
+    store = make_journal()
+    messages: list[Any] = [{"role": "tool", "n": 2}, {"role": "user", "n": 0}]
+    state: dict[str, Any] = {"title": "t", "messages": messages}
+    store.commit("s1", meta(1), store.stage("s1", state))
+    messages.append({"role": "assistant", "content": "draft"})
+    in_flight = store.stage("s1", state)
+    messages[-1]["content"] = "FINAL ANSWER"
+    flush = store.stage("s1", state)  # staged while in_flight was not yet committed
+    store.commit("s1", meta(2), in_flight)
+    assert flush.content() != in_flight.content()
+    store.commit("s1", meta(3), flush)
+    assert kinds(pg, schema) == ["compaction"]
+    assert state_of(store)["messages"][-1]["content"] == "FINAL ANSWER"
+    messages[0]["n"] = 2.0
+    store.commit("s1", meta(4), store.stage("s1", state))
+    assert kinds(pg, schema) == ["compaction"]
+    assert state_of(store)["messages"][0]["n"] == 2.0
+    state["messages"] = tuple(messages)
+    store.commit("s1", meta(5), store.stage("s1", state))
+    state["messages"] = (*messages, {"role": "user", "n": 1})
+    staged = store.stage("s1", state)
+    assert staged.content() == store.stage("s1", state).content()  # idle: unchanged
+    store.commit("s1", meta(6), staged)
+    assert kinds(pg, schema) == ["compaction", "message"]
+    assert state_of(store) == as_json(state)
+
+
 def test_rows_are_compacted_past_the_rewrite_threshold(
     pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
 ) -> None:

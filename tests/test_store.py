@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import os
 import stat
 import subprocess
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpointer import FileStore, load
+from checkpointer import FileStore, _atomic, load
 from checkpointer._atomic import sweep_temps, write_atomic
 from checkpointer._stores import check_key
 
@@ -191,12 +193,24 @@ def test_root_under_or_at_a_regular_file_raises_and_creates_nothing(
 
 
 def test_sweep_removes_only_temps_of_dead_processes(tmp_path: Path) -> None:
-    """Temps of a dead pid go; ours, a live pid's and unrelated dotfiles stay."""
+    """Temps of a dead pid go, and those of an earlier process that had a live pid;
+    ours, a live process's and unrelated dotfiles stay."""
     dead, ours, live = dead_pid(), os.getpid(), os.getppid()
-    stale = [f".s1.json.{dead}.abc123_x.tmp", f".a.b-c.json.{dead}.zz9.tmp"]
+    tag, live_tag = _atomic._me()[1], _atomic._start_tag(live)
+    assert live_tag is not None
+    stale = [
+        f".s1.json.{dead}.abc123_x.tmp",
+        f".a.b-c.json.{dead}.zz9.tmp",
+        f".s1.json.{dead}.{tag}abc123_x.tmp",
+        f".s1.json.{ours}.abc123_x.tmp",  # untagged: an older version's, never ours
+        f".s1.json.{ours}.{other_run_tag()}abc123_x.tmp",  # an earlier run with our pid
+        f".s1.json.{live}.{other_run_tag()}abc123_x.tmp",  # the pid was reused since
+    ]
     kept = [
-        f".s1.json.{ours}.abc123_x.tmp",
-        f".s1.json.{live}.abc123_x.tmp",
+        f".s1.json.{ours}.{tag}abc123_x.tmp",
+        f".s1.json.{live}.{live_tag}abc123_x.tmp",
+        f".s1.json.{live}.abc123_x.tmp",  # untagged, and its pid lives: cannot tell
+        f".s1.json.{live}.r{'0' * 15}abc123_x.tmp",  # a random tag: only its owner knows
         ".bashrc",
         ".s1.json.tmp",
         f".s1.json.{dead}.tmp",
@@ -210,6 +224,55 @@ def test_sweep_removes_only_temps_of_dead_processes(tmp_path: Path) -> None:
     removed = sweep_temps(str(tmp_path))
     assert sorted(removed) == sorted(str(tmp_path / name) for name in stale)
     assert sorted(os.listdir(tmp_path)) == sorted(kept)
+
+
+def other_run_tag() -> str:
+    """The tag a process of this boot that started at another time would have."""
+    digest = hashlib.blake2b(_atomic._boot_id() + b":1", digest_size=8).hexdigest()
+    return "s" + digest[:15]
+
+
+PID_ONE_CHILD = """
+import json, os, sys
+from checkpointer import FileStore, _atomic
+
+real = _atomic._me()
+_atomic._me = lambda: (1, real[1])  # as if this process were pid 1 in a container
+root = sys.argv[1]
+seen = {}
+
+def sweep_mid_write(fd):
+    if not seen:  # the temp file's fsync (the directory's comes next)
+        seen["own"] = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        seen["removed"] = sorted(map(os.path.basename, _atomic.sweep_temps(root)))
+    os.fsync(fd)
+
+store = FileStore(root)
+store.open()
+_atomic.write_atomic(store.location("s1"), [b"{}"], fsync=sweep_mid_write)
+print(json.dumps(seen))
+"""
+
+
+def test_a_pid_one_process_sweeps_the_temps_of_the_previous_pid_one_run(tmp_path: Path) -> None:
+    """Run as pid 1 (every container run is), a real child removes the temps a previous
+    pid-1 run left (tagged or not) at its store's open, and keeps its own mid-write."""
+    previous = [f".s1.json.1.{other_run_tag()}q1w2e3r4.tmp", ".s1.json.1.q1w2e3r4.tmp"]
+    for name in previous:
+        (tmp_path / name).write_bytes(b"{half")
+    child = subprocess.run(
+        [sys.executable, "-c", PID_ONE_CHILD, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr
+    seen = json.loads(child.stdout)
+    assert seen["own"].startswith(".s1.json.1.s")  # its own temp: pid 1 and its tag
+    assert seen["removed"] == []  # nothing left to sweep mid-write, its own temp kept
+    assert os.listdir(tmp_path) == ["s1.json"]  # the previous run's temps went at open()
+    assert (tmp_path / "s1.json").read_bytes() == b"{}"
 
 
 def test_sweep_keeps_the_temp_of_a_write_in_progress(tmp_path: Path) -> None:

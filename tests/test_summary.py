@@ -103,6 +103,62 @@ def test_a_file_resaved_by_a_yaml_tool_still_loads(tmp_path: Path) -> None:
     assert load_summary(tmp_path, "s") == SummaryCheckpoint(4, "body\n", WHEN, 3)
 
 
+def resaved(path: Path, **dump: Any) -> str:
+    """Re-save the front matter of ``path`` the way a YAML tool does: load, then dump."""
+    text = path.read_text(encoding="utf-8")
+    front, body = text[4:].split("\n---\n", 1)
+    dumped: str = yaml.safe_dump(yaml.safe_load(front), **dump)
+    again = "---\n" + dumped + "---\n" + body
+    path.write_text(again, encoding="utf-8")
+    return again
+
+
+@pytest.mark.parametrize(
+    "dump",
+    [{}, {"width": 30}, {"sort_keys": False}, {"allow_unicode": True, "width": 40}],
+    ids=["default", "narrow", "unsorted", "unicode"],
+)
+@pytest.mark.parametrize("key", ["session-42", "k" * 90, "a.b_c-" * 30])
+def test_a_summary_resaved_by_pyyaml_still_loads(
+    tmp_path: Path, dump: dict[str, Any], key: str
+) -> None:
+    """yaml.safe_load then yaml.safe_dump (which wraps the long description at 80
+    columns, or as told) gives a file load_summary reads as it was written."""
+    checkpoint = SummaryCheckpoint(120, SUMMARIES["fences"], WHEN, 118)
+    path = Path(write_summary(tmp_path, key, checkpoint))
+    again = resaved(path, **dump)
+    assert len(again.split("\n---\n", 1)[0].splitlines()) > 8  # it wrapped a line or more
+    assert load_summary(tmp_path, key) == checkpoint
+    resaved(path, **dump)  # and once more: what we read is what YAML reads
+    assert load_summary(tmp_path, key) == checkpoint
+
+
+AWKWARD = [
+    "  leading and trailing  ",
+    "tab\there",
+    'a "double" and a \\ backslash',
+    "a: colon, # not a comment",
+    "it's 'quoted'",
+    "line\nbreak, and\n\nblank lines\n",
+    "Zürich → 東京 🚀 \x85\u2028",
+    "word " * 40,
+    "x" * 100 + " " + "y" * 100,
+]
+
+
+@pytest.mark.parametrize("width", [20, 80])
+def test_the_reader_folds_flow_scalars_as_pyyaml_reads_them(width: int) -> None:
+    """Plain, single- and double-quoted scalars over several lines, as yaml.safe_dump
+    writes them, read to the values yaml.safe_load reads."""
+    values = {f"v{i}": text for i, text in enumerate(AWKWARD)}
+    dumped = yaml.safe_dump({**values, "metadata": values}, width=width)
+    assert yaml.safe_load(dumped) == {**values, "metadata": values}
+    assert _summary._front_matter(dumped.splitlines(), "front matter") == {
+        **values,
+        "metadata": values,
+    }
+
+
 def test_missing_is_none(tmp_path: Path) -> None:
     """No summary checkpoint yet: None (also when the root does not exist)."""
     assert load_summary(tmp_path, "s") is None
@@ -261,6 +317,38 @@ async def test_nothing_to_collapse(tmp_path: Path) -> None:
     assert result is None and called == []
     with pytest.raises(ValueError, match="keep_last"):
         await collapse(lambda m: "", tmp_path, "s", [], keep_last=-1)
+
+
+@pytest.mark.anyio
+async def test_keep_last_zero_summarizes_everything(tmp_path: Path) -> None:
+    """keep_last=0 (the documented lower bound) summarizes every message; the tail is
+    empty and the resumed context is the summary alone."""
+    history = long_history(Chat(False), 2)
+    result = await collapse(lambda m: f"{len(m)} messages", tmp_path, "s", history, keep_last=0)
+    assert isinstance(result, SummaryCheckpoint)
+    assert result.watermark == len(history)
+    assert load_summary(tmp_path, "s") == result
+    assert resume_context(history, result) == [
+        {"role": "user", "content": f"{_summary.SUMMARY_PREFIX}\n\n{len(history)} messages"}
+    ]
+
+
+@pytest.mark.anyio
+async def test_a_summary_that_is_not_unicode_text_is_summary_failed(tmp_path: Path) -> None:
+    """A lone surrogate in the summary is SummaryFailed naming its index, not an
+    exception out of collapse; the previous file stays; write_summary says why."""
+    history = long_history(Chat(False), 3)
+    old = SummaryCheckpoint(2, "old", WHEN, 2)
+    write_summary(tmp_path, "s", old)
+    result = await collapse(lambda m: "ok \udc80 then", tmp_path, "s", history, keep_last=2)
+    assert isinstance(result, SummaryFailed)
+    assert result.reason == "summarize-failed"
+    assert "surrogate '\\udc80' at index 3" in result.error
+    assert isinstance(result.exception, ValueError)
+    assert load_summary(tmp_path, "s") == old
+    with pytest.raises(ValueError, match="lone surrogate"):
+        write_summary(tmp_path, "s", SummaryCheckpoint(2, "\ud800", WHEN, 2))
+    assert load_summary(tmp_path, "s") == old
 
 
 def test_resume_context_refuses_a_transcript_older_than_its_summary() -> None:

@@ -179,7 +179,6 @@ class FileKeyLock:
         finally:
             os.close(fd)
 
-
     def _forget(self) -> None:
         """In a forked child: close the inherited descriptor; no unlock, no unlink."""
         fd, self._fd = self._fd, None

@@ -15,6 +15,7 @@ The in-process tests fork this test process and end the child with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -28,7 +29,16 @@ from typing import IO, Any
 
 import pytest
 
-from checkpointer import FileStore, JournalStore, KeyLocked, Store, load
+from checkpointer import (
+    CheckpointWriter,
+    FileStore,
+    JournalStore,
+    KeyLocked,
+    Snapshot,
+    Store,
+    _exit,
+    load,
+)
 from checkpointer._lock import KeyLocks, acquire_file_lock, probe_file_lock
 
 from .pg import Cluster, find_binaries
@@ -64,10 +74,11 @@ class Target:
 
             self.store = PostgresStore(dsn, schema=self.schema, connect_timeout=5)
 
-    def args(self) -> list[str]:
+    def args(self, work: Path) -> list[str]:
+        """The program's arguments that name the store (and its work directory)."""
         if self.kind == "postgres":
-            return ["postgres", self.dsn, "--schema", self.schema]
-        return [self.kind, str(self.root)]
+            return ["postgres", self.dsn, str(work), "--schema", self.schema]
+        return [self.kind, str(self.root), str(work)]
 
     def load(self, key: str = KEY) -> Any:
         cp = load(self.store, key)
@@ -140,8 +151,10 @@ class Program:
     def __init__(self, tmp_path: Path, target: Target, backend: str, scenario: str) -> None:
         self.work = tmp_path
         self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), *target.args()[:2], str(tmp_path), *target.args()[2:]]
-            + ["--backend", backend, "--scenario", scenario],
+            [
+                *(sys.executable, str(CHILD), *target.args(tmp_path)),
+                *("--backend", backend, "--scenario", scenario),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -219,17 +232,13 @@ class Program:
 
     def _close_stdin(self) -> None:
         if self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
+            with contextlib.suppress(BrokenPipeError):
                 self.proc.stdin.close()
-            except BrokenPipeError:
-                pass
 
     def kill(self) -> None:
         self._close_stdin()
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait()
         for pump in self.pumps:
             pump.join(HANG_GUARD)
@@ -306,7 +315,6 @@ def test_pool_terminate(run: Any, target: Target, backend: str) -> None:
         ("asyncio", "journal", "SIGTERM"),
         ("trio", "file", "SIGHUP"),
         ("sync", "postgres", "SIGTERM"),
-        ("sync", "file", "SIGHUP"),
     ],
     indirect=["target"],
 )
@@ -327,10 +335,9 @@ def test_process_group_signal(run: Any, target: Target, backend: str, signame: s
 
 @pytest.mark.parametrize(
     ("backend", "target"),
-    [("sync", "file"), ("sync", "journal"), ("sync", "postgres"), ("asyncio", "file"),
-     ("trio", "postgres")],
+    [("sync", "file"), ("sync", "postgres"), ("asyncio", "journal"), ("trio", "file")],
     indirect=["target"],
-)  # fmt: skip
+)
 def test_fork_and_exit(run: Any, target: Target, backend: str) -> None:
     """os.fork(), the child exits (sys.exit, atexit): the parent's file and lock stay its own."""
     program = run(target, backend, "fork")
@@ -421,3 +428,19 @@ def test_key_locks_forget_in_child(tmp_path: Path) -> None:
     assert not released.exists()
     locks.release_all()
     assert released.read_text() == f"{os.getpid()} a\n"
+
+
+def test_writer_opens_in_child_while_parent_registry_was_busy(tmp_path: Path) -> None:
+    """A writer the child opens works though another thread held the exit-hook registry at fork."""
+    store = FileStore(tmp_path / "root")
+
+    def child() -> None:
+        signal.alarm(10)  # hang guard: a deadlock on the inherited lock dies of SIGALRM
+        with CheckpointWriter(lambda: Snapshot("c", {"pid": os.getpid()}), store):
+            pass
+        signal.alarm(0)
+
+    with _exit._registry_lock:  # as if another thread were inside register() at the fork
+        assert in_child(child) == 0
+    cp = load(store, "c")
+    assert cp is not None and cp.meta.live is False and cp.state["pid"] != os.getpid()

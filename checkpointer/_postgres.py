@@ -49,9 +49,10 @@ How it works
   the parent's session and frees its locks.  Right after a fork the child's
   copy of every store forgets its connection without a word to the server
   (its descriptor closed, so a worker outliving its parent does not keep
-  the session and its locks; the object kept, so psycopg never finalises
-  it), its locks, fencing and watchdog, and takes a new writer id: in the
-  child it is a fresh store that connects on first use.
+  the session and its locks; the object kept alive, as dropping it would
+  only warn: psycopg's finaliser checks the pid), its locks, fencing and
+  watchdog, and takes a new writer id: in the child it is a fresh store
+  that connects on first use.
 """
 
 from __future__ import annotations
@@ -839,7 +840,7 @@ class PostgresStore:
         """In a forked child: become a fresh store, leaving the parent's session alone."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            _inherited.append(conn)  # never finalised here, never closed: no Terminate sent
+            _inherited.append(conn)  # never closed here: close() would send Terminate
             with contextlib.suppress(Exception):
                 os.close(conn.pgconn.socket)
         watching = self._watchdog._fd

@@ -471,7 +471,7 @@ class CheckpointWriter(Generic[S]):
     def _wake_threadsafe(self) -> None:
         token = self._token
         if token is None or self._task_group is None or self._forked():
-            return  # (a forked child's copy of the loop is not running: asyncio raises)
+            return  # a forked child: its copy of the loop is not running (asyncio raises)
         if threading.get_ident() == self._loop_thread:
             self._wake()
             return
@@ -545,7 +545,8 @@ class CheckpointWriter(Generic[S]):
         atexit hooks, signal handlers and scripts.  ``"exit"`` and
         ``"signal"`` mark the checkpoint ``live=False``; ``"manual"`` keeps
         it live.  Idempotent: a second call with nothing changed is
-        ``Skipped("unchanged")``.  After close: ``Skipped("closed")``.
+        ``Skipped("unchanged")``.  After close, and in a forked child for a
+        writer its parent opened: ``Skipped("closed")``.
 
         Raises:
             ValueError: ``reason`` is not one of the three above.

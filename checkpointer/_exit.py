@@ -24,6 +24,18 @@ writer left, only chains.  Each installation is its own ``_Handler`` that
 remembers what it replaced, so a writer opened later over an application
 handler that chains to an earlier ``_Handler`` adds a layer instead of
 making a loop (ours -> the app's -> ours -> ...).
+
+A forked child (a ``multiprocessing`` worker, ``os.fork``) inherits the
+atexit callbacks, the signal handlers and this registry, but none of those
+writers is its own: writing would put the child's stale copy of the state
+over the parent's file, and releasing their locks would release the
+parent's.  So right after a fork the child forgets them (atexit callbacks
+unregistered, the list and the deferred signals emptied, a fresh registry
+lock in case another thread held it at the fork).  Our handlers stay and
+only chain, the way they do with no writer open; a writer the child opens
+itself registers as usual.  Each writer also checks its pid before any
+write (``CheckpointWriter._forked``), for a signal landing in the child
+before this hook has run.
 """
 
 from __future__ import annotations
@@ -112,6 +124,19 @@ def run_deferred() -> None:
     while _deferred:
         handler, signum = _deferred.pop(0)
         handler(signum, None)
+
+
+def _after_fork_in_child() -> None:
+    """Forget the parent's writers: nothing of theirs may run in a forked child."""
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    for writer in _writers:
+        atexit.unregister(writer._flush_at_exit)
+    _writers.clear()
+    _deferred.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _chain(previous: Any, signum: int, frame: FrameType | None) -> None:

@@ -25,6 +25,18 @@ creates a new file under the same name and locks that one.  So after
 locking, ``acquire`` compares the inode of its descriptor with the inode the
 path names now (``fstat`` and ``stat``) and starts over when they differ.
 
+A forked child (a ``multiprocessing`` worker) shares the parent's lock
+through the inherited descriptor: the lock belongs to the open file
+description, so ``flock(LOCK_UN)`` there would release it for the parent,
+and unlinking the file would let a third process lock a new file under the
+same name.  Closing the child's descriptor releases nothing while the
+parent holds its own, and it must be closed: otherwise a worker that
+outlives a SIGKILLed parent keeps the key locked.  So right after a fork
+the child closes the descriptor of every held ``FileKeyLock`` and forgets
+it, and ``release`` in a process other than the one that locked never
+unlocks or unlinks; ``KeyLocks`` forgets, without releasing, the locks of
+any store that a forked child inherited.
+
 A store that is not on a local filesystem brings its own lock by
 implementing ``LockingStore`` (a Postgres advisory lock, say); a store
 without a ``lock`` method is not locked at all.
@@ -39,6 +51,7 @@ import math
 import os
 import socket
 import time
+import weakref
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
@@ -134,6 +147,8 @@ class FileKeyLock:
         self.path = path
         self.holder = holder
         self._fd: int | None = fd
+        self._pid = os.getpid()
+        _held_files.add(self)
 
     def __repr__(self) -> str:
         state = "held" if self._fd is not None else "released"
@@ -152,6 +167,10 @@ class FileKeyLock:
         fd, self._fd = self._fd, None
         if fd is None:
             return
+        _held_files.discard(self)
+        if self._pid != os.getpid():  # a forked child: the lock is the parent's
+            os.close(fd)
+            return
         try:
             # Unlink while still holding, and only our own inode (the file is
             # never unlinked by anyone else while held, unless by hand).
@@ -160,6 +179,25 @@ class FileKeyLock:
                     os.unlink(self.path)
         finally:
             os.close(fd)
+
+    def _forget(self) -> None:
+        """In a forked child: close the inherited descriptor; no unlock, no unlink."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+_held_files: weakref.WeakSet[FileKeyLock] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for lock in list(_held_files):
+        lock._forget()
+    _held_files.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def acquire_file_lock(
@@ -339,6 +377,7 @@ class KeyLocks:
         self._store = store if isinstance(store, LockingStore) else None
         self._timeout = timeout
         self._held: dict[str, KeyLock] = {}
+        self._pid = os.getpid()
 
     def acquire(self, key: str, location: str) -> Failed | bool:
         """Take ``key``'s lock unless held already.
@@ -349,6 +388,7 @@ class KeyLocks:
             was held already or the store does not lock, ``Failed`` when
             another writer holds it or locking failed.
         """
+        self._forget_if_forked()
         if self._store is None or key in self._held:
             return False
         try:
@@ -360,6 +400,7 @@ class KeyLocks:
         return True
 
     def release(self, key: str) -> None:
+        self._forget_if_forked()
         lock = self._held.pop(key, None)
         if lock is None:
             return
@@ -371,3 +412,10 @@ class KeyLocks:
     def release_all(self) -> None:
         for key in list(self._held):
             self.release(key)
+
+    def _forget_if_forked(self) -> None:
+        # In a forked child the held locks are the parent's: releasing one
+        # (whatever the store) could release it for the parent.  Drop them.
+        if self._pid != os.getpid():
+            self._held.clear()
+            self._pid = os.getpid()

@@ -44,6 +44,15 @@ How it works
   ``tcp_user_timeout`` catch a vanished host.  So ``flush_sync`` in a signal
   handler never hangs on a dead server.  A broken connection is dropped and
   the next call reconnects (and takes its locks again).
+* **Forks.**  libpq connections must not be used or closed from a forked
+  child: ``close()`` sends Terminate on the socket both share, which ends
+  the parent's session and frees its locks.  Right after a fork the child's
+  copy of every store forgets its connection without a word to the server
+  (its descriptor closed, so a worker outliving its parent does not keep
+  the session and its locks; the object kept alive, as dropping it would
+  only warn: psycopg's finaliser checks the pid), its locks, fencing and
+  watchdog, and takes a new writer id: in the child it is a fresh store
+  that connects on first use.
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ import sys
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, final
 
@@ -479,6 +489,8 @@ class PostgresStore:
         # A call gets no answer a second after the server would have given up.
         self._deadline = self.statement_timeout + 1.0
         self._busy_wait = self.connect_timeout + self._deadline + 1.0
+        self._pid = os.getpid()  # the process whose connection self._conn is
+        _stores.add(self)
 
     def __repr__(self) -> str:
         return f"PostgresStore({self._where!r}, schema={self.schema!r})"
@@ -820,9 +832,29 @@ class PostgresStore:
         conn, self._conn = self._conn, None
         self._held.clear()
         self._suspect = False
-        if conn is not None:
+        if conn is not None and self._pid == os.getpid():
             with contextlib.suppress(Exception):
                 conn.close()
+
+    def _after_fork(self) -> None:
+        """In a forked child: become a fresh store, leaving the parent's session alone."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            _inherited.append(conn)  # never closed here: close() would send Terminate
+            with contextlib.suppress(Exception):
+                os.close(conn.pgconn.socket)
+        watching = self._watchdog._fd
+        if watching >= 0:
+            with contextlib.suppress(OSError):
+                os.close(watching)
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()  # another thread of the parent may have held it
+        self._watchdog = _Watchdog(f"checkpointer-pg-watchdog {self._where}")
+        self._writer_id = uuid.uuid4().hex
+        self._held.clear()
+        self._base.clear()
+        self._fenced.clear()
+        self._suspect = False
 
     def _failure(self, conn: psycopg.Connection[Any], exc: Exception) -> PostgresStoreError:
         pg = self._pg
@@ -1024,6 +1056,18 @@ class PostgresStore:
             raise ValueError(f"not a checkpoint envelope for {key!r}: {exc}") from None
         meta = msgspec.json.encode(checkpoint.meta)
         return _FORMAT_DECODER.decode(data).format, meta, bytes(checkpoint.state)
+
+
+_stores: weakref.WeakSet[PostgresStore] = weakref.WeakSet()
+_inherited: list[object] = []  # a forked child's copies of its parent's connections
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_stores):
+        store._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def assemble_journal(meta_json: bytes, bodies: Sequence[bytes | None], where: str) -> bytes:

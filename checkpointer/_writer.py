@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
@@ -240,6 +241,7 @@ class CheckpointWriter(Generic[S]):
 
         self._opened = False
         self._closed = False
+        self._pid = os.getpid()  # in a forked child this writer is the parent's: see _forked
         self._hooked = False
         self._events = 0
         self._writes = 0
@@ -468,8 +470,8 @@ class CheckpointWriter(Generic[S]):
 
     def _wake_threadsafe(self) -> None:
         token = self._token
-        if token is None or self._task_group is None:
-            return
+        if token is None or self._task_group is None or self._forked():
+            return  # a forked child: its copy of the loop is not running (asyncio raises)
         if threading.get_ident() == self._loop_thread:
             self._wake()
             return
@@ -543,7 +545,8 @@ class CheckpointWriter(Generic[S]):
         atexit hooks, signal handlers and scripts.  ``"exit"`` and
         ``"signal"`` mark the checkpoint ``live=False``; ``"manual"`` keeps
         it live.  Idempotent: a second call with nothing changed is
-        ``Skipped("unchanged")``.  After close: ``Skipped("closed")``.
+        ``Skipped("unchanged")``.  After close, and in a forked child for a
+        writer its parent opened: ``Skipped("closed")``.
 
         Raises:
             ValueError: ``reason`` is not one of the three above.
@@ -560,6 +563,16 @@ class CheckpointWriter(Generic[S]):
 
     def _flush_at_signal(self) -> None:
         self.flush_sync("signal")
+
+    def _forked(self) -> bool:
+        """Whether this is a forked child's copy of a writer its parent opened.
+
+        Such a copy is closed: it never writes (its state is the child's
+        stale copy), never releases a lock (``flock(LOCK_UN)`` on the
+        inherited descriptor would release the parent's) and never touches
+        the store's connection.  One ``getpid`` call, under a microsecond.
+        """
+        return self._pid != os.getpid()
 
     def _busy_on(self, thread_id: int) -> bool:
         return thread_id in self._busy
@@ -582,6 +595,7 @@ class CheckpointWriter(Generic[S]):
         if self._opened:
             raise RuntimeError("this CheckpointWriter is open already")
         self._opened = True
+        self._pid = os.getpid()
 
     def _open_store(self) -> None:
         try:
@@ -610,6 +624,8 @@ class CheckpointWriter(Generic[S]):
                 logger.warning("checkpointer: unsubscribe failed: %s", _one_line(exc))
 
     def _release_locks(self) -> None:
+        if self._forked():
+            return  # the parent's locks: releasing one would release it for the parent
         # Not while a write is in flight (a final write past close_timeout):
         # that key stays locked until the process exits rather than let
         # another writer in under a write that may still land.
@@ -632,6 +648,8 @@ class CheckpointWriter(Generic[S]):
         A signal landing while this thread holds the lock is deferred (see
         ``_exit``) rather than deadlock on it.
         """
+        if self._forked():
+            return Skipped("closed")
         me = threading.get_ident()
         self._busy.add(me)
         try:

@@ -410,7 +410,7 @@ def _feed(state: _State, items: Sequence[Any]) -> None:
                 call_id, status = fields.get("tool_call_id"), fields.get("status")
             else:
                 call_id, status = _get(message, "tool_call_id"), _get(message, "status")
-            if call_id in open_calls:
+            if isinstance(call_id, str) and call_id in open_calls:  # a list id answers nothing
                 del open_calls[call_id]
                 answered.add(call_id)
                 answered_log.append(call_id)
@@ -426,7 +426,7 @@ def _feed(state: _State, items: Sequence[Any]) -> None:
             for block in blocks:
                 if _block_type(block) == "tool_result":
                     call_id = _get(block, "tool_use_id")
-                    if call_id in open_calls:
+                    if isinstance(call_id, str) and call_id in open_calls:
                         del open_calls[call_id]
                         answered.add(call_id)
                         answered_log.append(call_id)
@@ -443,7 +443,7 @@ def _feed(state: _State, items: Sequence[Any]) -> None:
         if role == "assistant":
             turns += 1
             calls = fields.get("tool_calls") if fields is not None else _get(message, "tool_calls")
-            if calls:
+            if calls and isinstance(calls, (list, tuple)):
                 for call in calls:
                     call_id = call.get("id") if type(call) is dict else _get(call, "id")
                     if type(call_id) is str and call_id not in called:

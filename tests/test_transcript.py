@@ -509,3 +509,36 @@ def test_content_in_a_list_subclass_is_read_as_blocks() -> None:
     repaired, count = close_dangling_tool_calls(history)
     assert count == 1
     assert validate_history(repaired) == []
+
+
+NAMES = ["tool", "assistant", "user", "tool_use", "tool_result", "running", "a"]
+ODD = st.recursive(
+    JSON_LEAVES | st.sampled_from(NAMES),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(NAMES), inner),
+    max_leaves=8,
+)
+_FIELDS = ("content", "tool_calls", "tool_call_id", "id", "type", "tool_use_id", "status")
+ODD_BLOCK = st.fixed_dictionaries(
+    {}, optional={name: ODD | st.sampled_from(NAMES) for name in _FIELDS}
+)
+ODD_MESSAGE = ODD | st.fixed_dictionaries(
+    {"role": st.sampled_from(NAMES) | ODD},
+    optional={
+        **{name: ODD | st.sampled_from(NAMES) for name in _FIELDS},
+        "content": ODD | st.lists(ODD_BLOCK, max_size=3),
+        "tool_calls": ODD | st.lists(ODD_BLOCK, max_size=3),
+    },
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(messages=st.lists(ODD_MESSAGE, max_size=6))
+def test_odd_histories_are_problems_never_exceptions(messages: list[Any]) -> None:
+    """Any JSON at all (list ids, tool_calls that are not lists, ...) gets an answer from
+    every helper, never an exception: a hand-edited file is a problem to report."""
+    validate_history(messages)
+    count_turns(messages)
+    settle_running(messages)
+    close_dangling_tool_calls(messages)
+    transcript_prepare()(Snapshot("k", {"messages": messages}))
+    transcript_fingerprint()(Snapshot("k", {"messages": messages}))

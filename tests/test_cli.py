@@ -753,3 +753,28 @@ def test_a_lock_file_started_outside_the_calendar(
     assert re.search(rf"lock +{re.escape(shown)} \(", out), out
     status, out, _ = run(capsys, "ls", tmp_path, "--json")
     assert status == 0 and json.loads(out)[0]["lock"] == "alive"
+
+
+def test_verify_names_the_version_that_wrote_a_newer_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A snapshot and a journal of a newer format are BAD in verify, saying which
+    agent-checkpointer version to upgrade to; ls marks them; neither is touched."""
+    meta = {"key": "s", "seq": 1, "created_at": NOW, "updated_at": NOW, "live": False}
+    newer = {**meta, "library_version": "9.9.9"}
+    snapshot = tmp_path / "s.json"
+    snapshot.write_bytes(msgspec.json.encode({"format": 2, "meta": newer, "state": {}}))
+    journal = tmp_path / "j.jsonl"
+    header = {"kind": "header", "format": 3, "meta": {**newer, "key": "j", "seq": "new shape"}}
+    journal.write_bytes(msgspec.json.encode(header) + b"\n")
+    before = snapshot.read_bytes(), journal.read_bytes()
+    status, out, _ = run(capsys, "verify", tmp_path)
+    assert status == 1
+    for path, version in ((journal, 3), (snapshot, 2)):
+        assert (
+            f"BAD  {path}: written by a newer version (agent-checkpointer 9.9.9); upgrade "
+            f"agent-checkpointer to 9.9.9 or later to read it (format {version}; " in out
+        )
+    status, out, _ = run(capsys, "ls", tmp_path)
+    assert status == 0 and out.count("! written by a newer version") == 2
+    assert (snapshot.read_bytes(), journal.read_bytes()) == before

@@ -19,7 +19,14 @@ from .cli_fuzz import Crash
 
 def test_sweep_of_a_snapshot_and_a_lock_file() -> None:
     """Each value of a snapshot and of a lock file, replaced or deleted: no crash."""
-    values = [None, 2**64, "x", "2026-01-01T00:00:00", "0001-01-01T00:00:00+01:00", []]
+    values: list[object] = [
+        None,
+        2**64,
+        "x",
+        "2026-01-01T00:00:00",
+        "0001-01-01T00:00:00+01:00",
+        [],
+    ]
     assert cli_fuzz.run_sweep(values, files=["chat.json", "chat.lock"]) > 400
 
 

@@ -858,8 +858,8 @@ class CheckpointWriter(Generic[S]):
                     raise newer_state(
                         self._store.location(key),
                         meta,
-                        f"state version {meta.state_version}, newer than this writer's "
-                        f"{self._state_version}; not replacing it (upgrade, or use another key)",
+                        f"this writer's state version is {self._state_version}; not replacing "
+                        "it (upgrade the program, or use another key)",
                     )
                 state.seq = meta.seq
                 state.created_at = meta.created_at

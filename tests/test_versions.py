@@ -132,7 +132,11 @@ def test_a_writer_never_replaces_a_newer_state_version(tmp_path: Path) -> None:
     result = writer.flush_sync()
     writer.close()
     assert isinstance(result, Failed) and result.reason == "newer-version"
-    assert "state version 5, newer than this writer's 4" in result.error
+    assert result.error == (
+        f"not writing 's': {tmp_path / 's.json'}: written by a newer version of the program "
+        f"(state version 5 with agent-checkpointer {VERSION}): this writer's state version is "
+        "4; not replacing it (upgrade the program, or use another key)"
+    )
     assert (tmp_path / "s.json").read_bytes() == before
 
 

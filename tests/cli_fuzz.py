@@ -30,7 +30,7 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot
+from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot, _cli
 from checkpointer._cli import main
 
 SURROGATE = "@@lone-surrogate@@"  # written to the file as the JSON escape \ud800
@@ -231,8 +231,25 @@ def _run(argv: list[str]) -> int:
     return status
 
 
+@contextlib.contextmanager
+def _one_parser() -> Iterator[None]:
+    """``main`` builds its parser once, not at every command (half the time otherwise)."""
+    build = _cli._build_parser
+    parser = build()
+    _cli._build_parser = lambda: parser
+    try:
+        yield
+    finally:
+        _cli._build_parser = build
+
+
 def run_all(root: Path, *, shows: list[list[str]] = SHOWS) -> None:
     """Every command over ``root``, prune (which removes files) last."""
+    with _one_parser():
+        _run_all(root, shows)
+
+
+def _run_all(root: Path, shows: list[list[str]]) -> None:
     for command in COMMANDS:
         _run([*command, str(root)])
     keys = sorted({name.rpartition(".")[0] for name in os.listdir(root)})

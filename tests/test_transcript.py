@@ -531,7 +531,7 @@ ODD_MESSAGE = ODD | st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(messages=st.lists(ODD_MESSAGE, max_size=6))
 def test_odd_histories_are_problems_never_exceptions(messages: list[Any]) -> None:
     """Any JSON at all (list ids, tool_calls that are not lists, ...) gets an answer from

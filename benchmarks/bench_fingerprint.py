@@ -1,8 +1,9 @@
 """Case: the transcript fingerprint costs the same at 10 and at 100,000 messages.
 
-``transcript_fingerprint()`` reads the message count and the last message
-only.  Timed in timeit-style loops over snapshots of 10 and of 100,000
-messages that end in the same kind of message, so only the length differs;
+``transcript_fingerprint()`` reads the message count and encodes the last
+message only (a cost bounded by that message's size).  Timed in timeit-style
+loops over snapshots of 10 and of 100,000 messages that end in the same kind
+of message, so only the length differs;
 the bar (<= 1.2x) uses the minimum of the repeats, the least disturbed run.
 Encoding the same histories is shown for scale: it is what a content check
 would pay.  Also ``python -m benchmarks.bench_fingerprint``.

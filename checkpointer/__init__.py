@@ -3,7 +3,16 @@
 from ._clock import Clock, MonotonicClock
 from ._codec import Staged, StateStore
 from ._encoding import Transcript
-from ._format import Checkpoint, CheckpointError, Meta, Snapshot, TornTail, WriterInfo, load
+from ._format import (
+    Checkpoint,
+    CheckpointError,
+    Meta,
+    NewerVersionError,
+    Snapshot,
+    TornTail,
+    WriterInfo,
+    load,
+)
 from ._journal import JournalStatistics, JournalStore
 from ._lock import KeyLock, KeyLocked, LockHolder, LockingStore
 from ._pgjournal import PostgresJournalStore
@@ -66,6 +75,7 @@ __all__ = [
     "Meta",
     "Migration",
     "MonotonicClock",
+    "NewerVersionError",
     "PostgresJournalStore",
     "PostgresStore",
     "PostgresStoreError",

@@ -229,8 +229,8 @@ def _inspect(file: File, locks: dict[str, str]) -> tuple[Row, Loaded | None]:
         return row, None
     meta = loaded.meta
     messages = _messages(loaded.state)
-    row.updated_at = meta.updated_at
-    row.created_at = meta.created_at
+    row.updated_at = _utc(meta.updated_at)
+    row.created_at = _utc(meta.created_at)
     row.seq = meta.seq
     row.live = meta.live
     row.pinned = meta.pinned
@@ -418,14 +418,18 @@ def _message_line(message: Any, width: int = 100) -> str:
     text = _text(message.get("content"))
     calls = message.get("tool_calls")
     if isinstance(calls, list) and calls:
-        names = [
-            str((c.get("function") or {}).get("name") or c.get("name") or "?")
-            if isinstance(c, dict)
-            else "?"
-            for c in calls
-        ]
-        text = f"{text} -> {len(calls)} tool call(s): {', '.join(names)}".strip()
+        names = ", ".join(_call_name(c) for c in calls)
+        text = f"{text} -> {len(calls)} tool call(s): {names}".strip()
     return f"{role}: {_one_line(text, width)}"
+
+
+def _call_name(call: Any) -> str:
+    """The function name of a tool call, ``?`` when it has none (a hand-edited call)."""
+    if not isinstance(call, dict):
+        return "?"
+    function = call.get("function")
+    name = function.get("name") if isinstance(function, dict) else None
+    return str(name or call.get("name") or "?")
 
 
 # -- verify ----------------------------------------------------------------------
@@ -446,6 +450,23 @@ def _shape(messages: Any) -> str | None:
             return f"{_AT}[{i}].role: is {_json_type(role)}, not a string"
         if role not in _ROLES:
             return f"{_AT}[{i}].role: unknown role {role!r} (expected one of {', '.join(_ROLES)})"
+        calls = message.get("tool_calls")
+        if calls is not None:
+            wrong = _calls_shape(calls)
+            if wrong is not None:
+                return f"{_AT}[{i}].tool_calls{wrong}"
+    return None
+
+
+def _calls_shape(calls: Any) -> str | None:
+    """What is wrong with a message's ``tool_calls`` (a JSON path tail and why), or None."""
+    if not isinstance(calls, list):
+        return f": is {_json_type(calls)}, not a list of tool calls"
+    for j, call in enumerate(calls):
+        if not isinstance(call, dict):
+            return f"[{j}]: is {_json_type(call)}, not a tool call object"
+        if "function" in call and not isinstance(call["function"], dict):
+            return f"[{j}].function: is {_json_type(call['function'])}, not an object"
     return None
 
 
@@ -759,8 +780,18 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), "a number" if isinstance(value, (int, float)) else "?")
 
 
-def _when(value: datetime | None) -> str:
-    return "?" if value is None else f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+def _utc(value: datetime) -> datetime:
+    """A meta time as UTC: one without a zone (hand-written) is UTC, as the writer's are."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def _when(value: datetime | None, suffix: str = "") -> str:
+    if value is None:
+        return "?"
+    try:
+        return f"{_utc(value).astimezone(UTC):%Y-%m-%d %H:%M:%S}{suffix}"
+    except OverflowError:  # outside the calendar once in UTC: as written
+        return str(value)
 
 
 def _size(n: int) -> str:
@@ -786,7 +817,7 @@ def _value(value: Any) -> str:
     if isinstance(value, bool):
         return _yes(value)
     if isinstance(value, datetime):
-        return _when(value) + " UTC"
+        return _when(value, " UTC")
     if isinstance(value, msgspec.Struct):
         value = msgspec.structs.asdict(value)
     if isinstance(value, dict):

@@ -12,6 +12,13 @@ encoded once and joined in the worker thread, off the event loop.
 Schema evolution follows msgspec's rules: a new field gets a default, an
 existing field's type never changes, and ``FORMAT`` moves only when an old
 reader could not read the new file correctly.
+
+A file of a newer format (or a newer state version, ``_versions``) was
+written by a newer version: ``load`` refuses it with ``NewerVersionError``
+and a writer refuses its key, neither moves it aside as corrupt.  So that an
+old reader can say which version to upgrade to, every future format keeps
+``format`` at the top (a journal: in its first line) and the writing
+library's version at ``meta.library_version``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 
+from ._version import VERSION
+
 if TYPE_CHECKING:
     from ._stores import Store
 
@@ -32,6 +41,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "Meta",
+    "NewerVersionError",
     "Snapshot",
     "TornTail",
     "WriterInfo",
@@ -60,6 +70,25 @@ class CheckpointError(Exception):
         super().__init__(f"{path}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class NewerVersionError(CheckpointError):
+    """A checkpoint written by a newer version: kept as it is, never replaced.
+
+    Its format is newer than this library reads, or its state version newer
+    than the program asked for (``load(state_version=)``, the writer's
+    ``state_version``).  Not damage: the message says what to upgrade to.
+
+    Attributes:
+        path: where the checkpoint is.
+        reason: which version wrote it and what to upgrade, in one line.
+        library_version: the agent-checkpointer version that wrote it, when
+            the file says.
+    """
+
+    def __init__(self, path: str, reason: str, library_version: str | None = None) -> None:
+        super().__init__(path, reason)
+        self.library_version = library_version
 
 
 class Snapshot(msgspec.Struct, frozen=True):
@@ -157,7 +186,10 @@ class _Envelope(msgspec.Struct):
 
 
 class _Head(msgspec.Struct):
+    """What every format keeps where an older reader finds it (see the module docstring)."""
+
     format: int
+    meta: Any = None
 
 
 _ENVELOPE_DECODER = msgspec.json.Decoder(_Envelope)
@@ -202,26 +234,35 @@ def _decode_envelope(data: bytes, path: str) -> _Envelope:
     except RecursionError:  # msgspec's answer to deeply nested garbage
         raise CheckpointError(path, "nested too deeply to decode (corrupt?)") from None
     if envelope.format > FORMAT:
-        raise CheckpointError(path, _newer(envelope.format))
+        raise _newer(path, envelope.format, envelope.meta.library_version)
     if envelope.format < 1:
         raise CheckpointError(path, f"unknown format version {envelope.format}")
     return envelope
 
 
 def _check_format(data: bytes, path: str) -> None:
+    """Raise ``NewerVersionError`` if ``data`` (a file, a journal's first line) is newer."""
     try:
         head = _HEAD_DECODER.decode(data)
     except (msgspec.DecodeError, RecursionError):
         return
     if head.format > FORMAT:
-        raise CheckpointError(path, _newer(head.format))
+        meta = head.meta if isinstance(head.meta, dict) else {}
+        written_by = meta.get("library_version")
+        raise _newer(path, head.format, written_by if isinstance(written_by, str) else None)
 
 
-def _newer(version: int) -> str:
-    return (
-        f"format version {version} is newer than this library reads ({FORMAT}); "
-        "upgrade agent-checkpointer to load it"
-    )
+def _newer(path: str, version: int, written_by: str | None) -> NewerVersionError:
+    """The error for a file of format ``version``, newer than ``FORMAT``."""
+    this = f"format {version}; this agent-checkpointer {VERSION} reads format {FORMAT}"
+    if written_by is None:
+        reason = f"written by a newer version ({this}); upgrade agent-checkpointer to read it"
+    else:
+        reason = (
+            f"written by a newer version (agent-checkpointer {written_by}); upgrade "
+            f"agent-checkpointer to {written_by} or later to read it ({this})"
+        )
+    return NewerVersionError(path, reason, written_by)
 
 
 def decode_meta(data: bytes, path: str) -> Meta:
@@ -289,10 +330,12 @@ def load(
     Raises:
         ValueError: ``key`` is not a valid key for the store, or
             ``migrations`` was given without ``state_version``.
+        NewerVersionError: the checkpoint is of a newer format, or of a newer
+            state version than ``state_version``: written by a newer version
+            (a ``CheckpointError``; the message says what to upgrade).
         CheckpointError: the checkpoint exists but is truncated, not JSON,
-            not an envelope, of a newer format or a newer state version, a
-            migration is missing or failed, or its state does not match
-            ``type``.
+            not an envelope, a migration is missing or failed, or its state
+            does not match ``type``.
     """
     if migrations and state_version is None:
         raise ValueError("migrations need state_version=, the version they migrate to")

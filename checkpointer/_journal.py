@@ -74,6 +74,7 @@ from ._format import (
     _newer,
     _oserror,
 )
+from ._format import _check_format as _check_head
 from ._safefs import open_checked, read_checked, read_fd
 from ._staging import _absent, _Delta, _Full, _Prefixes, _Track
 from ._stores import FileStore, check_key
@@ -116,12 +117,6 @@ _OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 _ENCODER = msgspec.json.Encoder()
 
-
-class _Format(msgspec.Struct):
-    format: int
-
-
-_FORMAT = msgspec.json.Decoder(_Format)
 
 _MESSAGE_HEAD = b'{"kind":"message","message":'
 _META_HEAD = b'{"kind":"meta","meta":'
@@ -181,7 +176,7 @@ def _scan(data: bytes, path: str) -> _Scan:
         raise CheckpointError(path, "line 1 is not a journal header: not a journal file")
     header = rows[0]
     if header.format > FORMAT:
-        raise CheckpointError(path, _newer(header.format))
+        raise _newer(path, header.format, header.meta.library_version)
     if header.format < 1:
         raise CheckpointError(path, f"unknown journal format version {header.format}")
     last_commit = -1
@@ -245,12 +240,7 @@ def _compaction(rows: list[_Row], index: int) -> _Compaction:
 
 
 def _check_format(line: bytes, path: str) -> None:
-    try:
-        version = _FORMAT.decode(line).format
-    except (msgspec.DecodeError, RecursionError):
-        return
-    if version > FORMAT:
-        raise CheckpointError(path, _newer(version))
+    _check_head(line, path)  # the header's format and meta.library_version, as a snapshot's
 
 
 def _assemble(scan: _Scan, path: str) -> bytes:

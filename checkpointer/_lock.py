@@ -86,7 +86,10 @@ class LockHolder(msgspec.Struct, frozen=True, kw_only=True):
     started_at: datetime
 
     def describe(self) -> str:
-        started = self.started_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            started = self.started_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        except (OverflowError, ValueError):  # a hand-edited time, outside the calendar in UTC
+            started = self.started_at.isoformat()
         return f"pid {self.pid} on {self.host} since {started}"
 
 
@@ -324,7 +327,8 @@ def probe_file_lock(path: str) -> LockProbe | None:
         except (OSError, msgspec.DecodeError, msgspec.ValidationError):
             holder = None
         if holder is not None and holder.pid > 0 and holder.host == socket.gethostname():
-            return LockProbe(path=path, alive=_pid_alive(holder.pid), holder=holder)
+            with contextlib.suppress(OverflowError):  # a pid beyond pid_t: ask the kernel
+                return LockProbe(path=path, alive=_pid_alive(holder.pid), holder=holder)
         alive: bool | None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -109,7 +109,8 @@ def _inspect(store: PostgresStore, key: str) -> tuple[cli.Row, cli.Loaded | None
         return row, None
     meta = loaded.meta
     messages = cli._messages(loaded.state)
-    row.updated_at, row.created_at, row.mtime = meta.updated_at, meta.created_at, meta.updated_at
+    row.updated_at, row.created_at = cli._utc(meta.updated_at), cli._utc(meta.created_at)
+    row.mtime = row.updated_at
     row.seq, row.live, row.pinned = meta.seq, meta.live, meta.pinned
     row.turns = cli._turns(meta, messages)
     row.messages = None if messages is None else len(messages)

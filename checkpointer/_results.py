@@ -29,6 +29,7 @@ FailReason: TypeAlias = Literal[
     "not-sendable",
     "locked",
     "write-failed",
+    "newer-version",
 ]
 
 
@@ -72,7 +73,9 @@ class Failed(msgspec.Struct, frozen=True):
 
     ``reason`` says which step failed; ``error`` is a one-line message naming
     the thing (path, key, field) and, where there is one, the way out.  The
-    changes stay pending and are retried with backoff.
+    changes stay pending and are retried with backoff; except for
+    ``"newer-version"`` (the key holds a checkpoint written by a newer
+    version, kept as it is), which is tried again at the next change only.
     """
 
     reason: FailReason

@@ -1,4 +1,4 @@
-"""Agent transcripts: sendable histories, repairs on a copy, O(1) fingerprints.
+"""Agent transcripts: sendable histories, repairs on a copy, fingerprints of the last message.
 
 Two message shapes are understood, as plain dicts or as the frozen Structs
 below (or any object with the same attribute names):
@@ -410,7 +410,7 @@ def _feed(state: _State, items: Sequence[Any]) -> None:
                 call_id, status = fields.get("tool_call_id"), fields.get("status")
             else:
                 call_id, status = _get(message, "tool_call_id"), _get(message, "status")
-            if call_id in open_calls:
+            if isinstance(call_id, str) and call_id in open_calls:  # a list id answers nothing
                 del open_calls[call_id]
                 answered.add(call_id)
                 answered_log.append(call_id)
@@ -426,7 +426,7 @@ def _feed(state: _State, items: Sequence[Any]) -> None:
             for block in blocks:
                 if _block_type(block) == "tool_result":
                     call_id = _get(block, "tool_use_id")
-                    if call_id in open_calls:
+                    if isinstance(call_id, str) and call_id in open_calls:
                         del open_calls[call_id]
                         answered.add(call_id)
                         answered_log.append(call_id)
@@ -443,7 +443,7 @@ def _feed(state: _State, items: Sequence[Any]) -> None:
         if role == "assistant":
             turns += 1
             calls = fields.get("tool_calls") if fields is not None else _get(message, "tool_calls")
-            if calls:
+            if calls and isinstance(calls, (list, tuple)):
                 for call in calls:
                     call_id = call.get("id") if type(call) is dict else _get(call, "id")
                     if type(call_id) is str and call_id not in called:
@@ -653,13 +653,22 @@ def transcript_fingerprint(
 ) -> Callable[[Snapshot], Hashable]:
     """A structural fingerprint of a transcript, for ``CheckpointWriter(fingerprint=)``.
 
-    It is made of the key, the parent, the message count, the last
-    message's role, id, content length and number of tool calls, the state's
-    pin flag, and the state fields named in ``extra``.  It costs the same at
-    10 and at 100,000 messages: it never iterates, hashes or encodes the
-    history.  The price: an edit of an earlier message that changes none of
-    these is not seen; name a revision counter in ``extra``, or use
+    It is made of the key, the parent, the message count, the whole last
+    message (its JSON, as the writer would encode it), the state's pin flag,
+    and the state fields named in ``extra``.  So any change of the last
+    message is seen (a streamed tool-call ``arguments``, a ``tool_use``
+    block's ``input``, an earlier block, a same-length text, ``2`` to
+    ``2.0``), at a cost bounded by that message's size: it costs the same
+    at 10 and at 100,000 messages, because it never iterates, hashes or
+    encodes the rest of the history.  The price: an edit of an earlier
+    message that leaves the count and the last message as they were is not
+    seen; name a revision counter in ``extra``, or use
     ``write_now(force=True)``, after such edits.
+
+    The last message may be of any shape: a dict, a Struct, a dataclass,
+    anything msgspec encodes; an object it cannot encode is taken as its
+    class name and attributes (``__dict__`` and ``__slots__``), else its
+    ``repr``.
 
     Args:
         field: the state's field (dict key or attribute) holding the messages.
@@ -674,15 +683,11 @@ def transcript_fingerprint(
         if messages is None:
             raise TypeError(f"the state has no {field!r} field")
         count = len(messages)
-        last = messages[-1] if count else None
         return (
             snapshot.key,
             snapshot.parent,
             count,
-            _get(last, "role"),
-            _get(last, "id"),
-            _size(_get(last, "content")),
-            len(_get(last, "tool_calls") or ()),
+            _whole(messages[-1]) if count else None,
             _get(state, pin),
             tuple(_get(state, name) for name in names),
         )
@@ -690,22 +695,29 @@ def transcript_fingerprint(
     return fingerprint
 
 
-def _size(content: Any) -> Hashable:
-    """The length of a content: of the string, or blocks and the last block's text."""
-    if content is None:
-        return 0
-    if isinstance(content, str):
-        return len(content)
-    if _is_sequence(content):
-        if not content:
-            return (0, 0)
-        last = content[-1]
-        for name in ("text", "content", "input", "thinking"):
-            value = _get(last, name)
-            if value is not None:
-                return (len(content), len(value) if hasattr(value, "__len__") else 0)
-        return (len(content), 0)
-    return len(content) if hasattr(content, "__len__") else 0
+def _attributes(obj: Any) -> Any:
+    """What the fingerprint encodes of an object msgspec cannot: class and attributes."""
+    names: dict[str, Any] = dict(getattr(obj, "__dict__", None) or {})
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in names and name not in ("__dict__", "__weakref__"):
+                with contextlib.suppress(AttributeError):  # an unset slot
+                    names[name] = getattr(obj, name)
+    if not names:
+        return repr(obj)
+    return [type(obj).__module__, type(obj).__qualname__, names]
+
+
+_WHOLE = msgspec.json.Encoder(enc_hook=_attributes)
+
+
+def _whole(message: Any) -> Hashable:
+    """The last message as JSON: any change of it changes the bytes (``2`` vs ``2.0``)."""
+    try:
+        return _WHOLE.encode(message)
+    except Exception:  # unencodable even so (a cycle, a key of an odd type)
+        return ("repr", type(message).__qualname__, repr(message))
 
 
 def transcript_prepare(

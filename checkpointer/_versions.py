@@ -5,8 +5,10 @@ is the caller's.  A writer stamps its ``state_version`` on every file.  A
 reader says which version it understands and registers migrations
 ``{old_version: function}``, each taking the state of ``old_version`` as
 plain JSON values and returning it at ``old_version + 1``.  A file at an
-older version goes through them in order; a file at a newer version is a
-``CheckpointError``, never a silent downgrade.
+older version goes through them in order; a file at a newer version was
+written by a newer version of the program: a ``NewerVersionError`` (a
+``CheckpointError``), never a silent downgrade, and a writer refuses its key
+(``Failed("newer-version")``) rather than replace it.
 
 A migration works on plain values, not on the caller's types: the types of
 the old version may no longer exist in the program.  The migrated state is
@@ -21,9 +23,16 @@ from typing import Any
 
 import msgspec
 
-from ._format import Checkpoint, CheckpointError, decode_checkpoint, envelope_chunks
+from ._format import (
+    Checkpoint,
+    CheckpointError,
+    Meta,
+    NewerVersionError,
+    decode_checkpoint,
+    envelope_chunks,
+)
 
-__all__ = ["Migration", "decode_versioned"]
+__all__ = ["Migration", "decode_versioned", "newer_state"]
 
 Migration = Callable[[Any], Any]
 """Takes a state at version ``v`` (plain JSON values), returns it at ``v + 1``."""
@@ -50,10 +59,11 @@ def decode_versioned(
     raw = decode_checkpoint(data, path, msgspec.Raw)
     found = raw.meta.state_version
     if found > state_version:
-        raise CheckpointError(
+        raise newer_state(
             path,
+            raw.meta,
             f"state version {found} is newer than this program supports ({state_version}); "
-            "upgrade the program that reads it, or load it with a newer state_version",
+            f"upgrade the program that reads it, or load it with state_version={found}",
         )
     if found == state_version:
         return decode_checkpoint(data, path, type)
@@ -84,6 +94,17 @@ def decode_versioned(
         ) from exc
     migrated = b"".join(envelope_chunks(raw.meta, state_json))
     return Checkpoint(meta=raw.meta, state=decode_checkpoint(migrated, path, type).state)
+
+
+def newer_state(path: str, meta: Meta, detail: str) -> NewerVersionError:
+    """The error for a file whose state version is newer than the program's."""
+    by = f" with agent-checkpointer {meta.library_version}" if meta.library_version else ""
+    return NewerVersionError(
+        path,
+        f"written by a newer version of the program (state version {meta.state_version}{by}): "
+        + detail,
+        meta.library_version,
+    )
 
 
 def _type_name(exc: BaseException) -> str:

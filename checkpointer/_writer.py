@@ -41,12 +41,13 @@ import msgspec
 from . import _exit
 from ._clock import Clock, MonotonicClock
 from ._codec import Staged, commit_deadline, state_store
-from ._format import CheckpointError, Meta, Snapshot
+from ._format import CheckpointError, Meta, NewerVersionError, Snapshot
 from ._lock import KeyLocked, KeyLocks
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._schedule import IDLE, WRITE, Outcome, Scheduler
 from ._session import Prepare, Prepared, run_prepare, session_meta
 from ._stores import Store
+from ._versions import newer_state
 
 __all__ = ["CheckpointWriter"]
 
@@ -752,6 +753,9 @@ class CheckpointWriter(Generic[S]):
             try:
                 if not state.resolved:
                     self._resolve(job.key, state)
+            except NewerVersionError as exc:  # kept, and the key left to the newer version
+                self._locks.release(job.key)
+                return self._account(Failed("newer-version", f"not writing {job.key!r}: {exc}"))
             except Exception as exc:
                 return self._account(
                     Failed(
@@ -855,6 +859,8 @@ class CheckpointWriter(Generic[S]):
         """Learn seq, created_at and pinned from the checkpoint already stored."""
         try:
             meta = self._states.read_meta(key)
+        except NewerVersionError:
+            raise  # not damage: never moved aside
         except CheckpointError as exc:
             aside = self._store.move_aside(
                 key, "corrupt-" + _utcnow().strftime("%Y%m%dT%H%M%S.%fZ")
@@ -867,10 +873,11 @@ class CheckpointWriter(Generic[S]):
         else:
             if meta is not None:
                 if meta.state_version > self._state_version:
-                    raise CheckpointError(
+                    raise newer_state(
                         self._store.location(key),
-                        f"holds state version {meta.state_version}, newer than this writer's "
-                        f"{self._state_version}; not replacing it (upgrade, or use another key)",
+                        meta,
+                        f"this writer's state version is {self._state_version}; not replacing "
+                        "it (upgrade the program, or use another key)",
                     )
                 state.seq = meta.seq
                 state.created_at = meta.created_at
@@ -921,9 +928,12 @@ class CheckpointWriter(Generic[S]):
             self._streak += 1
             if self._streak == 1:
                 logger.warning(
-                    "checkpointer: checkpoint failed (%s): %s; retrying with backoff",
+                    "checkpointer: checkpoint failed (%s): %s; %s",
                     result.reason,
                     result.error,
+                    "tried again at the next change"
+                    if result.reason == "newer-version"
+                    else "retrying with backoff",
                 )
         return result
 
@@ -948,6 +958,6 @@ def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
 def _outcome(result: Result) -> Outcome:
     if isinstance(result, Written):
         return Outcome.WRITTEN
-    if isinstance(result, Skipped):
-        return Outcome.SKIPPED
+    if isinstance(result, Skipped) or result.reason == "newer-version":
+        return Outcome.SKIPPED  # no retry: the next change tries again
     return Outcome.STORE_FAILED if result.reason == "write-failed" else Outcome.FAILED

@@ -608,3 +608,173 @@ def test_broken_pipe_is_quiet(store: Path) -> None:
     assert ls.wait(timeout=30) in (0, 1)
     assert b"Traceback" not in ls.stderr.read()
     ls.stderr.close()
+
+
+# -- hand-edited and odd files: never a traceback ------------------------------
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
+    """``main(argv)`` in this process: (status, stdout, stderr); an exception fails the test."""
+    status = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def put_raw(root: Path, key: str, meta: dict[str, Any], state: Any) -> Path:
+    """A checkpoint file with ``meta`` as given (any values), as a person might edit it."""
+    root.mkdir(exist_ok=True)
+    path = root / f"{key}.json"
+    path.write_bytes(msgspec.json.encode({"format": 1, "meta": meta, "state": state}))
+    return path
+
+
+def test_timestamps_without_a_zone_are_utc(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hand-written updated_at without a zone (load accepts it) is read as UTC by
+    ls (sorted among zoned ones), show and prune, which ages it and removes it."""
+    naive = (NOW - timedelta(hours=3)).replace(tzinfo=None).isoformat()
+    meta = {"key": "naive", "seq": 1, "created_at": naive, "updated_at": naive, "live": False}
+    put_raw(tmp_path, "naive", meta, {"messages": []})
+    put(tmp_path, "zoned", {"messages": []}, age=timedelta(minutes=1))
+    status, out, _ = run(capsys, "ls", tmp_path, "--sort", "updated")
+    assert status == 0
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["zoned", "naive"]
+    assert f"{NOW - timedelta(hours=3):%Y-%m-%d %H:%M:%S}" in out
+    status, out, _ = run(capsys, "show", tmp_path, "naive")
+    assert status == 0
+    assert re.search(rf"updated_at +{NOW - timedelta(hours=3):%Y-%m-%d %H:%M:%S} UTC\n", out)
+    status, out, _ = run(capsys, "prune", tmp_path, "--older-than", "2h")
+    assert status == 0, out
+    assert f"removed {tmp_path / 'naive.json'} (updated 3h ago)" in out
+    assert (tmp_path / "zoned.json").exists() and not (tmp_path / "naive.json").exists()
+
+
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_timestamps_at_the_ends_of_the_calendar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], when: str
+) -> None:
+    """A timestamp whose UTC time is outside the calendar is shown as written, not a crash."""
+    meta = {"key": "edge", "seq": 1, "created_at": when, "updated_at": when, "live": False}
+    put_raw(tmp_path, "edge", meta, {"n": 1})
+    for command in (["ls"], ["ls", "--json"], ["ls", "--sort", "updated"], ["verify"]):
+        status, out, _ = run(capsys, *command, tmp_path)
+        assert status == 0, out
+    status, out, _ = run(capsys, "show", tmp_path, "edge")
+    assert status == 0
+    assert re.search(rf"updated_at +{re.escape(when.replace('T', ' '))}\n", out)
+    status, out, _ = run(capsys, "prune", tmp_path, "--older-than", "1d", "--dry-run")
+    assert status == 0
+    assert ("would remove" in out) == when.startswith("0001")
+
+
+def test_a_tool_call_whose_function_is_not_an_object(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """show lists a call whose function is a string (no name: '?'); verify calls the
+    history bad, naming the field, since a model API would refuse it."""
+    calls = [{"id": "c1", "type": "function", "function": "grep"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+    ]
+    put(tmp_path, "s", {"messages": messages})
+    status, out, _ = run(capsys, "show", tmp_path, "s")
+    assert status == 0
+    assert "[1] assistant: -> 1 tool call(s): ?" in out
+    status, out, _ = run(capsys, "verify", tmp_path)
+    assert status == 1
+    assert "$.state.messages[1].tool_calls[0].function: is a string, not an object" in out
+
+
+@pytest.mark.parametrize(
+    "calls", [True, "grep", [1], [{"id": ["a"]}], [{"id": "c1", "function": 2}]]
+)
+def test_odd_tool_calls_and_ids(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], calls: Any
+) -> None:
+    """tool_calls that are not a list of call objects, or ids that are lists, are bad
+    for verify and shown by show, without a traceback."""
+    messages = [
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": ["x"]}]},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": {"id": 1}, "content": "found"},
+    ]
+    put(tmp_path, "s", {"messages": messages})
+    for command in (["ls"], ["show"], ["verify"]):
+        status, out, err = run(
+            capsys, *command[:1], tmp_path, *(["s"] if command == ["show"] else [])
+        )
+        assert status == (1 if command == ["verify"] else 0), out + err
+        if command == ["verify"]:
+            assert "BAD " in out
+
+
+@pytest.mark.parametrize("pid", [2**31, 2**63, 2**64, 10**30])
+def test_a_lock_file_naming_a_pid_no_process_can_have(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], pid: int
+) -> None:
+    """A lock file naming a pid above the platform's range is judged by the kernel (a
+    brief shared flock): stale when nobody holds it, alive when someone does."""
+    put(tmp_path, "s", {"messages": []}, age=timedelta(days=2))
+    lock = tmp_path / "s.lock"
+    lock.write_bytes(
+        msgspec.json.encode({"pid": pid, "host": socket.gethostname(), "started_at": NOW})
+    )
+    status, out, _ = run(capsys, "ls", tmp_path, "--json")
+    assert status == 0
+    assert json.loads(out)[0]["lock"] == "stale"
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a holder the file does not name truly
+        status, out, _ = run(capsys, "ls", tmp_path, "--json")
+        assert status == 0 and json.loads(out)[0]["lock"] == "alive"
+        status, out, _ = run(capsys, "prune", tmp_path, "--older-than", "1d")
+        assert status == 0 and "kept" in out and (tmp_path / "s.json").exists()
+    finally:
+        os.close(fd)
+    status, out, _ = run(capsys, "prune", tmp_path, "--older-than", "1d")
+    assert status == 0
+    assert not (tmp_path / "s.json").exists() and not lock.exists()
+
+
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_a_lock_file_started_outside_the_calendar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], when: str
+) -> None:
+    """A lock file whose start time is outside the calendar in UTC is shown as written."""
+    put(tmp_path, "s", {"messages": []})
+    holder = {"pid": os.getpid(), "host": socket.gethostname(), "started_at": when}
+    (tmp_path / "s.lock").write_bytes(msgspec.json.encode(holder))
+    status, out, _ = run(capsys, "show", tmp_path, "s")
+    assert status == 0
+    shown = f"alive pid {os.getpid()} on {socket.gethostname()} since {when}"
+    assert re.search(rf"lock +{re.escape(shown)} \(", out), out
+    status, out, _ = run(capsys, "ls", tmp_path, "--json")
+    assert status == 0 and json.loads(out)[0]["lock"] == "alive"
+
+
+def test_verify_names_the_version_that_wrote_a_newer_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A snapshot and a journal of a newer format are BAD in verify, saying which
+    agent-checkpointer version to upgrade to; ls marks them; neither is touched."""
+    meta = {"key": "s", "seq": 1, "created_at": NOW, "updated_at": NOW, "live": False}
+    newer = {**meta, "library_version": "9.9.9"}
+    snapshot = tmp_path / "s.json"
+    snapshot.write_bytes(msgspec.json.encode({"format": 2, "meta": newer, "state": {}}))
+    journal = tmp_path / "j.jsonl"
+    header = {"kind": "header", "format": 3, "meta": {**newer, "key": "j", "seq": "new shape"}}
+    journal.write_bytes(msgspec.json.encode(header) + b"\n")
+    before = snapshot.read_bytes(), journal.read_bytes()
+    status, out, _ = run(capsys, "verify", tmp_path)
+    assert status == 1
+    for path, version in ((journal, 3), (snapshot, 2)):
+        assert (
+            f"BAD  {path}: written by a newer version (agent-checkpointer 9.9.9); upgrade "
+            f"agent-checkpointer to 9.9.9 or later to read it (format {version}; " in out
+        )
+    status, out, _ = run(capsys, "ls", tmp_path)
+    assert status == 0 and out.count("! written by a newer version") == 2
+    assert (snapshot.read_bytes(), journal.read_bytes()) == before

@@ -12,7 +12,16 @@ from typing import Any, Literal
 import msgspec
 import pytest
 
-from checkpointer import Checkpoint, CheckpointError, CheckpointWriter, FileStore, Snapshot, load
+from checkpointer import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointWriter,
+    FileStore,
+    NewerVersionError,
+    Snapshot,
+    load,
+)
+from checkpointer._version import VERSION
 
 
 class Message(msgspec.Struct, frozen=True):
@@ -301,16 +310,42 @@ def test_state_of_the_wrong_type_names_the_json_path(
         ({"format": 2, "header": {"id": "s1"}, "body": [1, 2]}, 2),
         ({"format": 99, "meta": ["changed", "shape"], "state": STATE}, 99),
         ({"meta": {"key": 1}, "format": 2}, 2),
+        ({"format": 3, "meta": {"library_version": 7}}, 3),
     ],
 )
 def test_newer_format_says_so_and_names_the_version(
     tmp_path: Path, envelope: object, version: int
 ) -> None:
-    """A newer format version, whatever its shape, says it is newer and to upgrade."""
+    """A newer format version, whatever its shape, is a NewerVersionError saying so and to
+    upgrade; the file stays where it is."""
     (tmp_path / "s1.json").write_bytes(checkpoint_bytes(envelope))
-    reason = expect_error(FileStore(tmp_path)).reason
-    assert f"format version {version} is newer than this library reads (1)" in reason
-    assert "upgrade" in reason
+    error = expect_error(FileStore(tmp_path))
+    assert isinstance(error, NewerVersionError)
+    assert error.reason == (
+        f"written by a newer version (format {version}; this agent-checkpointer {VERSION} "
+        "reads format 1); upgrade agent-checkpointer to read it"
+    )
+    assert error.library_version is None
+    assert (tmp_path / "s1.json").read_bytes() == checkpoint_bytes(envelope)
+
+
+@pytest.mark.parametrize(
+    "envelope",
+    [
+        {"format": 2, "meta": {**META, "library_version": "9.9.9"}, "state": STATE},
+        {"format": 2, "meta": {"library_version": "9.9.9", "key": ["a new shape"]}, "body": 1},
+    ],
+)
+def test_newer_format_names_the_version_that_wrote_it(tmp_path: Path, envelope: object) -> None:
+    """A newer format's meta.library_version is named as the version to upgrade to."""
+    (tmp_path / "s1.json").write_bytes(checkpoint_bytes(envelope))
+    error = expect_error(FileStore(tmp_path))
+    assert isinstance(error, NewerVersionError)
+    assert error.library_version == "9.9.9"
+    assert error.reason.startswith(
+        "written by a newer version (agent-checkpointer 9.9.9); upgrade agent-checkpointer "
+        f"to 9.9.9 or later to read it (format 2; this agent-checkpointer {VERSION} reads format 1)"
+    )
 
 
 @pytest.mark.parametrize("version", [0, -1, -99])

@@ -131,3 +131,23 @@ def test_dsn_option_stands_in_for_root(fleet: str, schema: str, pg: Cluster) -> 
     assert "checkpointer verify: error: the following arguments are required: ROOT" in (
         neither.stderr
     )
+
+
+def test_a_row_with_timestamps_without_a_zone(fleet: str, schema: str, pg: Cluster) -> None:
+    """A row whose meta times have no zone (hand-written; load accepts them) is read as
+    UTC: ls sorts it among the others, prune ages it; no traceback."""
+    naive = (OLD.replace(tzinfo=None)).isoformat()
+    meta = {"key": "naive", "seq": 1, "created_at": naive, "updated_at": naive, "live": False}
+    store = PostgresStore(pg.dsn(), schema=schema)
+    store.write("naive", [json.dumps({"format": 1, "meta": meta, "state": {}}).encode()])
+    store.close()
+    ls, prune = cli_all(
+        ["ls", fleet, "--schema", schema, "--sort", "updated"],
+        ["prune", fleet, "--schema", schema, "--older-than", "7d", "--dry-run"],
+    )
+    assert ls.returncode == 0, ls.stderr
+    assert f"{OLD:%Y-%m-%d %H:%M:%S}" in ls.stdout
+    assert prune.returncode == 0, prune.stderr
+    assert f"would remove postgresql://{USER}@127.0.0.1:{pg.port}/postgres/{schema}/naive" in (
+        prune.stdout
+    )

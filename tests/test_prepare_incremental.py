@@ -367,14 +367,22 @@ def test_an_unanswered_call_stops_the_prefix_where_its_window_ends(
         history.append(style.user("more")[0])
 
 
+class Unreadable:
+    """A message whose role cannot be read: reading it raises."""
+
+    @property
+    def role(self) -> str:
+        raise RuntimeError("this message cannot be read")
+
+
 def test_an_exception_drops_the_prefix_and_the_next_call_is_right() -> None:
     """A history the scan cannot read raises as before (the writer turns it into a
     Failed); the half-fed prefix is dropped, and the next checkpoint is exact."""
-    history = chat_history(40)
+    history: list[Any] = chat_history(40)
     prepare = transcript_prepare()
     checked(prepare, "k", history)
-    history.append({"role": "tool", "tool_call_id": ["unhashable"], "content": "?"})
-    with pytest.raises(TypeError):
+    history.append(Unreadable())
+    with pytest.raises(RuntimeError):
         checked(prepare, "k", history)
     assert prefix_length(prepare, "k") == 0
     history[-1] = ChatMessage(role="user", content="fine")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from checkpointer import (
     CLOSED_CALL_TEXT,
@@ -16,6 +18,10 @@ from checkpointer import (
     Message,
     Prepared,
     Snapshot,
+    TextBlock,
+    ToolCall,
+    ToolFunction,
+    ToolUseBlock,
     close_dangling_tool_calls,
     count_turns,
     settle_running,
@@ -239,6 +245,192 @@ def test_fingerprint_of_blocks_and_structs() -> None:
     assert one != two
 
 
+def _last_fp(last: Any) -> Hashable:
+    """The fingerprint of a two-message history ending in ``last``."""
+    return transcript_fingerprint()(Snapshot("k", {"messages": [{"role": "user"}, last]}))
+
+
+def _call(arguments: str) -> dict[str, Any]:
+    function = {"name": "search", "arguments": arguments}
+    return {
+        "role": "assistant",
+        "tool_calls": [{"id": "c1", "type": "function", "function": function}],
+    }
+
+
+LAST_EDITS = [
+    # (before, after): the edits of the last message issue 11 names, then a few more
+    (_call('{"q": "cat"}'), _call('{"q": "dog"}')),  # streamed arguments, same length
+    (
+        ChatMessage(role="assistant", tool_calls=(ToolCall("c1", ToolFunction("f", '{"a":1}')),)),
+        ChatMessage(role="assistant", tool_calls=(ToolCall("c1", ToolFunction("f", '{"a":2}')),)),
+    ),
+    (
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"q": "a"}}],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"q": "b"}}],
+        },
+    ),
+    (
+        Message(role="assistant", content=(ToolUseBlock("t", "f", {"n": 1}),)),
+        Message(role="assistant", content=(ToolUseBlock("t", "f", {"n": 2}),)),
+    ),
+    (
+        Message(role="assistant", content=(TextBlock("abc"), ToolUseBlock("t", "f"))),
+        Message(role="assistant", content=(TextBlock("abd"), ToolUseBlock("t", "f"))),
+    ),
+    ({"role": "assistant", "content": "cat"}, {"role": "assistant", "content": "dog"}),
+    (ChatMessage(role="assistant", content="cat"), ChatMessage(role="assistant", content="dog")),
+    (
+        {"role": "tool", "tool_call_id": "c1", "content": 2},
+        {"role": "tool", "tool_call_id": "c1", "content": 2.0},
+    ),
+    (
+        {"role": "tool", "tool_call_id": "c1", "status": "running"},
+        {"role": "tool", "tool_call_id": "c2", "status": "running"},
+    ),
+    (
+        {"role": "assistant", "content": "x", "n": True},
+        {"role": "assistant", "content": "x", "n": 1},
+    ),
+    ({"role": "assistant", "content": "x"}, {"role": "assistant", "content": "x", "extra": None}),
+]
+
+
+@pytest.mark.parametrize(("before", "after"), LAST_EDITS)
+def test_fingerprint_sees_every_edit_of_the_last_message(before: Any, after: Any) -> None:
+    """An edit of the last message changes the fingerprint, whatever it touches and
+    even when no length or count changes (arguments, tool input, an earlier block, 2 -> 2.0)."""
+    assert _last_fp(before) != _last_fp(after)
+    assert _last_fp(before) == _last_fp(
+        msgspec.json.decode(msgspec.json.encode(before), type=type(before))
+    )
+
+
+class Opaque:
+    """A message msgspec cannot encode (a framework's own class, say)."""
+
+    def __init__(self, role: str, content: Any) -> None:
+        self.role = role
+        self.content = content
+
+
+class Slotted:
+    """A message msgspec cannot encode, with slots and no ``__dict__``."""
+
+    __slots__ = ("content", "role")
+
+    def __init__(self, role: str, content: Any) -> None:
+        self.role = role
+        self.content = content
+
+
+@pytest.mark.parametrize("cls", [Opaque, Slotted])
+def test_fingerprint_sees_edits_of_a_last_message_msgspec_cannot_encode(cls: type) -> None:
+    """A last message of a class msgspec cannot encode is fingerprinted by its attributes:
+    an edit in place is seen, an equal rebuilt one is not."""
+    message = cls("assistant", {"text": "cat"})
+    before = _last_fp(message)
+    assert _last_fp(cls("assistant", {"text": "cat"})) == before
+    message.content = {"text": "dog"}
+    assert _last_fp(message) != before
+    message.content = {"text": "cat", "n": 2}
+    after = _last_fp(message)
+    message.content = {"text": "cat", "n": 2.0}
+    assert _last_fp(message) != after
+
+
+JSON_LEAVES = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53), max_value=2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8)
+)
+JSON = st.recursive(
+    JSON_LEAVES,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+MESSAGES = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool"])},
+    optional={
+        "content": st.text(max_size=12)
+        | st.lists(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["text", "tool_use", "tool_result"])},
+                optional={"text": st.text(max_size=8), "input": JSON, "id": st.text(max_size=3)},
+            ),
+            max_size=3,
+        ),
+        "tool_calls": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "id": st.text(max_size=3),
+                    "function": st.fixed_dictionaries(
+                        {"name": st.text(max_size=4), "arguments": st.text(max_size=12)}
+                    ),
+                }
+            ),
+            max_size=2,
+        ),
+        "id": st.text(max_size=4),
+        "extra": JSON,
+    },
+)
+
+
+def _mutate(value: Any, data: st.DataObject) -> Any:
+    """``value`` with one change somewhere inside, drawn by ``data``; never mutates ``value``."""
+    if isinstance(value, dict) and value and data.draw(st.booleans()):
+        key = data.draw(st.sampled_from(sorted(value)))
+        return {**value, key: _mutate(value[key], data)}
+    if isinstance(value, list) and value and data.draw(st.booleans()):
+        index = data.draw(st.integers(0, len(value) - 1))
+        return [*value[:index], _mutate(value[index], data), *value[index + 1 :]]
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return float(value) if data.draw(st.booleans()) else value + 1  # 2 -> 2.0: type only
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value / 2 or 1.0
+    if isinstance(value, str):  # same length when it can be
+        return ("b" if value[0] == "a" else "a") + value[1:] if value else "a"
+    if isinstance(value, list):
+        return value[:-1] if bool(value) and data.draw(st.booleans()) else [*value, None]
+    if isinstance(value, dict):
+        if bool(value) and data.draw(st.booleans()):
+            key = data.draw(st.sampled_from(sorted(value)))
+            return {k: v for k, v in value.items() if k != key}
+        return {**value, "added-by-mutate": None}  # longer than any drawn key
+    return 0  # None
+
+
+@settings(max_examples=300, deadline=None)
+@given(message=MESSAGES, data=st.data())
+def test_any_mutation_of_the_last_message_changes_the_fingerprint(
+    message: dict[str, Any], data: st.DataObject
+) -> None:
+    """Any one change anywhere in the last message, dict or Struct, changes the fingerprint."""
+    mutated = _mutate(message, data)
+    assert msgspec.json.encode(mutated) != msgspec.json.encode(message)  # the mutation is real
+    assert _last_fp(mutated) != _last_fp(message)
+    assert _last_fp(msgspec.json.decode(msgspec.json.encode(message))) == _last_fp(message)
+    for cls in (ChatMessage, Message):
+        try:
+            before, after = msgspec.convert(message, cls), msgspec.convert(mutated, cls)
+        except msgspec.ValidationError:
+            continue  # not that Struct's shape
+        if msgspec.json.encode(before) != msgspec.json.encode(after):
+            assert _last_fp(before) != _last_fp(after)
+
+
 # -- the prepare step ----------------------------------------------------------
 
 
@@ -317,3 +509,36 @@ def test_content_in_a_list_subclass_is_read_as_blocks() -> None:
     repaired, count = close_dangling_tool_calls(history)
     assert count == 1
     assert validate_history(repaired) == []
+
+
+NAMES = ["tool", "assistant", "user", "tool_use", "tool_result", "running", "a"]
+ODD = st.recursive(
+    JSON_LEAVES | st.sampled_from(NAMES),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(NAMES), inner),
+    max_leaves=8,
+)
+_FIELDS = ("content", "tool_calls", "tool_call_id", "id", "type", "tool_use_id", "status")
+ODD_BLOCK = st.fixed_dictionaries(
+    {}, optional={name: ODD | st.sampled_from(NAMES) for name in _FIELDS}
+)
+ODD_MESSAGE = ODD | st.fixed_dictionaries(
+    {"role": st.sampled_from(NAMES) | ODD},
+    optional={
+        **{name: ODD | st.sampled_from(NAMES) for name in _FIELDS},
+        "content": ODD | st.lists(ODD_BLOCK, max_size=3),
+        "tool_calls": ODD | st.lists(ODD_BLOCK, max_size=3),
+    },
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages=st.lists(ODD_MESSAGE, max_size=6))
+def test_odd_histories_are_problems_never_exceptions(messages: list[Any]) -> None:
+    """Any JSON at all (list ids, tool_calls that are not lists, ...) gets an answer from
+    every helper, never an exception: a hand-edited file is a problem to report."""
+    validate_history(messages)
+    count_turns(messages)
+    settle_running(messages)
+    close_dangling_tool_calls(messages)
+    transcript_prepare()(Snapshot("k", {"messages": messages}))
+    transcript_fingerprint()(Snapshot("k", {"messages": messages}))

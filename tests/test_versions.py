@@ -15,10 +15,14 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     FileStore,
+    JournalStore,
+    NewerVersionError,
     Snapshot,
     Written,
     load,
 )
+from checkpointer._lock import probe_file_lock
+from checkpointer._version import VERSION
 
 from .conftest import FakeClock
 
@@ -79,13 +83,18 @@ def test_a_current_file_needs_no_migration(tmp_path: Path) -> None:
 
 
 def test_a_newer_file_is_an_error_never_a_downgrade(tmp_path: Path) -> None:
-    """A file of a newer state version than the reader supports is a CheckpointError."""
+    """A file of a newer state version than the reader supports is a NewerVersionError
+    saying it was written by a newer version of the program, and what to do."""
     write(tmp_path, {"title": "T"}, version=4)
-    with pytest.raises(
-        CheckpointError, match=r"state version 4 is newer .* supports \(3\)"
-    ) as info:
+    with pytest.raises(NewerVersionError) as info:
         load(FileStore(tmp_path), "s", state_version=3, migrations=MIGRATIONS)
     assert info.value.path == str(tmp_path / "s.json")
+    assert info.value.reason == (
+        f"written by a newer version of the program (state version 4 with agent-checkpointer "
+        f"{VERSION}): state version 4 is newer than this program supports (3); upgrade the "
+        "program that reads it, or load it with state_version=4"
+    )
+    assert info.value.library_version == VERSION
 
 
 def test_a_missing_or_failing_migration_is_an_error(tmp_path: Path) -> None:
@@ -122,9 +131,108 @@ def test_a_writer_never_replaces_a_newer_state_version(tmp_path: Path) -> None:
     ).open()
     result = writer.flush_sync()
     writer.close()
-    assert isinstance(result, Failed)
-    assert "state version 5, newer than this writer's 4" in result.error
+    assert isinstance(result, Failed) and result.reason == "newer-version"
+    assert result.error == (
+        f"not writing 's': {tmp_path / 's.json'}: written by a newer version of the program "
+        f"(state version 5 with agent-checkpointer {VERSION}): this writer's state version is "
+        "4; not replacing it (upgrade the program, or use another key)"
+    )
     assert (tmp_path / "s.json").read_bytes() == before
+
+
+def _newer_format(data: bytes, *, shape: bool) -> bytes:
+    """``data`` (a file, or a journal) as a format-2 writer of agent-checkpointer 9.9.9
+    would have written it; with ``shape``, its meta in a shape this version cannot read."""
+    head, newline, rest = data.partition(b"\n")
+    doc = msgspec.json.decode(head)
+    doc["format"] = 2
+    doc["meta"]["library_version"] = "9.9.9"
+    if shape:
+        doc["meta"]["seq"] = {"a new": "shape"}
+    return msgspec.json.encode(doc) + newline + rest
+
+
+def newer_file(root: Path, case: str) -> tuple[Any, Path]:
+    """A key ``s`` whose checkpoint a newer version wrote: (its store, its file)."""
+    if case == "state-version":
+        write(root, {"n": -1}, version=5)
+        return FileStore(root), root / "s.json"
+    store: Any = JournalStore(root) if case.startswith("journal") else FileStore(root)
+    writer = CheckpointWriter(
+        lambda: Snapshot("s", {"messages": [{"role": "user"}]}), store, exit_hooks=False
+    )
+    with writer:
+        pass
+    path = Path(store.location("s"))
+    path.write_bytes(_newer_format(path.read_bytes(), shape=case.endswith("shape")))
+    return type(store)(root), path
+
+
+CASES = ["snapshot", "snapshot-shape", "journal", "journal-shape", "state-version"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_load_refuses_a_newer_format_and_names_the_version(tmp_path: Path, case: str) -> None:
+    """A file or a journal of a newer format (known meta or not) is a NewerVersionError
+    naming the agent-checkpointer version that wrote it; the file stays."""
+    store, path = newer_file(tmp_path, case)
+    before = path.read_bytes()
+    with pytest.raises(NewerVersionError) as info:
+        load(store, "s", state_version=1)
+    if case == "state-version":
+        assert info.value.reason.startswith("written by a newer version of the program")
+    else:
+        assert info.value.library_version == "9.9.9"
+        assert info.value.reason.startswith(
+            "written by a newer version (agent-checkpointer 9.9.9); upgrade agent-checkpointer "
+            "to 9.9.9 or later to read it (format 2; "
+        )
+    assert path.read_bytes() == before
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("case", CASES)
+async def test_a_writer_refuses_a_key_a_newer_version_wrote(
+    tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    """The first write of a key a newer version wrote is Failed("newer-version") naming the
+    version; the file stays in place (not moved aside), the key's lock is let go, and it is
+    tried again at the next change only, not with backoff; once removed, the key is written."""
+    store, path = newer_file(tmp_path, case)
+    before = path.read_bytes()
+    files = sorted(p.name for p in tmp_path.iterdir())
+    state = {"n": 0}
+    caplog.set_level(logging.WARNING, logger="checkpointer")
+    async with CheckpointWriter(
+        lambda: Snapshot("s", dict(state)),
+        store,
+        clock=clock,
+        exit_hooks=False,
+        write_on_start=False,
+        state_version=1,
+    ) as writer:
+        result = await writer.write_now()
+        assert isinstance(result, Failed) and result.reason == "newer-version"
+        assert result.error.startswith(f"not writing 's': {path}: written by a newer version")
+        assert "9.9.9" in result.error or case == "state-version"
+        assert probe_file_lock(str(tmp_path / "s.lock")) is None
+        await clock.advance(1000.0)
+        assert writer.statistics().failures == 1  # no retry with backoff
+        state["n"] = 1
+        writer.notify()
+        await clock.advance(2000.0)
+        assert writer.statistics().failures == 2  # the next change tried again
+        assert path.read_bytes() == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == files  # nothing moved aside
+        path.unlink()
+        state["n"] = 2
+        writer.notify()
+        await clock.advance(3000.0)
+        assert writer.statistics().writes == 1
+    warned = [r.getMessage() for r in caplog.records if "newer-version" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].endswith("; tried again at the next change")
+    checkpoint = load(type(store)(tmp_path), "s")
+    assert checkpoint is not None and checkpoint.state == {"n": 2}
 
 
 @pytest.mark.anyio

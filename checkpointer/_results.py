@@ -28,6 +28,7 @@ FailReason: TypeAlias = Literal[
     "invalid-key",
     "not-sendable",
     "locked",
+    "conflict",
     "write-failed",
 ]
 
@@ -71,8 +72,25 @@ class Failed(msgspec.Struct, frozen=True):
     """The write did not happen; the previous checkpoint is intact.
 
     ``reason`` says which step failed; ``error`` is a one-line message naming
-    the thing (path, key, field) and, where there is one, the way out.  The
-    changes stay pending and are retried with backoff.
+    the thing (path, key, field) and, where there is one, the way out:
+
+    * ``"snapshot-failed"``: ``source()``, ``fingerprint()`` or ``prepare()``
+      raised or returned something unusable.
+    * ``"encode-failed"``: the state cannot be encoded (the key is named).
+    * ``"invalid-key"``: the key breaks the store's rule (the rule is named).
+    * ``"not-sendable"``: ``transcript_prepare`` cannot make the history one
+      a model API accepts (the JSON paths are named).
+    * ``"locked"``: another live writer holds the key's lock (named).
+    * ``"conflict"``: another writer wrote the key after this writer first
+      saw it (or after the checkpoint it resumed from); replacing that
+      would lose its work.  The error names the other writer (pid, host,
+      seq) and the way out: load the key again and start a new writer.
+    * ``"write-failed"``: the store failed (the path and the error).
+
+    The changes stay pending and are retried with backoff, except after
+    ``"conflict"`` and ``"not-sendable"``: no retry can succeed until the
+    session changes, so the writer waits for the next ``notify()`` (or
+    ``write_now()``, close, an exit flush) to try again.
     """
 
     reason: FailReason

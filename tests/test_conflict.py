@@ -80,6 +80,7 @@ class Place:
         self.kind = kind
         self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.stores: list[Any] = []
+        self.agents: list[Agent] = []
         if kind in ("file", "journal"):
             self.spec = f"{kind}:{tmp_path}"
             self.root = tmp_path
@@ -102,6 +103,10 @@ class Place:
         return made
 
     def close(self) -> None:
+        for agent in self.agents:  # a failed test leaves them running: end them
+            if agent.proc.poll() is None:
+                agent.proc.kill()
+            agent.finish()
         for store in self.stores:
             close = getattr(store, "close", None)
             if callable(close):
@@ -129,6 +134,7 @@ class Agent:
             env=place.env,
         )
         self.err: str | None = None
+        place.agents.append(self)
         self.loaded: dict[str, Any] = {}
         self.opened: dict[str, Any] = {}
 

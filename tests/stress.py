@@ -115,10 +115,17 @@ BASE += ("revert", "parent", "title", "notify", "write-now", "sleep")
 GROUPS: dict[str, tuple[str, ...]] = {
     "base": BASE,
     "types": (*BASE, "type-change"),
-    "cancel": (*BASE, "write-now-cancelled"),
-    "threads": (*BASE, "flush-thread"),
+    "cancel": (*BASE, "write-now-cancelled", "cancel-undo"),
+    "threads": (*BASE, "flush-thread", "edit-flush-in-flight"),
     "close-race": BASE,
-    "all": (*BASE, "type-change", "write-now-cancelled", "flush-thread"),
+    "all": (
+        *BASE,
+        "type-change",
+        "write-now-cancelled",
+        "cancel-undo",
+        "flush-thread",
+        "edit-flush-in-flight",
+    ),
 }
 """Operation mixes.  ``all`` is everything; the others isolate one kind of
 operation each, so a loss points at it (``close-race`` adds threads
@@ -138,6 +145,8 @@ WEIGHTS = {
     "write-now": 6,
     "write-now-cancelled": 10,
     "flush-thread": 12,
+    "edit-flush-in-flight": 4,
+    "cancel-undo": 3,
     "sleep": 14,
 }
 
@@ -204,6 +213,13 @@ class Session:
         role = self.rng.choice(["user", "assistant", "tool"])
         return {"role": role, "content": f"m{self.counter}", "n": self.rng.choice([0, 1, 2])}
 
+    def undo_to(self, version: int) -> None:
+        """Restore exactly the state and parent of ``version`` (as a new version)."""
+        with self.lock:
+            self.state, self.parent = msgspec.json.decode(self.encoded[version])
+            self.version += 1
+            self._record()
+
     def mutate(self, op: str) -> bool:
         """Apply ``op``; False if it changed nothing (no message to edit, say)."""
         with self.lock:
@@ -250,8 +266,12 @@ class Session:
                 return False
             messages[rng.randrange(len(messages))] = self._message()
         elif op == "revert":
-            if rng.random() < 0.5 and messages:
+            dice = rng.random()
+            if dice < 0.4 and messages:
                 del messages[rng.randrange(len(messages)) :]  # truncated in place
+            elif dice < 0.7:  # undo: exactly an earlier version (state and parent)
+                old = self.encoded[max(0, self.version - rng.randint(1, 3))]
+                self.state, self.parent = msgspec.json.decode(old)
             else:
                 old = self.encoded[rng.randrange(self.version + 1)]
                 state = msgspec.json.decode(old)[0]
@@ -294,6 +314,7 @@ class SlowStore:
         self.rng = random.Random(seed)
         self.committed: list[int] = []
         self.mutex = threading.Lock()
+        self.slow_next = False  # the next commit takes a while (a disk that stalls)
 
     def stage(self, key: str, state: Any) -> _Tagged:
         try:
@@ -306,7 +327,10 @@ class SlowStore:
         assert isinstance(staged, _Tagged)
         with self.mutex:
             dice = self.rng.random()
-        if dice < 0.05:
+            stall, self.slow_next = self.slow_next, False
+        if stall:
+            time.sleep(0.03)
+        elif dice < 0.05:
             time.sleep(0.01)
         elif dice < 0.4:
             time.sleep(dice / 100)
@@ -393,6 +417,12 @@ class Probe:
 
         writer._prepare = counted_prepare  # type: ignore[method-assign]
         writer._execute = counted_execute  # type: ignore[method-assign]
+
+    async def wait_running(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until a job runs in a thread."""
+        with anyio.move_on_after(timeout):
+            while not self.running:  # noqa: ASYNC110 - set from a worker thread
+                await anyio.sleep(0.0002)
 
     def busy(self) -> bool:
         """Whether a job runs, or was prepared a moment ago and may still start."""
@@ -551,20 +581,42 @@ class _Run:
 
     # -- operations -----------------------------------------------------------------------
 
-    async def write_now(self, writer: CheckpointWriter[Any], cancel_after: float | None) -> None:
+    async def write_now(
+        self, writer: CheckpointWriter[Any], cancel_after: float | None, probe: Probe
+    ) -> None:
+        """``write_now()``; cancelled after ``cancel_after`` s, or mid-write if negative."""
         SOURCED.set(None)
         if cancel_after is None:
             result = await writer.write_now()
             self.covered(SOURCED.get())
             self.check_unchanged(result, SOURCED.get(), "write_now()")
             return
-        with anyio.move_on_after(cancel_after) as scope:
-            result = await writer.write_now()
-        self.covered(SOURCED.get())  # cancelled or not, the writer owes that state a write
-        if scope.cancelled_caught:
+        got: list[tuple[Result | None, int | None]] = []
+        done = anyio.Event()
+
+        async def write() -> None:
+            result: Result | None = None
+            try:
+                result = await writer.write_now()
+            finally:
+                got.append((result, SOURCED.get()))
+                done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write)
+            if cancel_after < 0:  # mid-write: once a job runs in a thread
+                with anyio.move_on_after(HANG_GUARD):
+                    while not (probe.running or done.is_set()):  # noqa: ASYNC110
+                        await anyio.sleep(0.0002)
+            else:
+                await anyio.sleep(cancel_after)
+            tg.cancel_scope.cancel()
+        outcome, version = got[0]
+        self.covered(version)  # cancelled or not, the writer owes that state a write
+        if outcome is None:
             self.summary.cancelled += 1
         else:
-            self.check_unchanged(result, SOURCED.get(), "write_now()")
+            self.check_unchanged(outcome, version, "write_now()")
 
     def flush_in_thread(self, writer: CheckpointWriter[Any]) -> None:
         SOURCED.set(None)
@@ -576,7 +628,7 @@ class _Run:
             self.covered(SOURCED.get())
             self.check_unchanged(result, SOURCED.get(), "flush_sync() from a thread")
 
-    async def segment(self, writer: CheckpointWriter[Any], count: int) -> None:
+    async def segment(self, writer: CheckpointWriter[Any], probe: Probe, count: int) -> None:
         names = GROUPS[self.spec.group]
         weights = [WEIGHTS[n] for n in names]
         async with anyio.create_task_group() as tg:
@@ -587,9 +639,30 @@ class _Run:
                     self.notified = self.session.version
                     writer.notify()
                 elif op == "write-now":
-                    tg.start_soon(self.write_now, writer, None)
+                    tg.start_soon(self.write_now, writer, None, probe)
                 elif op == "write-now-cancelled":
-                    tg.start_soon(self.write_now, writer, self.rng.choice([0.0, 0.001, 0.003]))
+                    when = self.rng.choice([-1.0, -1.0, 0.0, 0.001, 0.003])
+                    tg.start_soon(self.write_now, writer, when, probe)
+                elif op == "cancel-undo":
+                    # Saved; one more step, whose write_now is cancelled mid-write; the
+                    # agent rolls that step back (to what is on disk) and notifies.
+                    await self.write_now(writer, None, probe)
+                    before = self.session.version
+                    self.session.mutate("append")
+                    self.store.slow_next = True
+                    await self.write_now(writer, -1.0, probe)
+                    self.session.undo_to(before)
+                    self.notified = self.session.version
+                    writer.notify()
+                elif op == "edit-flush-in-flight":
+                    # A new message, a write of it in flight, the message edited in place
+                    # (not notified) and a thread's flush_sync meanwhile.
+                    self.session.mutate("append")
+                    writer.notify()
+                    self.notified = self.session.version
+                    await probe.wait_running(0.05)
+                    self.session.mutate("edit-last")
+                    tg.start_soon(anyio.to_thread.run_sync, self.flush_in_thread, writer)
                 elif op == "flush-thread":
                     tg.start_soon(anyio.to_thread.run_sync, self.flush_in_thread, writer)
                 elif op == "sleep":
@@ -693,9 +766,13 @@ class _Run:
 
     async def main(self) -> None:
         rng = self.rng
+        exact = rng.random() < 0.5  # an exact fingerprint: equal means the same state
         writer = CheckpointWriter(
             self.session.source,
             self.store,
+            fingerprint=(lambda snap: msgspec.json.encode([snap.state, snap.parent]))
+            if exact
+            else None,
             debounce=rng.choice([0.0, 0.001, 0.003]),
             min_interval=rng.choice([0.0, 0.002]),
             max_wait=rng.choice([0.01, 0.02]),
@@ -714,7 +791,7 @@ class _Run:
             point = 0
             while done < spec.ops:
                 count = min(spec.quiet_every, spec.ops - done)
-                await self.segment(writer, count)
+                await self.segment(writer, probe, count)
                 done += count
                 await self.quiet_point(writer, probe, live=True)
                 if point == fork_at:

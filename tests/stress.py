@@ -103,12 +103,32 @@ def _file_transcript(root: str) -> Store:
     return FileStore(root, transcript=Transcript())
 
 
+class LossyStore(FileStore):
+    """A deliberately broken store: every third write reports success and writes nothing.
+
+    Only here to show that the stress notices lost writes (``--store lossy``).
+    """
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.calls = 0
+
+    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+        self.calls += 1
+        if self.calls % 3 == 0 and self.calls > 1:
+            return sum(map(len, chunks))
+        return super().write(key, chunks)
+
+
 STORES: dict[str, Callable[[str], Store]] = {
     "file": FileStore,
     "file-transcript": _file_transcript,
     "journal": JournalStore,
 }
 """The stores to stress: a new store is one more entry."""
+
+UNSAFE: dict[str, Callable[[str], Store]] = {"lossy": LossyStore}
+"""Stores that lose writes on purpose, to show the checks can fail."""
 
 BASE: tuple[str, ...] = ("append", "append-struct", "edit-last", "edit-earlier", "replace")
 BASE += ("revert", "parent", "title", "notify", "write-now", "sleep")
@@ -388,7 +408,7 @@ class Probe:
     next quiet point.
     """
 
-    GRACE = 0.5
+    GRACE = 0.1
 
     def __init__(self, writer: CheckpointWriter[Any]) -> None:
         self.lock = threading.Lock()
@@ -482,6 +502,7 @@ class Spec:
     quiet_every: int = 25
     fork: bool = False
     second: bool = False
+    fingerprint: bool | None = None  # an exact fingerprint; None: in half the runs
 
 
 class _Run:
@@ -489,7 +510,7 @@ class _Run:
         self.spec = spec
         self.rng = random.Random(spec.seed)
         self.session = Session(random.Random(self.rng.random()))
-        self.inner = STORES[spec.store](root)
+        self.inner = {**STORES, **UNSAFE}[spec.store](root)
         self.store = SlowStore(self.inner, self.session, self.rng.randrange(2**32))
         self.summary = Summary(spec.store, spec.backend, spec.group, runs=1)
         self.problems = self.summary.problems
@@ -654,10 +675,20 @@ class _Run:
                     self.session.undo_to(before)
                     self.notified = self.session.version
                     writer.notify()
+                    await self.quiet_point(writer, probe, live=True)  # before anything hides it
+                elif op == "type-change":
+                    # Equal under ==, not in JSON: checked at once, before a later
+                    # rewrite of the history could hide a change that was never written.
+                    if self.session.mutate(op):
+                        self.notified = self.session.version
+                        writer.notify()
+                        await self.quiet_point(writer, probe, live=True)
                 elif op == "edit-flush-in-flight":
                     # A new message, a write of it in flight, the message edited in place
                     # (not notified) and a thread's flush_sync meanwhile.
+                    await self.write_now(writer, None, probe)  # saved: the next is an append
                     self.session.mutate("append")
+                    self.store.slow_next = True
                     writer.notify()
                     self.notified = self.session.version
                     await probe.wait_running(0.05)
@@ -767,6 +798,8 @@ class _Run:
     async def main(self) -> None:
         rng = self.rng
         exact = rng.random() < 0.5  # an exact fingerprint: equal means the same state
+        if self.spec.fingerprint is not None:
+            exact = self.spec.fingerprint
         writer = CheckpointWriter(
             self.session.source,
             self.store,
@@ -946,7 +979,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--runs", type=int, default=20, help="runs per store and backend (default 20)")
     p.add_argument("--ops", type=int, default=200, help="operations per run (default 200)")
-    p.add_argument("--store", action="append", choices=[*STORES, "all"], help="repeatable")
+    p.add_argument(
+        "--store",
+        action="append",
+        choices=[*STORES, *UNSAFE, "all"],
+        help="repeatable (default all; 'lossy' drops writes on purpose)",
+    )
     p.add_argument("--backend", action="append", choices=["asyncio", "trio"], help="repeatable")
     p.add_argument("--group", default="all", choices=sorted(GROUPS), help="operation mix")
     p.add_argument("--seed", type=int, default=None, help="first seed (default: random)")
@@ -962,9 +1000,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.runs < 1 or args.ops < 1:
         print("stress: --runs and --ops must be >= 1", file=sys.stderr)
         return 2
-    stores = [s for s in (args.store or ["all"]) if s != "all"] or list(STORES)
-    if "all" in (args.store or ["all"]):
-        stores = list(STORES)
+    chosen = args.store or ["all"]
+    stores = list(STORES) if "all" in chosen else list(dict.fromkeys(chosen))
     started = time.monotonic()
     summaries = run(
         args.runs,

@@ -62,7 +62,9 @@ class Skipped(msgspec.Struct, frozen=True):
     """Nothing was written, and nothing needed to be.
 
     ``reason`` is ``"unchanged"`` (the store already holds this state, or a
-    newer one), ``"no-identity"`` (the source returned None) or ``"closed"``.
+    newer one, with the same meta the caller controls: ``Snapshot.parent``,
+    the pin, ``Meta.turns``), ``"no-identity"`` (the source returned None) or
+    ``"closed"``.
     """
 
     reason: SkipReason

@@ -165,7 +165,7 @@ WEIGHTS = {
     "write-now": 6,
     "write-now-cancelled": 10,
     "flush-thread": 12,
-    "edit-flush-in-flight": 4,
+    "edit-flush-in-flight": 8,
     "cancel-undo": 3,
     "sleep": 14,
 }

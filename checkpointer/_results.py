@@ -28,6 +28,7 @@ FailReason: TypeAlias = Literal[
     "invalid-key",
     "not-sendable",
     "locked",
+    "conflict",
     "write-failed",
     "newer-version",
 ]
@@ -62,7 +63,9 @@ class Skipped(msgspec.Struct, frozen=True):
     """Nothing was written, and nothing needed to be.
 
     ``reason`` is ``"unchanged"`` (the store already holds this state, or a
-    newer one), ``"no-identity"`` (the source returned None) or ``"closed"``.
+    newer one, with the same meta the caller controls: ``Snapshot.parent``,
+    the pin, ``Meta.turns``), ``"no-identity"`` (the source returned None) or
+    ``"closed"``.
     """
 
     reason: SkipReason
@@ -72,10 +75,28 @@ class Failed(msgspec.Struct, frozen=True):
     """The write did not happen; the previous checkpoint is intact.
 
     ``reason`` says which step failed; ``error`` is a one-line message naming
-    the thing (path, key, field) and, where there is one, the way out.  The
-    changes stay pending and are retried with backoff; except for
-    ``"newer-version"`` (the key holds a checkpoint written by a newer
-    version, kept as it is), which is tried again at the next change only.
+    the thing (path, key, field) and, where there is one, the way out:
+
+    * ``"snapshot-failed"``: ``source()``, ``fingerprint()`` or ``prepare()``
+      raised or returned something unusable.
+    * ``"encode-failed"``: the state cannot be encoded (the key is named).
+    * ``"invalid-key"``: the key breaks the store's rule (the rule is named).
+    * ``"not-sendable"``: ``transcript_prepare`` cannot make the history one
+      a model API accepts (the JSON paths are named).
+    * ``"locked"``: another live writer holds the key's lock (named).
+    * ``"conflict"``: another writer wrote the key after this writer first
+      saw it (or after the checkpoint it resumed from); replacing that
+      would lose its work.  The error names the other writer (pid, host,
+      seq) and the way out: load the key again and start a new writer.
+    * ``"write-failed"``: the store failed (the path and the error).
+    * ``"newer-version"``: the key holds a checkpoint written by a newer
+      version of this library or of the state's schema; it is kept as it
+      is, and the error names the version to upgrade to.
+
+    The changes stay pending and are retried with backoff, except after
+    ``"conflict"``, ``"newer-version"`` and ``"not-sendable"``: no retry can succeed until the
+    session changes, so the writer waits for the next ``notify()`` (or
+    ``write_now()``, close, an exit flush) to try again.
     """
 
     reason: FailReason

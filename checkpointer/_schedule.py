@@ -26,6 +26,10 @@ of the previous write that reached the store.  The next write is due at::
   failure, on top of the rule above.
 * A cancelled write (the driver stopped waiting for it) puts its changes
   back without backoff.
+* A refused write (one no retry can fix until the session changes: another
+  writer's checkpoint in the way, a history that cannot be sent) drops the
+  changes it covered, like a skipped one, and leaves ``prev`` and the
+  backoff as they were: nothing is retried until the next event.
 * One write at a time: while a write runs, ``decide`` says ``IDLE`` and the
   driver asks again when the write ends.
 * Forced writes (``write_now``, the final write) call ``begin_write`` and
@@ -93,6 +97,9 @@ class Outcome(enum.Enum):
     """Refused before the store (snapshot, encode, key): retried."""
     CANCELLED = "cancelled"
     """The driver stopped waiting (cancelled): the changes stay pending."""
+    REFUSED = "refused"
+    """Refused until the session changes (a conflict, a history that cannot be
+    sent): the changes are dropped, not retried; the next event starts over."""
 
 
 @final
@@ -218,6 +225,8 @@ class Scheduler:
             self.failures = 0
             self.retry_at = None
             return
+        if outcome is Outcome.REFUSED:
+            return  # no retry can succeed: wait for the next event
         if outcome is not Outcome.CANCELLED:
             self.failures += 1
             delay = self.backoff_initial * 2.0 ** min(self.failures - 1, 64)

@@ -41,7 +41,7 @@ import msgspec
 from . import _exit
 from ._clock import Clock, MonotonicClock
 from ._codec import Staged, commit_deadline, state_store
-from ._format import CheckpointError, Meta, NewerVersionError, Snapshot
+from ._format import Checkpoint, CheckpointError, Meta, NewerVersionError, Snapshot
 from ._lock import KeyLocked, KeyLocks
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._schedule import IDLE, WRITE, Outcome, Scheduler
@@ -75,14 +75,20 @@ class _KeyState:
     """What this writer knows about one key's checkpoint on disk."""
 
     __slots__ = (
+        "conflicted",
         "content",
         "created_at",
         "live",
+        "looked",
         "newest_gen",
+        "parent",
         "pin",
         "pinned",
         "resolved",
+        "seen",
         "seq",
+        "tried",
+        "turns",
     )
 
     def __init__(self) -> None:
@@ -94,6 +100,15 @@ class _KeyState:
         self.pinned: bool | None = None  # pinned flag on disk (None: unknown)
         self.pin: bool | None = None  # requested by write_now(pin=...)
         self.newest_gen = -1  # generation of the snapshot on disk
+        self.parent: str | None = None  # Meta.parent of our last write
+        self.turns: int | None = None  # Meta.turns of our last write
+        # The checkpoint this writer may replace: what was stored when it first
+        # looked at the key (or resume_from), then each of its own writes.  Any
+        # other is another writer's work since then (see _conflict).
+        self.looked = False
+        self.seen: Meta | None = None
+        self.tried: Meta | None = None  # a commit that failed, whose bytes may have landed
+        self.conflicted = False  # the conflict was logged
 
 
 @final
@@ -168,6 +183,11 @@ class CheckpointWriter(Generic[S]):
             same key to let go of the key's lock; 0 (default) means
             ``Failed("locked")`` at once, retried with backoff.  Stores
             without the ``LockingStore`` capability are not locked.
+        resume_from: the ``Checkpoint`` (or its ``Meta``) your session was
+            loaded from.  The writer never replaces a checkpoint of that key
+            that another writer stored after it (``Failed("conflict")``).
+            Without it, the window starts at the writer's first look at the
+            key (its first write attempt).
 
     Raises:
         ValueError: a duration is out of range (the message says which).
@@ -193,6 +213,7 @@ class CheckpointWriter(Generic[S]):
         prepare: Prepare | None = None,
         state_version: int = 0,
         lock_timeout: float = 0.0,
+        resume_from: Checkpoint[Any] | Meta | None = None,
     ) -> None:
         if not callable(source):
             raise TypeError(f"source must be a callable returning a Snapshot, got {source!r}")
@@ -216,6 +237,13 @@ class CheckpointWriter(Generic[S]):
         if not (isinstance(lock_timeout, (int, float)) and 0 <= lock_timeout < math.inf):
             raise ValueError(
                 f"lock_timeout must be a finite number of seconds >= 0, got {lock_timeout!r}"
+            )
+        if isinstance(resume_from, Checkpoint):
+            resume_from = resume_from.meta
+        if resume_from is not None and not isinstance(resume_from, Meta):
+            raise TypeError(
+                "resume_from must be the Checkpoint load() returned, its Meta, or None, "
+                f"got {resume_from!r}"
             )
         self._sched = Scheduler(
             debounce=debounce,
@@ -254,6 +282,9 @@ class CheckpointWriter(Generic[S]):
 
         self._gen = itertools.count()
         self._keys: dict[str, _KeyState] = {}
+        if resume_from is not None:
+            resumed = self._keys[resume_from.key] = _KeyState()
+            resumed.looked, resumed.seen = True, resume_from
         self._key: str | None = None
         self._to_finish: set[str] = set()
         self._io_lock = threading.Lock()
@@ -702,7 +733,8 @@ class CheckpointWriter(Generic[S]):
                 not force
                 and not self._inflight
                 and not self._to_finish
-                and self._unchanged(state, content, live)
+                # turns come from prepare, not run yet: an equal state has equal turns
+                and self._unchanged(state, content, live, snapshot.parent, state.turns)
             ):
                 return Skipped("unchanged")
         prepared = run_prepare(self._prepare_step, snapshot)
@@ -726,13 +758,18 @@ class CheckpointWriter(Generic[S]):
         )
 
     @staticmethod
-    def _unchanged(state: _KeyState, content: object, live: bool) -> bool:
+    def _unchanged(
+        state: _KeyState, content: object, live: bool, parent: str | None, turns: int | None
+    ) -> bool:
+        """Whether the store holds this state with the meta the caller controls."""
         pinned = state.pin if state.pin is not None else state.pinned
         return (
             state.content is not None
             and state.content == content
             and state.live == live
             and state.pinned == pinned
+            and state.parent == parent
+            and state.turns == turns
         )
 
     def _execute(self, job: _Job, timeout: float = -1) -> Result:
@@ -744,6 +781,8 @@ class CheckpointWriter(Generic[S]):
                 return self._account(Skipped("unchanged"))  # a newer snapshot is on disk
             taken = self._locks.acquire(job.key, self._store.location(job.key))
             if isinstance(taken, Failed):
+                if not state.looked:  # the window starts now, lock or not
+                    self._look(job.key, state)
                 return self._account(taken)
             if taken:  # others may have written the key since we last held it: re-read
                 state.resolved, state.content, state.live = False, None, None
@@ -751,8 +790,7 @@ class CheckpointWriter(Generic[S]):
             if content is _NO_FINGERPRINT:
                 content = job.staged.content()
             try:
-                if not state.resolved:
-                    self._resolve(job.key, state)
+                refused = None if state.resolved else self._resolve(job.key, state)
             except NewerVersionError as exc:  # kept, and the key left to the newer version
                 self._locks.release(job.key)
                 return self._account(Failed("newer-version", f"not writing {job.key!r}: {exc}"))
@@ -763,7 +801,11 @@ class CheckpointWriter(Generic[S]):
                         f"cannot read {self._store.location(job.key)}: {_one_line(exc)}",
                     )
                 )
-            if not job.force and self._unchanged(state, content, job.live):
+            if refused is not None:
+                self._locks.release(job.key)  # the key is another writer's now
+                return self._account(refused)
+            parent, turns = job.prepared.snapshot.parent, job.prepared.turns
+            if not job.force and self._unchanged(state, content, job.live, parent, turns):
                 state.newest_gen = job.gen
                 return self._account(Skipped("unchanged"))
             now = _utcnow()
@@ -785,6 +827,7 @@ class CheckpointWriter(Generic[S]):
             elif overtaken is not None and overtaken[0] > job.gen:
                 return self._account(Skipped("unchanged"))  # a newer flush is writing
             try:
+                state.tried = meta
                 nbytes = self._states.commit(job.key, meta, job.staged)
             except KeyLocked as exc:  # a networked store lost its lock and could not retake it
                 return self._account(Failed("locked", str(exc)))
@@ -811,6 +854,8 @@ class CheckpointWriter(Generic[S]):
             state.live = job.live
             state.pinned = pinned
             state.newest_gen = job.gen
+            state.parent, state.turns = meta.parent, meta.turns
+            state.looked, state.seen, state.tried = True, meta, None
             self._repaired += job.prepared.repaired
             self._settled += job.prepared.settled
             return self._account(
@@ -855,8 +900,15 @@ class CheckpointWriter(Generic[S]):
             self._busy.discard(me)
         _exit.run_deferred()
 
-    def _resolve(self, key: str, state: _KeyState) -> None:
-        """Learn seq, created_at and pinned from the checkpoint already stored."""
+    def _resolve(self, key: str, state: _KeyState) -> Failed | None:
+        """Learn seq, created_at and pinned from the checkpoint already stored.
+
+        Returns:
+            ``Failed("conflict")`` if another writer stored it after this
+            writer first looked at the key (the key stays unresolved, so the
+            next attempt looks again); None otherwise.
+        """
+        meta: Meta | None = None
         try:
             meta = self._states.read_meta(key)
         except NewerVersionError:
@@ -879,10 +931,55 @@ class CheckpointWriter(Generic[S]):
                         f"this writer's state version is {self._state_version}; not replacing "
                         "it (upgrade the program, or use another key)",
                     )
+                conflict = self._conflict(key, state, meta)
+                if conflict is not None:
+                    return conflict
                 state.seq = meta.seq
                 state.created_at = meta.created_at
                 state.pinned = meta.pinned
+        if not state.looked:
+            state.looked, state.seen = True, meta
         state.resolved = True
+        return None
+
+    def _look(self, key: str, state: _KeyState) -> None:
+        """Note what is stored for ``key`` now, without its lock (a reader's read).
+
+        ``read_checkpoint`` is the read ``load()`` does: a file replaced
+        atomically, a journal's committed rows, a database row; it changes
+        nothing.  If it fails, the next attempt looks, under the lock.
+        """
+        try:
+            checkpoint = self._states.read_checkpoint(key)
+        except Exception:
+            return
+        state.looked = True
+        state.seen = None if checkpoint is None else checkpoint.meta
+
+    def _conflict(self, key: str, state: _KeyState, meta: Meta) -> Failed | None:
+        """``Failed("conflict")`` if ``meta`` is not a checkpoint this writer may replace."""
+        if not state.looked or _same(meta, state.seen):
+            return None
+        if _same(meta, state.tried):  # our failed commit landed after all
+            state.seen, state.tried = meta, None
+            return None
+        state.content = None  # whatever we wrote, it is not what the store holds
+        who = (
+            f"pid {meta.writer.pid} on {meta.writer.host}"
+            if meta.writer is not None
+            else "a writer that did not say who"
+        )
+        since = "when it had no checkpoint" if state.seen is None else f"at seq {state.seen.seq}"
+        error = (
+            f"key {key!r} was written by another writer ({who}, seq {meta.seq}, "
+            f"{meta.updated_at:%Y-%m-%dT%H:%M:%SZ}) after this writer first saw it {since} "
+            f"({self._store.location(key)}); not replacing it: load the key again and start "
+            "a new writer from what it holds, or write to another key"
+        )
+        if not state.conflicted:
+            state.conflicted = True
+            logger.warning("checkpointer: %s; not retrying until the session changes", error)
+        return Failed("conflict", error)
 
     def _finish_keys(self) -> None:
         """Mark the checkpoints of keys the source moved away from not live."""
@@ -896,6 +993,7 @@ class CheckpointWriter(Generic[S]):
                 meta = self._states.update_meta(key, _finished)
                 if meta is not None:
                     state.seq = meta.seq
+                    state.seen = meta
                 state.live = False
                 self._to_finish.discard(key)
                 self._locks.release(key)
@@ -926,13 +1024,13 @@ class CheckpointWriter(Generic[S]):
         else:
             self._failures += 1
             self._streak += 1
-            if self._streak == 1:
+            if self._streak == 1 and result.reason != "conflict":  # logged by _conflict
                 logger.warning(
                     "checkpointer: checkpoint failed (%s): %s; %s",
                     result.reason,
                     result.error,
-                    "tried again at the next change"
-                    if result.reason == "newer-version"
+                    "waiting for the session to change"
+                    if result.reason in _REFUSED
                     else "retrying with backoff",
                 )
         return result
@@ -955,9 +1053,25 @@ def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
     return leaves[0] if len(leaves) == 1 else group
 
 
+_REFUSED = frozenset({"conflict", "newer-version", "not-sendable"})
+"""Failures no retry can fix until the session changes: not retried (``Outcome.REFUSED``)."""
+
+
+def _same(meta: Meta, other: Meta | None) -> bool:
+    """Whether two metas are of the same write (seq, time and writer: not merely equal seq)."""
+    return (
+        other is not None
+        and meta.seq == other.seq
+        and meta.updated_at == other.updated_at
+        and meta.writer == other.writer
+    )
+
+
 def _outcome(result: Result) -> Outcome:
     if isinstance(result, Written):
         return Outcome.WRITTEN
-    if isinstance(result, Skipped) or result.reason == "newer-version":
-        return Outcome.SKIPPED  # no retry: the next change tries again
+    if isinstance(result, Skipped):
+        return Outcome.SKIPPED
+    if result.reason in _REFUSED:  # no retry can succeed: the next change tries again
+        return Outcome.REFUSED
     return Outcome.STORE_FAILED if result.reason == "write-failed" else Outcome.FAILED

@@ -48,7 +48,8 @@ def sync_writer(root: Path, key: str = "k", **kw: Any) -> CheckpointWriter[Any]:
 
 def test_second_writer_in_the_same_process_is_locked_out(tmp_path: Path) -> None:
     """flock belongs to the open file: a second writer of the key, even in this process,
-    gets Failed('locked') naming the holder; after the first closes it gets the key."""
+    gets Failed('locked') naming the holder; after the first closes, the key is free but
+    the second saw it before the first's last write (Failed('conflict')); a new one writes."""
     first = sync_writer(tmp_path).open()
     assert isinstance(first.flush_sync(), Written)
     second = sync_writer(tmp_path).open()
@@ -58,8 +59,12 @@ def test_second_writer_in_the_same_process_is_locked_out(tmp_path: Path) -> None
     assert str(tmp_path / "k.lock") in refused.error
     assert "lock_timeout" in refused.error  # the way out
     first.close()
-    assert isinstance(second.flush_sync(), Written)
+    conflict = second.flush_sync()
+    assert isinstance(conflict, Failed) and conflict.reason == "conflict"
     second.close()
+    third = sync_writer(tmp_path).open()
+    assert isinstance(third.flush_sync(), Written)
+    third.close()
     assert sorted(os.listdir(tmp_path)) == ["k.json"]
 
 
@@ -130,8 +135,9 @@ def test_moving_to_another_key_releases_the_old_one(tmp_path: Path) -> None:
 
 
 def test_coming_back_to_a_key_rereads_what_others_wrote(tmp_path: Path) -> None:
-    """A writer that let go of a key and takes it again continues its seq from the file,
-    not from memory, and does not skip its state as unchanged."""
+    """A writer that let go of a key and takes it again re-reads the file: another
+    writer's checkpoint written meanwhile is not replaced (Failed('conflict')), while
+    a key nobody touched meanwhile is written again, its seq going on."""
     key = ["a"]
     state = {"by": "first"}
     writer = CheckpointWriter(
@@ -146,9 +152,14 @@ def test_coming_back_to_a_key_rereads_what_others_wrote(tmp_path: Path) -> None:
     assert after_other is not None
     key[0] = "a"
     result = writer.flush_sync()
-    assert isinstance(result, Written) and result.seq == after_other.meta.seq + 1
-    cp = load(FileStore(tmp_path), "a")
-    assert cp is not None and cp.state == {"by": "first"}
+    assert isinstance(result, Failed) and result.reason == "conflict"
+    assert load(FileStore(tmp_path), "a") == after_other
+    key[0] = "b"
+    state["by"] = "first, again"
+    again = writer.flush_sync()
+    b = load(FileStore(tmp_path), "b")
+    assert isinstance(again, Written) and b is not None and b.state == state
+    assert b.meta.seq == 3  # written, marked not live when we left, written again
     writer.close()
 
 
@@ -209,8 +220,9 @@ def test_a_store_without_the_lock_capability_still_works(tmp_path: Path) -> None
 async def test_a_locked_out_async_writer_retries_and_takes_over(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    """Failed('locked') is a value retried with backoff: once the holder closes, the
-    waiting writer's next attempt writes."""
+    """Failed('locked') is a value retried with backoff; once the holder closes (its final
+    write lands after the waiting writer first looked), the retry is Failed('conflict')
+    and is not retried; the holder's checkpoint stays."""
     holder = sync_writer(tmp_path).open()
     holder.flush_sync()
     state = {"mine": True}
@@ -229,10 +241,13 @@ async def test_a_locked_out_async_writer_retries_and_takes_over(
         await clock.advance(0.5)
         assert writer.statistics().failures == 1
         holder.close()
+        held = load(store, "k")
         await clock.advance(1.0)  # the retry, one backoff after the failure
-        assert writer.statistics().writes == 1
-        cp = load(store, "k")
-        assert cp is not None and cp.state == {"mine": True}
+        stats = writer.statistics()
+        assert (stats.writes, stats.failures, stats.pending) == (0, 2, False)
+        await clock.advance(100.0)  # refused: no retry loop
+        assert writer.statistics().failures == 2
+        assert load(store, "k") == held
 
 
 # -- real processes --------------------------------------------------------------

@@ -328,7 +328,9 @@ def test_transcript_pieces_are_joined_in_the_store(
 
 
 def test_second_writer_is_locked_then_resumes(make_store: Callable[..., PostgresStore]) -> None:
-    """A second writer gets Failed("locked") naming the holder; after close it resumes the seq."""
+    """A second writer gets Failed("locked") naming the holder; after the holder's close it
+    does not replace the holder's final checkpoint (Failed("conflict")); a writer started
+    after the close resumes the seq."""
     a_state = {"by": "a"}
     b_state = {"by": "b"}
     a = CheckpointWriter(lambda: Snapshot("shared", a_state), make_store(), exit_hooks=False)
@@ -344,9 +346,16 @@ def test_second_writer_is_locked_then_resumes(make_store: Callable[..., Postgres
     assert "'shared' is locked by another writer" in refused.error
     assert "held by PostgreSQL backend" in refused.error and "close that writer" in refused.error
     a.close()  # final write (seq 3), then the lock is released
-    resumed = b.flush_sync()
-    assert isinstance(resumed, Written) and resumed.seq == 4  # read after taking the lock
+    conflict = b.flush_sync()
+    assert isinstance(conflict, Failed) and conflict.reason == "conflict", conflict
+    assert f"pid {os.getpid()} on {socket.gethostname()}, seq 3" in conflict.error
     b.close()
+    c = CheckpointWriter(
+        lambda: Snapshot("shared", b_state), make_store(), exit_hooks=False, write_on_start=False
+    )
+    resumed = c.open().flush_sync()
+    assert isinstance(resumed, Written) and resumed.seq == 4  # started after a's close
+    c.close()
     checkpoint = load(make_store(), "shared")
     assert checkpoint is not None and checkpoint.state == b_state and checkpoint.meta.seq == 5
 
@@ -448,7 +457,8 @@ def test_late_write_is_refused_not_applied(
 def test_writer_that_lost_its_session_is_fenced(
     pg: Cluster, make_store: Callable[..., PostgresStore]
 ) -> None:
-    """The writer sees Failed("write-failed") for its late write; the successor's state stays."""
+    """The writer's late write is refused (Failed("conflict"): its successor wrote since);
+    the successor's state stays."""
     a_state = {"by": "a", "n": 1}
     a = CheckpointWriter(
         lambda: Snapshot("sess", a_state), make_store(application_name="fence-a"), exit_hooks=False
@@ -462,11 +472,11 @@ def test_writer_that_lost_its_session_is_fenced(
     a_state["n"] = 2
     lost = a.flush_sync()  # a learns it lost its connection ...
     assert isinstance(lost, Failed) and "lost the connection" in lost.error
-    late = a.flush_sync()  # ... reconnects and relocks, but its write is late
-    assert isinstance(late, Failed) and late.reason == "write-failed"
-    assert "refused a late write" in late.error and "load()" in late.error
-    again = a.flush_sync()  # re-reading the seq after a failure does not get it through
-    assert isinstance(again, Failed) and "refused a late write" in again.error
+    late = a.flush_sync()  # ... re-reads the key: its successor wrote since
+    assert isinstance(late, Failed) and late.reason == "conflict", late
+    assert "written by another writer" in late.error and "load the key again" in late.error
+    again = a.flush_sync()  # re-reading the key again does not get it through
+    assert isinstance(again, Failed) and again.reason == "conflict"
     assert state_of(make_store(), "sess") == {"by": "b"}
     a.close()
     assert state_of(make_store(), "sess") == {"by": "b"}

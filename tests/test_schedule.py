@@ -21,6 +21,7 @@ SKIPPED = Outcome.SKIPPED
 STORE_FAILED = Outcome.STORE_FAILED
 FAILED = Outcome.FAILED
 CANCELLED = Outcome.CANCELLED
+REFUSED = Outcome.REFUSED
 
 
 def replay(
@@ -207,6 +208,7 @@ def test_events_during_a_write_are_written_next(
         pytest.param(STORE_FAILED, [1.0, 6.0], id="store failed: t_prev=1, retried"),
         pytest.param(FAILED, [1.0, 1.5, 6.5], id="failed: t_prev unset, retried at 1.5"),
         pytest.param(CANCELLED, [1.0, 1.0, 6.0], id="cancelled: t_prev unset, retried at once"),
+        pytest.param(REFUSED, [1.0, 3.0], id="refused: t_prev unset, not retried"),
     ],
 )
 def test_which_outcomes_count_as_previous_write(
@@ -235,6 +237,8 @@ def test_which_outcomes_count_as_previous_write(
         pytest.param(
             [FAILED, CANCELLED, FAILED], 0.0, [0.0, 1.0, 1.0, 3.0], id="cancel keeps streak"
         ),
+        pytest.param([REFUSED], 0.0, [0.0], id="refused: no retry"),
+        pytest.param([FAILED, REFUSED], 0.0, [0.0, 1.0], id="refused after a failure: no retry"),
     ],
 )
 def test_backoff_doubles_up_to_the_cap(
@@ -258,10 +262,16 @@ def test_backoff_doubles_up_to_the_cap(
     [
         pytest.param([FAILED, FAILED, WRITTEN, FAILED], [0.0, 1.0, 3.0, 20.0, 21.0], id="written"),
         pytest.param([FAILED, FAILED, SKIPPED, FAILED], [0.0, 1.0, 3.0, 20.0, 21.0], id="skipped"),
+        pytest.param(
+            [FAILED, FAILED, REFUSED, FAILED, FAILED],
+            [0.0, 1.0, 3.0, 20.0, 24.0, 32.0],
+            id="refused keeps the streak",
+        ),
     ],
 )
 def test_failures_reset_after_success(outcomes: list[Outcome], writes: list[float]) -> None:
-    """A written or skipped write ends a failure streak: the next failure waits backoff_initial."""
+    """A written or skipped write ends a failure streak (the next failure waits
+    backoff_initial); a refused one does not."""
     got = replay([0.0, 20.0], outcomes=outcomes, debounce=0.0, max_wait=30.0)
     assert got == writes
 
@@ -273,6 +283,7 @@ def test_failures_reset_after_success(outcomes: list[Outcome], writes: list[floa
         pytest.param(STORE_FAILED, [1.0, 4.0, 7.0], id="store failed: max_wait from t=0"),
         pytest.param(CANCELLED, [1.0, 4.0, 7.0], id="cancelled: max_wait from t=0"),
         pytest.param(WRITTEN, [1.0, 5.5, 7.0], id="written: max_wait from t=1.5"),
+        pytest.param(REFUSED, [1.0, 5.5, 7.0], id="refused: dropped, max_wait from t=1.5"),
     ],
 )
 def test_repended_changes_keep_the_oldest_first(outcome: Outcome, writes: list[float]) -> None:

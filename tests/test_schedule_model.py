@@ -3,8 +3,8 @@
 A hypothesis state machine plays the writer: it follows ``decide()`` exactly
 (a due write starts at once; time never passes a ``Wait(until)`` or the end
 of the write in flight), while changes arrive at random times, writes take
-random durations and end written, skipped, failed (in or before the store)
-or cancelled, and forced writes start whenever no write runs.
+random durations and end written, skipped, failed (in or before the store),
+cancelled or refused, and forced writes start whenever no write runs.
 
 Two kinds of checks:
 
@@ -19,7 +19,8 @@ Two kinds of checks:
   (``max_wait`` after it, pushed only by the end of a write in flight and,
   while failing, by the backoff and by ``min_interval`` after a failed store
   write that covered it); and, once changes stop and writes succeed, every
-  change was covered by a written or skipped write that started after it.
+  change was covered by a written or skipped write that started after it (or
+by a refused one, which drops its changes until the next one).
 
 Times are multiples of 0.25, so every sum is exact.
 """
@@ -45,6 +46,7 @@ SKIPPED = Outcome.SKIPPED
 STORE_FAILED = Outcome.STORE_FAILED
 FAILED = Outcome.FAILED
 CANCELLED = Outcome.CANCELLED
+REFUSED = Outcome.REFUSED
 
 SETTLED = (WRITTEN, SKIPPED)
 """Outcomes after which the covered changes are saved (or need no saving)."""
@@ -115,7 +117,9 @@ class Reference:
         self.writing = False
         if outcome in REACHED_STORE:
             self.prev = start
-        if outcome in SETTLED:
+        if outcome is REFUSED:  # dropped: nothing to retry until a new change
+            pass
+        elif outcome in SETTLED:
             self.failures, self.retry_at = 0, None
         else:
             if outcome is not CANCELLED:
@@ -240,7 +244,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.ref.end(self.now, flight.start, flight.outcome)
         if flight.outcome in REACHED_STORE:
             self.last_store_start = flight.start
-        if flight.outcome in SETTLED:
+        if flight.outcome is REFUSED:
+            for change in self.covered:  # given up: a retry cannot succeed
+                change.saved_by = flight.start
+        elif flight.outcome in SETTLED:
             self.failures, self.retry_at = 0, None
             for change in self.covered:
                 change.saved_by = flight.start

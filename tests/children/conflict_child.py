@@ -1,0 +1,116 @@
+"""A child program for ``tests/test_conflict.py``: an agent checkpointing one key.
+
+    python tests/children/conflict_child.py STORE KEY NAME [--resume]
+
+``STORE`` is ``file:ROOT``, ``journal:ROOT``, ``pg:SCHEMA`` or
+``pgjournal:SCHEMA`` (PostgreSQL at ``$DSN``).  The program loads the key,
+opens a ``CheckpointWriter`` on asyncio (exit hooks on, as a program has
+them; with ``--resume`` it passes ``resume_from=`` the loaded checkpoint),
+and then follows its stdin, one command a line (the first line, ``go``,
+starts it: a parent may start the interpreter early, then the agent):
+
+* ``append TEXT``: append a message ``NAME: TEXT``, ``notify()``, then
+  ``write_now()``; print the result.
+* ``close``: ``aclose()`` (the final write); print its result.
+
+Each step prints one JSON line on stdout; warnings of the ``checkpointer``
+logger go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+import anyio
+
+from checkpointer import (
+    CheckpointWriter,
+    FileStore,
+    JournalStore,
+    PostgresJournalStore,
+    PostgresStore,
+    Result,
+    Snapshot,
+    Store,
+    load,
+)
+
+
+def say(**fields: object) -> None:
+    sys.stdout.write(json.dumps({"pid": os.getpid(), **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def make_store(spec: str) -> Store:
+    kind, _, where = spec.partition(":")
+    if kind == "file":
+        return FileStore(where)
+    if kind == "journal":
+        return JournalStore(where)
+    if kind == "pg":
+        return PostgresStore(os.environ["DSN"], schema=where)
+    if kind == "pgjournal":
+        return PostgresJournalStore(os.environ["DSN"], schema=where)
+    raise SystemExit(f"unknown store {spec!r}")
+
+
+def described(result: Result) -> dict[str, Any]:
+    return {
+        "result": type(result).__name__,
+        "reason": getattr(result, "reason", None),
+        "error": getattr(result, "error", None),
+        "seq": getattr(result, "seq", None),
+    }
+
+
+async def main(spec: str, key: str, name: str, resume: bool) -> int:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if (await anyio.to_thread.run_sync(sys.stdin.readline)).strip() != "go":
+        return 0
+    store = make_store(spec)
+    loaded = load(store, key)
+    messages: list[dict[str, str]] = [] if loaded is None else loaded.state["messages"]
+    say(step="loaded", seq=None if loaded is None else loaded.meta.seq, n=len(messages))
+    state = {"messages": messages}
+    writer = CheckpointWriter(
+        lambda: Snapshot(key, state),
+        store,
+        debounce=0.01,
+        min_interval=0.0,
+        max_wait=0.05,
+        backoff_initial=0.05,
+        backoff_max=0.2,
+        resume_from=loaded if resume else None,
+    )
+    await writer.__aenter__()
+    stats = writer.statistics()
+    say(step="open", writes=stats.writes, failures=stats.failures)
+    try:
+        while True:
+            line = (await anyio.to_thread.run_sync(sys.stdin.readline)).strip()
+            command, _, text = line.partition(" ")
+            if command != "append":  # "close", or the parent went away
+                break
+            messages.append({"role": "user", "content": f"{name}: {text}"})
+            writer.notify()
+            result = await writer.write_now()
+            say(step="append", pending=writer.statistics().pending, **described(result))
+    finally:
+        final = await writer.aclose()  # what `async with` does on the way out
+    stats = writer.statistics()
+    say(step="closed", writes=stats.writes, failures=stats.failures, **described(final))
+    close = getattr(store, "close", None)
+    if callable(close):
+        close()
+    return 0
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    resume = "--resume" in args
+    spec, key, name = [a for a in args if a != "--resume"][:3]
+    sys.exit(anyio.run(main, spec, key, name, resume))

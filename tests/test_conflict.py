@@ -1,0 +1,343 @@
+"""Two writers of one key: a writer never replaces another writer's newer checkpoint.
+
+The story of issue 11: process A checkpoints a session; process B starts on
+the same key, loads it (stale soon after), appends its own messages.  B's
+writes are ``Failed("locked")`` while A runs, and once A has exited they are
+``Failed("conflict")`` naming A, never a replacement of A's work.  A writer
+started after A ended resumes and writes as usual.  Real processes
+(``tests/children/conflict_child.py``) on ``FileStore``, ``JournalStore``,
+``PostgresStore`` and ``PostgresJournalStore`` (a private cluster from
+``tests/pg.py``; those cases skip only without PostgreSQL server binaries).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpointer import (
+    CheckpointWriter,
+    Failed,
+    FileStore,
+    JournalStore,
+    PostgresJournalStore,
+    PostgresStore,
+    Snapshot,
+    Store,
+    Written,
+    load,
+)
+
+from .conftest import FakeClock
+from .pg import Cluster, find_binaries
+
+ROOT = Path(__file__).resolve().parent.parent
+CHILD = Path(__file__).parent / "children" / "conflict_child.py"
+KEY = "shared"
+KINDS = ["file", "journal", "pg", "pgjournal"]
+TIMEOUT = 60.0  # a hang guard for reading a child's line, never a timing assertion
+
+
+_CLUSTER: list[Cluster] = []
+
+
+def _pg_cluster() -> Cluster:
+    bindir = find_binaries()
+    if bindir is None:
+        pytest.skip(
+            "no PostgreSQL server binaries (initdb, pg_ctl) on PATH or in "
+            "/usr/lib/postgresql/*/bin; install Debian's postgresql package (.ci/run does)"
+        )
+    if not _CLUSTER:
+        c = Cluster(bindir, fsync=False)
+        c.start()
+        _CLUSTER.append(c)
+    elif not _CLUSTER[0].running:
+        _CLUSTER[0].start()
+    return _CLUSTER[0]
+
+
+def teardown_module() -> None:
+    for c in _CLUSTER:
+        c.destroy()
+    _CLUSTER.clear()
+
+
+class Place:
+    """Where the key lives: the child's store spec, the DSN, and a store for the test."""
+
+    def __init__(self, kind: str, tmp_path: Path) -> None:
+        self.kind = kind
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.stores: list[Any] = []
+        self.agents: list[Agent] = []
+        if kind in ("file", "journal"):
+            self.spec = f"{kind}:{tmp_path}"
+            self.root = tmp_path
+        else:
+            self.cluster = _pg_cluster()
+            self.schema = "c_" + uuid.uuid4().hex[:12]
+            self.spec = f"{kind}:{self.schema}"
+            self.env["DSN"] = self.cluster.dsn()
+
+    def store(self) -> Store:
+        made: Store
+        if self.kind == "file":
+            made = FileStore(self.root)
+        elif self.kind == "journal":
+            made = JournalStore(self.root)
+        else:
+            cls = PostgresStore if self.kind == "pg" else PostgresJournalStore
+            made = cls(self.cluster.dsn(), schema=self.schema)
+        self.stores.append(made)
+        return made
+
+    def close(self) -> None:
+        for agent in self.agents:  # a failed test leaves them running: end them
+            if agent.proc.poll() is None:
+                agent.proc.kill()
+            agent.finish()
+        for store in self.stores:
+            close = getattr(store, "close", None)
+            if callable(close):
+                close()
+
+
+@pytest.fixture(params=KINDS)
+def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
+    p = Place(str(request.param), tmp_path)
+    yield p
+    p.close()
+
+
+class Agent:
+    """A conflict_child.py process: send it commands, read its JSON lines."""
+
+    def __init__(self, place: Place, name: str, *, resume: bool = False) -> None:
+        args = [sys.executable, str(CHILD), place.spec, KEY, name]
+        self.proc = subprocess.Popen(
+            [*args, "--resume"] if resume else args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=place.env,
+        )
+        self.err: str | None = None
+        place.agents.append(self)
+        self.loaded: dict[str, Any] = {}
+        self.opened: dict[str, Any] = {}
+
+    def start(self) -> Agent:
+        """Load and open (the interpreter started already, in __init__)."""
+        self.send("go")
+        self.loaded = self.read("loaded")
+        self.opened = self.read("open")
+        return self
+
+    def read(self, step: str) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # the child prints a line per step, or dies
+        if not line:
+            raise AssertionError(f"the child ended before {step!r}: {self.finish()}")
+        got: dict[str, Any] = json.loads(line)
+        assert got["step"] == step, got
+        return got
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def append(self, text: str) -> dict[str, Any]:
+        self.send(f"append {text}")
+        return self.read("append")
+
+    def close(self) -> dict[str, Any]:
+        self.send("close")
+        closed = self.read("closed")
+        self.finish()
+        return closed
+
+    def finish(self) -> str:
+        """Wait for the child to end (its stdin closed); its stderr."""
+        if self.err is None:
+            try:
+                _, self.err = self.proc.communicate(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                _, self.err = self.proc.communicate()
+        return self.err
+
+
+def contents(store: Store) -> list[str]:
+    cp = load(store, KEY)
+    assert cp is not None
+    return [m["content"] for m in cp.state["messages"]]
+
+
+def test_a_stale_second_process_never_replaces_the_first_ones_work(place: Place) -> None:
+    """A runs, B loads and appends: 'locked' while A lives, then 'conflict' naming A (pid,
+    host, seq) and the way out, logged once, not retried; A's checkpoint stays whole."""
+    a, b = Agent(place, "A"), Agent(place, "B")
+    assert a.start().opened["writes"] == 1
+    assert a.append("one")["result"] == "Written"
+    b.start()
+    assert b.loaded["n"] == 1  # B resumes from A's first message ...
+    assert (b.opened["writes"], b.opened["failures"]) == (0, 1)  # ... locked out of the key
+    assert a.append("two")["result"] == "Written"  # ... and is stale from now on
+    locked = b.append("mine")
+    assert (locked["result"], locked["reason"]) == ("Failed", "locked"), locked
+    a_closed = a.close()
+    assert a_closed["result"] == "Written" and a_closed["failures"] == 0
+    a_final = load(place.store(), KEY)
+    assert a_final is not None and a_final.meta.live is False
+
+    refused = b.append("more")
+    assert (refused["result"], refused["reason"]) == ("Failed", "conflict"), refused
+    assert refused["pending"] is False  # nothing left to retry in a loop
+    error = refused["error"]
+    assert f"pid {a.proc.pid} on " in error and f"seq {a_final.meta.seq}" in error
+    assert "load the key again" in error and "new writer" in error
+    b_closed = b.close()
+    assert (b_closed["result"], b_closed["reason"]) == ("Failed", "conflict")
+    assert b_closed["writes"] == 0
+    assert load(place.store(), KEY) == a_final  # A's work, whole: B wrote nothing
+    assert contents(place.store()) == ["A: one", "A: two"]
+    logged = b.finish()
+    assert logged.count("was written by another writer") == 1, logged
+
+
+def test_a_process_started_after_the_other_ended_resumes_and_writes(place: Place) -> None:
+    """B started after A exited loads A's last checkpoint and writes on top of it."""
+    a, b = Agent(place, "A"), Agent(place, "B", resume=True)
+    assert a.start().append("one")["result"] == "Written"
+    assert a.close()["failures"] == 0
+    a_final = load(place.store(), KEY)
+    assert a_final is not None
+    b.start()
+    assert (b.loaded["seq"], b.opened["failures"]) == (a_final.meta.seq, 0)
+    written = b.append("two")
+    assert written["result"] == "Written" and written["seq"] == a_final.meta.seq + 2, written
+    closed = b.close()
+    assert (closed["result"], closed["failures"]) == ("Written", 0)
+    assert contents(place.store()) == ["A: one", "B: two"]
+    assert "another writer" not in b.finish()
+
+
+def test_a_writer_locked_out_at_once_still_notes_what_it_saw(place: Place) -> None:
+    """B's first attempt meets A's lock before B ever read the key under it; A writes
+    again and is SIGKILLed (no final write): B's write is still a conflict, not a
+    replacement of A's last write."""
+    a, b = Agent(place, "A"), Agent(place, "B")
+    assert a.start().append("one")["result"] == "Written"
+    assert b.start().opened["failures"] == 1  # locked: B noted A's first checkpoint then
+    assert a.append("two")["result"] == "Written"
+    a.proc.send_signal(signal.SIGKILL)
+    a.finish()
+    a_last = load(place.store(), KEY)
+    assert a_last is not None and a_last.meta.live is True  # no final write
+    result = b.append("mine")
+    for _ in range(200):  # a server may take a moment to see A's connection gone
+        if result["reason"] != "locked":
+            break
+        result = b.append("again")
+    assert (result["result"], result["reason"]) == ("Failed", "conflict"), result
+    b.close()
+    assert load(place.store(), KEY) == a_last
+
+
+# -- resume_from, in this process ----------------------------------------------------
+
+
+def sync_writer(root: Path, state: dict[str, Any], **kw: Any) -> CheckpointWriter[Any]:
+    return CheckpointWriter(lambda: Snapshot(KEY, state), FileStore(root), exit_hooks=False, **kw)
+
+
+def test_resume_from_starts_the_window_at_the_load(tmp_path: Path) -> None:
+    """With resume_from, a write that landed between load() and the writer's first look
+    is not replaced (Failed('conflict')); without it, the window starts at that look."""
+    first = sync_writer(tmp_path, {"messages": ["a1"]}).open()
+    loaded = load(FileStore(tmp_path), KEY)
+    assert loaded is not None
+    first.close()  # writes once more (live=False) after our load
+    after = load(FileStore(tmp_path), KEY)
+
+    mine = {"messages": [*loaded.state["messages"], "b1"]}
+    resumed = sync_writer(tmp_path, mine, resume_from=loaded, write_on_start=False).open()
+    refused = resumed.flush_sync()
+    assert isinstance(refused, Failed) and refused.reason == "conflict"
+    assert f"after this writer first saw it at seq {loaded.meta.seq}" in refused.error
+    resumed.close()
+    assert load(FileStore(tmp_path), KEY) == after
+
+    plain = sync_writer(tmp_path, mine, write_on_start=False).open()
+    assert isinstance(plain.flush_sync(), Written)  # its window opened after first's close
+    plain.close()
+
+
+def test_resume_from_the_current_checkpoint_writes(tmp_path: Path) -> None:
+    """resume_from= the checkpoint still on disk (a Checkpoint or its Meta): writes go on."""
+    sync_writer(tmp_path, {"n": 1}).open().close()
+    for given in ("checkpoint", "meta"):
+        cp = load(FileStore(tmp_path), KEY)
+        assert cp is not None
+        state = {"n": cp.state["n"] + 1}
+        resume_from = cp if given == "checkpoint" else cp.meta
+        writer = sync_writer(tmp_path, state, resume_from=resume_from).open()
+        assert writer.statistics().writes == 1, given
+        writer.close()
+    cp = load(FileStore(tmp_path), KEY)
+    assert cp is not None and cp.state == {"n": 3}
+
+
+def test_resume_from_must_be_a_checkpoint_or_meta(tmp_path: Path) -> None:
+    """resume_from= anything else is a TypeError naming what it takes."""
+    with pytest.raises(TypeError, match="resume_from must be the Checkpoint load"):
+        sync_writer(tmp_path, {}, resume_from={"seq": 1})
+
+
+@pytest.mark.anyio
+async def test_a_conflict_waits_for_a_change_and_is_logged_once(
+    tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After Failed('conflict') the timer does not retry; a new change tries once more
+    (still a conflict, not logged again)."""
+    other = sync_writer(tmp_path, {"by": "other"}).open()
+    state = {"by": "me"}
+    async with CheckpointWriter(
+        lambda: Snapshot(KEY, state),
+        FileStore(tmp_path),
+        clock=clock,
+        exit_hooks=False,
+        debounce=0.0,
+        min_interval=0.0,
+        backoff_initial=1.0,
+    ) as writer:
+        assert writer.statistics().failures == 1  # locked
+        other.close()
+        with caplog.at_level(logging.WARNING, logger="checkpointer"):
+            await clock.advance(1.0)  # the retry after the backoff: a conflict
+            assert writer.statistics().failures == 2
+            await clock.advance(1000.0)
+            assert writer.statistics().failures == 2  # no retry loop
+            writer.notify()
+            await clock.step(0.1)
+            stats = writer.statistics()
+            assert (stats.failures, stats.pending) == (3, False)
+    conflicts = [r for r in caplog.records if "written by another writer" in r.getMessage()]
+    assert len(conflicts) == 1
+    assert "not retrying until the session changes" in conflicts[0].getMessage()
+    assert load(FileStore(tmp_path), KEY) is not None
+    cp = load(FileStore(tmp_path), KEY)
+    assert cp is not None and cp.state == {"by": "other"}

@@ -115,7 +115,7 @@ async def test_writers_close_in_any_order(
     """Three writers opened one after another close in the order opened, or mixed."""
     states = [State(i) for i in range(3)]
     stores = [FileStore(tmp_path / str(i)) for i in range(3)]
-    writers = [await writer_of(s, st, clock).__aenter__() for s, st in zip(states, stores)]
+    writers = [await writer_of(states[i], stores[i], clock).__aenter__() for i in range(3)]
     for i in order:
         states[i].n += 10
         assert isinstance(await writers[i].aclose(), Written)
@@ -432,7 +432,8 @@ def jump(seconds: float) -> Callable[[], None]:
     if isinstance(token.native_token, asyncio.AbstractEventLoop):
         loop = token.native_token
         assert isinstance(loop, SteppedLoop)
-        move, soon = loop.jump, loop.call_soon_threadsafe
+        move = loop.jump
+        soon: Callable[..., object] = loop.call_soon_threadsafe
     else:
         import trio
         import trio.testing
@@ -549,7 +550,7 @@ CTRL_C_CHILD = textwrap.dedent(
 def test_ctrl_c_during_a_timer_write_is_a_bare_keyboard_interrupt(
     tmp_path: Path, backend: str
 ) -> None:
-    """Ctrl-C while the timer task writes: a bare KeyboardInterrupt, the state on disk, live=False."""
+    """Ctrl-C while the timer task writes: a bare KeyboardInterrupt, the state on disk, not live."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
     done = subprocess.run(
         [sys.executable, "-c", CTRL_C_CHILD, str(tmp_path), backend],

@@ -8,15 +8,27 @@ How a write flows (one write at a time):
    stages the state (``_codec.py``: encodes it, or only what is new).
    msgspec holds the GIL while it encodes, so doing this in a worker
    thread would not spare the loop (``../shared/FACTS.md``).
-2. In one worker-thread hop (``anyio.to_thread.run_sync``) or directly for
-   ``flush_sync``: under the writer's I/O lock the job is checked against
-   what is on disk (generation, content digest, live and pinned flags), the
-   meta is built, and the store commits the staged state durably.
+2. In one worker-thread hop (``anyio.to_thread.run_sync``; the final write
+   of ``aclose``: a thread of its own) or directly for ``flush_sync``:
+   under the writer's I/O lock the job is checked against what is on disk
+   (generation, content digest, live and pinned flags), the meta is built,
+   and the store commits the staged state durably.
 
 Every job carries a generation number taken before ``source()`` runs; the
 I/O lock and a per-key "newest generation on disk" make sure an older
 snapshot never replaces a newer one, whichever thread writes it (a signal
-handler's flush can overtake a write in a worker thread).
+handler's flush can overtake a write in a worker thread).  A job counts as
+in flight (``_inflight``) from its snapshot until its thread has really
+ended it, even if the task that waited for it was cancelled: only then may
+a later write be skipped as unchanged against what the writer believes is
+on disk.
+
+The timer runs in a task of the event loop's own (a trio system task, an
+asyncio task; ``_spawn_system_task``), not in a task group held across the
+caller's code, so ``aclose()`` may come from any task, under any cancel
+scope, in any order among writers.  A close claims the writer once
+(``_begin_close``); from then on live writes are ``Skipped("closed")``, and
+the last write to end after it lets the key's lock go (``_job_done``).
 """
 
 from __future__ import annotations
@@ -167,7 +179,13 @@ class CheckpointWriter(Generic[S]):
         clock: the clock to read and sleep on (tests inject a fake one).
         backoff_initial: first retry delay after a failed write.
         backoff_max: cap of the doubling retry delay.
-        close_timeout: bound, in seconds, on the final write when closing.
+        close_timeout: bound, in seconds, on the waits of a close: for a
+            write in flight, then for the store to take the final write.
+            The final ``source()`` call and encoding run on the event loop
+            and are not counted (nothing can interrupt them); what was
+            encoded is always written, and a write still going at the bound
+            goes on in a thread of its own while ``aclose()`` returns a
+            ``Failed`` that says so.
         exit_timeout: how long an exit or signal flush waits for a write in
             flight in a worker thread before it writes anyway.
         prepare: optional step run on each snapshot after the fingerprint
@@ -619,16 +637,20 @@ class CheckpointWriter(Generic[S]):
         except RuntimeError as exc:  # no thread to be had
             if job.claim.acquire(blocking=False):
                 self._job_done(job)
-            return self._account(
-                Failed("write-failed", f"cannot start the final write: {_one_line(exc)}")
+            failed = Failed(
+                "write-failed",
+                f"cannot start a thread for the final write: {_one_line(exc)}; "
+                "nothing was written at close",
             )
+            logger.warning("checkpointer: %s", failed.error)
+            return failed
         with anyio.move_on_at(deadline):
             await anyio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
         if results:
             return results[0]
         if not thread.is_alive():  # _execute raised: a bug, printed by the thread
             return Failed("write-failed", "the final write raised an internal error")
-        atexit.register(thread.join, self._exit_timeout)
+        atexit.register(thread.join, self._exit_timeout)  # once, for this writer
         failed = Failed(
             "write-failed",
             f"the final write of {self._store.location(job.key)} did not finish within "

@@ -8,33 +8,48 @@ How a write flows (one write at a time):
    stages the state (``_codec.py``: encodes it, or only what is new).
    msgspec holds the GIL while it encodes, so doing this in a worker
    thread would not spare the loop (``../shared/FACTS.md``).
-2. In one worker-thread hop (``anyio.to_thread.run_sync``) or directly for
-   ``flush_sync``: under the writer's I/O lock the job is checked against
-   what is on disk (generation, content digest, live and pinned flags), the
-   meta is built, and the store commits the staged state durably.
+2. In one worker-thread hop (``anyio.to_thread.run_sync``; the final write
+   of ``aclose``: a thread of its own) or directly for ``flush_sync``:
+   under the writer's I/O lock the job is checked against what is on disk
+   (generation, content digest, live and pinned flags), the meta is built,
+   and the store commits the staged state durably.
 
 Every job carries a generation number taken before ``source()`` runs; the
 I/O lock and a per-key "newest generation on disk" make sure an older
 snapshot never replaces a newer one, whichever thread writes it (a signal
-handler's flush can overtake a write in a worker thread).
+handler's flush can overtake a write in a worker thread).  A job counts as
+in flight (``_inflight``) from its snapshot until its thread has really
+ended it, even if the task that waited for it was cancelled: only then may
+a later write be skipped as unchanged against what the writer believes is
+on disk.
+
+The timer runs in a task of the event loop's own (a trio system task, an
+asyncio task; ``_spawn_system_task``), not in a task group held across the
+caller's code, so ``aclose()`` may come from any task, under any cancel
+scope, in any order among writers.  A close claims the writer once
+(``_begin_close``); from then on live writes are ``Skipped("closed")``, and
+the last write to end after it lets the key's lock go (``_job_done``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import contextlib
+import contextvars
 import itertools
 import logging
 import math
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Coroutine, Hashable, Iterator
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar, final
 
 import anyio
-import anyio.abc
 import anyio.lowlevel
 import msgspec
 
@@ -113,7 +128,17 @@ class _KeyState:
 
 @final
 class _Job:
-    __slots__ = ("content", "force", "gen", "key", "live", "prepared", "staged", "started")
+    __slots__ = (
+        "claim",
+        "content",
+        "force",
+        "gen",
+        "key",
+        "live",
+        "prepared",
+        "staged",
+        "started",
+    )
 
     def __init__(
         self,
@@ -135,6 +160,9 @@ class _Job:
         self.live = live
         self.force = force
         self.started = started
+        # Taken by the thread that runs the job, or by a cancelled waiter
+        # before any thread began it: whoever takes it first decides.
+        self.claim = threading.Lock()
 
 
 @final
@@ -168,7 +196,13 @@ class CheckpointWriter(Generic[S]):
         clock: the clock to read and sleep on (tests inject a fake one).
         backoff_initial: first retry delay after a failed write.
         backoff_max: cap of the doubling retry delay.
-        close_timeout: bound, in seconds, on the final write when closing.
+        close_timeout: bound, in seconds, on the waits of a close: for a
+            write in flight, then for the store to take the final write.
+            The final ``source()`` call and encoding run on the event loop
+            and are not counted (nothing can interrupt them); what was
+            encoded is always written, and a write still going at the bound
+            goes on in a thread of its own while ``aclose()`` returns a
+            ``Failed`` that says so.
         exit_timeout: how long an exit or signal flush waits for a write in
             flight in a worker thread before it writes anyway.
         prepare: optional step run on each snapshot after the fingerprint
@@ -290,7 +324,9 @@ class CheckpointWriter(Generic[S]):
         self._io_lock = threading.Lock()
         self._snapshot_lock = threading.Lock()  # generation + source() + encode
         self._busy: set[int] = set()  # threads inside _io(), see _exit
-        self._inflight = False  # an async job is between prepare and commit
+        # Generations of jobs prepared and not yet ended, on any thread; an
+        # abandoned worker write stays here until it has really ended.
+        self._inflight: set[int] = set()
         # key -> (generation, meta, staged state) of an exit flush that wrote
         # without the I/O lock because a worker's write hung past exit_timeout
         # (see _execute).
@@ -301,7 +337,16 @@ class CheckpointWriter(Generic[S]):
         self._loop_thread: int | None = None
         self._write_lock: anyio.Lock | None = None
         self._sleep_scope: anyio.CancelScope | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
+        # The timer is a task of the event loop's own (_spawn_system_task),
+        # in no task group of the caller's: aclose() may come from any task.
+        self._timer_task: object = None
+        self._timer_scope: anyio.CancelScope | None = None
+        self._timer_done: anyio.Event | None = None
+        self._crash: BaseException | None = None  # raised in the timer task (trio)
+        self._closing = False  # a close began: live writes are Skipped("closed")
+        self._close_claim = threading.Lock()  # taken by the one close that runs
+        self._close_done: anyio.Event | None = None
+        self._close_result: Result = Skipped("closed")
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._opened else "new"
@@ -383,17 +428,13 @@ class CheckpointWriter(Generic[S]):
         self._write_lock = anyio.Lock()
         await anyio.to_thread.run_sync(self._open_store)
         self._install_hooks()
-        task_group = anyio.create_task_group()
-        await task_group.__aenter__()
-        self._task_group = task_group
         try:
             if self._write_on_start:
                 await self._start_write()
-            task_group.start_soon(self._run, name="checkpointer-timer")
+            self._timer_scope = anyio.CancelScope()
+            self._timer_done = anyio.Event()
+            self._timer_task = _spawn_system_task(self._timer, "checkpointer-timer")
         except BaseException:
-            task_group.cancel_scope.cancel()
-            await task_group.__aexit__(None, None, None)
-            self._task_group = None
             self._remove_hooks()
             self._closed = True
             raise
@@ -410,50 +451,65 @@ class CheckpointWriter(Generic[S]):
     async def aclose(self) -> Result:
         """Stop the timer, wait for a write in flight, write a final time.
 
-        The final write marks the checkpoint ``live=False``.  Shielded from
-        cancellation and bounded by ``close_timeout``; call it from the task
-        that entered the writer (``async with`` does).  Idempotent.
+        The final write marks the checkpoint ``live=False``; then the key's
+        lock is let go.  Call it from any task of the writer's event loop, in
+        any order among writers, under any cancel scope: it is shielded from
+        cancellation and bounded by ``close_timeout`` (see there).  From the
+        moment it begins, ``write_now()`` and ``flush_sync("manual")`` return
+        ``Skipped("closed")``.  A second call while the first runs waits for
+        it and returns the same result; after that, ``Skipped("closed")``.
 
         Returns:
             The result of the final write (``Skipped("closed")`` if the
             writer was closed already).
+
+        Raises:
+            KeyboardInterrupt: or another ``BaseException`` that was raised
+                inside the timer task on trio (by ``source()``, say), again.
         """
         if self._closed:
             return Skipped("closed")
-        result: Result = Skipped("closed")
-        task_group, self._task_group = self._task_group, None
+        done = self._close_done
+        if done is not None:  # another task is closing the writer: its result is ours
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+            return self._close_result
+        assert self._write_lock is not None, "enter the writer with 'async with' first"
+        if not self._begin_close():
+            return Skipped("closed")  # close() runs in another thread
+        done = self._close_done = anyio.Event()
         try:
-            if task_group is not None:  # the timer task; it abandons a write in flight
-                task_group.cancel_scope.cancel()
-                try:
-                    await task_group.__aexit__(None, None, None)
-                except BaseExceptionGroup as group:
-                    # trio raises Ctrl-C's KeyboardInterrupt in whatever task
-                    # runs, possibly our timer task: hand it on as it came,
-                    # not wrapped in the group of a task group users never see.
-                    raise _sole(group) from None
+            with anyio.CancelScope(shield=True):
+                self._close_result = await self._final_write()
         finally:
-            result = await self._final_write()
-        return result
+            done.set()
+        crash, self._crash = self._crash, None
+        if crash is not None:
+            raise crash
+        return self._close_result
 
     async def _final_write(self) -> Result:
-        # The I/O lock makes this wait for a write the timer abandoned.
-        result: Result = Skipped("closed")
-        with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(self._close_timeout) as scope:
-                result = await self._write_async(force=False, pin=None, live=False)
-            if scope.cancelled_caught:
-                result = Failed(
-                    "write-failed",
-                    f"the final write did not finish within close_timeout={self._close_timeout}s",
-                )
-                logger.warning("checkpointer: %s; it may still complete", result.error)
+        """Stop the timer, write ``live=False``, let the key go; always shuts."""
+        deadline = anyio.current_time() + self._close_timeout
+        try:
+            with anyio.move_on_at(deadline):  # the timer abandons a write in flight
+                await self._stop_timer()
+            result = await self._write_async(force=False, pin=None, live=False, deadline=deadline)
+            # From here a write still in flight lets the key go when it ends.
+            self._closed = True
             # Releasing a lock may be I/O (a database round trip for a
             # networked store): not on the event loop's thread.
             with anyio.move_on_after(self._close_timeout):
                 await anyio.to_thread.run_sync(self._release_locks, abandon_on_cancel=True)
+        finally:
             self._shut()
         return result
+
+    async def _stop_timer(self) -> None:
+        scope, done = self._timer_scope, self._timer_done
+        if scope is not None and done is not None:
+            scope.cancel()
+            await done.wait()
 
     async def write_now(self, *, force: bool = False, pin: bool | None = None) -> Result:
         """Write now, ignoring the debounce and interval timers.
@@ -467,7 +523,8 @@ class CheckpointWriter(Generic[S]):
             ``Written``, ``Skipped`` or ``Failed``; never raises for a failed
             write.  Waits for a write in flight first.  If cancelled while
             the store is writing, the write goes on in its thread and the
-            changes stay pending.
+            changes stay pending; what the writer knows of the disk changes
+            only when that write has ended.
         """
         if self._closed:
             return Skipped("closed")
@@ -477,6 +534,30 @@ class CheckpointWriter(Generic[S]):
         result = await self._write_async(force=False, pin=None, live=True)
         if isinstance(result, Skipped) and result.reason == "no-identity":
             self._sched.event(self._now())  # one retry, through the timer
+
+    async def _timer(self) -> None:
+        """The timer task: ``_run`` until ``_stop_timer`` cancels it."""
+        scope, done = self._timer_scope, self._timer_done
+        assert scope is not None
+        assert done is not None
+        try:
+            with scope:
+                await self._run()
+        except anyio.get_cancelled_exc_class():
+            raise  # the event loop is shutting down
+        except BaseException as exc:
+            if not _on_trio():
+                raise  # asyncio stops the loop with it, as for any task
+            # A trio system task must not raise (TrioInternalError).  Ctrl-C
+            # does not land here (trio keeps it out of system tasks and raises
+            # it in the program's code); this came from source() or the clock.
+            self._crash = exc
+            logger.warning(
+                "checkpointer: the timer task stopped on %s; aclose() raises it again",
+                _one_line(exc),
+            )
+        finally:
+            done.set()
 
     async def _run(self) -> None:
         while True:
@@ -502,7 +583,7 @@ class CheckpointWriter(Generic[S]):
 
     def _wake_threadsafe(self) -> None:
         token = self._token
-        if token is None or self._task_group is None or self._forked():
+        if token is None or self._timer_done is None or self._forked():
             return  # a forked child: its copy of the loop is not running (asyncio raises)
         if threading.get_ident() == self._loop_thread:
             self._wake()
@@ -510,23 +591,42 @@ class CheckpointWriter(Generic[S]):
         with contextlib.suppress(Exception):  # the loop may be gone
             token.backend_class.run_sync_soon(self._wake, (), token.native_token)
 
-    async def _write_async(self, *, force: bool, pin: bool | None, live: bool) -> Result:
+    async def _write_async(
+        self, *, force: bool, pin: bool | None, live: bool, deadline: float | None = None
+    ) -> Result:
+        """One write from the event loop; ``deadline`` is the final write's (see aclose)."""
         assert self._write_lock is not None, "enter the writer with 'async with' first"
-        async with self._write_lock:
+        if deadline is None:
+            await self._write_lock.acquire()
+        else:
+            acquired = False
+            with anyio.move_on_at(deadline):  # a write_now() in flight holds the writer
+                await self._write_lock.acquire()
+                acquired = True
+            if not acquired:
+                failed = Failed(
+                    "write-failed",
+                    "the final write did not start within "
+                    f"close_timeout={self._close_timeout}s: a write in flight held the "
+                    "writer; nothing was written at close",
+                )
+                logger.warning("checkpointer: %s", failed.error)
+                return failed
+        try:
             self._sched.begin_write(self._now())
             outcome = Outcome.CANCELLED
             try:
+                started = anyio.current_time()
                 job = self._prepare(force=force, pin=pin, live=live)
-                if isinstance(job, _Job):
-                    self._inflight = True
-                    try:
-                        result = await anyio.to_thread.run_sync(
-                            self._execute, job, abandon_on_cancel=True
-                        )
-                    finally:
-                        self._inflight = False
-                else:
+                result: Result
+                if not isinstance(job, _Job):
                     result = self._account(job)
+                elif deadline is None:
+                    result = await self._hop(job)
+                else:
+                    # source(), prepare and the encoding ran on the loop and
+                    # could not be interrupted: they do not count.
+                    result = await self._final_hop(job, deadline + anyio.current_time() - started)
                 outcome = _outcome(result)
                 return result
             finally:
@@ -534,6 +634,81 @@ class CheckpointWriter(Generic[S]):
                 if self._sched.pending:
                     # The timer saw this write in flight and sleeps until woken.
                     self._wake()
+        finally:
+            self._write_lock.release()
+
+    async def _hop(self, job: _Job) -> Result:
+        """Commit ``job`` in one worker-thread hop.
+
+        Cancelled, the hop abandons the thread: a job that thread has begun
+        goes on and ends there (``_run_job``); one it has not begun never
+        runs.  Either way the writer's knowledge of the disk changes only when
+        a write has really ended.
+        """
+        try:
+            return await anyio.to_thread.run_sync(self._run_job, job, abandon_on_cancel=True)
+        except BaseException:
+            if job.claim.acquire(blocking=False):  # no thread began it: none will
+                self._job_done(job)
+            raise
+
+    async def _final_hop(self, job: _Job, deadline: float) -> Result:
+        """Commit the final write in a thread of its own, started now whatever the time.
+
+        Waited for until ``deadline``.  Past it the write goes on: the key
+        stays locked until it ends (``_job_done``), and the process waits for
+        it at exit up to ``exit_timeout`` (the thread is a daemon, as trio's
+        worker threads are, so that a hung disk cannot hang the exit).
+        """
+        results: list[Result] = []
+
+        def run() -> None:
+            results.append(self._run_job(job))
+
+        thread = threading.Thread(target=run, name="checkpointer-final-write", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as exc:  # no thread to be had
+            if job.claim.acquire(blocking=False):
+                self._job_done(job)
+            failed = Failed(
+                "write-failed",
+                f"cannot start a thread for the final write: {_one_line(exc)}; "
+                "nothing was written at close",
+            )
+            logger.warning("checkpointer: %s", failed.error)
+            return failed
+        with anyio.move_on_at(deadline):
+            await anyio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
+        if results:
+            return results[0]
+        if not thread.is_alive():  # _execute raised: a bug, printed by the thread
+            return Failed("write-failed", "the final write raised an internal error")
+        atexit.register(thread.join, self._exit_timeout)  # once, for this writer
+        failed = Failed(
+            "write-failed",
+            f"the final write of {self._store.location(job.key)} did not finish within "
+            f"close_timeout={self._close_timeout}s; it goes on in a thread of its own and "
+            "lands unless the process ends first (at exit the process waits up to "
+            f"exit_timeout={self._exit_timeout}s for it); the key stays locked until then",
+        )
+        logger.warning("checkpointer: %s", failed.error)
+        return failed
+
+    def _run_job(self, job: _Job) -> Result:
+        """In the writing thread: execute ``job`` unless a cancelled waiter dropped it."""
+        if not job.claim.acquire(blocking=False):
+            return Skipped("unchanged")  # dropped before it began; nobody waits for it
+        try:
+            return self._execute(job)
+        finally:
+            self._job_done(job)
+
+    def _job_done(self, job: _Job) -> None:
+        """A prepared job has ended (written, skipped, failed or dropped)."""
+        self._inflight.discard(job.gen)
+        if self._closed:
+            self._release_locks()  # the last write to end after close lets the key go
 
     # -- sync lifecycle -----------------------------------------------------
 
@@ -552,8 +727,12 @@ class CheckpointWriter(Generic[S]):
         return self
 
     def close(self) -> Result:
-        """Write a final time (``live=False``) and remove the exit hooks."""
-        if self._closed:
+        """Write a final time (``live=False``), let the key go, remove the exit hooks.
+
+        From the moment it begins, ``flush_sync("manual")`` from other threads
+        returns ``Skipped("closed")``; a second close returns it too.
+        """
+        if self._closed or not self._begin_close():
             return Skipped("closed")
         result = self._flush(force=False, live=False)
         self._shut()
@@ -577,8 +756,10 @@ class CheckpointWriter(Generic[S]):
         atexit hooks, signal handlers and scripts.  ``"exit"`` and
         ``"signal"`` mark the checkpoint ``live=False``; ``"manual"`` keeps
         it live.  Idempotent: a second call with nothing changed is
-        ``Skipped("unchanged")``.  After close, and in a forked child for a
-        writer its parent opened: ``Skipped("closed")``.
+        ``Skipped("unchanged")``.  Once a close has begun:
+        ``Skipped("closed")`` (``"exit"`` and ``"signal"`` still write until
+        the close has ended); in a forked child, for a writer its parent
+        opened: ``Skipped("closed")``.
 
         Raises:
             ValueError: ``reason`` is not one of the three above.
@@ -616,10 +797,20 @@ class CheckpointWriter(Generic[S]):
             return Skipped("unchanged")
         job = self._prepare(force=force, pin=None, live=live)
         if isinstance(job, _Job):
-            return self._execute(job, timeout=self._exit_timeout)
+            try:
+                return self._execute(job, timeout=self._exit_timeout)
+            finally:
+                self._job_done(job)
         return self._account(job)
 
     # -- open/close helpers -------------------------------------------------
+
+    def _begin_close(self) -> bool:
+        """Claim the close (one, from any thread); live writes end here."""
+        if not self._close_claim.acquire(blocking=False):
+            return False
+        self._closing = True
+        return True
 
     def _claim_open(self) -> None:
         if self._closed:
@@ -659,14 +850,15 @@ class CheckpointWriter(Generic[S]):
         if self._forked():
             return  # the parent's locks: releasing one would release it for the parent
         # Not while a write is in flight (a final write past close_timeout):
-        # that key stays locked until the process exits rather than let
-        # another writer in under a write that may still land.
+        # the key stays locked rather than let another writer in under a
+        # write that may still land.  After close that write lets it go when
+        # it ends (_job_done); before, it stays locked until the process exits.
         if self._io_lock.acquire(blocking=False):
             try:
                 self._locks.release_all()
             finally:
                 self._io_lock.release()
-        else:
+        elif not self._closed:
             logger.warning("checkpointer: a write is still in flight; keeping its key locked")
 
     # -- one write ----------------------------------------------------------
@@ -694,6 +886,10 @@ class CheckpointWriter(Generic[S]):
     def _prepare_locked(
         self, *, force: bool, pin: bool | None, live: bool
     ) -> _Job | Skipped | Failed:
+        if live and self._closing:
+            # Under the snapshot lock: a write that began before the close has
+            # an older generation than the final write, so it cannot follow it.
+            return Skipped("closed")
         gen = next(self._gen)
         started = time.perf_counter()
         try:
@@ -746,7 +942,7 @@ class CheckpointWriter(Generic[S]):
             return Failed(
                 "encode-failed", f"the state of key {key!r} cannot be encoded: {_one_line(exc)}"
             )
-        return _Job(
+        job = _Job(
             gen=gen,
             key=key,
             staged=staged,
@@ -756,6 +952,8 @@ class CheckpointWriter(Generic[S]):
             started=started,
             prepared=prepared,
         )
+        self._inflight.add(gen)  # until it ends: no skip before encoding meanwhile
+        return job
 
     @staticmethod
     def _unchanged(
@@ -1040,17 +1238,23 @@ def _finished(old: Meta) -> Meta:
     return msgspec.structs.replace(old, seq=old.seq + 1, updated_at=_utcnow(), live=False)
 
 
-def _sole(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one exception inside ``group`` (nested groups flattened), else the group."""
-    leaves: list[BaseException] = []
-    stack: list[BaseException] = [group]
-    while stack:
-        exc = stack.pop()
-        if isinstance(exc, BaseExceptionGroup):
-            stack.extend(exc.exceptions)
-        else:
-            leaves.append(exc)
-    return leaves[0] if len(leaves) == 1 else group
+def _on_trio() -> bool:
+    trio = sys.modules.get("trio")
+    return trio is not None and bool(trio.lowlevel.in_trio_task())
+
+
+def _spawn_system_task(fn: Callable[[], Coroutine[Any, Any, None]], name: str) -> object:
+    """Run ``fn()`` in a task of the event loop's own, in no task group of the caller's.
+
+    As anyio does for its own background tasks: a trio system task (trio
+    keeps Ctrl-C out of it and raises it in the program's own code), else a
+    task of the running asyncio loop.  Returns the task: keep a reference.
+    """
+    if _on_trio():
+        import trio
+
+        return trio.lowlevel.spawn_system_task(fn, name=name, context=contextvars.copy_context())
+    return asyncio.get_running_loop().create_task(fn(), name=name)
 
 
 _REFUSED = frozenset({"conflict", "newer-version", "not-sendable"})

@@ -24,13 +24,6 @@ def xfail(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(strict=True, reason=reason)
 
 
-CANCELLED_WRITE_LANDS = xfail(
-    "a cancelled write_now's abandoned thread write lands after the next write was "
-    "skipped as unchanged (disk != memory, nothing pending): fixed on the cancel branch"
-)
-CLOSE_RACE = xfail(
-    "flush_sync() racing close writes live=True after the final write: fixed on another branch"
-)
 
 
 def losses(*specs: Spec) -> list[str]:
@@ -68,8 +61,8 @@ def test_type_only_changes_are_written(store: str, backend: str, seeds: tuple[in
 @pytest.mark.parametrize(
     ("store", "backend"),
     [
-        pytest.param("file", "asyncio", marks=CANCELLED_WRITE_LANDS),
-        pytest.param("journal", "trio", marks=CANCELLED_WRITE_LANDS),
+        pytest.param("file", "asyncio"),
+        pytest.param("journal", "trio"),
     ],
 )
 def test_cancelled_write_now_loses_nothing(store: str, backend: str) -> None:
@@ -96,7 +89,6 @@ def test_flush_sync_from_threads_during_writes(
     assert losses(*specs) == []
 
 
-@CLOSE_RACE
 def test_close_racing_flush_sync_threads() -> None:
     """Threads flushing while the writer closes: the file ends with the last state, live=False."""
     assert losses(Spec("file", "asyncio", 3, ops=40, group="close-race")) == []

@@ -33,7 +33,7 @@ import msgspec
 
 from ._codec import Envelopes
 from ._encoding import Transcript
-from ._format import FORMAT, Checkpoint, CheckpointError, Meta, decode_checkpoint
+from ._format import Checkpoint, CheckpointError, Meta, decode_checkpoint
 from ._journal import (
     _COMPACTION_HEAD,
     _MESSAGE_HEAD,
@@ -44,7 +44,7 @@ from ._journal import (
     _Prefixes,
     _Track,
 )
-from ._postgres import PostgresStore
+from ._postgres import _JOURNAL_FORMAT, PostgresStore
 from ._stores import check_key
 
 if TYPE_CHECKING:
@@ -135,9 +135,18 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
         return self._compact(key, meta, staged)
 
     def read_meta(self, key: str) -> Meta | None:
+        """The meta of ``key``, after checking all of its rows (as ``JournalStore`` does).
+
+        A writer reads this before its first commit of a key, which is a
+        compaction that replaces the rows: so a damaged row is a
+        ``CheckpointError`` here (the writer then moves the key aside, rows
+        and all) rather than silently compacted away.
+        """
         check_key(key)
-        head = self._head(key)
-        return None if head is None else head[0]
+        data = self.read(key)  # an OSError stays one: the key is not damaged, the server is away
+        if data is None:
+            return None
+        return decode_checkpoint(data, self.location(key), msgspec.Raw).meta
 
     def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
         check_key(key)
@@ -171,8 +180,8 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
     # -- internals ---------------------------------------------------------------
 
     def _head(self, key: str) -> tuple[Meta, bool] | None:
-        with self._session() as conn:
-            row = conn.execute(self._sql["head"], {"key": key}).fetchone()
+        params = {"key": key}
+        row = self._run(lambda c: c.execute(self._sql["head"], params).fetchone())
         if row is None:
             return None
         try:
@@ -184,7 +193,7 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
         return {
             "key": key,
             "seq": meta.seq,
-            "format": FORMAT,
+            "format": _JOURNAL_FORMAT,
             "meta": _ENCODER.encode(meta).decode(),
             "state": b"",
             "writer": self._writer_id,
@@ -195,15 +204,16 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
         self, key: str, meta: Meta, kinds: list[str], bodies: list[bytes], *, clear: bool
     ) -> None:
         def rows(conn: psycopg.Connection[Any]) -> None:
-            if clear:
+            if clear:  # a compaction: one row
                 conn.execute(self._sql["journal_clear"], {"key": key})
-            if bodies:
+                conn.execute(self._sql["journal_compaction"], {"key": key, "body": bodies[0]})
+            elif bodies:
                 conn.execute(
                     self._sql["journal_append"], {"key": key, "kinds": kinds, "bodies": bodies}
                 )
 
         try:
-            self._fenced_write(key, self._params(key, meta), rows)
+            self._fenced_write(key, self._params(key, meta), rows, nbytes=sum(map(len, bodies)))
         except BaseException:
             self._tracks.pop(key, None)  # the server may have committed it: compact next
             raise

@@ -838,6 +838,30 @@ class PostgresStore:
         """The keys whose writer lock this store holds (as far as it knows)."""
         return frozenset(self._held.copy())
 
+    def probe(self) -> bool:
+        """Whether the server answers again after this store lost it (``ProbingStore``).
+
+        For a writer waiting out a retry backoff: True means retry now.
+        False, without a round trip, when the store did not lose the server
+        (its last failure was of another kind: the backoff stands) or a call
+        is in progress; otherwise it connects (bounded by
+        ``connect_timeout``) and keeps the connection for the retry.  Never
+        raises.
+        """
+        if not self._lost:
+            return False
+        with _exit.busy():
+            if not self._mutex.acquire(blocking=False):
+                return False
+            try:
+                self._connection()
+            except Exception:
+                return False
+            finally:
+                self._mutex.release()
+        self._lost = False
+        return True
+
     # -- schema -------------------------------------------------------------
 
     def create_schema(self) -> int:

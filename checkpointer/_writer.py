@@ -45,7 +45,7 @@ from ._lock import KeyLocked, KeyLocks
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._schedule import IDLE, WRITE, Outcome, Scheduler
 from ._session import Prepare, Prepared, run_prepare, session_meta
-from ._stores import Store
+from ._stores import ProbingStore, Store
 
 __all__ = ["CheckpointWriter"]
 
@@ -235,6 +235,7 @@ class CheckpointWriter(Generic[S]):
         self._prepare_step = prepare
         self._state_version = state_version
         self._locks = KeyLocks(store, float(lock_timeout))
+        self._probe = store.probe if isinstance(store, ProbingStore) else None
         self._repaired = 0
         self._settled = 0
 
@@ -453,6 +454,13 @@ class CheckpointWriter(Generic[S]):
                     await self._write_async(force=False, pin=None, live=True)
                     continue
                 delay = math.inf if decision is IDLE else decision.until - now  # type: ignore[union-attr]
+                probe = self._sched.next_probe() if self._probe is not None else None
+                if probe is not None and probe <= now:  # in a backoff: the store back yet?
+                    ok = await anyio.to_thread.run_sync(self._probe_store, abandon_on_cancel=True)
+                    self._sched.probed(self._now(), ready=ok)
+                    continue
+                if probe is not None:
+                    delay = min(delay, probe - now)
                 with anyio.CancelScope() as scope:
                     self._sleep_scope = scope
                     await self._clock.sleep(delay)
@@ -460,6 +468,12 @@ class CheckpointWriter(Generic[S]):
             except Exception:  # a bug of ours must not kill the agent's task group
                 logger.exception("checkpointer: internal error in the timer task")
                 await self._clock.sleep(self._sched.backoff_max)
+
+    def _probe_store(self) -> bool:
+        try:
+            return self._probe is not None and self._probe() is True
+        except Exception:  # a probe that raises answers no
+            return False
 
     def _wake(self) -> None:
         scope = self._sleep_scope

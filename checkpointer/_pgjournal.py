@@ -6,7 +6,10 @@ fencing and timeouts) that implements the ``StateStore`` protocol the way
 same staging (``_journal._Prefixes``):
 
 * A key's ``<schema>.checkpoints`` row is its *head*: seq, meta, the
-  fencing writer id, ``journal = true`` and an empty ``state``.
+  fencing writer id, ``journal = true``, ``format = 2`` and ``null`` for a
+  state (the rows hold it).  A reader of version 1 of this library, which
+  knows no journal, builds ``{"format":2,...,"state":null}`` from it and
+  refuses it as newer ("upgrade agent-checkpointer").
 * ``<schema>.journal`` holds the key's rows, ordered by ``n``: the file
   journal's lines (``compaction``, ``message``, ``state``), one per row.
 * **Append**: the new messages are inserted as rows, with a ``state`` row
@@ -195,7 +198,7 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
             "seq": meta.seq,
             "format": _JOURNAL_FORMAT,
             "meta": _ENCODER.encode(meta).decode(),
-            "state": b"",
+            "state": b"null",  # so an older reader sees a whole envelope, of a newer format
             "writer": self._writer_id,
             "journal": True,
         }

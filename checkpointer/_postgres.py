@@ -15,10 +15,12 @@ How it works
   instance that wrote it (``writer``) and the server's ``updated_at``.
   ``read()`` rebuilds the same envelope a ``FileStore`` file holds.
 * **Journal keys** (``PostgresJournalStore``, ``_pgjournal.py``; schema
-  version 2): the key's ``checkpoints`` row is its head (``journal`` true, an
-  empty ``state``) and ``<schema>.journal`` holds its rows.  ``read()``,
-  ``delete()`` and ``move_aside()`` handle both kinds, so any store (and the
-  CLI) reads either.
+  versions 2 and 3): the key's ``checkpoints`` row is its head (``journal``
+  true, format 2, no state) and ``<schema>.journal`` holds its rows.
+  ``read()``, ``delete()`` and ``move_aside()`` handle both kinds, so any
+  store (and the CLI) reads either.  Version 3 keeps workers of version 1
+  off journal keys (see ``_MIGRATE_3_SQL``): they refuse them, rather than
+  read them as empty and start over.
 * **Versioned schema**, created on first use (or by ``create_schema()`` /
   ``checkpointer pg-schema``) under a transaction-level advisory lock, so
   concurrent first users do not race; ``<schema>.schema_version`` says which.
@@ -140,7 +142,7 @@ INSERT INTO {s}.schema_version (version) VALUES (1) ON CONFLICT (one) DO NOTHING
 """
 
 # Version 2: the journal (``PostgresJournalStore``).  A journal key's
-# checkpoints row is its head (seq, meta, fencing; ``state`` empty); its
+# checkpoints row is its head (seq, meta, fencing; no state); its
 # rows hold the journal's lines, in order of ``n``.
 _MIGRATE_2_SQL = """\
 ALTER TABLE {s}.checkpoints
@@ -157,7 +159,8 @@ UPDATE {s}.schema_version SET version = 2, installed_at = now() WHERE version < 
 
 # Version 3: what keeps workers of version 1 (which do not know journal keys)
 # off them during a rolling upgrade, and what lets plain table grants do.
-# * A journal head says format 2: a version-1 reader refuses it as "newer".
+# * A journal head says format 2, and null for its state: a version-1 reader
+#   builds a whole envelope of format 2 from it and refuses it as "newer".
 # * A head cannot be deleted while it has rows (the foreign key), nor
 #   rewritten as a plain row while it is a head (the check): a version-1
 #   writer, which moves a key it cannot read aside, fails instead.  Both
@@ -165,7 +168,7 @@ UPDATE {s}.schema_version SET version = 2, installed_at = now() WHERE version < 
 # * Rows are numbered per key (the writer holds the key's lock), so the
 #   journal needs no sequence, and no grant on one.
 _MIGRATE_3_SQL = """\
-UPDATE {s}.checkpoints SET format = 2 WHERE journal AND format < 2;
+UPDATE {s}.checkpoints SET format = 2, state = 'null' WHERE journal AND format < 2;
 ALTER TABLE {s}.journal ALTER COLUMN n DROP DEFAULT;
 DROP SEQUENCE IF EXISTS {s}.journal_n_seq;
 ALTER TABLE {s}.journal ADD CONSTRAINT journal_key_needs_a_newer_checkpointer

@@ -432,9 +432,9 @@ def test_a_version_1_worker_refuses_a_journal_key(
     store.commit("s1", meta(2), store.stage("s1", session.state))
     q = f'"{schema}"'
     with admin(pg) as conn:
-        fmt, meta_json, state = conn.execute(
-            V1_READ.format(s=q), {"key": "s1"}, binary=True
-        ).fetchone()
+        found = conn.execute(V1_READ.format(s=q), {"key": "s1"}, binary=True).fetchone()
+        assert found is not None
+        fmt, meta_json, state = found
         envelope = b"".join([b'{"format":%d,"meta":' % fmt, meta_json.encode(), _MIDDLE, state])
         with pytest.raises(CheckpointError, match=r"format version 2 is newer .* upgrade"):
             decode_checkpoint(envelope + _SUFFIX, "v1")  # what load() of version 1 raised

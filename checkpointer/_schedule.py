@@ -30,8 +30,9 @@ of the previous write that reached the store.  The next write is due at::
   that failed inside the store, when the backoff is longer than
   ``probe_interval``, the driver asks the store every ``probe_interval``
   (``next_probe``) whether it can be reached again; a yes (``probed``) ends
-  the backoff, so the write is due by the rule above (at once, after an
-  outage longer than ``max_wait``).  A no waits one more interval.
+  the backoff and forgets ``prev`` (the failed attempts reached nothing), so
+  the write is due by the rule above: at once, after an outage longer than
+  ``max_wait``.  A no waits one more interval.
 * One write at a time: while a write runs, ``decide`` says ``IDLE`` and the
   driver asks again when the write ends.
 * Forced writes (``write_now``, the final write) call ``begin_write`` and
@@ -146,7 +147,7 @@ class Scheduler:
         max_wait: float,
         backoff_initial: float = 1.0,
         backoff_max: float = 60.0,
-        probe_interval: float = 1.0,
+        probe_interval: float = 0.25,
     ) -> None:
         for name, value in (
             ("debounce", debounce),
@@ -275,8 +276,11 @@ class Scheduler:
     def probed(self, now: float, *, ready: bool) -> None:
         """The store answered a probe at ``now``: ``ready`` ends the backoff."""
         if ready:
+            # The failed attempts reached nothing: neither their backoff nor
+            # min_interval after them holds the write back.
             self.retry_at = None
             self.probe_at = None
+            self.prev = None
             return
         at = now + self.probe_interval
         self.probe_at = at if self.retry_at is not None and at < self.retry_at else None

@@ -28,6 +28,7 @@ def scheduler(**kw: Any) -> Scheduler:
         "max_wait": 1.0,
         "backoff_initial": 1.0,
         "backoff_max": 32.0,
+        "probe_interval": 1.0,
     }
     options.update(kw)
     return Scheduler(**options)
@@ -78,6 +79,22 @@ def test_probes_repeat_until_ready_then_the_write_is_due() -> None:
     assert sched.failures == 2  # a new failure goes on doubling the backoff
 
 
+def test_a_ready_store_is_written_at_once_despite_min_interval() -> None:
+    """After a yes, min_interval since the failed attempt does not hold the write back."""
+    sched = scheduler(min_interval=2.0, max_wait=2.0, backoff_initial=4.0)
+    sched.event(0.0)
+    sched.begin_write(2.0)
+    sched.end_write(2.0, Outcome.STORE_FAILED)
+    sched.probed(2.5, ready=False)
+    assert sched.decide(2.75) == Wait(6.0) and sched.next_probe() == 3.5
+    sched.probed(3.5, ready=True)
+    assert sched.decide(3.5) is WRITE  # not Wait(4.0): the failed attempt's spacing is gone
+    sched.begin_write(3.5)
+    sched.end_write(3.5, Outcome.WRITTEN)
+    sched.event(3.5)
+    assert sched.decide(3.5) == Wait(5.5)  # the next write keeps its spacing again
+
+
 def test_nothing_pending_or_a_write_running_is_no_probe() -> None:
     """A probe is only for changes waiting out a backoff."""
     sched = scheduler(backoff_initial=4.0)
@@ -122,8 +139,8 @@ class OutageStore(FileStore):
 async def test_writer_retries_within_a_probe_interval_of_recovery(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    """Outage from 0 to 10.25: the write lands at 10.5 (the next probe), not at the 15.5 retry."""
-    store = OutageStore(tmp_path, clock, back_at=10.25)
+    """Outage from 0 to 10.1: the write lands at 10.25 (the next probe), not at the 15.5 retry."""
+    store = OutageStore(tmp_path, clock, back_at=10.1)
     assert isinstance(store, ProbingStore)
     state = {"n": 0}
     writer = CheckpointWriter(
@@ -142,9 +159,16 @@ async def test_writer_retries_within_a_probe_interval_of_recovery(
         writer.notify()
         await clock.advance(20.0)
         # retries at 0, 0.5, 1.5, 3.5, 7.5 (backoff 0.5, 1, 2, 4), then 15.5 would be due;
-        # a probe every second of each backoff longer than a second, until one says yes
-        assert store.attempts == [0.0, 0.5, 1.5, 3.5, 7.5, 10.5]
-        assert store.probes == [2.5, 4.5, 5.5, 6.5, 8.5, 9.5, 10.5]
+        # a probe every 0.25 s of each backoff, until one says yes
+        assert store.attempts == [0.0, 0.5, 1.5, 3.5, 7.5, 10.25]
+        failed_at = [0.0, 0.5, 1.5, 3.5, 7.5]
+        retry_at = [0.5, 1.5, 3.5, 7.5, 15.5]
+        expected = [
+            f + 0.25 * i
+            for f, r in zip(failed_at, retry_at, strict=True)
+            for i in range(1, int((r - f) / 0.25))
+        ]
+        assert store.probes == [p for p in expected if p <= 10.25]
         assert writer.statistics().failure_streak == 0
     checkpoint = load(store, "s1")
     assert checkpoint is not None and checkpoint.state == {"n": 0}

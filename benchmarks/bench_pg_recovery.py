@@ -39,6 +39,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _CHILD = """
     import os, sys, time, anyio
+    import checkpointer
+    print(checkpointer.__file__, file=sys.stderr, flush=True)
     from checkpointer import CheckpointWriter, PostgresStore, Snapshot
 
     async def main():
@@ -57,7 +59,11 @@ _CHILD = """
 
 _COMPACTION = """
     import os, sys, time
-    sys.path.insert(0, os.environ["BENCH_ROOT"])
+    import checkpointer  # from --code: before this checkout's directory joins the path
+
+    print(checkpointer.__file__, flush=True)
+
+    sys.path.append(os.environ["BENCH_ROOT"])
     from datetime import UTC, datetime
     from benchmarks.bench_postgres import _session
     from checkpointer import PostgresJournalStore, PostgresStore, Transcript
@@ -118,6 +124,7 @@ def outage(code: str, seconds: float, kill_after: float, runs: int) -> None:
                 stdout=subprocess.PIPE,
                 text=True,
                 env=_env(code, cluster.dsn()),
+                cwd=os.path.dirname(ROOT),  # not this checkout: --code decides what is imported
             )
             assert child.stdout is not None
             assert child.stdout.readline().strip() == "ready"
@@ -157,6 +164,7 @@ def compaction(code: str, mib: int) -> None:
                 f"c_{uuid.uuid4().hex[:8]}",
             ],
             env=_env(code, cluster.dsn()),
+            cwd=os.path.dirname(ROOT),
             check=False,
         )
     finally:

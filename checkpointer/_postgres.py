@@ -44,8 +44,19 @@ How it works
   ``statement_timeout`` by a second (a server that stopped answering, or a
   network that dropped without a reset), and TCP keepalives and
   ``tcp_user_timeout`` catch a vanished host.  So ``flush_sync`` in a signal
-  handler never hangs on a dead server.  A broken connection is dropped and
-  the next call reconnects (and takes its locks again).
+  handler never hangs on a dead server.  A write's deadline (and its
+  ``statement_timeout``) grows with what it sends, so a large session is not
+  taken for a hang.  A broken connection is dropped and the next call
+  reconnects (and takes its locks again); one found broken when a call
+  starts (lost while idle) is replaced and the call made again at once.  A
+  backend of ours that a cut-off call left running, still holding a key, is
+  ended when the key is taken again.
+* **Writers sharing a store.**  ``lock()`` hands out one lock object per
+  key: a second writer of the key through the same store is refused, as
+  with ``FileStore``.  A signal landing in a store call on the main thread
+  waits for its end (``_exit.busy``), since its flush needs the mutex.
+* **After an outage**, ``probe()`` tells a writer in backoff that the server
+  answers again (``ProbingStore``).
 """
 
 from __future__ import annotations
@@ -684,7 +695,12 @@ class PostgresStore:
                     raise
 
     def read(self, key: str) -> bytes | None:
-        """The checkpoint of ``key`` as an envelope (a journal's rows assembled)."""
+        """The checkpoint of ``key`` as an envelope (a journal's rows assembled).
+
+        Raises:
+            CheckpointError: a journal key's rows are damaged, or of a newer format.
+            PostgresStoreError: the server failed or cannot be reached.
+        """
         check_key(key)
         params = {"key": key}
         rows = self._run(lambda c: c.execute(self._sql["read"], params, binary=True).fetchall())
@@ -800,24 +816,25 @@ class PostgresStore:
         check_key(key)
         with self._handles_lock:
             self._handles.pop(key, None)
-        if not self._mutex.acquire(timeout=self._busy_wait):
-            return
-        try:
-            self._base.pop(key, None)
-            self._fenced.pop(key, None)
-            if key not in self._held:
-                return
-            conn = self._conn
-            if conn is None or conn.closed:
-                self._held.discard(key)
+        with _exit.busy():  # a signal landing meanwhile waits (see _session)
+            if not self._mutex.acquire(timeout=self._busy_wait):
                 return
             try:
-                with self._watchdog.watch(conn.fileno(), self._deadline):
-                    self._unlock(conn, key)
-            except self._pg.Error:
-                self._drop()
-        finally:
-            self._mutex.release()
+                self._base.pop(key, None)
+                self._fenced.pop(key, None)
+                if key not in self._held:
+                    return
+                conn = self._conn
+                if conn is None or conn.closed:
+                    self._held.discard(key)
+                    return
+                try:
+                    with self._watchdog.watch(conn.fileno(), self._deadline):
+                        self._unlock(conn, key)
+                except self._pg.Error:
+                    self._drop()
+            finally:
+                self._mutex.release()
 
     def locked_by(self, key: str) -> str | None:
         """Who holds the writer lock of ``key`` (one line), or None if it is free.
@@ -893,7 +910,7 @@ class PostgresStore:
         """
         with self._handles_lock:
             self._handles.clear()
-        with self._mutex:
+        with _exit.busy(), self._mutex:
             self._drop()
             self._base.clear()
             self._fenced.clear()

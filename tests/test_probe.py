@@ -139,8 +139,8 @@ class OutageStore(FileStore):
 async def test_writer_retries_within_a_probe_interval_of_recovery(
     tmp_path: Path, clock: FakeClock
 ) -> None:
-    """Outage from 0 to 10.1: the write lands at 10.25 (the next probe), not at the 15.5 retry."""
-    store = OutageStore(tmp_path, clock, back_at=10.1)
+    """Outage from 0 to 3.6: the write lands at 3.75 (the next probe), not at the 7.5 retry."""
+    store = OutageStore(tmp_path, clock, back_at=3.6)
     assert isinstance(store, ProbingStore)
     state = {"n": 0}
     writer = CheckpointWriter(
@@ -157,18 +157,18 @@ async def test_writer_retries_within_a_probe_interval_of_recovery(
     )
     async with writer:
         writer.notify()
-        await clock.advance(20.0)
-        # retries at 0, 0.5, 1.5, 3.5, 7.5 (backoff 0.5, 1, 2, 4), then 15.5 would be due;
+        await clock.advance(10.0)
+        # retries at 0, 0.5, 1.5, 3.5 (backoff 0.5, 1, 2), then 7.5 would be due;
         # a probe every 0.25 s of each backoff, until one says yes
-        assert store.attempts == [0.0, 0.5, 1.5, 3.5, 7.5, 10.25]
-        failed_at = [0.0, 0.5, 1.5, 3.5, 7.5]
-        retry_at = [0.5, 1.5, 3.5, 7.5, 15.5]
+        assert store.attempts == [0.0, 0.5, 1.5, 3.5, 3.75]
+        failed_at = [0.0, 0.5, 1.5, 3.5]
+        retry_at = [0.5, 1.5, 3.5, 7.5]
         expected = [
             f + 0.25 * i
             for f, r in zip(failed_at, retry_at, strict=True)
             for i in range(1, int((r - f) / 0.25))
         ]
-        assert store.probes == [p for p in expected if p <= 10.25]
+        assert store.probes == [p for p in expected if p <= 3.75]
         assert writer.statistics().failure_streak == 0
     checkpoint = load(store, "s1")
     assert checkpoint is not None and checkpoint.state == {"n": 0}

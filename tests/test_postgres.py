@@ -792,17 +792,18 @@ def test_processes_with_a_store_always_exit(
     assert out.split() == ["0"] * rounds, f"processes that never exited, per round: {out}"
 
 
-@pytest.mark.anyio
-async def test_final_write_after_a_server_restart(
+def test_final_write_after_a_server_restart(
     pg: Cluster, make_store: Callable[..., PostgresStore]
 ) -> None:
     """Server restarted while the writer sat idle: close's final write reconnects and lands."""
     store = make_store()
     state = {"n": 1}
-    async with fast_writer(lambda: Snapshot("restart", state), store):
-        await anyio.to_thread.run_sync(pg.stop)
-        await anyio.to_thread.run_sync(pg.start)
-        state["n"] = 2
+    writer = CheckpointWriter(lambda: Snapshot("restart", state), store, exit_hooks=False)
+    writer.open()
+    pg.stop()
+    pg.start()
+    state["n"] = 2
+    assert isinstance(writer.close(), Written)
     checkpoint = load(make_store(), "restart")
     assert checkpoint is not None and checkpoint.state == {"n": 2}
     assert checkpoint.meta.live is False

@@ -19,7 +19,7 @@ from ._pgjournal import PostgresJournalStore
 from ._postgres import KeyLockedError, PostgresStore, PostgresStoreError, StaleWriteError
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._session import Prepared
-from ._stores import FileStore, Store
+from ._stores import FileStore, ProbingStore, Store
 from ._summary import (
     SummaryCheckpoint,
     SummaryFailed,
@@ -80,6 +80,7 @@ __all__ = [
     "PostgresStore",
     "PostgresStoreError",
     "Prepared",
+    "ProbingStore",
     "Result",
     "Skipped",
     "Snapshot",

@@ -15,7 +15,10 @@ Facts this module is built on (``../shared/FACTS.md``):
 * a handler runs on the main thread between bytecodes, possibly while that
   same thread is inside a writer's synchronous write.  Waiting for the
   writer's lock there would deadlock, so the signal is deferred and handled
-  (flush, then chain) as soon as that write releases its lock.
+  (flush, then chain) as soon as that write releases its lock.  A store
+  whose calls hold a lock of their own (``PostgresStore``'s connection)
+  marks them with ``busy()``, so a signal landing in one (the application
+  reading another key through the writer's store) waits for it the same way.
 
 Handlers are installed when the first writer with ``exit_hooks=True`` opens
 on the main thread and restored when the last one closes, unless another
@@ -41,17 +44,19 @@ before this hook has run.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._writer import CheckpointWriter
 
-__all__ = ["HANDLED_SIGNALS", "register", "run_deferred", "unregister"]
+__all__ = ["HANDLED_SIGNALS", "busy", "register", "run_deferred", "unregister"]
 
 logger = logging.getLogger("checkpointer")
 
@@ -60,6 +65,7 @@ HANDLED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)
 _writers: list[CheckpointWriter[Any]] = []
 _deferred: list[tuple[_Handler, int]] = []
 _registry_lock = threading.Lock()  # never taken inside a signal handler
+_busy: dict[int, int] = {}  # thread id -> store calls in progress on it (see busy)
 
 
 class _Handler:
@@ -76,7 +82,7 @@ class _Handler:
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         me = threading.get_ident()
         writers = list(_writers)
-        if any(w._busy_on(me) for w in writers):
+        if me in _busy or any(w._busy_on(me) for w in writers):
             # This thread is inside a writer's own write: finish it first.
             _deferred.append((self, signum))
             return
@@ -119,7 +125,7 @@ def run_deferred() -> None:
     if not _deferred or threading.current_thread() is not threading.main_thread():
         return
     me = threading.get_ident()
-    if any(w._busy_on(me) for w in list(_writers)):
+    if me in _busy or any(w._busy_on(me) for w in list(_writers)):
         return
     while _deferred:
         handler, signum = _deferred.pop(0)
@@ -137,6 +143,26 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@contextlib.contextmanager
+def busy() -> Iterator[None]:
+    """Mark a store call on this thread: a signal landing meanwhile waits for its end.
+
+    For a call that holds a lock the flush of a signal needs; the deferred
+    signal is handled (flush, then chain) as the outermost call returns.
+    """
+    me = threading.get_ident()
+    _busy[me] = _busy.get(me, 0) + 1
+    try:
+        yield
+    finally:
+        depth = _busy[me] - 1
+        if depth:
+            _busy[me] = depth
+        else:
+            del _busy[me]
+            run_deferred()
 
 
 def _chain(previous: Any, signum: int, frame: FrameType | None) -> None:

@@ -68,6 +68,7 @@ __all__ = [
     "LockHolder",
     "LockProbe",
     "LockingStore",
+    "StaleWrite",
     "acquire_file_lock",
     "probe_file_lock",
     "read_holder",
@@ -91,6 +92,16 @@ class LockHolder(msgspec.Struct, frozen=True, kw_only=True):
         except (OverflowError, ValueError):  # a hand-edited time, outside the calendar in UTC
             started = self.started_at.isoformat()
         return f"pid {self.pid} on {self.host} since {started}"
+
+
+class StaleWrite(Exception):
+    """The store refused a write: another writer stored the key since this one held it.
+
+    Raised by a fencing store (``PostgresStore``) from ``write``/``commit``
+    when the writer lost the key's session and another writer wrote
+    meanwhile; the writer reports it as ``Failed("conflict")`` and does not
+    retry until the session changes.
+    """
 
 
 class KeyLocked(Exception):

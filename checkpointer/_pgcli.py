@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from . import _cli as cli
-from ._format import load
+from ._format import CheckpointError, load
 
 if TYPE_CHECKING:
     from ._postgres import PostgresStore
@@ -100,6 +100,9 @@ def _inspect(store: PostgresStore, key: str) -> tuple[cli.Row, cli.Loaded | None
         row.lock, row.lock_holder = "alive", holder
     try:
         data = store.read(key)
+    except CheckpointError as exc:  # a damaged journal row, as the file CLI reports a file
+        row.error = exc.reason
+        return row, None
     except OSError as exc:
         row.error = f"cannot be read: {exc}"
         return row, None
@@ -161,7 +164,11 @@ def _show(store: PostgresStore, args: argparse.Namespace) -> int:
         cli._error("show", why)
         return cli.PROBLEM
     if args.raw:
-        data = store.read(args.key) or b""
+        try:
+            data = store.read(args.key) or b""
+        except CheckpointError as exc:
+            cli._error("show", f"{store.location(args.key)}: {exc.reason}")
+            return cli.PROBLEM
         sys.stdout.flush()
         sys.stdout.buffer.write(data + b"\n")
         return cli.OK
@@ -220,6 +227,13 @@ def _prune(store: PostgresStore, args: argparse.Namespace) -> int:
             continue
         try:
             if not args.dry_run:
+                # A writer may have resumed the key and written it between the
+                # listing and the lock: look again, now that none can write.
+                again, _ = _inspect(store, key)
+                if again.updated_at != row.updated_at or again.pinned != row.pinned:
+                    kept += 1
+                    lines.append(f"kept {row.path}: written since it was listed")
+                    continue
                 store.delete(key)
         finally:
             store.release(key)

@@ -6,7 +6,10 @@ fencing and timeouts) that implements the ``StateStore`` protocol the way
 same staging (``_staging._Prefixes``):
 
 * A key's ``<schema>.checkpoints`` row is its *head*: seq, meta, the
-  fencing writer id, ``journal = true`` and an empty ``state``.
+  fencing writer id, ``journal = true``, ``format = 2`` and ``null`` for a
+  state (the rows hold it).  A reader of version 1 of this library, which
+  knows no journal, builds ``{"format":2,...,"state":null}`` from it and
+  refuses it as newer ("upgrade agent-checkpointer").
 * ``<schema>.journal`` holds the key's rows, ordered by ``n``: the file
   journal's lines (``compaction``, ``message``, ``state``), one per row.
 * **Append**: the new messages are inserted as rows, with a ``state`` row
@@ -33,9 +36,9 @@ import msgspec
 
 from ._codec import Envelopes
 from ._encoding import Transcript
-from ._format import FORMAT, Checkpoint, CheckpointError, Meta, decode_checkpoint
+from ._format import Checkpoint, CheckpointError, Meta, decode_checkpoint
 from ._journal import _COMPACTION_HEAD, _MESSAGE_HEAD, _STATE_HEAD
-from ._postgres import PostgresStore
+from ._postgres import _JOURNAL_FORMAT, PostgresStore
 from ._staging import _Delta, _Full, _Prefixes, _Track
 from ._stores import check_key
 
@@ -125,9 +128,18 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
         return self._compact(key, meta, staged)
 
     def read_meta(self, key: str) -> Meta | None:
+        """The meta of ``key``, after checking all of its rows (as ``JournalStore`` does).
+
+        A writer reads this before its first commit of a key, which is a
+        compaction that replaces the rows: so a damaged row is a
+        ``CheckpointError`` here (the writer then moves the key aside, rows
+        and all) rather than silently compacted away.
+        """
         check_key(key)
-        head = self._head(key)
-        return None if head is None else head[0]
+        data = self.read(key)  # an OSError stays one: the key is not damaged, the server is away
+        if data is None:
+            return None
+        return decode_checkpoint(data, self.location(key), msgspec.Raw).meta
 
     def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
         check_key(key)
@@ -161,8 +173,8 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
     # -- internals ---------------------------------------------------------------
 
     def _head(self, key: str) -> tuple[Meta, bool] | None:
-        with self._session() as conn:
-            row = conn.execute(self._sql["head"], {"key": key}).fetchone()
+        params = {"key": key}
+        row = self._run(lambda c: c.execute(self._sql["head"], params).fetchone())
         if row is None:
             return None
         try:
@@ -174,9 +186,9 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
         return {
             "key": key,
             "seq": meta.seq,
-            "format": FORMAT,
+            "format": _JOURNAL_FORMAT,
             "meta": _ENCODER.encode(meta).decode(),
-            "state": b"",
+            "state": b"null",  # so an older reader sees a whole envelope, of a newer format
             "writer": self._writer_id,
             "journal": True,
         }
@@ -185,15 +197,16 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
         self, key: str, meta: Meta, kinds: list[str], bodies: list[bytes], *, clear: bool
     ) -> None:
         def rows(conn: psycopg.Connection[Any]) -> None:
-            if clear:
+            if clear:  # a compaction: one row
                 conn.execute(self._sql["journal_clear"], {"key": key})
-            if bodies:
+                conn.execute(self._sql["journal_compaction"], {"key": key, "body": bodies[0]})
+            elif bodies:
                 conn.execute(
                     self._sql["journal_append"], {"key": key, "kinds": kinds, "bodies": bodies}
                 )
 
         try:
-            self._fenced_write(key, self._params(key, meta), rows)
+            self._fenced_write(key, self._params(key, meta), rows, nbytes=sum(map(len, bodies)))
         except BaseException:
             self._tracks.pop(key, None)  # the server may have committed it: compact next
             raise

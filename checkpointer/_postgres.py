@@ -15,10 +15,12 @@ How it works
   instance that wrote it (``writer``) and the server's ``updated_at``.
   ``read()`` rebuilds the same envelope a ``FileStore`` file holds.
 * **Journal keys** (``PostgresJournalStore``, ``_pgjournal.py``; schema
-  version 2): the key's ``checkpoints`` row is its head (``journal`` true, an
-  empty ``state``) and ``<schema>.journal`` holds its rows.  ``read()``,
-  ``delete()`` and ``move_aside()`` handle both kinds, so any store (and the
-  CLI) reads either.
+  versions 2 and 3): the key's ``checkpoints`` row is its head (``journal``
+  true, format 2, no state) and ``<schema>.journal`` holds its rows.
+  ``read()``, ``delete()`` and ``move_aside()`` handle both kinds, so any
+  store (and the CLI) reads either.  Version 3 keeps workers of version 1
+  off journal keys (see ``_MIGRATE_3_SQL``): they refuse them, rather than
+  read them as empty and start over.
 * **Versioned schema**, created on first use (or by ``create_schema()`` /
   ``checkpointer pg-schema``) under a transaction-level advisory lock, so
   concurrent first users do not race; ``<schema>.schema_version`` says which.
@@ -42,8 +44,19 @@ How it works
   ``statement_timeout`` by a second (a server that stopped answering, or a
   network that dropped without a reset), and TCP keepalives and
   ``tcp_user_timeout`` catch a vanished host.  So ``flush_sync`` in a signal
-  handler never hangs on a dead server.  A broken connection is dropped and
-  the next call reconnects (and takes its locks again).
+  handler never hangs on a dead server.  A write's deadline (and its
+  ``statement_timeout``) grows with what it sends, so a large session is not
+  taken for a hang.  A broken connection is dropped and the next call
+  reconnects (and takes its locks again); one found broken when a call
+  starts (lost while idle) is replaced and the call made again at once.  A
+  backend of ours that a cut-off call left running, still holding a key, is
+  ended when the key is taken again.
+* **Writers sharing a store.**  ``lock()`` hands out one lock object per
+  key: a second writer of the key through the same store is refused, as
+  with ``FileStore``.  A signal landing in a store call on the main thread
+  waits for its end (``_exit.busy``), since its flush needs the mutex.
+* **After an outage**, ``probe()`` tells a writer in backoff that the server
+  answers again (``ProbingStore``).
 * **Forks.**  libpq connections must not be used or closed from a forked
   child: ``close()`` sends Terminate on the socket both share, which ends
   the parent's session and frees its locks.  Right after a fork the child's
@@ -69,14 +82,16 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, final
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import msgspec
 
+from . import _exit
 from ._encoding import Transcript
-from ._format import _MIDDLE, _PREFIX, _SUFFIX, FORMAT, Meta, decode_checkpoint
+from ._format import _MIDDLE, _PREFIX, _SUFFIX, FORMAT, CheckpointError, Meta, decode_checkpoint
 from ._journal import _END, _HEADER_HEAD, _META_HEAD, _assemble, _scan
-from ._lock import KeyLocked, LockHolder
+from ._lock import KeyLocked, LockHolder, StaleWrite
 from ._stores import check_key
 
 if TYPE_CHECKING:
@@ -91,10 +106,11 @@ __all__ = [
     "PostgresStore",
     "PostgresStoreError",
     "StaleWriteError",
+    "grants_sql",
     "schema_sql",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The version of the tables this library creates and the newest it uses."""
 
 _INSTALL_HINT = "PostgresStore needs psycopg 3: pip install 'agent-checkpointer[postgres]'"
@@ -147,7 +163,7 @@ INSERT INTO {s}.schema_version (version) VALUES (1) ON CONFLICT (one) DO NOTHING
 """
 
 # Version 2: the journal (``PostgresJournalStore``).  A journal key's
-# checkpoints row is its head (seq, meta, fencing; ``state`` empty); its
+# checkpoints row is its head (seq, meta, fencing; no state); its
 # rows hold the journal's lines, in order of ``n``.
 _MIGRATE_2_SQL = """\
 ALTER TABLE {s}.checkpoints
@@ -162,7 +178,34 @@ CREATE TABLE IF NOT EXISTS {s}.journal (
 UPDATE {s}.schema_version SET version = 2, installed_at = now() WHERE version < 2;
 """
 
-_LZ4_SQL = "ALTER TABLE {s}.checkpoints ALTER COLUMN state SET COMPRESSION lz4;"
+# Version 3: what keeps workers of version 1 (which do not know journal keys)
+# off them during a rolling upgrade, and what lets plain table grants do.
+# * A journal head says format 2, and null for its state: a version-1 reader
+#   builds a whole envelope of format 2 from it and refuses it as "newer".
+# * A head cannot be deleted while it has rows (the foreign key), nor
+#   rewritten as a plain row while it is a head (the check): a version-1
+#   writer, which moves a key it cannot read aside, fails instead.  Both
+#   NOT VALID: enforced from now on, without scanning the tables.
+# * Rows are numbered per key (the writer holds the key's lock), so the
+#   journal needs no sequence, and no grant on one.
+_MIGRATE_3_SQL = """\
+UPDATE {s}.checkpoints SET format = 2, state = 'null' WHERE journal AND format < 2;
+ALTER TABLE {s}.journal ALTER COLUMN n DROP DEFAULT;
+DROP SEQUENCE IF EXISTS {s}.journal_n_seq;
+ALTER TABLE {s}.journal ADD CONSTRAINT journal_key_needs_a_newer_checkpointer
+    FOREIGN KEY (key) REFERENCES {s}.checkpoints (key) NOT VALID;
+ALTER TABLE {s}.checkpoints ADD CONSTRAINT journal_head_needs_a_newer_checkpointer
+    CHECK (NOT journal OR format >= 2) NOT VALID;
+UPDATE {s}.schema_version SET version = 3, installed_at = now() WHERE version < 3;
+"""
+
+_JOURNAL_FORMAT = 2
+"""The ``format`` of a journal key's head row (its rows hold the state)."""
+
+_LZ4_SQL = (
+    "ALTER TABLE {s}.checkpoints ALTER COLUMN state SET COMPRESSION lz4;"
+    " ALTER TABLE {s}.journal ALTER COLUMN body SET COMPRESSION lz4;"
+)
 
 # Each statement is one round trip.  {s} is the quoted schema name.
 _Q = {
@@ -216,11 +259,16 @@ _Q = {
         WITH rows AS (DELETE FROM {s}.journal WHERE key = %(key)s)
         DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING 1""",
     "journal_clear": "DELETE FROM {s}.journal WHERE key = %(key)s",
+    # Bodies as binary parameters: text would double them and make the
+    # server parse the hex.  Rows are numbered per key, under its lock.
     "journal_append": """
-        INSERT INTO {s}.journal (key, kind, body)
-        SELECT %(key)s, u.kind, u.body
-        FROM unnest(%(kinds)s::text[], %(bodies)s::bytea[]) WITH ORDINALITY AS u(kind, body, i)
-        ORDER BY u.i""",
+        INSERT INTO {s}.journal (key, n, kind, body)
+        SELECT %(key)s, coalesce((SELECT max(n) FROM {s}.journal WHERE key = %(key)s), 0) + u.i,
+            u.kind, u.body
+        FROM unnest(%(kinds)s::text[], %(bodies)b::bytea[]) WITH ORDINALITY AS u(kind, body, i)""",
+    "journal_compaction": """
+        INSERT INTO {s}.journal (key, n, kind, body)
+        VALUES (%(key)s, 1, 'compaction', %(body)b)""",
     "move_aside": """
         WITH moved AS (DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING *),
         rows AS (DELETE FROM {s}.journal WHERE key = %(key)s RETURNING n, body)
@@ -262,12 +310,27 @@ class KeyLockedError(KeyLocked, PostgresStoreError):
     """
 
 
-class StaleWriteError(PostgresStoreError):
+class StaleWriteError(StaleWrite, PostgresStoreError):
     """A write was refused: the store holds a newer checkpoint of the key.
 
     The writer that sent it lost the session to another writer, which wrote
     since; applying the late write would lose that writer's work.
     """
+
+
+class _IdleLoss(PostgresStoreError):
+    """The connection kept from an earlier call was found lost: worth one retry."""
+
+
+_T = TypeVar("_T")
+
+_SLOW_BYTES_PER_SECOND = 8 << 20
+"""What a write may take longer than a small one: a second per 8 MiB it sends.
+
+Measured: 200 MB sent and stored in 1.8 s (binary, lz4) to 12.7 s (text,
+pglz) on one machine; so a large session that is merely large is not cut
+off as a hang, while a server that stopped answering still is.
+"""
 
 
 def _import_psycopg() -> Any:
@@ -289,8 +352,25 @@ def schema_sql(schema: str = "checkpointer") -> str:
     return (
         _SCHEMA_SQL.format(s=quoted)
         + _MIGRATE_2_SQL.format(s=quoted)
+        + _MIGRATE_3_SQL.format(s=quoted)
         + "-- Optional, on PostgreSQL 14+ built with lz4 (what the store does when it can):\n"
-        + f"-- {lz4}\n"
+        + "".join(f"-- {line};\n" for line in lz4.rstrip(";").split("; "))
+    )
+
+
+def grants_sql(schema: str = "checkpointer", role: str = "app") -> str:
+    """What a role needs to use tables ``pg-schema`` made (as another user).
+
+    Every store works through these: reading and writing rows, and the
+    advisory locks, which need no grant.
+    """
+    quoted = _quote_schema(schema)
+    who = role
+    if re.fullmatch(r"[a-z_][a-z0-9_]*", role) is None:
+        who = '"' + role.replace('"', '""') + '"'
+    return (
+        f"GRANT USAGE ON SCHEMA {quoted} TO {who}; "
+        f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {quoted} TO {who};"
     )
 
 
@@ -363,13 +443,25 @@ class _Watchdog:
                 self._fd = -1
             os.close(dup)
 
-    def close(self) -> None:
-        """Let the thread exit (a later ``watch`` starts another)."""
-        with self._cond:
-            if self._stop is not None:
-                self._stop.set()
-                self._stop = None
+    def close(self, *, wait: float = 1.0) -> None:
+        """Let the thread exit (a later ``watch`` starts another); never blocks long.
+
+        Called under the store's mutex, as ``watch`` is.  The condition's
+        lock is only tried, for at most ``wait`` seconds: at interpreter
+        exit the daemon thread is frozen wherever it was, possibly holding
+        it, and a blocking wait there hung the process forever.  If it
+        cannot be taken, the thread holds it and sees ``stop`` before it
+        waits again.
+        """
+        stop, self._stop = self._stop, None
+        if stop is None:
+            return
+        stop.set()
+        if self._cond.acquire(timeout=wait):
+            try:
                 self._cond.notify_all()
+            finally:
+                self._cond.release()
 
     def _run(self, stop: threading.Event) -> None:
         with self._cond:
@@ -398,17 +490,24 @@ class PostgresKeyLock:
     def __init__(self, store: PostgresStore, key: str) -> None:
         self.store = store
         self.key = key
+        self.holder = LockHolder(
+            pid=os.getpid(), host=socket.gethostname(), started_at=datetime.now(UTC)
+        )
 
     def __repr__(self) -> str:
         return f"<PostgresKeyLock {self.store.location(self.key)!r}>"
 
     @property
     def held(self) -> bool:
-        return self.key in self.store.held()
+        return self.store._handles.get(self.key) is self and self.key in self.store.held()
 
     def release(self) -> None:
-        """Give the lock up; idempotent, never raises for I/O."""
-        self.store.release(self.key)
+        """Give the lock up; idempotent, never raises for I/O.
+
+        Only while it is this object that holds the key: a lock object
+        released already never frees the lock a later holder took.
+        """
+        self.store._release_handle(self)
 
 
 class PostgresStore:
@@ -485,9 +584,17 @@ class PostgresStore:
         self._base: dict[str, str | None] = {}
         self._fenced: dict[str, str] = {}  # key -> why its writes are refused
         self._suspect = False  # the connection may hold a lock we do not know of
+        self._handles: dict[str, PostgresKeyLock] = {}  # key -> its holder (lock())
+        self._handles_lock = threading.Lock()
+        self._lost = False  # the last call lost the server (for probe())
+        self._backend: int | None = None  # the backend pid of self._conn
+        # Backends of connections dropped mid-call: one may still run our
+        # statement and hold our key's lock (see _acquire).
+        self._orphans: list[int] = []
         self._watchdog = _Watchdog(f"checkpointer-pg-watchdog {self._where}")
         # A call gets no answer a second after the server would have given up.
         self._deadline = self.statement_timeout + 1.0
+        self._watching = self._deadline  # the deadline of the call in progress
         self._busy_wait = self.connect_timeout + self._deadline + 1.0
         self._pid = os.getpid()  # the process whose connection self._conn is
         _stores.add(self)
@@ -517,8 +624,7 @@ class PostgresStore:
                 login, has no such database, or the schema is missing or
                 newer than this library; the message says which.
         """
-        with self._session():
-            pass
+        self._run(lambda conn: None)
 
     def write(self, key: str, chunks: Sequence[bytes]) -> int:
         """Store the checkpoint in ``chunks`` (an envelope) in one transaction.
@@ -547,66 +653,98 @@ class PostgresStore:
             "writer": self._writer_id,
             "journal": False,
         }
-        self._fenced_write(key, params)
-        return sum(len(chunk) for chunk in chunks)
+        nbytes = sum(len(chunk) for chunk in chunks)
+        self._fenced_write(key, params, nbytes=nbytes)
+        return nbytes
 
     def _fenced_write(
         self,
         key: str,
         params: dict[str, Any],
         then: Callable[[psycopg.Connection[Any]], None] | None = None,
+        *,
+        nbytes: int = 0,
     ) -> None:
         """The fenced upsert of ``key``'s row, and ``then(conn)``, in one transaction.
 
         Takes the key's lock first if not held; ``then`` runs only if the
         upsert applied (the journal's rows go with their head, or not at all).
+        ``nbytes`` (what the write sends) widens the call's time budget, so a
+        large session is not cut off as a hang.  A connection found lost
+        after it sat idle is replaced and the write made once more: fencing
+        makes a repeated upsert safe, and ``then`` is repeated only if its
+        first commit was never sent.
         """
-        if key in self._fenced:
-            raise StaleWriteError(self._fenced[key])
-        with self._session() as conn:
-            refused = self._acquire(conn, key, fresh=False)
-            if refused is not None:
-                raise refused
-            params["base"] = self._base.get(key)
-            with conn.transaction():
-                applied = self._upsert(conn, params)
-                if applied and then is not None:
-                    then(conn)
-            if not applied:
-                why = self._fenced[key] = self._stale(conn, key, params["seq"])
-                self._unlock(conn, key)  # a fenced store lets go of the key
-                raise StaleWriteError(why)
-            self._base[key] = self._writer_id
+        budget = nbytes / _SLOW_BYTES_PER_SECOND
+        for attempt in (1, 2):
+            if key in self._fenced:
+                raise StaleWriteError(self._fenced[key])
+            committing = False
+            try:
+                with self._session(budget=budget) as conn:
+                    refused = self._acquire(conn, key, fresh=False)
+                    if refused is not None:
+                        raise refused
+                    params["base"] = self._base.get(key)
+                    with conn.transaction():
+                        if budget >= 1:
+                            conn.execute(
+                                b"SET LOCAL statement_timeout = %d"
+                                % round((self.statement_timeout + budget) * 1000)
+                            )
+                        applied = self._upsert(conn, params)
+                        if applied and then is not None:
+                            then(conn)
+                        committing = True
+                    if not applied:
+                        why = self._fenced[key] = self._stale(conn, key, params["seq"])
+                        self._unlock(conn, key)  # a fenced store lets go of the key
+                        raise StaleWriteError(why)
+                    self._base[key] = self._writer_id
+                return
+            except _IdleLoss:
+                if attempt == 2 or (committing and then is not None):
+                    raise
 
     def read(self, key: str) -> bytes | None:
-        """The checkpoint of ``key`` as an envelope (a journal's rows assembled)."""
+        """The checkpoint of ``key`` as an envelope (a journal's rows assembled).
+
+        Raises:
+            CheckpointError: a journal key's rows are damaged, or of a newer format.
+            PostgresStoreError: the server failed or cannot be reached.
+        """
         check_key(key)
-        with self._session() as conn:
-            rows = conn.execute(self._sql["read"], {"key": key}, binary=True).fetchall()
+        params = {"key": key}
+        rows = self._run(lambda c: c.execute(self._sql["read"], params, binary=True).fetchall())
         if not rows:
             return None
         fmt, meta, state, journal, _ = rows[0]
         meta_json = meta.encode()
         if journal:
+            if fmt > _JOURNAL_FORMAT:
+                raise CheckpointError(
+                    self.location(key),
+                    f"a journal head of format {fmt}, newer than this library reads "
+                    f"({_JOURNAL_FORMAT}); upgrade agent-checkpointer to load it",
+                )
             state = assemble_journal(meta_json, [row[4] for row in rows], self.location(key))
+            fmt = FORMAT  # the rows assembled are an envelope of this library's format
         return b"".join([b'{"format":%d,"meta":' % fmt, meta_json, _MIDDLE, state, _SUFFIX])
 
     def keys(self) -> list[str]:
-        with self._session() as conn:
-            rows = conn.execute(self._sql["keys"]).fetchall()
+        rows = self._run(lambda c: c.execute(self._sql["keys"]).fetchall())
         return sorted(row[0] for row in rows)
 
     def delete(self, key: str) -> bool:
         check_key(key)
-        with self._session() as conn:
-            return conn.execute(self._sql["delete"], {"key": key}).fetchone() is not None
+        row = self._run(lambda c: c.execute(self._sql["delete"], {"key": key}).fetchone())
+        return row is not None
 
     def move_aside(self, key: str, suffix: str) -> str | None:
         check_key(key)
-        with self._session() as conn:
-            row = conn.execute(self._sql["move_aside"], {"key": key, "suffix": suffix})
-            if row.fetchone() is None:
-                return None
+        params = {"key": key, "suffix": suffix}
+        if self._run(lambda c: c.execute(self._sql["move_aside"], params).fetchone()) is None:
+            return None
         return f"{self._where}/{self.schema}.aside/{key}.{suffix}"
 
     # -- the writer lock ----------------------------------------------------
@@ -632,14 +770,16 @@ class PostgresStore:
         check_key(key)
         if key in self._held:  # held on the live connection: no round trip
             return None
-        with self._session() as conn:
-            return self._acquire(conn, key, fresh=True)
+        return self._run(lambda conn: self._acquire(conn, key, fresh=True))
 
     def lock(self, key: str, *, timeout: float = 0.0) -> PostgresKeyLock:
         """Take the writer lock of ``key``, waiting at most ``timeout`` seconds.
 
         The same lock as ``acquire``, in the shape of a held lock object whose
-        ``release()`` gives it back (the ``LockingStore`` capability).
+        ``release()`` gives it back (the ``LockingStore`` capability).  One
+        holder at a time, as with ``FileStore``: while a lock object of this
+        store holds the key, another ``lock`` of it (a second writer sharing
+        the store) is refused, although the connection's lock is the same.
 
         Raises:
             KeyLockedError: another writer still holds it after ``timeout``.
@@ -650,11 +790,34 @@ class PostgresStore:
                 f"lock timeout must be a finite number of seconds >= 0, got {timeout!r}"
             )
         deadline = time.monotonic() + timeout
-        while (refused := self._try_lock(key)) is not None:
+        while isinstance(taken := self._take_handle(key), KeyLockedError):
             if time.monotonic() >= deadline:
-                raise refused
+                raise taken
             time.sleep(0.05)
-        return PostgresKeyLock(self, key)
+        return taken
+
+    def _take_handle(self, key: str) -> PostgresKeyLock | KeyLockedError:
+        other = self._handles.get(key)
+        if other is None:
+            refused = self._try_lock(key)
+            if refused is not None:
+                return refused
+            with self._handles_lock:
+                other = self._handles.get(key)
+                if other is None:
+                    handle = self._handles[key] = PostgresKeyLock(self, key)
+                    return handle
+        return KeyLockedError(
+            key,
+            f"{self.location(key)}, held by another writer through this same PostgresStore",
+            other.holder,
+        )
+
+    def _release_handle(self, handle: PostgresKeyLock) -> None:
+        with self._handles_lock:
+            if self._handles.get(handle.key) is not handle:
+                return  # released already, or the key went with a release() or close()
+        self.release(handle.key)
 
     def release(self, key: str) -> None:
         """Give the writer lock of ``key`` back; a no-op if not held.
@@ -663,24 +826,27 @@ class PostgresStore:
         is dropped, which releases the lock as surely.
         """
         check_key(key)
-        if not self._mutex.acquire(timeout=self._busy_wait):
-            return
-        try:
-            self._base.pop(key, None)
-            self._fenced.pop(key, None)
-            if key not in self._held:
-                return
-            conn = self._conn
-            if conn is None or conn.closed:
-                self._held.discard(key)
+        with self._handles_lock:
+            self._handles.pop(key, None)
+        with _exit.busy():  # a signal landing meanwhile waits (see _session)
+            if not self._mutex.acquire(timeout=self._busy_wait):
                 return
             try:
-                with self._watchdog.watch(conn.fileno(), self._deadline):
-                    self._unlock(conn, key)
-            except self._pg.Error:
-                self._drop()
-        finally:
-            self._mutex.release()
+                self._base.pop(key, None)
+                self._fenced.pop(key, None)
+                if key not in self._held:
+                    return
+                conn = self._conn
+                if conn is None or conn.closed:
+                    self._held.discard(key)
+                    return
+                try:
+                    with self._watchdog.watch(conn.fileno(), self._deadline):
+                        self._unlock(conn, key)
+                except self._pg.Error:
+                    self._drop()
+            finally:
+                self._mutex.release()
 
     def locked_by(self, key: str) -> str | None:
         """Who holds the writer lock of ``key`` (one line), or None if it is free.
@@ -690,8 +856,8 @@ class PostgresStore:
         check_key(key)
         lock_id = self._lock_id(key)
         hi, lo = (lock_id >> 32) & 0xFFFFFFFF, lock_id & 0xFFFFFFFF
-        with self._session() as conn:
-            row = conn.execute(self._sql["holder"], {"key": key, "hi": hi, "lo": lo}).fetchone()
+        params = {"key": key, "hi": hi, "lo": lo}
+        row = self._run(lambda c: c.execute(self._sql["holder"], params).fetchone())
         if row is None:
             return None
         if row[1] is None:
@@ -703,6 +869,30 @@ class PostgresStore:
     def held(self) -> frozenset[str]:
         """The keys whose writer lock this store holds (as far as it knows)."""
         return frozenset(self._held.copy())
+
+    def probe(self) -> bool:
+        """Whether the server answers again after this store lost it (``ProbingStore``).
+
+        For a writer waiting out a retry backoff: True means retry now.
+        False, without a round trip, when the store did not lose the server
+        (its last failure was of another kind: the backoff stands) or a call
+        is in progress; otherwise it connects (bounded by
+        ``connect_timeout``) and keeps the connection for the retry.  Never
+        raises.
+        """
+        if not self._lost:
+            return False
+        with _exit.busy():
+            if not self._mutex.acquire(blocking=False):
+                return False
+            try:
+                self._connection()
+            except Exception:
+                return False
+            finally:
+                self._mutex.release()
+        self._lost = False
+        return True
 
     # -- schema -------------------------------------------------------------
 
@@ -730,7 +920,9 @@ class PostgresStore:
 
         The store stays usable: a later call connects again.
         """
-        with self._mutex:
+        with self._handles_lock:
+            self._handles.clear()
+        with _exit.busy(), self._mutex:
             self._drop()
             self._base.clear()
             self._fenced.clear()
@@ -743,40 +935,65 @@ class PostgresStore:
             if self._mutex.acquire(blocking=False):
                 try:
                     self._drop()
-                    self._watchdog.close()
+                    self._watchdog.close(wait=0)
                 finally:
                     self._mutex.release()
 
     # -- internals ----------------------------------------------------------
 
+    def _run(self, call: Callable[[psycopg.Connection[Any]], _T], *, ensure: bool = True) -> _T:
+        """``call(conn)`` in a session; once more on a new connection after an idle loss.
+
+        For calls that are safe to repeat (reads, idempotent statements).
+        """
+        try:
+            with self._session(ensure=ensure) as conn:
+                return call(conn)
+        except _IdleLoss:
+            with self._session(ensure=ensure) as conn:
+                return call(conn)
+
     @contextlib.contextmanager
-    def _session(self, *, ensure: bool = True) -> Iterator[psycopg.Connection[Any]]:
+    def _session(
+        self, *, ensure: bool = True, budget: float = 0.0
+    ) -> Iterator[psycopg.Connection[Any]]:
         """The live connection, under the store's mutex and the watchdog.
 
-        psycopg errors become ``PostgresStoreError``; a broken connection is
-        dropped (with it every lock) and the next call reconnects.
+        ``budget``: seconds the call may take on top of the usual deadline
+        (a large write).  psycopg errors become ``PostgresStoreError``; a
+        broken connection is dropped (with it every lock) and the next call
+        reconnects.  A connection kept from an earlier call and found broken
+        (lost while idle: a server restart, a failover, a pooler's idle
+        timeout) fails as ``_IdleLoss``, which callers may retry at once.
+        A signal that lands on this thread meanwhile is handled once the
+        mutex is free again (``_exit.busy``): its flush needs the mutex.
         """
-        if not self._mutex.acquire(timeout=self._busy_wait):
-            raise PostgresStoreError(
-                f"{self._where}: the store's connection stayed busy for {self._busy_wait:g}s "
-                "(a call in another thread is stuck); try again later"
-            )
-        try:
-            conn = self._connection()
-            failure: PostgresStoreError | None = None
+        with _exit.busy():
+            if not self._mutex.acquire(timeout=self._busy_wait):
+                raise PostgresStoreError(
+                    f"{self._where}: the store's connection stayed busy for "
+                    f"{self._busy_wait:g}s (a call in another thread is stuck); try again later"
+                )
             try:
-                with self._watchdog.watch(conn.fileno(), self._deadline):
-                    if ensure and not self._schema_ok:
-                        self._ensure_schema(conn)
-                    yield conn
-            except self._pg.Error as exc:
-                failure = self._failure(conn, exc)
-            if failure is not None:
-                if conn.closed or conn.broken or self._watchdog.fired or self._suspect:
-                    self._drop()
-                raise failure
-        finally:
-            self._mutex.release()
+                reused = self._conn is not None and not self._conn.closed
+                conn = self._connection()
+                failure: PostgresStoreError | None = None
+                try:
+                    self._watching = self._deadline + budget
+                    with self._watchdog.watch(conn.fileno(), self._watching):
+                        if ensure and not self._schema_ok:
+                            self._ensure_schema(conn)
+                        yield conn
+                except self._pg.Error as exc:
+                    failure = self._failure(conn, exc, reused=reused)
+                if failure is not None:
+                    self._lost = conn.closed or conn.broken or self._watchdog.fired
+                    if self._lost or self._suspect:
+                        self._drop(orphan=True)
+                    raise failure
+                self._lost = False
+            finally:
+                self._mutex.release()
 
     def _connection(self) -> psycopg.Connection[Any]:
         current = self._conn
@@ -797,7 +1014,11 @@ class PostgresStore:
                 tcp_user_timeout=round(self._deadline * 1000),
             )
         except pg.Error as exc:
-            raise PostgresStoreError(self._connect_failure(exc)) from None
+            why = self._connect_failure(exc)
+            # Not reached (down, restarting, unreachable), not refused (a login
+            # or database that is wrong stays wrong): a probe may try again.
+            self._lost = not any(w in why for w in ("password", "does not exist"))
+            raise PostgresStoreError(why) from None
         try:
             with self._watchdog.watch(conn.fileno(), self._deadline):
                 conn.execute(
@@ -825,11 +1046,19 @@ class PostgresStore:
             {"host": info.host, "port": info.port, "dbname": info.dbname, "user": info.user}
         )
         self._conn = conn
+        self._backend = info.backend_pid
         return conn
 
-    def _drop(self) -> None:
-        """Forget the connection (closing it) and the locks it held."""
+    def _drop(self, *, orphan: bool = False) -> None:
+        """Forget the connection (closing it) and the locks it held.
+
+        ``orphan``: dropped mid-call; its backend may still be running our
+        statement (the server notices the closed socket only when it next
+        reads or writes it), holding the key's lock a moment longer.
+        """
         conn, self._conn = self._conn, None
+        if orphan and conn is not None and self._backend is not None:
+            self._orphans = [*self._orphans[-7:], self._backend]
         self._held.clear()
         self._suspect = False
         if conn is not None and self._pid == os.getpid():
@@ -855,20 +1084,26 @@ class PostgresStore:
         self._base.clear()
         self._fenced.clear()
         self._suspect = False
+        self._handles_lock = threading.Lock()
+        self._handles.clear()  # the parent's lock objects: none of them is held here
+        self._lost = False
+        self._backend = None
+        self._orphans = []  # the parent's backends: never ours to terminate
 
-    def _failure(self, conn: psycopg.Connection[Any], exc: Exception) -> PostgresStoreError:
+    def _failure(
+        self, conn: psycopg.Connection[Any], exc: Exception, *, reused: bool = False
+    ) -> PostgresStoreError:
         pg = self._pg
         text = _one_line(str(exc)) or type(exc).__name__
         if self._watchdog.fired:
             return PostgresStoreError(
-                f"{self._where}: no answer within {self._deadline:g}s "
+                f"{self._where}: no answer within {self._watching:.3g}s "
                 f"(statement_timeout={self.statement_timeout:g}s); dropped the connection, "
                 "the next call reconnects"
             )
         if conn.closed or conn.broken:
-            return PostgresStoreError(
-                f"{self._where}: lost the connection ({text}); the next call reconnects"
-            )
+            lost = _IdleLoss if reused else PostgresStoreError
+            return lost(f"{self._where}: lost the connection ({text}); the next call reconnects")
         if isinstance(exc, pg.errors.QueryCanceled):
             return PostgresStoreError(
                 f"{self._where}: a statement ran longer than statement_timeout="
@@ -880,8 +1115,9 @@ class PostgresStore:
             )
         if isinstance(exc, pg.errors.InsufficientPrivilege):
             return PostgresStoreError(
-                f"{self._where}: permission denied ({text}); grant the user access to "
-                f"schema {self.schema!r} or have an administrator run `checkpointer pg-schema`"
+                f"{self._where}: permission denied ({text}); the tables need "
+                f"`checkpointer pg-schema` once (an administrator), then for this user: "
+                f"{grants_sql(self.schema, conn.info.user or 'this_user')}"
             )
         return PostgresStoreError(f"{self._where}: {text}")
 
@@ -948,12 +1184,14 @@ class PostgresStore:
             self._check_newer(version)
             if version is None:
                 conn.execute(_SCHEMA_SQL.format(s=self._quoted).encode())
+            if version is None or version < 2:
+                conn.execute(_MIGRATE_2_SQL.format(s=self._quoted).encode())
+            if version is None or version < 3:
+                conn.execute(_MIGRATE_3_SQL.format(s=self._quoted).encode())
                 # lz4 where the server has it (14+, built with lz4): for a
                 # transcript of several MB, 3-4x quicker than the default pglz.
                 with contextlib.suppress(self._pg.Error), conn.transaction():
                     conn.execute(_LZ4_SQL.format(s=self._quoted).encode())
-            if version is None or version < 2:
-                conn.execute(_MIGRATE_2_SQL.format(s=self._quoted).encode())
 
     def _version_in(self, conn: psycopg.Connection[Any]) -> int | None:
         # Inside a transaction a failed statement would abort it: look first.
@@ -999,13 +1237,43 @@ class PostgresStore:
         if taken:
             self._held.add(key)
             return None
-        return self._holder(conn, key, lock_id)
+        backend, refused = self._holder(conn, key, lock_id)
+        if backend in self._orphans and refused.holder is not None and self._ours(refused.holder):
+            # Our own old session, dropped mid-call (a cut-off large write),
+            # still running its statement: end it, then take the lock.
+            self._orphans.remove(backend)
+            if self._end_backend(conn, backend):
+                return self._acquire(conn, key, fresh=fresh)
+        return refused
+
+    def _ours(self, holder: LockHolder) -> bool:
+        return holder.pid == os.getpid() and holder.host == self._host
+
+    def _end_backend(self, conn: psycopg.Connection[Any], backend: int) -> bool:
+        """Terminate a backend of ours and wait (lock_timeout at most) until it is gone."""
+        try:
+            conn.execute(b"SELECT pg_terminate_backend(%s)", [backend])
+            deadline = time.monotonic() + self.lock_timeout
+            while time.monotonic() < deadline:
+                row = conn.execute(
+                    b"SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend]
+                ).fetchone()
+                if row is None:
+                    return True
+                time.sleep(0.02)
+        except self._pg.Error:
+            if conn.broken:
+                raise
+        return False
 
     def _unlock(self, conn: psycopg.Connection[Any], key: str) -> None:
         self._held.discard(key)
         conn.execute(self._sql["release"], {"key": key, "id": self._lock_id(key)})
 
-    def _holder(self, conn: psycopg.Connection[Any], key: str, lock_id: int) -> KeyLockedError:
+    def _holder(
+        self, conn: psycopg.Connection[Any], key: str, lock_id: int
+    ) -> tuple[int | None, KeyLockedError]:
+        """The backend holding ``key``'s lock, and the refusal to raise."""
         hi, lo = (lock_id >> 32) & 0xFFFFFFFF, lock_id & 0xFFFFFFFF
         params = {"key": key, "hi": hi, "lo": lo}
         for _ in range(3):
@@ -1017,11 +1285,11 @@ class PostgresStore:
             time.sleep(0.02)
         where = self.location(key)
         if row is None:  # gone between our try and our look: a retry may take it
-            return KeyLockedError(key, f"{where}, released a moment ago", None)
+            return None, KeyLockedError(key, f"{where}, released a moment ago", None)
         holder = None
         if row[1] is not None:
             holder = LockHolder(pid=row[2], host=row[1], started_at=row[3])
-        return KeyLockedError(key, f"{where}, held by PostgreSQL backend {row[0]}", holder)
+        return row[0], KeyLockedError(key, f"{where}, held by PostgreSQL backend {row[0]}", holder)
 
     def _upsert(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> bool:
         """Run the fenced upsert inside the caller's transaction; True if applied."""

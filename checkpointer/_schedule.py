@@ -30,6 +30,13 @@ of the previous write that reached the store.  The next write is due at::
   writer's checkpoint in the way, a history that cannot be sent) drops the
   changes it covered, like a skipped one, and leaves ``prev`` and the
   backoff as they were: nothing is retried until the next event.
+* Probing (for a store with the ``ProbingStore`` capability): after a write
+  that failed inside the store, when the backoff is longer than
+  ``probe_interval``, the driver asks the store every ``probe_interval``
+  (``next_probe``) whether it can be reached again; a yes (``probed``) ends
+  the backoff and forgets ``prev`` (the failed attempts reached nothing), so
+  the write is due by the rule above: at once, after an outage longer than
+  ``max_wait``.  A no waits one more interval.
 * One write at a time: while a write runs, ``decide`` says ``IDLE`` and the
   driver asks again when the write ends.
 * Forced writes (``write_now``, the final write) call ``begin_write`` and
@@ -112,6 +119,7 @@ class Scheduler:
         max_wait: most time the oldest unsaved change waits for a write.
         backoff_initial: wait before the first retry after a failure.
         backoff_max: cap of the doubling retry wait.
+        probe_interval: time between two probes of a store during a backoff.
 
     Raises:
         ValueError: if the durations break
@@ -131,6 +139,8 @@ class Scheduler:
         "max_wait",
         "min_interval",
         "prev",
+        "probe_at",
+        "probe_interval",
         "retry_at",
         "write_started",
         "writing",
@@ -144,6 +154,7 @@ class Scheduler:
         max_wait: float,
         backoff_initial: float = 1.0,
         backoff_max: float = 60.0,
+        probe_interval: float = 0.25,
     ) -> None:
         for name, value in (
             ("debounce", debounce),
@@ -167,6 +178,7 @@ class Scheduler:
         for name, value in (
             ("backoff_initial", backoff_initial),
             ("backoff_max", backoff_max),
+            ("probe_interval", probe_interval),
         ):
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise TypeError(f"{name} must be a number of seconds, got {value!r}")
@@ -189,6 +201,8 @@ class Scheduler:
         self._covered: tuple[float, float] | None = None
         self.failures = 0
         self.retry_at: float | None = None
+        self.probe_interval = float(probe_interval)
+        self.probe_at: float | None = None
 
     # -- inputs -------------------------------------------------------------
 
@@ -221,6 +235,7 @@ class Scheduler:
         self.writing = False
         if outcome is Outcome.WRITTEN or outcome is Outcome.STORE_FAILED:
             self.prev = self.write_started
+        self.probe_at = None
         if outcome is Outcome.WRITTEN or outcome is Outcome.SKIPPED:
             self.failures = 0
             self.retry_at = None
@@ -231,6 +246,8 @@ class Scheduler:
             self.failures += 1
             delay = self.backoff_initial * 2.0 ** min(self.failures - 1, 64)
             self.retry_at = now + min(self.backoff_max, delay)
+            if outcome is Outcome.STORE_FAILED:
+                self.probed(now, ready=False)
         if covered is not None:
             c_first, c_last = covered
             if self.first is None:
@@ -258,6 +275,24 @@ class Scheduler:
         if self.retry_at is not None:
             due = max(due, self.retry_at)
         return due
+
+    def next_probe(self) -> float | None:
+        """When to ask the store whether it answers again (see the rules), or None."""
+        if self.writing or self.first is None or self.retry_at is None:
+            return None
+        return self.probe_at
+
+    def probed(self, now: float, *, ready: bool) -> None:
+        """The store answered a probe at ``now``: ``ready`` ends the backoff."""
+        if ready:
+            # The failed attempts reached nothing: neither their backoff nor
+            # min_interval after them holds the write back.
+            self.retry_at = None
+            self.probe_at = None
+            self.prev = None
+            return
+        at = now + self.probe_interval
+        self.probe_at = at if self.retry_at is not None and at < self.retry_at else None
 
     def decide(self, now: float) -> Decision:
         """What the driver should do at ``now``."""

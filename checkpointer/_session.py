@@ -22,7 +22,7 @@ from ._format import Snapshot, WriterInfo
 from ._results import Failed
 from ._version import VERSION
 
-__all__ = ["Prepare", "Prepared", "run_prepare", "session_meta"]
+__all__ = ["Prepare", "Prepared", "check_parent", "run_prepare", "session_meta"]
 
 
 class Prepared(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,19 +49,48 @@ _HOST = socket.gethostname()
 
 
 def run_prepare(prepare: Prepare | None, snapshot: Snapshot) -> Prepared | Failed:
-    """Run ``prepare`` on ``snapshot``; an exception or a bad return is ``Failed``."""
+    """Run ``prepare`` on ``snapshot``; an exception or a bad return is ``Failed``.
+
+    Also refuses a snapshot whose ``parent`` no store can keep (see
+    ``check_parent``), before anything is encoded.
+    """
     if prepare is None:
-        return Prepared(snapshot=snapshot)
-    try:
-        prepared = prepare(snapshot)
-    except Exception as exc:
-        return Failed("snapshot-failed", f"prepare() raised {_one_line(exc)}")
-    if isinstance(prepared, (Prepared, Failed)):
+        prepared: object = Prepared(snapshot=snapshot)
+    else:
+        try:
+            prepared = prepare(snapshot)
+        except Exception as exc:
+            return Failed("snapshot-failed", f"prepare() raised {_one_line(exc)}")
+    if isinstance(prepared, Prepared):
+        return check_parent(prepared.snapshot) or prepared
+    if isinstance(prepared, Failed):
         return prepared
     return Failed(
         "snapshot-failed",
         f"prepare() returned {type(prepared).__name__}, expected Prepared(...) or Failed(...)",
     )
+
+
+def check_parent(snapshot: Snapshot) -> Failed | None:
+    """``Failed`` if ``snapshot.parent`` is not a str (or None) every store can keep.
+
+    Every store refuses the same (a NUL, which PostgreSQL's jsonb cannot
+    hold; a parent that is not a str, which ``load`` could not read back),
+    so a session written to one store can move to any other.
+    """
+    parent = snapshot.parent
+    if parent is None:
+        return None
+    if not isinstance(parent, str):
+        why = f"is of type {type(parent).__name__}; give the parent session's key (a str) or None"
+    elif "\x00" in parent:
+        why = (
+            f"contains a NUL character ('\\x00') at index {parent.index(chr(0))}, which "
+            "PostgreSQL cannot store (so no store takes it); remove it"
+        )
+    else:
+        return None
+    return Failed("snapshot-failed", f"Snapshot.parent of key {snapshot.key!r} {why}")
 
 
 def session_meta(prepared: Prepared, state_version: int) -> dict[str, Any]:

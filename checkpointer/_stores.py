@@ -19,7 +19,7 @@ from ._encoding import Transcript
 from ._lock import KeyLock, acquire_file_lock
 from ._safefs import check_root, read_checked
 
-__all__ = ["KEY_PATTERN", "FileStore", "Store", "check_key"]
+__all__ = ["KEY_PATTERN", "FileStore", "ProbingStore", "Store", "check_key"]
 
 logger = logging.getLogger("checkpointer")
 
@@ -95,6 +95,26 @@ class Store(Protocol):
 
     def move_aside(self, key: str, suffix: str) -> str | None:
         """Rename ``key``'s checkpoint out of the way; return where it went."""
+
+
+@runtime_checkable
+class ProbingStore(Protocol):
+    """The optional capability of a store to say cheaply that it can be reached again.
+
+    A writer waiting out a retry backoff after a failed write calls
+    ``probe`` about once a second (in a worker thread); True ends the wait
+    and the write is retried at once.  So after an outage the writer is
+    back within a second of the store, not at the end of a long backoff.
+    """
+
+    def probe(self) -> bool:
+        """True if a write that failed because the store was unreachable would now reach it.
+
+        False when the store was not lost (the failure was of another kind,
+        whose backoff stands) or still does not answer.  Cheap, bounded,
+        never raises.
+        """
+        ...
 
 
 class FileStore:

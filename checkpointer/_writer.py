@@ -57,11 +57,11 @@ from . import _exit
 from ._clock import Clock, MonotonicClock
 from ._codec import Staged, commit_deadline, state_store
 from ._format import Checkpoint, CheckpointError, Meta, NewerVersionError, Snapshot
-from ._lock import KeyLocked, KeyLocks
+from ._lock import KeyLocked, KeyLocks, StaleWrite
 from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._schedule import IDLE, WRITE, Outcome, Scheduler
 from ._session import Prepare, Prepared, run_prepare, session_meta
-from ._stores import Store
+from ._stores import ProbingStore, Store
 from ._versions import newer_state
 
 __all__ = ["CheckpointWriter"]
@@ -299,6 +299,7 @@ class CheckpointWriter(Generic[S]):
         self._prepare_step = prepare
         self._state_version = state_version
         self._locks = KeyLocks(store, float(lock_timeout))
+        self._probe = store.probe if isinstance(store, ProbingStore) else None
         self._repaired = 0
         self._settled = 0
 
@@ -568,6 +569,13 @@ class CheckpointWriter(Generic[S]):
                     await self._write_async(force=False, pin=None, live=True)
                     continue
                 delay = math.inf if decision is IDLE else decision.until - now  # type: ignore[union-attr]
+                probe = self._sched.next_probe() if self._probe is not None else None
+                if probe is not None and probe <= now:  # in a backoff: the store back yet?
+                    ok = await anyio.to_thread.run_sync(self._probe_store, abandon_on_cancel=True)
+                    self._sched.probed(self._now(), ready=ok)
+                    continue
+                if probe is not None:
+                    delay = min(delay, probe - now)
                 with anyio.CancelScope() as scope:
                     self._sleep_scope = scope
                     await self._clock.sleep(delay)
@@ -575,6 +583,12 @@ class CheckpointWriter(Generic[S]):
             except Exception:  # a bug of ours must not kill the agent's task group
                 logger.exception("checkpointer: internal error in the timer task")
                 await self._clock.sleep(self._sched.backoff_max)
+
+    def _probe_store(self) -> bool:
+        try:
+            return self._probe is not None and self._probe() is True
+        except Exception:  # a probe that raises answers no
+            return False
 
     def _wake(self) -> None:
         scope = self._sleep_scope
@@ -1029,6 +1043,15 @@ class CheckpointWriter(Generic[S]):
                 nbytes = self._states.commit(job.key, meta, job.staged)
             except KeyLocked as exc:  # a networked store lost its lock and could not retake it
                 return self._account(Failed("locked", str(exc)))
+            except StaleWrite as exc:  # fenced: another writer stored the key meanwhile
+                state.resolved, state.content, state.tried = False, None, None
+                error = f"cannot write {self._store.location(job.key)}: {_one_line(exc)}"
+                if not state.conflicted:
+                    state.conflicted = True
+                    logger.warning(
+                        "checkpointer: %s; not retrying until the session changes", error
+                    )
+                return self._account(Failed("conflict", error))
             except Exception as exc:
                 # The bytes may have landed anyway (a directory fsync failing
                 # after the rename): re-read the key before the retry.

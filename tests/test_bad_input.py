@@ -557,3 +557,22 @@ def test_a_very_large_state_is_written_whole(tmp_path: Path, megabytes: int) -> 
     # One encoded copy (about 1x, measured 1.0x); the store writes the pieces with
     # writev, so a joined second copy would show here.
     assert report["extra"] < 1.6 * report["nbytes"], report
+
+
+@pytest.mark.parametrize("parent", ["a\x00b", 7])
+@pytest.mark.parametrize("journal", [False, True], ids=["FileStore", "JournalStore"])
+def test_a_parent_no_store_can_keep_is_refused(tmp_path: Path, parent: Any, journal: bool) -> None:
+    """A NUL in Snapshot.parent (or a non-str) is Failed naming the field; nothing written."""
+    from checkpointer import JournalStore
+
+    store = JournalStore(tmp_path) if journal else FileStore(tmp_path)
+    snapshot = Snapshot(KEY, {"messages": []}, parent=parent)
+    with CheckpointWriter(lambda: snapshot, store, exit_hooks=False) as writer:
+        result = writer.flush_sync()
+        assert isinstance(result, Failed) and result.reason == "snapshot-failed"
+        assert result.error.startswith(f"Snapshot.parent of key {KEY!r} ")
+        assert load(store, KEY) is None
+        snapshot = Snapshot(KEY, {"messages": []}, parent="p")
+        assert isinstance(writer.flush_sync(), Written)
+    checkpoint = load(store, KEY)
+    assert checkpoint is not None and checkpoint.meta.parent == "p"

@@ -7,9 +7,11 @@ import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
-from checkpointer import Meta, PostgresJournalStore, PostgresStore
+from checkpointer import Meta, PostgresJournalStore, PostgresStore, load
+from checkpointer._cli import main as cli_main
 from checkpointer._format import envelope_chunks
 
 from . import test_postgres as _pg
@@ -151,3 +153,67 @@ def test_a_row_with_timestamps_without_a_zone(fleet: str, schema: str, pg: Clust
     assert f"would remove postgresql://{USER}@127.0.0.1:{pg.port}/postgres/{schema}/naive" in (
         prune.stdout
     )
+
+
+def damage(pg: Cluster, schema: str, key: str) -> None:
+    """Garble the last row of a journal key (not what a crash can do: rows are transactional)."""
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute(
+            f'UPDATE "{schema}".journal SET body = %s WHERE key = %s AND n = '
+            f'(SELECT max(n) FROM "{schema}".journal WHERE key = %s)',
+            [b"{garbled", key, key],
+        )
+
+
+def test_a_damaged_journal_key_is_reported_not_a_traceback(
+    fleet: str, schema: str, pg: Cluster
+) -> None:
+    """ls, ls --json, show and prune report a garbled row as for a file; prune goes on."""
+    damage(pg, schema, "alpha")
+    plain = PostgresStore(pg.dsn(), schema=schema)
+    for n in range(10):  # more old keys after the damaged one, all to be pruned
+        plain.write(f"z{n}", envelope_chunks(meta(f"z{n}", 1, when=OLD), b'{"v":1}'))
+    plain.close()
+    ls, js, show, raw = cli_all(
+        ["ls", fleet, "--schema", schema],
+        ["ls", fleet, "--schema", schema, "--json"],
+        ["show", fleet, "alpha", "--schema", schema],
+        ["show", fleet, "alpha", "--schema", schema, "--raw"],
+    )
+    for done in (ls, js, show, raw):
+        assert "Traceback" not in done.stderr, done.stderr
+    assert ls.returncode == 0
+    (alpha,) = [line for line in ls.stdout.splitlines() if line.startswith("alpha")]
+    assert "! line 3 is not a journal row" in alpha
+    assert "1 key(s) cannot be read" in ls.stdout
+    rows = {r["key"]: r for r in json.loads(js.stdout)}
+    assert "line 3 is not a journal row" in rows["alpha"]["error"]
+    assert show.returncode == raw.returncode == 1
+    assert f"/{schema}/alpha: line 3 is not a journal row" in show.stderr + raw.stderr
+    done = cli("prune", fleet, "--schema", schema, "--older-than", "7d")
+    assert done.returncode == 0, done.stderr
+    assert "removed 11 checkpoint(s) older than 7d, kept 2" in done.stdout
+    after = cli("ls", fleet, "--schema", schema, "--json")
+    assert sorted(r["key"] for r in json.loads(after.stdout)) == ["alpha", "bad", "held", "pinned"]
+
+
+def test_prune_keeps_a_key_written_after_it_was_listed(
+    fleet: str, schema: str, pg: Cluster, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A session resumed and written between prune's listing and its lock is not removed."""
+    acquire = PostgresStore.acquire
+
+    def resumed_first(self: PostgresStore, key: str) -> str | None:
+        if key == "old":  # a writer resumes it just before prune takes its lock
+            with PostgresStore(pg.dsn(), schema=schema) as writer:
+                assert acquire(writer, key) is None
+                writer.write(key, envelope_chunks(meta(key, 2), b'{"v":2}'))
+        return acquire(self, key)
+
+    monkeypatch.setattr(PostgresStore, "acquire", resumed_first)
+    assert cli_main(["prune", fleet, "--schema", schema, "--older-than", "7d"]) == 0
+    out = capsys.readouterr().out
+    assert f"/{schema}/old: written since it was listed" in out
+    checkpoint = load(PostgresStore(pg.dsn(), schema=schema), "old")
+    assert checkpoint is not None and checkpoint.meta.seq == 2

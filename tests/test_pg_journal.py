@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ import psycopg
 import pytest
 
 from checkpointer import (
+    CheckpointError,
     CheckpointWriter,
     FileStore,
     KeyLockedError,
@@ -226,10 +228,8 @@ def test_fencing_and_the_lock_hold_for_journal_commits(
     late.messages.extend(session.messages[:2])
     late.add(3)
     staged = first.stage("s1", late.state)
-    with pytest.raises(PostgresStoreError, match="lost the connection"):
-        first.commit("s1", meta(5), staged)  # the writer retries: on a new connection
     with pytest.raises(KeyLockedError):
-        first.commit("s1", meta(5), staged)
+        first.commit("s1", meta(5), staged)  # at once on a new connection: locked
     second.release("s1")
     with pytest.raises(StaleWriteError, match="lost the session"):
         first.commit("s1", meta(5), staged)
@@ -308,7 +308,7 @@ def test_version_1_schema_is_migrated_and_its_rows_kept(
         make_journal(create_schema=False).open()
     store = make_journal()
     assert state_of(store) == old
-    assert store.schema_version() == SCHEMA_VERSION == 2
+    assert store.schema_version() == SCHEMA_VERSION == 3
     assert store.acquire("s1") is None
     old["messages"].append({"c": 1})
     store.commit("s1", meta(2), store.stage("s1", old))
@@ -369,3 +369,191 @@ def test_move_aside_keeps_a_journal_rows(
     lines = [msgspec.json.decode(line) for line in bytes(row[0]).split(b"\n")]
     assert [line["kind"] for line in lines] == ["compaction", "message"]
     assert lines[1]["message"]["content"] == "m2"
+
+
+# -- idle losses, damage, rolling upgrades, large sessions ---------------------------
+
+
+def test_a_commit_after_an_idle_connection_loss_lands_at_once(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """pg_terminate_backend while idle: the next append reconnects and lands, rows in order."""
+    store = make_journal(application_name="journal-idle")
+    session = Session()
+    writer: CheckpointWriter[Any] = CheckpointWriter(session.snapshot, store, exit_hooks=False)
+    writer.open()
+    for _ in range(2):
+        assert terminate(pg, "journal-idle") == 1
+        session.add(2)
+        assert isinstance(writer.flush_sync(), Written)
+    assert terminate(pg, "journal-idle") == 1
+    session.add(1)
+    assert isinstance(writer.close(), Written)  # the final write too
+    assert writer.statistics().failures == 0
+    checkpoint = load(make_journal(), "s1")
+    assert checkpoint is not None and checkpoint.state == as_json(session.state)
+    assert checkpoint.meta.live is False
+    assert kinds(pg, schema)[0] == "compaction" and "message" in kinds(pg, schema)
+
+
+def test_a_damaged_row_moves_the_key_aside_not_away(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """A resuming writer meets a garbled row: the key goes aside with all its rows, then afresh."""
+    first = make_journal()
+    session = Session()
+    session.add(2)
+    first.commit("s1", meta(1), first.stage("s1", session.state))
+    session.add(1)
+    first.commit("s1", meta(2), first.stage("s1", session.state))
+    first.close()
+    with admin(pg) as conn:
+        garble = "UPDATE {}.journal SET body = 'garbled' WHERE key = 's1' AND kind = 'message'"
+        conn.execute(garble.format(f'"{schema}"'))
+    store = make_journal()
+    with pytest.raises(CheckpointError, match="line 3"):
+        store.read_meta("s1")
+    fresh = Session()
+    fresh.add(1)
+    writer: CheckpointWriter[Any] = CheckpointWriter(fresh.snapshot, store, exit_hooks=False)
+    writer.open()  # its first write resolves the key: it cannot be trusted
+    assert isinstance(writer.close(), Written)
+    with admin(pg) as conn:
+        aside = conn.execute(
+            f'SELECT state FROM "{schema}".aside WHERE key = %s', ["s1"]
+        ).fetchone()
+    assert aside is not None
+    lines = bytes(aside[0]).split(b"\n")
+    assert lines[1] == b"garbled" and msgspec.json.decode(lines[0])["kind"] == "compaction"
+    assert state_of(store) == as_json(fresh.state)
+
+
+# The statements of version 1 (schema 1, before journals), as released.
+V1_READ = "SELECT format, meta::text, state FROM {s}.checkpoints WHERE key = %(key)s"
+V1_DELETE = "DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING 1"
+V1_MOVE_ASIDE = """
+    WITH moved AS (DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING *)
+    INSERT INTO {s}.aside AS a (key, suffix, seq, format, meta, state, writer, updated_at)
+    SELECT key, %(suffix)s, seq, format, meta, state, writer, updated_at FROM moved
+    ON CONFLICT (key, suffix) DO UPDATE SET seq = EXCLUDED.seq, format = EXCLUDED.format,
+        meta = EXCLUDED.meta, state = EXCLUDED.state, writer = EXCLUDED.writer,
+        updated_at = EXCLUDED.updated_at, moved_at = now()
+    RETURNING 1"""
+V1_UPSERT = """
+    INSERT INTO {s}.checkpoints AS c (key, seq, format, meta, state, writer, updated_at)
+    VALUES (%(key)s, %(seq)s, %(format)s, %(meta)s::jsonb, %(state)b, %(writer)s, now())
+    ON CONFLICT (key) DO UPDATE SET seq = EXCLUDED.seq, format = EXCLUDED.format,
+        meta = EXCLUDED.meta, state = EXCLUDED.state, writer = EXCLUDED.writer,
+        updated_at = EXCLUDED.updated_at
+    WHERE (c.seq < EXCLUDED.seq AND c.writer IS NOT DISTINCT FROM %(base)s::text)
+       OR (c.seq = EXCLUDED.seq AND c.writer = EXCLUDED.writer)
+    RETURNING c.seq"""
+
+
+def test_a_version_1_worker_refuses_a_journal_key(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """Version 1's read sees a newer format; its move-aside, delete and upsert fail; key intact."""
+    from checkpointer._format import _MIDDLE, _SUFFIX, CheckpointError, decode_checkpoint
+
+    store = make_journal()
+    session = Session()
+    session.add(2)
+    store.commit("s1", meta(1), store.stage("s1", session.state))
+    session.add(1)
+    store.commit("s1", meta(2), store.stage("s1", session.state))
+    q = f'"{schema}"'
+    with admin(pg) as conn:
+        found = conn.execute(V1_READ.format(s=q), {"key": "s1"}, binary=True).fetchone()
+        assert found is not None
+        fmt, meta_json, state = found
+        envelope = b"".join([b'{"format":%d,"meta":' % fmt, meta_json.encode(), _MIDDLE, state])
+        with pytest.raises(CheckpointError, match=r"newer .*upgrade"):
+            decode_checkpoint(envelope + _SUFFIX, "v1")  # what load() of version 1 raised
+        # ... and what its writer did next (it moves a key it cannot read aside):
+        for sql, params in (
+            (V1_MOVE_ASIDE, {"key": "s1", "suffix": "corrupt-x"}),
+            (V1_DELETE, {"key": "s1"}),
+        ):
+            with pytest.raises(psycopg.errors.ForeignKeyViolation, match="newer_checkpointer"):
+                conn.execute(sql.format(s=q), params)
+        writer = conn.execute(f"SELECT writer FROM {q}.checkpoints").fetchone()
+        with pytest.raises(psycopg.errors.CheckViolation, match="newer_checkpointer"):
+            conn.execute(
+                V1_UPSERT.format(s=q),
+                {"key": "s1", "seq": 3, "format": 1, "meta": msgspec.json.encode(meta(3)).decode(),
+                 "state": b"{}", "writer": "v1", "base": writer[0] if writer else None},
+            )  # fmt: skip
+    checkpoint = load(make_journal(), "s1")
+    assert checkpoint is not None and checkpoint.meta.seq == 2
+    assert checkpoint.state == as_json(session.state)
+
+
+def test_an_early_version_2_schema_is_migrated_to_3(
+    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
+) -> None:
+    """Schema 2 as first made (a row sequence, heads of format 1): rows kept, appends go on."""
+    from checkpointer._postgres import _MIGRATE_2_SQL
+
+    q = f'"{schema}"'
+    old = make_journal()
+    with admin(pg) as conn:
+        conn.execute(_SCHEMA_SQL.format(s=q).encode())
+        conn.execute(_MIGRATE_2_SQL.format(s=q).encode())
+        head = msgspec.json.encode(meta(1)).decode()
+        conn.execute(
+            f"INSERT INTO {q}.checkpoints (key, seq, format, meta, state, writer, journal) "
+            "VALUES ('s1', 1, 1, %s::jsonb, '', 'early', true)",
+            [head],
+        )
+        body = b'{"kind":"compaction","meta":%s,"transcript":"messages","state":{"messages":[]}}'
+        conn.execute(f"SELECT nextval('{q}.journal_n_seq') FROM generate_series(1, 5)")
+        conn.execute(
+            f"INSERT INTO {q}.journal (key, kind, body) VALUES ('s1', 'compaction', %s)",
+            [body % head.encode()],
+        )
+    assert old.schema_version() == 2
+    store = make_journal()
+    assert state_of(store) == {"messages": []}
+    assert store.schema_version() == 3
+    with admin(pg) as conn:
+        assert conn.execute(f"SELECT format FROM {q}.checkpoints").fetchone() == (2,)
+        assert conn.execute("SELECT to_regclass(%s)", [f"{q}.journal_n_seq"]).fetchone() == (None,)
+        compression = conn.execute(
+            "SELECT attrelid::regclass::text, attcompression FROM pg_attribute "
+            "WHERE attname IN ('state', 'body') AND attrelid = ANY(%s::regclass[])",
+            [[f"{q}.checkpoints", f"{q}.journal"]],
+        ).fetchall()
+    assert len({c for _, c in compression}) == 1, compression  # lz4 on both, or on neither
+    assert store.acquire("s1") is None
+    session = Session()
+    session.add(1)
+    store.commit("s1", meta(2), store.stage("s1", session.state))  # a compaction
+    session.add(2)
+    store.commit("s1", meta(3), store.stage("s1", session.state))  # an append
+    assert rows(pg, schema) == [(1, "compaction"), (2, "message"), (3, "message")]
+    assert state_of(make_journal()) == as_json(session.state)
+
+
+@pytest.mark.skipif(
+    os.environ.get("CHECKPOINTER_LONG_TESTS") != "1",
+    reason="a 200 MB compaction: set CHECKPOINTER_LONG_TESTS=1",
+)
+def test_a_200_mb_compaction_is_stored(
+    make_journal: Callable[..., PostgresJournalStore], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 200 MB session is one compaction row, with the default timeouts, at the first try."""
+    from benchmarks.bench_postgres import _session
+
+    store = make_journal(statement_timeout=10, connect_timeout=5)
+    state = _session(200 << 20)
+    times = []
+    for seq in (1, 2):
+        staged = store.stage("big", state)
+        t0 = time.perf_counter()
+        assert store.commit("big", meta(seq, key="big"), staged) > 150 << 20
+        times.append(time.perf_counter() - t0)
+        store._tracks.clear()  # the second is a compaction again, over the first
+    with capsys.disabled():
+        print(f"\n200 MB compaction: {times[0]:.2f} s, again over it: {times[1]:.2f} s")
+    assert load(store, "big") is not None

@@ -24,8 +24,6 @@ def xfail(reason: str) -> pytest.MarkDecorator:
     return pytest.mark.xfail(strict=True, reason=reason)
 
 
-
-
 def losses(*specs: Spec) -> list[str]:
     found: list[str] = []
     for spec in specs:

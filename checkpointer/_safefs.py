@@ -487,11 +487,15 @@ def _subdir_refusal(exc: OSError, path: str, parent_fd: int) -> OSError:
     st = _lstat(path, parent_fd)
     if st is not None and not stat.S_ISDIR(st.st_mode):
         return UnsafeFile(path, describe(st, path, parent_fd), expected="a directory")
-    was = {errno.ELOOP: "a symbolic link", errno.ENOTDIR: "not a directory"}.get(exc.errno or 0)
+    # O_DIRECTORY|O_NOFOLLOW says ENOTDIR for a link too (ELOOP on some systems).
+    was = {
+        errno.ELOOP: "a symbolic link when opened",
+        errno.ENOTDIR: "not a directory when opened (a link or a file?)",
+    }.get(exc.errno or 0)
     if st is not None and was is not None:  # a directory again: someone is swapping it
         return UnsafeFile(
             path,
-            f"{was} when opened and a directory just after (being swapped by another process?)",
+            f"{was} and a directory just after (being swapped by another process?)",
             expected="a directory",
         )
     if st is None:

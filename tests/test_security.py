@@ -1016,12 +1016,13 @@ def test_a_device_that_says_enoent_is_named_not_taken_for_no_file(
     assert stat.S_ISCHR(os.lstat(path).st_mode)
 
 
+@pytest.mark.parametrize("call", ["write_summary", "load_summary"])
 @pytest.mark.parametrize("swap", ["link", "removed", "file"])
 def test_a_directory_swapped_while_opened_is_named_as_found(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str, call: str
 ) -> None:
-    """sessions/ swapped at the open (for a link and back, away, for a file): a plain error naming
-    the whole path and what happened, never "a directory, not a directory"."""
+    """sessions/ swapped at the open (for a link and back, away, for a file): an error naming the
+    whole path and what happened, never "a directory, not a directory" (load: gone is None)."""
     root = tmp_path / "root"
     write_summary(root, KEY, SummaryCheckpoint(1, "s", WHEN, 1))
     sessions, aside = root / "sessions", tmp_path / "aside"
@@ -1048,8 +1049,15 @@ def test_a_directory_swapped_while_opened_is_named_as_found(
                 os.rename(aside, sessions)
 
     monkeypatch.setattr(os, "open", swapping_open)
-    with pytest.raises(OSError, match="sessions") as caught:
-        write_summary(root, KEY, SummaryCheckpoint(2, "t", WHEN, 2))
+    if call == "load_summary" and swap == "removed":
+        assert load_summary(root, KEY) is None and swapped
+        return
+    with pytest.raises((OSError, CheckpointError), match="sessions") as caught:
+        if call == "write_summary":
+            write_summary(root, KEY, SummaryCheckpoint(2, "t", WHEN, 2))
+        else:
+            load_summary(root, KEY)
+    assert isinstance(caught.value, CheckpointError) == (call == "load_summary")
     text = str(caught.value)
     assert swapped and str(sessions) in text, text
     assert "is a directory, not a directory" not in text

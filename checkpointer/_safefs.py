@@ -66,6 +66,9 @@ they rename in from elsewhere on the same filesystem.  Such a file is read
 as a checkpoint (one that is not is moved aside by name, its bytes
 untouched), and a lock file is refused unless it is empty or holds a lock
 holder's JSON.
+
+(Past 500 lines on purpose: these rules are one concern, and a reader
+checking one of them should find every check of it in this file.)
 """
 
 from __future__ import annotations

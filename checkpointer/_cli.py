@@ -189,8 +189,9 @@ def _turns(meta: Any, messages: list[Any] | None) -> int | None:
 
 
 def _stat(path: str) -> os.stat_result | None:
+    """The entry at ``path`` itself: a planted link's own size and time, never its target's."""
     try:
-        return os.stat(path)
+        return os.lstat(path)
     except OSError:
         return None
 
@@ -348,7 +349,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _show_raw(file: File) -> int:
     try:
-        data = read_checked(file.path)  # no link followed, no FIFO waited on
+        # No link followed, no FIFO waited on; a journal may grow by an append meanwhile.
+        data = read_checked(file.path, growing=file.kind.name == "journal")
     except OSError as exc:
         _error("show", f"{file.path}: cannot be read: {_why(exc)}")
         return PROBLEM

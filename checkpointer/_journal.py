@@ -325,6 +325,7 @@ class JournalStore(_Prefixes, FileStore):
     """
 
     suffix = ".jsonl"
+    _grows = True  # a read without the lock may see an append: it keeps what fstat saw
 
     def __init__(
         self,
@@ -512,7 +513,7 @@ class JournalStore(_Prefixes, FileStore):
             track = self._tracks[key] = _absent()
             return track
         try:
-            scan = _scan(read_fd(fd, st.st_size), path)
+            scan = _scan(read_fd(fd, st.st_size, path), path)
             linked = st.st_nlink > 1
             if scan.torn is not None and not linked:
                 os.ftruncate(fd, scan.end)

@@ -232,7 +232,9 @@ def acquire_file_lock(
         KeyLocked: another open file description still holds the lock after
             ``timeout`` (naming the holder when its file says who).
         UnsafeFile: ``path`` is a symbolic link, a FIFO, a directory, a file
-            with a second hard link or of another owner; it is left as it is.
+            with a second hard link or of an untrusted owner, or a file that
+            holds something other than a lock holder (renamed in from
+            elsewhere?); it is left as it is.
         OSError: the file cannot be created or locked.
     """
     if not (timeout >= 0 and math.isfinite(timeout)):
@@ -260,6 +262,7 @@ def acquire_file_lock(
                 # inode is no longer the lock.  Start over with the new file.
                 os.close(fd)
                 continue
+            _refuse_foreign(fd, path)
             holder = LockHolder(
                 pid=os.getpid(), host=socket.gethostname(), started_at=datetime.now(UTC)
             )
@@ -270,6 +273,37 @@ def acquire_file_lock(
             os.close(fd)
             raise
         return FileKeyLock(path, fd, holder)
+
+
+def _refuse_foreign(fd: int, path: str) -> None:
+    """Raise ``UnsafeFile`` unless the lock file ``fd`` holds nothing or a lock holder.
+
+    A lock file only ever holds a holder's JSON (or nothing, between create
+    and write; NUL bytes or a torn holder after a power cut).  Anything else
+    is a file that someone renamed in from elsewhere (a root-owned file of a
+    directory they can write, say): truncating it would write outside the
+    root, so it is left as it is.
+    """
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return
+    data = os.pread(fd, min(size, _HOLDER_MAX), 0)
+    if size <= _HOLDER_MAX:
+        if not data.strip(b"\0") or data.startswith(_HOLDER_START):
+            return
+        with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+            _HOLDER_DECODER.decode(data)
+            return
+    shown = data[:40] + (b"..." if size > 40 else b"")
+    raise UnsafeFile(
+        path,
+        f"a file of {size} bytes that hold no lock holder ({shown!r})",
+        expected="a lock file",
+    )
+
+
+_HOLDER_MAX = 4096  # a holder is ~70 bytes; more is not one
+_HOLDER_START = b'{"pid":'  # how the encoder starts every holder (a torn one too)
 
 
 def read_holder(path: str) -> LockHolder | None:

@@ -9,12 +9,17 @@ where each is kept:
 * **Written in place** (a lock file, a journal's append and its torn-tail
   truncation): opened with ``O_NOFOLLOW | O_NOCTTY | O_NONBLOCK`` and
   checked with ``fstat`` before a byte is written (``open_checked``): a
-  regular file, one link, owned as expected (below).  Anything else (a
+  regular file, one link, of a trusted owner (below).  Anything else (a
   symbolic link, dangling or not, a FIFO, a socket, a device, a directory,
   a file with a second hard link that may lie outside the root, a file of
-  another user) is refused with ``UnsafeFile`` naming the path and what is
-  there, and left as it is.  ``O_NONBLOCK``: opening a FIFO never waits
-  for a peer (it has no effect on the regular file that passes the check).
+  an untrusted user) is refused with ``UnsafeFile`` naming the path and
+  what is there, and left as it is.  When the open fails (even with
+  ENOENT: a device may say that) the path is looked at with ``lstat``, so
+  what is there is named, never taken for "no file".  ``O_NONBLOCK``:
+  opening a FIFO never waits for a peer (it has no effect on the regular
+  file that passes the check).  A lock file holds only a lock holder's
+  JSON, so one holding anything else (a file renamed in from elsewhere) is
+  refused rather than truncated (``_lock``).
 * **Replaced by rename** (a snapshot, a journal rewrite, a summary, a file
   moved aside): the rename replaces the *name*, never following it, so a
   link there is not written through and a hard link's other name keeps its
@@ -22,32 +27,64 @@ where each is kept:
   ``seq``), the read refuses what it would not write in place.
 * **Read** (``load``, the CLI, a writer's first look at a key):
   ``read_checked`` opens without following a symbolic link and without
-  blocking on a FIFO, and reads only a regular file.
+  blocking on a FIFO, reads only a regular file of a trusted owner (so a
+  state forged by another user is not loaded), and reads exactly the
+  ``st_size`` that ``fstat`` gave, never more (``read_fd``): a file that
+  grows while it is read is an error naming both sizes (a journal read
+  without its lock may grow by an append: that read keeps what ``fstat``
+  saw), a file larger than this machine's memory is not read at all, and a
+  ``MemoryError`` while reading is an error naming the path and the size.
+  All three are ``UnreadableFile``, an ``OSError``.
 * **Directories below the root** (``sessions/<key>/``): ``open_subdir``
   opens (or creates, 0700) each level with ``O_DIRECTORY | O_NOFOLLOW``
   relative to its parent's descriptor; writes go through that descriptor
   (``dir_fd=``), so a level swapped for a link after the check still
   cannot redirect them.
 * **The root itself** may be a symbolic link: people link their checkpoint
-  directory elsewhere on purpose.  A root writable by every user without
-  the sticky bit gets one warning per process (``check_root``).
+  directory elsewhere on purpose.  A root that someone other than this
+  user and root can change gets one warning per process (``check_root``):
+  one owned by another user (a ``/tmp/<name>`` someone made first, or a
+  user's directory a root process works in), one writable by every user,
+  or by a group with members besides its owner, without the sticky bit.
+  (A group is taken as its owner's alone when it has the owner's name and
+  lists no one else: the private group of a user whose umask is 002.)
 
-"Owned as expected": by the effective user, by root (uid 0), or by the owner
-of the directory the file is in.  The last covers a root-run process in a
-user's directory (the user's own files are trusted, as the user is there)
-and is why a file planted by a third user in a shared directory is refused.
+"A trusted owner": the effective user, root (uid 0), or the owner of the
+file's directory when that directory is theirs: it, and each directory
+above it up to the first that they do not own, belongs to them, and that
+first one belongs to root or to this user and is writable by no one else
+(a home directory under ``/home``, a container's bind mount under ``/``).
+That is the case of a root process working in a user's own directory: the
+user's files there are theirs, and they could change anything in it
+anyway.  A directory another user made in a shared place (``/tmp``, a group
+folder) may have been made there first to catch this process's files, so
+their files in it are refused: their forged state is not loaded, their
+``<key>.lock`` is not taken.  A file of a third user is always refused.
+What no check can stop in a directory others can change: the removal or
+renaming of the store's own files, and a file of this user or root that
+they rename in from elsewhere on the same filesystem.  Such a file is read
+as a checkpoint (one that is not is moved aside by name, its bytes
+untouched), and a lock file is refused unless it is empty or holds a lock
+holder's JSON.
+
+(Past 500 lines on purpose: these rules are one concern, and a reader
+checking one of them should find every check of it in this file.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import grp
 import logging
 import os
+import pwd
 import stat
 import threading
 
 __all__ = [
+    "UnreadableFile",
     "UnsafeFile",
     "check_root",
     "describe",
@@ -63,6 +100,7 @@ logger = logging.getLogger("checkpointer")
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_SHARED = stat.S_IWGRP | stat.S_IWOTH
 
 
 class UnsafeFile(OSError):
@@ -83,6 +121,23 @@ class UnsafeFile(OSError):
         )
         self.path = path
         self.found = found
+
+
+class UnreadableFile(OSError):
+    """A regular file that is not read whole: too large, or growing while read.
+
+    An ``OSError`` without an errno, so its message (which names the path
+    and the sizes) is what a ``CheckpointError`` or a ``Failed`` says.
+
+    Attributes:
+        path: the file.
+        size: its size when it was opened, in bytes.
+    """
+
+    def __init__(self, path: str, size: int, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.size = size
 
 
 _KINDS = (
@@ -120,36 +175,71 @@ def _lstat(path: str, dir_fd: int | None) -> os.stat_result | None:
 
 
 def _refusal(exc: OSError, path: str, dir_fd: int | None) -> OSError:
-    """The error to raise for a failed open: ``UnsafeFile`` when a non-file is in the way."""
-    if exc.errno == errno.ENOENT:
-        return exc
+    """The error to raise for a failed open: ``UnsafeFile`` when a non-file is in the way.
+
+    Looked at even for ENOENT: a device node whose driver finds nothing
+    behind it (a ``ptmx`` outside its ``devpts``) says ENOENT on open.
+    """
     st = _lstat(path, dir_fd)
     if st is None or stat.S_ISREG(st.st_mode):
         return exc
     return UnsafeFile(path, describe(st, path, dir_fd))
 
 
-def _owners(dir_owner: int | None) -> tuple[int, ...]:
-    return (os.geteuid(), 0) if dir_owner is None else (os.geteuid(), 0, dir_owner)
-
-
 def _check_owner(
     st: os.stat_result, path: str, dir_fd: int | None, *, expected: str = "a file"
 ) -> None:
-    if st.st_uid in _owners(None):
-        return
-    # Only now look at the directory (most files are our own: no syscall then).
+    """Raise ``UnsafeFile`` unless ``st`` (of ``path``) has a trusted owner (module docstring)."""
+    if st.st_uid in (os.geteuid(), 0):
+        return  # most files are our own: no syscall then
+    why = _untrusted(st.st_uid, path, dir_fd)
+    if why is not None:
+        raise UnsafeFile(path, f"owned by uid {st.st_uid}, {why}", expected=expected)
+
+
+def _untrusted(uid: int, path: str, dir_fd: int | None) -> str | None:
+    """Why a file of ``uid`` (not us, not root) in ``path``'s directory is refused; None if not."""
+    me = f"not by this process (uid {os.geteuid()}) or root"
     try:
-        owner = os.fstat(dir_fd).st_uid if dir_fd is not None else os.stat(_parent(path)).st_uid
+        fd = os.dup(dir_fd) if dir_fd is not None else os.open(_parent(path), _DIRECTORY)
     except OSError:
-        owner = None
-    if st.st_uid not in _owners(owner):
-        raise UnsafeFile(
-            path,
-            f"owned by uid {st.st_uid}, not by this process (uid {os.geteuid()}), root, "
-            f"or the owner of its directory (uid {owner})",
-            expected=expected,
-        )
+        return f"{me}, and its directory cannot be looked at"
+    try:
+        owner = os.fstat(fd).st_uid
+        if owner != uid:
+            return f"{me}, or the owner of its directory (uid {owner})"
+        anchor = _anchor(fd, uid)
+    except OSError:
+        return f"{me}, and the directories above its own cannot be looked at"
+    finally:
+        os.close(fd)
+    if anchor is None or (anchor.st_uid in (os.geteuid(), 0) and not anchor.st_mode & _SHARED):
+        return None  # their own directory, in a place only root (or we) could give them
+    return (
+        f"{me}; its directory {_parent(path)} is theirs, but lies in a directory others "
+        f"can write (uid {anchor.st_uid}, mode {stat.S_IMODE(anchor.st_mode):o}), where "
+        f"uid {uid} may have made it first (use a directory of this user's own)"
+    )
+
+
+def _anchor(fd: int, uid: int) -> os.stat_result | None:
+    """The first directory above ``fd`` that ``uid`` does not own; None if they own up to ``/``."""
+    current = os.dup(fd)
+    try:
+        here = os.fstat(current)
+        for _ in range(1024):  # a bound, not a depth anyone has
+            parent = os.open("..", _DIRECTORY, dir_fd=current)
+            os.close(current)
+            current = parent
+            above = os.fstat(current)
+            if (above.st_dev, above.st_ino) == (here.st_dev, here.st_ino):
+                return None  # "/" is its own parent
+            if above.st_uid != uid:
+                return above
+            here = above
+        return here
+    finally:
+        os.close(current)
 
 
 def _parent(path: str) -> str:
@@ -174,10 +264,10 @@ def open_checked(
 
     Raises:
         UnsafeFile: a symbolic link, a FIFO, a directory, ... (by ``lstat``
-            when the open itself fails), more hard links than one, or
-            another owner; nothing was written and the descriptor is closed.
+            when the open itself fails), more hard links than one, or an
+            untrusted owner; nothing was written and the descriptor is closed.
         OSError: the open failed for another reason (``FileNotFoundError``
-            without ``O_CREAT``).
+            without ``O_CREAT``, when nothing is there).
     """
     try:
         fd = os.open(_name(path, dir_fd), flags | _NOFOLLOW, mode, dir_fd=dir_fd)
@@ -203,47 +293,133 @@ def _check_opened(st: os.stat_result, path: str, dir_fd: int | None, links: bool
     _check_owner(st, path, dir_fd)
 
 
-def read_checked(path: str, *, dir_fd: int | None = None, limit: int | None = None) -> bytes | None:
+def read_checked(
+    path: str, *, dir_fd: int | None = None, limit: int | None = None, growing: bool = False
+) -> bytes | None:
     """The bytes of the regular file at ``path`` (its first ``limit``); None if nothing is there.
 
     Never follows a symbolic link at ``path`` itself, never blocks on a
-    FIFO, never reads a device.  Owners and links are not checked: reading
-    changes nothing.
+    FIFO, never reads a device, nor a file of an untrusted owner (a state
+    forged by another user).  Hard links are not checked: reading changes
+    nothing.  Reads what ``fstat`` said is there and never more (``read_fd``).
+
+    Args:
+        path: the file (with ``dir_fd``, its basename is opened relative to it).
+        dir_fd: the directory to open it in.
+        limit: read at most this many bytes (a lock file's holder).
+        growing: the file may grow by appends while it is read (a journal
+            read without its lock): keep what ``fstat`` saw, ignore the rest.
 
     Raises:
-        UnsafeFile: something other than a regular file is there.
+        UnsafeFile: something other than a regular file is there, or a
+            file of an untrusted owner.
+        UnreadableFile: too large to read, or it grew while being read.
         IsADirectoryError: a directory is there (what ``open`` would say).
         OSError: it cannot be read.
     """
     try:
         fd = os.open(_name(path, dir_fd), os.O_RDONLY | _NOFOLLOW, dir_fd=dir_fd)
-    except FileNotFoundError:
-        return None
     except OSError as exc:
-        raise _refusal(exc, path, dir_fd) from None
+        refusal = _refusal(exc, path, dir_fd)
+        if isinstance(refusal, FileNotFoundError):
+            return None
+        raise refusal from None
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         if not stat.S_ISREG(st.st_mode):
             raise UnsafeFile(path, describe(st, path, dir_fd))
+        _check_owner(st, path, dir_fd)
         if limit is not None:
             return os.read(fd, limit)
-        return read_fd(fd, st.st_size)
+        return read_fd(fd, st.st_size, path, growing=growing)
     finally:
         os.close(fd)
 
 
-def read_fd(fd: int, size: int) -> bytes:
-    """Read a regular file's descriptor to its end; ``size`` is its ``st_size``."""
-    # O_NONBLOCK does not apply to regular files: reads return what is there.
-    parts: list[bytes] = []
-    while True:
-        part = os.read(fd, max(size, 1 << 16))
-        if not part:
-            return b"".join(parts) if len(parts) != 1 else parts[0]
-        parts.append(part)
-        size = 1 << 16  # it grew while we read: go on in 64 KiB steps
+def read_fd(fd: int, size: int, path: str, *, growing: bool = False) -> bytes:
+    """The first ``size`` bytes of a regular file's descriptor (its ``st_size``), never more.
+
+    Args:
+        fd: the descriptor, at offset 0.
+        size: its ``st_size`` from ``fstat``.
+        path: the file, for messages.
+        growing: an append may make it grow meanwhile (a journal read
+            without its lock): keep the ``size`` bytes, ignore the rest.
+
+    Returns:
+        ``size`` bytes, or fewer if it shrank while being read.
+
+    Raises:
+        UnreadableFile: ``size`` is more than this machine's memory, a
+            ``MemoryError`` came while reading, or the file grew while
+            being read (unless ``growing``).
+        OSError: a read failed.
+    """
+    memory = _memory()
+    if memory is not None and size > memory:
+        raise UnreadableFile(
+            path,
+            size,
+            f"{path} is {_bytes(size)}, more than this machine's memory ({_human(memory)}), "
+            "so not a checkpoint it could load; not reading it (a sparse or planted file? "
+            "remove it to go on)",
+        )
+    try:
+        # O_NONBLOCK does not apply to regular files: reads return what is there.
+        parts: list[bytes] = []
+        left = size
+        while left > 0:
+            part = os.read(fd, left)  # Linux returns at most ~2 GiB per read
+            if not part:
+                break  # it shrank while being read: what is there now
+            parts.append(part)
+            left -= len(part)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+    except MemoryError:
+        raise UnreadableFile(
+            path,
+            size,
+            f"{path} is {_bytes(size)}, more than this process could allocate to read it "
+            "(MemoryError); free memory or raise the process's memory limit, or remove "
+            "the file if it is not a checkpoint",
+        ) from None
+    if not growing and os.read(fd, 1):
+        raise UnreadableFile(
+            path,
+            size,
+            f"{path} grew while being read, from {_bytes(size)} when opened to "
+            f"{_bytes(os.fstat(fd).st_size)}: something is writing into it in place, which "
+            "this library never does; not using what was read (try again, or find that writer)",
+        )
+    return data
+
+
+@functools.cache
+def _memory() -> int | None:
+    """This machine's physical memory in bytes; None if it cannot be told."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return None
+    return memory if memory > 0 else None
+
+
+def _bytes(n: int) -> str:
+    """``n`` bytes in words: "1 byte", "512 bytes", "68719476736 bytes (64.0 GiB)"."""
+    if n < 1024:
+        return "1 byte" if n == 1 else f"{n} bytes"
+    return f"{n} bytes ({_human(n)})"
+
+
+def _human(n: int) -> str:
+    size = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        size /= 1024
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+    return f"{size / 1024:.1f} TiB"
 
 
 def refuse_unless_replaceable(path: str, *, dir_fd: int | None = None) -> None:
@@ -289,21 +465,18 @@ def open_subdir(
 
     Raises:
         UnsafeFile: a symbolic link, a file or anything else is there, or a
-            directory of another owner.
-        FileNotFoundError: it is missing and not ``create``.
+            directory of an untrusted owner.
+        FileNotFoundError: it is missing and not ``create``, or it was
+            removed while being opened (naming ``path``).
+        OSError: it changed while being opened (naming ``path``).
     """
     if create:
         with contextlib.suppress(FileExistsError):
             os.mkdir(name, mode, dir_fd=parent_fd)
     try:
         fd = os.open(name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
-    except FileNotFoundError:
-        raise
-    except OSError:  # ELOOP: a link; ENOTDIR: a file, a FIFO, ...
-        st = _lstat(path, parent_fd)
-        if st is None:
-            raise
-        raise UnsafeFile(path, describe(st, path, parent_fd), expected="a directory") from None
+    except OSError as exc:  # ELOOP: a link; ENOTDIR: a file, a FIFO, ...; ENOENT: gone
+        raise _subdir_refusal(exc, path, parent_fd) from None
     try:
         _check_owner(os.fstat(fd), path, parent_fd, expected="a directory")
     except BaseException:
@@ -312,26 +485,94 @@ def open_subdir(
     return fd
 
 
+def _subdir_refusal(exc: OSError, path: str, parent_fd: int) -> OSError:
+    """What to raise when a directory below the root did not open: say what is there."""
+    st = _lstat(path, parent_fd)
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        return UnsafeFile(path, describe(st, path, parent_fd), expected="a directory")
+    # O_DIRECTORY|O_NOFOLLOW says ENOTDIR for a link too (ELOOP on some systems).
+    was = {
+        errno.ELOOP: "a symbolic link when opened",
+        errno.ENOTDIR: "not a directory when opened (a link or a file?)",
+    }.get(exc.errno or 0)
+    if st is not None and was is not None:  # a directory again: someone is swapping it
+        return UnsafeFile(
+            path,
+            f"{was} and a directory just after (being swapped by another process?)",
+            expected="a directory",
+        )
+    if st is None:
+        gone = "removed or renamed while being opened (by another process?)"
+        if exc.errno == errno.ENOENT:
+            return FileNotFoundError(errno.ENOENT, gone, path)
+        return OSError(exc.errno, f"{exc.strerror}, then {gone}", path)
+    return OSError(exc.errno, exc.strerror, path)
+
+
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
 def check_root(root: str) -> None:
-    """Warn once per process when ``root`` is writable by all users and not sticky."""
+    """Warn once per process when users other than this one and root can change ``root``.
+
+    That is: ``root`` is owned by another user, or writable by every user
+    or by a group with other members, without the sticky bit (module
+    docstring).  A root that cannot be looked at gets no warning (the write
+    that follows will say why it fails).
+    """
     try:
         st = os.stat(root)
     except OSError:
         return
-    if not (st.st_mode & stat.S_IWOTH) or st.st_mode & stat.S_ISVTX:
+    reasons, fixes = _shared_by(st, root)
+    if not reasons:
         return
     with _warned_lock:
         if root in _warned:
             return
         _warned.add(root)
     logger.warning(
-        "checkpointer: %s is writable by every user and has no sticky bit, so anyone can "
-        "plant or rename files in it; files planted there are refused, but give the store "
-        "a directory of its own (or chmod o-w %s)",
+        "checkpointer: %s is %s, so others can remove, rename or plant files in it. "
+        "Planted links, FIFOs, devices, hard links and files of untrusted users are "
+        "refused, but a checkpoint removed or replaced by a rename from elsewhere cannot "
+        "be: give the store a directory of its own (%s)",
         root,
-        root,
+        " and ".join(reasons),
+        ", ".join(fixes),
     )
+
+
+def _shared_by(st: os.stat_result, root: str) -> tuple[list[str], list[str]]:
+    """Why others can change the directory ``st`` (reasons, fixes); empty when nobody can."""
+    reasons: list[str] = []
+    fixes: list[str] = []
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        reasons.append(f"owned by uid {st.st_uid}, not by this process (uid {me}) or root")
+        fixes.append(f"or chown {me} {root}, or run as uid {st.st_uid}")
+    if not st.st_mode & stat.S_ISVTX:
+        if st.st_mode & stat.S_IWOTH:
+            reasons.append("writable by every user without the sticky bit")
+            fixes.append(f"or chmod o-w {root}")
+        if st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid, st.st_uid):
+            reasons.append(f"writable by group {_group(st.st_gid)} without the sticky bit")
+            fixes.append(f"or chmod g-w {root}")
+    return reasons, fixes
+
+
+def _private_group(gid: int, owner: int) -> bool:
+    """Whether group ``gid`` is the private group of user ``owner`` (its name, no other member)."""
+    try:
+        name = pwd.getpwuid(owner).pw_name
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return group.gr_name == name and set(group.gr_mem) <= {name}
+
+
+def _group(gid: int) -> str:
+    try:
+        return f"{grp.getgrgid(gid).gr_name!r} (gid {gid})"
+    except KeyError:
+        return f"gid {gid}"

@@ -134,6 +134,7 @@ class FileStore:
     """
 
     suffix = ".json"
+    _grows = False  # JournalStore: appended in place, so a read without the lock sees it grow
 
     def __init__(
         self, root: str | os.PathLike[str], *, transcript: Transcript | None = None
@@ -168,11 +169,15 @@ class FileStore:
 
         Raises:
             UnsafeFile: a symbolic link, a FIFO or a device is in its place
-                (never followed, never waited on; see ``_safefs``).
+                (never followed, never waited on), or a file of an untrusted
+                owner (see ``_safefs``).
+            UnreadableFile: larger than this machine's memory, more than the
+                process can allocate, or growing while read (a journal may
+                grow: what ``fstat`` saw is read).
             OSError: it cannot be read.
         """
         check_key(key)
-        return read_checked(self.location(key))
+        return read_checked(self.location(key), growing=self._grows)
 
     def keys(self) -> list[str]:
         try:

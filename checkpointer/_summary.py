@@ -199,7 +199,7 @@ def load_summary(root: Root, key: str) -> SummaryCheckpoint | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise CheckpointError(path, f"cannot be read: {exc.strerror or exc}") from None
+        raise CheckpointError(path, f"cannot be read: {_unreadable(exc, path)}") from None
     if data is None:
         return None
     try:
@@ -207,6 +207,14 @@ def load_summary(root: Root, key: str) -> SummaryCheckpoint | None:
     except UnicodeDecodeError as exc:
         raise CheckpointError(path, f"not UTF-8 text: {exc}") from None
     return _parse(text, path)
+
+
+def _unreadable(exc: OSError, path: str) -> str:
+    """Why ``path`` cannot be read, naming the directory on the way when that was the trouble."""
+    why = exc.strerror or str(exc)
+    if exc.strerror and exc.filename and os.fspath(exc.filename) != path:
+        return f"{exc.filename}: {why}"  # sessions/ or sessions/<key>/ (changed while opened)
+    return why
 
 
 async def collapse(

@@ -22,6 +22,8 @@ Never a wall-clock wait: a watchdog unblocks any open stuck on a FIFO after
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -48,12 +50,14 @@ from checkpointer import (
     SummaryFailed,
     Transcript,
     Written,
+    _safefs,
     collapse,
     load,
     load_summary,
     write_summary,
 )
 from checkpointer._cli import main as cli_main
+from checkpointer._safefs import UnreadableFile, read_fd
 
 KEY = "k"
 KINDS = ("symlink-to-file", "symlink-to-dir", "dangling-symlink", "fifo", "hard-link")
@@ -647,3 +651,446 @@ def test_reads_report_a_planted_fifo_without_waiting(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="is a FIFO"):
         load(FileStore(root), KEY)
     assert cli_main(["show", "--raw", str(root), KEY]) == 1
+
+
+# -- reads are bounded ------------------------------------------------------------------
+
+READERS: dict[str, str] = {  # a path that reads a checkpoint: the file it reads
+    "load FileStore": f"{KEY}.json",
+    "load JournalStore": f"{KEY}.jsonl",
+    "load_summary": f"sessions/{KEY}/checkpoint.md",
+    "ls": f"{KEY}.json",
+    "show --raw": f"{KEY}.json",
+    "verify": f"{KEY}.json",
+    "writer FileStore": f"{KEY}.json",
+    "writer JournalStore": f"{KEY}.jsonl",
+}
+
+
+def plant_sparse(root: Path, reader: str, size: int) -> Path:
+    """A sparse file of ``size`` bytes where ``reader`` looks (it costs no disk)."""
+    path = root / READERS[reader]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        f.truncate(size)
+    return path
+
+
+def read_outcome(reader: str, root: Path) -> str:
+    """Run ``reader`` over ``root``: the error it reports, which it must report as a value."""
+    if reader.startswith("writer"):
+        make = FileStore if reader.endswith("FileStore") else JournalStore
+        writer = CheckpointWriter(
+            Session(2).snapshot, make(root), exit_hooks=False, write_on_start=False
+        ).open()
+        try:
+            error = error_of(writer.flush_sync())
+        finally:
+            writer.close()
+        assert error is not None
+        return error
+    if reader.startswith("load"):
+        with pytest.raises(CheckpointError) as caught:
+            if reader == "load_summary":
+                load_summary(root, KEY)
+            else:
+                load((FileStore if reader.endswith("FileStore") else JournalStore)(root), KEY)
+        return str(caught.value)
+    args = {"ls": ["ls", str(root)], "show --raw": ["show", "--raw", str(root), KEY]}
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli_main(args.get(reader, [reader, str(root)]))
+    assert status == (0 if reader == "ls" else 1), out.getvalue() + err.getvalue()
+    return out.getvalue() + err.getvalue()
+
+
+needs_memory_size = pytest.mark.skipif(
+    _safefs._memory() is None, reason="this system does not say how much memory it has"
+)
+
+
+@needs_memory_size
+@pytest.mark.parametrize("reader", READERS)
+def test_a_file_larger_than_memory_is_refused_unread(tmp_path: Path, reader: str) -> None:
+    """A sparse file past physical memory: every reader says its path and size, reads nothing."""
+    memory = _safefs._memory()
+    assert memory is not None
+    size = memory + (1 << 30)
+    root = tmp_path / "root"
+    path = plant_sparse(root, reader, size)
+    text = read_outcome(reader, root)
+    assert f"{path} is {size} bytes" in " ".join(text.split()), text
+    assert "more than this machine's memory" in " ".join(text.split())
+    assert os.stat(path).st_size == size  # left as it is
+
+
+_LIMITED_CHILD = """
+import json, resource, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from tests.test_security import READERS, read_outcome
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[3]), int(sys.argv[3])))
+print(json.dumps({reader: read_outcome(reader, Path(sys.argv[2]) / str(n))
+                  for n, reader in enumerate(READERS)}))
+"""
+
+
+def test_a_memory_error_while_reading_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    """A 3 GiB file in a process limited to 1.5 GiB: each reader names path, size, MemoryError."""
+    size, limit = 3 << 30, 3 << 29
+    memory = _safefs._memory()
+    if memory is not None and memory <= size:
+        pytest.skip("the file would be past this machine's memory: refused before any read")
+    paths = [plant_sparse(tmp_path / str(n), reader, size) for n, reader in enumerate(READERS)]
+    repo = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", _LIMITED_CHILD, repo, str(tmp_path), str(limit)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    said = json.loads(proc.stdout)
+    for path, reader in zip(paths, READERS, strict=True):
+        text = " ".join(said[reader].split())
+        assert f"{path} is {size} bytes (3.0 GiB)" in text, (reader, text)
+        assert "(MemoryError)" in text and "Traceback" not in text, (reader, text)
+
+
+@pytest.fixture
+def grow_after_fstat(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], list[int]]:
+    """Arm a file to grow by 64 MiB right after the library's first fstat of it.
+
+    What another process writing into it (``ftruncate`` larger) does at the
+    worst moment; returns the sizes fstat saw, filled in as it happens.
+    """
+
+    def arm(path: Path) -> list[int]:
+        inode, real = os.stat(path).st_ino, os.fstat
+        seen: list[int] = []
+
+        def fstat(fd: int) -> os.stat_result:
+            st = real(fd)
+            if not seen and st.st_ino == inode:
+                seen.append(st.st_size)
+                os.truncate(path, st.st_size + (64 << 20))
+            return st
+
+        monkeypatch.setattr(os, "fstat", fstat)
+        return seen
+
+    return arm
+
+
+@pytest.mark.parametrize("reader", ["load FileStore", "load_summary", "writer FileStore"])
+def test_a_file_growing_while_read_is_an_error_naming_both_sizes(
+    tmp_path: Path, grow_after_fstat: Callable[[Path], list[int]], reader: str
+) -> None:
+    """A snapshot or summary that grows while read: an error with both sizes; the rest unread."""
+    if reader == "load_summary":
+        root = tmp_path / "root"
+        write_summary(root, KEY, SummaryCheckpoint(1, "the summary", WHEN, 1))
+    else:
+        root, _, _ = written_store(tmp_path, "FileStore")
+    path = root / READERS[reader]
+    seen = grow_after_fstat(path)
+    text = " ".join(read_outcome(reader, root).split())
+    (size,) = seen
+    grown = size + (64 << 20)
+    assert f"{path} grew while being read, from {size} bytes when opened to {grown} bytes" in text
+    # Left as it is (the writer's close, reading it whole, moved it aside by name as corrupt).
+    assert grown in [p.stat().st_size for p in path.parent.iterdir() if p.is_file()]
+
+
+def test_a_journal_growing_while_read_loads_what_was_there(
+    tmp_path: Path, grow_after_fstat: Callable[[Path], list[int]]
+) -> None:
+    """A journal read without its lock may see an append: load keeps what fstat saw."""
+    root, _, name = written_store(tmp_path, "JournalStore")
+    seen = grow_after_fstat(root / name)
+    cp = load(JournalStore(root), KEY)
+    assert seen and cp is not None and cp.state == Session(2).snapshot().state
+
+
+@pytest.mark.parametrize("growing", [False, True])
+def test_read_fd_reads_what_fstat_said_and_never_more(tmp_path: Path, growing: bool) -> None:
+    """read_fd of a file past its fstat size: that many bytes (growing) or UnreadableFile."""
+    path = tmp_path / "f"
+    path.write_bytes(b"0123456789" * 2)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if growing:
+            assert read_fd(fd, 10, str(path), growing=True) == b"0123456789"
+            assert os.read(fd, 100) == b"0123456789"  # the rest was left unread
+        else:
+            with pytest.raises(UnreadableFile, match="from 10 bytes when opened to 20 bytes"):
+                read_fd(fd, 10, str(path))
+    finally:
+        os.close(fd)
+
+
+# -- whose files are trusted, and which roots are warned about ----------------------------
+
+
+@needs_root
+@pytest.mark.parametrize("place", ["shared", "theirs"])
+def test_a_root_another_user_made_is_trusted_only_in_a_place_of_their_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, place: str
+) -> None:
+    """uid 4242's root in a sticky shared dir (a /tmp squat): their forged state, summary and
+    lock refused, untouched; in a dir only root can write (their home), trusted. Warned once."""
+    parent = tmp_path / "place"
+    parent.mkdir(mode=0o1777 if place == "shared" else 0o755)
+    parent.chmod(0o1777 if place == "shared" else 0o755)
+    root = parent / "ckpt"
+    forged = Snapshot(KEY, {"messages": [{"role": "system", "content": "forged by uid 4242"}]})
+    with CheckpointWriter(lambda: forged, FileStore(root), exit_hooks=False):
+        pass
+    write_summary(root, KEY, SummaryCheckpoint(1, "a forged summary", WHEN, 1))
+    (root / f"{KEY}.lock").write_bytes(b"")
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [".", *dirnames, *filenames]:
+            os.chown(os.path.join(dirpath, name), STRANGER, STRANGER)
+    before = snapshot(root)
+    with caplog.at_level(logging.WARNING, logger="checkpointer"):
+        if place == "shared":
+            with pytest.raises(CheckpointError, match=f"is owned by uid {STRANGER}"):
+                load(FileStore(root), KEY)
+            with pytest.raises(CheckpointError, match=f"sessions is owned by uid {STRANGER}"):
+                load_summary(root, KEY)
+            writer = CheckpointWriter(
+                Session(3).snapshot, FileStore(root), exit_hooks=False, write_on_start=False
+            ).open()
+            try:
+                error = error_of(writer.flush_sync())
+            finally:
+                writer.close()
+            assert error is not None and f"{KEY}.lock is owned by uid {STRANGER}" in error
+            assert "may have made it first" in error
+            assert snapshot(root) == before
+        else:
+            cp = load(FileStore(root), KEY)
+            assert cp is not None and cp.state == forged.state
+            summary = load_summary(root, KEY)
+            assert summary is not None and summary.summary == "a forged summary"
+            with CheckpointWriter(Session(3).snapshot, FileStore(root), exit_hooks=False) as w:
+                assert w.statistics().writes == 1
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.getMessage().startswith(
+            f"checkpointer: {root} is owned by uid {STRANGER}, not by this process"
+        )
+    ]
+    assert len(warnings) == 1, caplog.records
+
+
+ROOTS: dict[str, tuple[int, int | None, int | None, str | None]] = {
+    # a root: mode, owner uid, group gid (None: this process's), what the warning says
+    "0777": (0o777, None, None, "writable by every user without the sticky bit"),
+    "1777": (0o1777, None, None, None),
+    "2770 shared group": (0o2770, None, STRANGER, "writable by group gid 4242 without the"),
+    "3770 shared group, sticky": (0o3770, None, STRANGER, None),
+    "0770 own private group": (0o770, None, None, None),
+    "0755 of another user": (0o755, STRANGER, None, f"owned by uid {STRANGER}, not by this"),
+    "1777 of another user": (0o1777, STRANGER, None, f"owned by uid {STRANGER}, not by this"),
+}
+
+
+@needs_root
+@pytest.mark.parametrize("case", ROOTS)
+def test_a_root_others_can_change_is_warned_about_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    """One warning per process for a root another user owns, or a group or all can write."""
+    mode, uid, gid, says = ROOTS[case]
+    if case == "0770 own private group" and not _safefs._private_group(os.getegid(), os.geteuid()):
+        pytest.skip("this user's group is not a private group")
+    if gid == STRANGER:
+        with contextlib.suppress(KeyError):
+            said = _safefs._group(STRANGER)
+            says = says and says.replace("gid 4242", said)
+    root = tmp_path / "root"
+    root.mkdir()
+    os.chown(root, -1 if uid is None else uid, -1 if gid is None else gid)
+    root.chmod(mode)
+    with caplog.at_level(logging.WARNING, logger="checkpointer"):
+        for _ in range(2):
+            FileStore(root).open()
+    warnings = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith(f"checkpointer: {root}")
+    ]
+    if says is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and says in warnings[0], warnings
+        assert "give the store a directory of its own" in warnings[0]
+
+
+# -- a lock file holds a holder or nothing -------------------------------------------------
+
+
+def test_a_file_renamed_in_as_the_lock_is_not_overwritten(tmp_path: Path) -> None:
+    """A file of this user with other bytes renamed in as k.lock: Failed naming it, bytes kept."""
+    root, _, _ = written_store(tmp_path, "FileStore")
+    settings, precious = (
+        tmp_path / "settings.conf",
+        b"precious settings; nobody else may write this\n",
+    )
+    settings.write_bytes(precious)
+    os.utime(settings, ns=(OLD, OLD))
+    lock = root / f"{KEY}.lock"
+    os.rename(settings, lock)
+    session = Session(3)
+    writer = CheckpointWriter(
+        session.snapshot, FileStore(root), exit_hooks=False, write_on_start=False
+    ).open()
+    try:
+        error = error_of(writer.flush_sync())
+        assert (
+            error is not None
+            and f"{lock} is a file of {len(precious)} bytes that hold no " in error
+        )
+        os.rename(lock, settings)
+        assert settings.read_bytes() == precious
+        assert settings.stat().st_mtime_ns == OLD
+        assert isinstance(writer.flush_sync(), Written)
+    finally:
+        writer.close()
+    check_recovered(tmp_path, "FileStore", session)
+
+
+DEAD_HOLDER = b'{"pid":4194303,"host":"elsewhere","started_at":"2026-01-01T00:00:00Z"}'
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\0" * 68, DEAD_HOLDER[:20], DEAD_HOLDER],
+    ids=["empty", "nul", "torn", "dead"],
+)
+def test_a_lock_file_a_writer_left_behind_is_taken_over(tmp_path: Path, content: bytes) -> None:
+    """Empty, NUL-filled or torn (a power cut) or a dead holder's: taken, and it names us."""
+    root, _, _ = written_store(tmp_path, "FileStore")
+    lock = root / f"{KEY}.lock"
+    lock.write_bytes(content)
+    held = FileStore(root).lock(KEY)
+    try:
+        assert json.loads(lock.read_bytes())["pid"] == os.getpid()
+    finally:
+        held.release()
+
+
+# -- what open() cannot tell ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [f"{KEY}.json", f"{KEY}.jsonl", f"{KEY}.lock", "checkpoint.md"])
+def test_a_device_that_says_enoent_is_named_not_taken_for_no_file(
+    tmp_path: Path, name: str
+) -> None:
+    """A planted device whose open says ENOENT (ptmx outside devpts): refused by name, left."""
+    root = tmp_path / "root"
+    path = root / f"sessions/{KEY}/{name}" if name == "checkpoint.md" else root / name
+    path.parent.mkdir(parents=True)
+    try:
+        os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(5, 2))
+    except PermissionError:
+        pytest.skip("mknod is not permitted here (needs CAP_MKNOD)")
+    found = f"{path} is a character device"
+    if name == "checkpoint.md":
+        with pytest.raises(CheckpointError, match=found):
+            load_summary(root, KEY)
+    else:
+        make = JournalStore if name.endswith(".jsonl") else FileStore
+        if name != f"{KEY}.lock":
+            with pytest.raises(CheckpointError, match=found):
+                load(make(root), KEY)
+        writer = CheckpointWriter(
+            Session(2).snapshot, make(root), exit_hooks=False, write_on_start=False
+        ).open()
+        try:
+            error = error_of(writer.flush_sync())
+        finally:
+            writer.close()
+        assert error is not None and found in error
+    assert stat.S_ISCHR(os.lstat(path).st_mode)
+
+
+@pytest.mark.parametrize("call", ["write_summary", "load_summary"])
+@pytest.mark.parametrize("swap", ["link", "removed", "file"])
+def test_a_directory_swapped_while_opened_is_named_as_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str, call: str
+) -> None:
+    """sessions/ swapped at the open (for a link and back, away, for a file): an error naming the
+    whole path and what happened, never "a directory, not a directory" (load: gone is None)."""
+    root = tmp_path / "root"
+    write_summary(root, KEY, SummaryCheckpoint(1, "s", WHEN, 1))
+    sessions, aside = root / "sessions", tmp_path / "aside"
+    real_open = os.open
+    swapped: list[str] = []
+
+    def swapping_open(
+        path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None
+    ) -> int:
+        if path != "sessions" or dir_fd is None or swapped:
+            return real_open(path, flags, mode, dir_fd=dir_fd)
+        swapped.append(swap)
+        os.rename(sessions, aside)
+        if swap == "link":
+            sessions.symlink_to(aside)
+        elif swap == "file":
+            sessions.write_bytes(b"")
+        try:
+            return real_open(path, flags, mode, dir_fd=dir_fd)
+        finally:
+            if swap != "removed":
+                sessions.unlink()
+            if swap == "link":
+                os.rename(aside, sessions)
+
+    monkeypatch.setattr(os, "open", swapping_open)
+    if call == "load_summary" and swap == "removed":
+        assert load_summary(root, KEY) is None and swapped
+        return
+    with pytest.raises((OSError, CheckpointError), match="sessions") as caught:
+        if call == "write_summary":
+            write_summary(root, KEY, SummaryCheckpoint(2, "t", WHEN, 2))
+        else:
+            load_summary(root, KEY)
+    assert isinstance(caught.value, CheckpointError) == (call == "load_summary")
+    text = str(caught.value)
+    assert swapped and str(sessions) in text, text
+    assert "is a directory, not a directory" not in text
+    expected = {
+        "link": "not a directory when opened (a link or a file?) and a directory just after",
+        "removed": "removed or renamed while being opened",
+        "file": "Not a directory, then removed or renamed while being opened",
+    }
+    assert expected[swap] in text, text
+
+
+# -- the command line looks at the entry, not its target ------------------------------------
+
+
+def test_ls_and_show_report_a_planted_link_itself_not_its_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ls --json and show over k.json -> a secret: the link's size and time, not the secret's."""
+    monkeypatch.setattr(logging, "basicConfig", lambda **kw: None)
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"x" * 123457)
+    os.utime(secret, ns=(OLD, OLD))
+    root = tmp_path / "root"
+    root.mkdir()
+    link = root / f"{KEY}.json"
+    link.symlink_to(secret)
+    assert cli_main(["ls", "--json", str(root)]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    st = os.lstat(link)
+    assert row["size"] == st.st_size != 123457
+    assert row["mtime"] == datetime.fromtimestamp(st.st_mtime, UTC).isoformat().replace(
+        "+00:00", "Z"
+    )
+    assert cli_main(["show", str(root), KEY]) == 1
+    out = capsys.readouterr().out
+    assert f"({st.st_size} B, snapshot)" in out and "120.6 KiB" not in out

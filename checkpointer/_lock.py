@@ -44,6 +44,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from ._atomic import makedirs_durable
 from ._results import Failed
 
 __all__ = [
@@ -182,7 +183,7 @@ def acquire_file_lock(
     """
     if not (timeout >= 0 and math.isfinite(timeout)):
         raise ValueError(f"lock timeout must be a finite number of seconds >= 0, got {timeout!r}")
-    os.makedirs(os.path.dirname(path) or ".", mode=dir_mode, exist_ok=True)
+    makedirs_durable(os.path.dirname(path) or ".", dir_mode)  # a new root, durably
     deadline = time.monotonic() + timeout
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

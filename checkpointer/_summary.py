@@ -38,7 +38,7 @@ from typing import Any, Literal
 import anyio
 import msgspec
 
-from ._atomic import write_atomic
+from ._atomic import makedirs_durable, write_atomic
 from ._format import CheckpointError
 from ._stores import FileStore, check_key
 from ._transcript import starts_with_results
@@ -149,11 +149,12 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
     )
     data = (front + checkpoint.summary).encode("utf-8")
     # makedirs gives its mode to the last directory only: the root and sessions/
-    # are made one by one, 0700 like a FileStore's root.
+    # are made one by one, 0700 like a FileStore's root, each durably (a new
+    # directory needs its parent fsynced to survive a power cut).
     sessions = os.path.dirname(os.path.dirname(path))
     for directory in (os.path.dirname(sessions), sessions):
         if directory:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+            makedirs_durable(directory, 0o700)
     write_atomic(path, [data])
     return path
 

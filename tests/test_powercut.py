@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from checkpointer import SummaryCheckpoint
+from checkpointer import FileStore, JournalStore, SummaryCheckpoint, load_summary
 from checkpointer import write_summary as write_summary_checkpoint
+from checkpointer._atomic import makedirs_durable
 
 from . import powercut
 from ._powerfs import PowerDisk, PowerFS, label_kind, unavailable
@@ -300,6 +301,27 @@ def mounted(fuse: None, tmp_path: Path) -> Iterator[PowerFS]:
         fs.close()
 
 
+@pytest.mark.parametrize("store", ["file", "journal", "summary"])
+def test_the_first_write_into_a_new_root_survives_a_power_cut(mounted: PowerFS, store: str) -> None:
+    """A store that makes its own root: what it reported written is there after the cut."""
+    root = os.path.join(mounted.mountpoint, "sessions-root")
+    if store == "summary":
+        summary_at(Path(root), 12)
+    else:
+        made = FileStore(root) if store == "file" else JournalStore(root)
+        lock = made.lock(KEY)  # the writer locks first: the lock makes the directory
+        made.write(KEY, [b'{"format":1}'] if store == "file" else [b"{}\n"])
+        lock.release()
+    mounted.cut()
+    on_disk = os.path.join(mounted.backing, "sessions-root")
+    if store == "summary":
+        assert load_summary(on_disk, KEY) is not None
+    else:
+        assert os.path.exists(
+            os.path.join(on_disk, KEY + (".json" if store == "file" else ".jsonl"))
+        )
+
+
 def test_the_documented_command_loses_nothing(
     fuse: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -342,3 +364,18 @@ def test_the_torture_catches_each_removed_fsync(
     assert summary.caught_at is not None, "\n".join(summary.lines())
     assert summary.caught_at <= powercut.MUTATION_CUTS
     assert seen in summary.problems[0], summary.problems[0]
+
+
+def test_makedirs_durable_fsyncs_the_parent_of_every_directory_it_makes(tmp_path: Path) -> None:
+    """Each new directory's parent is fsynced after its mkdir; an existing tree costs nothing."""
+    synced: list[int] = []
+
+    def record(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        os.fsync(fd)
+
+    makedirs_durable(str(tmp_path / "a" / "b"), 0o700, record)
+    assert synced == [tmp_path.stat().st_ino, (tmp_path / "a").stat().st_ino]
+    assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o700
+    makedirs_durable(str(tmp_path / "a" / "b"), 0o700, record)
+    assert len(synced) == 2

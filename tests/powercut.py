@@ -43,7 +43,7 @@ was durable, and checked:
 (a ``FileStore`` plus ``collapse``/``write_summary`` summary checkpoints)
 or ``all``; lock files are checked in every store.  ``--mutate`` runs the
 torture against code with one fsync removed (``file-fsync``: the temp
-file's in ``write_atomic``; ``dir-fsync``: every directory fsync;
+file's in ``write_atomic``; ``dir-fsync``: its directory's after the rename;
 ``journal-fsync``: the journal append's), by a seam in the child only, and
 reports the cut that caught it: a check that passes with the fsyncs gone
 would test nothing.
@@ -59,6 +59,7 @@ import inspect
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import stat
@@ -73,6 +74,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
+import msgspec
 
 import checkpointer._atomic
 import checkpointer._journal
@@ -80,6 +82,7 @@ import checkpointer._lock
 import checkpointer._stores
 import checkpointer._summary
 from checkpointer import (
+    Checkpoint,
     CheckpointError,
     CheckpointWriter,
     FileStore,
@@ -203,7 +206,7 @@ MUTATIONS: dict[str, Mutation] = {
     "dir-fsync": Mutation(
         "file",
         ("rename temp.json", "create temp.json", "fsync temp.json"),
-        "no directory fsync anywhere (write_atomic's, a new directory's parent's)",
+        "write_atomic without the fsync of the directory after the rename",
     ),
     "journal-fsync": Mutation(
         "journal",
@@ -252,7 +255,7 @@ def _mutate(kind: str) -> None:
 def _dropped(kind: str, fd: int) -> bool:
     mode = os.fstat(fd).st_mode
     if kind == "dir-fsync":
-        return stat.S_ISDIR(mode)
+        return stat.S_ISDIR(mode) and _called_from() == "write_atomic"
     if not stat.S_ISREG(mode):
         return False
     name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
@@ -261,6 +264,16 @@ def _dropped(kind: str, fd: int) -> bool:
     if kind == "journal-fsync":
         return name.endswith(".jsonl")
     raise ValueError(f"unknown mutation {kind!r}")
+
+
+def _called_from() -> str | None:
+    """Which of write_atomic and makedirs_durable the current fsync is made for, if either."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in ("write_atomic", "makedirs_durable"):
+            return frame.f_code.co_name
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
 
 
 # -- the summary checkpoints -----------------------------------------------------------------
@@ -351,6 +364,20 @@ class _Reporting(ReportingStore):
             return super().read_meta(key)
         except Exception as exc:
             self._failed("read_meta", exc)
+            raise
+
+    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
+        try:
+            return super().update_meta(key, update)
+        except Exception as exc:
+            self._failed("update_meta", exc)
+            raise
+
+    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
+        try:
+            return super().read_checkpoint(key)
+        except Exception as exc:
+            self._failed("read_checkpoint", exc)
             raise
 
     def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
@@ -983,7 +1010,8 @@ def _mutations(
                 progress=say,
             )
             first = summary.problems[0].split(": ", 1)[1] if summary.problems else "nothing"
-            caught = f"{summary.caught_at} of {summary.cuts}" if summary.caught_at else "NOT"
+            first = re.sub(r"/\S*/disk/store/", "", first)  # the temp directory's path
+            caught = f"{summary.caught_at} (of {MUTATION_CUTS})" if summary.caught_at else "NOT"
             out.append(f"| {name} | {mutation.store} | {model} | {caught} | {first[:120]} |")
             missed += summary.caught_at is None
     print("\n".join(out), flush=True)

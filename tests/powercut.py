@@ -958,7 +958,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\n".join(summary.lines()), flush=True)
             rows.append(summary)
             failed += summary.losses
-    print("\n".join(_table(rows)), flush=True)
+    print("\n".join(_table(rows) + _steps_table(rows)), flush=True)
     return 1 if failed else 0
 
 
@@ -976,6 +976,29 @@ def _table(rows: list[Summary]) -> list[str]:
             f"{s.writes} | {s.summaries if s.store == 'summary' else '-'} | {s.undone} | "
             f"{s.zero_filled} | {s.torn} | {s.losses} |"
         )
+    return out
+
+
+def _steps_table(rows: list[Summary]) -> list[str]:
+    """Cuts per store (both models together) by the call right before the power went."""
+    stores = list(dict.fromkeys(s.store for s in rows))
+    steps: Counter[tuple[str, str]] = Counter()
+    for s in rows:
+        for label, count in s.steps.items():
+            steps[s.store, label] += count
+    order = [*_FILE_STEPS, *_JOURNAL_STEPS, *_SUMMARY_STEPS]
+    labels = sorted(
+        {label for _, label in steps},
+        key=lambda label: (order.index(label) if label in order else len(order), label),
+    )
+    out = [
+        "",
+        "| the power went right after | " + " | ".join(stores) + " |",
+        "|---|" + "---|" * len(stores),
+    ]
+    for label in labels:
+        cells = " | ".join(str(steps[store, label]) for store in stores)
+        out.append(f"| `{label}` | {cells} |")
     return out
 
 

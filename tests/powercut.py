@@ -53,64 +53,41 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
-import hashlib
-import inspect
-import math
 import os
 import random
 import re
 import shutil
 import signal
-import stat
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-import anyio
-import msgspec
-
-import checkpointer._atomic
-import checkpointer._journal
-import checkpointer._lock
-import checkpointer._stores
-import checkpointer._summary
 from checkpointer import (
-    Checkpoint,
     CheckpointError,
-    CheckpointWriter,
-    FileStore,
-    JournalStore,
-    Meta,
-    Snapshot,
-    Staged,
-    Store,
-    SummaryCheckpoint,
     TornTail,
-    Transcript,
-    collapse,
-    load,
     load_summary,
-    write_summary,
 )
-from checkpointer._atomic import _TEMP_RE
-from checkpointer._lock import KeyLock, probe_file_lock
+from checkpointer._lock import probe_file_lock
 from checkpointer._summary import _safe_watermark
 from tests._powerfs import HANG_GUARD, MODELS, PowerFS
+from tests.children.powercut_child import (
+    KEEP_LAST,
+    MUTATIONS,
+    STORES,
+    run_child,
+    summary_bytes,
+    summary_text,
+)
 from tests.torture import (
     KEY,
     MIB,
     Reported,
-    ReportingStore,
     _backends,
     _Run,
-    _say,
     _Zygote,
     check,
     file_leftovers,
@@ -119,175 +96,10 @@ from tests.torture import (
 
 __all__ = ["MUTATIONS", "STORES", "Summary", "main", "run", "summary_text"]
 
-KEEP_LAST = 3  # messages a summary checkpoint leaves verbatim
 AIM_WAIT = 2.0  # seconds an aimed cut waits for its call before cutting anyway (not a timing test)
 
 
-# -- stores --------------------------------------------------------------------------------
-
-
-_FILE_STEPS = (
-    "create temp.json",
-    "chmod temp.json",
-    "write temp.json",
-    "fsync temp.json",
-    "rename temp.json",
-    "fsyncdir",
-    "mkdir",
-    "create lock",
-    "truncate lock",
-    "write lock",
-    "unlink temp.json",
-)
-_JOURNAL_STEPS = (
-    "write journal:append",
-    "fsync journal:append",
-    "write journal:compaction",
-    "fsync journal:compaction",
-    "create temp.jsonl",
-    "chmod temp.jsonl",
-    "write temp.jsonl",
-    "fsync temp.jsonl",
-    "rename temp.jsonl",
-    "fsyncdir",
-    "truncate journal",
-    "fsync journal:truncate",
-    "mkdir",
-    "create lock",
-    "write lock",
-)
-_SUMMARY_STEPS = (
-    "create temp.md",
-    "write temp.md",
-    "fsync temp.md",
-    "rename temp.md",
-    "mkdir",
-    *_FILE_STEPS[:6],
-)
-
-
-@dataclass(frozen=True)
-class PowerStore:
-    """A store to torture: how to make one, the steps to aim cuts at, whether it summarizes."""
-
-    make: Callable[[str], Store]
-    steps: tuple[str, ...]
-    summaries: bool = False
-
-
-def _file_transcript(root: str) -> Store:
-    return FileStore(root, transcript=Transcript())
-
-
-STORES: dict[str, PowerStore] = {
-    "file": PowerStore(FileStore, _FILE_STEPS),
-    "file-transcript": PowerStore(_file_transcript, _FILE_STEPS),
-    "journal": PowerStore(JournalStore, _JOURNAL_STEPS),
-    "summary": PowerStore(FileStore, _SUMMARY_STEPS, summaries=True),
-}
-"""The stores to cut the power under; ``summary`` adds summary checkpoints to a ``FileStore``."""
-
-
-@dataclass(frozen=True)
-class Mutation:
-    """One fsync removed, the store it matters to, and the steps that expose it."""
-
-    store: str
-    steps: tuple[str, ...]
-    what: str
-
-
-MUTATIONS: dict[str, Mutation] = {
-    "file-fsync": Mutation(
-        "file",
-        ("rename temp.json", "fsyncdir", "create temp.json"),
-        "write_atomic without the fsync of the temp file",
-    ),
-    "dir-fsync": Mutation(
-        "file",
-        ("rename temp.json", "create temp.json", "fsync temp.json"),
-        "write_atomic without the fsync of the directory after the rename",
-    ),
-    "journal-fsync": Mutation(
-        "journal",
-        ("write journal:append",),
-        "the journal append without its fsync",
-    ),
-}
-"""The fsyncs the torture must be shown to need; each is removed by a seam in the child."""
-
-
-def _mutate(kind: str) -> None:
-    """Remove one fsync from the code under test, in this (child) process only.
-
-    ``os.fsync`` is replaced by one that does nothing for the chosen
-    descriptors, and so are the ``fsync=os.fsync`` defaults bound at import
-    in the store modules.  Not a flag of the library: a test seam.
-    """
-    real = os.fsync
-
-    def fsync(fd: Any) -> None:
-        if not _dropped(kind, fd if isinstance(fd, int) else fd.fileno()):
-            real(fd)
-
-    os.fsync = fsync
-    modules = (
-        checkpointer._atomic,
-        checkpointer._journal,
-        checkpointer._lock,
-        checkpointer._stores,
-        checkpointer._summary,
-    )
-    for module in modules:
-        for function in vars(module).values():
-            if not inspect.isfunction(function):
-                continue
-            if function.__defaults__:
-                function.__defaults__ = tuple(
-                    fsync if value is real else value for value in function.__defaults__
-                )
-            keywords = function.__kwdefaults__ or {}
-            for name, value in keywords.items():
-                if value is real:
-                    keywords[name] = fsync
-
-
-def _dropped(kind: str, fd: int) -> bool:
-    mode = os.fstat(fd).st_mode
-    if kind == "dir-fsync":
-        return stat.S_ISDIR(mode) and _called_from() == "write_atomic"
-    if not stat.S_ISREG(mode):
-        return False
-    name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-    if kind == "file-fsync":
-        return _TEMP_RE.match(name) is not None
-    if kind == "journal-fsync":
-        return name.endswith(".jsonl")
-    raise ValueError(f"unknown mutation {kind!r}")
-
-
-def _called_from() -> str | None:
-    """Which of write_atomic and makedirs_durable the current fsync is made for, if either."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name in ("write_atomic", "makedirs_durable"):
-            return frame.f_code.co_name
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
-
-
-# -- the summary checkpoints -----------------------------------------------------------------
-
-
-def summary_text(n: int, max_bytes: int) -> str:
-    """The summary the child writes at sequence number ``n``: says ``n``, then filler."""
-    size = int(math.exp(random.Random(f"summary/{n}").uniform(math.log(64), math.log(max_bytes))))
-    tag = hashlib.blake2b(f"summary/{n}".encode(), digest_size=16).hexdigest()
-    return f"n={n}\n" + (tag * (size // len(tag) + 1))[:size]
-
-
-def _summary_bytes(max_bytes: int) -> int:
-    return max(65, max_bytes // 16)
+# -- the summary checkpoints -------------------------------------------------------------
 
 
 def check_summary(root: str, max_bytes: int, floor: list[int]) -> list[str]:
@@ -309,7 +121,7 @@ def check_summary(root: str, max_bytes: int, floor: list[int]) -> list[str]:
     n = int(head[2:])
     problems = []
     watermark = _safe_watermark(state_for(n, max_bytes)["messages"], KEEP_LAST)
-    if found.summary != summary_text(n, _summary_bytes(max_bytes)):
+    if found.summary != summary_text(n, summary_bytes(max_bytes)):
         problems.append(f"the summary is not the summary of n={n} (mixed/torn)")
     if (found.watermark, found.covered_messages) != (watermark, watermark):
         problems.append(f"the summary of n={n} has watermark {found.watermark}, not {watermark}")
@@ -317,191 +129,6 @@ def check_summary(root: str, max_bytes: int, floor: list[int]) -> list[str]:
         problems.append(f"the summary holds n={n}, older than n={floor[0]} reported or seen")
     floor[0] = max(floor[0], n)
     return problems
-
-
-# -- the child -----------------------------------------------------------------------------
-
-
-def _eio(exc: BaseException) -> bool:
-    """Whether an error is the power cut itself (the frozen disk answers EIO)."""
-    return getattr(exc, "errno", None) == errno.EIO or "Input/output error" in str(exc)
-
-
-class _Reporting(ReportingStore):
-    """The torture's reporting store, which also says what failed and what ``open()`` left.
-
-    ``E <call> eio|other <error>`` for every store call that raised (EIO is
-    the power cut; anything else is for the parent to judge), ``OPENED <n>``
-    after ``open()``: how many temp files of dead writers are still there.
-    """
-
-    def _failed(self, call: str, exc: BaseException) -> None:
-        text = " ".join(str(exc).split())[:300]
-        _say(f"E {call} {'eio' if _eio(exc) else 'other'} {type(exc).__name__}: {text}")
-
-    def open(self) -> None:
-        try:
-            super().open()
-        except Exception as exc:
-            self._failed("open", exc)
-            raise
-        try:
-            left = file_leftovers(os.path.dirname(self.location(KEY)))
-        except OSError:
-            _say("OPENED eio")
-        else:
-            _say(f"OPENED {len(left)}")
-
-    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
-        try:
-            return super().commit(key, meta, staged)
-        except Exception as exc:
-            self._failed("commit", exc)
-            raise
-
-    def read_meta(self, key: str) -> Meta | None:
-        try:
-            return super().read_meta(key)
-        except Exception as exc:
-            self._failed("read_meta", exc)
-            raise
-
-    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
-        try:
-            return super().update_meta(key, update)
-        except Exception as exc:
-            self._failed("update_meta", exc)
-            raise
-
-    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
-        try:
-            return super().read_checkpoint(key)
-        except Exception as exc:
-            self._failed("read_checkpoint", exc)
-            raise
-
-    def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
-        try:
-            return super().lock(key, timeout=timeout)
-        except Exception as exc:
-            self._failed("lock", exc)
-            raise
-
-
-def _start(spec: dict[str, Any]) -> tuple[_Reporting, int] | int:
-    """The child's store and the ``n`` to resume from, or an exit code."""
-    if spec.get("mutate"):
-        _mutate(spec["mutate"])
-    store = _Reporting(STORES[spec["store"]].make(spec["root"]))
-    try:
-        previous = load(store, KEY)
-    except (CheckpointError, OSError) as exc:
-        if _eio(exc):  # the power went while it loaded: wait for the kill
-            _say("EIO load")
-            while True:
-                time.sleep(1)
-        _say(f"CORRUPT {exc}")
-        return 3
-    return store, 0 if previous is None else int(previous.state["n"])
-
-
-async def _summarize(root: str, n: int, max_bytes: int) -> None:
-    messages = state_for(n, max_bytes)["messages"]
-    text = summary_text(n, _summary_bytes(max_bytes))
-    done = await collapse(lambda _: text, root, KEY, messages, keep_last=KEEP_LAST)
-    if isinstance(done, SummaryCheckpoint):
-        _say(f"S {n}")
-
-
-def _summarize_sync(root: str, n: int, max_bytes: int) -> None:
-    watermark = _safe_watermark(state_for(n, max_bytes)["messages"], KEEP_LAST)
-    if watermark == 0:
-        return
-    text = summary_text(n, _summary_bytes(max_bytes))
-    checkpoint = SummaryCheckpoint(watermark, text, datetime.now(UTC), watermark)
-    try:
-        write_summary(root, KEY, checkpoint)
-    except OSError:
-        return
-    _say(f"S {n}")
-
-
-async def _child(spec: dict[str, Any]) -> int:
-    """Checkpoint a session that changes without pause, on an event loop, until killed."""
-    parent = os.getppid()
-    started = _start(spec)
-    if isinstance(started, int):
-        return started
-    store, n = started
-    summaries = STORES[spec["store"]].summaries
-    max_bytes = int(spec["max_bytes"])
-    rng = random.Random(spec["seed"])
-
-    def source() -> Snapshot:
-        return Snapshot(KEY, state_for(n, max_bytes))
-
-    writer = CheckpointWriter(source, store, debounce=0.002, min_interval=0.0, max_wait=0.02)
-    _say("START")
-    async with writer:
-        stats = writer.statistics()
-        _say(f"READY {n} {stats.writes} {stats.failures}")
-        while os.getppid() == parent:
-            n += 1
-            writer.notify()
-            dice = rng.random()
-            if dice < 0.08:
-                await writer.write_now()
-            elif dice < 0.12:
-                await anyio.to_thread.run_sync(writer.flush_sync)
-            elif summaries and dice < 0.16:
-                await _summarize(spec["root"], n, max_bytes)
-            else:
-                await anyio.sleep(rng.uniform(0.0, 0.004))
-    return 4
-
-
-def _sync_child(spec: dict[str, Any]) -> int:
-    """The same with the synchronous writer: ``flush_sync`` from this thread and from others."""
-    parent = os.getppid()
-    started = _start(spec)
-    if isinstance(started, int):
-        return started
-    store, n = started
-    summaries = STORES[spec["store"]].summaries
-    max_bytes = int(spec["max_bytes"])
-    rng = random.Random(spec["seed"])
-
-    def source() -> Snapshot:
-        return Snapshot(KEY, state_for(n, max_bytes))
-
-    writer = CheckpointWriter(source, store)
-    _say("START")
-    with writer:
-        stats = writer.statistics()
-        _say(f"READY {n} {stats.writes} {stats.failures}")
-        while os.getppid() == parent:
-            n += 1
-            writer.notify()
-            dice = rng.random()
-            if dice < 0.25:
-                writer.flush_sync()
-            elif dice < 0.35:
-                worker = threading.Thread(target=writer.flush_sync)
-                worker.start()
-                worker.join()
-            elif summaries and dice < 0.4:
-                _summarize_sync(spec["root"], n, max_bytes)
-            else:
-                time.sleep(rng.uniform(0.0, 0.004))
-    return 4
-
-
-def _run_child(spec: dict[str, Any]) -> int:
-    if spec["backend"] == "sync":
-        return _sync_child(spec)
-    backend = "trio" if spec["backend"] == "trio" else "asyncio"
-    options = {"use_uvloop": True} if spec["backend"] == "uvloop" else {}
-    return anyio.run(_child, spec, backend=backend, backend_options=options)
 
 
 # -- the parent ----------------------------------------------------------------------------
@@ -927,7 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.zygote:
         from tests.torture import _zygote
 
-        return _zygote(_run_child)
+        return _zygote(run_child)
     if args.cuts < 1 or args.max_mib <= 0:
         print("powercut: --cuts must be >= 1 and --max-mib > 0", file=sys.stderr)
         return 2
@@ -986,7 +613,7 @@ def _steps_table(rows: list[Summary]) -> list[str]:
     for s in rows:
         for label, count in s.steps.items():
             steps[s.store, label] += count
-    order = [*_FILE_STEPS, *_JOURNAL_STEPS, *_SUMMARY_STEPS]
+    order = [step for kind in STORES.values() for step in kind.steps]
     labels = sorted(
         {label for _, label in steps},
         key=lambda label: (order.index(label) if label in order else len(order), label),

@@ -22,11 +22,13 @@ import pytest
 from checkpointer import FileStore, JournalStore, SummaryCheckpoint, load_summary
 from checkpointer import write_summary as write_summary_checkpoint
 from checkpointer._atomic import makedirs_durable
+from checkpointer._summary import _safe_watermark
 
 from . import powercut
 from ._powerfs import PowerDisk, PowerFS, label_kind, unavailable
-from .powercut import KEY, check_summary, summary_text
-from .torture import state_for
+from .children.powercut_child import KEEP_LAST, summary_bytes, summary_text
+from .powercut import check_summary
+from .torture import KEY, state_for
 
 SMALL = 64 * 1024
 W = os.O_WRONLY | os.O_CREAT | os.O_EXCL
@@ -251,8 +253,8 @@ def test_journal_writes_are_labelled_append_or_compaction(tmp_path: Path) -> Non
 
 
 def summary_at(root: Path, n: int, text: str | None = None) -> None:
-    watermark = powercut._safe_watermark(state_for(n, SMALL)["messages"], powercut.KEEP_LAST)
-    body = summary_text(n, powercut._summary_bytes(SMALL)) if text is None else text
+    watermark = _safe_watermark(state_for(n, SMALL)["messages"], KEEP_LAST)
+    body = summary_text(n, summary_bytes(SMALL)) if text is None else text
     checkpoint = SummaryCheckpoint(watermark, body, datetime(2024, 5, 1, tzinfo=UTC), watermark)
     write_summary_checkpoint(root, KEY, checkpoint)
 

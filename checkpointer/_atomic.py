@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable, Sequence
 
@@ -51,7 +52,7 @@ def makedirs_durable(
     """
     missing: list[str] = []
     head = os.path.abspath(directory)
-    while not os.path.isdir(head):
+    while not _is_dir(head):
         missing.append(head)
         parent = os.path.dirname(head)
         if parent == head:
@@ -61,9 +62,21 @@ def makedirs_durable(
         try:
             os.mkdir(path, mode if path == missing[0] else 0o777)
         except FileExistsError:
-            if not os.path.isdir(path):
+            if not _is_dir(path):
                 raise
         fsync_dir(os.path.dirname(path), fsync)
+
+
+def _is_dir(path: str) -> bool:
+    """Whether ``path`` is a directory; an error other than "not there" is raised.
+
+    (``os.path.isdir`` says False for an EIO too, and makedirs then reports
+    a ``FileExistsError`` for a directory that is there but cannot be read.)
+    """
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 def write_atomic(

@@ -381,3 +381,12 @@ def test_makedirs_durable_fsyncs_the_parent_of_every_directory_it_makes(tmp_path
     assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o700
     makedirs_durable(str(tmp_path / "a" / "b"), 0o700, record)
     assert len(synced) == 2
+
+
+def test_a_parent_that_cannot_be_looked_at_is_reported_as_such(tmp_path: Path) -> None:
+    """A parent whose stat fails (here ELOOP; EIO on a dying disk) is that error, not EEXIST."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(OSError, match="symbolic links") as caught:
+        makedirs_durable(str(loop / "root"), 0o700)
+    assert caught.value.errno == errno.ELOOP

@@ -70,6 +70,7 @@ from checkpointer import (
     CheckpointError,
     TornTail,
     load_summary,
+    summary_path,
 )
 from checkpointer._lock import probe_file_lock
 from checkpointer._summary import _safe_watermark
@@ -362,6 +363,10 @@ def run(
                 # Start the next child afresh; the bad file stays, aside, for a look.
                 with contextlib.suppress(OSError):
                     kind.make(on_disk).move_aside(KEY, f"lost-{i + 1}")
+                if kind.summaries:
+                    with contextlib.suppress(OSError):
+                        aside = summary_path(on_disk, KEY)
+                        os.replace(aside, f"{aside}.lost-{i + 1}")
                 floor, summary_floor = Reported(), [-1]
         else:  # no child opens the store after the last cut: open it here
             with contextlib.suppress(OSError):

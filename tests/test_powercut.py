@@ -390,3 +390,13 @@ def test_a_parent_that_cannot_be_looked_at_is_reported_as_such(tmp_path: Path) -
     with pytest.raises(OSError, match="symbolic links") as caught:
         makedirs_durable(str(loop / "root"), 0o700)
     assert caught.value.errno == errno.ELOOP
+
+
+def test_closing_a_frozen_mount_unmounts_it(fuse: None, tmp_path: Path) -> None:
+    """close() after a freeze leaves no mount behind (a frozen root cannot even be stat'ed)."""
+    fs = PowerFS(str(tmp_path / "disk"), str(tmp_path / "mnt"))
+    fs.mount()
+    fs.freeze()
+    fs.close()
+    with open("/proc/self/mounts", encoding="utf-8") as f:
+        assert fs.mountpoint not in f.read()

@@ -170,7 +170,7 @@ class PowerFS:
             done = subprocess.run(
                 ["fusermount3", "-u", self.mountpoint], capture_output=True, check=False
             )
-            if done.returncode == 0 or not os.path.ismount(self.mountpoint):
+            if done.returncode == 0 or not _mounted(self.mountpoint):
                 return
             if time.monotonic() > deadline:  # busy for good: detach it
                 subprocess.run(["fusermount3", "-uz", self.mountpoint], check=False)
@@ -182,10 +182,10 @@ class PowerFS:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if os.path.ismount(self.mountpoint):
-            subprocess.run(
-                ["fusermount3", "-uz", self.mountpoint], capture_output=True, check=False
-            )
+        # Not os.path.ismount(): it stats the mount's root, which a frozen
+        # disk answers with EIO, and would say "not mounted".
+        detach = ["fusermount3", "-uz", self.mountpoint]
+        subprocess.run(detach, capture_output=True, check=False)
         _reap(proc)
 
     def __enter__(self) -> PowerFS:
@@ -194,6 +194,12 @@ class PowerFS:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _mounted(mountpoint: str) -> bool:
+    """Whether ``mountpoint`` is in the mount table (without touching the mount)."""
+    with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+        return any(line.split()[1:2] == [mountpoint] for line in f)
 
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:

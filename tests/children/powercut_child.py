@@ -53,6 +53,7 @@ from checkpointer import (
     Transcript,
     collapse,
     load,
+    load_summary,
     write_summary,
 )
 from checkpointer._atomic import _TEMP_RE
@@ -308,6 +309,15 @@ def _start(spec: dict[str, Any]) -> tuple[_Reporting, int] | int:
     store = _Reporting(STORES[spec["store"]].make(spec["root"]))
     try:
         previous = load(store, KEY)
+        n = 0 if previous is None else int(previous.state["n"])
+        if STORES[spec["store"]].summaries:
+            # The state may be older than the summary (its write was still
+            # due at the cut): go on from the newer, as an agent whose
+            # summary covers more than its transcript would start over from
+            # the summary, so summaries never go back.
+            summary = load_summary(spec["root"], KEY)
+            if summary is not None:
+                n = max(n, int(summary.summary.partition("\n")[0][2:]))
     except (CheckpointError, OSError) as exc:
         if _eio(exc):  # the power went while it loaded: wait for the kill
             _say("EIO load")
@@ -315,7 +325,7 @@ def _start(spec: dict[str, Any]) -> tuple[_Reporting, int] | int:
                 time.sleep(1)
         _say(f"CORRUPT {exc}")
         return 3
-    return store, 0 if previous is None else int(previous.state["n"])
+    return store, n
 
 
 async def _summarize(root: str, n: int, max_bytes: int) -> None:

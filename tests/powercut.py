@@ -298,8 +298,13 @@ def run(
         on_disk = os.path.join(backing, "store")  # the store's root, as the checks read it
         floor, summary_floor = Reported(), [-1]
         debris = 0  # dead writers' temp files the last cut left
+        follow: tuple[str, str, int] | None = None  # a step that only the last cut made possible
         for i in range(cuts):
             plan = planner.next()
+            if mutate is None and i == 0 and "mkdir" in kind.steps:
+                plan = ("aim", "mkdir", 1)  # the fresh root: right after its mkdir
+            elif follow is not None:
+                plan, follow = follow, None
             if mutate is not None:  # past the first write, whose W the cut must not lose
                 plan = (plan[0], plan[1], max(2, plan[2]))
             backend = rng.choice(backends)
@@ -339,6 +344,9 @@ def run(
             torn: list[TornTail] = []
             problems += check(kind.make(on_disk), max_bytes, floor, torn)
             if torn:
+                if "truncate journal" in kind.steps:  # the next open cuts it off: cut there
+                    step = rng.choice(("truncate journal", "fsync journal:truncate"))
+                    follow = ("aim", step, 1)
                 summary.torn += 1
                 summary.zero_tails += _zeros_after(kind.make(on_disk).location(KEY), torn[0])
             if kind.summaries:

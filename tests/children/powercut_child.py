@@ -80,7 +80,6 @@ _FILE_STEPS = (
     "create lock",
     "truncate lock",
     "write lock",
-    "unlink temp.json",
 )
 _JOURNAL_STEPS = (
     "write journal:append",

@@ -31,10 +31,11 @@ import hashlib
 import os
 import re
 import secrets
+import stat
 import tempfile
 from collections.abc import Callable, Sequence
 
-__all__ = ["fsync_dir", "sweep_temps", "write_all", "write_atomic"]
+__all__ = ["fsync_dir", "makedirs_durable", "sweep_temps", "write_all", "write_atomic"]
 
 _TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<rest>[A-Za-z0-9_]+)\.tmp$")
 # The tag and mkstemp's 8 random characters; an older name has the 8 only.
@@ -50,6 +51,47 @@ def fsync_dir(directory: str, fsync: Callable[[int], None] = os.fsync) -> None:
         os.close(fd)
 
 
+def makedirs_durable(
+    directory: str, mode: int = 0o777, fsync: Callable[[int], None] = os.fsync
+) -> None:
+    """``os.makedirs(directory, mode, exist_ok=True)``, each directory made durable.
+
+    A directory that ``mkdir`` made survives a power cut only once the
+    directory holding it is fsynced; until then a new store root can vanish
+    with every checkpoint reported written in it (``tests/powercut.py``
+    found this).  So the parent of each missing directory is fsynced after
+    its ``mkdir``, also when another process made it meanwhile (it may not
+    have got that far).  ``mode`` is the last directory's, as with makedirs.
+    """
+    missing: list[str] = []
+    head = os.path.abspath(directory)
+    while not _is_dir(head):
+        missing.append(head)
+        parent = os.path.dirname(head)
+        if parent == head:
+            break
+        head = parent
+    for path in reversed(missing):
+        try:
+            os.mkdir(path, mode if path == missing[0] else 0o777)
+        except FileExistsError:
+            if not _is_dir(path):
+                raise
+        fsync_dir(os.path.dirname(path), fsync)
+
+
+def _is_dir(path: str) -> bool:
+    """Whether ``path`` is a directory; an error other than "not there" is raised.
+
+    (``os.path.isdir`` says False for an EIO too, and makedirs then reports
+    a ``FileExistsError`` for a directory that is there but cannot be read.)
+    """
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
 def write_atomic(
     path: str,
     chunks: Sequence[bytes],
@@ -62,7 +104,8 @@ def write_atomic(
 ) -> int:
     """Replace ``path`` with the concatenation of ``chunks``, durably.
 
-    Creates the parent directory (with ``dir_mode``) when it is missing.
+    Creates the parent directory (with ``dir_mode``) when it is missing,
+    durably (``makedirs_durable``).
     Blocking: call it from a worker thread or a synchronous exit path.
     ``fsync`` (of the temp file, then of the directory) and ``replace`` are
     seams for fault-injection tests.
@@ -92,7 +135,7 @@ def write_atomic(
     try:
         fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
     except FileNotFoundError:  # first write: make the directory (a syscall saved per write)
-        os.makedirs(directory, mode=dir_mode, exist_ok=True)
+        makedirs_durable(directory, dir_mode)
         fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
     try:
         try:
@@ -125,7 +168,7 @@ def _write_atomic_at(
     pid, tag = _me()
     prefix = f".{name}.{pid}.{tag}"
     for _ in range(100):  # as mkstemp does, a fresh random name until one is free
-        tmp = f"{prefix}{secrets.token_hex(6)}.tmp"
+        tmp = f"{prefix}{secrets.token_hex(4)}.tmp"  # 8 characters, as mkstemp's
         try:
             fd = os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
             break

@@ -57,6 +57,7 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from ._atomic import makedirs_durable
 from ._results import Failed
 from ._safefs import UnsafeFile, open_checked, read_checked
 
@@ -239,7 +240,7 @@ def acquire_file_lock(
     """
     if not (timeout >= 0 and math.isfinite(timeout)):
         raise ValueError(f"lock timeout must be a finite number of seconds >= 0, got {timeout!r}")
-    os.makedirs(os.path.dirname(path) or ".", mode=dir_mode, exist_ok=True)
+    makedirs_durable(os.path.dirname(path) or ".", dir_mode)  # a new root, durably
     deadline = time.monotonic() + timeout
     while True:
         # Never through a link, a FIFO or a second hard link: the holder's

@@ -73,7 +73,6 @@ checking one of them should find every check of it in this file.)
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import grp
@@ -82,6 +81,8 @@ import os
 import pwd
 import stat
 import threading
+
+from ._atomic import makedirs_durable
 
 __all__ = [
     "UnreadableFile",
@@ -95,6 +96,7 @@ __all__ = [
     "read_fd",
     "refuse_unless_replaceable",
 ]
+
 
 logger = logging.getLogger("checkpointer")
 
@@ -448,7 +450,7 @@ def open_dir(path: str, *, create: bool = False, mode: int = 0o700) -> int:
     except FileNotFoundError:
         if not create:
             raise
-    os.makedirs(path, mode=mode, exist_ok=True)
+    makedirs_durable(path, mode)  # a new root must survive a power cut
     return os.open(path, _DIRECTORY)
 
 
@@ -471,8 +473,12 @@ def open_subdir(
         OSError: it changed while being opened (naming ``path``).
     """
     if create:
-        with contextlib.suppress(FileExistsError):
+        try:
             os.mkdir(name, mode, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+        else:
+            os.fsync(parent_fd)  # the new entry survives a power cut only so
     try:
         fd = os.open(name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
     except OSError as exc:  # ELOOP: a link; ENOTDIR: a file, a FIFO, ...; ENOENT: gone

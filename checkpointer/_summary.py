@@ -158,9 +158,10 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
         ]
     )
     data = (front + checkpoint.summary).encode("utf-8")
-    # sessions/ and sessions/<key>/ are made 0700 like a FileStore's root and
-    # opened without following a link, each relative to its parent; the
-    # write goes through the last descriptor (see _safefs).
+    # sessions/ and sessions/<key>/ are made 0700 like a FileStore's root,
+    # each durably (a new directory needs its parent fsynced to survive a
+    # power cut), and opened without following a link, each relative to its
+    # parent; the write goes through the last descriptor (see _safefs).
     sessions = os.path.dirname(os.path.dirname(path))
     root = os.path.dirname(sessions) or "."
     check_root(root)

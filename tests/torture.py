@@ -325,8 +325,11 @@ def _run_child(spec: dict[str, Any]) -> int:
     return anyio.run(_child, spec, backend=backend, backend_options=options)
 
 
-def _zygote() -> int:
-    """Fork a child per ``SPAWN <json>`` line on stdin; reap it on ``REAP <pid>``."""
+def _zygote(run_child: Callable[[dict[str, Any]], int] | None = None) -> int:
+    """Fork a child per ``SPAWN <json>`` line on stdin; reap it on ``REAP <pid>``.
+
+    ``run_child(spec)`` runs in the child (default: this torture's child).
+    """
     with contextlib.suppress(ImportError):
         import trio  # noqa: F401  # imported once here, not in every child
         import uvloop  # noqa: F401
@@ -338,7 +341,7 @@ def _zygote() -> int:
             if pid == 0:
                 code = 70
                 try:
-                    code = _run_child(spec)
+                    code = (run_child or _run_child)(spec)
                 except BaseException:
                     traceback.print_exc()
                 finally:
@@ -470,11 +473,17 @@ class _Run:
 
 
 class _Zygote:
-    """The helper process that forks the children (``--zygote``), and its pipes."""
+    """The helper process that forks the children (``--zygote``), and its pipes.
 
-    def __init__(self) -> None:
+    ``argv`` is the command whose ``--zygote`` runs it, run from the
+    repository root (default: this file).
+    """
+
+    def __init__(self, argv: Sequence[str] | None = None) -> None:
+        here = Path(__file__).resolve()
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--zygote"],
+            [sys.executable, *(argv or [str(here)]), "--zygote"],
+            cwd=here.parent.parent,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

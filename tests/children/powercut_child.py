@@ -1,0 +1,426 @@
+"""The power-cut torture's child: checkpoint without pause on the mounted disk, until cut.
+
+Forked by the helper of ``tests/powercut.py`` (``--zygote``) for every cut,
+with a spec: the store's root on the mount, the store (``STORES``), the
+backend (asyncio, trio, uvloop, or ``sync``: the synchronous writer), the
+largest state, a seed, and a mutation (``MUTATIONS``: one fsync removed, in
+this process only).  It resumes from what the store holds, runs a real
+``CheckpointWriter`` and says on stdout (``<pid> <line>``, one atomic write
+each): ``START``, ``READY <n> <writes> <failures>`` after the writer's open
+and first write, ``OPENED <n>`` (dead writers' temp files left after
+``open()``), ``W <seq> <n>`` after every commit that returned, ``S <n>``
+after every summary checkpoint written, ``E <call> eio|other <error>`` for
+every store call that raised (EIO is the power cut), ``EIO load`` when the
+power went while it loaded, ``CORRUPT <error>``.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import inspect
+import math
+import os
+import random
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import msgspec
+
+import checkpointer._atomic
+import checkpointer._journal
+import checkpointer._lock
+import checkpointer._stores
+import checkpointer._summary
+from checkpointer import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointWriter,
+    FileStore,
+    JournalStore,
+    Meta,
+    Snapshot,
+    Staged,
+    Store,
+    SummaryCheckpoint,
+    Transcript,
+    collapse,
+    load,
+    load_summary,
+    write_summary,
+)
+from checkpointer._atomic import _TEMP_RE
+from checkpointer._lock import KeyLock
+from checkpointer._summary import _safe_watermark
+from tests.torture import KEY, ReportingStore, _say, file_leftovers, state_for
+
+__all__ = ["KEEP_LAST", "MUTATIONS", "STORES", "run_child", "summary_bytes", "summary_text"]
+
+KEEP_LAST = 3  # messages a summary checkpoint leaves verbatim
+
+
+# -- stores --------------------------------------------------------------------------------
+
+
+_FILE_STEPS = (
+    "create temp.json",
+    "chmod temp.json",
+    "write temp.json",
+    "fsync temp.json",
+    "rename temp.json",
+    "fsyncdir",
+    "mkdir",
+    "create lock",
+    "truncate lock",
+    "write lock",
+)
+_JOURNAL_STEPS = (
+    "write journal:append",
+    "fsync journal:append",
+    "write journal:compaction",
+    "fsync journal:compaction",
+    "create temp.jsonl",
+    "chmod temp.jsonl",
+    "write temp.jsonl",
+    "fsync temp.jsonl",
+    "rename temp.jsonl",
+    "fsyncdir",
+    "truncate journal",
+    "fsync journal:truncate",
+    "mkdir",
+    "create lock",
+    "write lock",
+)
+_SUMMARY_STEPS = (
+    "create temp.md",
+    "write temp.md",
+    "fsync temp.md",
+    "rename temp.md",
+    "mkdir",
+    *_FILE_STEPS[:6],
+)
+
+
+@dataclass(frozen=True)
+class PowerStore:
+    """A store to torture: how to make one, the steps to aim cuts at, whether it summarizes."""
+
+    make: Callable[[str], Store]
+    steps: tuple[str, ...]
+    summaries: bool = False
+
+
+def _file_transcript(root: str) -> Store:
+    return FileStore(root, transcript=Transcript())
+
+
+STORES: dict[str, PowerStore] = {
+    "file": PowerStore(FileStore, _FILE_STEPS),
+    "file-transcript": PowerStore(_file_transcript, _FILE_STEPS),
+    "journal": PowerStore(JournalStore, _JOURNAL_STEPS),
+    "summary": PowerStore(FileStore, _SUMMARY_STEPS, summaries=True),
+}
+"""The stores to cut the power under; ``summary`` adds summary checkpoints to a ``FileStore``."""
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One fsync removed, the store it matters to, and the steps that expose it."""
+
+    store: str
+    steps: tuple[str, ...]
+    what: str
+
+
+MUTATIONS: dict[str, Mutation] = {
+    "file-fsync": Mutation(
+        "file",
+        ("rename temp.json", "fsyncdir", "create temp.json"),
+        "write_atomic without the fsync of the temp file",
+    ),
+    "dir-fsync": Mutation(
+        "file",
+        ("rename temp.json", "create temp.json", "fsync temp.json"),
+        "write_atomic without the fsync of the directory after the rename",
+    ),
+    "journal-fsync": Mutation(
+        "journal",
+        ("write journal:append",),
+        "the journal append without its fsync",
+    ),
+}
+"""The fsyncs the torture must be shown to need; each is removed by a seam in the child."""
+
+
+def _mutate(kind: str) -> None:
+    """Remove one fsync from the code under test, in this (child) process only.
+
+    ``os.fsync`` is replaced by one that does nothing for the chosen
+    descriptors, and so are the ``fsync=os.fsync`` defaults bound at import
+    in the store modules.  Not a flag of the library: a test seam.
+    """
+    real = os.fsync
+
+    def fsync(fd: Any) -> None:
+        if not _dropped(kind, fd if isinstance(fd, int) else fd.fileno()):
+            real(fd)
+
+    os.fsync = fsync
+    modules = (
+        checkpointer._atomic,
+        checkpointer._journal,
+        checkpointer._lock,
+        checkpointer._stores,
+        checkpointer._summary,
+    )
+    for module in modules:
+        for function in vars(module).values():
+            if not inspect.isfunction(function):
+                continue
+            if function.__defaults__:
+                function.__defaults__ = tuple(
+                    fsync if value is real else value for value in function.__defaults__
+                )
+            keywords = function.__kwdefaults__ or {}
+            for name, value in keywords.items():
+                if value is real:
+                    keywords[name] = fsync
+
+
+def _dropped(kind: str, fd: int) -> bool:
+    mode = os.fstat(fd).st_mode
+    if kind == "dir-fsync":
+        return stat.S_ISDIR(mode) and _called_from() == "write_atomic"
+    if not stat.S_ISREG(mode):
+        return False
+    name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+    if kind == "file-fsync":
+        return _TEMP_RE.match(name) is not None
+    if kind == "journal-fsync":
+        return name.endswith(".jsonl")
+    raise ValueError(f"unknown mutation {kind!r}")
+
+
+def _called_from() -> str | None:
+    """Which of write_atomic and makedirs_durable the current fsync is made for, if either."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in ("write_atomic", "makedirs_durable"):
+            return frame.f_code.co_name
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+# -- the summary checkpoints -----------------------------------------------------------------
+
+
+def summary_text(n: int, max_bytes: int) -> str:
+    """The summary the child writes at sequence number ``n``: says ``n``, then filler."""
+    size = int(math.exp(random.Random(f"summary/{n}").uniform(math.log(64), math.log(max_bytes))))
+    tag = hashlib.blake2b(f"summary/{n}".encode(), digest_size=16).hexdigest()
+    return f"n={n}\n" + (tag * (size // len(tag) + 1))[:size]
+
+
+def summary_bytes(max_bytes: int) -> int:
+    return max(65, max_bytes // 16)
+
+
+# -- the child -----------------------------------------------------------------------------
+
+
+def _eio(exc: BaseException) -> bool:
+    """Whether an error is the power cut itself (the frozen disk answers EIO)."""
+    return getattr(exc, "errno", None) == errno.EIO or "Input/output error" in str(exc)
+
+
+class _Reporting(ReportingStore):
+    """The torture's reporting store, which also says what failed and what ``open()`` left.
+
+    ``E <call> eio|other <error>`` for every store call that raised (EIO is
+    the power cut; anything else is for the parent to judge), ``OPENED <n>``
+    after ``open()``: how many temp files of dead writers are still there.
+    """
+
+    def _failed(self, call: str, exc: BaseException) -> None:
+        text = " ".join(str(exc).split())[:300]
+        _say(f"E {call} {'eio' if _eio(exc) else 'other'} {type(exc).__name__}: {text}")
+
+    def open(self) -> None:
+        try:
+            super().open()
+        except Exception as exc:
+            self._failed("open", exc)
+            raise
+        try:
+            left = file_leftovers(os.path.dirname(self.location(KEY)))
+        except OSError:
+            _say("OPENED eio")
+        else:
+            _say(f"OPENED {len(left)}")
+
+    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
+        try:
+            return super().commit(key, meta, staged)
+        except Exception as exc:
+            self._failed("commit", exc)
+            raise
+
+    def read_meta(self, key: str) -> Meta | None:
+        try:
+            return super().read_meta(key)
+        except Exception as exc:
+            self._failed("read_meta", exc)
+            raise
+
+    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
+        try:
+            return super().update_meta(key, update)
+        except Exception as exc:
+            self._failed("update_meta", exc)
+            raise
+
+    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
+        try:
+            return super().read_checkpoint(key)
+        except Exception as exc:
+            self._failed("read_checkpoint", exc)
+            raise
+
+    def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
+        try:
+            return super().lock(key, timeout=timeout)
+        except Exception as exc:
+            self._failed("lock", exc)
+            raise
+
+
+def _start(spec: dict[str, Any]) -> tuple[_Reporting, int] | int:
+    """The child's store and the ``n`` to resume from, or an exit code."""
+    if spec.get("mutate"):
+        _mutate(spec["mutate"])
+    store = _Reporting(STORES[spec["store"]].make(spec["root"]))
+    try:
+        previous = load(store, KEY)
+        n = 0 if previous is None else int(previous.state["n"])
+        if STORES[spec["store"]].summaries:
+            # The state may be older than the summary (its write was still
+            # due at the cut): go on from the newer, as an agent whose
+            # summary covers more than its transcript would start over from
+            # the summary, so summaries never go back.
+            summary = load_summary(spec["root"], KEY)
+            if summary is not None:
+                n = max(n, int(summary.summary.partition("\n")[0][2:]))
+    except (CheckpointError, OSError) as exc:
+        if _eio(exc):  # the power went while it loaded: wait for the kill
+            _say("EIO load")
+            while True:
+                time.sleep(1)
+        _say(f"CORRUPT {exc}")
+        return 3
+    return store, n
+
+
+async def _summarize(root: str, n: int, max_bytes: int) -> None:
+    messages = state_for(n, max_bytes)["messages"]
+    text = summary_text(n, summary_bytes(max_bytes))
+    done = await collapse(lambda _: text, root, KEY, messages, keep_last=KEEP_LAST)
+    if isinstance(done, SummaryCheckpoint):
+        _say(f"S {n}")
+
+
+def _summarize_sync(root: str, n: int, max_bytes: int) -> None:
+    watermark = _safe_watermark(state_for(n, max_bytes)["messages"], KEEP_LAST)
+    if watermark == 0:
+        return
+    text = summary_text(n, summary_bytes(max_bytes))
+    checkpoint = SummaryCheckpoint(watermark, text, datetime.now(UTC), watermark)
+    try:
+        write_summary(root, KEY, checkpoint)
+    except OSError:
+        return
+    _say(f"S {n}")
+
+
+async def _child(spec: dict[str, Any]) -> int:
+    """Checkpoint a session that changes without pause, on an event loop, until killed."""
+    parent = os.getppid()
+    started = _start(spec)
+    if isinstance(started, int):
+        return started
+    store, n = started
+    summaries = STORES[spec["store"]].summaries
+    max_bytes = int(spec["max_bytes"])
+    rng = random.Random(spec["seed"])
+
+    def source() -> Snapshot:
+        return Snapshot(KEY, state_for(n, max_bytes))
+
+    writer = CheckpointWriter(source, store, debounce=0.002, min_interval=0.0, max_wait=0.02)
+    _say("START")
+    async with writer:
+        stats = writer.statistics()
+        _say(f"READY {n} {stats.writes} {stats.failures}")
+        while os.getppid() == parent:
+            n += 1
+            writer.notify()
+            dice = rng.random()
+            if dice < 0.08:
+                await writer.write_now()
+            elif dice < 0.12:
+                await anyio.to_thread.run_sync(writer.flush_sync)
+            elif summaries and dice < 0.16:
+                await _summarize(spec["root"], n, max_bytes)
+            else:
+                await anyio.sleep(rng.uniform(0.0, 0.004))
+    return 4
+
+
+def _sync_child(spec: dict[str, Any]) -> int:
+    """The same with the synchronous writer: ``flush_sync`` from this thread and from others."""
+    parent = os.getppid()
+    started = _start(spec)
+    if isinstance(started, int):
+        return started
+    store, n = started
+    summaries = STORES[spec["store"]].summaries
+    max_bytes = int(spec["max_bytes"])
+    rng = random.Random(spec["seed"])
+
+    def source() -> Snapshot:
+        return Snapshot(KEY, state_for(n, max_bytes))
+
+    writer = CheckpointWriter(source, store)
+    _say("START")
+    with writer:
+        stats = writer.statistics()
+        _say(f"READY {n} {stats.writes} {stats.failures}")
+        while os.getppid() == parent:
+            n += 1
+            writer.notify()
+            dice = rng.random()
+            if dice < 0.25:
+                writer.flush_sync()
+            elif dice < 0.35:
+                worker = threading.Thread(target=writer.flush_sync)
+                worker.start()
+                worker.join()
+            elif summaries and dice < 0.4:
+                _summarize_sync(spec["root"], n, max_bytes)
+            else:
+                time.sleep(rng.uniform(0.0, 0.004))
+    return 4
+
+
+def run_child(spec: dict[str, Any]) -> int:
+    if spec["backend"] == "sync":
+        return _sync_child(spec)
+    backend = "trio" if spec["backend"] == "trio" else "asyncio"
+    options = {"use_uvloop": True} if spec["backend"] == "uvloop" else {}
+    return anyio.run(_child, spec, backend=backend, backend_options=options)

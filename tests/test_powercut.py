@@ -1,0 +1,402 @@
+"""Power cuts: the filesystem that forgets, the torture on it, and proof the check can fail.
+
+``PowerDisk`` (the model of what a power cut keeps) is tested directly on
+a backing directory, without FUSE.  The rest mounts it through FUSE and
+skips, saying why, where that cannot be done (no ``/dev/fuse``, no
+privilege, no ``fuse3``).  The full run is ``python -m tests.powercut
+--cuts 200 --store all`` (``tests/powercut.py``); here it runs 3 cuts per
+store and model, and each removed fsync is shown to be caught.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from checkpointer import FileStore, JournalStore, SummaryCheckpoint, load_summary
+from checkpointer import write_summary as write_summary_checkpoint
+from checkpointer._atomic import makedirs_durable
+from checkpointer._summary import _safe_watermark
+
+from . import powercut
+from ._powerfs import PowerDisk, PowerFS, label_kind, unavailable
+from .children.powercut_child import KEEP_LAST, summary_bytes, summary_text
+from .powercut import check_summary
+from .torture import KEY, state_for
+
+SMALL = 64 * 1024
+W = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every entry under ``root``: a file's bytes, None for a directory."""
+    found: dict[str, bytes | None] = {}
+    for path in sorted(root.rglob("*")):
+        found[str(path.relative_to(root))] = None if path.is_dir() else path.read_bytes()
+    return found
+
+
+def put(disk: PowerDisk, path: str, data: bytes, *, sync: bool = True) -> None:
+    """Create ``path`` with ``data``, fsync it if ``sync``, close it."""
+    fd = disk.create(path, W, 0o600)
+    disk.write(path, fd, data, 0)
+    if sync:
+        disk.fsync(path, fd)
+    disk.release(fd)
+
+
+def sync_dir(disk: PowerDisk, path: str = "/") -> None:
+    handle = disk.opendir(path)
+    disk.fsyncdir(path, handle)
+    disk.releasedir(handle)
+
+
+def durable(tmp_path: Path, setup: dict[str, bytes], model: str = "strict") -> PowerDisk:
+    """A disk over a backing directory that holds ``setup`` (all of it durable)."""
+    backing = tmp_path / "disk"
+    backing.mkdir(exist_ok=True)
+    for name, data in setup.items():
+        (backing / name).write_bytes(data)
+    return PowerDisk(str(backing), model)
+
+
+# -- the model, without FUSE ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["strict", "ext4"])
+def test_a_create_not_followed_by_a_directory_fsync_is_undone(tmp_path: Path, model: str) -> None:
+    """A file written and fsynced, but its directory never synced, is gone after the cut."""
+    disk = durable(tmp_path, {}, model)
+    put(disk, "/new", b"data")
+    disk.cut()
+    assert tree(tmp_path / "disk") == {}
+
+
+@pytest.mark.parametrize(("model", "left"), [("strict", b""), ("ext4", b"\0\0\0\0")])
+def test_a_synced_name_of_an_unsynced_file_keeps_no_data(
+    tmp_path: Path, model: str, left: bytes
+) -> None:
+    """Directory synced, file not: empty under strict, its size in zeros under ext4."""
+    disk = durable(tmp_path, {}, model)
+    put(disk, "/new", b"data", sync=False)
+    sync_dir(disk)
+    disk.cut()
+    assert tree(tmp_path / "disk") == {"new": left}
+
+
+@pytest.mark.parametrize("dir_synced", [False, True])
+def test_an_atomic_replace_is_durable_only_after_the_directory_fsync(
+    tmp_path: Path, dir_synced: bool
+) -> None:
+    """Temp, write, fsync, rename: the old content after a cut, unless the directory was synced."""
+    disk = durable(tmp_path, {"k.json": b"old"})
+    put(disk, "/.k.json.1.x.tmp", b"new")
+    disk.rename("/.k.json.1.x.tmp", "/k.json")
+    if dir_synced:
+        sync_dir(disk)
+    report = disk.cut()
+    assert tree(tmp_path / "disk") == {"k.json": b"new" if dir_synced else b"old"}
+    assert report["entries"] == (0 if dir_synced else 1)  # k.json names another inode
+
+
+@pytest.mark.parametrize(
+    ("model", "synced", "left"),
+    [
+        ("strict", False, b"head\n"),
+        ("ext4", False, b"head\n\0\0\0\0\0"),
+        ("strict", True, b"head\ntail\n"),
+        ("ext4", True, b"head\ntail\n"),
+    ],
+)
+def test_an_append_survives_only_its_fsync(
+    tmp_path: Path, model: str, synced: bool, left: bytes
+) -> None:
+    """An unsynced append is lost (strict) or zeros of its length (ext4); a synced one stays."""
+    disk = durable(tmp_path, {"k.jsonl": b"head\n"}, model)
+    fd = disk.open("/k.jsonl", os.O_WRONLY | os.O_APPEND)
+    disk.write("/k.jsonl", fd, b"tail\n", 5)
+    if synced:
+        disk.fsync("/k.jsonl", fd)
+    disk.release(fd)
+    report = disk.cut()
+    assert tree(tmp_path / "disk") == {"k.jsonl": left}
+    assert report["zero_filled"] == (model == "ext4" and not synced)
+
+
+@pytest.mark.parametrize("model", ["strict", "ext4"])
+def test_overwrites_and_truncates_without_fsync_are_rolled_back(tmp_path: Path, model: str) -> None:
+    """Bytes changed in place, a truncate, O_TRUNC: the synced content comes back."""
+    disk = durable(tmp_path, {"a": b"abcdef", "b": b"123456", "c": b"xyz"}, model)
+    fd = disk.open("/a", os.O_RDWR)
+    disk.write("/a", fd, b"XY", 0)
+    disk.truncate("/a", 3, fd)
+    disk.release(fd)
+    disk.truncate("/b", 1)
+    disk.release(disk.open("/c", os.O_WRONLY | os.O_TRUNC))
+    disk.cut()
+    assert tree(tmp_path / "disk") == {"a": b"abcdef", "b": b"123456", "c": b"xyz"}
+
+
+@pytest.mark.parametrize("synced", [False, True])
+def test_an_unsynced_unlink_comes_back_with_the_inodes_durable_bytes(
+    tmp_path: Path, synced: bool
+) -> None:
+    """An unlink is undone; the file holds what its inode last fsynced, even after the unlink."""
+    disk = durable(tmp_path, {"k.lock": b"keep"})
+    fd = disk.open("/k.lock", os.O_RDWR)
+    disk.unlink("/k.lock")
+    assert not (tmp_path / "disk" / "k.lock").exists()  # gone from the backing directory
+    disk.write(None, fd, b"zz", 0)
+    if synced:
+        disk.fsync(None, fd)
+    disk.release(fd)
+    disk.cut()
+    assert tree(tmp_path / "disk") == {"k.lock": b"zzep" if synced else b"keep"}
+
+
+def test_a_rename_over_a_durable_file_is_undone_with_both_contents(tmp_path: Path) -> None:
+    """Rename a onto b without a directory fsync: both names come back, each with its bytes."""
+    disk = durable(tmp_path, {"a": b"A", "b": b"B"})
+    disk.rename("/a", "/b")
+    disk.cut()
+    assert tree(tmp_path / "disk") == {"a": b"A", "b": b"B"}
+
+
+def test_a_new_directory_needs_its_parent_synced(tmp_path: Path) -> None:
+    """mkdir, then a file in it fully synced: all gone unless the parent directory was synced."""
+    for parent_synced in (False, True):
+        disk = durable(tmp_path, {})
+        disk.mkdir("/d", 0o700)
+        put(disk, "/d/f", b"data")
+        sync_dir(disk, "/d")
+        if parent_synced:
+            sync_dir(disk, "/")
+        disk.cut()
+        assert tree(tmp_path / "disk") == ({"d": None, "d/f": b"data"} if parent_synced else {})
+
+
+def test_a_remount_starts_from_the_durable_state(tmp_path: Path) -> None:
+    """What a cut left is all durable for the next disk: another cut keeps it as it is."""
+    disk = durable(tmp_path, {})
+    put(disk, "/f", b"one")
+    sync_dir(disk)
+    disk.cut()
+    again = PowerDisk(str(tmp_path / "disk"))
+    fd = again.open("/f", os.O_WRONLY | os.O_APPEND)
+    again.write("/f", fd, b" two", 3)
+    again.release(fd)
+    again.cut()
+    assert tree(tmp_path / "disk") == {"f": b"one"}
+
+
+def test_an_armed_cut_freezes_right_after_its_call_and_refuses_the_rest(tmp_path: Path) -> None:
+    """arm('fsync json', 2): the second fsync happens, every later call fails with EIO."""
+    disk = durable(tmp_path, {})
+    disk.arm("fsync json", 2)
+    put(disk, "/a.json", b"1")
+    put(disk, "/b.json", b"2")  # its fsync is the second: the power goes right after it
+    assert disk.frozen is not None and disk.frozen["after"] == ["fsync json", "/b.json"]
+    with pytest.raises(OSError, match="the power is out") as caught:
+        sync_dir(disk)
+    assert caught.value.errno == errno.EIO
+    report = disk.cut()
+    assert report["refused"] == ["opendir", "/"]
+    assert report["counts"] == {"create json": 2, "write json": 2, "fsync json": 2}
+    assert tree(tmp_path / "disk") == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        (".k.json.123.ab_9.tmp", "temp.json"),
+        (".k.jsonl.123.x.tmp", "temp.jsonl"),
+        (".checkpoint.md.7.y.tmp", "temp.md"),
+        ("k.jsonl", "journal"),
+        ("k.json", "json"),
+        ("k.lock", "lock"),
+        ("checkpoint.md", "md"),
+        ("other", "file"),
+    ],
+)
+def test_labels_name_what_a_file_is(name: str, kind: str) -> None:
+    """Op labels say which file of the store a call touched, by its name."""
+    assert label_kind(name) == kind
+
+
+def test_journal_writes_are_labelled_append_or_compaction(tmp_path: Path) -> None:
+    """A journal write is an append or a compaction by its first row; its fsync says which."""
+    disk = durable(tmp_path, {"k.jsonl": b"head\n"})
+    disk.arm("fsync journal:compaction", 1)
+    fd = disk.open("/k.jsonl", os.O_WRONLY | os.O_APPEND)
+    disk.write("/k.jsonl", fd, b'{"kind":"message"}\n', 5)
+    disk.fsync("/k.jsonl", fd)
+    disk.write("/k.jsonl", fd, b'{"kind":"compaction","state":', 24)
+    disk.write("/k.jsonl", fd, b"{}}\n", 53)  # the rest of the same row
+    disk.fsync("/k.jsonl", fd)
+    disk.release(fd)
+    report = disk.cut()
+    assert report["counts"] == {
+        "write journal:append": 1,
+        "fsync journal:append": 1,
+        "write journal:compaction": 2,
+        "fsync journal:compaction": 1,
+    }
+
+
+# -- the summary check, without FUSE ---------------------------------------------------------
+
+
+def summary_at(root: Path, n: int, text: str | None = None) -> None:
+    watermark = _safe_watermark(state_for(n, SMALL)["messages"], KEEP_LAST)
+    body = summary_text(n, summary_bytes(SMALL)) if text is None else text
+    checkpoint = SummaryCheckpoint(watermark, body, datetime(2024, 5, 1, tzinfo=UTC), watermark)
+    write_summary_checkpoint(root, KEY, checkpoint)
+
+
+def test_check_summary_accepts_the_summary_of_its_n_and_raises_the_floor(tmp_path: Path) -> None:
+    """A summary that is exactly the child's for its n, not older: no problem; the floor moves."""
+    summary_at(tmp_path, 30)
+    floor = [20]
+    assert check_summary(str(tmp_path), SMALL, floor) == []
+    assert floor == [30]
+
+
+def test_check_summary_flags_mixed_older_and_missing_summaries(tmp_path: Path) -> None:
+    """Another n's text, an older n than reported, or none after one was reported: flagged."""
+    assert check_summary(str(tmp_path), SMALL, [5]) == [
+        "the summary checkpoint is gone; n=5 was reported written"
+    ]
+    summary_at(tmp_path, 30, text="n=30\n" + summary_text(31, 4096)[5:])
+    assert check_summary(str(tmp_path), SMALL, [-1]) == [
+        "the summary is not the summary of n=30 (mixed/torn)"
+    ]
+    summary_at(tmp_path, 30)
+    assert check_summary(str(tmp_path), SMALL, [31]) == [
+        "the summary holds n=30, older than n=31 reported or seen"
+    ]
+
+
+# -- through FUSE ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fuse() -> None:
+    """Skip, saying why, where a FUSE filesystem cannot be mounted."""
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"power-cut tests need FUSE: {reason}")
+
+
+@pytest.fixture
+def mounted(fuse: None, tmp_path: Path) -> Iterator[PowerFS]:
+    fs = PowerFS(str(tmp_path / "disk"), str(tmp_path / "mnt"))
+    fs.mount()
+    try:
+        yield fs
+    finally:
+        fs.close()
+
+
+@pytest.mark.parametrize("store", ["file", "journal", "summary"])
+def test_the_first_write_into_a_new_root_survives_a_power_cut(mounted: PowerFS, store: str) -> None:
+    """A store that makes its own root: what it reported written is there after the cut."""
+    root = os.path.join(mounted.mountpoint, "sessions-root")
+    if store == "summary":
+        summary_at(Path(root), 12)
+    else:
+        made = FileStore(root) if store == "file" else JournalStore(root)
+        lock = made.lock(KEY)  # the writer locks first: the lock makes the directory
+        made.write(KEY, [b'{"format":1}'] if store == "file" else [b"{}\n"])
+        lock.release()
+    mounted.cut()
+    on_disk = os.path.join(mounted.backing, "sessions-root")
+    if store == "summary":
+        assert load_summary(on_disk, KEY) is not None
+    else:
+        assert os.path.exists(
+            os.path.join(on_disk, KEY + (".json" if store == "file" else ".jsonl"))
+        )
+
+
+def test_the_documented_command_loses_nothing(
+    fuse: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """python -m tests.powercut, 3 cuts per store and model: every check passes after every cut."""
+    code = powercut.main(["--cuts", "3", "--store", "all", "--max-mib", "0.25", "-q"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("store=")]
+    assert code == 0, out
+    assert len(rows) == 8, out  # four stores, two models
+    for row in rows:
+        figures = dict(re.findall(r"(\w+)=(\w+)", row))
+        assert figures["cuts"] == "3", row
+        assert figures["losses"] == "0", row
+    assert "| journal | ext4 |" in out
+
+
+@pytest.mark.parametrize("model", ["strict", "ext4"])
+@pytest.mark.parametrize(
+    ("mutation", "seen"),
+    [
+        ("file-fsync", "does not load"),
+        ("dir-fsync", "the checkpoint is gone"),
+        ("journal-fsync", "older than seq"),
+    ],
+)
+def test_the_torture_catches_each_removed_fsync(
+    fuse: None, mutation: str, seen: str, model: str
+) -> None:
+    """With one fsync removed in the child, an aimed cut loses a reported state: caught."""
+    spec = powercut.MUTATIONS[mutation]
+    summary = powercut.run(
+        powercut.MUTATION_CUTS,
+        store=spec.store,
+        model=model,
+        mutate=mutation,
+        max_bytes=SMALL,
+        seed=1,
+        stop_on_loss=True,
+    )
+    assert summary.caught_at is not None, "\n".join(summary.lines())
+    assert summary.caught_at <= powercut.MUTATION_CUTS
+    assert seen in summary.problems[0], summary.problems[0]
+
+
+def test_makedirs_durable_fsyncs_the_parent_of_every_directory_it_makes(tmp_path: Path) -> None:
+    """Each new directory's parent is fsynced after its mkdir; an existing tree costs nothing."""
+    synced: list[int] = []
+
+    def record(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        os.fsync(fd)
+
+    makedirs_durable(str(tmp_path / "a" / "b"), 0o700, record)
+    assert synced == [tmp_path.stat().st_ino, (tmp_path / "a").stat().st_ino]
+    assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o700
+    makedirs_durable(str(tmp_path / "a" / "b"), 0o700, record)
+    assert len(synced) == 2
+
+
+def test_a_parent_that_cannot_be_looked_at_is_reported_as_such(tmp_path: Path) -> None:
+    """A parent whose stat fails (here ELOOP; EIO on a dying disk) is that error, not EEXIST."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(OSError, match="symbolic links") as caught:
+        makedirs_durable(str(loop / "root"), 0o700)
+    assert caught.value.errno == errno.ELOOP
+
+
+def test_closing_a_frozen_mount_unmounts_it(fuse: None, tmp_path: Path) -> None:
+    """close() after a freeze leaves no mount behind (a frozen root cannot even be stat'ed)."""
+    fs = PowerFS(str(tmp_path / "disk"), str(tmp_path / "mnt"))
+    fs.mount()
+    fs.freeze()
+    fs.close()
+    with open("/proc/self/mounts", encoding="utf-8") as f:
+        assert fs.mountpoint not in f.read()

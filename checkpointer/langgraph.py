@@ -65,11 +65,11 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
-    SerializerProtocol,
     get_checkpoint_id,
     get_checkpoint_metadata,
     writes_sort_key,
 )
+from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from checkpointer import CheckpointWriter, Failed, Snapshot, Store, load
 
@@ -369,7 +369,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     def _all_threads(self) -> list[_Thread]:
         """Every thread: those in memory and those in the store (loaded)."""
         if not self._scanned:
-            for key in self.store.keys():
+            for key in _store_keys(self.store):
                 if key.startswith((_PLAIN, _HASHED)):
                     with self._lock:
                         known = any(t.key == key for t in self._threads.values())
@@ -553,9 +553,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         """Checkpoints newest first, of ``config``'s thread (all threads for None)."""
         self._check_open()
         threads = (
-            [self._thread(config["configurable"]["thread_id"])]
-            if config
-            else self._all_threads()
+            [self._thread(config["configurable"]["thread_id"])] if config else self._all_threads()
         )
         yield from self._list(threads, config, filter, before, limit)
 
@@ -699,7 +697,9 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 if index >= 0 and (task_id, index) in stored:
                     continue
                 kind, data = self.serde.dumps_typed(value)
-                thread.add(_Write(ns, checkpoint_id, task_id, index, channel, kind, data, task_path))
+                thread.add(
+                    _Write(ns, checkpoint_id, task_id, index, channel, kind, data, task_path)
+                )
                 added = True
         return added
 
@@ -794,8 +794,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             loads = self.serde.loads_typed
             needed: set[tuple[str, str, Version]] = set()
             for ns, checkpoint_id in kept:
-                row = thread.checkpoints[ns][checkpoint_id]
-                versions = loads((row.type, row.checkpoint))["channel_versions"]
+                put = thread.checkpoints[ns][checkpoint_id]
+                versions = loads((put.type, put.checkpoint))["channel_versions"]
                 needed.update((ns, channel, version) for channel, version in versions.items())
             rows: list[_Row] = []
             for row in thread.rows:
@@ -814,9 +814,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             return True
 
     @staticmethod
-    def _chain_kept(
-        thread: _Thread, row: _Tail, needed: set[tuple[str, str, Version]]
-    ) -> bool:
+    def _chain_kept(thread: _Thread, row: _Tail, needed: set[tuple[str, str, Version]]) -> bool:
         cursor: _Blob | _Tail | None = row
         while isinstance(cursor, _Tail):
             key = (row.ns, row.channel, cursor.base)
@@ -896,3 +894,9 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 def _durability(config: RunnableConfig) -> str | None:
     value = config["configurable"].get("__pregel_durability")
     return value if isinstance(value, str) else None
+
+
+def _store_keys(store: Store) -> list[str]:
+    """The store's keys (``Store.keys()``, a method, not a mapping's view)."""
+    keys: list[str] = store.keys()
+    return keys

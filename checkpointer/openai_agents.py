@@ -109,9 +109,7 @@ def _close_dangling_calls(items: list[Any]) -> tuple[list[Any], int]:
     items); a call is answered by a later item of the output type with its
     ``call_id``.  The synthetic output goes right after the call.
     """
-    answered = {
-        (item.get("type"), item.get("call_id")) for item in items if isinstance(item, dict)
-    }
+    answered = {(item.get("type"), item.get("call_id")) for item in items if isinstance(item, dict)}
     out: list[Any] = []
     count = 0
     for item in items:

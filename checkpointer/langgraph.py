@@ -278,6 +278,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         self._threads: dict[str, _Thread] = {}
         self._mode: Literal["new", "sync", "async", "closed"] = "new"
         self._task_group: anyio.abc.TaskGroup | None = None
+        self._opening: anyio.Lock | None = None
         self._scanned = False
 
     def __repr__(self) -> str:
@@ -308,6 +309,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 
     async def __aenter__(self) -> CheckpointSaver:
         self._claim("async")
+        self._opening = anyio.Lock()
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
@@ -325,6 +327,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         for thread in threads:
             if thread.stop is not None:
                 thread.stop.set()
+            elif thread.writer is not None:  # opened by a sync method
+                await anyio.to_thread.run_sync(thread.writer.close)
         if task_group is not None:
             await task_group.__aexit__(None, None, None)
         self._mode = "closed"
@@ -405,12 +409,15 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     async def _async_writer(self, thread: _Thread) -> CheckpointWriter[Snapshot]:
         if thread.writer is not None:
             return thread.writer
-        assert self._task_group is not None
-        writer = self._new_writer(thread)
-        thread.writer = writer
-        thread.stop, thread.closed = anyio.Event(), anyio.Event()
-        await self._task_group.start(self._host, writer, thread.stop, thread.closed)
-        return writer
+        assert self._task_group is not None and self._opening is not None
+        async with self._opening:  # LangGraph runs aput and aput_writes concurrently
+            if thread.writer is None:
+                writer = self._new_writer(thread)
+                stop, closed = anyio.Event(), anyio.Event()
+                await self._task_group.start(self._host, writer, stop, closed)
+                thread.stop, thread.closed = stop, closed
+                thread.writer = writer  # only once it is entered
+            return thread.writer
 
     @staticmethod
     async def _host(
@@ -429,9 +436,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             closed.set()
 
     def _changed(self, thread: _Thread, durability: str | None) -> None:
-        """After a change on a sync method: write it, or notify the writer."""
-        if self._mode == "async" and durability not in _DURABLE and thread.writer is not None:
-            thread.writer.notify()
+        """After a change on a sync method: notify the thread's timed writer, or write now."""
+        hosted = thread.writer if thread.stop is not None else None
+        if hosted is not None and durability not in _DURABLE:
+            hosted.notify()
             return
         writer = self._sync_writer(thread) if thread.writer is None else thread.writer
         result = writer.flush_sync()
@@ -439,7 +447,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             raise CheckpointFailed(result)
 
     async def _achanged(self, thread: _Thread, durability: str | None) -> None:
-        if self._mode == "sync":
+        if self._mode == "sync" or (thread.writer is not None and thread.stop is None):
+            # No timer runs for this writer: write in a worker thread.
             await anyio.to_thread.run_sync(self._changed, thread, durability)
             return
         writer = await self._async_writer(thread)

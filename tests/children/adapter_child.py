@@ -210,7 +210,7 @@ def langchain_problems(messages: list[Any]) -> list[str]:
 def langgraph_graph(saver: Any) -> Any:
     """A model node and a ToolNode, the model a plain function checking its input."""
     from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
-    from langchain_core.tools import tool
+    from langchain_core.tools import StructuredTool
     from langgraph.graph import END, START, StateGraph
     from langgraph.graph.message import add_messages
     from langgraph.prebuilt import ToolNode, tools_condition
@@ -218,11 +218,16 @@ def langgraph_graph(saver: Any) -> Any:
     # The functional form: evaluated here, not a string annotation to resolve later.
     State = TypedDict("State", {"messages": Annotated[list[AnyMessage], add_messages]})  # noqa: UP013
 
-    @tool
-    async def lookup(q: str) -> str:
-        """Look something up."""
+    async def alookup(q: str) -> str:
         await _in_tool()
         return f"answer:{q}"
+
+    def slookup(q: str) -> str:
+        return f"answer:{q}"
+
+    lookup = StructuredTool.from_function(
+        func=slookup, coroutine=alookup, name="lookup", description="Look something up."
+    )
 
     def model(state: Any) -> dict[str, list[AIMessage]]:
         messages = state["messages"]
@@ -282,27 +287,27 @@ def crash_in_tool(framework: str, base: str, *, timeout: float = 300.0) -> dict[
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "OPENAI_AGENTS_DISABLE_TRACING": "1", "PYTHONPATH": root}
     with tempfile.TemporaryFile() as errors:
-        proc = subprocess.Popen(
+        with subprocess.Popen(
             [sys.executable, "-m", "tests.children.adapter_child", framework, base],
             stdout=subprocess.PIPE,
             stderr=errors,
             cwd=root,
             env=env,
-        )
-        watchdog = threading.Timer(timeout, proc.kill)  # a hang fails the test, never the suite
-        watchdog.start()
-        codes: dict[str, int] = {}
-        try:
-            assert proc.stdout is not None
-            for raw in proc.stdout:
-                word, signame, number = raw.decode().split()
-                if word == "in-tool":
-                    os.kill(int(number), getattr(signal, "SIG" + signame))
-                elif word == "exit":
-                    codes[signame] = int(number)
-            proc.wait()
-        finally:
-            watchdog.cancel()
+        ) as proc:
+            watchdog = threading.Timer(timeout, proc.kill)  # a hang fails the test, not the suite
+            watchdog.start()
+            codes: dict[str, int] = {}
+            try:
+                assert proc.stdout is not None
+                for raw in proc.stdout:
+                    word, signame, number = raw.decode().split()
+                    if word == "in-tool":
+                        os.kill(int(number), getattr(signal, "SIG" + signame))
+                    elif word == "exit":
+                        codes[signame] = int(number)
+                proc.wait()
+            finally:
+                watchdog.cancel()
         errors.seek(0)
         assert proc.returncode == 0 and len(codes) == 2, errors.read().decode()[-3000:]
     return codes

@@ -409,7 +409,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     async def _async_writer(self, thread: _Thread) -> CheckpointWriter[Snapshot]:
         if thread.writer is not None:
             return thread.writer
-        assert self._task_group is not None and self._opening is not None
+        assert self._task_group is not None
+        assert self._opening is not None
         async with self._opening:  # LangGraph runs aput and aput_writes concurrently
             if thread.writer is None:
                 writer = self._new_writer(thread)

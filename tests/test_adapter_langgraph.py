@@ -140,7 +140,7 @@ async def test_durability_sync_is_on_disk_when_invoke_returns(tmp_path: Path) ->
 
 
 async def test_durability_async_is_debounced(tmp_path: Path) -> None:
-    """durability="async" is a notify: not on disk before the writer's timing says so, then on close."""
+    """durability="async" is a notify: on disk at the writer's timing (here: the close)."""
     async with CheckpointSaver(JournalStore(tmp_path), debounce=1000, max_wait=1000) as saver:
         graph = await _turns(saver, ["a"], durability="async")
         latest = (await graph.aget_state(CONFIG)).config["configurable"]["checkpoint_id"]
@@ -192,7 +192,7 @@ def test_thread_keys() -> None:
 def test_unopened_saver_says_how_to_use_it(tmp_path: Path) -> None:
     """A saver used outside ``with``/``async with`` raises naming both."""
     with pytest.raises(RuntimeError, match="async with"):
-        CheckpointSaver(JournalStore(tmp_path)).get_tuple(CONFIG)  # type: ignore[arg-type]
+        CheckpointSaver(JournalStore(tmp_path)).get_tuple(CONFIG)
 
 
 # -- killed inside a tool ------------------------------------------------------------

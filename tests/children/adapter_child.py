@@ -29,7 +29,10 @@ from typing import Annotated, Any, TypedDict
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 
 TURNS = ["first", "second", "third"]
-SLOW = {"debounce": 1000.0, "max_wait": 1000.0}  # nothing written by the timer: only what we say
+SLOW: dict[str, Any] = {
+    "debounce": 1000.0,
+    "max_wait": 1000.0,
+}  # nothing written by the timer: only what we say
 _block: dict[str, str | None] = {"signal": None}
 
 
@@ -157,7 +160,7 @@ def pydantic_agent() -> Any:
 
     agent: Any = Agent(FunctionModel(model))
 
-    @agent.tool_plain
+    @agent.tool_plain  # type: ignore[untyped-decorator]
     async def lookup(q: str) -> str:
         await _in_tool()
         return f"answer:{q}"
@@ -179,10 +182,12 @@ async def pydantic_crash(root: str, signame: str) -> None:
             await store.save(result)
             conversation = result.conversation
         _block["signal"] = signame
-        async with store.checkpoint_run(conversation) as checkpoint:
-            async with agent.iter(TURNS[2], conversation=conversation) as run:
-                async for _node in checkpoint.nodes(run):
-                    pass
+        async with (
+            store.checkpoint_run(conversation) as checkpoint,
+            agent.iter(TURNS[2], conversation=conversation) as run,
+        ):
+            async for _node in checkpoint.nodes(run):
+                pass
 
 
 # -- LangGraph -------------------------------------------------------------------
@@ -249,7 +254,7 @@ def langgraph_graph(saver: Any) -> Any:
     return builder.compile(checkpointer=saver)
 
 
-CONFIG = {"configurable": {"thread_id": "chat"}}
+CONFIG: Any = {"configurable": {"thread_id": "chat"}}  # a RunnableConfig
 
 
 async def langgraph_crash(root: str, signame: str) -> None:

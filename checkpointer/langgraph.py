@@ -518,7 +518,9 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         """Async ``get_tuple``."""
         self._check_open()
         thread = await self._athread(config["configurable"]["thread_id"])
-        return self._get_tuple(thread, config)
+        # Decoding the channels builds Python objects (LangChain messages): in a
+        # worker thread the loop gets the GIL back between them.
+        return await anyio.to_thread.run_sync(self._get_tuple, thread, config)
 
     def _list(
         self,
@@ -581,7 +583,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             threads = [await self._athread(config["configurable"]["thread_id"])]
         else:
             threads = await anyio.to_thread.run_sync(self._all_threads)
-        for item in self._list(threads, config, filter, before, limit):
+        found = await anyio.to_thread.run_sync(self._list, threads, config, filter, before, limit)
+        for item in found:
             yield item
 
     # -- writing ----------------------------------------------------------------
@@ -685,7 +688,11 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         """Async ``put``."""
         self._check_open()
         thread = await self._athread(config["configurable"]["thread_id"])
-        stored = self._put(thread, config, checkpoint, metadata, new_versions)
+        # Encoding builds on Python callbacks per object: in a worker thread, the
+        # loop gets the GIL between them (see aget_tuple).
+        stored = await anyio.to_thread.run_sync(
+            self._put, thread, config, checkpoint, metadata, new_versions
+        )
         await self._achanged(thread, _durability(config))
         return stored
 

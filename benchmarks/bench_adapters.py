@@ -24,6 +24,7 @@ Bars: fewer bytes and less stall than each peer; a wait within the writer's
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -75,18 +76,25 @@ class _Timed:
             self.longest = max(self.longest, time.perf_counter() - t0)
 
 
+def _wchar() -> int | None:
+    """``bytes_written()``, read twice if the first read fails (None: not measured)."""
+    value = bytes_written()
+    return bytes_written() if value is None else value
+
+
 _turns_done: list[float] = []  # perf_counter when the last turn returned (not the final flush)
 
 
 async def _measure(turns: int, run: Callable[[], Awaitable[float]]) -> dict[str, float]:
     async with ticking() as ticker:
         mark = ticker.mark()
-        before = bytes_written() or 0
+        before = _wchar()
         t0 = time.perf_counter()
         _turns_done.clear()
         wait = await run()
         wall = (_turns_done[-1] if _turns_done else time.perf_counter()) - t0
-        written = (bytes_written() or 0) - before
+        after = _wchar()
+        written = math.nan if before is None or after is None else after - before
         lags = ticker.since(mark)
     return {
         "bytes": float(written),

@@ -202,6 +202,7 @@ class CheckpointConversationStore(ConversationStore):
         self.store = store
         self._options = writer_options
         self._lock = threading.RLock()
+        self._writing = threading.Lock()  # one write_record/delete_record at a time
         self._open: dict[str, _Conversation] = {}  # conversations with a writer
         self._where: dict[str, str] = {}  # entry id -> a conversation id that stores it
 
@@ -419,7 +420,15 @@ class CheckpointConversationStore(ConversationStore):
                 holds or changed the conversation.
             CheckpointFailed: the write failed otherwise (the message says why).
         """
-        await anyio.to_thread.run_sync(self._write, record, list(new_entries), expected_revision)
+        entries = list(new_entries)
+        await anyio.to_thread.run_sync(
+            self._locked, self._write, record, entries, expected_revision
+        )
+
+    def _locked(self, step: Any, *args: Any) -> None:
+        """Run a write step under the store's write lock (steps read, then write)."""
+        with self._writing:
+            step(*args)
 
     def _delete(self, conversation_id: str, expected_revision: str) -> None:
         current = self._fetch(conversation_id)
@@ -445,7 +454,9 @@ class CheckpointConversationStore(ConversationStore):
         Raises:
             ConversationConflict: no record with ``expected_revision`` is stored.
         """
-        await anyio.to_thread.run_sync(self._delete, conversation_id, expected_revision)
+        await anyio.to_thread.run_sync(
+            self._locked, self._delete, conversation_id, expected_revision
+        )
 
     # -- runs in flight -----------------------------------------------------------
 

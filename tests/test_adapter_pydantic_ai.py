@@ -114,6 +114,32 @@ async def test_stale_revision_is_a_conflict(tmp_path: Path) -> None:
             await store.save(Conversation(conversation_id="c1", messages=_turn("d")))
 
 
+async def test_concurrent_saves_one_wins(tmp_path: Path) -> None:
+    """Two tasks saving copies of one revision at once: one is stored, the other conflicts."""
+    import anyio
+
+    async with CheckpointConversationStore(JournalStore(tmp_path)) as store:
+        await _saved(store, "c1", "a")
+        copies = [await store.load("c1") for _ in range(2)]
+        outcomes: list[str] = []
+
+        async def save(conversation: Conversation | None, text: str) -> None:
+            assert conversation is not None
+            conversation.messages.extend(_turn(text))
+            try:
+                await store.save(conversation)
+                outcomes.append("saved")
+            except ConversationConflict:
+                outcomes.append("conflict")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(save, copies[0], "x")
+            tg.start_soon(save, copies[1], "y")
+        assert sorted(outcomes) == ["conflict", "saved"]
+        loaded = await store.load("c1")
+        assert loaded is not None and len(loaded.messages) == 8
+
+
 async def test_branch_fork_delete_list(tmp_path: Path) -> None:
     """branch, fork, list and delete work through the framework's own methods."""
     async with CheckpointConversationStore(JournalStore(tmp_path)) as store:

@@ -22,7 +22,9 @@ ever added, so on a ``JournalStore`` a save appends the run's new messages
 and the record; ``delete`` removes the key.
 
 Durability and conflicts.  ``write_record`` returns once the write is
-durable.  Each conversation written in this process has a writer, which
+durable (so these writers need no exit hooks: nothing of theirs is ever
+pending; they are opened and closed in worker threads, where signal
+handlers could not be restored).  Each conversation written in this process has a writer, which
 holds the key's lock until the store closes or ``release(id)``; a save
 from another process meanwhile, or of a copy loaded before another
 process's save, raises ``ConversationConflict`` (the writer's
@@ -385,7 +387,7 @@ class CheckpointConversationStore(ConversationStore):
                 self.store,
                 write_on_start=False,
                 resume_from=current.checkpoint,
-                **self._options,
+                **{**self._options, "exit_hooks": False},
             )
             current.writer.open()
         result = current.writer.flush_sync()

@@ -244,6 +244,24 @@ async def test_checkpoint_run_is_removed_after_save(tmp_path: Path, anyio_backen
     assert loaded is not None and len(loaded.messages) == 4
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_signal_handlers_restored_after_close(tmp_path: Path, anyio_backend: str) -> None:
+    """A run checkpoint and conversation writers, all closed: SIGTERM/SIGHUP are as before."""
+    import signal
+
+    before = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)]
+    agent = pydantic_agent()
+    async with CheckpointConversationStore(JournalStore(tmp_path)) as store:
+        conversation = Conversation(conversation_id="c1")
+        async with store.checkpoint_run(conversation) as checkpoint:
+            async with agent.iter("hello", conversation=conversation) as run:
+                async for _node in checkpoint.nodes(run):
+                    pass
+            assert run.result is not None
+            await store.save(run.result)
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)] == before
+
+
 @pytest.fixture(scope="module")
 def crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("pydantic-crash")

@@ -35,6 +35,7 @@ CASES: list[tuple[str, str]] = [
     ("aiofiles", "benchmarks.bench_aiofiles"),
     ("journal", "benchmarks.bench_journal"),
     ("prepare", "benchmarks.bench_prepare"),
+    ("adapters", "benchmarks.bench_adapters"),
 ]
 """(case id, module with ``main(quick) -> dict``); adding a case is one entry."""
 

@@ -1,0 +1,378 @@
+"""Case ``adapters``: each framework adapter against the framework's own persistence.
+
+The same scripted run for both, on asyncio with the frameworks' offline
+models (``tests/children/adapter_child.py``): a session prefilled with a
+history, then turns of one tool call each.
+
+* OpenAI Agents SDK: ``CheckpointSession`` on a ``JournalStore`` vs the SDK's
+  ``SQLiteSession`` on a file;
+* LangGraph: ``CheckpointSaver`` on a ``JournalStore`` vs LangGraph's
+  ``AsyncSqliteSaver`` (``langgraph-checkpoint-sqlite``), durability
+  ``"async"`` (LangGraph's default) for both;
+* pydantic-ai: ``CheckpointConversationStore`` on a ``JournalStore`` vs
+  pydantic-ai's ``InMemoryConversationStore`` with the conversation dumped
+  to a file (``ConversationTypeAdapter``, atomic and fsynced) after each run.
+
+Figures: bytes the process passed to write(2) during the turns
+(``/proc/self/io``), the worst lag of a 1 ms ticker (the event-loop stall),
+wall time per turn, and the longest a change waited before it was durable
+(ours: the longest stretch the writer reported pending changes, polled each
+tick; the peers write inside the call, so their wait is the longest call).
+Bars: fewer bytes and less stall than each peer; a wait within the writer's
+``max_wait`` plus one second.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import msgspec
+
+from ._harness import Report, Table, bytes_written, ratio, scratch_dir, ticking
+
+MAX_WAIT = 5.0  # the writer's default
+
+
+class _Wait:
+    """The longest stretch some writer had changes pending, sampled every tick."""
+
+    def __init__(self) -> None:
+        self.writers: list[Any] = []
+        self.since: float | None = None
+        self.longest = 0.0
+
+    def sample(self) -> None:
+        pending = any(w.statistics().pending for w in self.writers)
+        now = time.perf_counter()
+        if pending and self.since is None:
+            self.since = now
+        elif not pending and self.since is not None:
+            self.longest = max(self.longest, now - self.since)
+            self.since = None
+
+    async def run(self) -> None:
+        while True:
+            self.sample()
+            await anyio.sleep(0.001)
+
+
+class _Timed:
+    """The longest call of a peer's durable write (it is durable when it returns)."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+
+    async def __call__(self, call: Awaitable[Any]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return await call
+        finally:
+            self.longest = max(self.longest, time.perf_counter() - t0)
+
+
+def _wchar() -> int | None:
+    """``bytes_written()``, read twice if the first read fails (None: not measured)."""
+    value = bytes_written()
+    return bytes_written() if value is None else value
+
+
+_turns_done: list[float] = []  # perf_counter when the last turn returned (not the final flush)
+
+
+async def _measure(turns: int, run: Callable[[], Awaitable[float]]) -> dict[str, float]:
+    async with ticking() as ticker:
+        mark = ticker.mark()
+        before = _wchar()
+        t0 = time.perf_counter()
+        _turns_done.clear()
+        wait = await run()
+        wall = (_turns_done[-1] if _turns_done else time.perf_counter()) - t0
+        after = _wchar()
+        written = math.nan if before is None or after is None else after - before
+        lags = ticker.since(mark)
+    return {
+        "bytes": float(written),
+        "stall": max(lags, default=0.0),
+        "turn": wall / turns,
+        "wait": wait,
+    }
+
+
+# -- OpenAI Agents SDK ----------------------------------------------------------------
+
+
+def _history(n: int) -> list[dict[str, Any]]:
+    return [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " + "x" * 200}
+        for i in range(n)
+    ]
+
+
+async def _openai(root: str, history: int, turns: int, ours: bool) -> dict[str, float]:
+    from agents import Runner
+    from agents.memory import SQLiteSession
+
+    from checkpointer import JournalStore
+    from checkpointer.openai_agents import CheckpointSession
+    from tests.children.adapter_child import openai_agent
+
+    agent = openai_agent()
+    if ours:
+        async with CheckpointSession("chat", JournalStore(root), durability="sync") as session:
+            await session.add_items(_history(history))  # type: ignore[arg-type]
+        async with CheckpointSession("chat", JournalStore(root)) as session:
+            wait = _Wait()
+            wait.writers.append(session.writer)
+
+            async def run_ours() -> float:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait.run)
+                    for turn in range(turns):
+                        await Runner.run(agent, f"turn {turn}", session=session)
+                    _turns_done.append(time.perf_counter())
+                    while session.writer.statistics().pending:  # noqa: ASYNC110 -- no event to wait on
+                        await anyio.sleep(0.001)
+                    wait.sample()
+                    tg.cancel_scope.cancel()
+                return wait.longest
+
+            return await _measure(turns, run_ours)
+    peer = SQLiteSession("chat", os.path.join(root, "sessions.db"))
+    await peer.add_items(_history(history))  # type: ignore[arg-type]
+    timed = _Timed()
+    add = peer.add_items
+
+    async def add_timed(items: Any) -> None:
+        await timed(add(items))
+
+    peer.add_items = add_timed  # type: ignore[method-assign]
+
+    async def run_peer() -> float:
+        for turn in range(turns):
+            await Runner.run(agent, f"turn {turn}", session=peer)
+        return timed.longest
+
+    try:
+        return await _measure(turns, run_peer)
+    finally:
+        peer.close()
+
+
+# -- LangGraph --------------------------------------------------------------------
+
+
+async def _langgraph(root: str, history: int, turns: int, ours: bool) -> dict[str, float]:
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    from checkpointer import JournalStore
+    from checkpointer.langgraph import CheckpointSaver
+    from tests.children.adapter_child import CONFIG, langgraph_graph
+
+    prefill = [
+        HumanMessage(m["content"]) if m["role"] == "user" else AIMessage(m["content"])
+        for m in _history(history)
+    ]
+
+    async def drive(saver: Any) -> None:
+        graph = langgraph_graph(saver)
+        for turn in range(turns):
+            await graph.ainvoke({"messages": [HumanMessage(f"turn {turn}")]}, CONFIG)
+
+    if ours:
+        async with CheckpointSaver(JournalStore(root)) as saver:
+            await langgraph_graph(saver).aupdate_state(CONFIG, {"messages": prefill})
+            wait = _Wait()
+
+            async def run_ours() -> float:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(wait.run)
+                    await drive(saver)
+                    _turns_done.append(time.perf_counter())
+                    wait.writers = [
+                        t.writer for t in saver._threads.values() if t.writer is not None
+                    ]
+                    while any(w.statistics().pending for w in wait.writers):  # noqa: ASYNC110
+                        await anyio.sleep(0.001)
+                    wait.sample()
+                    tg.cancel_scope.cancel()
+                return wait.longest
+
+            # Writers appear at the first put: watch them from the prefill on.
+            wait.writers = [t.writer for t in saver._threads.values() if t.writer is not None]
+            return await _measure(turns, run_ours)
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    async with AsyncSqliteSaver.from_conn_string(os.path.join(root, "graph.db")) as peer:
+        await langgraph_graph(peer).aupdate_state(CONFIG, {"messages": prefill})
+        timed = _Timed()
+        aput = peer.aput
+
+        async def aput_timed(*args: Any) -> Any:
+            return await timed(aput(*args))
+
+        peer.aput = aput_timed
+
+        async def run_peer() -> float:
+            await drive(peer)
+            return timed.longest
+
+        return await _measure(turns, run_peer)
+
+
+# -- pydantic-ai --------------------------------------------------------------------
+
+
+async def _pydantic(root: str, history: int, turns: int, ours: bool) -> dict[str, float]:
+    from pydantic_ai.conversation import Conversation, ConversationTypeAdapter
+    from pydantic_ai.conversation_store import InMemoryConversationStore
+    from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
+
+    from checkpointer import JournalStore
+    from checkpointer.pydantic_ai import CheckpointConversationStore
+    from tests.children.adapter_child import pydantic_agent
+
+    agent = pydantic_agent()
+    prefill: list[Any] = []
+    for m in _history(history):
+        if m["role"] == "user":
+            prefill.append(ModelRequest(parts=[UserPromptPart(m["content"])]))
+        else:
+            prefill.append(ModelResponse(parts=[TextPart(m["content"])]))
+    timed = _Timed()
+    if ours:
+        async with CheckpointConversationStore(JournalStore(root)) as store:
+            await store.save(Conversation(conversation_id="chat", messages=prefill))
+
+            async def run_ours() -> float:
+                conversation = await store.load("chat")
+                for turn in range(turns):
+                    result = await agent.run(f"turn {turn}", conversation=conversation)
+                    await timed(store.save(result))
+                    conversation = result.conversation
+                return timed.longest
+
+            return await _measure(turns, run_ours)
+    memory = InMemoryConversationStore()
+    path = os.path.join(root, "chat.json")
+
+    def dump(conversation: Any) -> None:
+        data = ConversationTypeAdapter.dump_json(conversation)
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    async def save_and_dump(result: Any) -> None:
+        await memory.save(result)
+        dump(result.conversation)
+
+    await memory.save(Conversation(conversation_id="chat", messages=prefill))
+
+    async def run_peer() -> float:
+        conversation = await memory.load("chat")
+        for turn in range(turns):
+            result = await agent.run(f"turn {turn}", conversation=conversation)
+            await timed(save_and_dump(result))
+            conversation = result.conversation
+        return timed.longest
+
+    return await _measure(turns, run_peer)
+
+
+_CASES = {
+    "openai-agents": (_openai, "SQLiteSession"),
+    "langgraph": (_langgraph, "AsyncSqliteSaver"),
+    "pydantic-ai": (_pydantic, "in-memory store saved per run"),
+}
+
+
+def _run(kind: str, history: int, turns: int, ours: bool) -> dict[str, float]:
+    case, _ = _CASES[kind]
+    with scratch_dir(f"adapters-{kind}-") as root:
+        return anyio.run(case, root, history, turns, ours)
+
+
+def main(quick: bool) -> dict[str, Any]:
+    """One table per framework, and the bars; a ``Report`` as a dict."""
+    os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+    history, turns, repeats = (200, 5, 1) if quick else (2000, 20, 3)
+    report = Report(title="Framework adapters vs each framework's own persistence")
+    for kind, (_, peer_name) in _CASES.items():
+        try:
+            # A framework's first run in a process builds its schemas (hundreds of
+            # ms on the loop): pay it once, for neither side.
+            _run(kind, 2, 1, False)
+            _run(kind, 2, 1, True)
+            pairs = [
+                (_run(kind, history, turns, True), _run(kind, history, turns, False))
+                for _ in range(repeats)
+            ]
+            ours = _median([p[0] for p in pairs])
+            peer = _median([p[1] for p in pairs])
+        except ImportError as exc:
+            report.notes.append(f"{kind}: not run ({exc})")
+            continue
+        report.tables.append(
+            Table(
+                title=(
+                    f"{kind}: {turns} turns with a tool call, after {history} messages "
+                    f"(medians of {repeats})"
+                ),
+                columns=["persistence", "bytes written", "worst stall", "time per turn", "wait"],
+                rows=[
+                    [f"checkpointer ({kind})", *(_cells(ours))],
+                    [peer_name, *(_cells(peer))],
+                ],
+            )
+        )
+        report.ratios += [
+            ratio(
+                f"{kind}: bytes checkpointer / {peer_name}", ours["bytes"] / peer["bytes"], "<", 1
+            ),
+            ratio(
+                f"{kind}: worst stall checkpointer / {peer_name}",
+                ours["stall"] / peer["stall"] if peer["stall"] else None,
+                "<",
+                1,
+                note=f"{ours['stall'] * 1e3:.1f} ms vs {peer['stall'] * 1e3:.1f} ms",
+            ),
+            ratio(
+                f"{kind}: longest wait to disk (s), bound max_wait + 1",
+                ours["wait"],
+                "<=",
+                MAX_WAIT + 1,
+            ),
+        ]
+    return msgspec.to_builtins(report)  # type: ignore[no-any-return]
+
+
+def _median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
+def _cells(figures: dict[str, float]) -> list[str]:
+    return [
+        f"{figures['bytes'] / 1024:.1f} KiB",
+        f"{figures['stall'] * 1e3:.1f} ms",
+        f"{figures['turn'] * 1e3:.1f} ms",
+        f"{figures['wait'] * 1e3:.1f} ms",
+    ]
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+
+    print(json.dumps(main("--quick" in sys.argv), indent=1)[:20000])

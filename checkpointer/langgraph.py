@@ -1,0 +1,919 @@
+"""LangGraph's ``BaseCheckpointSaver``, kept by ``CheckpointWriter`` s.
+
+``CheckpointSaver(store)`` is a LangGraph checkpointer over checkpointer's
+public API only, with the sync and async methods (``get_tuple``, ``list``,
+``put``, ``put_writes``, ``delete_thread``, ``delete_for_runs``,
+``copy_thread``, ``prune``, each with its ``a*`` twin)::
+
+    async with CheckpointSaver(JournalStore("threads")) as saver:
+        graph = builder.compile(checkpointer=saver)
+        await graph.ainvoke(inputs, {"configurable": {"thread_id": "t1"}})
+
+Layout.  A thread is one key (``thread_key(thread_id)``) whose state is
+``{"thread_id": ..., "messages": [rows]}``: an append-only log of frozen
+rows, one per checkpoint (without its channel values), per channel value
+(only the channels in ``new_versions``, as LangGraph's own Postgres saver
+stores them) and per pending write.  A list channel that grew (a messages
+channel with ``operator.add`` or ``add_messages``) is stored as a ``tail``
+row: the serialized items after the previous version's, whose serialized
+bytes the new value starts with, so a step that adds one message stores
+that message, not the whole list again.  On a ``JournalStore`` a checkpoint
+then costs its new rows only; ``prune``, ``delete_for_runs`` and a
+``tail`` chain cut by them rewrite the thread's log (a compaction).
+
+Durability.  LangGraph passes its ``durability`` in the config of each
+``put`` / ``put_writes``:
+
+* ``"sync"`` (and ``"exit"``, whose one put comes at the end of a run): the
+  call returns once the write is durable; a failed write raises
+  ``CheckpointFailed``;
+* ``"async"`` (LangGraph's default): the change is a ``notify()`` and the
+  thread's writer writes it within its timing rules (``max_wait``), so a
+  SIGKILL loses at most the last ``max_wait`` seconds of checkpoints and a
+  SIGTERM, SIGHUP or normal exit loses none.
+
+In a synchronous program (``with CheckpointSaver(...)``, ``graph.invoke``)
+there is no event loop to run a timer, so every put is written before it
+returns, whatever the durability (LangGraph runs ``"async"`` puts in its
+background thread, so the graph does not wait for them).
+
+``delete_thread``, ``copy_thread``, ``prune`` and ``delete_for_runs`` are
+durable when they return.  Each thread written in this process has one
+writer, opened at its first put and closed when the saver closes.
+
+Asyncio and sync: LangGraph runs on asyncio (or threads), not trio.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+from collections.abc import AsyncIterator, Iterator, Sequence
+from types import TracebackType
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import msgspec
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from checkpointer import CheckpointWriter, Failed, Snapshot, Store, load
+
+__all__ = ["CheckpointFailed", "CheckpointSaver", "thread_key"]
+
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+_PLAIN, _HASHED = "lg-", "lg."
+_DURABLE = ("sync", "exit")
+
+Version = str | int | float
+
+
+class CheckpointFailed(RuntimeError):
+    """A checkpoint that had to be durable was not written.
+
+    Attributes:
+        result: the writer's ``Failed`` value (its ``reason`` and ``error``).
+    """
+
+    def __init__(self, result: Failed) -> None:
+        self.result = result
+        super().__init__(f"checkpoint not written ({result.reason}): {result.error}")
+
+
+def thread_key(thread_id: str) -> str:
+    """The checkpoint key of a thread: ``lg-<id>``, or ``lg.<sha256 prefix>`` for other ids."""
+    key = _PLAIN + thread_id
+    if len(key) <= 200 and all(c in _KEY_CHARS for c in thread_id):
+        return key
+    return _HASHED + hashlib.sha256(thread_id.encode()).hexdigest()[:40]
+
+
+# -- the rows of a thread's log ------------------------------------------------
+
+
+class _Put(msgspec.Struct, frozen=True, tag="checkpoint", tag_field="row"):
+    ns: str
+    id: str
+    parent: str | None
+    type: str
+    checkpoint: bytes  # serde of the checkpoint without channel_values
+    metadata_type: str
+    metadata: bytes
+
+
+class _Blob(msgspec.Struct, frozen=True, tag="blob", tag_field="row"):
+    ns: str
+    channel: str
+    version: Version
+    type: str  # "empty": the channel had no value
+    data: bytes
+
+
+class _Tail(msgspec.Struct, frozen=True, tag="tail", tag_field="row"):
+    """A msgpack list value: ``base``'s items, then the items in ``data``; ``count`` in all."""
+
+    ns: str
+    channel: str
+    version: Version
+    base: Version
+    count: int
+    data: bytes
+
+
+class _Write(msgspec.Struct, frozen=True, tag="write", tag_field="row"):
+    ns: str
+    checkpoint: str
+    task: str
+    idx: int
+    channel: str
+    type: str
+    data: bytes
+    path: str
+
+
+_Row = _Put | _Blob | _Tail | _Write
+
+
+class _State(msgspec.Struct):
+    thread_id: str
+    messages: list[_Row]
+
+
+# -- msgpack arrays: the header, and the items' bytes after it ------------------
+
+
+def _split_array(data: bytes) -> tuple[int, int] | None:
+    """``(count, header size)`` of a msgpack array, or None for anything else."""
+    if not data:
+        return None
+    first = data[0]
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F, 1
+    if first == 0xDC and len(data) >= 3:
+        return int.from_bytes(data[1:3], "big"), 3
+    if first == 0xDD and len(data) >= 5:
+        return int.from_bytes(data[1:5], "big"), 5
+    return None
+
+
+def _array_header(count: int) -> bytes:
+    if count < 16:
+        return bytes([0x90 | count])
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+class _Thread:
+    """One thread in memory: its log and the indexes over it."""
+
+    __slots__ = (
+        "blobs",
+        "checkpoint",
+        "checkpoints",
+        "closed",
+        "key",
+        "last",
+        "rows",
+        "stop",
+        "thread_id",
+        "writer",
+        "writes",
+    )
+
+    def __init__(self, thread_id: str, key: str) -> None:
+        self.thread_id = thread_id
+        self.key = key
+        self.rows: list[_Row] = []
+        self.checkpoints: dict[str, dict[str, _Put]] = {}
+        self.blobs: dict[tuple[str, str, Version], _Blob | _Tail] = {}
+        self.writes: dict[tuple[str, str], dict[tuple[str, int], _Write]] = {}
+        # (ns, channel) -> (version, item count, items' bytes) of the last list value
+        # stored, or (version, -1, b"") until it is needed (after a load).
+        self.last: dict[tuple[str, str], tuple[Version, int, bytes]] = {}
+        self.writer: CheckpointWriter[Snapshot] | None = None
+        self.stop: anyio.Event | None = None
+        self.closed: anyio.Event | None = None
+        self.checkpoint: Any = None  # the Checkpoint loaded (resume_from)
+
+    def apply(self, row: _Row) -> None:
+        if isinstance(row, _Put):
+            self.checkpoints.setdefault(row.ns, {})[row.id] = row
+        elif isinstance(row, _Write):
+            self.writes.setdefault((row.ns, row.checkpoint), {})[(row.task, row.idx)] = row
+        else:
+            self.blobs[(row.ns, row.channel, row.version)] = row
+            self.last[(row.ns, row.channel)] = (row.version, -1, b"")
+
+    def add(self, row: _Row) -> None:
+        self.rows.append(row)
+        self.apply(row)
+
+    def reset(self, rows: list[_Row]) -> None:
+        self.rows = []
+        self.checkpoints, self.blobs, self.writes, self.last = {}, {}, {}, {}
+        for row in rows:
+            self.add(row)
+
+    def blob_bytes(self, ns: str, channel: str, version: Version) -> tuple[str, bytes] | None:
+        """The serialized value of a channel version, a tail chain joined up."""
+        row = self.blobs.get((ns, channel, version))
+        if row is None:
+            return None
+        if isinstance(row, _Blob):
+            return row.type, row.data
+        tails: list[bytes] = []
+        count = row.count
+        cursor: _Blob | _Tail | None = row
+        while isinstance(cursor, _Tail):
+            tails.append(cursor.data)
+            cursor = self.blobs.get((ns, channel, cursor.base))
+        if cursor is None or cursor.type != "msgpack":
+            return None  # the chain is cut: treated as no value (never written so)
+        split = _split_array(cursor.data)
+        if split is None:
+            return None
+        tails.append(cursor.data[split[1] :])
+        tails.reverse()
+        return "msgpack", b"".join([_array_header(count), *tails])
+
+
+class CheckpointSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer whose threads are checkpointed by ``CheckpointWriter`` s.
+
+    Args:
+        store: where the threads go; a ``JournalStore(root)`` makes each
+            checkpoint cost its new rows only.
+        serde: LangGraph's serializer (default: its ``JsonPlusSerializer``).
+        **writer_options: passed to each thread's ``CheckpointWriter``
+            (``debounce``, ``max_wait``, ``lock_timeout``, ``exit_hooks``...).
+
+    Use it as ``with`` (synchronous graphs) or ``async with`` (asyncio).
+    """
+
+    def __init__(
+        self, store: Store, *, serde: SerializerProtocol | None = None, **writer_options: Any
+    ) -> None:
+        super().__init__(serde=serde)
+        for reserved in ("source", "store", "resume_from"):
+            if reserved in writer_options:
+                raise TypeError(f"CheckpointSaver sets {reserved!r} itself")
+        self.store = store
+        self._options = writer_options
+        self._lock = threading.RLock()
+        self._threads: dict[str, _Thread] = {}
+        self._mode: Literal["new", "sync", "async", "closed"] = "new"
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._opening: anyio.Lock | None = None
+        self._scanned = False
+
+    def __repr__(self) -> str:
+        return f"<CheckpointSaver {self._mode} store={self.store!r} threads={len(self._threads)}>"
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def __enter__(self) -> CheckpointSaver:
+        self._claim("sync")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every thread's writer (a final write each); for ``with``."""
+        with self._lock:
+            threads = list(self._threads.values())
+        for thread in threads:
+            if thread.writer is not None:
+                thread.writer.close()
+        self._mode = "closed"
+
+    async def __aenter__(self) -> CheckpointSaver:
+        self._claim("async")
+        self._opening = anyio.Lock()
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task_group, self._task_group = self._task_group, None
+        with self._lock:
+            threads = list(self._threads.values())
+        for thread in threads:
+            if thread.stop is not None:
+                thread.stop.set()
+            elif thread.writer is not None:  # opened by a sync method
+                await anyio.to_thread.run_sync(thread.writer.close)
+        if task_group is not None:
+            await task_group.__aexit__(None, None, None)
+        self._mode = "closed"
+
+    def _claim(self, mode: Literal["sync", "async"]) -> None:
+        if self._mode != "new":
+            raise RuntimeError(f"this CheckpointSaver is {self._mode}; create a new one")
+        self._mode = mode
+
+    def _check_open(self) -> None:
+        if self._mode in ("new", "closed"):
+            raise RuntimeError(
+                f"this CheckpointSaver is {self._mode}: use it inside 'with' or 'async with'"
+            )
+
+    # -- threads in memory ----------------------------------------------------
+
+    def _thread(self, thread_id: str) -> _Thread:
+        """The thread, loaded from the store on first use (blocking)."""
+        with self._lock:
+            thread = self._threads.get(thread_id)
+        if thread is not None:
+            return thread
+        key = thread_key(thread_id)
+        checkpoint = load(self.store, key, _State)
+        with self._lock:
+            thread = self._threads.get(thread_id)
+            if thread is None:
+                thread = self._threads[thread_id] = _Thread(thread_id, key)
+                if checkpoint is not None:
+                    thread.checkpoint = checkpoint
+                    thread.reset(checkpoint.state.messages)
+            return thread
+
+    async def _athread(self, thread_id: str) -> _Thread:
+        with self._lock:
+            thread = self._threads.get(thread_id)
+        if thread is not None:
+            return thread
+        return await anyio.to_thread.run_sync(self._thread, thread_id)
+
+    def _all_threads(self) -> list[_Thread]:
+        """Every thread: those in memory and those in the store (loaded)."""
+        if not self._scanned:
+            for key in _store_keys(self.store):
+                if key.startswith((_PLAIN, _HASHED)):
+                    with self._lock:
+                        known = any(t.key == key for t in self._threads.values())
+                    if not known:
+                        checkpoint = load(self.store, key, _State)
+                        if checkpoint is not None:
+                            self._thread(checkpoint.state.thread_id)
+            self._scanned = True
+        with self._lock:
+            return list(self._threads.values())
+
+    def _source(self, thread: _Thread) -> Snapshot:
+        with self._lock:
+            rows = list(thread.rows)
+        return Snapshot(thread.key, {"thread_id": thread.thread_id, "messages": rows})
+
+    def _new_writer(self, thread: _Thread) -> CheckpointWriter[Snapshot]:
+        return CheckpointWriter(
+            lambda: self._source(thread),
+            self.store,
+            resume_from=thread.checkpoint,
+            **self._options,
+        )
+
+    def _sync_writer(self, thread: _Thread) -> CheckpointWriter[Snapshot]:
+        with self._lock:
+            if thread.writer is None:
+                writer = self._new_writer(thread)
+                writer.open()
+                thread.writer = writer
+            return thread.writer
+
+    async def _async_writer(self, thread: _Thread) -> CheckpointWriter[Snapshot]:
+        if thread.writer is not None:
+            return thread.writer
+        assert self._task_group is not None
+        assert self._opening is not None
+        async with self._opening:  # LangGraph runs aput and aput_writes concurrently
+            if thread.writer is None:
+                writer = self._new_writer(thread)
+                stop, closed = anyio.Event(), anyio.Event()
+                await self._task_group.start(self._host, writer, stop, closed)
+                thread.stop, thread.closed = stop, closed
+                thread.writer = writer  # only once it is entered
+            return thread.writer
+
+    @staticmethod
+    async def _host(
+        writer: CheckpointWriter[Snapshot],
+        stop: anyio.Event,
+        closed: anyio.Event,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run one thread's writer in a task of the saver's own (entered and left there)."""
+        try:
+            async with writer:
+                task_status.started()
+                await stop.wait()
+        finally:
+            closed.set()
+
+    def _changed(self, thread: _Thread, durability: str | None) -> None:
+        """After a change on a sync method: notify the thread's timed writer, or write now."""
+        hosted = thread.writer if thread.stop is not None else None
+        if hosted is not None and durability not in _DURABLE:
+            hosted.notify()
+            return
+        writer = self._sync_writer(thread) if thread.writer is None else thread.writer
+        result = writer.flush_sync()
+        if isinstance(result, Failed) and durability in _DURABLE:
+            raise CheckpointFailed(result)
+
+    async def _achanged(self, thread: _Thread, durability: str | None) -> None:
+        if self._mode == "sync" or (thread.writer is not None and thread.stop is None):
+            # No timer runs for this writer: write in a worker thread.
+            await anyio.to_thread.run_sync(self._changed, thread, durability)
+            return
+        writer = await self._async_writer(thread)
+        if durability not in _DURABLE:
+            writer.notify()
+            return
+        result = await writer.write_now()
+        if isinstance(result, Failed):
+            raise CheckpointFailed(result)
+
+    # -- reading ----------------------------------------------------------------
+
+    def _tuple(self, thread: _Thread, ns: str, row: _Put) -> CheckpointTuple:
+        loads = self.serde.loads_typed
+        checkpoint: Checkpoint = loads((row.type, row.checkpoint))
+        values: dict[str, Any] = {}
+        for channel, version in checkpoint["channel_versions"].items():
+            blob = thread.blobs.get((ns, channel, version))
+            if blob is None or (isinstance(blob, _Blob) and blob.type == "empty"):
+                continue
+            typed = thread.blob_bytes(ns, channel, version)
+            if typed is not None:
+                values[channel] = loads(typed)
+        stored = thread.writes.get((ns, row.id), {})
+        ordered = sorted(stored.values(), key=lambda w: writes_sort_key(w.path, w.task, w.idx))
+        return CheckpointTuple(
+            config={
+                "configurable": {
+                    "thread_id": thread.thread_id,
+                    "checkpoint_ns": ns,
+                    "checkpoint_id": row.id,
+                }
+            },
+            checkpoint={**checkpoint, "channel_values": values},
+            metadata=loads((row.metadata_type, row.metadata)),
+            parent_config=(
+                {
+                    "configurable": {
+                        "thread_id": thread.thread_id,
+                        "checkpoint_ns": ns,
+                        "checkpoint_id": row.parent,
+                    }
+                }
+                if row.parent
+                else None
+            ),
+            pending_writes=[(w.task, w.channel, loads((w.type, w.data))) for w in ordered],
+        )
+
+    def _get_tuple(self, thread: _Thread, config: RunnableConfig) -> CheckpointTuple | None:
+        ns: str = config["configurable"].get("checkpoint_ns", "")
+        with self._lock:
+            checkpoints = thread.checkpoints.get(ns)
+            if not checkpoints:
+                return None
+            checkpoint_id = get_checkpoint_id(config) or max(checkpoints)
+            row = checkpoints.get(checkpoint_id)
+            return None if row is None else self._tuple(thread, ns, row)
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint of ``config`` (its ``checkpoint_id``, else the thread's latest)."""
+        self._check_open()
+        return self._get_tuple(self._thread(config["configurable"]["thread_id"]), config)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Async ``get_tuple``."""
+        self._check_open()
+        thread = await self._athread(config["configurable"]["thread_id"])
+        # Decoding the channels builds Python objects (LangChain messages): in a
+        # worker thread the loop gets the GIL back between them.
+        return await anyio.to_thread.run_sync(self._get_tuple, thread, config)
+
+    def _list(
+        self,
+        threads: list[_Thread],
+        config: RunnableConfig | None,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> list[CheckpointTuple]:
+        wanted_ns = config["configurable"].get("checkpoint_ns") if config else None
+        wanted_id = get_checkpoint_id(config) if config else None
+        before_id = get_checkpoint_id(before) if before else None
+        found: list[CheckpointTuple] = []
+        with self._lock:
+            for thread in threads:
+                for ns, checkpoints in thread.checkpoints.items():
+                    if wanted_ns is not None and ns != wanted_ns:
+                        continue
+                    for checkpoint_id in sorted(checkpoints, reverse=True):
+                        if wanted_id and checkpoint_id != wanted_id:
+                            continue
+                        if before_id and checkpoint_id >= before_id:
+                            continue
+                        row = checkpoints[checkpoint_id]
+                        if filter:
+                            metadata = self.serde.loads_typed((row.metadata_type, row.metadata))
+                            if not all(metadata.get(k) == v for k, v in filter.items()):
+                                continue
+                        if limit is not None and len(found) >= limit:
+                            return found
+                        found.append(self._tuple(thread, ns, row))
+        return found
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first, of ``config``'s thread (all threads for None)."""
+        self._check_open()
+        threads = (
+            [self._thread(config["configurable"]["thread_id"])] if config else self._all_threads()
+        )
+        yield from self._list(threads, config, filter, before, limit)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """Async ``list``."""
+        self._check_open()
+        if config:
+            threads = [await self._athread(config["configurable"]["thread_id"])]
+        else:
+            threads = await anyio.to_thread.run_sync(self._all_threads)
+        found = await anyio.to_thread.run_sync(self._list, threads, config, filter, before, limit)
+        for item in found:
+            yield item
+
+    # -- writing ----------------------------------------------------------------
+
+    def _put(
+        self,
+        thread: _Thread,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        dumps = self.serde.dumps_typed
+        ns: str = config["configurable"]["checkpoint_ns"]
+        copied = checkpoint.copy()
+        values: dict[str, Any] = copied.pop("channel_values")  # type: ignore[misc]
+        rows: list[_Row] = []
+        last: dict[tuple[str, str], tuple[Version, int, bytes] | None] = {}
+        with self._lock:
+            for channel, version in new_versions.items():
+                if channel not in values:
+                    rows.append(_Blob(ns, channel, version, "empty", b""))
+                    last[(ns, channel)] = None
+                    continue
+                kind, data = dumps(values[channel])
+                split = _split_array(data) if kind == "msgpack" else None
+                rows.append(self._blob(thread, ns, channel, version, kind, data, split))
+                last[(ns, channel)] = (
+                    None if split is None else (version, split[0], data[split[1] :])
+                )
+            kind, data = dumps(copied)
+            meta_kind, meta_data = dumps(get_checkpoint_metadata(config, metadata))
+            parent = config["configurable"].get("checkpoint_id")
+            rows.append(_Put(ns, checkpoint["id"], parent, kind, data, meta_kind, meta_data))
+            for row in rows:
+                thread.add(row)
+            for where, entry in last.items():  # after add(), which marks them unknown
+                if entry is None:
+                    thread.last.pop(where, None)
+                else:
+                    thread.last[where] = entry
+        return {
+            "configurable": {
+                "thread_id": thread.thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    @staticmethod
+    def _blob(
+        thread: _Thread,
+        ns: str,
+        channel: str,
+        version: Version,
+        kind: str,
+        data: bytes,
+        split: tuple[int, int] | None,
+    ) -> _Blob | _Tail:
+        """A full value, or a tail when it extends the channel's last list value."""
+        last = thread.last.get((ns, channel))
+        if split is None or last is None:
+            return _Blob(ns, channel, version, kind, data)
+        base, count, items = last
+        if count < 0:  # loaded: join the last value up once
+            typed = thread.blob_bytes(ns, channel, base)
+            previous = None if typed is None else _split_array(typed[1])
+            if typed is None or previous is None:
+                return _Blob(ns, channel, version, kind, data)
+            count, items = previous[0], typed[1][previous[1] :]
+        total, header = split
+        if count == 0 or total < count or not data.startswith(items, header):
+            return _Blob(ns, channel, version, kind, data)
+        return _Tail(ns, channel, version, base, total, data[header + len(items) :])
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint and the channel values in ``new_versions``; see the durability rules.
+
+        Raises:
+            CheckpointFailed: a durable put (``"sync"``/``"exit"``) was not written.
+        """
+        self._check_open()
+        thread = self._thread(config["configurable"]["thread_id"])
+        stored = self._put(thread, config, checkpoint, metadata, new_versions)
+        self._changed(thread, _durability(config))
+        return stored
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Async ``put``."""
+        self._check_open()
+        thread = await self._athread(config["configurable"]["thread_id"])
+        # Encoding builds on Python callbacks per object: in a worker thread, the
+        # loop gets the GIL between them (see aget_tuple).
+        stored = await anyio.to_thread.run_sync(
+            self._put, thread, config, checkpoint, metadata, new_versions
+        )
+        await self._achanged(thread, _durability(config))
+        return stored
+
+    def _put_writes(
+        self,
+        thread: _Thread,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> bool:
+        ns: str = config["configurable"].get("checkpoint_ns", "")
+        checkpoint_id: str = config["configurable"]["checkpoint_id"]
+        added = False
+        with self._lock:
+            stored = thread.writes.get((ns, checkpoint_id), {})
+            for idx, (channel, value) in enumerate(writes):
+                index = WRITES_IDX_MAP.get(channel, idx)
+                if index >= 0 and (task_id, index) in stored:
+                    continue
+                kind, data = self.serde.dumps_typed(value)
+                thread.add(
+                    _Write(ns, checkpoint_id, task_id, index, channel, kind, data, task_path)
+                )
+                added = True
+        return added
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store a task's pending writes for the checkpoint of ``config``."""
+        self._check_open()
+        thread = self._thread(config["configurable"]["thread_id"])
+        if self._put_writes(thread, config, writes, task_id, task_path):
+            self._changed(thread, _durability(config))
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Async ``put_writes``."""
+        self._check_open()
+        thread = await self._athread(config["configurable"]["thread_id"])
+        if self._put_writes(thread, config, writes, task_id, task_path):
+            await self._achanged(thread, _durability(config))
+
+    # -- deleting, copying, pruning ----------------------------------------------
+
+    def _forget(self, thread: _Thread) -> None:
+        with self._lock:
+            if self._threads.get(thread.thread_id) is thread:
+                del self._threads[thread.thread_id]
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread's checkpoints and writes (its key), durably."""
+        self._check_open()
+        thread = self._thread(thread_id)
+        if thread.writer is not None:
+            thread.writer.close()
+        self._forget(thread)
+        self.store.delete(thread.key)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """Async ``delete_thread``."""
+        self._check_open()
+        thread = await self._athread(thread_id)
+        await self._close_writer(thread)
+        self._forget(thread)
+        await anyio.to_thread.run_sync(self.store.delete, thread.key)
+
+    async def _close_writer(self, thread: _Thread) -> None:
+        if thread.writer is None:
+            return
+        if thread.stop is not None and thread.closed is not None:
+            thread.stop.set()
+            await thread.closed.wait()
+        else:
+            await anyio.to_thread.run_sync(thread.writer.close)
+
+    def _copy_thread(self, source: _Thread, target: _Thread) -> bool:
+        with self._lock:
+            rows = list(source.rows)
+            for row in rows:
+                target.add(row)
+            target.last.clear()  # the source's last values are not the target's
+            return bool(rows)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint and write of one thread onto another, durably."""
+        self._check_open()
+        target = self._thread(target_thread_id)
+        if self._copy_thread(self._thread(source_thread_id), target):
+            self._changed(target, "sync")
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Async ``copy_thread``."""
+        self._check_open()
+        source = await self._athread(source_thread_id)
+        target = await self._athread(target_thread_id)
+        if self._copy_thread(source, target):
+            await self._achanged(target, "sync")
+
+    def _keep(self, thread: _Thread, kept: set[tuple[str, str]]) -> bool:
+        """Rewrite the log with only the checkpoints ``kept``, their values and writes."""
+        with self._lock:
+            before = sum(len(c) for c in thread.checkpoints.values())
+            if before == len(kept):
+                return False
+            loads = self.serde.loads_typed
+            needed: set[tuple[str, str, Version]] = set()
+            for ns, checkpoint_id in kept:
+                put = thread.checkpoints[ns][checkpoint_id]
+                versions = loads((put.type, put.checkpoint))["channel_versions"]
+                needed.update((ns, channel, version) for channel, version in versions.items())
+            rows: list[_Row] = []
+            for row in thread.rows:
+                if isinstance(row, _Put | _Write):
+                    checkpoint_id = row.id if isinstance(row, _Put) else row.checkpoint
+                    if (row.ns, checkpoint_id) in kept:
+                        rows.append(row)
+                elif (row.ns, row.channel, row.version) in needed:
+                    if isinstance(row, _Tail) and not self._chain_kept(thread, row, needed):
+                        typed = thread.blob_bytes(row.ns, row.channel, row.version)
+                        assert typed is not None
+                        rows.append(_Blob(row.ns, row.channel, row.version, *typed))
+                    else:
+                        rows.append(row)
+            thread.reset(rows)
+            return True
+
+    @staticmethod
+    def _chain_kept(thread: _Thread, row: _Tail, needed: set[tuple[str, str, Version]]) -> bool:
+        cursor: _Blob | _Tail | None = row
+        while isinstance(cursor, _Tail):
+            key = (row.ns, row.channel, cursor.base)
+            if key not in needed:
+                return False
+            cursor = thread.blobs.get(key)
+        return cursor is not None
+
+    def _prune(self, thread: _Thread, strategy: str) -> bool:
+        if strategy == "delete":
+            return self._keep(thread, set())
+        if strategy != "keep_latest":
+            raise ValueError(f"strategy must be 'keep_latest' or 'delete', got {strategy!r}")
+        with self._lock:
+            kept = {(ns, max(c)) for ns, c in thread.checkpoints.items() if c}
+        return self._keep(thread, kept)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Keep only each namespace's latest checkpoint (``"keep_latest"``), or none (``"delete"``).
+
+        Raises:
+            ValueError: an unknown ``strategy``.
+        """
+        self._check_open()
+        for thread_id in thread_ids:
+            thread = self._thread(thread_id)
+            if self._prune(thread, strategy):
+                self._changed(thread, "sync")
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Async ``prune``."""
+        self._check_open()
+        for thread_id in thread_ids:
+            thread = await self._athread(thread_id)
+            if self._prune(thread, strategy):
+                await self._achanged(thread, "sync")
+
+    def _drop_runs(self, thread: _Thread, run_ids: set[str]) -> bool:
+        with self._lock:
+            kept: set[tuple[str, str]] = set()
+            for ns, checkpoints in thread.checkpoints.items():
+                for checkpoint_id, row in checkpoints.items():
+                    metadata = self.serde.loads_typed((row.metadata_type, row.metadata))
+                    if metadata.get("run_id") not in run_ids:
+                        kept.add((ns, checkpoint_id))
+        return self._keep(thread, kept)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) whose metadata's ``run_id`` is listed."""
+        self._check_open()
+        if not run_ids:
+            return
+        for thread in self._all_threads():
+            if self._drop_runs(thread, set(run_ids)):
+                self._changed(thread, "sync")
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Async ``delete_for_runs``."""
+        self._check_open()
+        if not run_ids:
+            return
+        for thread in await anyio.to_thread.run_sync(self._all_threads):
+            if self._drop_runs(thread, set(run_ids)):
+                await self._achanged(thread, "sync")
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """A version greater than ``current``: ``<counter>.<random>``, as LangGraph's savers do."""
+        if current is None:
+            current_v = 0
+        elif isinstance(current, int):
+            current_v = current
+        else:
+            current_v = int(current.split(".")[0])
+        return f"{current_v + 1:032}.{random.random():016}"
+
+
+def _durability(config: RunnableConfig) -> str | None:
+    value = config["configurable"].get("__pregel_durability")
+    return value if isinstance(value, str) else None
+
+
+def _store_keys(store: Store) -> list[str]:
+    """The store's keys (``Store.keys()``, a method, not a mapping's view)."""
+    keys: list[str] = store.keys()
+    return keys

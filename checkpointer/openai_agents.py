@@ -1,0 +1,300 @@
+"""The OpenAI Agents SDK's ``Session``, kept by a ``CheckpointWriter``.
+
+``CheckpointSession(session_id, store)`` implements ``agents.memory.Session``
+(``session_id``, ``session_settings``, ``get_items``, ``add_items``,
+``pop_item``, ``clear_session``) over checkpointer's public API only.  Use it
+as an async context manager: entering loads the stored items and opens a
+writer, leaving writes a final time::
+
+    async with CheckpointSession("chat-42", JournalStore("sessions")) as session:
+        result = await Runner.run(agent, "hello", session=session)
+
+The state of key ``session_id`` is ``{"session_id": ..., "messages": [items]}``
+(the Responses-API item dicts, as the SDK hands them over), so on a
+``JournalStore`` an ``add_items`` costs the new items only.
+
+Durability.  The SDK calls ``add_items`` after each step of a turn (the
+user's input, then each model response with its tool outputs).  With
+``durability="async"`` (the default) it is a ``notify()``: the call returns
+at once and the writer writes within its timing rules (``max_wait``, 5 s by
+default), so a SIGKILL loses at most the last ``max_wait`` seconds of items,
+and SIGTERM, SIGHUP or a normal exit lose nothing (the exit hooks write).
+With ``durability="sync"`` each change waits for its durable write and
+raises ``CheckpointFailed`` if it could not be written.
+
+Resuming.  The SDK 0.24 saves a tool call together with its output, after
+the tool returns, so a kill inside a tool leaves no call without an output;
+a history that has one anyway (a store written by another version, a
+``pop_item`` that took an output) is repaired on load by
+``_close_dangling_calls``: each unanswered call gets an output saying
+``CLOSED_CALL_TEXT``.  That repair is this module's own, in the Responses
+dialect, until the transcript helpers learn the dialect (see there).
+
+Asyncio only: the Agents SDK runs on asyncio.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import anyio.to_thread
+import msgspec
+
+from checkpointer import (
+    CLOSED_CALL_TEXT,
+    Checkpoint,
+    CheckpointWriter,
+    Failed,
+    Result,
+    Snapshot,
+    Store,
+    load,
+)
+
+if TYPE_CHECKING:
+    from agents.items import TResponseInputItem
+    from agents.memory import SessionSettings
+
+__all__ = ["CheckpointFailed", "CheckpointSession", "session_key"]
+
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+# Responses-API items that call a tool, and the type of the item that answers each.
+_CALL_OUTPUT = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "computer_call": "computer_call_output",
+    "local_shell_call": "local_shell_call_output",
+    "shell_call": "shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
+}
+
+
+class CheckpointFailed(RuntimeError):
+    """A change that had to be durable (``durability="sync"``) was not written.
+
+    Attributes:
+        result: the writer's ``Failed`` value (its ``reason`` and ``error``).
+    """
+
+    def __init__(self, result: Failed) -> None:
+        self.result = result
+        super().__init__(f"checkpoint not written ({result.reason}): {result.error}")
+
+
+def session_key(session_id: str) -> str:
+    """The checkpoint key of a session: its id, or a digest of an id no key can spell.
+
+    A key is 1-200 ASCII letters, digits, ``.``, ``_`` or ``-``, not starting
+    with ``.``; any other id maps to ``session-<sha256 prefix>``.
+    """
+    if (
+        0 < len(session_id) <= 200
+        and not session_id.startswith(".")
+        and all(c in _KEY_CHARS for c in session_id)
+    ):
+        return session_id
+    return "session-" + hashlib.sha256(session_id.encode()).hexdigest()[:40]
+
+
+def _close_dangling_calls(items: list[Any]) -> tuple[list[Any], int]:
+    """Give every tool call without an output an error output; return the copy and the count.
+
+    The seam a Responses-dialect ``close_dangling_tool_calls`` will replace:
+    items are dicts with ``type`` and ``call_id`` (no ``role`` for tool
+    items); a call is answered by a later item of the output type with its
+    ``call_id``.  The synthetic output goes right after the call.
+    """
+    answered = {(item.get("type"), item.get("call_id")) for item in items if isinstance(item, dict)}
+    out: list[Any] = []
+    count = 0
+    for item in items:
+        out.append(item)
+        if not isinstance(item, dict):
+            continue
+        output_type = _CALL_OUTPUT.get(item.get("type"))  # type: ignore[arg-type]
+        call_id = item.get("call_id")
+        if output_type is None or not isinstance(call_id, str):
+            continue
+        if (output_type, call_id) not in answered:
+            out.append({"type": output_type, "call_id": call_id, "output": CLOSED_CALL_TEXT})
+            count += 1
+    return out, count
+
+
+_DECODER = msgspec.json.Decoder()
+_ENCODER = msgspec.json.Encoder()
+
+
+def _copy(items: Sequence[Any]) -> list[Any]:
+    """A deep copy of JSON-able items (what a store that serializes would hand back)."""
+    try:
+        return _DECODER.decode(_ENCODER.encode(list(items)))  # type: ignore[no-any-return]
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise TypeError(f"session items must be JSON values (Responses-API dicts): {exc}") from exc
+
+
+class _State(msgspec.Struct):
+    session_id: str
+    messages: list[Any]
+
+
+class CheckpointSession:
+    """An Agents SDK ``Session`` whose items are checkpointed by a ``CheckpointWriter``.
+
+    Args:
+        session_id: the SDK's session id; the checkpoint key is
+            ``session_key(session_id)`` unless ``key`` is given.
+        store: where the checkpoint goes (``JournalStore(root)`` makes each
+            ``add_items`` cost the new items only).
+        session_settings: the SDK's ``SessionSettings`` (e.g. a default
+            ``limit`` for ``get_items``), or None.
+        durability: ``"async"`` (default): a change is a ``notify()``,
+            written per the writer's timing rules; ``"sync"``: each change
+            waits for its durable write.
+        key: the checkpoint key, instead of one derived from the id.
+        **writer_options: passed to ``CheckpointWriter`` (``debounce``,
+            ``max_wait``, ``lock_timeout``, ``exit_hooks``, ...).
+
+    Raises:
+        ValueError: ``durability`` is neither ``"async"`` nor ``"sync"``.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        store: Store,
+        *,
+        session_settings: SessionSettings | None = None,
+        durability: Literal["async", "sync"] = "async",
+        key: str | None = None,
+        **writer_options: Any,
+    ) -> None:
+        if durability not in ("async", "sync"):
+            raise ValueError(f"durability must be 'async' or 'sync', got {durability!r}")
+        for reserved in ("source", "store", "resume_from"):
+            if reserved in writer_options:
+                raise TypeError(f"CheckpointSession sets {reserved!r} itself")
+        self.session_id = session_id
+        self.session_settings = session_settings
+        self.key = session_key(session_id) if key is None else key
+        store.validate_key(self.key)
+        self._store = store
+        self._durability = durability
+        self._options = writer_options
+        self._items: list[Any] = []
+        self._writer: CheckpointWriter[Snapshot] | None = None
+        self.repaired = 0
+        """Tool calls closed on load (``_close_dangling_calls``)."""
+        self.resumed_from: Checkpoint[Any] | None = None
+        """The checkpoint the items were loaded from, or None for a new session."""
+
+    def __repr__(self) -> str:
+        return f"<CheckpointSession {self.session_id!r} key={self.key!r} items={len(self._items)}>"
+
+    def _source(self) -> Snapshot:
+        return Snapshot(self.key, {"session_id": self.session_id, "messages": self._items})
+
+    @property
+    def writer(self) -> CheckpointWriter[Snapshot]:
+        """The session's writer (for ``statistics()`` or ``write_now()``)."""
+        if self._writer is None:
+            raise RuntimeError(
+                f"CheckpointSession {self.session_id!r} is not open: use 'async with' first"
+            )
+        return self._writer
+
+    async def __aenter__(self) -> CheckpointSession:
+        if self._writer is not None:
+            raise RuntimeError(f"CheckpointSession {self.session_id!r} is open already")
+        checkpoint = await anyio.to_thread.run_sync(self._load)
+        writer: CheckpointWriter[Snapshot] = CheckpointWriter(
+            self._source, self._store, resume_from=checkpoint, **self._options
+        )
+        await writer.__aenter__()
+        self._writer = writer
+        return self
+
+    def _load(self) -> Checkpoint[Any] | None:
+        checkpoint = load(self._store, self.key, _State)
+        self.resumed_from = checkpoint
+        if checkpoint is not None:
+            self._items, self.repaired = _close_dangling_calls(checkpoint.state.messages)
+        return checkpoint
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> Result | None:
+        """Write a final time and close the writer (``async with`` does this).
+
+        Returns:
+            The final write's result, or None if the session was not open.
+        """
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return None
+        return await writer.aclose()
+
+    async def _changed(self) -> None:
+        writer = self.writer
+        if self._durability == "async":
+            writer.notify()
+            return
+        result = await writer.write_now()
+        if isinstance(result, Failed):
+            raise CheckpointFailed(result)
+
+    # -- the Session protocol ---------------------------------------------------
+
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The session's items, oldest first; with ``limit``, only the latest ``limit``.
+
+        Without ``limit``, ``session_settings.limit`` applies when set.
+        Returns copies: changing them does not change the session.
+        """
+        self.writer  # noqa: B018 -- raises when not open
+        if limit is None and self.session_settings is not None:
+            limit = self.session_settings.limit
+        if limit is None:
+            return _copy(self._items)
+        if limit <= 0:
+            return []
+        return _copy(self._items[-limit:])
+
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
+        """Append items (copied), then checkpoint per ``durability``.
+
+        Raises:
+            TypeError: an item is not a JSON value.
+            CheckpointFailed: ``durability="sync"`` and the write failed.
+        """
+        self.writer  # noqa: B018
+        if not items:
+            return
+        self._items.extend(_copy(items))
+        await self._changed()
+
+    async def pop_item(self) -> TResponseInputItem | None:
+        """Remove and return the latest item, or None when the session is empty."""
+        self.writer  # noqa: B018
+        if not self._items:
+            return None
+        item = self._items.pop()
+        await self._changed()
+        return item  # type: ignore[no-any-return]
+
+    async def clear_session(self) -> None:
+        """Remove every item; the checkpoint keeps the key with an empty history."""
+        self.writer  # noqa: B018
+        self._items = []
+        await self._changed()

@@ -1,0 +1,601 @@
+"""pydantic-ai's ``ConversationStore``, kept by ``CheckpointWriter`` s.
+
+``CheckpointConversationStore(store)`` implements the five storage
+primitives of ``pydantic_ai.conversation_store.ConversationStore``
+(``read_record``, ``read_records``, ``write_record``, ``delete_record``,
+``read_entry``; ``read_history`` too, in one decode) over checkpointer's
+public API only, so ``load``, ``save``, ``branch``, ``fork`` and the rest
+of the framework's store work on it::
+
+    async with CheckpointConversationStore(JournalStore("chats")) as conversations:
+        conversation = await conversations.load(cid) or Conversation(conversation_id=cid)
+        result = await agent.run("hello", conversation=conversation)
+        await conversations.save(result)
+
+Layout.  A conversation is one key (``conversation_key(id)``) whose state is
+``{"conversation_id": ..., "record": {...}, "messages": [entries]}``: the
+record, and every entry ever stored for it (its current history, the
+branches it left, and the entries a fork copied from the conversation it
+forked), in the order they were stored, each encoded with msgspec from the
+framework's dataclasses (no ``dump_python`` round trip).  Entries are only
+ever added, so on a ``JournalStore`` a save appends the run's new messages
+and the record; ``delete`` removes the key.
+
+Durability and conflicts.  ``write_record`` returns once the write is
+durable (so these writers need no exit hooks: nothing of theirs is ever
+pending; they are opened and closed in worker threads, where signal
+handlers could not be restored).  Each conversation written in this process has a writer, which
+holds the key's lock until the store closes or ``release(id)``; a save
+from another process meanwhile, or of a copy loaded before another
+process's save, raises ``ConversationConflict`` (the writer's
+``Failed("locked")`` and ``Failed("conflict")``), as does an
+``expected_revision`` that is not the stored one.  Any other failed write
+raises ``CheckpointFailed``.
+
+Runs in flight.  ``checkpoint_run(conversation)`` checkpoints an
+``agent.iter`` run after each node, under a key of its own
+(``run_key(id)``): debounced (``durability="async"``, a kill loses at most
+``max_wait`` seconds, SIGTERM nothing) or durable per node (``"sync"``).
+``resume(id)`` loads the conversation with the messages of a run that
+never reached ``save``, repaired with pydantic-ai's own ``repair_messages``
+(a tool call the kill interrupted gets a synthesized return), ready for the
+next run, whose ``save`` stores them.
+
+asyncio and trio: pydantic-ai's agents run on asyncio; the store itself is
+anyio (its tests run on both).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import threading
+from collections.abc import AsyncIterator, Sequence
+from types import TracebackType
+from typing import Any, Literal
+
+import anyio
+import anyio.to_thread
+import msgspec
+import pydantic
+from pydantic_ai.conversation import Conversation
+from pydantic_ai.conversation_store import (
+    ConversationConflict,
+    ConversationEntry,
+    ConversationRecord,
+    ConversationStore,
+)
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, repair_messages
+
+from checkpointer import Checkpoint, CheckpointWriter, Failed, Snapshot, Store, load
+
+__all__ = [
+    "CheckpointConversationStore",
+    "CheckpointFailed",
+    "RunCheckpoint",
+    "conversation_key",
+    "run_key",
+]
+
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+_ENCODER = msgspec.json.Encoder()
+_RECORDS: pydantic.TypeAdapter[ConversationRecord] = pydantic.TypeAdapter(ConversationRecord)
+
+
+class CheckpointFailed(RuntimeError):
+    """A write the framework waits for was not written (not a conflict).
+
+    Attributes:
+        result: the writer's ``Failed`` value (its ``reason`` and ``error``).
+    """
+
+    def __init__(self, result: Failed) -> None:
+        self.result = result
+        super().__init__(f"conversation not written ({result.reason}): {result.error}")
+
+
+def _key(prefix: str, ident: str) -> str:
+    key = prefix + "-" + ident
+    if len(key) <= 200 and all(c in _KEY_CHARS for c in ident):
+        return key
+    return prefix + "." + hashlib.sha256(ident.encode()).hexdigest()[:40]
+
+
+def conversation_key(conversation_id: str) -> str:
+    """The key of a conversation: ``pa-<id>``, or ``pa.<sha256 prefix>`` for other ids."""
+    return _key("pa", conversation_id)
+
+
+def run_key(conversation_id: str) -> str:
+    """The key of a conversation's run in flight: ``pr-<id>`` (or ``pr.<digest>``)."""
+    return _key("pr", conversation_id)
+
+
+class _Entry(msgspec.Struct):
+    id: str
+    parent_id: str | None
+    message: msgspec.Raw
+
+
+class _State(msgspec.Struct):
+    conversation_id: str
+    record: msgspec.Raw
+    messages: list[msgspec.Raw]
+
+
+class _RunState(msgspec.Struct):
+    conversation_id: str
+    revision: str | None
+    base: int
+    messages: list[msgspec.Raw]
+
+
+def _indexed(raw: msgspec.Raw) -> tuple[str, tuple[str | None, bytes, msgspec.Raw]]:
+    entry = msgspec.json.decode(raw, type=_Entry)
+    return entry.id, (entry.parent_id, bytes(entry.message), raw)
+
+
+def _decode_messages(raws: Sequence[bytes]) -> list[ModelMessage]:
+    """pydantic-ai messages from their JSON, in one call of the framework's adapter."""
+    if not raws:
+        return []
+    return ModelMessagesTypeAdapter.validate_json(b"[" + b",".join(raws) + b"]")
+
+
+class _Conversation:
+    """A conversation's stored state, as this process last read or wrote it."""
+
+    __slots__ = ("checkpoint", "id", "index", "key", "raws", "record", "state", "writer")
+
+    def __init__(self, conversation_id: str, key: str) -> None:
+        self.id = conversation_id
+        self.key = key
+        self.checkpoint: Checkpoint[Any] | None = None
+        self.record: ConversationRecord | None = None
+        self.raws: list[msgspec.Raw] = []  # the state's "messages": encoded entries
+        # id -> (parent, message JSON, the entry's raw)
+        self.index: dict[str, tuple[str | None, bytes, msgspec.Raw]] = {}
+        self.state: dict[str, Any] | None = None  # what the writer's source returns
+        self.writer: CheckpointWriter[Snapshot] | None = None
+
+    def add(self, raw: msgspec.Raw) -> None:
+        self.raws.append(raw)
+        self.index.update([_indexed(raw)])
+
+    def source(self) -> Snapshot | None:
+        return None if self.state is None else Snapshot(self.key, self.state)
+
+    def chain(self, head_id: str | None, limit: int | None = None) -> list[tuple[str, str | None]]:
+        """``(id, parent)`` from the first entry up to ``head_id``, or its last ``limit``.
+
+        Raises:
+            LookupError: an entry on the way is not stored here.
+        """
+        out: list[tuple[str, str | None]] = []
+        cursor = head_id
+        while cursor is not None and (limit is None or len(out) < limit):
+            found = self.index.get(cursor)
+            if found is None:
+                raise LookupError(f"entry {cursor!r} is not stored in conversation {self.id!r}")
+            out.append((cursor, found[0]))
+            cursor = found[0]
+        out.reverse()
+        return out
+
+
+class CheckpointConversationStore(ConversationStore):
+    """A pydantic-ai ``ConversationStore`` whose conversations are checkpointer keys.
+
+    Args:
+        store: where the conversations go; a ``JournalStore(root)`` makes a
+            save that only adds messages an append.
+        **writer_options: passed to each ``CheckpointWriter`` (``lock_timeout``
+            to wait for another process's writer, ``max_wait`` and
+            ``debounce`` for ``checkpoint_run``, ...).
+
+    Use it as ``async with`` (closing lets go of the conversations' locks),
+    or call ``aclose()``.
+    """
+
+    def __init__(self, store: Store, **writer_options: Any) -> None:
+        for reserved in ("source", "store", "resume_from"):
+            if reserved in writer_options:
+                raise TypeError(f"CheckpointConversationStore sets {reserved!r} itself")
+        self.store = store
+        self._options = writer_options
+        self._lock = threading.RLock()
+        self._writing = threading.Lock()  # one write_record/delete_record at a time
+        self._open: dict[str, _Conversation] = {}  # conversations with a writer
+        self._where: dict[str, str] = {}  # entry id -> a conversation id that stores it
+
+    def __repr__(self) -> str:
+        return f"<CheckpointConversationStore store={self.store!r} open={len(self._open)}>"
+
+    async def __aenter__(self) -> CheckpointConversationStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every conversation's writer (a final write each, locks let go)."""
+        with self._lock:
+            conversations = list(self._open.values())
+        for conversation in conversations:
+            await self.release(conversation.id)
+
+    async def release(self, conversation_id: str) -> None:
+        """Close the conversation's writer, so another process may save it."""
+        with self._lock:
+            conversation = self._open.pop(conversation_id, None)
+        if conversation is not None and conversation.writer is not None:
+            await anyio.to_thread.run_sync(conversation.writer.close)
+
+    # -- reading a conversation -----------------------------------------------
+
+    def _fetch(self, conversation_id: str) -> _Conversation | None:
+        """The conversation: this process's own while it holds the key, else read from disk."""
+        with self._lock:
+            held = self._open.get(conversation_id)
+        if held is not None:
+            return held if held.record is not None else None
+        key = conversation_key(conversation_id)
+        checkpoint = load(self.store, key, _State)
+        if checkpoint is None:
+            return None
+        conversation = _Conversation(conversation_id, key)
+        conversation.checkpoint = checkpoint
+        conversation.record = _RECORDS.validate_json(bytes(checkpoint.state.record))
+        for raw in checkpoint.state.messages:
+            conversation.add(raw)
+        self._remember(conversation)
+        return conversation
+
+    def _remember(self, conversation: _Conversation) -> None:
+        with self._lock:
+            for entry_id in conversation.index:
+                self._where[entry_id] = conversation.id
+
+    async def read_record(self, conversation_id: str) -> ConversationRecord | None:
+        """The conversation's record (a copy), or None."""
+        conversation = await anyio.to_thread.run_sync(self._fetch, conversation_id)
+        if conversation is None or conversation.record is None:
+            return None
+        return dataclasses.replace(conversation.record, branches=list(conversation.record.branches))
+
+    def _records(self) -> list[ConversationRecord]:
+        records: list[ConversationRecord] = []
+        for key in _store_keys(self.store):
+            if not key.startswith(("pa-", "pa.")):
+                continue
+            checkpoint = load(self.store, key, _State)
+            if checkpoint is None:
+                continue
+            with self._lock:
+                held = self._open.get(checkpoint.state.conversation_id)
+            if held is not None and held.record is not None:
+                records.append(held.record)
+            else:
+                records.append(_RECORDS.validate_json(bytes(checkpoint.state.record)))
+        return records
+
+    async def read_records(
+        self, *, scope: str | None = None, limit: int | None = None
+    ) -> Sequence[ConversationRecord]:
+        """The records, or those of ``scope``, newest ``updated_at`` first, at most ``limit``."""
+        records = await anyio.to_thread.run_sync(self._records)
+        records = [r for r in records if scope is None or r.scope == scope]
+        records.sort(key=lambda record: record.updated_at, reverse=True)
+        return [dataclasses.replace(r, branches=list(r.branches)) for r in records[:limit]]
+
+    def _holder(self, entry_id: str) -> _Conversation | None:
+        """A conversation that stores ``entry_id``: remembered, else found by reading them all."""
+        with self._lock:
+            conversation_id = self._where.get(entry_id)
+        if conversation_id is not None:
+            conversation = self._fetch(conversation_id)
+            if conversation is not None and entry_id in conversation.index:
+                return conversation
+        for key in _store_keys(self.store):
+            if key.startswith(("pa-", "pa.")):
+                checkpoint = load(self.store, key, _State)
+                if checkpoint is not None:
+                    conversation = self._fetch(checkpoint.state.conversation_id)
+                    if conversation is not None and entry_id in conversation.index:
+                        return conversation
+        return None
+
+    def _history(self, head_id: str | None, limit: int | None) -> list[ConversationEntry]:
+        if head_id is None:
+            return []
+        conversation = self._holder(head_id)
+        if conversation is None:
+            raise LookupError(f"no stored conversation has entry {head_id!r}")
+        chain = conversation.chain(head_id, limit)
+        messages = _decode_messages([conversation.index[entry_id][1] for entry_id, _ in chain])
+        return [
+            ConversationEntry(id=entry_id, parent_id=parent, message=message)
+            for (entry_id, parent), message in zip(chain, messages, strict=True)
+        ]
+
+    async def read_history(
+        self, head_id: str | None, *, limit: int | None = None
+    ) -> list[ConversationEntry]:
+        """The entries up to ``head_id`` (or its last ``limit``), decoded in one call."""
+        return await anyio.to_thread.run_sync(self._history, head_id, limit)
+
+    async def read_entry(self, entry_id: str) -> ConversationEntry:
+        """The entry with this id.
+
+        Raises:
+            KeyError: no stored conversation has it.
+        """
+        try:
+            entries = await anyio.to_thread.run_sync(self._history, entry_id, 1)
+        except LookupError:
+            raise KeyError(entry_id) from None
+        return entries[0]
+
+    # -- writing a conversation -------------------------------------------------
+
+    def _write(
+        self,
+        record: ConversationRecord,
+        new_entries: list[ConversationEntry],
+        expected_revision: str | None,
+    ) -> None:
+        conversation_id = record.conversation_id
+        current = self._fetch(conversation_id)
+        stored = None if current is None or current.record is None else current.record.revision
+        if stored != expected_revision:
+            raise ConversationConflict(conversation_id)
+        if current is None:
+            current = _Conversation(conversation_id, conversation_key(conversation_id))
+        raws = list(current.raws)
+        index = dict(current.index)
+        new_ids = {entry.id for entry in new_entries}
+        for tip in [record.head_id, *record.branches]:
+            if tip is None or tip in index or tip in new_ids:
+                continue
+            # A fork's history (or a branch) in another conversation: copy what it reaches.
+            holder = self._holder(tip)
+            if holder is None:
+                raise ConversationConflict(conversation_id)
+            for entry_id, _ in holder.chain(tip):
+                if entry_id not in index:
+                    index[entry_id] = holder.index[entry_id]
+                    raws.append(index[entry_id][2])
+        for entry in new_entries:
+            raw = msgspec.Raw(_ENCODER.encode(entry))
+            raws.append(raw)
+            index[entry.id] = (entry.parent_id, bytes(_ENCODER.encode(entry.message)), raw)
+        previous = current.state
+        current.state = {
+            "conversation_id": conversation_id,
+            "record": msgspec.Raw(_ENCODER.encode(record)),
+            "messages": raws,
+        }
+        opened = current.writer is None
+        if current.writer is None:
+            current.writer = CheckpointWriter(
+                current.source,
+                self.store,
+                write_on_start=False,
+                resume_from=current.checkpoint,
+                **{**self._options, "exit_hooks": False},
+            )
+            current.writer.open()
+        result = current.writer.flush_sync()
+        if isinstance(result, Failed):
+            current.state = previous  # what this process stores stays what is stored
+            if opened:
+                current.state = None  # nothing for the final write to write
+                current.writer.close()
+                current.writer = None
+            if result.reason in ("conflict", "locked"):
+                with self._lock:
+                    self._open.pop(conversation_id, None)  # read it afresh next time
+                raise ConversationConflict(conversation_id)
+            raise CheckpointFailed(result)
+        current.raws, current.index, current.record = raws, index, record
+        with self._lock:
+            self._open[conversation_id] = current
+        self._remember(current)
+
+    async def write_record(
+        self,
+        record: ConversationRecord,
+        *,
+        new_entries: Sequence[ConversationEntry] = (),
+        expected_revision: str | None,
+    ) -> None:
+        """Store the record and its new entries durably, if ``expected_revision`` is stored.
+
+        Raises:
+            ConversationConflict: the stored revision is another, the record
+                names an entry no conversation stores, or another writer
+                holds or changed the conversation.
+            CheckpointFailed: the write failed otherwise (the message says why).
+        """
+        entries = list(new_entries)
+        await anyio.to_thread.run_sync(
+            self._locked, self._write, record, entries, expected_revision
+        )
+
+    def _locked(self, step: Any, *args: Any) -> None:
+        """Run a write step under the store's write lock (steps read, then write)."""
+        with self._writing:
+            step(*args)
+
+    def _delete(self, conversation_id: str, expected_revision: str) -> None:
+        current = self._fetch(conversation_id)
+        if (
+            current is None
+            or current.record is None
+            or current.record.revision != expected_revision
+        ):
+            raise ConversationConflict(conversation_id)
+        with self._lock:
+            held = self._open.pop(conversation_id, None)
+        if held is not None and held.writer is not None:
+            held.writer.close()
+        self.store.delete(current.key)
+        with self._lock:
+            for entry_id in current.index:
+                if self._where.get(entry_id) == conversation_id:
+                    del self._where[entry_id]
+
+    async def delete_record(self, conversation_id: str, *, expected_revision: str) -> None:
+        """Delete the conversation's key (every entry it stored goes with it).
+
+        Raises:
+            ConversationConflict: no record with ``expected_revision`` is stored.
+        """
+        await anyio.to_thread.run_sync(
+            self._locked, self._delete, conversation_id, expected_revision
+        )
+
+    # -- runs in flight -----------------------------------------------------------
+
+    def checkpoint_run(
+        self,
+        conversation: Conversation,
+        *,
+        durability: Literal["async", "sync"] = "async",
+    ) -> RunCheckpoint:
+        """Checkpoint an ``agent.iter`` run of ``conversation`` after each node.
+
+        ::
+
+            async with store.checkpoint_run(conversation) as checkpoint:
+                async with agent.iter(prompt, conversation=conversation) as run:
+                    async for node in checkpoint.nodes(run):
+                        ...
+                await store.save(run.result)
+
+        The run's messages go to ``run_key(conversation_id)``; once the
+        conversation is saved past the revision the run started from, the
+        run's key is deleted on exit.
+        """
+        return RunCheckpoint(self, conversation, durability=durability)
+
+    def _resume(self, conversation_id: str) -> tuple[Checkpoint[Any] | None, Any]:
+        return load(self.store, run_key(conversation_id), _RunState), None
+
+    async def resume(
+        self, conversation_id: str, *, scope: str | None = None
+    ) -> Conversation | None:
+        """Load a conversation with the messages of a run that never reached ``save``.
+
+        The run's messages (if the conversation is still at the revision the
+        run started from) are repaired with ``repair_messages`` and added
+        after the stored ones, so the next run carries them and its save
+        stores them.  Without such a run this is ``load``.
+        """
+        conversation = await self.load(conversation_id, scope=scope)
+        run, _ = await anyio.to_thread.run_sync(self._resume, conversation_id)
+        if run is None:
+            return conversation
+        state: _RunState = run.state
+        revision = None if conversation is None else conversation.revision
+        stored = [] if conversation is None else conversation.messages
+        if state.revision != revision or state.base != len(stored):
+            return conversation  # the conversation moved on since: that run is history
+        extra = _decode_messages([bytes(raw) for raw in state.messages])
+        if conversation is None:
+            conversation = Conversation(conversation_id=conversation_id, new_message_index=0)
+        repaired = repair_messages([*conversation.messages, *extra])
+        index = conversation.new_message_index
+        conversation.messages[:] = repaired
+        conversation.new_message_index = index
+        return conversation
+
+
+class RunCheckpoint:
+    """Checkpoints the messages of one ``agent.iter`` run; see ``checkpoint_run``."""
+
+    def __init__(
+        self,
+        conversations: CheckpointConversationStore,
+        conversation: Conversation,
+        *,
+        durability: Literal["async", "sync"],
+    ) -> None:
+        if durability not in ("async", "sync"):
+            raise ValueError(f"durability must be 'async' or 'sync', got {durability!r}")
+        self._conversations = conversations
+        self._conversation = conversation
+        self._durability = durability
+        self._id = conversation.conversation_id
+        self._key = run_key(self._id)
+        self._revision = conversation.revision
+        self._base = len(conversation.messages)
+        self._messages: list[msgspec.Raw] = []
+        self._writer: CheckpointWriter[Snapshot] | None = None
+
+    def _source(self) -> Snapshot:
+        state = _RunState(self._id, self._revision, self._base, self._messages)
+        return Snapshot(self._key, state)
+
+    async def __aenter__(self) -> RunCheckpoint:
+        writer: CheckpointWriter[Snapshot] = CheckpointWriter(
+            self._source,
+            self._conversations.store,
+            write_on_start=False,
+            **self._conversations._options,
+        )
+        await writer.__aenter__()
+        self._writer = writer
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        await writer.aclose()
+        record = await self._conversations.read_record(self._id)
+        if record is not None and record.revision != self._revision:
+            # Saved since the run began: the conversation holds its messages now.
+            await anyio.to_thread.run_sync(self._conversations.store.delete, self._key)
+
+    def update(self, run: Any) -> None:
+        """Take the run's messages now (``run.all_messages()``, or a list of messages)."""
+        messages = run if isinstance(run, list) else run.all_messages()
+        self._messages = [msgspec.Raw(_ENCODER.encode(m)) for m in messages[self._base :]]
+        if self._writer is not None and self._durability == "async":
+            self._writer.notify()
+
+    async def checkpoint(self, run: Any) -> None:
+        """``update``, then (``durability="sync"``) wait for the durable write.
+
+        Raises:
+            CheckpointFailed: a durable write failed.
+        """
+        self.update(run)
+        if self._durability == "sync" and self._writer is not None:
+            result = await self._writer.write_now()
+            if isinstance(result, Failed):
+                raise CheckpointFailed(result)
+
+    async def nodes(self, run: Any) -> AsyncIterator[Any]:
+        """Iterate ``run``'s nodes, checkpointing its messages after each one."""
+        async for node in run:
+            await self.checkpoint(run)
+            yield node
+        await self.checkpoint(run)
+
+
+def _store_keys(store: Store) -> list[str]:
+    """The store's keys (``Store.keys()``, a method, not a mapping's view)."""
+    keys: list[str] = store.keys()
+    return keys

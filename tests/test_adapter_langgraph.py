@@ -1,0 +1,239 @@
+"""checkpointer.langgraph: LangGraph's BaseCheckpointSaver over CheckpointWriters.
+
+Asyncio only: LangGraph's async API (``ainvoke``, the ``a*`` saver methods)
+runs on asyncio, not on trio, so these tests do not take the trio backend;
+the sync API is tested with ``with`` and ``invoke``.  The conformance suite
+(``langgraph-checkpoint-conformance``) is the spec; the crash tests kill a
+real agent process inside a tool (``tests/children/adapter_child.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("langgraph.checkpoint.conformance")
+
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langgraph.checkpoint.conformance import checkpointer_test, validate
+from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
+
+from checkpointer import FileStore, JournalStore, load
+from checkpointer.langgraph import CheckpointSaver, thread_key
+from tests.children.adapter_child import (
+    CONFIG,
+    crash_in_tool,
+    langchain_problems,
+    langgraph_graph,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """LangGraph is asyncio-only (see the module docstring)."""
+    return "asyncio"
+
+
+def _rows(root: Path, thread_id: str = "chat") -> list[dict[str, Any]]:
+    checkpoint = load(JournalStore(root), thread_key(thread_id))
+    assert checkpoint is not None
+    rows: list[dict[str, Any]] = checkpoint.state["messages"]
+    return rows
+
+
+async def _run_conformance(make: Any) -> None:
+    registered = checkpointer_test(name="CheckpointSaver")(make)
+    report = await validate(registered)
+    results = report.results
+    assert {r for r, v in results.items() if v.detected} == {c.value for c in ALL_CAPABILITIES}
+    failures = {cap: r.failures for cap, r in results.items() if not r.passed}
+    assert not failures
+    passed = sum(r.tests_passed for r in results.values())
+    assert passed == 81
+    assert sum(r.tests_failed for r in results.values()) == 0
+
+
+async def test_conformance_async_journal(tmp_path: Path) -> None:
+    """Every capability is detected and all 81 conformance tests pass (async, JournalStore)."""
+    count = iter(range(100))
+
+    async def make() -> Any:
+        async with CheckpointSaver(JournalStore(tmp_path / str(next(count)))) as saver:
+            yield saver
+
+    await _run_conformance(make)
+
+
+async def test_conformance_sync_filestore(tmp_path: Path) -> None:
+    """The same 81 pass on a saver entered with ``with`` (every put written on return)."""
+    count = iter(range(100))
+
+    async def make() -> Any:
+        with CheckpointSaver(FileStore(tmp_path / str(next(count)))) as saver:
+            yield saver
+
+    await _run_conformance(make)
+
+
+async def _turns(saver: CheckpointSaver, turns: list[str], durability: Any = "sync") -> Any:
+    graph = langgraph_graph(saver)
+    for turn in turns:
+        await graph.ainvoke({"messages": [HumanMessage(turn)]}, CONFIG, durability=durability)
+    return graph
+
+
+async def test_history_reloads_from_disk(tmp_path: Path) -> None:
+    """A fresh saver on the same root lists the same checkpoints, values and writes."""
+    async with CheckpointSaver(JournalStore(tmp_path)) as saver:
+        await _turns(saver, ["a", "b", "c"])
+        before = [t async for t in saver.alist(CONFIG)]
+    async with CheckpointSaver(JournalStore(tmp_path)) as fresh:
+        after = [t async for t in fresh.alist(CONFIG)]
+    assert len(after) == len(before) > 10
+    for old, new in zip(before, after, strict=True):
+        assert new.checkpoint == old.checkpoint
+        assert new.metadata == old.metadata
+        assert new.pending_writes == old.pending_writes
+        assert new.parent_config == old.parent_config
+
+
+async def test_messages_channel_stored_as_tails(tmp_path: Path) -> None:
+    """A step that adds a message stores it, not the whole messages channel again."""
+    async with CheckpointSaver(JournalStore(tmp_path)) as saver:
+        graph = await _turns(saver, ["a", "b", "c", "d"])
+        state = await graph.aget_state(CONFIG)
+    rows = _rows(tmp_path)
+    messages = [r for r in rows if r["row"] in ("blob", "tail") and r["channel"] == "messages"]
+    assert [r["row"] for r in messages].count("blob") == 1  # the first version only
+    assert len([r for r in messages if r["row"] == "tail"]) == len(messages) - 1
+    async with CheckpointSaver(JournalStore(tmp_path)) as fresh:
+        reloaded = await langgraph_graph(fresh).aget_state(CONFIG)
+    assert reloaded.values["messages"] == state.values["messages"]
+    assert len(state.values["messages"]) == 16
+
+
+async def test_replaced_message_is_stored_whole(tmp_path: Path) -> None:
+    """A message replaced by id (an edit of an earlier one) is a full value, and reloads."""
+    async with CheckpointSaver(JournalStore(tmp_path)) as saver:
+        graph = await _turns(saver, ["a", "b"])
+        first = (await graph.aget_state(CONFIG)).values["messages"][0]
+        await graph.aupdate_state(CONFIG, {"messages": [HumanMessage("edited", id=first.id)]})
+        edited = (await graph.aget_state(CONFIG)).values["messages"]
+    assert edited[0].content == "edited"
+    async with CheckpointSaver(JournalStore(tmp_path)) as fresh:
+        reloaded = (await langgraph_graph(fresh).aget_state(CONFIG)).values["messages"]
+    assert reloaded == edited
+    assert _rows(tmp_path)[-3:][0]["row"] in ("blob", "checkpoint", "write")
+
+
+async def test_durability_sync_is_on_disk_when_invoke_returns(tmp_path: Path) -> None:
+    """durability="sync" waits for the durable write, even with a long debounce."""
+    async with CheckpointSaver(JournalStore(tmp_path), debounce=1000, max_wait=1000) as saver:
+        graph = await _turns(saver, ["a"], durability="sync")
+        latest = (await graph.aget_state(CONFIG)).config["configurable"]["checkpoint_id"]
+        assert latest in {r.get("id") for r in _rows(tmp_path)}
+
+
+async def test_durability_async_is_debounced(tmp_path: Path) -> None:
+    """durability="async" is a notify: on disk at the writer's timing (here: the close)."""
+    async with CheckpointSaver(JournalStore(tmp_path), debounce=1000, max_wait=1000) as saver:
+        graph = await _turns(saver, ["a"], durability="async")
+        latest = (await graph.aget_state(CONFIG)).config["configurable"]["checkpoint_id"]
+        on_disk = load(JournalStore(tmp_path), thread_key("chat"))
+        assert on_disk is None or latest not in {r.get("id") for r in on_disk.state["messages"]}
+    assert latest in {r.get("id") for r in _rows(tmp_path)}
+
+
+async def test_prune_keeps_the_latest_value_whole(tmp_path: Path) -> None:
+    """After prune(keep_latest) the latest state reloads, its tail chain joined into one value."""
+    async with CheckpointSaver(JournalStore(tmp_path)) as saver:
+        graph = await _turns(saver, ["a", "b", "c"])
+        state = (await graph.aget_state(CONFIG)).values
+        await saver.aprune(["chat"], strategy="keep_latest")
+    async with CheckpointSaver(JournalStore(tmp_path)) as fresh:
+        assert len([t async for t in fresh.alist(CONFIG)]) == 1
+        assert (await langgraph_graph(fresh).aget_state(CONFIG)).values == state
+
+
+async def test_delete_thread_removes_its_key(tmp_path: Path) -> None:
+    """delete_thread removes the thread's journal; the thread starts afresh after."""
+    async with CheckpointSaver(JournalStore(tmp_path)) as saver:
+        await _turns(saver, ["a"])
+        await saver.adelete_thread("chat")
+        assert not (tmp_path / f"{thread_key('chat')}.jsonl").exists()
+        assert await saver.aget_tuple(CONFIG) is None
+        await _turns(saver, ["b"])
+    assert len([r for r in _rows(tmp_path) if r["row"] == "checkpoint"]) > 0
+
+
+def test_sync_graph_writes_every_put(tmp_path: Path) -> None:
+    """With ``with`` and ``invoke``, each checkpoint is on disk when put returns."""
+    from langchain_core.messages import HumanMessage as Human
+
+    with CheckpointSaver(JournalStore(tmp_path), debounce=1000, max_wait=1000) as saver:
+        graph = langgraph_graph(saver)
+        graph.invoke({"messages": [Human("a")]}, CONFIG)
+        latest = graph.get_state(CONFIG).config["configurable"]["checkpoint_id"]
+        assert latest in {r.get("id") for r in _rows(tmp_path)}
+
+
+def test_thread_keys() -> None:
+    """A thread id that no key can spell maps to a digest key, distinct from plain ones."""
+    assert thread_key("t-1") == "lg-t-1"
+    assert thread_key("a/b").startswith("lg.")
+    assert thread_key("a/b") != thread_key("a/c")
+
+
+def test_unopened_saver_says_how_to_use_it(tmp_path: Path) -> None:
+    """A saver used outside ``with``/``async with`` raises naming both."""
+    with pytest.raises(RuntimeError, match="async with"):
+        CheckpointSaver(JournalStore(tmp_path)).get_tuple(CONFIG)
+
+
+# -- killed inside a tool ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("langgraph-crash")
+    codes = crash_in_tool("langgraph", str(base))
+    assert codes == {"KILL": -9, "TERM": -15}
+    return base
+
+
+def _kinds(messages: list[Any]) -> list[str]:
+    return [type(m).__name__ for m in messages]
+
+
+async def test_resume_after_sigkill_inside_a_tool(crashed: Path) -> None:
+    """SIGKILL mid-tool: the two durable turns resume; the graph accepts them and goes on."""
+    async with CheckpointSaver(JournalStore(crashed / "KILL")) as saver:
+        graph = langgraph_graph(saver)
+        state = await graph.aget_state(CONFIG)
+        assert len(state.values["messages"]) == 8
+        assert state.next == ()
+        result = await graph.ainvoke({"messages": [HumanMessage("fourth")]}, CONFIG)
+    assert not langchain_problems(result["messages"])
+    assert result["messages"][-1].content == "done: answer:fourth"
+
+
+async def test_resume_after_sigterm_inside_a_tool(crashed: Path) -> None:
+    """SIGTERM mid-tool: the debounced third turn was flushed; resuming reruns the tool node."""
+    async with CheckpointSaver(JournalStore(crashed / "TERM")) as saver:
+        graph = langgraph_graph(saver)
+        state = await graph.aget_state(CONFIG)
+        messages = state.values["messages"]
+        assert len(messages) == 10
+        assert isinstance(messages[-1], AIMessage) and messages[-1].tool_calls
+        assert state.next == ("tools",)
+        result = await graph.ainvoke(None, CONFIG)  # LangGraph's own resume
+        assert isinstance(result["messages"][-2], ToolMessage)
+        result = await graph.ainvoke({"messages": [HumanMessage("fourth")]}, CONFIG)
+    assert not langchain_problems(result["messages"])
+    assert len(result["messages"]) == 16
+    assert os.path.exists(crashed / "TERM" / f"{thread_key('chat')}.jsonl")

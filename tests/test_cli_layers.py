@@ -1,10 +1,10 @@
 """The command line's layering, read from the source (``ast``), not from memory.
 
-``checkpointer/_cli/`` is the one package that prints, and inside it only
-``report.py`` writes to stdout or stderr (the library outside it never); only ``roots.py`` imports the
-library's private modules; its modules import each other without a cycle;
-and nothing outside it imports it but ``__main__``.  The built distribution
-holds every subpackage.
+``checkpointer/_cli/`` is the one package that prints (the library outside
+it never does), and inside it only ``report.py`` writes to stdout or stderr;
+only ``roots.py`` imports the library's private modules; its modules import
+each other without a cycle; and nothing outside it imports it but
+``__main__``.  The built distribution holds every subpackage.
 """
 
 from __future__ import annotations

@@ -433,6 +433,31 @@ def test_prune_young_store_loses_only_its_stale_lock(store: Path) -> None:
     assert again.stdout.strip() == f"nothing older than 30d and no stale locks in {store}"
 
 
+def test_prune_keeps_a_file_written_after_it_was_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A session resumed and written between prune's listing and its lock is not removed."""
+    path = put(tmp_path, "resumed", {"n": 1}, age=timedelta(days=10))
+    put(tmp_path, "idle", {"n": 2}, age=timedelta(days=10))
+    lock = FileStore.lock
+    resumed: list[str] = []
+
+    def resumed_first(self: FileStore, key: str, *, timeout: float = 0.0) -> Any:
+        if key == "resumed" and not resumed:  # a writer takes the key and writes it first
+            resumed.append(key)  # (the writer's own lock goes straight through)
+            with CheckpointWriter(lambda: Snapshot(key, {"n": 3}), FileStore(self.root)):
+                pass
+        return lock(self, key, timeout=timeout)
+
+    monkeypatch.setattr(FileStore, "lock", resumed_first)
+    assert main(["prune", str(tmp_path), "--older-than", "7d"]) == 0
+    out = capsys.readouterr().out
+    assert f"kept {path}: written since it was listed" in out
+    assert f"removed {tmp_path / 'idle.json'} (updated 10d ago)" in out
+    assert "removed 1 file(s) older than 7d and 0 stale lock file(s), kept 1" in out
+    assert msgspec.json.decode(path.read_bytes())["state"] == {"n": 3}
+
+
 def test_sigkilled_writer_leaves_a_stale_lock_that_prune_removes(tmp_path: Path) -> None:
     """A writer killed by SIGKILL: ls says stale (even before it is reaped), prune removes it."""
     lock = tmp_path / "killed.lock"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from checkpointer import _cli
+from checkpointer._cli import report
 
 from . import cli_fuzz
 from .cli_fuzz import Crash
@@ -41,6 +41,6 @@ def test_the_harness_catches_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(call: object) -> str:
         raise AttributeError("'str' object has no attribute 'get'")
 
-    monkeypatch.setattr(_cli, "_call_name", broken)
+    monkeypatch.setattr(report, "_call_name", broken)
     with pytest.raises(Crash, match=r"checkpointer show .* AttributeError(.|\n)*damaged chat"):
         cli_fuzz.check([("chat.json", cli_fuzz.base()["chat.json"])])

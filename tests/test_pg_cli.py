@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from checkpointer import Meta, PostgresJournalStore, PostgresStore, load
+from checkpointer import FileStore, Meta, PostgresJournalStore, PostgresStore, load
 from checkpointer._cli import main as cli_main
 from checkpointer._format import envelope_chunks
 
@@ -217,3 +218,80 @@ def test_prune_keeps_a_key_written_after_it_was_listed(
     assert f"/{schema}/old: written since it was listed" in out
     checkpoint = load(PostgresStore(pg.dsn(), schema=schema), "old")
     assert checkpoint is not None and checkpoint.meta.seq == 2
+
+
+# -- one command, two roots ------------------------------------------------------
+
+
+def the_same_keys(store: FileStore | PostgresStore) -> None:
+    """A history, a bad one, an old key, an old pinned one: the same envelopes."""
+    bad = {"messages": [{"role": "tool", "content": "no call", "tool_call_id": "c1"}]}
+    for key, when, pinned, state in [
+        ("alpha", NOW, False, chat(3)),
+        ("bad", NOW, False, bad),
+        ("old", OLD, False, chat(1)),
+        ("pinned", OLD, True, {"v": 1}),
+    ]:
+        chunks = envelope_chunks(meta(key, 4, when=when, pinned=pinned), json.dumps(state).encode())
+        store.write(key, chunks)
+
+
+def test_a_directory_and_a_server_say_the_same(
+    pg: Cluster, schema: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ls, ls --json, show, verify and prune say the same of the same keys in a
+    directory and in PostgreSQL, but for each root's words for its own things."""
+    the_same_keys(FileStore(tmp_path))
+    with PostgresStore(pg.dsn(), schema=schema) as store:
+        the_same_keys(store)  # closed: its writes' locks given back
+    location = f"postgresql://{USER}@127.0.0.1:{pg.port}/postgres/{schema}/"
+    roots = {
+        "dir": ([str(tmp_path)], f"{tmp_path}/"),
+        "pg": (["--dsn", pg.dsn(), "--schema", schema], location),
+    }
+    commands = [
+        ["ls"],
+        ["ls", "--json"],
+        ["show", "alpha", "--last", "2"],
+        ["verify"],
+        ["prune", "--older-than", "7d", "--dry-run"],
+        ["prune", "--older-than", "7d"],
+        ["ls"],
+    ]
+    said: dict[str, list[tuple[int, list[str]]]] = {"dir": [], "pg": []}
+    for name, (root, where) in roots.items():
+        for command in commands:
+            status = cli_main([command[0], *root, *command[1:]])
+            out, err = capsys.readouterr()
+            assert not err, err
+            out = out.replace(where, "ROOT/").replace(".json", "")
+            out = re.sub(r"\d+(\.\d)? (B|KiB)", "SIZE", out)  # an envelope of jsonb's spacing
+            said[name].append((status, [" ".join(line.split()) for line in out.splitlines()]))
+    (ls, js, show, verify, dry, prune, after) = zip(said["dir"], said["pg"], strict=True)
+    for dir_, pg_ in (ls, verify, after):
+        assert dir_ == pg_
+    assert [s for s, _ in verify] == [1, 1] and "4 checkpoint(s): 3 ok, 1 bad" in verify[0][1]
+    rows = [json.loads("\n".join(lines)) for _, lines in js]
+    for row in (*rows[0], *rows[1]):
+        del row["kind"], row["size"], row["mtime"]  # a file's, or the row's update time
+    assert rows[0] == rows[1] and len(rows[0]) == 4
+    (_, dir_show), (_, pg_show) = show
+    assert dir_show[:2] == ["file ROOT/alpha (SIZE, snapshot)", "lock none"]
+    assert pg_show[:2] == ["row ROOT/alpha (SIZE)", "lock free"]
+    assert dir_show[2:] == pg_show[2:] and "[3] assistant: step 2" in dir_show
+    for verb, ((dir_status, dir_lines), (pg_status, pg_lines)) in [
+        ("would remove", dry),
+        ("removed", prune),
+    ]:
+        assert dir_status == pg_status == 0
+        assert (
+            dir_lines[:-1]
+            == pg_lines[:-1]
+            == [
+                f"{verb} ROOT/old (updated 30d ago)",
+                "kept ROOT/pinned: pinned (updated 30d ago)",
+            ]
+        )
+    assert dry[0][1][-1] == "would remove 1 file(s) older than 7d and 0 stale lock file(s), kept 1"
+    assert dry[1][1][-1] == "would remove 1 checkpoint(s) older than 7d, kept 1"
+    assert [line.split()[0] for line in after[0][1][1:]] == ["alpha", "bad", "pinned"]

@@ -1,23 +1,39 @@
-"""The demo: a simulated agent loop checkpointed by a CheckpointWriter.
+"""``checkpointer demo``: a simulated agent loop checkpointed by a CheckpointWriter.
 
 A fake agent runs turns; each turn ends several runs (the model, then tool
 calls that finish in a burst), and each run end fires an event.  The writer
 is attached to those events and coalesces them into a few durable writes.
+Only the public API is used, as a user's loop would; its lines go through
+``print_`` (``report.line`` by default).
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 
-from ._format import Snapshot, load
-from ._stores import FileStore
-from ._writer import CheckpointWriter
+from checkpointer import CheckpointWriter, FileStore, Snapshot, load
 
-__all__ = ["EventBus", "run_demo"]
+from . import report
+
+__all__ = ["EventBus", "run", "run_demo"]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo as ``checkpointer demo`` asks (``--turns`` at least 1: else a usage error)."""
+    if args.turns < 1:
+        report.error("demo", "--turns must be at least 1")
+        return report.USAGE
+
+    async def demo() -> int:
+        return await run_demo(args.root, key=args.key, turns=args.turns)
+
+    status: int = anyio.run(demo, backend=args.backend)
+    return status
 
 
 class EventBus:
@@ -73,7 +89,7 @@ async def run_demo(
     key: str = "demo-session",
     turns: int = 40,
     pause: float = 0.02,
-    print_: Callable[[str], None] = print,
+    print_: Callable[[str], None] = report.line,
 ) -> int:
     """Run the simulated agent; return 0 when the checkpoint on disk is whole."""
     store = FileStore(root)

@@ -1,0 +1,217 @@
+"""The ``checkpointer`` command line (also ``python -m checkpointer``).
+
+Commands over a store: ``ls``, ``show``, ``verify``, ``prune``; and ``demo``
+and ``pg-schema``.  ROOT is a store directory, or a ``postgresql://`` URI
+(``--dsn`` gives any libpq connection string instead): each command is
+written once, over a ``Root`` (``roots.py``), and a module per command says
+what it does (``ls.py``, ``show.py``, ``verify.py``, ``prune.py``,
+``demo.py``, ``pg_schema.py``).  All output goes through ``report.py``.
+
+Exit status: 0 when all is well, 1 when something is wrong with the store (a
+missing root, an unknown key, a bad file, a server that cannot be reached),
+2 for a usage error (argparse's own status: a bad option, a bad duration, an
+invalid key).
+
+This module reads the arguments, opens the root, runs the command and turns
+a closed stdout into a quiet exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+
+from . import demo, ls, pg_schema, prune, report, show, verify
+from .prune import parse_duration
+from .roots import Root, RootError, open_root
+
+__all__ = ["main", "parse_duration"]
+
+_ON_A_ROOT: dict[str, Callable[[Root, argparse.Namespace], int]] = {
+    "ls": ls.run,
+    "show": show.run,
+    "verify": verify.run,
+    "prune": prune.run,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the exit status."""
+    args = _build_parser().parse_args(argv)
+    if args.command in _ON_A_ROOT:
+        _settle_root(args)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        status: int = args.run(args)
+        report.flush()  # a closed pipe shows here, not at interpreter exit
+    except BrokenPipeError:  # `checkpointer ls ROOT | head`
+        report.silence()
+        return report.PROBLEM
+    return status
+
+
+def _on_a_root(args: argparse.Namespace) -> int:
+    """Open ROOT and run the command over it: a root that cannot be used is status 1."""
+    command = args.command
+    try:
+        root = open_root(args.root, dsn=args.dsn, schema=args.schema)
+    except RootError as exc:  # no psycopg, a bad DSN
+        report.error(command, str(exc))
+        return report.PROBLEM
+    failures: tuple[type[Exception], ...] = (RootError, *root.failure)
+    try:
+        with contextlib.closing(root):
+            return _ON_A_ROOT[command](root, args)
+    except failures as exc:  # no such directory; the server failed
+        report.error(command, str(exc))
+        return report.PROBLEM
+
+
+def _settle_root(args: argparse.Namespace) -> None:
+    """Check ROOT (and KEY) against ``--dsn``; with ``--dsn``, ROOT becomes the DSN.
+
+    ROOT is optional on the parser only so that ``--dsn`` can stand in for it;
+    without ``--dsn`` a missing ROOT is the same usage error as before (exit 2).
+    """
+    parser: argparse.ArgumentParser = args.parser
+    has_key = hasattr(args, "key")
+    if args.dsn is None:
+        missing = ["ROOT"] if args.root is None else []
+        if has_key and args.key is None:
+            missing.append("KEY")
+        if missing:
+            parser.error(f"the following arguments are required: {', '.join(missing)}")
+        return
+    if has_key and args.key is None:  # `show --dsn DSN KEY`: the one positional is KEY
+        args.root, args.key = None, args.root
+    if args.root is not None:
+        parser.error("give ROOT or --dsn, not both")
+    if has_key and args.key is None:
+        parser.error("the following arguments are required: KEY")
+    args.root = args.dsn
+
+
+# -- the parser ------------------------------------------------------------------
+
+
+_PG_ROOT = (
+    "a PostgreSQL URI (postgresql://user@host:port/dbname; a password from "
+    "PGPASSWORD or ~/.pgpass) to look at a PostgresStore"
+)
+_PG_DSN = (
+    "a libpq connection string (host=db dbname=agents user=app) or URI, in place "
+    "of ROOT: look at the PostgresStore there"
+)
+_PG_SCHEMA = "with a PostgreSQL ROOT: the schema of the store's tables (%(default)s)"
+
+
+def _root_arguments(parser: argparse.ArgumentParser, help_: str) -> None:
+    """ROOT, first: optional, as ``--dsn`` may stand in for it (``_settle_root``)."""
+    parser.add_argument("root", metavar="ROOT", nargs="?", help=help_)
+
+
+def _pg_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--schema`` and ``--dsn``, last, and the run over a root."""
+    parser.add_argument("--schema", default="checkpointer", help=_PG_SCHEMA)
+    parser.add_argument("--dsn", help=_PG_DSN)
+    parser.set_defaults(run=_on_a_root, parser=parser)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="checkpointer",
+        description="Debounced, durable checkpoints for async agent sessions. "
+        "Look inside a store directory, check it, prune it, or run the demo.",
+        epilog="Exit status: 0 all well, 1 a problem with the store (missing root, "
+        "unknown key, bad file), 2 a usage error.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    ls_ = commands.add_parser(
+        "ls",
+        help="list the checkpoints of a store directory",
+        description="One row per checkpoint: key, last update (UTC), size, seq, turns, "
+        "live (a writer had it open at its last write), pinned, lock (alive: a writer "
+        "holds <key>.lock now; stale: the lock file was left by a writer that died), and "
+        "a title (the first user message).",
+    )
+    _root_arguments(ls_, "the store directory (FileStore root), or " + _PG_ROOT)
+    ls_.add_argument(
+        "--sort",
+        choices=sorted(ls.SORTS),
+        default="key",
+        help="order rows by this field (%(default)s); updated, size, seq and turns "
+        "put the newest or largest first",
+    )
+    ls_.add_argument("-r", "--reverse", action="store_true", help="reverse the order")
+    ls_.add_argument("--json", action="store_true", help="print a JSON array, for scripts")
+    _pg_arguments(ls_)
+
+    show_ = commands.add_parser(
+        "show",
+        help="show one checkpoint: its meta and its last messages",
+        description="Print the meta of KEY's checkpoint, its lock, and a short view of "
+        "the state: the message count and the last messages, truncated.",
+    )
+    _root_arguments(show_, "the store directory, or " + _PG_ROOT)
+    show_.add_argument("key", metavar="KEY", nargs="?", help="the session key")
+    show_.add_argument(
+        "--last", type=int, default=5, metavar="N", help="messages to show (%(default)s)"
+    )
+    show_.add_argument(
+        "--raw", action="store_true", help="print the file's bytes as they are, undecoded"
+    )
+    _pg_arguments(show_)
+
+    verify_ = commands.add_parser(
+        "verify",
+        help="load every checkpoint and check agent histories; exit 1 if any is bad",
+        description="Load every checkpoint of ROOT; where the state has messages, check "
+        "that a model API would accept the agent history (roles; every tool call "
+        "answered, once, before the conversation goes on). Prints each bad file with its "
+        "reason and exits with status 1 when any is bad. Tool calls still open at the "
+        "end (saved while the tool ran) are a warning, not bad.",
+    )
+    _root_arguments(verify_, "the store directory, or " + _PG_ROOT)
+    verify_.add_argument("-q", "--quiet", action="store_true", help="print only bad files")
+    _pg_arguments(verify_)
+
+    prune_ = commands.add_parser(
+        "prune",
+        help="remove checkpoints not updated for a while, and stale locks",
+        description="Remove checkpoints last updated more than DURATION ago, with their "
+        "lock files, and every stale lock file (its holder is gone), whatever its age. "
+        "Never removes anything of a key whose lock holder is alive, nor a pinned "
+        "checkpoint. Lists what it removes.",
+    )
+    _root_arguments(prune_, "the store directory, or " + _PG_ROOT)
+    prune_.add_argument(
+        "--older-than",
+        required=True,
+        type=parse_duration,
+        metavar="DURATION",
+        help="e.g. 7d, 12h, 30m, 1h30m (units s, m, h, d, w)",
+    )
+    prune_.add_argument(
+        "-n", "--dry-run", action="store_true", help="list what would go, remove nothing"
+    )
+    _pg_arguments(prune_)
+
+    demo_ = commands.add_parser(
+        "demo",
+        help="run a simulated agent loop checkpointed to a local directory",
+        description="Run a simulated agent whose run-ended events are coalesced into "
+        "durable checkpoint writes, then load the file back and compare.",
+    )
+    demo_.add_argument("--root", default=".checkpoints", help="store directory (%(default)s)")
+    demo_.add_argument("--key", default="demo-session", help="session key (%(default)s)")
+    demo_.add_argument("--turns", type=int, default=40, help="agent turns (%(default)s)")
+    demo_.add_argument(
+        "--backend", choices=["asyncio", "trio"], default="asyncio", help="(%(default)s)"
+    )
+    demo_.set_defaults(run=demo.run)
+
+    pg_schema.add_command(commands)
+    return parser

@@ -1,0 +1,446 @@
+"""The places the commands look at: a store directory, or a PostgreSQL store.
+
+``ls``, ``show``, ``verify`` and ``prune`` are written once, over a ``Root``:
+what it holds (``scan``), what one checkpoint holds (``measure``, ``load``,
+``raw``), who holds a key's writer lock (``lock``, which only looks), and
+prune's deletion of a key's old checkpoints under that key's lock, each
+checked again once the lock is held (``delete``).
+
+* ``DirectoryRoot``: a ``FileStore`` / ``JournalStore`` root.  The file kinds
+  are listed once (``_KINDS``): snapshots ``<key>.json`` and journals
+  ``<key>.jsonl``.  Locks are the library's lock files ``<key>.lock``:
+  ``lock`` looks with ``probe_file_lock``, which never takes a lock a writer
+  could be reaching for; ``delete`` takes the key's writer lock
+  (``FileStore.lock``) and its release unlinks the lock file.
+* ``PostgresRoot``: ROOT is a ``postgresql://`` URI (or ``--dsn`` a libpq
+  connection string), and everything goes through the store API (``keys``,
+  ``read``, ``load``, ``delete``), so snapshot rows and journal rows look
+  alike.  A key is named ``store.location(key)``, never with the password.
+  Locks are the advisory writer locks: ``lock`` asks ``locked_by``;
+  ``delete`` holds the key's lock itself while it deletes.
+
+This is the one module of the command line that imports the library's
+private modules; psycopg is imported only by a ``PostgresStore`` that
+connects, so the commands over a directory work without the ``[postgres]``
+extra.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal, NamedTuple, Protocol
+
+from checkpointer import (
+    FileStore,
+    JournalStore,
+    KeyLocked,
+    PostgresStore,
+    PostgresStoreError,
+    load,
+)
+from checkpointer._lock import probe_file_lock
+from checkpointer._safefs import UnsafeFile, describe, read_checked
+from checkpointer._stores import KEY_PATTERN, check_key
+
+__all__ = [
+    "EPOCH",
+    "DirectoryRoot",
+    "Entry",
+    "Loaded",
+    "LockView",
+    "PostgresRoot",
+    "Recheck",
+    "Removal",
+    "Root",
+    "RootError",
+    "Scan",
+    "Words",
+    "is_dsn",
+    "open_root",
+    "schema_sql",
+    "why",
+]
+
+EPOCH = datetime.fromtimestamp(0, UTC)
+
+
+class RootError(Exception):
+    """The root cannot be looked at (no such directory, a bad DSN): the message says why."""
+
+
+class Entry(NamedTuple):
+    """A checkpoint in a root: a file, or a row."""
+
+    key: str
+    kind: str  # "snapshot" or "journal" (a file), "row"
+    path: str  # the file, or the row's location (no password)
+
+
+class Loaded(NamedTuple):
+    """A decoded checkpoint of any kind: its meta and its state."""
+
+    meta: Any
+    state: Any
+
+
+class Scan(NamedTuple):
+    """What a root holds."""
+
+    entries: list[Entry]  # in the root's order: file names, or keys
+    lock_keys: frozenset[str]  # keys with a lock file of their own (a directory)
+
+
+class LockView(NamedTuple):
+    """What a look at a key's writer lock found (None from ``lock``: no lock)."""
+
+    state: Literal["alive", "stale", "unknown"]
+    holder: str  # who holds or held it ("" when unknown), or what is wrong with the file
+    path: str | None  # the lock file; None for an advisory lock
+    problem: str | None = None  # not a lock file this library made (a link, a FIFO, ...)
+
+
+class Removal(NamedTuple):
+    """What ``delete`` did with one path: removed, kept (and why), or failed."""
+
+    path: str
+    outcome: Literal["removed", "kept", "failed"]
+    why: str  # removed and kept: the reason shown; failed: the error message
+    lock: bool = False  # a stale lock file (counted apart)
+
+
+class Words(NamedTuple):
+    """How a root names its things in output (each as the commands always printed it)."""
+
+    entry: str  # show's first field: "file" or "row"
+    unreadable: str  # ls after its table: "{n} ... cannot be read; ..." ({n}, {where})
+    unreadable_on_stdout: bool  # where ls says so
+    prune_noun: str  # prune's summary: "removed 3 file(s) older than 7d ..."
+    count_hint: bool  # show of an unknown key says how many ``ls`` lists
+
+
+Recheck = Callable[[Entry], str | None]
+"""For ``delete``: why to keep an entry after all (written since it was listed), or None."""
+
+
+class Root(Protocol):
+    """What the commands need of a place that holds checkpoints."""
+
+    where: str  # the root, for messages
+    words: Words
+    kinds: tuple[str, ...]  # the entry kinds it can hold (more than one: shown)
+    lock_files: bool  # its locks are files, left behind stale by a writer that died
+    mtimes: bool  # an entry has a time of its own (a file's), used when its meta is unreadable
+    failure: tuple[type[Exception], ...]  # raised by any call: ends the command (a server down)
+
+    def close(self) -> None:
+        """Give back what the root holds (a connection)."""
+
+    def validate_key(self, key: str) -> None:
+        """Raises ValueError for a key the root cannot hold (a usage error)."""
+
+    def scan(self) -> Scan:
+        """What the root holds.  Raises RootError: it cannot be listed."""
+
+    def lock(self, key: str) -> LockView | None:
+        """Who holds ``key``'s writer lock, only looking; None: no lock (file)."""
+
+    def measure(self, entry: Entry) -> tuple[int, datetime | None]:
+        """Size and time (None: its meta's); raises CheckpointError, OSError."""
+
+    def load(self, entry: Entry) -> Loaded | None:
+        """What it holds (None: gone); raises CheckpointError, OSError."""
+
+    def raw(self, entry: Entry) -> bytes | None:
+        """Its bytes as stored (None: gone); raises CheckpointError, OSError."""
+
+    def asides(self) -> list[str]:
+        """Damaged checkpoints a writer moved aside (for ``verify`` to mention)."""
+
+    def planted(self, entry: Entry) -> str | None:
+        """Why prune must leave ``entry`` alone (not a file this library made), or None."""
+
+    def delete(
+        self,
+        key: str,
+        old: Sequence[tuple[Entry, str]],
+        *,
+        recheck: Recheck,
+        stale: str | None,
+    ) -> list[Removal]:
+        """Delete ``old`` entries of ``key`` (with why) holding the key's lock.
+
+        Each is looked at again once the lock is held (``recheck``), since a
+        writer may have resumed and written the key after it was listed.
+        ``stale``: the key's stale lock file goes too, for this reason.
+        """
+
+
+def why(exc: OSError) -> str:
+    """An ``OSError`` in words: its strerror, or its message (no errno)."""
+    return os.strerror(exc.errno) if exc.errno else str(exc)
+
+
+# -- a store directory -----------------------------------------------------------
+
+
+class _Kind(NamedTuple):
+    name: str
+    suffix: str
+    store: Callable[[str], FileStore]
+
+
+_KINDS: tuple[_Kind, ...] = (
+    _Kind("snapshot", FileStore.suffix, FileStore),
+    _Kind("journal", JournalStore.suffix, JournalStore),
+)
+_BY_NAME = {kind.name: kind for kind in _KINDS}
+LOCK_SUFFIX = ".lock"
+_ASIDE = re.compile(r"\.corrupt-\d{8}T\d{6}(\.\d+)?Z$")
+
+
+class DirectoryRoot:
+    """A store directory: snapshot and journal files, and their lock files."""
+
+    words = Words(
+        entry="file",
+        unreadable="{n} file(s) cannot be read; `checkpointer verify {where}` says why",
+        unreadable_on_stdout=False,
+        prune_noun="file(s)",
+        count_hint=True,
+    )
+    kinds: tuple[str, ...] = tuple(kind.name for kind in _KINDS)
+    lock_files = True
+    mtimes = True
+    failure: tuple[type[Exception], ...] = ()
+
+    def __init__(self, root: str) -> None:
+        self.where = root
+
+    def close(self) -> None:
+        pass
+
+    def validate_key(self, key: str) -> None:
+        check_key(key)
+
+    def scan(self) -> Scan:
+        root = self.where
+        if not os.path.exists(root):
+            raise RootError(f"no such directory: {root} (a writer creates it on its first write)")
+        if not os.path.isdir(root):
+            raise RootError(f"not a directory: {root}; give the directory a FileStore writes to")
+        try:
+            names = sorted(os.listdir(root))
+        except OSError as exc:
+            raise RootError(f"cannot list {root}: {why(exc)}") from None
+        entries: list[Entry] = []
+        locks: set[str] = set()
+        for name in names:
+            if name.endswith(LOCK_SUFFIX) and KEY_PATTERN.fullmatch(name[: -len(LOCK_SUFFIX)]):
+                locks.add(name[: -len(LOCK_SUFFIX)])
+                continue
+            for kind in _KINDS:
+                key = name[: -len(kind.suffix)]
+                if name.endswith(kind.suffix) and KEY_PATTERN.fullmatch(key):
+                    entries.append(Entry(key, kind.name, os.path.join(root, name)))
+                    break
+        return Scan(entries, frozenset(locks))
+
+    def _lock_path(self, key: str) -> str:
+        return os.path.join(self.where, key + LOCK_SUFFIX)
+
+    def lock(self, key: str) -> LockView | None:
+        probe = probe_file_lock(self._lock_path(key))
+        if probe is None:
+            return None
+        state: Literal["alive", "stale", "unknown"] = (
+            "unknown" if probe.alive is None else "alive" if probe.alive else "stale"
+        )
+        holder = probe.holder.describe() if probe.holder is not None else ""
+        # A link, a FIFO, ... in place of the lock file: say so where the holder goes.
+        return LockView(state, probe.problem or holder, probe.path, probe.problem)
+
+    def measure(self, entry: Entry) -> tuple[int, datetime | None]:
+        try:
+            st = os.lstat(entry.path)  # a planted link's own size and time, never its target's
+        except OSError:
+            return 0, EPOCH
+        return st.st_size, datetime.fromtimestamp(st.st_mtime, UTC)
+
+    def load(self, entry: Entry) -> Loaded | None:
+        store = _BY_NAME[entry.kind].store(os.path.dirname(entry.path) or ".")
+        checkpoint = load(store, entry.key)
+        return None if checkpoint is None else Loaded(checkpoint.meta, checkpoint.state)
+
+    def raw(self, entry: Entry) -> bytes | None:
+        # No link followed, no FIFO waited on; a journal may grow by an append meanwhile.
+        return read_checked(entry.path, growing=entry.kind == "journal")
+
+    def asides(self) -> list[str]:
+        try:
+            names = sorted(os.listdir(self.where))
+        except OSError:
+            return []
+        return [os.path.join(self.where, name) for name in names if _ASIDE.search(name)]
+
+    def planted(self, entry: Entry) -> str | None:
+        try:
+            st = os.lstat(entry.path)
+        except OSError:
+            return None  # gone: nothing to remove
+        if stat.S_ISREG(st.st_mode):
+            return None
+        return str(UnsafeFile(entry.path, describe(st, entry.path)))
+
+    def delete(
+        self,
+        key: str,
+        old: Sequence[tuple[Entry, str]],
+        *,
+        recheck: Recheck,
+        stale: str | None,
+    ) -> list[Removal]:
+        # Holding the writer lock keeps a writer from starting on the key
+        # midway; releasing it unlinks the lock file (the library's release,
+        # which a writer waiting on the old file notices and starts over).
+        lock_path = self._lock_path(key)
+        try:
+            held = FileStore(self.where).lock(key)
+        except KeyLocked:  # a writer took the key since the probe
+            return [Removal(e.path, "kept", "its lock holder is alive") for e, _ in old]
+        except OSError as exc:
+            return [Removal(lock_path, "failed", f"cannot lock {lock_path}: {why(exc)}")]
+        done: list[Removal] = []
+        try:
+            for entry, reason in old:
+                if not os.path.lexists(entry.path):
+                    continue  # gone already: not ours to report
+                kept = recheck(entry)
+                if kept is not None:
+                    done.append(Removal(entry.path, "kept", kept))
+                    continue
+                try:
+                    os.unlink(entry.path)
+                except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    done.append(
+                        Removal(entry.path, "failed", f"cannot remove {entry.path}: {why(exc)}")
+                    )
+                    continue
+                done.append(Removal(entry.path, "removed", reason))
+        finally:
+            try:
+                held.release()
+            except OSError as exc:
+                done.append(Removal(lock_path, "failed", f"cannot remove {lock_path}: {why(exc)}"))
+            else:
+                if stale is not None:
+                    done.append(Removal(lock_path, "removed", stale, lock=True))
+        return done
+
+
+# -- a PostgreSQL store ----------------------------------------------------------
+
+_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_dsn(root: str) -> bool:
+    """Whether a ROOT argument names a PostgreSQL server rather than a directory."""
+    return root.startswith(_SCHEMES)
+
+
+class PostgresRoot:
+    """The keys of a ``PostgresStore`` (snapshot and journal rows alike)."""
+
+    words = Words(
+        entry="row",
+        unreadable="{n} key(s) cannot be read; `checkpointer verify` says why",
+        unreadable_on_stdout=True,
+        prune_noun="checkpoint(s)",
+        count_hint=False,
+    )
+    kinds: tuple[str, ...] = ("row",)
+    lock_files = False
+    mtimes = False
+    failure: tuple[type[Exception], ...] = (PostgresStoreError,)
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        try:
+            self.store = PostgresStore(dsn, schema=schema, create_schema=False)
+        except (ImportError, ValueError) as exc:  # no psycopg, a bad DSN or schema name
+            raise RootError(str(exc)) from None
+        self.where = self.store.location("")[:-1]
+
+    def close(self) -> None:
+        self.store.close()
+
+    def validate_key(self, key: str) -> None:
+        pass  # an invalid key is not in the store: show says so
+
+    def scan(self) -> Scan:
+        keys = self.store.keys()
+        return Scan([Entry(key, "row", self.store.location(key)) for key in keys], frozenset())
+
+    def lock(self, key: str) -> LockView | None:
+        holder = self.store.locked_by(key)
+        return None if holder is None else LockView("alive", holder, None)
+
+    def measure(self, entry: Entry) -> tuple[int, datetime | None]:
+        data = self.store.read(entry.key)  # a damaged journal row: CheckpointError
+        return 0 if data is None else len(data), None
+
+    def load(self, entry: Entry) -> Loaded | None:
+        checkpoint = load(self.store, entry.key)
+        return None if checkpoint is None else Loaded(checkpoint.meta, checkpoint.state)
+
+    def raw(self, entry: Entry) -> bytes | None:
+        return self.store.read(entry.key) or b""
+
+    def asides(self) -> list[str]:
+        return []
+
+    def planted(self, entry: Entry) -> str | None:
+        return None
+
+    def delete(
+        self,
+        key: str,
+        old: Sequence[tuple[Entry, str]],
+        *,
+        recheck: Recheck,
+        stale: str | None,
+    ) -> list[Removal]:
+        # Held while deleting, so no writer starts on the key midway.
+        holder = self.store.acquire(key)
+        if holder is not None:
+            return [Removal(e.path, "kept", f"its lock holder is alive ({holder})") for e, _ in old]
+        done: list[Removal] = []
+        try:
+            for entry, reason in old:
+                kept = recheck(entry)
+                if kept is not None:
+                    done.append(Removal(entry.path, "kept", kept))
+                    continue
+                self.store.delete(key)
+                done.append(Removal(entry.path, "removed", reason))
+        finally:
+            self.store.release(key)
+        return done
+
+
+def open_root(root: str, *, dsn: str | None, schema: str) -> Root:
+    """The root ROOT (or ``--dsn``) names.  Raises RootError: it cannot be used."""
+    if dsn is not None or is_dsn(root):
+        return PostgresRoot(root, schema)
+    return DirectoryRoot(root)
+
+
+def schema_sql(schema: str) -> str:
+    """The SQL ``pg-schema`` runs (``pg-schema --sql``)."""
+    from checkpointer._postgres import schema_sql as sql
+
+    return sql(schema)

@@ -1,0 +1,116 @@
+"""``checkpointer show``: one checkpoint's meta, its lock and its last messages (or ``--raw``)."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+
+import msgspec
+
+from checkpointer import CheckpointError
+
+from . import report
+from .look import Row, inspect, messages
+from .roots import Entry, Loaded, LockView, Root, why
+
+__all__ = ["run"]
+
+
+def run(root: Root, args: argparse.Namespace) -> int:
+    """Show ``args.key`` (each of its files: a snapshot and a journal may share a key)."""
+    try:
+        root.validate_key(args.key)
+    except ValueError as exc:
+        report.error("show", str(exc))
+        return report.USAGE
+    entries = root.scan().entries
+    mine = [e for e in entries if e.key == args.key]
+    if not mine:
+        keys = sorted({e.key for e in entries})
+        hint = difflib.get_close_matches(args.key, keys, n=1)
+        message = f"no checkpoint {args.key!r} in {root.where}"
+        if hint:
+            message += f"; did you mean {hint[0]!r}?"
+        elif keys and root.words.count_hint:
+            message += f"; `checkpointer ls {root.where}` lists the {len(keys)} there"
+        report.error("show", message)
+        return report.PROBLEM
+    status = report.OK
+    for n, entry in enumerate(mine):
+        if n:
+            report.line()
+        if args.raw:
+            status = max(status, _raw(root, entry))
+        else:
+            status = max(status, _show(root, entry, args.last))
+    return status
+
+
+def _raw(root: Root, entry: Entry) -> int:
+    try:
+        data = root.raw(entry)
+    except root.failure:
+        raise  # the server, not this checkpoint: the command fails
+    except CheckpointError as exc:  # a damaged journal row
+        report.error("show", f"{entry.path}: {exc.reason}")
+        return report.PROBLEM
+    except OSError as exc:
+        report.error("show", f"{entry.path}: cannot be read: {why(exc)}")
+        return report.PROBLEM
+    if data is None:
+        report.error(
+            "show", f"{entry.path}: disappeared while reading (removed by a prune or a writer?)"
+        )
+        return report.PROBLEM
+    report.raw(data)
+    return report.OK
+
+
+def _show(root: Root, entry: Entry, last: int) -> int:
+    look = inspect(root, entry)
+    row = look.row
+    kind = f", {entry.kind}" if len(root.kinds) > 1 else ""
+    fields = [(root.words.entry, f"{entry.path} ({report.size(row.size)}{kind})")]
+    fields.append(("lock", _lock(root, look.lock)))
+    if look.loaded is None:
+        report.fields(fields)
+        report.error("show", f"{entry.path}: {row.error}")
+        return report.PROBLEM
+    return _loaded(fields, row, look.loaded, last)
+
+
+def _lock(root: Root, lock: LockView | None) -> str:
+    """The lock field: a lock file's state, holder and path; an advisory lock's holder."""
+    if lock is None:
+        return "none" if root.lock_files else "free"
+    if lock.path is None:
+        return f"held by {lock.holder}"
+    state = "cannot tell" if lock.state == "unknown" else lock.state
+    return f"{state} {lock.holder}".rstrip() + f" ({lock.path})"
+
+
+def _loaded(fields: list[tuple[str, str]], row: Row, loaded: Loaded, last: int) -> int:
+    """Print the meta and the last messages of a readable checkpoint."""
+    for name, value in msgspec.structs.asdict(loaded.meta).items():
+        if value is not None:  # None: a field this file's writer did not record
+            fields.append((name, report.value(value)))
+    history = messages(loaded.state)
+    if row.turns is not None and not any(name == "turns" for name, _ in fields):
+        fields.append(("turns", f"{row.turns} (assistant messages)"))
+    if history is None:
+        state = msgspec.json.encode(loaded.state).decode()
+        fields.append(("state", report.one_line(state, 300)))
+        report.fields(fields)
+        return report.OK
+    fields.append(("messages", str(len(history))))
+    if row.title:
+        fields.append(("title", row.title))
+    report.fields(fields)
+    shown = history[-last:] if last > 0 else []
+    if shown:
+        report.line(f"last {len(shown)} of {len(history)} messages:")
+        start = len(history) - len(shown)
+        width = len(str(len(history) - 1))
+        for i, message in enumerate(shown, start):
+            report.line(f"  [{i:>{width}}] {report.message_line(message)}")
+    return report.OK

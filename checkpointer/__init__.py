@@ -3,22 +3,12 @@
 from ._clock import Clock, MonotonicClock
 from ._codec import Staged, StateStore
 from ._encoding import Transcript
-from ._format import (
-    Checkpoint,
-    CheckpointError,
-    Meta,
-    NewerVersionError,
-    Snapshot,
-    TornTail,
-    WriterInfo,
-    load,
-)
+from ._format.versions import Migration
 from ._journal import JournalStatistics, JournalStore
+from ._load import load
 from ._lock import KeyLock, KeyLocked, LockHolder, LockingStore
 from ._pgjournal import PostgresJournalStore
 from ._postgres import KeyLockedError, PostgresStore, PostgresStoreError, StaleWriteError
-from ._results import Failed, Result, Skipped, WriterStatistics, Written
-from ._session import Prepared
 from ._stores import FileStore, ProbingStore, Store
 from ._summary import (
     SummaryCheckpoint,
@@ -48,8 +38,22 @@ from ._transcript import (
     transcript_prepare,
     validate_history,
 )
+from ._values import (
+    Checkpoint,
+    CheckpointError,
+    Failed,
+    Meta,
+    NewerVersionError,
+    Prepared,
+    Result,
+    Skipped,
+    Snapshot,
+    TornTail,
+    WriterInfo,
+    WriterStatistics,
+    Written,
+)
 from ._version import VERSION
-from ._versions import Migration
 from ._writer import CheckpointWriter
 
 __all__ = [

@@ -31,12 +31,13 @@ import anyio
 import msgspec
 
 from . import _pgcli
-from ._format import CheckpointError, load
 from ._journal import JournalStore
+from ._load import load
 from ._lock import KeyLocked, LockProbe, probe_file_lock
 from ._safefs import UnsafeFile, describe, read_checked
 from ._stores import KEY_PATTERN, FileStore, check_key
 from ._transcript import HistoryProblem, validate_history
+from ._values import CheckpointError
 
 __all__ = ["main", "parse_duration"]
 

@@ -9,7 +9,7 @@ staged state with its ``Meta``.
 * ``JournalStore`` implements ``StateStore`` itself: it stages only what is
   new since its last commit and appends it.
 * Any other ``Store`` (``FileStore``, your own) is wrapped in
-  ``Envelopes``: the whole-file format of ``_format.py``, written with
+  ``Envelopes``: the whole-file format of ``_format/envelope.py``, written with
   ``store.write``.  When the store has a ``transcript`` attribute (a
   ``Transcript``, e.g. ``FileStore(root, transcript=Transcript())``), the
   state is encoded message by message through its cache, and the file is
@@ -27,29 +27,22 @@ import hashlib
 import operator
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
 from ._encoding import Transcript, state_pieces
-from ._format import (
-    Checkpoint,
-    Meta,
-    decode_checkpoint,
-    decode_meta,
-    decode_state,
-    envelope_chunks,
-    load,
-)
+from ._format.envelope import decode_meta, decode_raw, envelope_chunks
 from ._stores import Store
+from ._text import oserror
+from ._values import Checkpoint, CheckpointError, Meta
 
 __all__ = [
     "Envelopes",
     "Staged",
     "StateStore",
     "commit_deadline",
-    "load_from",
     "state_store",
     "time_left",
 ]
@@ -286,42 +279,22 @@ class Envelopes:
         data = self.store.read(key)
         if data is None:
             return None
-        old = decode_checkpoint(data, self.store.location(key), msgspec.Raw)
+        old = decode_raw(data, self.store.location(key))
         meta = update(old.meta)
         self.store.write(key, envelope_chunks(meta, bytes(old.state)))
         return meta
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
-        return load(self.store, key, msgspec.Raw)
-
-
-def load_from(
-    store: StateStore,
-    location: str,
-    key: str,
-    type: Any,
-    *,
-    state_version: int | None,
-    migrations: Mapping[int, Callable[[Any], Any]] | None,
-) -> Checkpoint[Any] | None:
-    """``load()`` for a ``StateStore``: its raw checkpoint, decoded as ``type``.
-
-    With ``state_version``, the same versioning rules as for a snapshot file
-    (``_versions.decode_versioned``) apply to the state the store assembled.
-    """
-    raw = store.read_checkpoint(key)
-    if raw is None:
-        return None
-    if state_version is None:
-        checkpoint = Checkpoint(meta=raw.meta, state=decode_state(raw.state, location, type))
-    else:
-        from ._versions import decode_versioned
-
-        envelope = b"".join(envelope_chunks(raw.meta, bytes(raw.state)))
-        checkpoint = decode_versioned(envelope, location, type, state_version, migrations or {})
-    if raw.torn is not None:
-        checkpoint = msgspec.structs.replace(checkpoint, torn=raw.torn)
-    return checkpoint
+        store = self.store
+        store.validate_key(key)
+        location = store.location(key)
+        try:
+            data = store.read(key)
+        except OSError as exc:
+            raise CheckpointError(location, f"cannot be read: {oserror(exc)}") from None
+        if data is None:
+            return None
+        return decode_raw(data, location)
 
 
 def state_store(store: Store) -> StateStore:

@@ -13,8 +13,9 @@ from typing import Any
 
 import anyio
 
-from ._format import Snapshot, load
+from ._load import load
 from ._stores import FileStore
+from ._values import Snapshot
 from ._writer import CheckpointWriter
 
 __all__ = ["EventBus", "run_demo"]

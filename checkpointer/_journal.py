@@ -65,19 +65,12 @@ import msgspec
 from ._atomic import write_all, write_atomic
 from ._codec import time_left
 from ._encoding import Transcript
-from ._format import (
-    FORMAT,
-    Checkpoint,
-    CheckpointError,
-    Meta,
-    TornTail,
-    _newer,
-    _oserror,
-)
-from ._format import _check_format as _check_head
+from ._format.envelope import FORMAT, check_format, newer_format
 from ._safefs import open_checked, read_checked, read_fd
 from ._staging import _absent, _Delta, _Full, _Prefixes, _Track
 from ._stores import FileStore, check_key
+from ._text import oserror
+from ._values import Checkpoint, CheckpointError, Meta, TornTail
 
 __all__ = ["JournalStatistics", "JournalStore"]
 
@@ -176,7 +169,7 @@ def _scan(data: bytes, path: str) -> _Scan:
         raise CheckpointError(path, "line 1 is not a journal header: not a journal file")
     header = rows[0]
     if header.format > FORMAT:
-        raise _newer(path, header.format, header.meta.library_version)
+        raise newer_format(path, header.format, header.meta.library_version)
     if header.format < 1:
         raise CheckpointError(path, f"unknown journal format version {header.format}")
     last_commit = -1
@@ -240,7 +233,7 @@ def _compaction(rows: list[_Row], index: int) -> _Compaction:
 
 
 def _check_format(line: bytes, path: str) -> None:
-    _check_head(line, path)  # the header's format and meta.library_version, as a snapshot's
+    check_format(line, path)  # the header's format and meta.library_version, as a snapshot's
 
 
 def _assemble(scan: _Scan, path: str) -> bytes:
@@ -404,7 +397,7 @@ class JournalStore(_Prefixes, FileStore):
         try:
             data = self.read(key)
         except OSError as exc:
-            raise CheckpointError(path, f"cannot be read: {_oserror(exc)}") from None
+            raise CheckpointError(path, f"cannot be read: {oserror(exc)}") from None
         if data is None:
             return None
         scan = _scan(data, path)

@@ -58,8 +58,8 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from ._atomic import makedirs_durable
-from ._results import Failed
 from ._safefs import UnsafeFile, open_checked, read_checked
+from ._values import Failed
 
 __all__ = [
     "FileKeyLock",

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from . import _cli as cli
-from ._format import CheckpointError, load
+from ._load import load
+from ._values import CheckpointError
 
 if TYPE_CHECKING:
     from ._postgres import PostgresStore

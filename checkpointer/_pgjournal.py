@@ -36,11 +36,12 @@ import msgspec
 
 from ._codec import Envelopes
 from ._encoding import Transcript
-from ._format import Checkpoint, CheckpointError, Meta, decode_checkpoint
+from ._format.envelope import decode_raw
 from ._journal import _COMPACTION_HEAD, _MESSAGE_HEAD, _STATE_HEAD
 from ._postgres import _JOURNAL_FORMAT, PostgresStore
 from ._staging import _Delta, _Full, _Prefixes, _Track
 from ._stores import check_key
+from ._values import Checkpoint, CheckpointError, Meta
 
 if TYPE_CHECKING:
     import psycopg
@@ -139,7 +140,7 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
         data = self.read(key)  # an OSError stays one: the key is not damaged, the server is away
         if data is None:
             return None
-        return decode_checkpoint(data, self.location(key), msgspec.Raw).meta
+        return decode_raw(data, self.location(key)).meta
 
     def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
         check_key(key)
@@ -168,7 +169,7 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
             raise CheckpointError(self.location(key), f"cannot be read: {exc}") from None
         if data is None:
             return None
-        return decode_checkpoint(data, self.location(key), msgspec.Raw)
+        return decode_raw(data, self.location(key))
 
     # -- internals ---------------------------------------------------------------
 

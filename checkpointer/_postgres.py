@@ -89,10 +89,11 @@ import msgspec
 
 from . import _exit
 from ._encoding import Transcript
-from ._format import _MIDDLE, _PREFIX, _SUFFIX, FORMAT, CheckpointError, Meta, decode_checkpoint
+from ._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, decode_raw
 from ._journal import _END, _HEADER_HEAD, _META_HEAD, _assemble, _scan
 from ._lock import KeyLocked, LockHolder, StaleWrite
 from ._stores import check_key
+from ._values import CheckpointError, Meta
 
 if TYPE_CHECKING:
     import argparse
@@ -729,7 +730,7 @@ class PostgresStore:
                 )
             state = assemble_journal(meta_json, [row[4] for row in rows], self.location(key))
             fmt = FORMAT  # the rows assembled are an envelope of this library's format
-        return b"".join([b'{"format":%d,"meta":' % fmt, meta_json, _MIDDLE, state, _SUFFIX])
+        return b"".join([b'{"format":%d,"meta":' % fmt, meta_json, MIDDLE, state, SUFFIX])
 
     def keys(self) -> list[str]:
         rows = self._run(lambda c: c.execute(self._sql["keys"]).fetchall())
@@ -1308,9 +1309,9 @@ class PostgresStore:
         """The format, the meta JSON and the state JSON of an envelope."""
         if (
             len(chunks) >= 4
-            and chunks[0] == _PREFIX
-            and chunks[2] == _MIDDLE
-            and chunks[-1] == _SUFFIX
+            and chunks[0] == PREFIX
+            and chunks[2] == MIDDLE
+            and chunks[-1] == SUFFIX
         ):
             # The writer's envelope: the meta, then the state in one or more
             # pieces (a transcript's cached messages), joined here in the
@@ -1319,7 +1320,7 @@ class PostgresStore:
             return FORMAT, bytes(chunks[1]), bytes(state)
         data = b"".join(chunks)
         try:
-            checkpoint = decode_checkpoint(data, self.location(key), msgspec.Raw)
+            checkpoint = decode_raw(data, self.location(key))
         except Exception as exc:
             raise ValueError(f"not a checkpoint envelope for {key!r}: {exc}") from None
         meta = msgspec.json.encode(checkpoint.meta)

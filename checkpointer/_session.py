@@ -16,30 +16,10 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
-from ._format import Snapshot, WriterInfo
-from ._results import Failed
+from ._values import Failed, Prepared, Snapshot, WriterInfo
 from ._version import VERSION
 
 __all__ = ["Prepare", "Prepared", "check_parent", "run_prepare", "session_meta"]
-
-
-class Prepared(msgspec.Struct, frozen=True, kw_only=True):
-    """What a ``prepare`` step made of a snapshot: the one to encode.
-
-    Attributes:
-        snapshot: the snapshot to write (a repaired copy, or the original).
-        repaired: tool calls that had no result and were closed with one.
-        settled: items that were still running and were settled as errors.
-        turns: assistant messages in the state to write (``Meta.turns``),
-            or None when the step does not count them.
-    """
-
-    snapshot: Snapshot
-    repaired: int = 0
-    settled: int = 0
-    turns: int | None = None
 
 
 Prepare = Callable[[Any], Prepared | Failed]

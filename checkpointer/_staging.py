@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ._encoding import Transcript, new_epoch, state_pieces
-from ._format import Meta
+from ._values import Meta
 
 __all__: list[str] = []  # private to the journals
 

@@ -44,10 +44,10 @@ import anyio
 import msgspec
 
 from ._atomic import write_atomic
-from ._format import CheckpointError
 from ._safefs import check_root, open_dir, open_subdir, read_checked, refuse_unless_replaceable
 from ._stores import FileStore, check_key
 from ._transcript import starts_with_results
+from ._values import CheckpointError
 
 __all__ = [
     "SUMMARY_PREFIX",

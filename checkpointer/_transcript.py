@@ -87,9 +87,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias
 
 import msgspec
 
-from ._format import Snapshot
-from ._results import Failed
-from ._session import Prepared
+from ._values import Failed, Prepared, Snapshot
 
 __all__ = [
     "CLOSED_CALL_TEXT",

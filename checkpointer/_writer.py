@@ -56,13 +56,24 @@ import msgspec
 from . import _exit
 from ._clock import Clock, MonotonicClock
 from ._codec import Staged, commit_deadline, state_store
-from ._format import Checkpoint, CheckpointError, Meta, NewerVersionError, Snapshot
+from ._format.versions import newer_state
 from ._lock import KeyLocked, KeyLocks, StaleWrite
-from ._results import Failed, Result, Skipped, WriterStatistics, Written
 from ._schedule import IDLE, WRITE, Outcome, Scheduler
-from ._session import Prepare, Prepared, run_prepare, session_meta
+from ._session import Prepare, run_prepare, session_meta
 from ._stores import ProbingStore, Store
-from ._versions import newer_state
+from ._values import (
+    Checkpoint,
+    CheckpointError,
+    Failed,
+    Meta,
+    NewerVersionError,
+    Prepared,
+    Result,
+    Skipped,
+    Snapshot,
+    WriterStatistics,
+    Written,
+)
 
 __all__ = ["CheckpointWriter"]
 

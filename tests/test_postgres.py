@@ -42,8 +42,9 @@ from checkpointer import (
     load,
 )
 from checkpointer._cli import main as cli_main
-from checkpointer._format import Meta, decode_checkpoint, envelope_chunks
+from checkpointer._format.envelope import decode_checkpoint, envelope_chunks
 from checkpointer._postgres import SCHEMA_VERSION
+from checkpointer._values import Meta
 
 from .pg import Cluster, find_binaries
 

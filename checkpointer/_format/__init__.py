@@ -1,0 +1,8 @@
+"""The on-disk formats: bytes to values and back, with no I/O.
+
+* ``envelope``: a checkpoint file (and a PostgreSQL row's bytes).
+* ``versions``: the caller's state versions: newer refused, older migrated.
+
+Imports only ``_values``, ``_version`` and msgspec; the stores and ``load``
+build on it (``tests/test_layers.py`` keeps that so).
+"""

@@ -67,7 +67,10 @@ _COMPACTION = """
     from datetime import UTC, datetime
     from benchmarks.bench_postgres import _session
     from checkpointer import Meta, PostgresJournalStore, PostgresStore, Transcript
-    from checkpointer._codec import state_store
+    try:
+        from checkpointer._stores.envelopes import state_store
+    except ImportError:  # a copy from before the package layout (--code)
+        from checkpointer._codec import state_store
 
     mib, schema = int(sys.argv[1]), sys.argv[2]
     state = _session(mib << 20)

@@ -1,15 +1,23 @@
 """checkpointer: debounced, durable checkpoints for async agent sessions."""
 
 from ._clock import Clock, MonotonicClock
-from ._codec import Staged, StateStore
-from ._encoding import Transcript
 from ._format.versions import Migration
 from ._journal import JournalStatistics, JournalStore
 from ._load import load
-from ._lock import KeyLock, KeyLocked, LockHolder, LockingStore
 from ._pgjournal import PostgresJournalStore
 from ._postgres import KeyLockedError, PostgresStore, PostgresStoreError, StaleWriteError
-from ._stores import FileStore, ProbingStore, Store
+from ._stores.base import (
+    KeyLock,
+    KeyLocked,
+    LockHolder,
+    LockingStore,
+    ProbingStore,
+    Staged,
+    StateStore,
+    Store,
+)
+from ._stores.encoding import Transcript
+from ._stores.files import FileStore
 from ._summary import (
     SummaryCheckpoint,
     SummaryFailed,

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 
 from ._load import load
-from ._stores import FileStore
+from ._stores.files import FileStore
 from ._values import Snapshot
 from ._writer import CheckpointWriter
 

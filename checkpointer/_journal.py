@@ -62,13 +62,13 @@ from typing import NamedTuple
 
 import msgspec
 
-from ._atomic import write_all, write_atomic
-from ._codec import time_left
-from ._encoding import Transcript
 from ._format.envelope import FORMAT, check_format, newer_format
-from ._safefs import open_checked, read_checked, read_fd
 from ._staging import _absent, _Delta, _Full, _Prefixes, _Track
-from ._stores import FileStore, check_key
+from ._stores.atomic import fsync_fd, write_all, write_atomic
+from ._stores.base import check_key, time_left
+from ._stores.encoding import Transcript
+from ._stores.files import FileStore
+from ._stores.safefs import open_checked, read_checked, read_fd
 from ._text import oserror
 from ._values import Checkpoint, CheckpointError, Meta, TornTail
 
@@ -510,7 +510,7 @@ class JournalStore(_Prefixes, FileStore):
             linked = st.st_nlink > 1
             if scan.torn is not None and not linked:
                 os.ftruncate(fd, scan.end)
-                os.fsync(fd)
+                fsync_fd(fd)
                 logger.info(
                     "checkpointer: %s: removed an unfinished append (%d bytes from line %d)",
                     path,
@@ -647,7 +647,7 @@ class JournalStore(_Prefixes, FileStore):
                 raise OSError(f"{self.location(key)} changed while appending; will rewrite it")
             try:
                 write_all(fd, pieces)
-                os.fsync(fd)
+                fsync_fd(fd)
             except BaseException:
                 # Never fsync this file again (FACTS.md): the next commit rewrites it.
                 self._tracks[key] = track._replace(broken=True)

@@ -19,10 +19,10 @@ from typing import Any
 
 import msgspec
 
-from ._codec import Envelopes, StateStore
 from ._format.envelope import decode_state
 from ._format.versions import decode_versioned
-from ._stores import Store
+from ._stores.base import StateStore, Store
+from ._stores.envelopes import Envelopes
 from ._values import Checkpoint
 
 __all__ = ["load"]

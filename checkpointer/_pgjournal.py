@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ._codec import Envelopes
-from ._encoding import Transcript
 from ._format.envelope import decode_raw
 from ._journal import _COMPACTION_HEAD, _MESSAGE_HEAD, _STATE_HEAD
 from ._postgres import _JOURNAL_FORMAT, PostgresStore
 from ._staging import _Delta, _Full, _Prefixes, _Track
-from ._stores import check_key
+from ._stores.base import check_key
+from ._stores.encoding import Transcript
+from ._stores.envelopes import Envelopes
 from ._values import Checkpoint, CheckpointError, Meta
 
 if TYPE_CHECKING:

@@ -88,11 +88,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 import msgspec
 
 from . import _exit
-from ._encoding import Transcript
 from ._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, decode_raw
 from ._journal import _END, _HEADER_HEAD, _META_HEAD, _assemble, _scan
-from ._lock import KeyLocked, LockHolder, StaleWrite
-from ._stores import check_key
+from ._stores.base import KeyLocked, LockHolder, StaleWrite, check_key
+from ._stores.encoding import Transcript
 from ._values import CheckpointError, Meta
 
 if TYPE_CHECKING:

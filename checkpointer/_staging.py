@@ -32,7 +32,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from ._encoding import Transcript, new_epoch, state_pieces
+from ._stores.encoding import Transcript, new_epoch, state_pieces
 from ._values import Meta
 
 __all__: list[str] = []  # private to the journals

@@ -43,9 +43,16 @@ from typing import Any, Literal
 import anyio
 import msgspec
 
-from ._atomic import write_atomic
-from ._safefs import check_root, open_dir, open_subdir, read_checked, refuse_unless_replaceable
-from ._stores import FileStore, check_key
+from ._stores.atomic import write_atomic
+from ._stores.base import check_key
+from ._stores.files import FileStore
+from ._stores.safefs import (
+    check_root,
+    open_dir,
+    open_subdir,
+    read_checked,
+    refuse_unless_replaceable,
+)
 from ._transcript import starts_with_results
 from ._values import CheckpointError
 

@@ -55,12 +55,12 @@ import msgspec
 
 from . import _exit
 from ._clock import Clock, MonotonicClock
-from ._codec import Staged, commit_deadline, state_store
 from ._format.versions import newer_state
-from ._lock import KeyLocked, KeyLocks, StaleWrite
+from ._keylocks import KeyLocks
 from ._schedule import IDLE, WRITE, Outcome, Scheduler
 from ._session import Prepare, run_prepare, session_meta
-from ._stores import ProbingStore, Store
+from ._stores.base import KeyLocked, ProbingStore, Staged, StaleWrite, Store, commit_deadline
+from ._stores.envelopes import state_store
 from ._values import (
     Checkpoint,
     CheckpointError,

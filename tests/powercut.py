@@ -72,7 +72,7 @@ from checkpointer import (
     load_summary,
     summary_path,
 )
-from checkpointer._lock import probe_file_lock
+from checkpointer._stores.flock import probe_file_lock
 from checkpointer._summary import _safe_watermark
 from tests._powerfs import HANG_GUARD, MODELS, PowerFS
 from tests.children.powercut_child import (

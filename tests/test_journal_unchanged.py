@@ -23,12 +23,12 @@ from checkpointer import (
     Skipped,
     Snapshot,
     Written,
-    _atomic,
     _journal,
     _staging,
     load,
 )
-from checkpointer._codec import commit_deadline
+from checkpointer._stores import atomic as _atomic
+from checkpointer._stores.base import commit_deadline
 
 from .conftest import FakeClock
 from .test_journal import Msg, as_json, kinds, loaded, meta, rows

@@ -21,7 +21,7 @@ import pytest
 
 from checkpointer import FileStore, JournalStore, SummaryCheckpoint, load_summary
 from checkpointer import write_summary as write_summary_checkpoint
-from checkpointer._atomic import makedirs_durable
+from checkpointer._stores.atomic import makedirs_durable
 from checkpointer._summary import _safe_watermark
 
 from . import powercut

@@ -23,7 +23,7 @@ from checkpointer import (
     validate_history,
     write_summary,
 )
-from checkpointer._atomic import write_atomic
+from checkpointer._stores.atomic import write_atomic
 
 from .transcripts import Chat, Messages
 

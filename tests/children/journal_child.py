@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 
-import checkpointer._atomic as atomic_module
 import checkpointer._journal as journal_module
+import checkpointer._stores.atomic as atomic_module
 from checkpointer import CheckpointWriter, JournalStore, Snapshot, Written
 
 KEY = "s1"

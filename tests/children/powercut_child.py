@@ -34,10 +34,11 @@ from typing import Any
 import anyio
 import msgspec
 
-import checkpointer._atomic
 import checkpointer._journal
-import checkpointer._lock
-import checkpointer._stores
+import checkpointer._stores.atomic
+import checkpointer._stores.files
+import checkpointer._stores.flock
+import checkpointer._stores.safefs
 import checkpointer._summary
 from checkpointer import (
     Checkpoint,
@@ -56,8 +57,8 @@ from checkpointer import (
     load_summary,
     write_summary,
 )
-from checkpointer._atomic import _TEMP_RE
-from checkpointer._lock import KeyLock
+from checkpointer._stores.atomic import _TEMP_RE
+from checkpointer._stores.base import KeyLock
 from checkpointer._summary import _safe_watermark
 from tests.torture import KEY, ReportingStore, _say, file_leftovers, state_for
 
@@ -174,10 +175,11 @@ def _mutate(kind: str) -> None:
 
     os.fsync = fsync
     modules = (
-        checkpointer._atomic,
+        checkpointer._stores.atomic,
         checkpointer._journal,
-        checkpointer._lock,
-        checkpointer._stores,
+        checkpointer._stores.files,
+        checkpointer._stores.flock,
+        checkpointer._stores.safefs,
         checkpointer._summary,
     )
     for module in modules:

@@ -1,6 +1,9 @@
-"""How the writer hands states to stores: staged on the loop, committed in a worker.
+"""``Envelopes``: any bytes ``Store`` as a ``StateStore``, one envelope per checkpoint.
 
-The writer never encodes a state itself.  It asks a ``StateStore`` to
+How the writer hands states to stores: staged on the loop, committed in a worker.
+
+The writer never encodes a state itself.  It asks a ``StateStore``
+(``base.py``) to
 *stage* the state on the caller's thread (the event loop for the async path:
 the only place the state may be read safely, and where msgspec holds the GIL
 anyway), then, in one worker-thread hop under its I/O lock, to *commit* the
@@ -22,109 +25,21 @@ own (``JournalStore``) waits no longer than ``time_left()``.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import operator
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
-from ._encoding import Transcript, state_pieces
-from ._format.envelope import decode_meta, decode_raw, envelope_chunks
-from ._stores import Store
-from ._text import oserror
-from ._values import Checkpoint, CheckpointError, Meta
+from .._format.envelope import decode_meta, decode_raw, envelope_chunks
+from .._text import oserror
+from .._values import Checkpoint, CheckpointError, Meta
+from .base import Staged, StateStore, Store
+from .encoding import Transcript, state_pieces
 
-__all__ = [
-    "Envelopes",
-    "Staged",
-    "StateStore",
-    "commit_deadline",
-    "state_store",
-    "time_left",
-]
-
-_deadline = threading.local()
-
-
-@contextlib.contextmanager
-def commit_deadline(timeout: float) -> Iterator[None]:
-    """Bound, on this thread, the waits of the store calls made inside the block.
-
-    Args:
-        timeout: seconds from now; negative means no bound.
-    """
-    previous = getattr(_deadline, "at", None)
-    _deadline.at = None if timeout < 0 else time.monotonic() + timeout
-    try:
-        yield
-    finally:
-        _deadline.at = previous
-
-
-def time_left() -> float:
-    """Seconds left before this thread's ``commit_deadline``: -1 when there is none.
-
-    Suits ``threading.Lock.acquire(timeout=time_left())``.
-    """
-    at: float | None = getattr(_deadline, "at", None)
-    if at is None:
-        return -1
-    return max(0.0, at - time.monotonic())
-
-
-class Staged(Protocol):
-    """A state staged on the caller's thread, ready for ``StateStore.commit``."""
-
-    def content(self) -> object:
-        """What would be stored, for the writer's "unchanged" check.
-
-        Two staged states of a key compare equal (``==``) only if committing
-        either stores the same state.  Called in the worker thread.
-        """
-        ...
-
-
-@runtime_checkable
-class StateStore(Protocol):
-    """A store that takes states, not bytes: it encodes and lays them out itself.
-
-    The writer calls ``stage`` on the caller's thread and the other methods
-    from a worker thread (or the thread of ``flush_sync``), one at a time
-    per writer, under its I/O lock.
-    """
-
-    def stage(self, key: str, state: Any) -> Staged:
-        """Encode what must be read from ``state`` now (caller's thread)."""
-        ...
-
-    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
-        """Store a staged state durably; return the bytes written.
-
-        Raises OSError (or CheckpointError for a file it cannot trust) on
-        failure; the previous checkpoint is then still loadable.
-        """
-        ...
-
-    def read_meta(self, key: str) -> Meta | None:
-        """The meta of ``key``'s checkpoint, or None; CheckpointError if untrusted."""
-        ...
-
-    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
-        """Store ``update(meta)`` with the state unchanged; None if no checkpoint."""
-        ...
-
-    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
-        """The checkpoint of ``key``, its state as raw JSON; None if none.
-
-        ``load()`` decodes (and migrates) the state.  Raises CheckpointError
-        for a checkpoint that cannot be trusted, or cannot be read.
-        """
-        ...
-
+__all__ = ["KEEP_BYTES", "Envelopes", "state_store"]
 
 KEEP_BYTES = 64 * 1024 * 1024
 """States encoded to at most this many bytes are compared byte for byte."""

@@ -2,7 +2,6 @@
 
 from ._clock import Clock, MonotonicClock
 from ._format.versions import Migration
-from ._journal import JournalStatistics, JournalStore
 from ._load import load
 from ._pgjournal import PostgresJournalStore
 from ._postgres import KeyLockedError, PostgresStore, PostgresStoreError, StaleWriteError
@@ -18,6 +17,7 @@ from ._stores.base import (
 )
 from ._stores.encoding import Transcript
 from ._stores.files import FileStore
+from ._stores.journal.file import JournalStatistics, JournalStore
 from ._summary import (
     SummaryCheckpoint,
     SummaryFailed,

@@ -31,11 +31,11 @@ import anyio
 import msgspec
 
 from . import _pgcli
-from ._journal import JournalStore
 from ._load import load
 from ._stores.base import KEY_PATTERN, KeyLocked, check_key
 from ._stores.files import FileStore
 from ._stores.flock import LockProbe, probe_file_lock
+from ._stores.journal.file import JournalStore
 from ._stores.safefs import UnsafeFile, describe, read_checked
 from ._transcript import HistoryProblem, validate_history
 from ._values import CheckpointError

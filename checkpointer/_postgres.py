@@ -89,7 +89,7 @@ import msgspec
 
 from . import _exit
 from ._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, decode_raw
-from ._journal import _END, _HEADER_HEAD, _META_HEAD, _assemble, _scan
+from ._format.journal import assemble_rows
 from ._stores.base import KeyLocked, LockHolder, StaleWrite, check_key
 from ._stores.encoding import Transcript
 from ._values import CheckpointError, Meta
@@ -727,7 +727,7 @@ class PostgresStore:
                     f"a journal head of format {fmt}, newer than this library reads "
                     f"({_JOURNAL_FORMAT}); upgrade agent-checkpointer to load it",
                 )
-            state = assemble_journal(meta_json, [row[4] for row in rows], self.location(key))
+            state = assemble_rows(meta_json, [row[4] for row in rows], self.location(key))
             fmt = FORMAT  # the rows assembled are an envelope of this library's format
         return b"".join([b'{"format":%d,"meta":' % fmt, meta_json, MIDDLE, state, SUFFIX])
 
@@ -1336,23 +1336,6 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def assemble_journal(meta_json: bytes, bodies: Sequence[bytes | None], where: str) -> bytes:
-    """The state of a journal key from its rows (a compaction first), as JSON.
-
-    The rows are the file journal's lines, so its reader checks and
-    assembles them; the head's meta closes them as a ``meta`` line would.
-
-    Raises:
-        CheckpointError: the rows are not a journal (no compaction first, a
-            damaged row).
-    """
-    lines = [b"".join([_HEADER_HEAD, meta_json, _END])]
-    lines.extend(body + b"\n" for body in bodies if body is not None)
-    lines.append(b"".join([_META_HEAD, meta_json, _END]))
-    data = b"".join(lines)
-    return _assemble(_scan(data, where), where)
 
 
 def _describe(params: dict[str, Any]) -> str:

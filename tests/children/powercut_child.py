@@ -34,10 +34,10 @@ from typing import Any
 import anyio
 import msgspec
 
-import checkpointer._journal
 import checkpointer._stores.atomic
 import checkpointer._stores.files
 import checkpointer._stores.flock
+import checkpointer._stores.journal.file
 import checkpointer._stores.safefs
 import checkpointer._summary
 from checkpointer import (
@@ -176,7 +176,7 @@ def _mutate(kind: str) -> None:
     os.fsync = fsync
     modules = (
         checkpointer._stores.atomic,
-        checkpointer._journal,
+        checkpointer._stores.journal.file,
         checkpointer._stores.files,
         checkpointer._stores.flock,
         checkpointer._stores.safefs,

@@ -3,8 +3,6 @@
 from ._clock import Clock, MonotonicClock
 from ._format.versions import Migration
 from ._load import load
-from ._pgjournal import PostgresJournalStore
-from ._postgres import KeyLockedError, PostgresStore, PostgresStoreError, StaleWriteError
 from ._stores.base import (
     KeyLock,
     KeyLocked,
@@ -18,6 +16,9 @@ from ._stores.base import (
 from ._stores.encoding import Transcript
 from ._stores.files import FileStore
 from ._stores.journal.file import JournalStatistics, JournalStore
+from ._stores.postgres.errors import KeyLockedError, PostgresStoreError, StaleWriteError
+from ._stores.postgres.journal import PostgresJournalStore
+from ._stores.postgres.store import PostgresStore
 from ._summary import (
     SummaryCheckpoint,
     SummaryFailed,

@@ -960,7 +960,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--backend", choices=["asyncio", "trio"], default="asyncio", help="(%(default)s)"
     )
     demo.set_defaults(run=cmd_demo)
-    from ._postgres import add_command  # imports no psycopg
+    from ._pgcommand import add_command  # imports no psycopg
 
     add_command(commands)
     return parser

@@ -26,7 +26,7 @@ from ._load import load
 from ._values import CheckpointError
 
 if TYPE_CHECKING:
-    from ._postgres import PostgresStore
+    from ._stores.postgres.store import PostgresStore
 
 __all__ = ["is_dsn", "run", "settle_root"]
 
@@ -65,7 +65,8 @@ def settle_root(args: argparse.Namespace) -> None:
 def run(command: str, args: argparse.Namespace) -> int:
     """Run ``command`` against the store ``args.root`` names; the exit status."""
     try:
-        from ._postgres import PostgresStore, PostgresStoreError
+        from ._stores.postgres.errors import PostgresStoreError
+        from ._stores.postgres.store import PostgresStore
 
         store = PostgresStore(args.root, schema=args.schema, create_schema=False)
     except (ImportError, ValueError) as exc:

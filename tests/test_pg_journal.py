@@ -26,7 +26,7 @@ from checkpointer import (
     Written,
     load,
 )
-from checkpointer._postgres import _SCHEMA_SQL, SCHEMA_VERSION
+from checkpointer._stores.postgres.schema import _SCHEMA_SQL, SCHEMA_VERSION
 
 from . import test_postgres as _pg
 from .conftest import FakeClock
@@ -494,7 +494,7 @@ def test_an_early_version_2_schema_is_migrated_to_3(
     pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
 ) -> None:
     """Schema 2 as first made (a row sequence, heads of format 1): rows kept, appends go on."""
-    from checkpointer._postgres import _MIGRATE_2_SQL
+    from checkpointer._stores.postgres.schema import _MIGRATE_2_SQL
 
     q = f'"{schema}"'
     old = make_journal()

@@ -20,7 +20,7 @@ same journal core (``_stores/journal/core.py``):
   one transaction updates the head, deletes the key's rows and inserts one
   compaction row.
 * ``read_checkpoint``: the head and the rows from the last compaction on,
-  in one statement, assembled by the file journal's reader.
+  in one statement, assembled by the journal reader (``_format/journal.py``).
 
 A failed commit forgets what the store knew of the key (its answer may have
 been lost after the server committed), so the next commit is a compaction.
@@ -33,15 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ._format.envelope import decode_raw
-from ._format.journal import ROW_END
-from ._postgres import _JOURNAL_FORMAT, PostgresStore
-from ._stores.base import check_key
-from ._stores.encoding import Transcript
-from ._stores.envelopes import Envelopes
-from ._stores.journal.core import JournalCore
-from ._stores.journal.staging import Full, Track
-from ._values import Checkpoint, CheckpointError, Meta
+from ..._format.envelope import decode_raw
+from ..._format.journal import ROW_END
+from ..._values import Checkpoint, CheckpointError, Meta
+from ..base import check_key
+from ..encoding import Transcript
+from ..envelopes import Envelopes
+from ..journal.core import JournalCore
+from ..journal.staging import Full, Track
+from .schema import JOURNAL_FORMAT
+from .store import PostgresStore
 
 if TYPE_CHECKING:
     import psycopg
@@ -177,7 +178,7 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         return {
             "key": key,
             "seq": meta.seq,
-            "format": _JOURNAL_FORMAT,
+            "format": JOURNAL_FORMAT,
             "meta": _ENCODER.encode(meta).decode(),
             "state": b"null",  # so an older reader sees a whole envelope, of a newer format
             "writer": self._writer_id,

@@ -19,16 +19,11 @@ from ._stores.journal.file import JournalStatistics, JournalStore
 from ._stores.postgres.errors import KeyLockedError, PostgresStoreError, StaleWriteError
 from ._stores.postgres.journal import PostgresJournalStore
 from ._stores.postgres.store import PostgresStore
-from ._summary import (
-    SummaryCheckpoint,
-    SummaryFailed,
-    collapse,
-    load_summary,
-    resume_context,
-    summary_path,
-    write_summary,
-)
-from ._transcript import (
+from ._stores.summaries import load_summary, summary_path, write_summary
+from ._summary import collapse
+from ._transcript.fingerprint import transcript_fingerprint
+from ._transcript.history import count_turns, validate_history
+from ._transcript.messages import (
     CLOSED_CALL_TEXT,
     INTERRUPTED_TEXT,
     ChatMessage,
@@ -40,13 +35,10 @@ from ._transcript import (
     ToolFunction,
     ToolResultBlock,
     ToolUseBlock,
-    close_dangling_tool_calls,
-    count_turns,
-    settle_running,
-    transcript_fingerprint,
-    transcript_prepare,
-    validate_history,
 )
+from ._transcript.prepare import transcript_prepare
+from ._transcript.repair import close_dangling_tool_calls, settle_running
+from ._transcript.summary import resume_context
 from ._values import (
     Checkpoint,
     CheckpointError,
@@ -57,6 +49,8 @@ from ._values import (
     Result,
     Skipped,
     Snapshot,
+    SummaryCheckpoint,
+    SummaryFailed,
     TornTail,
     WriterInfo,
     WriterStatistics,

@@ -37,7 +37,8 @@ from ._stores.files import FileStore
 from ._stores.flock import LockProbe, probe_file_lock
 from ._stores.journal.file import JournalStore
 from ._stores.safefs import UnsafeFile, describe, read_checked
-from ._transcript import HistoryProblem, validate_history
+from ._transcript.history import validate_history
+from ._transcript.messages import HistoryProblem
 from ._values import CheckpointError
 
 __all__ = ["main", "parse_duration"]

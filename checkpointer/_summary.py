@@ -1,228 +1,27 @@
-"""Summary checkpoints: a long session collapsed to a summary and a tail.
+"""Summary checkpoints: a long session collapsed to a summary and a tail (``collapse``).
 
-Everything before a *watermark* index of the transcript is replaced by a
-distilled summary; only the messages from the watermark on are replayed.
-The summary lives beside the session at ``<root>/sessions/<key>/checkpoint.md``
-as Markdown with a YAML front matter, so a memory indexer that reads
-front-matter files picks it up unchanged::
-
-    ---
-    name: "session-42 checkpoint"
-    description: "Summary of the first 120 messages of session session-42; ..."
-    metadata:
-      type: checkpoint
-      watermark: 120
-      createdAt: "2025-05-01T12:00:00.123456Z"
-      coveredMessages: 120
-    ---
-    <the summary, verbatim>
-
-No YAML library is needed: the front matter has a fixed shape, strings are
-written as JSON strings (a JSON string is a valid YAML double-quoted
-scalar), and the reader parses just that shape: keys, one nested mapping,
-and the three flow scalars (plain, single- and double-quoted, with YAML's
-escapes), which may run over several lines, folded as YAML folds them.  So a
-file re-saved by a YAML tool still loads: ``yaml.safe_dump`` wraps the long
-``description`` at 80 columns.  The body is the summary byte for byte: it
-may hold ``---`` lines, since the front matter ends at its first ``---``
-line and none of its own values can contain one.
+The async step: the caller's summarizer runs on the event loop, the file is
+written in a worker thread.  Where the history is cut and how the context
+is resumed: ``_transcript/summary.py``; the file: ``_stores/summaries.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import json
-import os
-import re
-import string
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import anyio
-import msgspec
 
-from ._stores.atomic import write_atomic
+from ._format.summary import not_text
 from ._stores.base import check_key
-from ._stores.files import FileStore
-from ._stores.safefs import (
-    check_root,
-    open_dir,
-    open_subdir,
-    read_checked,
-    refuse_unless_replaceable,
-)
-from ._transcript import starts_with_results
-from ._values import CheckpointError
+from ._stores.summaries import Root, summary_path, write_summary
+from ._text import describe_error
+from ._transcript.summary import safe_watermark
+from ._values import SummaryCheckpoint, SummaryFailed
 
-__all__ = [
-    "SUMMARY_PREFIX",
-    "SummaryCheckpoint",
-    "SummaryFailed",
-    "collapse",
-    "load_summary",
-    "resume_context",
-    "summary_path",
-    "write_summary",
-]
-
-SUMMARY_PREFIX = "Summary of the earlier part of this conversation:"
-"""How the default summary message of ``resume_context`` starts."""
-
-
-class SummaryCheckpoint(msgspec.Struct, frozen=True):
-    """A session collapsed up to ``watermark``.
-
-    Attributes:
-        watermark: the index of the first transcript message *not* covered:
-            the resumed context is the summary, then ``messages[watermark:]``.
-        summary: the distilled text, any length, any characters.
-        created_at: when the summary was made, timezone-aware (stored as UTC).
-        covered_messages: how many original messages the summary stands
-            for (the watermark, unless summaries were chained).
-    """
-
-    watermark: int
-    summary: str
-    created_at: datetime
-    covered_messages: int
-
-
-class SummaryFailed(msgspec.Struct, frozen=True, kw_only=True):
-    """``collapse`` wrote nothing.
-
-    Attributes:
-        reason: ``"summarize-failed"`` (the caller's function raised or
-            returned something other than a str) or ``"write-failed"``.
-        error: one line naming what failed.
-        exception: the exception itself, to re-raise or inspect.
-    """
-
-    reason: Literal["summarize-failed", "write-failed"]
-    error: str
-    exception: BaseException
-
-
-Root = str | os.PathLike[str] | FileStore
-
-
-def summary_path(root: Root, key: str) -> str:
-    """Where the summary checkpoint of ``key`` lives under ``root``.
-
-    ``root`` is a directory or a ``FileStore`` (its root is used).
-
-    Raises:
-        ValueError: ``key`` is not a valid key.
-    """
-    check_key(key)
-    base = root.root if isinstance(root, FileStore) else os.fspath(root)
-    return os.path.join(base, "sessions", key, "checkpoint.md")
-
-
-def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
-    """Write ``checkpoint`` atomically and durably; return its path.
-
-    Blocking: from async code, run it in a worker thread (``collapse`` does).
-
-    Raises:
-        ValueError: a bad key, a negative count, a naive ``created_at``, or a
-            summary that is not Unicode text (a lone surrogate).
-        TypeError: a field of the wrong type.
-        OSError: the write failed; the previous file, if any, is intact.
-    """
-    path = summary_path(root, key)
-    for name in ("watermark", "covered_messages"):
-        value = getattr(checkpoint, name)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {value!r}")
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
-    if not isinstance(checkpoint.summary, str):
-        raise TypeError(f"summary must be a str, got {type(checkpoint.summary).__name__}")
-    problem = _not_text(checkpoint.summary)
-    if problem is not None:
-        raise ValueError(problem)
-    created = checkpoint.created_at
-    if not isinstance(created, datetime) or created.utcoffset() is None:
-        raise ValueError(f"created_at must be a timezone-aware datetime, got {created!r}")
-    front = "\n".join(
-        [
-            "---",
-            f"name: {_quote(f'{key} checkpoint')}",
-            "description: "
-            + _quote(
-                f"Summary of the first {checkpoint.covered_messages} messages of session "
-                f"{key}; the transcript resumes at message {checkpoint.watermark}."
-            ),
-            "metadata:",
-            "  type: checkpoint",
-            f"  watermark: {checkpoint.watermark}",
-            f"  createdAt: {_quote(_iso(created))}",
-            f"  coveredMessages: {checkpoint.covered_messages}",
-            "---",
-            "",
-        ]
-    )
-    data = (front + checkpoint.summary).encode("utf-8")
-    # sessions/ and sessions/<key>/ are made 0700 like a FileStore's root,
-    # each durably (a new directory needs its parent fsynced to survive a
-    # power cut), and opened without following a link, each relative to its
-    # parent; the write goes through the last descriptor (see _safefs).
-    sessions = os.path.dirname(os.path.dirname(path))
-    root = os.path.dirname(sessions) or "."
-    check_root(root)
-    with _dirs(root, sessions, key, create=True) as directory:
-        refuse_unless_replaceable(path, dir_fd=directory)
-        write_atomic(path, [data], dir_fd=directory)
-    return path
-
-
-@contextlib.contextmanager
-def _dirs(root: str, sessions: str, key: str, *, create: bool) -> Iterator[int]:
-    """A descriptor of ``<root>/sessions/<key>``, reached without following links below root."""
-    fds = [open_dir(root, create=create)]
-    try:
-        fds.append(open_subdir(fds[-1], "sessions", sessions, create=create))
-        fds.append(open_subdir(fds[-1], key, os.path.join(sessions, key), create=create))
-        yield fds[-1]
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def load_summary(root: Root, key: str) -> SummaryCheckpoint | None:
-    """Load the summary checkpoint of ``key``; None if there is none.
-
-    Raises:
-        ValueError: ``key`` is not a valid key.
-        CheckpointError: the file exists but cannot be read or is not a
-            summary checkpoint (``.path`` is the file, ``.reason`` says why).
-    """
-    path = summary_path(root, key)
-    sessions = os.path.dirname(os.path.dirname(path))
-    try:
-        with _dirs(os.path.dirname(sessions) or ".", sessions, key, create=False) as directory:
-            data = read_checked(path, dir_fd=directory)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise CheckpointError(path, f"cannot be read: {_unreadable(exc, path)}") from None
-    if data is None:
-        return None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CheckpointError(path, f"not UTF-8 text: {exc}") from None
-    return _parse(text, path)
-
-
-def _unreadable(exc: OSError, path: str) -> str:
-    """Why ``path`` cannot be read, naming the directory on the way when that was the trouble."""
-    why = exc.strerror or str(exc)
-    if exc.strerror and exc.filename and os.fspath(exc.filename) != path:
-        return f"{exc.filename}: {why}"  # sessions/ or sessions/<key>/ (changed while opened)
-    return why
+__all__ = ["collapse"]
 
 
 async def collapse(
@@ -260,7 +59,7 @@ async def collapse(
     check_key(key)
     if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
         raise ValueError(f"keep_last must be an int >= 0, got {keep_last!r}")
-    watermark = _safe_watermark(messages, keep_last)
+    watermark = safe_watermark(messages, keep_last)
     if watermark == 0:
         return None
     try:
@@ -269,12 +68,14 @@ async def collapse(
             summary = await summary
     except Exception as exc:
         return SummaryFailed(
-            reason="summarize-failed", error=f"summarize() raised {_one_line(exc)}", exception=exc
+            reason="summarize-failed",
+            error=f"summarize() raised {describe_error(exc, width=None)}",
+            exception=exc,
         )
     if not isinstance(summary, str):
         error = f"summarize() returned {type(summary).__name__}, expected str"
         return SummaryFailed(reason="summarize-failed", error=error, exception=TypeError(error))
-    problem = _not_text(summary)
+    problem = not_text(summary)
     if problem is not None:
         error = f"summarize() returned a str that cannot be stored: {problem}"
         return SummaryFailed(reason="summarize-failed", error=error, exception=ValueError(error))
@@ -284,297 +85,7 @@ async def collapse(
     except OSError as exc:
         return SummaryFailed(
             reason="write-failed",
-            error=f"cannot write {summary_path(root, key)}: {_one_line(exc)}",
+            error=f"cannot write {summary_path(root, key)}: {describe_error(exc, width=None)}",
             exception=exc,
         )
     return checkpoint
-
-
-def resume_context(
-    messages: Sequence[Any],
-    checkpoint: SummaryCheckpoint | None,
-    *,
-    make_message: Callable[[str], Any] | None = None,
-) -> list[Any]:
-    """The context to send on resume: the summary as one message, then the tail.
-
-    Args:
-        messages: the whole transcript (as loaded).
-        checkpoint: the summary checkpoint, or None (then a copy of
-            ``messages`` is returned).
-        make_message: builds the summary message from its text; by default
-            ``{"role": "user", "content": SUMMARY_PREFIX + "\\n\\n" + summary}``,
-            which both message styles accept.
-
-    Raises:
-        ValueError: the watermark lies past the end of ``messages`` (the
-            transcript is older than the summary: resume from it in full).
-    """
-    if checkpoint is None:
-        return list(messages)
-    if checkpoint.watermark > len(messages):
-        raise ValueError(
-            f"the summary covers messages up to {checkpoint.watermark}, but the transcript "
-            f"has {len(messages)}: the transcript is older than the summary; resume from "
-            "the full transcript instead"
-        )
-    text = f"{SUMMARY_PREFIX}\n\n{checkpoint.summary}"
-    first = make_message(text) if make_message is not None else {"role": "user", "content": text}
-    return [first, *messages[checkpoint.watermark :]]
-
-
-# -- helpers -------------------------------------------------------------------
-
-
-def _safe_watermark(messages: Sequence[Any], keep_last: int) -> int:
-    watermark = max(0, len(messages) - keep_last)
-    # With keep_last=0 the tail is empty: there is nothing it could start with.
-    while 0 < watermark < len(messages) and starts_with_results(messages[watermark]):
-        watermark -= 1
-    return watermark
-
-
-def _not_text(summary: str) -> str | None:
-    """Why ``summary`` cannot be written as UTF-8 (a lone surrogate), or None."""
-    try:
-        summary.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return (
-            f"it holds a lone surrogate {summary[exc.start]!r} at index {exc.start}, which "
-            "UTF-8 cannot encode (text decoded with errors='surrogateescape'?); "
-            "clean it first, e.g. summary.encode('utf-8', 'replace').decode()"
-        )
-    return None
-
-
-def _quote(text: str) -> str:
-    # A JSON string is a YAML double-quoted scalar with the same value.
-    return json.dumps(text, ensure_ascii=True)
-
-
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-_LINE = re.compile(
-    r"^(?P<indent> *)(?P<key>[A-Za-z_][A-Za-z0-9_-]*):(?:[ \t]+(?P<value>.*?))?[ \t]*$"
-)
-_INT = re.compile(r"^[+-]?[0-9]+$")
-
-
-def _parse(text: str, path: str) -> SummaryCheckpoint:
-    lines = text.split("\n")
-    if lines[0].rstrip("\r") != "---":
-        raise CheckpointError(path, "does not start with a '---' front matter fence")
-    end = next((i for i in range(1, len(lines)) if lines[i].rstrip("\r") == "---"), None)
-    if end is None:
-        raise CheckpointError(path, "the front matter has no closing '---' line")
-    top = _front_matter([line.rstrip("\r") for line in lines[1:end]], path)
-    meta = top.get("metadata")
-    if not isinstance(meta, dict):
-        raise CheckpointError(path, "the front matter has no 'metadata' mapping")
-    if meta.get("type") != "checkpoint":
-        raise CheckpointError(path, f"metadata.type is {meta.get('type')!r}, not 'checkpoint'")
-    numbers = {}
-    for name in ("watermark", "coveredMessages"):
-        value = meta.get(name)
-        if not isinstance(value, int) or value < 0:
-            raise CheckpointError(path, f"metadata.{name} must be an integer >= 0, got {value!r}")
-        numbers[name] = value
-    created = meta.get("createdAt")
-    try:
-        moment = datetime.fromisoformat(created) if isinstance(created, str) else None
-    except ValueError:
-        moment = None
-    if moment is None or moment.utcoffset() is None:
-        raise CheckpointError(
-            path, f"metadata.createdAt must be an ISO 8601 time with a zone, got {created!r}"
-        )
-    body = text[sum(len(line) + 1 for line in lines[: end + 1]) :]
-    return SummaryCheckpoint(
-        watermark=numbers["watermark"],
-        summary=body,
-        created_at=moment.astimezone(UTC),
-        covered_messages=numbers["coveredMessages"],
-    )
-
-
-def _front_matter(lines: list[str], path: str) -> dict[str, Any]:
-    """The mapping of the front matter's lines (line 2 of the file is ``lines[0]``)."""
-    top: dict[str, Any] = {}
-    section: dict[str, Any] | None = None
-    at = 0
-    while at < len(lines):
-        number, line = at + 2, lines[at]
-        at += 1
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        match = _LINE.match(line)
-        if match is None:
-            raise CheckpointError(path, f"line {number}: not a 'key: value' line: {line!r:.80}")
-        indent, key, value = len(match["indent"]), match["key"], match["value"] or None
-        if value is not None:
-            value, used = _scalar(value, lines, at, indent, path, number)
-            at += used
-        if not indent:
-            if value is None:
-                section = top[key] = {}
-            else:
-                section = None
-                top[key] = value
-        elif section is None:
-            raise CheckpointError(path, f"line {number}: indented {key!r} belongs to no mapping")
-        elif value is None:
-            raise CheckpointError(path, f"line {number}: {key!r} nests deeper than expected")
-        else:
-            section[key] = value
-    return top
-
-
-def _scalar(
-    first: str, lines: list[str], at: int, indent: int, path: str, number: int
-) -> tuple[Any, int]:
-    """The scalar that starts with ``first`` and may go on in ``lines[at:]``.
-
-    A quoted scalar goes on until its closing quote, a plain one over the
-    lines indented deeper than its key (``indent``), as YAML has it: the
-    line breaks are folded (one break is a space, each blank line a newline,
-    the white space around a break dropped; in double quotes an escaped
-    break joins the lines).  Returns the value and the lines used after the
-    first.
-    """
-    quote = first[0] if first[0] in "\"'" else ""
-    if not quote:
-        used = 0
-        raw = [_plain_part(first)]
-        while at + used < len(lines) and raw[-1] is not None:
-            line = lines[at + used]
-            if line.strip() and len(line) - len(line.lstrip(" ")) <= indent:
-                break  # the next key
-            used += 1
-            raw.append(_plain_part(line) if line.strip() else "")
-        parts = [part for part in raw if part is not None]
-        while len(parts) > 1 and not parts[-1]:
-            parts.pop()  # blank lines after it are not part of it
-            used -= 1
-        value = _fold("\n".join(parts), quote="")
-        return (int(value) if _INT.match(value) else value), used
-    text, used = first, 0
-    while (close := _closing(text, quote)) < 0:
-        if at + used >= len(lines):
-            raise CheckpointError(path, f"line {number}: a {_QUOTES[quote]} string never closed")
-        line = lines[at + used]
-        if line.strip() and len(line) - len(line.lstrip(" ")) <= indent:
-            raise CheckpointError(path, f"line {number}: a {_QUOTES[quote]} string never closed")
-        text += "\n" + line
-        used += 1
-    rest = text[close + 1 :].strip()
-    if rest and not rest.startswith("#"):
-        raise CheckpointError(path, f"line {number}: text after a {_QUOTES[quote]} string")
-    try:
-        value = _fold(text[1:close], quote=quote)
-    except ValueError as exc:
-        raise CheckpointError(
-            path, f"line {number}: a bad {_QUOTES[quote]} string: {exc}"
-        ) from None
-    with contextlib.suppress(UnicodeError):  # "\\ud83d\\ude80", as JSON writes it: one character
-        value = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
-    return value, used
-
-
-_QUOTES = {'"': "double-quoted", "'": "single-quoted"}
-
-
-def _plain_part(line: str) -> str | None:
-    """A line of a plain scalar up to a comment; None for a comment line (the scalar ends)."""
-    stripped = line.strip()
-    if stripped.startswith("#"):
-        return None
-    cut = re.search(r"[ \t]#", stripped)
-    return stripped[: cut.start()] if cut else stripped
-
-
-def _closing(text: str, quote: str) -> int:
-    """The index of the quote closing the scalar ``text`` opens, or -1."""
-    at = 1
-    while at < len(text):
-        char = text[at]
-        if quote == '"' and char == "\\":
-            at += 2
-            continue
-        if char == quote:
-            if quote == "'" and text[at + 1 : at + 2] == "'":
-                at += 2  # '' is one quote
-                continue
-            return at
-        at += 1
-    return -1
-
-
-_ESCAPES = {
-    "0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\n", "v": "\v",
-    "f": "\f", "r": "\r", "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\",
-    "N": "\x85", "_": "\xa0", "L": "\u2028", "P": "\u2029",
-}  # fmt: skip
-_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
-
-
-def _fold(raw: str, *, quote: str) -> str:
-    """A flow scalar's content (between its quotes) with its line breaks folded.
-
-    Raises:
-        ValueError: a bad escape in a double-quoted scalar.
-    """
-    out: list[str] = []
-    space = ""  # white space so far, dropped if a line break follows it
-    at, end = 0, len(raw)
-    while at < end:
-        char = raw[at]
-        if char in " \t":
-            space += char
-            at += 1
-            continue
-        if char == "\n":
-            space, blank = "", 0
-            at += 1
-            while True:
-                while at < end and raw[at] in " \t":
-                    at += 1
-                if at < end and raw[at] == "\n":
-                    blank += 1
-                    at += 1
-                    continue
-                break
-            out.append("\n" * blank if blank else " ")
-            continue
-        out.append(space)
-        space = ""
-        if quote == '"' and char == "\\":
-            escape = raw[at + 1 : at + 2]
-            if escape == "\n":  # an escaped line break: the lines join
-                at += 2
-                while at < end and raw[at] in " \t":
-                    at += 1
-                continue
-            if escape in _ESCAPES:
-                out.append(_ESCAPES[escape])
-                at += 2
-                continue
-            size = _HEX_ESCAPES.get(escape, 0)
-            digits = raw[at + 2 : at + 2 + size]
-            if not size or len(digits) != size or not all(c in string.hexdigits for c in digits):
-                raise ValueError(f"unknown escape {raw[at : at + 2 + size]!r}")
-            out.append(chr(int(digits, 16)))
-            at += 2 + size
-            continue
-        if quote == "'" and char == "'":
-            at += 1  # the first of '', which stands for one quote
-        out.append(raw[at])
-        at += 1
-    out.append(space)
-    return "".join(out)

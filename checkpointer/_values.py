@@ -10,6 +10,8 @@ to import another for them.
   ``TornTail``, ``WriterInfo``; ``CheckpointError`` and
   ``NewerVersionError`` for one that cannot be trusted.
 * What a prepare step makes of a snapshot: ``Prepared``.
+* What a summary checkpoint is: ``SummaryCheckpoint``, and ``SummaryFailed``
+  when ``collapse`` wrote none.
 * What a write returns: an expected outcome is a value, never an
   exception: a write is ``Written``, ``Skipped`` or ``Failed``.  All are
   cheap to build, compare and log.  ``WriterStatistics`` is what a writer
@@ -35,6 +37,8 @@ __all__ = [
     "SkipReason",
     "Skipped",
     "Snapshot",
+    "SummaryCheckpoint",
+    "SummaryFailed",
     "TornTail",
     "WriterInfo",
     "WriterStatistics",
@@ -186,6 +190,42 @@ class Prepared(msgspec.Struct, frozen=True, kw_only=True):
     repaired: int = 0
     settled: int = 0
     turns: int | None = None
+
+
+# -- summary checkpoints ---------------------------------------------------------
+
+
+class SummaryCheckpoint(msgspec.Struct, frozen=True):
+    """A session collapsed up to ``watermark``.
+
+    Attributes:
+        watermark: the index of the first transcript message *not* covered:
+            the resumed context is the summary, then ``messages[watermark:]``.
+        summary: the distilled text, any length, any characters.
+        created_at: when the summary was made, timezone-aware (stored as UTC).
+        covered_messages: how many original messages the summary stands
+            for (the watermark, unless summaries were chained).
+    """
+
+    watermark: int
+    summary: str
+    created_at: datetime
+    covered_messages: int
+
+
+class SummaryFailed(msgspec.Struct, frozen=True, kw_only=True):
+    """``collapse`` wrote nothing.
+
+    Attributes:
+        reason: ``"summarize-failed"`` (the caller's function raised or
+            returned something other than a str) or ``"write-failed"``.
+        error: one line naming what failed.
+        exception: the exception itself, to re-raise or inspect.
+    """
+
+    reason: Literal["summarize-failed", "write-failed"]
+    error: str
+    exception: BaseException
 
 
 # -- what a write returns ----------------------------------------------------------

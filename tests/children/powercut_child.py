@@ -39,7 +39,7 @@ import checkpointer._stores.files
 import checkpointer._stores.flock
 import checkpointer._stores.journal.file
 import checkpointer._stores.safefs
-import checkpointer._summary
+import checkpointer._stores.summaries
 from checkpointer import (
     Checkpoint,
     CheckpointError,
@@ -59,7 +59,7 @@ from checkpointer import (
 )
 from checkpointer._stores.atomic import _TEMP_RE
 from checkpointer._stores.base import KeyLock
-from checkpointer._summary import _safe_watermark
+from checkpointer._transcript.summary import safe_watermark
 from tests.torture import KEY, ReportingStore, _say, file_leftovers, state_for
 
 __all__ = ["KEEP_LAST", "MUTATIONS", "STORES", "run_child", "summary_bytes", "summary_text"]
@@ -180,7 +180,7 @@ def _mutate(kind: str) -> None:
         checkpointer._stores.files,
         checkpointer._stores.flock,
         checkpointer._stores.safefs,
-        checkpointer._summary,
+        checkpointer._stores.summaries,
     )
     for module in modules:
         for function in vars(module).values():
@@ -338,7 +338,7 @@ async def _summarize(root: str, n: int, max_bytes: int) -> None:
 
 
 def _summarize_sync(root: str, n: int, max_bytes: int) -> None:
-    watermark = _safe_watermark(state_for(n, max_bytes)["messages"], KEEP_LAST)
+    watermark = safe_watermark(state_for(n, max_bytes)["messages"], KEEP_LAST)
     if watermark == 0:
         return
     text = summary_text(n, summary_bytes(max_bytes))

@@ -1,6 +1,5 @@
 """checkpointer: debounced, durable checkpoints for async agent sessions."""
 
-from ._clock import Clock, MonotonicClock
 from ._format.versions import Migration
 from ._load import load
 from ._stores.base import (
@@ -20,7 +19,6 @@ from ._stores.postgres.errors import KeyLockedError, PostgresStoreError, StaleWr
 from ._stores.postgres.journal import PostgresJournalStore
 from ._stores.postgres.store import PostgresStore
 from ._stores.summaries import load_summary, summary_path, write_summary
-from ._summary import collapse
 from ._transcript.fingerprint import transcript_fingerprint
 from ._transcript.history import count_turns, validate_history
 from ._transcript.messages import (
@@ -57,7 +55,9 @@ from ._values import (
     Written,
 )
 from ._version import VERSION
-from ._writer import CheckpointWriter
+from ._writer.clock import Clock, MonotonicClock
+from ._writer.collapse import collapse
+from ._writer.service import CheckpointWriter
 
 __all__ = [
     "CLOSED_CALL_TEXT",

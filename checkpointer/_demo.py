@@ -16,7 +16,7 @@ import anyio
 from ._load import load
 from ._stores.files import FileStore
 from ._values import Snapshot
-from ._writer import CheckpointWriter
+from ._writer.service import CheckpointWriter
 
 __all__ = ["EventBus", "run_demo"]
 

@@ -39,8 +39,8 @@ from checkpointer import (
     _exit,
     load,
 )
-from checkpointer._keylocks import KeyLocks
 from checkpointer._stores.flock import acquire_file_lock, probe_file_lock
+from checkpointer._writer.keylocks import KeyLocks
 
 from .pg import Cluster, find_binaries
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import os
 
-from ._stores.base import KeyLock, KeyLocked, LockingStore
-from ._values import Failed
+from .._stores.base import KeyLock, KeyLocked, LockingStore
+from .._values import Failed
 
 __all__ = ["KeyLocks"]
 

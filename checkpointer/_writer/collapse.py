@@ -2,7 +2,8 @@
 
 The async step: the caller's summarizer runs on the event loop, the file is
 written in a worker thread.  Where the history is cut and how the context
-is resumed: ``_transcript/summary.py``; the file: ``_stores/summaries.py``.
+is resumed: ``_transcript/summary.py``; the file: ``_stores/summaries.py``;
+the value: ``_values.SummaryCheckpoint``.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import Any
 
 import anyio
 
-from ._format.summary import not_text
-from ._stores.base import check_key
-from ._stores.summaries import Root, summary_path, write_summary
-from ._text import describe_error
-from ._transcript.summary import safe_watermark
-from ._values import SummaryCheckpoint, SummaryFailed
+from .._format.summary import not_text
+from .._stores.base import check_key
+from .._stores.summaries import Root, summary_path, write_summary
+from .._text import describe_error
+from .._transcript.summary import safe_watermark
+from .._values import SummaryCheckpoint, SummaryFailed
 
 __all__ = ["collapse"]
 

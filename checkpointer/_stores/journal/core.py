@@ -22,7 +22,7 @@ written.  See ``JournalCore``.
 
 Bounded growth (like Redis's AOF rewrite): ``live`` is the size of the
 key's last compaction (a file's header and compaction rows); an append
-that would take the key past ``threshold(live)`` =
+that would take the key past ``_threshold(live)`` =
 ``max(rewrite_min_bytes, rewrite_factor * live)`` is written as a
 compaction instead (for a file: a fresh file).
 """
@@ -101,7 +101,7 @@ class JournalCore:
         self._tracks = {}
         self._witness_lock = threading.Lock()  # see _new_messages
 
-    def threshold(self, live: int) -> int:
+    def _threshold(self, live: int) -> int:
         """The size past which a journal whose live content is ``live`` bytes is compacted."""
         return max(self.rewrite_min_bytes, int(self.rewrite_factor * live))
 
@@ -262,7 +262,7 @@ class JournalCore:
             rows.append(meta_row(meta_json, end))
             kinds.append("meta")
         nbytes = sum(map(len, rows))
-        if track.broken or track.size + nbytes > self.threshold(track.live):
+        if track.broken or track.size + nbytes > self._threshold(track.live):
             return self._compact(key, track, meta, delta.as_full(), rewrite=True)
         self._append_rows(key, track, meta, kinds, rows, nbytes)
         self._appended(key, track, meta, delta, nbytes)

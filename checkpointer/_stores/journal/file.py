@@ -136,6 +136,10 @@ class JournalStore(JournalCore, FileStore):
     def __repr__(self) -> str:
         return f"JournalStore({self.root!r})"
 
+    def threshold(self, live: int) -> int:
+        """The size past which a journal whose live content is ``live`` bytes is rewritten."""
+        return self._threshold(live)
+
     def statistics(self, key: str | None = None) -> JournalStatistics:
         """The store's counters, and the sizes of ``key``'s journal if given."""
         track = None if key is None else self._tracks.get(key)

@@ -26,7 +26,7 @@ import anyio
 import msgspec
 
 from checkpointer import CheckpointWriter, FileStore, Snapshot, Written
-from checkpointer._codec import KEEP_BYTES
+from checkpointer._stores.envelopes import KEEP_BYTES
 
 from ._harness import Report, Table, paired, ratio, scratch_dir, stat
 from ._recipes import transcript_of, write_floor

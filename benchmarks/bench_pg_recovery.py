@@ -66,9 +66,11 @@ _COMPACTION = """
     sys.path.append(os.environ["BENCH_ROOT"])
     from datetime import UTC, datetime
     from benchmarks.bench_postgres import _session
-    from checkpointer import PostgresJournalStore, PostgresStore, Transcript
-    from checkpointer._codec import state_store
-    from checkpointer._format import Meta
+    from checkpointer import Meta, PostgresJournalStore, PostgresStore, Transcript
+    try:
+        from checkpointer._stores.envelopes import state_store
+    except ImportError:  # a copy from before the package layout (--code)
+        from checkpointer._codec import state_store
 
     mib, schema = int(sys.argv[1]), sys.argv[2]
     state = _session(mib << 20)

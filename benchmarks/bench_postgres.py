@@ -57,7 +57,8 @@ from checkpointer import (
     Transcript,
     Written,
 )
-from checkpointer._format import Meta, envelope_chunks
+from checkpointer._format.envelope import envelope_chunks
+from checkpointer._values import Meta
 
 from ._harness import Report, Table, ratio, scratch_dir, stat
 

@@ -1,35 +1,27 @@
 """checkpointer: debounced, durable checkpoints for async agent sessions."""
 
-from ._clock import Clock, MonotonicClock
-from ._codec import Staged, StateStore
-from ._encoding import Transcript
-from ._format import (
-    Checkpoint,
-    CheckpointError,
-    Meta,
-    NewerVersionError,
-    Snapshot,
-    TornTail,
-    WriterInfo,
-    load,
+from ._format.versions import Migration
+from ._load import load
+from ._stores.base import (
+    KeyLock,
+    KeyLocked,
+    LockHolder,
+    LockingStore,
+    ProbingStore,
+    Staged,
+    StateStore,
+    Store,
 )
-from ._journal import JournalStatistics, JournalStore
-from ._lock import KeyLock, KeyLocked, LockHolder, LockingStore
-from ._pgjournal import PostgresJournalStore
-from ._postgres import KeyLockedError, PostgresStore, PostgresStoreError, StaleWriteError
-from ._results import Failed, Result, Skipped, WriterStatistics, Written
-from ._session import Prepared
-from ._stores import FileStore, ProbingStore, Store
-from ._summary import (
-    SummaryCheckpoint,
-    SummaryFailed,
-    collapse,
-    load_summary,
-    resume_context,
-    summary_path,
-    write_summary,
-)
-from ._transcript import (
+from ._stores.encoding import Transcript
+from ._stores.files import FileStore
+from ._stores.journal.file import JournalStatistics, JournalStore
+from ._stores.postgres.errors import KeyLockedError, PostgresStoreError, StaleWriteError
+from ._stores.postgres.journal import PostgresJournalStore
+from ._stores.postgres.store import PostgresStore
+from ._stores.summaries import load_summary, summary_path, write_summary
+from ._transcript.fingerprint import transcript_fingerprint
+from ._transcript.history import count_turns, validate_history
+from ._transcript.messages import (
     CLOSED_CALL_TEXT,
     INTERRUPTED_TEXT,
     ChatMessage,
@@ -41,16 +33,31 @@ from ._transcript import (
     ToolFunction,
     ToolResultBlock,
     ToolUseBlock,
-    close_dangling_tool_calls,
-    count_turns,
-    settle_running,
-    transcript_fingerprint,
-    transcript_prepare,
-    validate_history,
+)
+from ._transcript.prepare import transcript_prepare
+from ._transcript.repair import close_dangling_tool_calls, settle_running
+from ._transcript.summary import resume_context
+from ._values import (
+    Checkpoint,
+    CheckpointError,
+    Failed,
+    Meta,
+    NewerVersionError,
+    Prepared,
+    Result,
+    Skipped,
+    Snapshot,
+    SummaryCheckpoint,
+    SummaryFailed,
+    TornTail,
+    WriterInfo,
+    WriterStatistics,
+    Written,
 )
 from ._version import VERSION
-from ._versions import Migration
-from ._writer import CheckpointWriter
+from ._writer.clock import Clock, MonotonicClock
+from ._writer.collapse import collapse
+from ._writer.service import CheckpointWriter
 
 __all__ = [
     "CLOSED_CALL_TEXT",

@@ -39,6 +39,10 @@ only chain, the way they do with no writer open; a writer the child opens
 itself registers as usual.  Each writer also checks its pid before any
 write (``CheckpointWriter._forked``), for a signal landing in the child
 before this hook has run.
+
+The one answer to "what happens on SIGTERM?": ``_Handler``.  The hooks know
+a writer only as a ``Flushable`` and import nothing of the library, so a
+store may mark its calls ``busy()`` without importing the writer.
 """
 
 from __future__ import annotations
@@ -51,18 +55,36 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ._writer import CheckpointWriter
-
-__all__ = ["HANDLED_SIGNALS", "busy", "register", "run_deferred", "unregister"]
+__all__ = ["HANDLED_SIGNALS", "Flushable", "busy", "register", "run_deferred", "unregister"]
 
 logger = logging.getLogger("checkpointer")
 
 HANDLED_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGHUP)
 
-_writers: list[CheckpointWriter[Any]] = []
+
+class Flushable(Protocol):
+    """A writer, as the exit hooks see it (a ``CheckpointWriter`` registers one).
+
+    Called from atexit and from a signal handler on the main thread: none
+    of them may wait for a lock the interrupted code could hold.
+    """
+
+    def flush_at_exit(self) -> None:
+        """Write the final checkpoint at interpreter exit; let the key go."""
+        ...
+
+    def flush_at_signal(self) -> None:
+        """Write the final checkpoint in a signal handler (the process dies next)."""
+        ...
+
+    def busy_on(self, thread_id: int) -> bool:
+        """Whether the thread ``thread_id`` is inside one of this writer's writes."""
+        ...
+
+
+_writers: list[Flushable] = []
 _deferred: list[tuple[_Handler, int]] = []
 _registry_lock = threading.Lock()  # never taken inside a signal handler
 _busy: dict[int, int] = {}  # thread id -> store calls in progress on it (see busy)
@@ -82,20 +104,20 @@ class _Handler:
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         me = threading.get_ident()
         writers = list(_writers)
-        if me in _busy or any(w._busy_on(me) for w in writers):
+        if me in _busy or any(w.busy_on(me) for w in writers):
             # This thread is inside a writer's own write: finish it first.
             _deferred.append((self, signum))
             return
         for writer in writers:
-            writer._flush_at_signal()
+            writer.flush_at_signal()
         _chain(self.previous, signum, frame)
 
 
-def register(writer: CheckpointWriter[Any]) -> None:
+def register(writer: Flushable) -> None:
     """Flush ``writer`` at exit and on SIGTERM/SIGHUP until ``unregister``."""
     with _registry_lock:
         _writers.append(writer)
-        atexit.register(writer._flush_at_exit)
+        atexit.register(writer.flush_at_exit)
         if threading.current_thread() is threading.main_thread():
             for signum in HANDLED_SIGNALS:
                 current = signal.getsignal(signum)
@@ -103,14 +125,14 @@ def register(writer: CheckpointWriter[Any]) -> None:
                     signal.signal(signum, _Handler(current))
 
 
-def unregister(writer: CheckpointWriter[Any]) -> None:
+def unregister(writer: Flushable) -> None:
     """Undo ``register``; restore the signal handlers we replaced if we can."""
     with _registry_lock:
         try:
             _writers.remove(writer)
         except ValueError:
             return
-        atexit.unregister(writer._flush_at_exit)
+        atexit.unregister(writer.flush_at_exit)
         if _writers or threading.current_thread() is not threading.main_thread():
             return
         for signum in HANDLED_SIGNALS:
@@ -125,7 +147,7 @@ def run_deferred() -> None:
     if not _deferred or threading.current_thread() is not threading.main_thread():
         return
     me = threading.get_ident()
-    if me in _busy or any(w._busy_on(me) for w in list(_writers)):
+    if me in _busy or any(w.busy_on(me) for w in list(_writers)):
         return
     while _deferred:
         handler, signum = _deferred.pop(0)
@@ -137,7 +159,7 @@ def _after_fork_in_child() -> None:
     global _registry_lock
     _registry_lock = threading.Lock()
     for writer in _writers:
-        atexit.unregister(writer._flush_at_exit)
+        atexit.unregister(writer.flush_at_exit)
     _writers.clear()
     _deferred.clear()
 

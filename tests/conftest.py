@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from checkpointer import FileStore
-from checkpointer._atomic import write_atomic
+from checkpointer._stores.atomic import write_atomic
 
 # Tests start child processes from several threads at once; CPython's vfork
 # path then failed here now and then with EFAULT ("Bad address") in Popen.

@@ -72,8 +72,8 @@ from checkpointer import (
     load_summary,
     summary_path,
 )
-from checkpointer._lock import probe_file_lock
-from checkpointer._summary import _safe_watermark
+from checkpointer._stores.flock import probe_file_lock
+from checkpointer._transcript.summary import safe_watermark
 from tests._powerfs import HANG_GUARD, MODELS, PowerFS
 from tests.children.powercut_child import (
     KEEP_LAST,
@@ -121,7 +121,7 @@ def check_summary(root: str, max_bytes: int, floor: list[int]) -> list[str]:
         return [f"the summary has no sequence number: {found.summary[:60]!r}"]
     n = int(head[2:])
     problems = []
-    watermark = _safe_watermark(state_for(n, max_bytes)["messages"], KEEP_LAST)
+    watermark = safe_watermark(state_for(n, max_bytes)["messages"], KEEP_LAST)
     if found.summary != summary_text(n, summary_bytes(max_bytes)):
         problems.append(f"the summary is not the summary of n={n} (mixed/torn)")
     if (found.watermark, found.covered_messages) != (watermark, watermark):

@@ -88,8 +88,8 @@ from checkpointer import (
     Written,
     load,
 )
-from checkpointer._codec import state_store
-from checkpointer._lock import KeyLock, LockingStore
+from checkpointer._stores.base import KeyLock, LockingStore
+from checkpointer._stores.envelopes import state_store
 
 __all__ = ["GROUPS", "STORES", "Summary", "main", "run", "run_one"]
 

@@ -21,7 +21,8 @@ import pytest
 
 from checkpointer import CheckpointWriter, FileStore, Snapshot
 from checkpointer._cli import main, parse_duration
-from checkpointer._lock import LockHolder, acquire_file_lock, probe_file_lock
+from checkpointer._stores.base import LockHolder
+from checkpointer._stores.flock import acquire_file_lock, probe_file_lock
 
 _SCRIPT = Path(sys.executable).with_name("checkpointer")
 CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "checkpointer"]
@@ -506,7 +507,7 @@ def flock_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(operation)
         real(fd, operation)
 
-    monkeypatch.setattr(fcntl, "flock", spy)  # the module checkpointer._lock calls
+    monkeypatch.setattr(fcntl, "flock", spy)  # the module checkpointer._stores.flock calls
     return calls
 
 

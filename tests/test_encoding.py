@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from checkpointer import FileStore, JournalStore, Meta, Transcript, load
-from checkpointer._atomic import write_all
-from checkpointer._codec import Envelopes
-from checkpointer._encoding import is_settled, state_pieces
+from checkpointer._stores.atomic import write_all
+from checkpointer._stores.encoding import is_settled, state_pieces
+from checkpointer._stores.envelopes import Envelopes
 
 NOW = datetime.datetime(2025, 1, 1, tzinfo=datetime.UTC)
 

@@ -36,7 +36,7 @@ from checkpointer import (
     Written,
     load,
 )
-from checkpointer._atomic import write_atomic
+from checkpointer._stores.atomic import write_atomic
 
 from .conftest import FakeClock, FaultyStore
 

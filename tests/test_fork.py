@@ -39,7 +39,8 @@ from checkpointer import (
     _exit,
     load,
 )
-from checkpointer._lock import KeyLocks, acquire_file_lock, probe_file_lock
+from checkpointer._stores.flock import acquire_file_lock, probe_file_lock
+from checkpointer._writer.keylocks import KeyLocks
 
 from .pg import Cluster, find_binaries
 

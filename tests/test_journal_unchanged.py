@@ -23,12 +23,12 @@ from checkpointer import (
     Skipped,
     Snapshot,
     Written,
-    _atomic,
-    _journal,
-    _staging,
     load,
 )
-from checkpointer._codec import commit_deadline
+from checkpointer._stores import atomic as _atomic
+from checkpointer._stores.base import commit_deadline
+from checkpointer._stores.journal import file as _journal
+from checkpointer._stores.journal import staging as _staging
 
 from .conftest import FakeClock
 from .test_journal import Msg, as_json, kinds, loaded, meta, rows
@@ -243,7 +243,7 @@ def test_an_unsettled_message_edited_in_place_is_a_compaction(tmp_path: Path) ->
     for seq, at in [(2, 0), (3, -1)]:
         messages[at]["content"] = f"edited {seq}"
         staged = store.stage("s1", state)
-        assert isinstance(staged, _staging._Full)
+        assert isinstance(staged, _staging.Full)
         store.commit("s1", meta(seq), staged)
         assert loaded(store).state == as_json(state)
 

@@ -27,9 +27,9 @@ from checkpointer import (
     Snapshot,
     Store,
     Written,
-    _lock,
     load,
 )
+from checkpointer._stores import flock as _lock
 
 from .conftest import FakeClock
 

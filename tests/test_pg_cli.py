@@ -13,7 +13,7 @@ import pytest
 
 from checkpointer import FileStore, Meta, PostgresJournalStore, PostgresStore, load
 from checkpointer._cli import main as cli_main
-from checkpointer._format import envelope_chunks
+from checkpointer._format.envelope import envelope_chunks
 
 from . import test_postgres as _pg
 from .pg import PASSWORD, USER, Cluster

@@ -26,7 +26,7 @@ from checkpointer import (
     Written,
     load,
 )
-from checkpointer._postgres import _SCHEMA_SQL, SCHEMA_VERSION
+from checkpointer._stores.postgres.schema import _SCHEMA_SQL, SCHEMA_VERSION
 
 from . import test_postgres as _pg
 from .conftest import FakeClock
@@ -240,7 +240,7 @@ def test_fencing_and_the_lock_hold_for_journal_commits(
 STALLER = """
     import os, sys, time
     from checkpointer import PostgresJournalStore
-    from checkpointer._format import Meta
+    from checkpointer._values import Meta
     from datetime import UTC, datetime
 
     class Stalling(PostgresJournalStore):
@@ -454,7 +454,8 @@ def test_a_version_1_worker_refuses_a_journal_key(
     pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
 ) -> None:
     """Version 1's read sees a newer format; its move-aside, delete and upsert fail; key intact."""
-    from checkpointer._format import _MIDDLE, _SUFFIX, CheckpointError, decode_checkpoint
+    from checkpointer._format.envelope import MIDDLE, SUFFIX, decode_checkpoint
+    from checkpointer._values import CheckpointError
 
     store = make_journal()
     session = Session()
@@ -467,9 +468,9 @@ def test_a_version_1_worker_refuses_a_journal_key(
         found = conn.execute(V1_READ.format(s=q), {"key": "s1"}, binary=True).fetchone()
         assert found is not None
         fmt, meta_json, state = found
-        envelope = b"".join([b'{"format":%d,"meta":' % fmt, meta_json.encode(), _MIDDLE, state])
+        envelope = b"".join([b'{"format":%d,"meta":' % fmt, meta_json.encode(), MIDDLE, state])
         with pytest.raises(CheckpointError, match=r"newer .*upgrade"):
-            decode_checkpoint(envelope + _SUFFIX, "v1")  # what load() of version 1 raised
+            decode_checkpoint(envelope + SUFFIX, "v1")  # what load() of version 1 raised
         # ... and what its writer did next (it moves a key it cannot read aside):
         for sql, params in (
             (V1_MOVE_ASIDE, {"key": "s1", "suffix": "corrupt-x"}),
@@ -493,7 +494,7 @@ def test_an_early_version_2_schema_is_migrated_to_3(
     pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
 ) -> None:
     """Schema 2 as first made (a row sequence, heads of format 1): rows kept, appends go on."""
-    from checkpointer._postgres import _MIGRATE_2_SQL
+    from checkpointer._stores.postgres.schema import _MIGRATE_2_SQL
 
     q = f'"{schema}"'
     old = make_journal()

@@ -42,8 +42,9 @@ from checkpointer import (
     load,
 )
 from checkpointer._cli import main as cli_main
-from checkpointer._format import Meta, decode_checkpoint, envelope_chunks
-from checkpointer._postgres import SCHEMA_VERSION
+from checkpointer._format.envelope import decode_checkpoint, envelope_chunks
+from checkpointer._stores.postgres.schema import SCHEMA_VERSION
+from checkpointer._values import Meta
 
 from .pg import Cluster, find_binaries
 
@@ -1011,7 +1012,7 @@ def test_the_documented_grants_are_enough(
 ) -> None:
     """After pg-schema, a role with only grants_sql()'s grants uses both stores fully."""
     from checkpointer import PostgresJournalStore
-    from checkpointer._postgres import grants_sql
+    from checkpointer._stores.postgres.schema import grants_sql
 
     role = "app_" + uuid.uuid4().hex[:8]
     with admin(pg) as conn:

@@ -21,8 +21,8 @@ import pytest
 
 from checkpointer import FileStore, JournalStore, SummaryCheckpoint, load_summary
 from checkpointer import write_summary as write_summary_checkpoint
-from checkpointer._atomic import makedirs_durable
-from checkpointer._summary import _safe_watermark
+from checkpointer._stores.atomic import makedirs_durable
+from checkpointer._transcript.summary import safe_watermark
 
 from . import powercut
 from ._powerfs import PowerDisk, PowerFS, label_kind, unavailable
@@ -253,7 +253,7 @@ def test_journal_writes_are_labelled_append_or_compaction(tmp_path: Path) -> Non
 
 
 def summary_at(root: Path, n: int, text: str | None = None) -> None:
-    watermark = _safe_watermark(state_for(n, SMALL)["messages"], KEEP_LAST)
+    watermark = safe_watermark(state_for(n, SMALL)["messages"], KEEP_LAST)
     body = summary_text(n, summary_bytes(SMALL)) if text is None else text
     checkpoint = SummaryCheckpoint(watermark, body, datetime(2024, 5, 1, tzinfo=UTC), watermark)
     write_summary_checkpoint(root, KEY, checkpoint)

@@ -27,7 +27,7 @@ from checkpointer import (
     transcript_prepare,
     validate_history,
 )
-from checkpointer._transcript import _Prefixes
+from checkpointer._transcript.prepare import _Prefixes
 
 from .transcripts import STYLES, Chat, Messages
 

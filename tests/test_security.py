@@ -50,14 +50,14 @@ from checkpointer import (
     SummaryFailed,
     Transcript,
     Written,
-    _safefs,
     collapse,
     load,
     load_summary,
     write_summary,
 )
 from checkpointer._cli import main as cli_main
-from checkpointer._safefs import UnreadableFile, read_fd
+from checkpointer._stores import safefs as _safefs
+from checkpointer._stores.safefs import UnreadableFile, read_fd
 
 KEY = "k"
 KINDS = ("symlink-to-file", "symlink-to-dir", "dangling-symlink", "fifo", "hard-link")

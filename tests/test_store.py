@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from checkpointer import FileStore, _atomic, load
-from checkpointer._atomic import sweep_temps, write_atomic
-from checkpointer._stores import check_key
+from checkpointer import FileStore, load
+from checkpointer._stores import atomic as _atomic
+from checkpointer._stores.atomic import sweep_temps, write_atomic
+from checkpointer._stores.base import check_key
 
 
 def tree(root: Path) -> dict[str, bytes | None]:
@@ -234,7 +235,8 @@ def other_run_tag() -> str:
 
 PID_ONE_CHILD = """
 import json, os, sys
-from checkpointer import FileStore, _atomic
+from checkpointer import FileStore
+from checkpointer._stores import atomic as _atomic
 
 real = _atomic._me()
 _atomic._me = lambda: (1, real[1])  # as if this process were pid 1 in a container

@@ -15,7 +15,6 @@ from checkpointer import (
     FileStore,
     SummaryCheckpoint,
     SummaryFailed,
-    _summary,
     collapse,
     load_summary,
     resume_context,
@@ -23,7 +22,9 @@ from checkpointer import (
     validate_history,
     write_summary,
 )
-from checkpointer._atomic import write_atomic
+from checkpointer._format import summary as _summary_format
+from checkpointer._stores.atomic import write_atomic
+from checkpointer._transcript.summary import SUMMARY_PREFIX
 
 from .transcripts import Chat, Messages
 
@@ -153,7 +154,7 @@ def test_the_reader_folds_flow_scalars_as_pyyaml_reads_them(width: int) -> None:
     values = {f"v{i}": text for i, text in enumerate(AWKWARD)}
     dumped = yaml.safe_dump({**values, "metadata": values}, width=width)
     assert yaml.safe_load(dumped) == {**values, "metadata": values}
-    assert _summary._front_matter(dumped.splitlines(), "front matter") == {
+    assert _summary_format._front_matter(dumped.splitlines(), "front matter") == {
         **values,
         "metadata": values,
     }
@@ -217,7 +218,7 @@ def test_written_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     def failing(path: str, chunks: Any, **kw: Any) -> int:
         return write_atomic(path, chunks, replace=replace, **kw)
 
-    monkeypatch.setattr("checkpointer._summary.write_atomic", failing)
+    monkeypatch.setattr("checkpointer._stores.summaries.write_atomic", failing)
     with pytest.raises(OSError, match="Input/output"):
         write_summary(tmp_path, "s", SummaryCheckpoint(9, "new summary", WHEN, 9))
     assert load_summary(tmp_path, "s") == old
@@ -274,7 +275,7 @@ async def test_collapse_then_resume(tmp_path: Path, style: Chat | Messages) -> N
     assert abs(result.created_at - datetime.now(UTC)) < timedelta(minutes=5)
     assert load_summary(tmp_path, "s") == result
     context = resume_context(history, result)
-    text = _summary.SUMMARY_PREFIX + "\n\n17 messages about trips"
+    text = SUMMARY_PREFIX + "\n\n17 messages about trips"
     assert context[0] == {"role": "user", "content": text}
     assert context[1:] == history[17:]
     assert validate_history(context) == []
@@ -329,7 +330,7 @@ async def test_keep_last_zero_summarizes_everything(tmp_path: Path) -> None:
     assert result.watermark == len(history)
     assert load_summary(tmp_path, "s") == result
     assert resume_context(history, result) == [
-        {"role": "user", "content": f"{_summary.SUMMARY_PREFIX}\n\n{len(history)} messages"}
+        {"role": "user", "content": f"{SUMMARY_PREFIX}\n\n{len(history)} messages"}
     ]
 
 
@@ -356,4 +357,4 @@ def test_resume_context_refuses_a_transcript_older_than_its_summary() -> None:
     with pytest.raises(ValueError, match="older than the summary"):
         resume_context([{"role": "user", "content": "x"}], SummaryCheckpoint(5, "s", WHEN, 5))
     made = resume_context([], SummaryCheckpoint(0, "s", WHEN, 0), make_message=lambda t: ("m", t))
-    assert made == [("m", _summary.SUMMARY_PREFIX + "\n\ns")]
+    assert made == [("m", SUMMARY_PREFIX + "\n\ns")]

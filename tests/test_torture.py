@@ -15,7 +15,8 @@ import msgspec
 import pytest
 
 from checkpointer import FileStore
-from checkpointer._format import Meta, envelope_chunks
+from checkpointer._format.envelope import envelope_chunks
+from checkpointer._values import Meta
 
 from . import torture
 from .torture import EPOCH, KEY, Reported, check, state_for

@@ -21,7 +21,7 @@ from checkpointer import (
     Written,
     load,
 )
-from checkpointer._lock import probe_file_lock
+from checkpointer._stores.flock import probe_file_lock
 from checkpointer._version import VERSION
 
 from .conftest import FakeClock

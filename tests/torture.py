@@ -82,9 +82,9 @@ from checkpointer import (
     Transcript,
     load,
 )
-from checkpointer._atomic import _TEMP_RE
-from checkpointer._codec import state_store
-from checkpointer._lock import KeyLock, LockingStore
+from checkpointer._stores.atomic import _TEMP_RE
+from checkpointer._stores.base import KeyLock, LockingStore
+from checkpointer._stores.envelopes import state_store
 
 KEY = "torture"
 HANG_GUARD = 30.0  # seconds; a hang guard, never a timing assertion

@@ -42,9 +42,9 @@ from checkpointer import (
     PostgresStoreError,
     load,
 )
-from checkpointer._lock import probe_file_lock
-from checkpointer._safefs import UnsafeFile, describe, read_checked
-from checkpointer._stores import KEY_PATTERN, check_key
+from checkpointer._stores.base import KEY_PATTERN, check_key
+from checkpointer._stores.flock import probe_file_lock
+from checkpointer._stores.safefs import UnsafeFile, describe, read_checked
 
 __all__ = [
     "EPOCH",
@@ -441,6 +441,6 @@ def open_root(root: str, *, dsn: str | None, schema: str) -> Root:
 
 def schema_sql(schema: str) -> str:
     """The SQL ``pg-schema`` runs (``pg-schema --sql``)."""
-    from checkpointer._postgres import schema_sql as sql
+    from checkpointer._stores.postgres.schema import schema_sql as sql
 
     return sql(schema)

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from checkpointer._atomic import _TEMP_RE
+from checkpointer._stores.atomic import _TEMP_RE
 
 __all__ = ["MODELS", "Dir", "File", "PowerDisk", "label_kind"]
 

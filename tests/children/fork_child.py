@@ -49,7 +49,7 @@ from typing import Any
 import anyio
 
 from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot, Store
-from checkpointer._postgres import PostgresStore
+from checkpointer._stores.postgres.store import PostgresStore
 
 KEY = "k"
 HANG = 30.0  # hang guard of every wait; the test kills us before

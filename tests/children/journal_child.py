@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 
-import checkpointer._atomic as atomic_module
-import checkpointer._journal as journal_module
+import checkpointer._stores.atomic as atomic_module
+import checkpointer._stores.journal.file as journal_module
 from checkpointer import CheckpointWriter, JournalStore, Snapshot, Written
 
 KEY = "s1"
@@ -82,7 +82,7 @@ def _die() -> None:
 
 def _arm(phase: str, at: int) -> None:
     """Make the ``at``-th rewrite (or append) die at ``phase``."""
-    names = vars(journal_module)  # the names _journal imported, to wrap
+    names = vars(journal_module)  # the names the journal store imported, to wrap
     real_write_atomic: Callable[..., int] = names["write_atomic"]
     real_write_all = atomic_module.write_all
     count = 0

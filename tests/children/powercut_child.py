@@ -34,11 +34,12 @@ from typing import Any
 import anyio
 import msgspec
 
-import checkpointer._atomic
-import checkpointer._journal
-import checkpointer._lock
-import checkpointer._stores
-import checkpointer._summary
+import checkpointer._stores.atomic
+import checkpointer._stores.files
+import checkpointer._stores.flock
+import checkpointer._stores.journal.file
+import checkpointer._stores.safefs
+import checkpointer._stores.summaries
 from checkpointer import (
     Checkpoint,
     CheckpointError,
@@ -56,9 +57,9 @@ from checkpointer import (
     load_summary,
     write_summary,
 )
-from checkpointer._atomic import _TEMP_RE
-from checkpointer._lock import KeyLock
-from checkpointer._summary import _safe_watermark
+from checkpointer._stores.atomic import _TEMP_RE
+from checkpointer._stores.base import KeyLock
+from checkpointer._transcript.summary import safe_watermark
 from tests.torture import KEY, ReportingStore, _say, file_leftovers, state_for
 
 __all__ = ["KEEP_LAST", "MUTATIONS", "STORES", "run_child", "summary_bytes", "summary_text"]
@@ -174,11 +175,12 @@ def _mutate(kind: str) -> None:
 
     os.fsync = fsync
     modules = (
-        checkpointer._atomic,
-        checkpointer._journal,
-        checkpointer._lock,
-        checkpointer._stores,
-        checkpointer._summary,
+        checkpointer._stores.atomic,
+        checkpointer._stores.journal.file,
+        checkpointer._stores.files,
+        checkpointer._stores.flock,
+        checkpointer._stores.safefs,
+        checkpointer._stores.summaries,
     )
     for module in modules:
         for function in vars(module).values():
@@ -336,7 +338,7 @@ async def _summarize(root: str, n: int, max_bytes: int) -> None:
 
 
 def _summarize_sync(root: str, n: int, max_bytes: int) -> None:
-    watermark = _safe_watermark(state_for(n, max_bytes)["messages"], KEEP_LAST)
+    watermark = safe_watermark(state_for(n, max_bytes)["messages"], KEEP_LAST)
     if watermark == 0:
         return
     text = summary_text(n, summary_bytes(max_bytes))

@@ -3,7 +3,8 @@
 A ``prepare`` step runs on each snapshot the writer is about to encode, on
 the same thread, after the fingerprint check: it may return a repaired copy
 of the snapshot (``Prepared``) or refuse it (``Failed``, the previous file
-stays).  ``transcript_prepare`` in ``_transcript`` is the one agents use.
+stays).  ``transcript_prepare`` (``_transcript/prepare.py``) is the one
+agents use.
 
 ``session_meta`` gives the fields the writer adds to ``Meta`` beyond seq and
 times: turns, parent, writer (pid, host), library and state versions.
@@ -16,30 +17,11 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
+from .._text import describe_error
+from .._values import Failed, Prepared, Snapshot, WriterInfo
+from .._version import VERSION
 
-from ._format import Snapshot, WriterInfo
-from ._results import Failed
-from ._version import VERSION
-
-__all__ = ["Prepare", "Prepared", "check_parent", "run_prepare", "session_meta"]
-
-
-class Prepared(msgspec.Struct, frozen=True, kw_only=True):
-    """What a ``prepare`` step made of a snapshot: the one to encode.
-
-    Attributes:
-        snapshot: the snapshot to write (a repaired copy, or the original).
-        repaired: tool calls that had no result and were closed with one.
-        settled: items that were still running and were settled as errors.
-        turns: assistant messages in the state to write (``Meta.turns``),
-            or None when the step does not count them.
-    """
-
-    snapshot: Snapshot
-    repaired: int = 0
-    settled: int = 0
-    turns: int | None = None
+__all__ = ["Prepare", "check_parent", "run_prepare", "session_meta"]
 
 
 Prepare = Callable[[Any], Prepared | Failed]
@@ -60,7 +42,7 @@ def run_prepare(prepare: Prepare | None, snapshot: Snapshot) -> Prepared | Faile
         try:
             prepared = prepare(snapshot)
         except Exception as exc:
-            return Failed("snapshot-failed", f"prepare() raised {_one_line(exc)}")
+            return Failed("snapshot-failed", f"prepare() raised {describe_error(exc)}")
     if isinstance(prepared, Prepared):
         return check_parent(prepared.snapshot) or prepared
     if isinstance(prepared, Failed):
@@ -102,10 +84,3 @@ def session_meta(prepared: Prepared, state_version: int) -> dict[str, Any]:
         "library_version": VERSION,
         "state_version": state_version,
     }
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    if len(text) > 300:
-        text = text[:297] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -315,7 +315,7 @@ def state_pieces(head: bytes, chunks: list[bytes], tail: bytes) -> list[bytes]:
     """The pieces of an encoded state, in order, to be written as they are.
 
     ``head + "[" + ",".join(chunks) + "]" + tail``, without the joins: the
-    stores write the pieces with ``os.writev`` (``_atomic.write_all``), so no
+    stores write the pieces with ``os.writev`` (``atomic.write_all``), so no
     large buffer is built, faulted in and freed while holding the GIL.
     Built with slice assignments: C speed, a few nanoseconds a message.
     """

@@ -1,4 +1,8 @@
-"""One writer per key: an OS advisory lock on ``<root>/<key>.lock``.
+"""One writer per key on a local disk: an OS advisory lock on ``<root>/<key>.lock``.
+
+``FileStore.lock`` (the ``LockingStore`` capability of ``base.py``) takes it;
+the writer holds it through ``_writer/keylocks.py``; the CLI looks at it
+with ``probe_file_lock``.
 
 Why ``fcntl.flock`` and not a pid file: the kernel releases the lock when the
 holder's last descriptor closes, and so when the holder dies, even by
@@ -34,8 +38,8 @@ parent holds its own, and it must be closed: otherwise a worker that
 outlives a SIGKILLed parent keeps the key locked.  So right after a fork
 the child closes the descriptor of every held ``FileKeyLock`` and forgets
 it, and ``release`` in a process other than the one that locked never
-unlocks or unlinks; ``KeyLocks`` forgets, without releasing, the locks of
-any store that a forked child inherited.
+unlocks or unlinks; the writer's ``KeyLocks`` forgets, without releasing,
+the locks of any store that a forked child inherited.
 
 A store that is not on a local filesystem brings its own lock by
 implementing ``LockingStore`` (a Postgres advisory lock, say); a store
@@ -53,23 +57,16 @@ import socket
 import time
 import weakref
 from datetime import UTC, datetime
-from typing import Protocol, runtime_checkable
 
 import msgspec
 
-from ._atomic import makedirs_durable
-from ._results import Failed
-from ._safefs import UnsafeFile, open_checked, read_checked
+from .atomic import makedirs_durable
+from .base import KeyLocked, LockHolder
+from .safefs import UnsafeFile, open_checked, read_checked
 
 __all__ = [
     "FileKeyLock",
-    "KeyLock",
-    "KeyLocked",
-    "KeyLocks",
-    "LockHolder",
     "LockProbe",
-    "LockingStore",
-    "StaleWrite",
     "acquire_file_lock",
     "probe_file_lock",
     "read_holder",
@@ -78,77 +75,6 @@ __all__ = [
 logger = logging.getLogger("checkpointer")
 
 _POLL = 0.05  # seconds between attempts while waiting for a lock
-
-
-class LockHolder(msgspec.Struct, frozen=True, kw_only=True):
-    """Who holds a key's writer lock: written into the lock file for display."""
-
-    pid: int
-    host: str
-    started_at: datetime
-
-    def describe(self) -> str:
-        try:
-            started = self.started_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        except (OverflowError, ValueError):  # a hand-edited time, outside the calendar in UTC
-            started = self.started_at.isoformat()
-        return f"pid {self.pid} on {self.host} since {started}"
-
-
-class StaleWrite(Exception):
-    """The store refused a write: another writer stored the key since this one held it.
-
-    Raised by a fencing store (``PostgresStore``) from ``write``/``commit``
-    when the writer lost the key's session and another writer wrote
-    meanwhile; the writer reports it as ``Failed("conflict")`` and does not
-    retry until the session changes.
-    """
-
-
-class KeyLocked(Exception):
-    """Another live writer holds the key's lock.
-
-    Attributes:
-        key: the key.
-        location: where the lock is (a path for ``FileStore``).
-        holder: who holds it, if it said so, else None.
-    """
-
-    def __init__(self, key: str, location: str, holder: LockHolder | None) -> None:
-        who = holder.describe() if holder is not None else "a writer that has not said who"
-        super().__init__(
-            f"key {key!r} is locked by another writer ({who}; {location}): close that "
-            "writer, or pass lock_timeout= to wait for it"
-        )
-        self.key = key
-        self.location = location
-        self.holder = holder
-
-
-class KeyLock(Protocol):
-    """A held writer lock of one key."""
-
-    def release(self) -> None:
-        """Give the lock up; idempotent."""
-
-
-@runtime_checkable
-class LockingStore(Protocol):
-    """The optional capability of a store to lock a key for one writer.
-
-    A ``CheckpointWriter`` takes the lock of a key before its first write of
-    that key and releases it when it closes or moves to another key.
-    Readers (``load``) never lock.
-    """
-
-    def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
-        """Take the writer lock of ``key``, waiting at most ``timeout`` seconds.
-
-        Raises:
-            KeyLocked: another writer still holds it after ``timeout``.
-            OSError: the lock could not be taken for another reason.
-        """
-        ...
 
 
 _HOLDER_ENCODER = msgspec.json.Encoder()
@@ -244,7 +170,7 @@ def acquire_file_lock(
     deadline = time.monotonic() + timeout
     while True:
         # Never through a link, a FIFO or a second hard link: the holder's
-        # JSON goes into this file in place (see _safefs).
+        # JSON goes into this file in place (see safefs).
         fd, _ = open_checked(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -414,58 +340,3 @@ def _same_file(fd: int, path: str) -> bool:
         return False
     held = os.fstat(fd)
     return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
-
-
-class KeyLocks:
-    """The writer locks one ``CheckpointWriter`` holds, one per key.
-
-    Called under the writer's I/O lock only.  A store without the
-    ``LockingStore`` capability is not locked: every ``acquire`` succeeds.
-    """
-
-    def __init__(self, store: object, timeout: float) -> None:
-        self._store = store if isinstance(store, LockingStore) else None
-        self._timeout = timeout
-        self._held: dict[str, KeyLock] = {}
-        self._pid = os.getpid()
-
-    def acquire(self, key: str, location: str) -> Failed | bool:
-        """Take ``key``'s lock unless held already.
-
-        Returns:
-            True when the lock was taken just now (someone else may have
-            written the key since this writer last held it), False when it
-            was held already or the store does not lock, ``Failed`` when
-            another writer holds it or locking failed.
-        """
-        self._forget_if_forked()
-        if self._store is None or key in self._held:
-            return False
-        try:
-            self._held[key] = self._store.lock(key, timeout=self._timeout)
-        except KeyLocked as exc:
-            return Failed("locked", str(exc))
-        except Exception as exc:
-            return Failed("write-failed", f"cannot lock {location}: {type(exc).__name__}: {exc}")
-        return True
-
-    def release(self, key: str) -> None:
-        self._forget_if_forked()
-        lock = self._held.pop(key, None)
-        if lock is None:
-            return
-        try:
-            lock.release()
-        except Exception as exc:  # closing must go on; the kernel frees it at exit
-            logger.warning("checkpointer: could not release the lock of %r: %s", key, exc)
-
-    def release_all(self) -> None:
-        for key in list(self._held):
-            self.release(key)
-
-    def _forget_if_forked(self) -> None:
-        # In a forked child the held locks are the parent's: releasing one
-        # (whatever the store) could release it for the parent.  Drop them.
-        if self._pid != os.getpid():
-            self._held.clear()
-            self._pid = os.getpid()

@@ -1,5 +1,10 @@
 """Atomic, durable replacement of a file: the one place that calls fsync.
 
+Every ``fsync`` of the library is made here: the temp file and the
+directory of ``write_atomic``, the directories ``makedirs_durable`` makes,
+and ``fsync_fd`` for what other modules write in place (a journal's append
+and its torn-tail truncation, a directory ``safefs.open_subdir`` made).
+
 The recipe (``../shared/FACTS.md``, "Durable atomic replace on Linux"):
 
 1. a temp file in the target's own directory (``mkstemp``: O_EXCL, 0600);
@@ -35,11 +40,28 @@ import stat
 import tempfile
 from collections.abc import Callable, Sequence
 
-__all__ = ["fsync_dir", "makedirs_durable", "sweep_temps", "write_all", "write_atomic"]
+__all__ = [
+    "fsync_dir",
+    "fsync_fd",
+    "makedirs_durable",
+    "sweep_temps",
+    "write_all",
+    "write_atomic",
+]
 
 _TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<rest>[A-Za-z0-9_]+)\.tmp$")
 # The tag and mkstemp's 8 random characters; an older name has the 8 only.
 _TAGGED_RE = re.compile(r"^(?P<tag>[sr][0-9a-f]{15})[a-z0-9_]{8}$")
+
+
+def fsync_fd(fd: int) -> None:
+    """Make what was written through ``fd`` durable (a file, or a directory's entries).
+
+    ``os.fsync`` is looked up at each call, so a test that replaces it sees
+    every fsync of the library.  After it fails, never call it again on the
+    same file (FACTS.md): rewrite the file from memory instead.
+    """
+    os.fsync(fd)
 
 
 def fsync_dir(directory: str, fsync: Callable[[int], None] = os.fsync) -> None:
@@ -112,7 +134,7 @@ def write_atomic(
 
     The rename replaces the name ``path``: a symbolic link or a hard link
     there is replaced, never written through.  With ``dir_fd`` (a directory
-    below a store's root, opened by ``_safefs.open_subdir``), the temp file,
+    below a store's root, opened by ``safefs.open_subdir``), the temp file,
     the rename (``replace(tmp, name, src_dir_fd=, dst_dir_fd=)``) and the
     fsync all go through that descriptor, so no link swapped in for the
     directory can redirect them; ``path`` then names the file in messages

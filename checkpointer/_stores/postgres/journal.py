@@ -3,7 +3,7 @@
 ``PostgresJournalStore`` is a ``PostgresStore`` (same connection, lock,
 fencing and timeouts) that implements the ``StateStore`` protocol the way
 ``JournalStore`` does for files, and decides append or compaction with the
-same staging (``_staging._Prefixes``):
+same journal core (``_stores/journal/core.py``):
 
 * A key's ``<schema>.checkpoints`` row is its *head*: seq, meta, the
   fencing writer id, ``journal = true``, ``format = 2`` and ``null`` for a
@@ -20,7 +20,7 @@ same staging (``_staging._Prefixes``):
   one transaction updates the head, deletes the key's rows and inserts one
   compaction row.
 * ``read_checkpoint``: the head and the rows from the last compaction on,
-  in one statement, assembled by the file journal's reader.
+  in one statement, assembled by the journal reader (``_format/journal.py``).
 
 A failed commit forgets what the store knew of the key (its answer may have
 been lost after the server committed), so the next commit is a compaction.
@@ -28,19 +28,21 @@ been lost after the server committed), so the next commit is a compaction.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ._codec import Envelopes
-from ._encoding import Transcript
-from ._format import Checkpoint, CheckpointError, Meta, decode_checkpoint
-from ._journal import _COMPACTION_HEAD, _MESSAGE_HEAD, _STATE_HEAD
-from ._postgres import _JOURNAL_FORMAT, PostgresStore
-from ._staging import _Delta, _Full, _Prefixes, _Track
-from ._stores import check_key
+from ..._format.envelope import decode_raw
+from ..._format.journal import ROW_END
+from ..._values import Checkpoint, CheckpointError, Meta
+from ..base import check_key
+from ..encoding import Transcript
+from ..envelopes import Envelopes
+from ..journal.core import JournalCore
+from ..journal.staging import Full, Track
+from .schema import JOURNAL_FORMAT
+from .store import PostgresStore
 
 if TYPE_CHECKING:
     import psycopg
@@ -51,7 +53,7 @@ _ENCODER = msgspec.json.Encoder()
 _META = msgspec.json.Decoder(Meta)
 
 
-class PostgresJournalStore(_Prefixes, PostgresStore):
+class PostgresJournalStore(JournalCore, PostgresStore):
     """A ``PostgresStore`` whose checkpoints cost what changed: rows per message.
 
     Takes the arguments of ``PostgresStore`` (``transcript`` defaults to
@@ -66,6 +68,9 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
     journal on this store's first commit; a plain store reads journal keys.
     """
 
+    _row_end = ROW_END
+    _closing_meta = False  # the head row carries the meta
+
     def __init__(
         self,
         dsn: str = "",
@@ -78,15 +83,7 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
         if transcript is None:
             transcript = Transcript()
         super().__init__(dsn, transcript=transcript, **options)
-        if not (isinstance(rewrite_factor, (int, float)) and 1 < rewrite_factor < float("inf")):
-            raise ValueError(f"rewrite_factor must be a finite number > 1, got {rewrite_factor!r}")
-        if not (isinstance(rewrite_min_bytes, int) and rewrite_min_bytes >= 0):
-            raise ValueError(f"rewrite_min_bytes must be an int >= 0, got {rewrite_min_bytes!r}")
-        self.rewrite_factor = float(rewrite_factor)
-        self.rewrite_min_bytes = rewrite_min_bytes
-        self._transcript = transcript
-        self._tracks: dict[str, _Track] = {}
-        self._witness_lock = threading.Lock()
+        self._init_journal(transcript, rewrite_factor, rewrite_min_bytes)
         self.appends = 0
         self.compactions = 0
 
@@ -120,12 +117,7 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
 
     def commit(self, key: str, meta: Meta, staged: object) -> int:
         check_key(key)
-        track = self._tracks.get(key)
-        staged = self._settle(track, staged)
-        if isinstance(staged, _Delta):
-            assert track is not None
-            return self._append_delta(key, track, meta, staged)
-        return self._compact(key, meta, staged)
+        return self._commit_on(key, self._tracks.get(key), meta, staged)
 
     def read_meta(self, key: str) -> Meta | None:
         """The meta of ``key``, after checking all of its rows (as ``JournalStore`` does).
@@ -139,7 +131,7 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
         data = self.read(key)  # an OSError stays one: the key is not damaged, the server is away
         if data is None:
             return None
-        return decode_checkpoint(data, self.location(key), msgspec.Raw).meta
+        return decode_raw(data, self.location(key)).meta
 
     def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
         check_key(key)
@@ -168,7 +160,7 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
             raise CheckpointError(self.location(key), f"cannot be read: {exc}") from None
         if data is None:
             return None
-        return decode_checkpoint(data, self.location(key), msgspec.Raw)
+        return decode_raw(data, self.location(key))
 
     # -- internals ---------------------------------------------------------------
 
@@ -186,7 +178,7 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
         return {
             "key": key,
             "seq": meta.seq,
-            "format": _JOURNAL_FORMAT,
+            "format": JOURNAL_FORMAT,
             "meta": _ENCODER.encode(meta).decode(),
             "state": b"null",  # so an older reader sees a whole envelope, of a newer format
             "writer": self._writer_id,
@@ -211,36 +203,18 @@ class PostgresJournalStore(_Prefixes, PostgresStore):
             self._tracks.pop(key, None)  # the server may have committed it: compact next
             raise
 
-    def _append_delta(self, key: str, track: _Track, meta: Meta, delta: _Delta) -> int:
-        bodies = [b"".join([_MESSAGE_HEAD, chunk, b"}"]) for chunk in delta.chunks]
-        kinds = ["message"] * len(bodies)
-        if (delta.head, delta.tail) != (track.head, track.tail):
-            meta_json = _ENCODER.encode(meta)
-            state = [delta.head, b"null", delta.tail]
-            bodies.append(b"".join([_STATE_HEAD, meta_json, b',"state":', *state, b"}"]))
-            kinds.append("state")
-        nbytes = sum(map(len, bodies))
-        limit = max(self.rewrite_min_bytes, int(self.rewrite_factor * track.live))
-        if track.size + nbytes > limit:
-            return self._compact(key, meta, delta.as_full())
-        self._insert(key, meta, kinds, bodies, clear=False)
-        self.appends += 1
-        self._appended(key, track, meta, delta, nbytes)
-        return nbytes
+    # -- what the core stores ------------------------------------------------------
 
-    def _compact(self, key: str, meta: Meta, full: _Full) -> int:
-        name = b"null" if full.name is None else _ENCODER.encode(full.name)
-        body = b"".join(
-            [
-                _COMPACTION_HEAD,
-                _ENCODER.encode(meta),
-                b',"transcript":',
-                name,
-                b',"state":',
-                *full.state_pieces(),
-                b"}",
-            ]
-        )
+    def _append_rows(
+        self, key: str, track: Track, meta: Meta, kinds: list[str], rows: list[bytes], nbytes: int
+    ) -> None:
+        self._insert(key, meta, kinds, rows, clear=False)
+        self.appends += 1
+
+    def _compact(
+        self, key: str, track: Track | None, meta: Meta, full: Full, *, rewrite: bool = False
+    ) -> int:
+        body = b"".join(self._compaction_row(_ENCODER.encode(meta), full))
         self._insert(key, meta, ["compaction"], [body], clear=True)
         self.compactions += 1
         self._tracks[key] = full.track(meta, size=len(body), ino=0, live=len(body))

@@ -19,7 +19,7 @@ where each is kept:
   opening a FIFO never waits for a peer (it has no effect on the regular
   file that passes the check).  A lock file holds only a lock holder's
   JSON, so one holding anything else (a file renamed in from elsewhere) is
-  refused rather than truncated (``_lock``).
+  refused rather than truncated (``flock``).
 * **Replaced by rename** (a snapshot, a journal rewrite, a summary, a file
   moved aside): the rename replaces the *name*, never following it, so a
   link there is not written through and a hard link's other name keeps its
@@ -82,7 +82,7 @@ import pwd
 import stat
 import threading
 
-from ._atomic import makedirs_durable
+from .atomic import fsync_fd, makedirs_durable
 
 __all__ = [
     "UnreadableFile",
@@ -478,7 +478,7 @@ def open_subdir(
         except FileExistsError:
             pass
         else:
-            os.fsync(parent_fd)  # the new entry survives a power cut only so
+            fsync_fd(parent_fd)  # the new entry survives a power cut only so
     try:
         fd = os.open(name, _DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
     except OSError as exc:  # ELOOP: a link; ENOTDIR: a file, a FIFO, ...; ENOENT: gone

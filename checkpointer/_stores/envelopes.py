@@ -1,6 +1,9 @@
-"""How the writer hands states to stores: staged on the loop, committed in a worker.
+"""``Envelopes``: any bytes ``Store`` as a ``StateStore``, one envelope per checkpoint.
 
-The writer never encodes a state itself.  It asks a ``StateStore`` to
+How the writer hands states to stores: staged on the loop, committed in a worker.
+
+The writer never encodes a state itself.  It asks a ``StateStore``
+(``base.py``) to
 *stage* the state on the caller's thread (the event loop for the async path:
 the only place the state may be read safely, and where msgspec holds the GIL
 anyway), then, in one worker-thread hop under its I/O lock, to *commit* the
@@ -9,7 +12,7 @@ staged state with its ``Meta``.
 * ``JournalStore`` implements ``StateStore`` itself: it stages only what is
   new since its last commit and appends it.
 * Any other ``Store`` (``FileStore``, your own) is wrapped in
-  ``Envelopes``: the whole-file format of ``_format.py``, written with
+  ``Envelopes``: the whole-file format of ``_format/envelope.py``, written with
   ``store.write``.  When the store has a ``transcript`` attribute (a
   ``Transcript``, e.g. ``FileStore(root, transcript=Transcript())``), the
   state is encoded message by message through its cache, and the file is
@@ -22,116 +25,21 @@ own (``JournalStore``) waits no longer than ``time_left()``.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import operator
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
-from ._encoding import Transcript, state_pieces
-from ._format import (
-    Checkpoint,
-    Meta,
-    decode_checkpoint,
-    decode_meta,
-    decode_state,
-    envelope_chunks,
-    load,
-)
-from ._stores import Store
+from .._format.envelope import decode_meta, decode_raw, envelope_chunks
+from .._text import oserror
+from .._values import Checkpoint, CheckpointError, Meta
+from .base import Staged, StateStore, Store
+from .encoding import Transcript, state_pieces
 
-__all__ = [
-    "Envelopes",
-    "Staged",
-    "StateStore",
-    "commit_deadline",
-    "load_from",
-    "state_store",
-    "time_left",
-]
-
-_deadline = threading.local()
-
-
-@contextlib.contextmanager
-def commit_deadline(timeout: float) -> Iterator[None]:
-    """Bound, on this thread, the waits of the store calls made inside the block.
-
-    Args:
-        timeout: seconds from now; negative means no bound.
-    """
-    previous = getattr(_deadline, "at", None)
-    _deadline.at = None if timeout < 0 else time.monotonic() + timeout
-    try:
-        yield
-    finally:
-        _deadline.at = previous
-
-
-def time_left() -> float:
-    """Seconds left before this thread's ``commit_deadline``: -1 when there is none.
-
-    Suits ``threading.Lock.acquire(timeout=time_left())``.
-    """
-    at: float | None = getattr(_deadline, "at", None)
-    if at is None:
-        return -1
-    return max(0.0, at - time.monotonic())
-
-
-class Staged(Protocol):
-    """A state staged on the caller's thread, ready for ``StateStore.commit``."""
-
-    def content(self) -> object:
-        """What would be stored, for the writer's "unchanged" check.
-
-        Two staged states of a key compare equal (``==``) only if committing
-        either stores the same state.  Called in the worker thread.
-        """
-        ...
-
-
-@runtime_checkable
-class StateStore(Protocol):
-    """A store that takes states, not bytes: it encodes and lays them out itself.
-
-    The writer calls ``stage`` on the caller's thread and the other methods
-    from a worker thread (or the thread of ``flush_sync``), one at a time
-    per writer, under its I/O lock.
-    """
-
-    def stage(self, key: str, state: Any) -> Staged:
-        """Encode what must be read from ``state`` now (caller's thread)."""
-        ...
-
-    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
-        """Store a staged state durably; return the bytes written.
-
-        Raises OSError (or CheckpointError for a file it cannot trust) on
-        failure; the previous checkpoint is then still loadable.
-        """
-        ...
-
-    def read_meta(self, key: str) -> Meta | None:
-        """The meta of ``key``'s checkpoint, or None; CheckpointError if untrusted."""
-        ...
-
-    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
-        """Store ``update(meta)`` with the state unchanged; None if no checkpoint."""
-        ...
-
-    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
-        """The checkpoint of ``key``, its state as raw JSON; None if none.
-
-        ``load()`` decodes (and migrates) the state.  Raises CheckpointError
-        for a checkpoint that cannot be trusted, or cannot be read.
-        """
-        ...
-
+__all__ = ["KEEP_BYTES", "Envelopes", "state_store"]
 
 KEEP_BYTES = 64 * 1024 * 1024
 """States encoded to at most this many bytes are compared byte for byte."""
@@ -286,42 +194,22 @@ class Envelopes:
         data = self.store.read(key)
         if data is None:
             return None
-        old = decode_checkpoint(data, self.store.location(key), msgspec.Raw)
+        old = decode_raw(data, self.store.location(key))
         meta = update(old.meta)
         self.store.write(key, envelope_chunks(meta, bytes(old.state)))
         return meta
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
-        return load(self.store, key, msgspec.Raw)
-
-
-def load_from(
-    store: StateStore,
-    location: str,
-    key: str,
-    type: Any,
-    *,
-    state_version: int | None,
-    migrations: Mapping[int, Callable[[Any], Any]] | None,
-) -> Checkpoint[Any] | None:
-    """``load()`` for a ``StateStore``: its raw checkpoint, decoded as ``type``.
-
-    With ``state_version``, the same versioning rules as for a snapshot file
-    (``_versions.decode_versioned``) apply to the state the store assembled.
-    """
-    raw = store.read_checkpoint(key)
-    if raw is None:
-        return None
-    if state_version is None:
-        checkpoint = Checkpoint(meta=raw.meta, state=decode_state(raw.state, location, type))
-    else:
-        from ._versions import decode_versioned
-
-        envelope = b"".join(envelope_chunks(raw.meta, bytes(raw.state)))
-        checkpoint = decode_versioned(envelope, location, type, state_version, migrations or {})
-    if raw.torn is not None:
-        checkpoint = msgspec.structs.replace(checkpoint, torn=raw.torn)
-    return checkpoint
+        store = self.store
+        store.validate_key(key)
+        location = store.location(key)
+        try:
+            data = store.read(key)
+        except OSError as exc:
+            raise CheckpointError(location, f"cannot be read: {oserror(exc)}") from None
+        if data is None:
+            return None
+        return decode_raw(data, location)
 
 
 def state_store(store: Store) -> StateStore:

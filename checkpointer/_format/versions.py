@@ -23,14 +23,8 @@ from typing import Any
 
 import msgspec
 
-from ._format import (
-    Checkpoint,
-    CheckpointError,
-    Meta,
-    NewerVersionError,
-    decode_checkpoint,
-    envelope_chunks,
-)
+from .._values import Checkpoint, CheckpointError, Meta, NewerVersionError
+from .envelope import decode_state
 
 __all__ = ["Migration", "decode_versioned", "newer_state"]
 
@@ -41,22 +35,28 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def decode_versioned(
-    data: bytes,
+    raw: Checkpoint[msgspec.Raw],
     path: str,
     type: Any,
     state_version: int,
     migrations: Mapping[int, Migration],
 ) -> Checkpoint[Any]:
-    """Decode a checkpoint file written at any state version up to ``state_version``.
+    """Decode a checkpoint written at any state version up to ``state_version``.
+
+    Args:
+        raw: the checkpoint as a store read it, its state still raw JSON.
+        path: where it is, for messages.
+        type: what to decode the state as.
+        state_version: the newest state version the program understands.
+        migrations: ``{old_version: function}`` (see the module docstring).
 
     Raises:
-        CheckpointError: the file is not a checkpoint, its state version is
-            newer than ``state_version``, a migration step is missing or
-            raised, or the (migrated) state does not match ``type``.
+        CheckpointError: its state version is newer than ``state_version``,
+            a migration step is missing or raised, or the (migrated) state
+            does not match ``type``.
     """
     if isinstance(state_version, bool) or not isinstance(state_version, int) or state_version < 0:
         raise ValueError(f"state_version must be an int >= 0, got {state_version!r}")
-    raw = decode_checkpoint(data, path, msgspec.Raw)
     found = raw.meta.state_version
     if found > state_version:
         raise newer_state(
@@ -66,7 +66,7 @@ def decode_versioned(
             f"upgrade the program that reads it, or load it with state_version={found}",
         )
     if found == state_version:
-        return decode_checkpoint(data, path, type)
+        return Checkpoint(meta=raw.meta, state=decode_state(raw.state, path, type))
     state = msgspec.json.decode(bytes(raw.state))
     for version in range(found, state_version):
         migrate = migrations.get(version)
@@ -92,8 +92,7 @@ def decode_versioned(
             f"migration to state version {state_version} returned a state that cannot be "
             f"encoded as JSON: {exc}",
         ) from exc
-    migrated = b"".join(envelope_chunks(raw.meta, state_json))
-    return Checkpoint(meta=raw.meta, state=decode_checkpoint(migrated, path, type).state)
+    return Checkpoint(meta=raw.meta, state=decode_state(state_json, path, type))
 
 
 def newer_state(path: str, meta: Meta, detail: str) -> NewerVersionError:

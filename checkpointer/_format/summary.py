@@ -1,8 +1,7 @@
-"""Summary checkpoints: a long session collapsed to a summary and a tail.
+"""The summary checkpoint's file: Markdown with a YAML front matter, to and from bytes.
 
-Everything before a *watermark* index of the transcript is replaced by a
-distilled summary; only the messages from the watermark on are replayed.
-The summary lives beside the session at ``<root>/sessions/<key>/checkpoint.md``
+A summary checkpoint (``_values.SummaryCheckpoint``) lives beside the
+session at ``<root>/sessions/<key>/checkpoint.md`` (``_stores/summaries.py``)
 as Markdown with a YAML front matter, so a memory indexer that reads
 front-matter files picks it up unchanged::
 
@@ -31,100 +30,25 @@ line and none of its own values can contain one.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
-import os
 import re
 import string
-from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
-import anyio
-import msgspec
+from .._values import CheckpointError, SummaryCheckpoint
 
-from ._atomic import write_atomic
-from ._format import CheckpointError
-from ._safefs import check_root, open_dir, open_subdir, read_checked, refuse_unless_replaceable
-from ._stores import FileStore, check_key
-from ._transcript import starts_with_results
-
-__all__ = [
-    "SUMMARY_PREFIX",
-    "SummaryCheckpoint",
-    "SummaryFailed",
-    "collapse",
-    "load_summary",
-    "resume_context",
-    "summary_path",
-    "write_summary",
-]
-
-SUMMARY_PREFIX = "Summary of the earlier part of this conversation:"
-"""How the default summary message of ``resume_context`` starts."""
+__all__ = ["decode_summary", "encode_summary", "not_text"]
 
 
-class SummaryCheckpoint(msgspec.Struct, frozen=True):
-    """A session collapsed up to ``watermark``.
-
-    Attributes:
-        watermark: the index of the first transcript message *not* covered:
-            the resumed context is the summary, then ``messages[watermark:]``.
-        summary: the distilled text, any length, any characters.
-        created_at: when the summary was made, timezone-aware (stored as UTC).
-        covered_messages: how many original messages the summary stands
-            for (the watermark, unless summaries were chained).
-    """
-
-    watermark: int
-    summary: str
-    created_at: datetime
-    covered_messages: int
-
-
-class SummaryFailed(msgspec.Struct, frozen=True, kw_only=True):
-    """``collapse`` wrote nothing.
-
-    Attributes:
-        reason: ``"summarize-failed"`` (the caller's function raised or
-            returned something other than a str) or ``"write-failed"``.
-        error: one line naming what failed.
-        exception: the exception itself, to re-raise or inspect.
-    """
-
-    reason: Literal["summarize-failed", "write-failed"]
-    error: str
-    exception: BaseException
-
-
-Root = str | os.PathLike[str] | FileStore
-
-
-def summary_path(root: Root, key: str) -> str:
-    """Where the summary checkpoint of ``key`` lives under ``root``.
-
-    ``root`` is a directory or a ``FileStore`` (its root is used).
+def encode_summary(key: str, checkpoint: SummaryCheckpoint) -> bytes:
+    """The bytes of ``checkpoint``'s file, the summary of session ``key``.
 
     Raises:
-        ValueError: ``key`` is not a valid key.
-    """
-    check_key(key)
-    base = root.root if isinstance(root, FileStore) else os.fspath(root)
-    return os.path.join(base, "sessions", key, "checkpoint.md")
-
-
-def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
-    """Write ``checkpoint`` atomically and durably; return its path.
-
-    Blocking: from async code, run it in a worker thread (``collapse`` does).
-
-    Raises:
-        ValueError: a bad key, a negative count, a naive ``created_at``, or a
-            summary that is not Unicode text (a lone surrogate).
+        ValueError: a negative count, a naive ``created_at``, or a summary
+            that is not Unicode text (a lone surrogate).
         TypeError: a field of the wrong type.
-        OSError: the write failed; the previous file, if any, is intact.
     """
-    path = summary_path(root, key)
     for name in ("watermark", "covered_messages"):
         value = getattr(checkpoint, name)
         if isinstance(value, bool) or not isinstance(value, int):
@@ -133,7 +57,7 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
             raise ValueError(f"{name} must be >= 0, got {value}")
     if not isinstance(checkpoint.summary, str):
         raise TypeError(f"summary must be a str, got {type(checkpoint.summary).__name__}")
-    problem = _not_text(checkpoint.summary)
+    problem = not_text(checkpoint.summary)
     if problem is not None:
         raise ValueError(problem)
     created = checkpoint.created_at
@@ -157,52 +81,16 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
             "",
         ]
     )
-    data = (front + checkpoint.summary).encode("utf-8")
-    # sessions/ and sessions/<key>/ are made 0700 like a FileStore's root,
-    # each durably (a new directory needs its parent fsynced to survive a
-    # power cut), and opened without following a link, each relative to its
-    # parent; the write goes through the last descriptor (see _safefs).
-    sessions = os.path.dirname(os.path.dirname(path))
-    root = os.path.dirname(sessions) or "."
-    check_root(root)
-    with _dirs(root, sessions, key, create=True) as directory:
-        refuse_unless_replaceable(path, dir_fd=directory)
-        write_atomic(path, [data], dir_fd=directory)
-    return path
+    return (front + checkpoint.summary).encode("utf-8")
 
 
-@contextlib.contextmanager
-def _dirs(root: str, sessions: str, key: str, *, create: bool) -> Iterator[int]:
-    """A descriptor of ``<root>/sessions/<key>``, reached without following links below root."""
-    fds = [open_dir(root, create=create)]
-    try:
-        fds.append(open_subdir(fds[-1], "sessions", sessions, create=create))
-        fds.append(open_subdir(fds[-1], key, os.path.join(sessions, key), create=create))
-        yield fds[-1]
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def load_summary(root: Root, key: str) -> SummaryCheckpoint | None:
-    """Load the summary checkpoint of ``key``; None if there is none.
+def decode_summary(data: bytes, path: str) -> SummaryCheckpoint:
+    """The summary checkpoint in a file's bytes (``path`` names it in errors).
 
     Raises:
-        ValueError: ``key`` is not a valid key.
-        CheckpointError: the file exists but cannot be read or is not a
-            summary checkpoint (``.path`` is the file, ``.reason`` says why).
+        CheckpointError: not UTF-8 text, or not a summary checkpoint (the
+            reason names the line).
     """
-    path = summary_path(root, key)
-    sessions = os.path.dirname(os.path.dirname(path))
-    try:
-        with _dirs(os.path.dirname(sessions) or ".", sessions, key, create=False) as directory:
-            data = read_checked(path, dir_fd=directory)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise CheckpointError(path, f"cannot be read: {_unreadable(exc, path)}") from None
-    if data is None:
-        return None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -210,124 +98,7 @@ def load_summary(root: Root, key: str) -> SummaryCheckpoint | None:
     return _parse(text, path)
 
 
-def _unreadable(exc: OSError, path: str) -> str:
-    """Why ``path`` cannot be read, naming the directory on the way when that was the trouble."""
-    why = exc.strerror or str(exc)
-    if exc.strerror and exc.filename and os.fspath(exc.filename) != path:
-        return f"{exc.filename}: {why}"  # sessions/ or sessions/<key>/ (changed while opened)
-    return why
-
-
-async def collapse(
-    summarize: Callable[[list[Any]], Awaitable[str] | str],
-    root: Root,
-    key: str,
-    messages: Sequence[Any],
-    *,
-    keep_last: int = 20,
-) -> SummaryCheckpoint | SummaryFailed | None:
-    """Summarize all but the last messages and write the summary checkpoint.
-
-    The watermark is ``len(messages) - keep_last``, moved earlier while it
-    would split a tool call from its results (so the tail starts where a
-    model API accepts it).  ``summarize`` gets ``messages[:watermark]`` as a
-    new list and returns the summary (often a model call; sync or async).
-
-    Args:
-        summarize: the caller's function that writes the summary.
-        root: the directory (or ``FileStore``) of the session.
-        key: the session key.
-        messages: the whole transcript.
-        keep_last: how many recent messages stay verbatim (at least).
-
-    Returns:
-        The ``SummaryCheckpoint`` written; ``SummaryFailed`` when
-        ``summarize`` failed (raised, or returned something other than a str
-        of Unicode text) or the write did (nothing is written then, and the
-        exception is in it); None when there is nothing to collapse.
-        Cancellation propagates, and nothing is written then either.
-
-    Raises:
-        ValueError: a bad key or a negative ``keep_last``.
-    """
-    check_key(key)
-    if isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0:
-        raise ValueError(f"keep_last must be an int >= 0, got {keep_last!r}")
-    watermark = _safe_watermark(messages, keep_last)
-    if watermark == 0:
-        return None
-    try:
-        summary = summarize(list(messages[:watermark]))
-        if inspect.isawaitable(summary):
-            summary = await summary
-    except Exception as exc:
-        return SummaryFailed(
-            reason="summarize-failed", error=f"summarize() raised {_one_line(exc)}", exception=exc
-        )
-    if not isinstance(summary, str):
-        error = f"summarize() returned {type(summary).__name__}, expected str"
-        return SummaryFailed(reason="summarize-failed", error=error, exception=TypeError(error))
-    problem = _not_text(summary)
-    if problem is not None:
-        error = f"summarize() returned a str that cannot be stored: {problem}"
-        return SummaryFailed(reason="summarize-failed", error=error, exception=ValueError(error))
-    checkpoint = SummaryCheckpoint(watermark, summary, datetime.now(UTC), watermark)
-    try:
-        await anyio.to_thread.run_sync(write_summary, root, key, checkpoint)
-    except OSError as exc:
-        return SummaryFailed(
-            reason="write-failed",
-            error=f"cannot write {summary_path(root, key)}: {_one_line(exc)}",
-            exception=exc,
-        )
-    return checkpoint
-
-
-def resume_context(
-    messages: Sequence[Any],
-    checkpoint: SummaryCheckpoint | None,
-    *,
-    make_message: Callable[[str], Any] | None = None,
-) -> list[Any]:
-    """The context to send on resume: the summary as one message, then the tail.
-
-    Args:
-        messages: the whole transcript (as loaded).
-        checkpoint: the summary checkpoint, or None (then a copy of
-            ``messages`` is returned).
-        make_message: builds the summary message from its text; by default
-            ``{"role": "user", "content": SUMMARY_PREFIX + "\\n\\n" + summary}``,
-            which both message styles accept.
-
-    Raises:
-        ValueError: the watermark lies past the end of ``messages`` (the
-            transcript is older than the summary: resume from it in full).
-    """
-    if checkpoint is None:
-        return list(messages)
-    if checkpoint.watermark > len(messages):
-        raise ValueError(
-            f"the summary covers messages up to {checkpoint.watermark}, but the transcript "
-            f"has {len(messages)}: the transcript is older than the summary; resume from "
-            "the full transcript instead"
-        )
-    text = f"{SUMMARY_PREFIX}\n\n{checkpoint.summary}"
-    first = make_message(text) if make_message is not None else {"role": "user", "content": text}
-    return [first, *messages[checkpoint.watermark :]]
-
-
-# -- helpers -------------------------------------------------------------------
-
-
-def _safe_watermark(messages: Sequence[Any], keep_last: int) -> int:
-    watermark = max(0, len(messages) - keep_last)
-    # With keep_last=0 the tail is empty: there is nothing it could start with.
-    while 0 < watermark < len(messages) and starts_with_results(messages[watermark]):
-        watermark -= 1
-    return watermark
-
-
-def _not_text(summary: str) -> str | None:
+def not_text(summary: str) -> str | None:
     """Why ``summary`` cannot be written as UTF-8 (a lone surrogate), or None."""
     try:
         summary.encode("utf-8")
@@ -347,11 +118,6 @@ def _quote(text: str) -> str:
 
 def _iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 _LINE = re.compile(

@@ -1,34 +1,11 @@
-"""The journal store: one append-only JSON Lines file per key.
+"""The file journal: one append-only JSON Lines file per key (``JournalStore``).
 
-Key ``k`` lives at ``<root>/k.jsonl``.  Every line is one JSON object whose
-``kind`` comes first::
-
-    {"kind":"header","format":1,"meta":{...}}
-    {"kind":"compaction","meta":{...},"transcript":"messages","state":{...}}
-    {"kind":"message","message":{...}}
-    {"kind":"state","meta":{...},"state":{..."messages":null...}}
-    {"kind":"meta","meta":{...}}
-
-* ``header``: the first line, once: the format version and the meta of the
-  checkpoint that created the file.
-* ``compaction``: the whole state, its transcript included (``transcript``
-  names its JSON key, null when the state has none).
-* ``message``: one message appended to the transcript.
-* ``state``: the rest of the state changed; its transcript key is null (the
-  transcript is the rows).
-* ``meta``: only the meta changed, or it closes an append of messages.
-
-A checkpoint is one *batch*: zero or more ``message`` rows and exactly one
-row that carries the meta (``meta``, ``state`` or ``compaction``), written
-with one ``write`` and one ``fsync``.  A new file (a header and a
-compaction) is made by temp file + fsync + rename + directory fsync.  So a
-crash leaves at most one unfinished batch at the end of the file: ``load``
-ignores it and reports it (``Checkpoint.torn``); a writer opening the
-journal truncates it away.  A damaged line that is not the last one cannot
-come from a crash: that is a ``CheckpointError`` naming the line.
-
-Loading takes the last compaction row and applies the committed rows after
-it.  Older rows stay in the file, for audit, until a rewrite.
+Key ``k`` lives at ``<root>/k.jsonl``; its lines are the rows of
+``_format/journal.py`` (the format, and how a crash leaves it).  A
+checkpoint is one batch of rows, written with one ``write`` and one
+``fsync`` (``_append``); a new file (a header and a compaction) is made by
+temp file + fsync + rename + directory fsync (``write_atomic``).  A writer
+opening the journal truncates an unfinished batch away (``_open``).
 
 Append or compaction
 --------------------
@@ -36,7 +13,7 @@ A new state whose transcript starts with the messages the store wrote gets
 only its new messages appended; otherwise (the agent compacted, edited or
 truncated its history) it gets a compaction row.  Which it is, and what
 "unchanged" means (the same bytes, never only ``==``), is decided by the
-staging both journals share: ``_staging.py``.
+core both journals share: ``core.py``.
 
 Bounded growth (like Redis's AOF rewrite)
 -----------------------------------------
@@ -58,216 +35,25 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import NamedTuple
 
 import msgspec
 
-from ._atomic import write_all, write_atomic
-from ._codec import time_left
-from ._encoding import Transcript
-from ._format import (
-    FORMAT,
-    Checkpoint,
-    CheckpointError,
-    Meta,
-    TornTail,
-    _newer,
-    _oserror,
-)
-from ._format import _check_format as _check_head
-from ._safefs import open_checked, read_checked, read_fd
-from ._staging import _absent, _Delta, _Full, _Prefixes, _Track
-from ._stores import FileStore, check_key
+from ..._format.journal import LINE_END, assemble, header_line, meta_row, scan_journal
+from ..._text import oserror
+from ..._values import Checkpoint, CheckpointError, Meta
+from ..atomic import fsync_fd, write_all, write_atomic
+from ..base import check_key, time_left
+from ..encoding import Transcript
+from ..files import FileStore
+from ..safefs import open_checked, read_checked, read_fd
+from .core import JournalCore
+from .staging import Delta, Full, Track, absent
 
 __all__ = ["JournalStatistics", "JournalStore"]
 
 logger = logging.getLogger("checkpointer")
 
-
-# -- rows -------------------------------------------------------------------
-
-
-class _Header(msgspec.Struct, tag="header", tag_field="kind"):
-    format: int
-    meta: Meta
-
-
-class _Message(msgspec.Struct, tag="message", tag_field="kind"):
-    message: msgspec.Raw
-
-
-class _MetaRow(msgspec.Struct, tag="meta", tag_field="kind"):
-    meta: Meta
-
-
-class _StateRow(msgspec.Struct, tag="state", tag_field="kind"):
-    meta: Meta
-    state: msgspec.Raw
-
-
-class _Compaction(msgspec.Struct, tag="compaction", tag_field="kind"):
-    meta: Meta
-    state: msgspec.Raw
-    transcript: str | None = None
-
-
-_Row = _Header | _Message | _MetaRow | _StateRow | _Compaction
-_ROWS = msgspec.json.Decoder(_Row)
-_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
-_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 _ENCODER = msgspec.json.Encoder()
-
-
-_MESSAGE_HEAD = b'{"kind":"message","message":'
-_META_HEAD = b'{"kind":"meta","meta":'
-_STATE_HEAD = b'{"kind":"state","meta":'
-_COMPACTION_HEAD = b'{"kind":"compaction","meta":'
-_HEADER_HEAD = b'{"kind":"header","format":%d,"meta":' % FORMAT
-_END = b"}\n"
-
-
-def _kind(row: _Row) -> str:
-    return type(row).__struct_config__.tag  # type: ignore[return-value]
-
-
-# -- reading ----------------------------------------------------------------
-
-
-class _Scan(NamedTuple):
-    """A journal read and checked, up to its last complete checkpoint."""
-
-    meta: Meta
-    end: int  # byte offset just past the last committed row
-    live: int  # bytes of the header line and the last compaction line
-    compaction: _Compaction
-    compaction_line: int
-    after: list[_Row]  # committed rows after the last compaction
-    torn: TornTail | None
-
-
-def _scan(data: bytes, path: str) -> _Scan:
-    """Parse a journal; ignore an unfinished last batch; reject any other damage."""
-    if not data:
-        raise CheckpointError(path, "the journal is empty (its creation never finished?)")
-    lines = data.split(b"\n")
-    partial = lines.pop()  # b"" when the file ends with a newline, as it should
-    rows: list[_Row] = []
-    ends: list[int] = []
-    offset = 0
-    unparsable = ""
-    for number, line in enumerate(lines, 1):
-        try:
-            row = _ROWS.decode(line)
-        except (msgspec.DecodeError, RecursionError) as exc:  # ValidationError included
-            if number == 1:
-                _check_format(line, path)
-            if number == len(lines) and not partial:
-                unparsable = f"line {number} is not a journal row ({exc})"
-                break
-            raise CheckpointError(
-                path,
-                f"line {number} is not a journal row ({exc}); a crash can only damage "
-                "the last line, so this journal cannot be trusted",
-            ) from None
-        rows.append(row)
-        offset += len(line) + 1
-        ends.append(offset)
-    if not rows or not isinstance(rows[0], _Header):
-        raise CheckpointError(path, "line 1 is not a journal header: not a journal file")
-    header = rows[0]
-    if header.format > FORMAT:
-        raise _newer(path, header.format, header.meta.library_version)
-    if header.format < 1:
-        raise CheckpointError(path, f"unknown journal format version {header.format}")
-    last_commit = -1
-    compaction = -1
-    for index in range(1, len(rows)):
-        row = rows[index]
-        number = index + 1
-        if isinstance(row, _Header):
-            raise CheckpointError(path, f"line {number}: a second header row")
-        if isinstance(row, _Compaction):
-            compaction = index
-        elif compaction < 0:
-            raise CheckpointError(path, f"line {number}: a {_kind(row)} row before any compaction")
-        elif (
-            isinstance(row, _Message | _StateRow)
-            and _compaction(rows, compaction).transcript is None
-        ):
-            raise CheckpointError(
-                path,
-                f"line {number}: a {_kind(row)} row, but the compaction at line "
-                f"{compaction + 1} has no transcript",
-            )
-        if not isinstance(row, _Message):
-            last_commit = index
-    if last_commit < 0:
-        raise CheckpointError(path, "no complete checkpoint after the header")
-    end = ends[last_commit]
-    torn = None
-    if end < len(data):
-        reasons = []
-        pending = len(rows) - 1 - last_commit
-        if pending:
-            reasons.append(f"{pending} message row(s) without the row that closes their append")
-        if unparsable:
-            reasons.append(unparsable)
-        if partial:
-            reasons.append(f"a last line of {len(partial)} bytes with no newline")
-        torn = TornTail(
-            line=last_commit + 2,
-            offset=end,
-            nbytes=len(data) - end,
-            reason="an append that never finished: " + "; ".join(reasons),
-        )
-    last = rows[last_commit]
-    assert not isinstance(last, _Message)
-    return _Scan(
-        meta=last.meta,
-        end=end,
-        live=ends[0] + ends[compaction] - ends[compaction - 1],
-        compaction=_compaction(rows, compaction),
-        compaction_line=compaction + 1,
-        after=rows[compaction + 1 : last_commit + 1],
-        torn=torn,
-    )
-
-
-def _compaction(rows: list[_Row], index: int) -> _Compaction:
-    row = rows[index]
-    assert isinstance(row, _Compaction)
-    return row
-
-
-def _check_format(line: bytes, path: str) -> None:
-    _check_head(line, path)  # the header's format and meta.library_version, as a snapshot's
-
-
-def _assemble(scan: _Scan, path: str) -> bytes:
-    """The state as of the last committed row, as JSON."""
-    compaction = scan.compaction
-    messages = [row.message for row in scan.after if isinstance(row, _Message)]
-    states = [row.state for row in scan.after if isinstance(row, _StateRow)]
-    if not messages and not states:
-        return bytes(compaction.state)
-    name = compaction.transcript
-    assert name is not None  # _scan checked it
-    try:
-        base = _OBJECT.decode(compaction.state)
-        existing = _ARRAY.decode(base[name])
-        rest = _OBJECT.decode(states[-1]) if states else base
-    except (msgspec.DecodeError, RecursionError, KeyError) as exc:
-        raise CheckpointError(
-            path,
-            f"line {scan.compaction_line}: the compaction's state has no "
-            f"{name!r} array to append to ({exc})",
-        ) from None
-    existing.extend(messages)
-    rest[name] = msgspec.Raw(b"".join([b"[", b",".join(existing), b"]"]))
-    return _ENCODER.encode(rest)
-
-
-# -- writing ----------------------------------------------------------------
 
 
 def _warn_linked(path: str, links: int) -> None:
@@ -304,7 +90,7 @@ class JournalStatistics(msgspec.Struct, frozen=True, kw_only=True):
     threshold: int | None = None
 
 
-class JournalStore(_Prefixes, FileStore):
+class JournalStore(JournalCore, FileStore):
     """Checkpoints as append-only journals: key ``k`` lives at ``root/k.jsonl``.
 
     A checkpoint costs what changed: new messages are appended (one write,
@@ -326,6 +112,8 @@ class JournalStore(_Prefixes, FileStore):
 
     suffix = ".jsonl"
     _grows = True  # a read without the lock may see an append: it keeps what fstat saw
+    _row_end = LINE_END
+    _closing_meta = True
 
     def __init__(
         self,
@@ -338,16 +126,8 @@ class JournalStore(_Prefixes, FileStore):
         if transcript is None:
             transcript = Transcript()
         super().__init__(root, transcript=transcript)
-        if not (isinstance(rewrite_factor, (int, float)) and 1 < rewrite_factor < float("inf")):
-            raise ValueError(f"rewrite_factor must be a finite number > 1, got {rewrite_factor!r}")
-        if not (isinstance(rewrite_min_bytes, int) and rewrite_min_bytes >= 0):
-            raise ValueError(f"rewrite_min_bytes must be an int >= 0, got {rewrite_min_bytes!r}")
-        self._transcript = transcript
-        self.rewrite_factor = float(rewrite_factor)
-        self.rewrite_min_bytes = rewrite_min_bytes
-        self._tracks: dict[str, _Track] = {}
+        self._init_journal(transcript, rewrite_factor, rewrite_min_bytes)
         self._lock = threading.Lock()
-        self._witness_lock = threading.Lock()  # see _new_messages
         self._appends = 0
         self._compactions = 0
         self._rewrites = 0
@@ -358,7 +138,7 @@ class JournalStore(_Prefixes, FileStore):
 
     def threshold(self, live: int) -> int:
         """The size past which a journal whose live content is ``live`` bytes is rewritten."""
-        return max(self.rewrite_min_bytes, int(self.rewrite_factor * live))
+        return self._threshold(live)
 
     def statistics(self, key: str | None = None) -> JournalStatistics:
         """The store's counters, and the sizes of ``key``'s journal if given."""
@@ -404,25 +184,21 @@ class JournalStore(_Prefixes, FileStore):
         try:
             data = self.read(key)
         except OSError as exc:
-            raise CheckpointError(path, f"cannot be read: {_oserror(exc)}") from None
+            raise CheckpointError(path, f"cannot be read: {oserror(exc)}") from None
         if data is None:
             return None
-        scan = _scan(data, path)
-        state = msgspec.Raw(_assemble(scan, path))
+        scan = scan_journal(data, path)
+        state = msgspec.Raw(assemble(scan, path))
         return Checkpoint(meta=scan.meta, state=state, torn=scan.torn)
 
     def commit(self, key: str, meta: Meta, staged: object) -> int:
         check_key(key)
-        if not isinstance(staged, _Full | _Delta):
+        if not isinstance(staged, Full | Delta):
             raise TypeError(f"JournalStore cannot commit {type(staged).__name__}")
         if not self._lock.acquire(timeout=time_left()):
             return self._overtake(key, meta, staged)
         try:
-            track = self._current(key)
-            staged = self._settle(track, staged)
-            if isinstance(staged, _Delta):
-                return self._append_delta(key, track, meta, staged)
-            return self._commit_full(key, track, meta, staged)
+            return self._commit_on(key, self._current(key), meta, staged)
         finally:
             self._lock.release()
 
@@ -439,9 +215,9 @@ class JournalStore(_Prefixes, FileStore):
                 return None
             meta = update(track.meta)
             if track.broken:  # rewrite from memory, or from what the file says
-                self._commit_full(key, track, meta, self._remembered(key, track), rewrite=True)
+                self._compact(key, track, meta, self._remembered(key, track), rewrite=True)
                 return meta
-            row = b"".join([_META_HEAD, _ENCODER.encode(meta), _END])
+            row = meta_row(_ENCODER.encode(meta), LINE_END)
             self._append(key, track, [row])
             self._appends += 1
             self._bytes += len(row)
@@ -455,7 +231,7 @@ class JournalStore(_Prefixes, FileStore):
         """The store's lock, waited for no longer than the caller's deadline.
 
         A flush with a timeout (``flush_sync``, the exit and signal hooks) runs
-        under ``_codec.commit_deadline``; without one the wait is unbounded.
+        under ``commit_deadline`` (``_stores/base.py``); without one the wait is unbounded.
 
         Raises:
             TimeoutError: another commit of this store held it past the deadline.
@@ -481,7 +257,7 @@ class JournalStore(_Prefixes, FileStore):
         on them again, and the next commit re-reads the file.
         """
         full = self._settle(None, staged)
-        assert isinstance(full, _Full)
+        assert isinstance(full, Full)
         path = self.location(key)
         logger.warning(
             "checkpointer: %s: a commit of this store did not finish within the flush's "
@@ -489,8 +265,10 @@ class JournalStore(_Prefixes, FileStore):
             path,
         )
         self._forget(key)
-        header, row, _ = self._fresh_rows(meta, full)
-        nbytes = write_atomic(path, [header, *row])
+        meta_json = _ENCODER.encode(meta)
+        nbytes = write_atomic(
+            path, [header_line(meta_json), *self._compaction_row(meta_json, full)]
+        )
         self._forget(key)  # whatever the stuck commit left meanwhile
         self._rewrites += 1
         self._bytes += nbytes
@@ -503,21 +281,21 @@ class JournalStore(_Prefixes, FileStore):
 
     # -- internals (under self._lock) ----------------------------------------
 
-    def _open(self, key: str) -> _Track:
+    def _open(self, key: str) -> Track:
         """Read the journal for writing: check it, truncate an unfinished append."""
         path = self.location(key)
         try:
-            # A regular file of ours, never through a link or a FIFO (_safefs).
+            # A regular file of ours, never through a link or a FIFO (safefs).
             fd, st = open_checked(path, os.O_RDWR, links=True)
         except FileNotFoundError:
-            track = self._tracks[key] = _absent()
+            track = self._tracks[key] = absent()
             return track
         try:
-            scan = _scan(read_fd(fd, st.st_size, path), path)
+            scan = scan_journal(read_fd(fd, st.st_size, path), path)
             linked = st.st_nlink > 1
             if scan.torn is not None and not linked:
                 os.ftruncate(fd, scan.end)
-                os.fsync(fd)
+                fsync_fd(fd)
                 logger.info(
                     "checkpointer: %s: removed an unfinished append (%d bytes from line %d)",
                     path,
@@ -526,7 +304,7 @@ class JournalStore(_Prefixes, FileStore):
                 )
         finally:
             os.close(fd)
-        track = _absent()._replace(
+        track = absent()._replace(
             meta=scan.meta, size=scan.end, ino=st.st_ino, live=scan.live, broken=linked
         )
         if linked:
@@ -534,12 +312,12 @@ class JournalStore(_Prefixes, FileStore):
         self._tracks[key] = track
         return track
 
-    def _remembered(self, key: str, track: _Track) -> _Full:
+    def _remembered(self, key: str, track: Track) -> Full:
         """The state on disk as a compaction, from memory when the track has it."""
         known = track.known
         if known is not None:
             count = track.n
-            return _Full(
+            return Full(
                 name=track.name,
                 head=track.head,
                 tail=track.tail,
@@ -552,9 +330,9 @@ class JournalStore(_Prefixes, FileStore):
         data = read_checked(path)
         if data is None:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-        return _Full(whole=_assemble(_scan(data, path), path))
+        return Full(whole=assemble(scan_journal(data, path), path))
 
-    def _current(self, key: str) -> _Track:
+    def _current(self, key: str) -> Track:
         """The track of ``key``, re-read if the file changed behind our back."""
         track = self._tracks.get(key)
         if track is None:
@@ -582,47 +360,27 @@ class JournalStore(_Prefixes, FileStore):
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
             aside = FileStore.move_aside(self, key, "corrupt-" + stamp)
             logger.warning("checkpointer: %s; moved it aside to %s", exc, aside)
-            track = self._tracks[key] = _absent()
+            track = self._tracks[key] = absent()
             return track
 
-    def _append_delta(self, key: str, track: _Track, meta: Meta, delta: _Delta) -> int:
-        meta_json = _ENCODER.encode(meta)
-        rows = [b"".join([_MESSAGE_HEAD, chunk, _END]) for chunk in delta.chunks]
-        if (delta.head, delta.tail) != (track.head, track.tail):
-            closing = [_STATE_HEAD, meta_json, b',"state":', delta.head, b"null", delta.tail, _END]
-        else:
-            closing = [_META_HEAD, meta_json, _END]
-        rows.append(b"".join(closing))
-        data = b"".join(rows)
-        if track.broken or track.size + len(data) > self.threshold(track.live):
-            return self._commit_full(key, track, meta, delta.as_full(), rewrite=True)
+    # -- what the core stores (under self._lock) ------------------------------------
+
+    def _append_rows(
+        self, key: str, track: Track, meta: Meta, kinds: list[str], rows: list[bytes], nbytes: int
+    ) -> None:
+        data = b"".join(rows)  # one batch: one writev, one fsync
         self._append(key, track, [data])
         self._appends += 1
-        self._bytes += len(data)
-        self._appended(key, track, meta, delta, len(data))
-        return len(data)
+        self._bytes += nbytes
 
-    @staticmethod
-    def _fresh_rows(meta: Meta, full: _Full) -> tuple[bytes, list[bytes], int]:
-        """The header line of a fresh file, the compaction row's pieces, and its size."""
-        meta_json = _ENCODER.encode(meta)
-        name = b"null" if full.name is None else _ENCODER.encode(full.name)
-        row = [
-            _COMPACTION_HEAD,
-            meta_json,
-            b',"transcript":',
-            name,
-            b',"state":',
-            *full.state_pieces(),
-            _END,
-        ]
-        header = b"".join([_HEADER_HEAD, meta_json, _END])
-        return header, row, sum(map(len, row))
-
-    def _commit_full(
-        self, key: str, track: _Track, meta: Meta, full: _Full, *, rewrite: bool = False
+    def _compact(
+        self, key: str, track: Track | None, meta: Meta, full: Full, *, rewrite: bool = False
     ) -> int:
-        header, row, row_size = self._fresh_rows(meta, full)
+        assert track is not None  # _current always knows the file's track
+        meta_json = _ENCODER.encode(meta)
+        header = header_line(meta_json)
+        row = self._compaction_row(meta_json, full)
+        row_size = sum(map(len, row))
         live = len(header) + row_size
         path = self.location(key)
         if (
@@ -642,19 +400,19 @@ class JournalStore(_Prefixes, FileStore):
         self._tracks[key] = full.track(meta, size=size, ino=ino, live=live)
         return nbytes
 
-    def _append(self, key: str, track: _Track, pieces: Sequence[bytes]) -> None:
+    def _append(self, key: str, track: Track, pieces: Sequence[bytes]) -> None:
         """Append ``pieces`` with one writev and one fsync, or mark the track broken.
 
         (More than one ``writev`` only past 1024 pieces: a compaction row.)
         """
-        # Never through a link, a FIFO or a second hard link (_safefs).
+        # Never through a link, a FIFO or a second hard link (safefs).
         fd, st = open_checked(self.location(key), os.O_WRONLY | os.O_APPEND)
         try:
             if (st.st_ino, st.st_size) != (track.ino, track.size):
                 raise OSError(f"{self.location(key)} changed while appending; will rewrite it")
             try:
                 write_all(fd, pieces)
-                os.fsync(fd)
+                fsync_fd(fd)
             except BaseException:
                 # Never fsync this file again (FACTS.md): the next commit rewrites it.
                 self._tracks[key] = track._replace(broken=True)

@@ -1,0 +1,184 @@
+"""The envelope: the format of a checkpoint file, and of a PostgreSQL row's bytes.
+
+A checkpoint file is one JSON object::
+
+    {"format": 1, "meta": {...}, "state": ...}
+
+``format`` is the version of this envelope; ``meta`` is a ``Meta`` (in
+``_values``); ``state``
+is whatever the source returned, encoded by msgspec.  The writer builds the
+file from separately encoded pieces (see ``envelope_chunks``) so the state is
+encoded once and joined in the worker thread, off the event loop.
+
+Schema evolution follows msgspec's rules: a new field gets a default, an
+existing field's type never changes, and ``FORMAT`` moves only when an old
+reader could not read the new file correctly.
+
+A file of a newer format (or a newer state version, ``versions``) was
+written by a newer version: ``load`` refuses it with ``NewerVersionError``
+and a writer refuses its key, neither moves it aside as corrupt.  So that an
+old reader can say which version to upgrade to, every future format keeps
+``format`` at the top (a journal: in its first line) and the writing
+library's version at ``meta.library_version``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import msgspec
+
+from .._values import Checkpoint, CheckpointError, Meta, NewerVersionError
+from .._version import VERSION
+
+__all__ = [
+    "FORMAT",
+    "MIDDLE",
+    "PREFIX",
+    "SUFFIX",
+    "check_format",
+    "decode_checkpoint",
+    "decode_meta",
+    "decode_raw",
+    "decode_state",
+    "envelope_chunks",
+    "newer_format",
+]
+
+FORMAT = 1
+"""The envelope version this library writes and the newest it reads."""
+
+
+class _Envelope(msgspec.Struct):
+    format: int
+    meta: Meta
+    state: msgspec.Raw
+
+
+class _Head(msgspec.Struct):
+    """What every format keeps where an older reader finds it (see the module docstring)."""
+
+    format: int
+    meta: Any = None
+
+
+_ENVELOPE_DECODER = msgspec.json.Decoder(_Envelope)
+_HEAD_DECODER = msgspec.json.Decoder(_Head)
+_META_ENCODER = msgspec.json.Encoder()
+PREFIX = b'{"format":%d,"meta":' % FORMAT
+"""How an envelope of this library's format starts: the meta follows."""
+MIDDLE = b',"state":'
+"""Between an envelope's meta and its state."""
+SUFFIX = b"}"
+"""How an envelope ends, after its state."""
+
+
+def envelope_chunks(meta: Meta, state_json: bytes) -> list[bytes]:
+    """The pieces of a checkpoint file, to be joined by the writer thread.
+
+    Joining (not ``+``) matters: ``bytes.join`` releases the GIL for large
+    results, so a 50 MB checkpoint does not stall the event loop.
+    """
+    return [PREFIX, _META_ENCODER.encode(meta), MIDDLE, state_json, SUFFIX]
+
+
+@functools.lru_cache(maxsize=64)
+def _decoder_for(type_: Any) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(type_)
+
+
+def _state_decoder(type_: Any) -> msgspec.json.Decoder[Any]:
+    try:
+        return _decoder_for(type_)
+    except TypeError:  # an unhashable type expression: build one each time
+        return msgspec.json.Decoder(type_)
+
+
+def _decode_envelope(data: bytes, path: str) -> _Envelope:
+    if not data:
+        raise CheckpointError(path, "the file is empty (a write never finished?)")
+    try:
+        envelope = _ENVELOPE_DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        check_format(data, path)
+        raise CheckpointError(path, f"not a checkpoint envelope: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise CheckpointError(path, f"not valid JSON (truncated or corrupt): {exc}") from None
+    except RecursionError:  # msgspec's answer to deeply nested garbage
+        raise CheckpointError(path, "nested too deeply to decode (corrupt?)") from None
+    if envelope.format > FORMAT:
+        raise newer_format(path, envelope.format, envelope.meta.library_version)
+    if envelope.format < 1:
+        raise CheckpointError(path, f"unknown format version {envelope.format}")
+    return envelope
+
+
+def check_format(data: bytes, path: str) -> None:
+    """Raise ``NewerVersionError`` if ``data`` (a file, a journal's first line) is newer."""
+    try:
+        head = _HEAD_DECODER.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return
+    if head.format > FORMAT:
+        meta = head.meta if isinstance(head.meta, dict) else {}
+        written_by = meta.get("library_version")
+        raise newer_format(path, head.format, written_by if isinstance(written_by, str) else None)
+
+
+def newer_format(path: str, version: int, written_by: str | None) -> NewerVersionError:
+    """The error for a file of format ``version``, newer than ``FORMAT``."""
+    this = f"format {version}; this agent-checkpointer {VERSION} reads format {FORMAT}"
+    if written_by is None:
+        reason = f"written by a newer version ({this}); upgrade agent-checkpointer to read it"
+    else:
+        reason = (
+            f"written by a newer version (agent-checkpointer {written_by}); upgrade "
+            f"agent-checkpointer to {written_by} or later to read it ({this})"
+        )
+    return NewerVersionError(path, reason, written_by)
+
+
+def decode_meta(data: bytes, path: str) -> Meta:
+    """Decode only the meta of a checkpoint file (the state is skipped)."""
+    return _decode_envelope(data, path).meta
+
+
+def decode_checkpoint(data: bytes, path: str, type: Any = Any) -> Checkpoint[Any]:
+    """Decode a whole checkpoint file, its state as ``type``.
+
+    Raises:
+        CheckpointError: the bytes are not a checkpoint this library can read,
+            or the state does not match ``type`` (the message names the JSON
+            path of the bad field, e.g. ``$.state.messages[3].role``).
+    """
+    envelope = _decode_envelope(data, path)
+    return Checkpoint(meta=envelope.meta, state=decode_state(envelope.state, path, type))
+
+
+def decode_raw(data: bytes, path: str) -> Checkpoint[msgspec.Raw]:
+    """Decode a checkpoint file's meta, and its state as the raw JSON it is in the file.
+
+    What ``decode_checkpoint(data, path, msgspec.Raw)`` returns, without
+    going over the state a second time.
+    """
+    envelope = _decode_envelope(data, path)
+    return Checkpoint(meta=envelope.meta, state=envelope.state)
+
+
+def decode_state(data: bytes | msgspec.Raw, path: str, type: Any = Any) -> Any:
+    """Decode the JSON of a state as ``type``; errors name ``$.state...``."""
+    try:
+        return _state_decoder(type).decode(data)
+    except msgspec.ValidationError as exc:
+        # msgspec ends its message with " - at `$...`" (none at the root);
+        # rewrite only that marker, not a "`$" inside a quoted field name.
+        message, at, where = str(exc).rpartition(" - at `$")
+        message = f"{message} - at `$.state{where}" if at else f"{where} - at `$.state`"
+        raise CheckpointError(path, f"state does not match {_type_name(type)}: {message}") from None
+    except msgspec.DecodeError as exc:
+        raise CheckpointError(path, f"state is not valid JSON: {exc}") from None
+
+
+def _type_name(type_: Any) -> str:
+    return getattr(type_, "__name__", None) or repr(type_)

@@ -1,0 +1,301 @@
+"""The journal format: its rows, how they are read back, and how they are built.
+
+The one answer to "where is the journal format?": ``JournalStore`` writes
+these rows as the lines of a file, ``PostgresJournalStore`` as the rows of
+a table (``ROW_END``: no newline), and both read them back with
+``scan_journal`` and ``assemble``.
+
+Key ``k`` lives at ``<root>/k.jsonl``.  Every line is one JSON object whose
+``kind`` comes first::
+
+    {"kind":"header","format":1,"meta":{...}}
+    {"kind":"compaction","meta":{...},"transcript":"messages","state":{...}}
+    {"kind":"message","message":{...}}
+    {"kind":"state","meta":{...},"state":{..."messages":null...}}
+    {"kind":"meta","meta":{...}}
+
+* ``header``: the first line, once: the format version and the meta of the
+  checkpoint that created the file.
+* ``compaction``: the whole state, its transcript included (``transcript``
+  names its JSON key, null when the state has none).
+* ``message``: one message appended to the transcript.
+* ``state``: the rest of the state changed; its transcript key is null (the
+  transcript is the rows).
+* ``meta``: only the meta changed, or it closes an append of messages.
+
+A checkpoint is one *batch*: zero or more ``message`` rows and exactly one
+row that carries the meta (``meta``, ``state`` or ``compaction``), written
+with one ``write`` and one ``fsync``.  A new file (a header and a
+compaction) is made by temp file + fsync + rename + directory fsync.  So a
+crash leaves at most one unfinished batch at the end of the file: ``load``
+ignores it and reports it (``Checkpoint.torn``); a writer opening the
+journal truncates it away.  A damaged line that is not the last one cannot
+come from a crash: that is a ``CheckpointError`` naming the line.
+
+Loading takes the last compaction row and applies the committed rows after
+it.  Older rows stay in the file, for audit, until a rewrite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import msgspec
+
+from .._values import CheckpointError, Meta, TornTail
+from .envelope import FORMAT, check_format, newer_format
+
+__all__ = [
+    "COMPACTION_HEAD",
+    "HEADER_HEAD",
+    "LINE_END",
+    "MESSAGE_HEAD",
+    "META_HEAD",
+    "ROW_END",
+    "STATE_HEAD",
+    "JournalScan",
+    "assemble",
+    "assemble_rows",
+    "compaction_row",
+    "header_line",
+    "message_rows",
+    "meta_row",
+    "scan_journal",
+    "state_row",
+]
+
+
+# -- rows -------------------------------------------------------------------
+
+
+class _Header(msgspec.Struct, tag="header", tag_field="kind"):
+    format: int
+    meta: Meta
+
+
+class _Message(msgspec.Struct, tag="message", tag_field="kind"):
+    message: msgspec.Raw
+
+
+class _MetaRow(msgspec.Struct, tag="meta", tag_field="kind"):
+    meta: Meta
+
+
+class _StateRow(msgspec.Struct, tag="state", tag_field="kind"):
+    meta: Meta
+    state: msgspec.Raw
+
+
+class _Compaction(msgspec.Struct, tag="compaction", tag_field="kind"):
+    meta: Meta
+    state: msgspec.Raw
+    transcript: str | None = None
+
+
+_Row = _Header | _Message | _MetaRow | _StateRow | _Compaction
+_ROWS = msgspec.json.Decoder(_Row)
+_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
+_ENCODER = msgspec.json.Encoder()
+
+
+MESSAGE_HEAD = b'{"kind":"message","message":'
+META_HEAD = b'{"kind":"meta","meta":'
+STATE_HEAD = b'{"kind":"state","meta":'
+COMPACTION_HEAD = b'{"kind":"compaction","meta":'
+HEADER_HEAD = b'{"kind":"header","format":%d,"meta":' % FORMAT
+LINE_END = b"}\n"
+"""How a row ends in a journal file: one line each."""
+ROW_END = b"}"
+"""How a row ends in a PostgreSQL journal: one table row each."""
+
+
+def _kind(row: _Row) -> str:
+    return type(row).__struct_config__.tag  # type: ignore[return-value]
+
+
+# -- reading ----------------------------------------------------------------
+
+
+class JournalScan(NamedTuple):
+    """A journal read and checked, up to its last complete checkpoint."""
+
+    meta: Meta
+    end: int  # byte offset just past the last committed row
+    live: int  # bytes of the header line and the last compaction line
+    compaction: _Compaction
+    compaction_line: int
+    after: list[_Row]  # committed rows after the last compaction
+    torn: TornTail | None
+
+
+def scan_journal(data: bytes, path: str) -> JournalScan:
+    """Parse a journal; ignore an unfinished last batch; reject any other damage."""
+    if not data:
+        raise CheckpointError(path, "the journal is empty (its creation never finished?)")
+    lines = data.split(b"\n")
+    partial = lines.pop()  # b"" when the file ends with a newline, as it should
+    rows: list[_Row] = []
+    ends: list[int] = []
+    offset = 0
+    unparsable = ""
+    for number, line in enumerate(lines, 1):
+        try:
+            row = _ROWS.decode(line)
+        except (msgspec.DecodeError, RecursionError) as exc:  # ValidationError included
+            if number == 1:
+                check_format(line, path)  # the format and library version, as a snapshot's
+            if number == len(lines) and not partial:
+                unparsable = f"line {number} is not a journal row ({exc})"
+                break
+            raise CheckpointError(
+                path,
+                f"line {number} is not a journal row ({exc}); a crash can only damage "
+                "the last line, so this journal cannot be trusted",
+            ) from None
+        rows.append(row)
+        offset += len(line) + 1
+        ends.append(offset)
+    if not rows or not isinstance(rows[0], _Header):
+        raise CheckpointError(path, "line 1 is not a journal header: not a journal file")
+    header = rows[0]
+    if header.format > FORMAT:
+        raise newer_format(path, header.format, header.meta.library_version)
+    if header.format < 1:
+        raise CheckpointError(path, f"unknown journal format version {header.format}")
+    last_commit = -1
+    compaction = -1
+    for index in range(1, len(rows)):
+        row = rows[index]
+        number = index + 1
+        if isinstance(row, _Header):
+            raise CheckpointError(path, f"line {number}: a second header row")
+        if isinstance(row, _Compaction):
+            compaction = index
+        elif compaction < 0:
+            raise CheckpointError(path, f"line {number}: a {_kind(row)} row before any compaction")
+        elif (
+            isinstance(row, _Message | _StateRow)
+            and _compaction(rows, compaction).transcript is None
+        ):
+            raise CheckpointError(
+                path,
+                f"line {number}: a {_kind(row)} row, but the compaction at line "
+                f"{compaction + 1} has no transcript",
+            )
+        if not isinstance(row, _Message):
+            last_commit = index
+    if last_commit < 0:
+        raise CheckpointError(path, "no complete checkpoint after the header")
+    end = ends[last_commit]
+    torn = None
+    if end < len(data):
+        reasons = []
+        pending = len(rows) - 1 - last_commit
+        if pending:
+            reasons.append(f"{pending} message row(s) without the row that closes their append")
+        if unparsable:
+            reasons.append(unparsable)
+        if partial:
+            reasons.append(f"a last line of {len(partial)} bytes with no newline")
+        torn = TornTail(
+            line=last_commit + 2,
+            offset=end,
+            nbytes=len(data) - end,
+            reason="an append that never finished: " + "; ".join(reasons),
+        )
+    last = rows[last_commit]
+    assert not isinstance(last, _Message)
+    return JournalScan(
+        meta=last.meta,
+        end=end,
+        live=ends[0] + ends[compaction] - ends[compaction - 1],
+        compaction=_compaction(rows, compaction),
+        compaction_line=compaction + 1,
+        after=rows[compaction + 1 : last_commit + 1],
+        torn=torn,
+    )
+
+
+def _compaction(rows: list[_Row], index: int) -> _Compaction:
+    row = rows[index]
+    assert isinstance(row, _Compaction)
+    return row
+
+
+def assemble(scan: JournalScan, path: str) -> bytes:
+    """The state as of the last committed row, as JSON."""
+    compaction = scan.compaction
+    messages = [row.message for row in scan.after if isinstance(row, _Message)]
+    states = [row.state for row in scan.after if isinstance(row, _StateRow)]
+    if not messages and not states:
+        return bytes(compaction.state)
+    name = compaction.transcript
+    assert name is not None  # scan_journal checked it
+    try:
+        base = _OBJECT.decode(compaction.state)
+        existing = _ARRAY.decode(base[name])
+        rest = _OBJECT.decode(states[-1]) if states else base
+    except (msgspec.DecodeError, RecursionError, KeyError) as exc:
+        raise CheckpointError(
+            path,
+            f"line {scan.compaction_line}: the compaction's state has no "
+            f"{name!r} array to append to ({exc})",
+        ) from None
+    existing.extend(messages)
+    rest[name] = msgspec.Raw(b"".join([b"[", b",".join(existing), b"]"]))
+    return _ENCODER.encode(rest)
+
+
+# -- building rows ------------------------------------------------------------
+
+
+def header_line(meta_json: bytes) -> bytes:
+    """The first line of a journal file: the format and the meta that created it."""
+    return b"".join([HEADER_HEAD, meta_json, LINE_END])
+
+
+def message_rows(chunks: Sequence[bytes], end: bytes) -> list[bytes]:
+    """A ``message`` row for each encoded message, ending in ``end``."""
+    return [b"".join([MESSAGE_HEAD, chunk, end]) for chunk in chunks]
+
+
+def meta_row(meta_json: bytes, end: bytes) -> bytes:
+    """A ``meta`` row: only the meta changed, or it closes an append of messages."""
+    return b"".join([META_HEAD, meta_json, end])
+
+
+def state_row(meta_json: bytes, head: bytes, tail: bytes, end: bytes) -> bytes:
+    """A ``state`` row: the rest of the state (``head`` and ``tail`` around a null transcript)."""
+    return b"".join([STATE_HEAD, meta_json, b',"state":', head, b"null", tail, end])
+
+
+def compaction_row(
+    meta_json: bytes, transcript: str | None, state: Sequence[bytes], end: bytes
+) -> list[bytes]:
+    """The pieces of a ``compaction`` row: the whole state, whose transcript is at ``transcript``.
+
+    Pieces, not one buffer: a large state is written with ``writev``
+    (``_stores/atomic.write_all``) and never joined in memory.
+    """
+    name = b"null" if transcript is None else _ENCODER.encode(transcript)
+    return [COMPACTION_HEAD, meta_json, b',"transcript":', name, b',"state":', *state, end]
+
+
+def assemble_rows(meta_json: bytes, bodies: Sequence[bytes | None], where: str) -> bytes:
+    """The state of a journal kept as rows (a compaction first), as JSON.
+
+    The rows are a journal file's lines without their newlines (a PostgreSQL
+    journal key's), so the file's reader checks and assembles them; the
+    head's meta closes them as a ``meta`` line would.
+
+    Raises:
+        CheckpointError: the rows are not a journal (no compaction first, a
+            damaged row).
+    """
+    lines = [header_line(meta_json)]
+    lines.extend(body + b"\n" for body in bodies if body is not None)
+    lines.append(meta_row(meta_json, LINE_END))
+    data = b"".join(lines)
+    return assemble(scan_journal(data, where), where)

@@ -1,0 +1,300 @@
+"""The store protocols: what the writer and ``load()`` need of a store, in one file.
+
+* ``Store``: bytes in, bytes out, one key at a time (``FileStore``,
+  ``PostgresStore``, your own).  Every method is synchronous and may block:
+  the writer calls them from a worker thread, ``flush_sync`` directly.
+* ``StateStore`` / ``Staged``: a store that takes states, not bytes
+  (``JournalStore``); any other store is adapted by ``envelopes.Envelopes``.
+  ``commit_deadline`` / ``time_left`` bound the waits of its calls during a
+  flush with a timeout.
+* Optional capabilities: ``LockingStore`` (one writer per key: ``KeyLock``,
+  ``KeyLocked``, ``LockHolder``), ``ProbingStore`` (reachable again?), and
+  ``StaleWrite``, what a fencing store raises for a late write.
+* ``check_key`` / ``KEY_PATTERN``: the key rule every store shares.
+
+Nothing in the writer assumes a local path, so a networked store can
+implement the same protocols.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any, Protocol, runtime_checkable
+
+import msgspec
+
+from .._values import Checkpoint, Meta
+
+__all__ = [
+    "KEY_PATTERN",
+    "KeyLock",
+    "KeyLocked",
+    "LockHolder",
+    "LockingStore",
+    "ProbingStore",
+    "Staged",
+    "StaleWrite",
+    "StateStore",
+    "Store",
+    "check_key",
+    "commit_deadline",
+    "time_left",
+]
+
+# -- keys ----------------------------------------------------------------------
+
+KEY_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+"""A key: 1-200 letters, digits, ``.``, ``_``, ``-``; not starting with ``.``."""
+
+_RULE = "a key is 1-200 ASCII letters, digits, '.', '_' or '-', not starting with '.'"
+_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
+
+
+def check_key(key: object) -> str:
+    """Return ``key`` if it is a valid checkpoint key.
+
+    Raises:
+        ValueError: naming the key and the rule it breaks.
+    """
+    if not isinstance(key, str):
+        # ValueError, not TypeError: every bad key is one kind of error for callers.
+        why = f"it is of type {type(key).__name__}, not str"
+        raise ValueError(f"invalid key {_shown(key)}: {why}; {_RULE}")  # noqa: TRY004
+    if KEY_PATTERN.fullmatch(key) is None:
+        if not key:
+            why = "it is empty"
+        elif len(key) > 200:
+            why = f"it has {len(key)} characters"
+        elif key.startswith("."):
+            why = "it starts with '.'"
+        else:
+            bad = next(c for c in key if c not in _KEY_CHARS)
+            why = f"it contains {bad!r}"
+        raise ValueError(f"invalid key {_shown(key)}: {why}; {_RULE}")
+    return key
+
+
+def _shown(key: object) -> str:
+    text = repr(key)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# -- bytes: the Store protocol ---------------------------------------------------
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What a checkpoint writer needs from storage.
+
+    Every method is synchronous and may block; the writer calls them from a
+    worker thread (async path) or directly (``flush_sync``).  ``write`` must
+    be atomic: after a crash a reader sees the old bytes or the new ones.
+    A store may also lock a key for one writer (``LockingStore``, optional).
+    """
+
+    def validate_key(self, key: str) -> None:
+        """Raise ValueError if ``key`` cannot name a checkpoint here."""
+
+    def location(self, key: str) -> str:
+        """Where ``key`` lives, for messages and ``Written.location``."""
+
+    def open(self) -> None:
+        """Prepare for writing (clean up debris of crashed writers)."""
+
+    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+        """Atomically and durably replace ``key`` with the joined chunks.
+
+        Returns the number of bytes written.  Raises OSError on failure.
+        """
+
+    def read(self, key: str) -> bytes | None:
+        """The bytes of ``key``, or None if there is none."""
+
+    def keys(self) -> list[str]:
+        """The keys that have a checkpoint, sorted."""
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; False if there was nothing to remove."""
+
+    def move_aside(self, key: str, suffix: str) -> str | None:
+        """Rename ``key``'s checkpoint out of the way; return where it went."""
+
+
+@runtime_checkable
+class ProbingStore(Protocol):
+    """The optional capability of a store to say cheaply that it can be reached again.
+
+    A writer waiting out a retry backoff after a failed write calls
+    ``probe`` about once a second (in a worker thread); True ends the wait
+    and the write is retried at once.  So after an outage the writer is
+    back within a second of the store, not at the end of a long backoff.
+    """
+
+    def probe(self) -> bool:
+        """True if a write that failed because the store was unreachable would now reach it.
+
+        False when the store was not lost (the failure was of another kind,
+        whose backoff stands) or still does not answer.  Cheap, bounded,
+        never raises.
+        """
+        ...
+
+
+# -- states: the StateStore protocol ---------------------------------------------
+
+_deadline = threading.local()
+
+
+@contextlib.contextmanager
+def commit_deadline(timeout: float) -> Iterator[None]:
+    """Bound, on this thread, the waits of the store calls made inside the block.
+
+    Args:
+        timeout: seconds from now; negative means no bound.
+    """
+    previous = getattr(_deadline, "at", None)
+    _deadline.at = None if timeout < 0 else time.monotonic() + timeout
+    try:
+        yield
+    finally:
+        _deadline.at = previous
+
+
+def time_left() -> float:
+    """Seconds left before this thread's ``commit_deadline``: -1 when there is none.
+
+    Suits ``threading.Lock.acquire(timeout=time_left())``.
+    """
+    at: float | None = getattr(_deadline, "at", None)
+    if at is None:
+        return -1
+    return max(0.0, at - time.monotonic())
+
+
+class Staged(Protocol):
+    """A state staged on the caller's thread, ready for ``StateStore.commit``."""
+
+    def content(self) -> object:
+        """What would be stored, for the writer's "unchanged" check.
+
+        Two staged states of a key compare equal (``==``) only if committing
+        either stores the same state.  Called in the worker thread.
+        """
+        ...
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    """A store that takes states, not bytes: it encodes and lays them out itself.
+
+    The writer calls ``stage`` on the caller's thread and the other methods
+    from a worker thread (or the thread of ``flush_sync``), one at a time
+    per writer, under its I/O lock.
+    """
+
+    def stage(self, key: str, state: Any) -> Staged:
+        """Encode what must be read from ``state`` now (caller's thread)."""
+        ...
+
+    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
+        """Store a staged state durably; return the bytes written.
+
+        Raises OSError (or CheckpointError for a file it cannot trust) on
+        failure; the previous checkpoint is then still loadable.
+        """
+        ...
+
+    def read_meta(self, key: str) -> Meta | None:
+        """The meta of ``key``'s checkpoint, or None; CheckpointError if untrusted."""
+        ...
+
+    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
+        """Store ``update(meta)`` with the state unchanged; None if no checkpoint."""
+        ...
+
+    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
+        """The checkpoint of ``key``, its state as raw JSON; None if none.
+
+        ``load()`` decodes (and migrates) the state.  Raises CheckpointError
+        for a checkpoint that cannot be trusted, or cannot be read.
+        """
+        ...
+
+
+# -- one writer per key: the LockingStore capability ----------------------------
+
+
+class LockHolder(msgspec.Struct, frozen=True, kw_only=True):
+    """Who holds a key's writer lock: written into the lock file for display."""
+
+    pid: int
+    host: str
+    started_at: datetime
+
+    def describe(self) -> str:
+        try:
+            started = self.started_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        except (OverflowError, ValueError):  # a hand-edited time, outside the calendar in UTC
+            started = self.started_at.isoformat()
+        return f"pid {self.pid} on {self.host} since {started}"
+
+
+class StaleWrite(Exception):
+    """The store refused a write: another writer stored the key since this one held it.
+
+    Raised by a fencing store (``PostgresStore``) from ``write``/``commit``
+    when the writer lost the key's session and another writer wrote
+    meanwhile; the writer reports it as ``Failed("conflict")`` and does not
+    retry until the session changes.
+    """
+
+
+class KeyLocked(Exception):
+    """Another live writer holds the key's lock.
+
+    Attributes:
+        key: the key.
+        location: where the lock is (a path for ``FileStore``).
+        holder: who holds it, if it said so, else None.
+    """
+
+    def __init__(self, key: str, location: str, holder: LockHolder | None) -> None:
+        who = holder.describe() if holder is not None else "a writer that has not said who"
+        super().__init__(
+            f"key {key!r} is locked by another writer ({who}; {location}): close that "
+            "writer, or pass lock_timeout= to wait for it"
+        )
+        self.key = key
+        self.location = location
+        self.holder = holder
+
+
+class KeyLock(Protocol):
+    """A held writer lock of one key."""
+
+    def release(self) -> None:
+        """Give the lock up; idempotent."""
+
+
+@runtime_checkable
+class LockingStore(Protocol):
+    """The optional capability of a store to lock a key for one writer.
+
+    A ``CheckpointWriter`` takes the lock of a key before its first write of
+    that key and releases it when it closes or moves to another key.
+    Readers (``load``) never lock.
+    """
+
+    def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
+        """Take the writer lock of ``key``, waiting at most ``timeout`` seconds.
+
+        Raises:
+            KeyLocked: another writer still holds it after ``timeout``.
+            OSError: the lock could not be taken for another reason.
+        """
+        ...

@@ -1,0 +1,131 @@
+"""The local-file store: key ``k`` at ``<root>/k.json``, one envelope file per key.
+
+``FileStore`` implements ``Store`` (``base.py``) with the durable atomic
+replace of ``atomic.py``, the lock of ``flock.py`` and the checks of
+``safefs.py``.  The writer reaches it through ``envelopes.Envelopes``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+
+from .atomic import fsync_dir, sweep_temps, write_atomic
+from .base import KEY_PATTERN, KeyLock, check_key
+from .encoding import Transcript
+from .flock import acquire_file_lock
+from .safefs import check_root, read_checked
+
+__all__ = ["FileStore"]
+
+logger = logging.getLogger("checkpointer")
+
+
+class FileStore:
+    """Checkpoints as files: key ``k`` lives at ``root/k.json``.
+
+    The root is created (mode 0700) on the first write.  Each write is a
+    durable atomic replace (temp file, fsync, rename, directory fsync).
+    A writer holds ``root/k.lock`` while it writes ``k`` (see ``lock``).
+    Nothing planted in the root (a link, a FIFO, a hard link) is followed
+    or written through; see ``safefs`` for the rules.
+
+    Args:
+        root: the directory that holds the checkpoint files.
+        transcript: where states keep their messages; given, each settled
+            message is encoded once and its bytes cached, and the file is
+            joined in the worker thread (no loop stall for large sessions).
+    """
+
+    suffix = ".json"
+    _grows = False  # JournalStore: appended in place, so a read without the lock sees it grow
+
+    def __init__(
+        self, root: str | os.PathLike[str], *, transcript: Transcript | None = None
+    ) -> None:
+        self.root = os.fspath(root)
+        if not isinstance(self.root, str) or not self.root:
+            raise ValueError(f"FileStore root must be a non-empty path, got {root!r}")
+        if transcript is not None and not isinstance(transcript, Transcript):
+            raise TypeError(f"transcript must be a Transcript or None, got {transcript!r}")
+        self.transcript = transcript
+
+    def __repr__(self) -> str:
+        return f"FileStore({self.root!r})"
+
+    def validate_key(self, key: str) -> None:
+        check_key(key)
+
+    def location(self, key: str) -> str:
+        return os.path.join(self.root, key + self.suffix)
+
+    def open(self) -> None:
+        check_root(self.root)
+        for path in sweep_temps(self.root):
+            logger.info("checkpointer: removed stale temp file %s", path)
+
+    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+        check_key(key)
+        return write_atomic(self.location(key), chunks)
+
+    def read(self, key: str) -> bytes | None:
+        """The bytes of ``key``'s file, or None.
+
+        Raises:
+            UnsafeFile: a symbolic link, a FIFO or a device is in its place
+                (never followed, never waited on), or a file of an untrusted
+                owner (see ``safefs``).
+            UnreadableFile: larger than this machine's memory, more than the
+                process can allocate, or growing while read (a journal may
+                grow: what ``fstat`` saw is read).
+            OSError: it cannot be read.
+        """
+        check_key(key)
+        return read_checked(self.location(key), growing=self._grows)
+
+    def keys(self) -> list[str]:
+        try:
+            names = os.listdir(self.root)
+        except FileNotFoundError:
+            return []
+        n = len(self.suffix)
+        found = [
+            name[:-n]
+            for name in names
+            if name.endswith(self.suffix) and KEY_PATTERN.fullmatch(name[:-n])
+        ]
+        return sorted(found)
+
+    def delete(self, key: str) -> bool:
+        check_key(key)
+        try:
+            os.unlink(self.location(key))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def move_aside(self, key: str, suffix: str) -> str | None:
+        check_key(key)
+        source = self.location(key)
+        target = os.path.join(self.root, f"{key}.{suffix}")
+        try:
+            # A rename moves and replaces names, never following a link at either.
+            os.replace(source, target)
+        except FileNotFoundError:
+            return None
+        fsync_dir(self.root)
+        return target
+
+    def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
+        """Take the writer lock of ``key``: ``flock`` on ``root/<key>.lock``.
+
+        The ``LockingStore`` capability; see ``checkpointer._stores.flock`` for why
+        ``flock`` and how release avoids the unlink race.
+
+        Raises:
+            KeyLocked: another writer holds it after ``timeout`` seconds.
+        """
+        check_key(key)
+        path = os.path.join(self.root, key + ".lock")
+        return acquire_file_lock(path, key=key, timeout=timeout)

@@ -1,0 +1,311 @@
+"""The journal core: staging by prefix and the commit bookkeeping both journals share.
+
+``JournalStore`` (``file.py``) and ``PostgresJournalStore``
+(``_stores/postgres/journal.py``) stage a state the same way, decide append
+or compaction the same way, and keep their tracks the same way
+(``JournalCore``); they differ only in how they store rows (the rows
+themselves: ``_format/journal.py``).
+
+The store remembers, per key, the messages it has written (``Track`` and
+its ``Known``, ``staging.py``): their bytes, and the objects staged.  A new
+state whose messages (a list or a tuple) start with that prefix gets only
+its new messages appended; otherwise (the agent compacted, edited or
+truncated its history) it gets a compaction row.  The rule is the bytes: a
+prefix is unchanged only if it encodes as it was written, so ``2`` ->
+``2.0`` or ``0`` -> ``False`` (equal in Python) is a change, and a message
+replaced by another object that encodes the same is not.  Settled messages
+(deeply immutable, see ``_stores/encoding.py``) must be the very objects
+written, checked in C with one list ``==`` while no settled witness is
+``LOOSE`` (``==`` could hide a change), else with an identity scan;
+unsettled ones are encoded again, as one array, and compared with what was
+written.  See ``JournalCore``.
+
+Bounded growth (like Redis's AOF rewrite): ``live`` is the size of the
+key's last compaction (a file's header and compaction rows); an append
+that would take the key past ``_threshold(live)`` =
+``max(rewrite_min_bytes, rewrite_factor * live)`` is written as a
+compaction instead (for a file: a fresh file).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from ..._format.journal import compaction_row, message_rows, meta_row, state_row
+from ..._values import Meta
+from ..encoding import Transcript
+from .staging import Delta, Full, Track
+
+__all__ = ["JournalCore"]
+
+_ENCODER = msgspec.json.Encoder()
+
+
+class JournalCore:
+    """Staging by prefix, and the bookkeeping of a commit, for both journals.
+
+    A mixin of ``JournalStore`` and ``PostgresJournalStore``: what they
+    share, so they differ only in how they store rows.  The sink calls
+    ``_init_journal`` in its constructor and, to commit, ``_commit_on`` with
+    the key's current track (under whatever lock it holds); the core decides
+    append or compaction and keeps the tracks, and calls back the sink's
+    ``_append_rows`` and ``_compact`` to store the rows.  ``_row_end`` says
+    how a row ends (a file's line, a table's row), ``_closing_meta`` whether
+    an append whose rest of the state is unchanged is closed by a ``meta``
+    row (a file; a PostgreSQL head row carries the meta itself).
+
+    Staging: only the messages after what a key's track holds are new.
+
+    A prefix is unchanged when it *encodes* the same: ``2`` and ``2.0``,
+    ``0`` and ``False`` are equal in Python but not on disk, so ``==`` alone
+    is never the test.  Settled messages must be the very objects that were
+    written: one list ``==`` in C finds them (identity first) while every
+    settled witness is ``EXACT``, since then ``==`` cannot hide a change;
+    else an identity scan.  Unsettled ones (dicts, plain Structs,
+    dataclasses) are encoded again, as one array, and compared with what was
+    written.  Anything else (a settled message replaced by another object)
+    takes the slow path: every message of the prefix is encoded (through the
+    cache) and compared.
+    """
+
+    _transcript: Transcript
+    _tracks: dict[str, Track]
+    _witness_lock: threading.Lock
+    _row_end: bytes
+    _closing_meta: bool
+    rewrite_factor: float
+    rewrite_min_bytes: int
+
+    def _init_journal(
+        self, transcript: Transcript, rewrite_factor: float, rewrite_min_bytes: int
+    ) -> None:
+        """Check the growth bounds and start with no tracks.
+
+        Raises:
+            ValueError: ``rewrite_factor`` is not a finite number > 1, or
+                ``rewrite_min_bytes`` not an int >= 0.
+        """
+        if not (isinstance(rewrite_factor, (int, float)) and 1 < rewrite_factor < float("inf")):
+            raise ValueError(f"rewrite_factor must be a finite number > 1, got {rewrite_factor!r}")
+        if not (isinstance(rewrite_min_bytes, int) and rewrite_min_bytes >= 0):
+            raise ValueError(f"rewrite_min_bytes must be an int >= 0, got {rewrite_min_bytes!r}")
+        self._transcript = transcript
+        self.rewrite_factor = float(rewrite_factor)
+        self.rewrite_min_bytes = rewrite_min_bytes
+        self._tracks = {}
+        self._witness_lock = threading.Lock()  # see _new_messages
+
+    def _threshold(self, live: int) -> int:
+        """The size past which a journal whose live content is ``live`` bytes is compacted."""
+        return max(self.rewrite_min_bytes, int(self.rewrite_factor * live))
+
+    # -- staging, on the caller's thread -------------------------------------------
+
+    def stage(self, key: str, state: Any) -> Full | Delta:
+        transcript = self._transcript
+        split = transcript.split(state)
+        if split is None:
+            return Full(whole=transcript.encoder.encode(state))
+        track = self._tracks.get(key)
+        if (
+            track is not None
+            and track.known is not None
+            and not track.known.dead
+            and not track.broken
+            and track.name == split.name
+        ):
+            new = self._new_messages(track, split.messages)
+            if new is not None:
+                chunks, unsettled = transcript.encode_messages(new)
+                loose = transcript.any_loose(new)
+                transcript.prune(split.messages)
+                return Delta(track, new, chunks, unsettled, split.head, split.tail, loose=loose)
+        messages = list(split.messages)  # private: the witnesses to be
+        chunks, unsettled = transcript.encode_messages(messages)
+        loose = transcript.any_loose(messages)
+        transcript.prune(messages)
+        return Full(
+            name=split.name,
+            head=split.head,
+            tail=split.tail,
+            chunks=chunks,
+            messages=messages,
+            unsettled=unsettled,
+            loose=loose,
+        )
+
+    def _new_messages(
+        self, track: Track, messages: list[Any] | tuple[Any, ...]
+    ) -> list[Any] | None:
+        """The messages after the track's prefix, or None if the prefix changed.
+
+        Fast path: the messages against the witnesses in C, then one encode of
+        the unsettled messages of the prefix, compared with what was written.
+        With only ``EXACT`` settled witnesses the first step is one list
+        ``==``, identity first (a nanosecond a message, nothing dereferenced
+        while the objects are the same; no copy of the prefix: at 100,000
+        messages copying the list costs more than the compare, so the
+        witnesses are extended with the new messages and trimmed back);
+        otherwise an identity scan (``is``, about 20 ns a message).  The
+        witnesses are used under a lock that a commit takes to extend them
+        (not blocking: a signal handler may re-enter here).
+        """
+        known = track.known
+        assert known is not None
+        n = track.n
+        if len(messages) < n:
+            return None
+        if not self._witness_lock.acquire(blocking=False):
+            return None  # a commit is extending them, or a signal handler re-entered
+        try:
+            witnesses = known.witnesses
+            if len(witnesses) != n:
+                return None  # a newer commit extended them: this track is stale
+            if known.loose:
+                same = all(map(operator.is_, messages, witnesses))
+            else:
+                live = messages if isinstance(messages, list) else list(messages)
+                witnesses.extend(live[n:])
+                try:
+                    same = live == witnesses
+                except Exception:  # a message's own __eq__ failed: compare the bytes
+                    same = False
+                finally:
+                    del witnesses[n:]
+        finally:
+            self._witness_lock.release()
+        if same:
+            if track.u and not self._unsettled_unchanged(track, messages):
+                return None
+        elif not self._prefix_unchanged(track, messages):
+            return None
+        return list(messages[n:])
+
+    def _unsettled_unchanged(self, track: Track, messages: Sequence[Any]) -> bool:
+        """Whether the unsettled messages of the prefix encode as they were written."""
+        known = track.known
+        assert known is not None
+        if track.u == track.n:
+            live: Sequence[Any] = messages[: track.n]
+        else:
+            live = list(map(messages.__getitem__, itertools.islice(known.unsettled, track.u)))
+        data = self._transcript.encoder.encode(live)  # b"[" + the joined chunks + b"]"
+        return len(data) == track.jlen + 2 and known.joined.startswith(memoryview(data)[1:-1])
+
+    def _prefix_unchanged(self, track: Track, messages: Sequence[Any]) -> bool:
+        """The slow path: encode the whole prefix (through the cache) and compare.
+
+        When it encodes the same, the new objects become the witnesses of
+        their positions where that keeps ``Known``'s rule, so the next
+        stage takes the fast path again.
+        """
+        known = track.known
+        assert known is not None
+        n = track.n
+        transcript = self._transcript
+        prefix = list(messages[:n])
+        chunks, unsettled = transcript.encode_messages(prefix)
+        if chunks != known.chunks[:n]:
+            return False
+        if self._witness_lock.acquire(blocking=False):
+            try:
+                checked = set(itertools.islice(known.unsettled, track.u))
+                fresh = set(unsettled)
+                witnesses = known.witnesses
+                adopted = []
+                for at, message in enumerate(prefix):
+                    if message is not witnesses[at] and (at in checked or at not in fresh):
+                        witnesses[at] = message
+                        adopted.append(message)
+                known.loose = known.loose or transcript.any_loose(adopted)
+            finally:
+                self._witness_lock.release()
+        return True
+
+    # -- committing, in the worker ------------------------------------------------
+
+    def _commit_on(self, key: str, track: Track | None, meta: Meta, staged: object) -> int:
+        """Commit ``staged`` over ``track``, the key's current one: an append or a compaction."""
+        staged = self._settle(track, staged)
+        if isinstance(staged, Delta):
+            assert track is not None  # a delta settles on a track of the key only
+            return self._append_delta(key, track, meta, staged)
+        return self._compact(key, track, meta, staged)
+
+    def _settle(self, track: Track | None, staged: object) -> Full | Delta:
+        """What to commit for ``staged`` on top of ``track``, the key's current track."""
+        if isinstance(staged, Delta):
+            known = staged.base.known
+            if staged.base is track and known is not None and not known.dead:
+                return staged
+            return staged.rebased(track) or staged.as_full()
+        if not isinstance(staged, Full):
+            raise TypeError(f"{type(self).__name__} cannot commit {type(staged).__name__}")
+        return staged
+
+    def _append_delta(self, key: str, track: Track, meta: Meta, delta: Delta) -> int:
+        """Append ``delta``'s rows, or compact when the key would outgrow its threshold."""
+        meta_json = _ENCODER.encode(meta)
+        end = self._row_end
+        rows = message_rows(delta.chunks, end)
+        kinds = ["message"] * len(rows)
+        if (delta.head, delta.tail) != (track.head, track.tail):
+            rows.append(state_row(meta_json, delta.head, delta.tail, end))
+            kinds.append("state")
+        elif self._closing_meta:
+            rows.append(meta_row(meta_json, end))
+            kinds.append("meta")
+        nbytes = sum(map(len, rows))
+        if track.broken or track.size + nbytes > self._threshold(track.live):
+            return self._compact(key, track, meta, delta.as_full(), rewrite=True)
+        self._append_rows(key, track, meta, kinds, rows, nbytes)
+        self._appended(key, track, meta, delta, nbytes)
+        return nbytes
+
+    def _appended(self, key: str, track: Track, meta: Meta, delta: Delta, nbytes: int) -> None:
+        """Extend ``key``'s track by an append of ``delta`` (``nbytes`` stored)."""
+        known = track.known
+        assert known is not None
+        n = track.n
+        with self._witness_lock:
+            known.witnesses.extend(delta.messages)
+            known.loose = known.loose or delta.loose
+        known.chunks.extend(delta.chunks)
+        if delta.unsettled:
+            known.unsettled.extend([n + at for at in delta.unsettled])
+            if known.joined:
+                known.joined += b","
+            known.joined += b",".join([delta.chunks[at] for at in delta.unsettled])
+        self._tracks[key] = track._replace(
+            meta=meta,
+            size=track.size + nbytes,
+            n=n + len(delta.chunks),
+            u=track.u + len(delta.unsettled),
+            jlen=len(known.joined),
+            head=delta.head,
+            tail=delta.tail,
+        )
+
+    def _compaction_row(self, meta_json: bytes, full: Full) -> list[bytes]:
+        """The pieces of the compaction row of ``full``, under the meta ``meta_json``."""
+        return compaction_row(meta_json, full.name, full.state_pieces(), self._row_end)
+
+    # -- what a sink stores ---------------------------------------------------------
+
+    def _append_rows(
+        self, key: str, track: Track, meta: Meta, kinds: list[str], rows: list[bytes], nbytes: int
+    ) -> None:
+        """Store an append: ``rows`` (of ``kinds``), ``nbytes`` in all, after ``track``."""
+        raise NotImplementedError
+
+    def _compact(
+        self, key: str, track: Track | None, meta: Meta, full: Full, *, rewrite: bool = False
+    ) -> int:
+        """Store ``full`` as a compaction (``rewrite``: a fresh start); set the key's track."""
+        raise NotImplementedError

@@ -1,0 +1,269 @@
+"""What the journals know of a key, and what they stage: the values of the journal core.
+
+* ``Known``: the messages a store wrote for one transcript layout (an
+  *epoch*): their bytes, and the objects staged there (the witnesses).
+* ``Track``: what the store knows of one key's journal, replaced on every
+  commit (``absent()``: nothing written).
+* ``Full``: a whole state, to commit as a compaction row (or a fresh file).
+* ``Delta``: new messages on top of a track's prefix, to commit as an append.
+
+``core.JournalCore`` stages them on the caller's thread and settles them
+in the committing thread; the sinks (``file.JournalStore``, the PostgreSQL
+journal) store their rows.
+
+A staged ``Delta`` stands for "the first n messages of this epoch", for the
+writer's unchanged check (``content()``): exact, since the bytes of a
+position never change once a commit has taken them, and a delta whose new
+positions another commit took with other bytes (a ``flush_sync`` staged
+while a write was in flight) stands for its compaction instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from ..._values import Meta
+from ..encoding import new_epoch, state_pieces
+
+__all__ = ["Delta", "Full", "Known", "Track", "absent"]
+
+
+class Known:
+    """What a store knows of one transcript layout (an *epoch*) it wrote.
+
+    Shared by the tracks of one epoch and only ever extended, so the first
+    ``n`` entries an older track saw never change (``dead`` aside).  Position
+    ``i`` is the ``i``-th message stored:
+
+    * ``chunks[i]``: its bytes, as written;
+    * ``witnesses[i]``: the object that was staged there.  At a settled
+      position the witness encodes to ``chunks[i]`` for as long as it lives
+      (it is deeply immutable), so finding that very object (``is``) there
+      again means the same bytes.  Only a settled object that encodes to
+      ``chunks[i]`` ever becomes the witness of a settled position;
+    * ``unsettled``: the positions whose witness proves nothing (a dict can
+      be edited in place), checked by encoding them again: ``joined`` is
+      their chunks joined with commas, one ``memcmp`` against a fresh
+      encoding of them as one array.
+
+    ``loose``: a settled witness is ``LOOSE`` (``encoding.settledness``): an
+    object equal to it (``==``) may encode differently, so the prefix check
+    must be by identity, not ``==``.  ``dead``: an overtaking commit wrote the
+    key behind this epoch's back; nothing is staged on it any more.
+    """
+
+    __slots__ = ("chunks", "dead", "epoch", "joined", "loose", "unsettled", "witnesses")
+
+    def __init__(
+        self,
+        epoch: int,
+        witnesses: list[Any],
+        chunks: list[bytes],
+        unsettled: list[int],
+        *,
+        loose: bool,
+    ) -> None:
+        self.epoch = epoch
+        self.witnesses = witnesses
+        self.chunks = chunks
+        self.unsettled = unsettled
+        self.joined = bytearray(b",".join([chunks[at] for at in unsettled]))
+        self.loose = loose
+        self.dead = False
+
+
+class Track(NamedTuple):
+    """What the store knows about one key's journal.  Replaced on every commit."""
+
+    meta: Meta | None  # of the last committed row; None: no file
+    size: int
+    ino: int
+    live: int
+    broken: bool  # an append failed: rewrite from memory, never fsync this file again
+    known: Known | None  # None: transcript unknown, the next stage is a compaction
+    n: int  # messages in the transcript on disk: known's first n positions
+    u: int  # ... of which unsettled: known.unsettled[:u]
+    jlen: int  # ... whose joined chunks are known.joined[:jlen]
+    head: bytes
+    tail: bytes
+    name: str | None
+
+
+def absent() -> Track:
+    return Track(None, 0, 0, 0, False, None, 0, 0, 0, b"", b"", None)
+
+
+class Full:
+    """A whole state to commit as a compaction row (or a fresh file).
+
+    ``messages`` are the objects staged at each position (the witnesses to
+    be), ``unsettled`` the positions among them that are not settled,
+    ``loose`` whether a settled one is ``LOOSE``.  The first ``count`` chunks
+    are the state's, whatever later happens to the list.
+    """
+
+    __slots__ = (
+        "chunks",
+        "count",
+        "epoch",
+        "head",
+        "loose",
+        "messages",
+        "name",
+        "tail",
+        "unsettled",
+        "whole",
+    )
+
+    def __init__(
+        self,
+        *,
+        whole: bytes | None = None,
+        name: str | None = None,
+        head: bytes = b"",
+        tail: bytes = b"",
+        chunks: list[bytes] | None = None,
+        messages: list[Any] | None = None,
+        unsettled: list[int] | None = None,
+        loose: bool = False,
+    ) -> None:
+        self.epoch = new_epoch()
+        self.loose = loose
+        self.whole = whole
+        self.name = name
+        self.head = head
+        self.tail = tail
+        self.chunks = chunks if chunks is not None else []
+        self.count = len(self.chunks)
+        self.messages = messages if messages is not None else []
+        self.unsettled = unsettled if unsettled is not None else []
+
+    def content(self) -> object:
+        if self.whole is not None:
+            return ("whole", self.whole)
+        return (self.epoch, self.count, self.head, self.tail)
+
+    def state_pieces(self) -> list[bytes]:
+        if self.whole is not None:
+            return [self.whole]
+        return state_pieces(self.head, self.chunks[: self.count], self.tail)
+
+    def track(self, meta: Meta, *, size: int, ino: int, live: int) -> Track:
+        """The track of a key once this state is committed (built in the worker)."""
+        if self.whole is not None:
+            return absent()._replace(
+                meta=meta, size=size, ino=ino, live=live, head=self.head, tail=self.tail
+            )
+        count = self.count
+        known = Known(  # copies: a Full committed twice must not share its lists
+            self.epoch,
+            self.messages[:count],
+            self.chunks[:count],
+            list(self.unsettled),
+            loose=self.loose,
+        )
+        return Track(
+            meta=meta,
+            size=size,
+            ino=ino,
+            live=live,
+            broken=False,
+            known=known,
+            n=count,
+            u=len(known.unsettled),
+            jlen=len(known.joined),
+            head=self.head,
+            tail=self.tail,
+            name=self.name,
+        )
+
+
+class Delta:
+    """New messages (and the rest of the state) on top of a track's prefix."""
+
+    __slots__ = ("_full", "base", "chunks", "head", "loose", "messages", "tail", "unsettled")
+
+    def __init__(
+        self,
+        base: Track,
+        messages: list[Any],
+        chunks: list[bytes],
+        unsettled: list[int],
+        head: bytes,
+        tail: bytes,
+        *,
+        loose: bool,
+    ) -> None:
+        assert base.known is not None
+        self.base = base
+        self.messages = messages
+        self.chunks = chunks
+        self.unsettled = unsettled
+        self.head = head
+        self.tail = tail
+        self.loose = loose
+        self._full: Full | None = None
+
+    def content(self) -> object:
+        # (epoch, n) stands for the first n positions of the epoch, whose bytes
+        # never change once a commit has taken them.  Ours, past the base, may
+        # have been taken since we were staged (a commit in flight when a
+        # flush_sync staged us): with other bytes, we are another state, to be
+        # written as a compaction.
+        base = self.base
+        known = base.known
+        assert known is not None
+        count = len(self.chunks)
+        taken = known.chunks[base.n : base.n + count]
+        if known.dead or (taken and taken != self.chunks[: len(taken)]):
+            return self.as_full().content()
+        return (known.epoch, base.n + count, self.head, self.tail)
+
+    def as_full(self) -> Full:
+        """The same state as a compaction (the track moved on since staging)."""
+        if self._full is None:
+            base = self.base
+            known = base.known
+            assert known is not None
+            count = base.n
+            self._full = Full(
+                name=base.name,
+                head=self.head,
+                tail=self.tail,
+                chunks=known.chunks[:count] + self.chunks,
+                messages=known.witnesses[:count] + self.messages,
+                unsettled=known.unsettled[: base.u] + [count + at for at in self.unsettled],
+                loose=known.loose or self.loose,
+            )
+        return self._full
+
+    def rebased(self, track: Track | None) -> Delta | None:
+        """This state on top of ``track``, if ``track`` is our base plus some of our messages.
+
+        So a delta staged while another commit of its key was in flight is
+        still an append (or a meta row) once that commit is on disk.
+        """
+        base = self.base
+        known = base.known
+        if (
+            track is None
+            or track.known is not known
+            or known is None
+            or known.dead
+            or track.broken
+            or not base.n <= track.n <= base.n + len(self.chunks)
+            or len(known.chunks) != track.n  # not the newest track of the epoch
+        ):
+            return None
+        skip = track.n - base.n
+        if known.chunks[base.n : track.n] != self.chunks[:skip]:
+            return None
+        return Delta(
+            track,
+            self.messages[skip:],
+            self.chunks[skip:],
+            [at - skip for at in self.unsettled if at >= skip],
+            self.head,
+            self.tail,
+            loose=self.loose,
+        )

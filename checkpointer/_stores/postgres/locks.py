@@ -1,0 +1,288 @@
+"""The writer lock of the PostgreSQL store: an advisory lock per key, and fencing.
+
+* **One writer per key** (``acquire``/``release``): a session-level advisory
+  lock on a 64-bit hash of (schema, key), held by the store's connection.
+  The server releases it when that connection ends, however the process
+  died.  ``<schema>.holders`` records who holds it (host, pid, backend pid),
+  so a refused writer is told whose lock it met.  ``write()`` takes the lock
+  itself when it does not hold it: a write is never made without it.
+
+``LocksPart`` is the part of ``PostgresStore`` that takes and gives back
+the locks and notes the fencing base of each key (``store.py`` says how
+the parts fit; its ``_fenced_write`` applies the fence); ``PostgresKeyLock``
+is the held lock ``lock()`` hands out (the ``LockingStore`` capability).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, final
+
+from ... import _exit
+from ..base import LockHolder, check_key
+from .connection import ConnectionPart
+from .errors import KeyLockedError
+from .schema import int64
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["LocksPart", "PostgresKeyLock"]
+
+
+@final
+class PostgresKeyLock:
+    """A held writer lock of one key of a ``PostgresStore`` (from ``lock``)."""
+
+    def __init__(self, store: LocksPart, key: str) -> None:
+        self.store = store
+        self.key = key
+        self.holder = LockHolder(
+            pid=os.getpid(), host=socket.gethostname(), started_at=datetime.now(UTC)
+        )
+
+    def __repr__(self) -> str:
+        return f"<PostgresKeyLock {self.store.location(self.key)!r}>"
+
+    @property
+    def held(self) -> bool:
+        return self.store._handles.get(self.key) is self and self.key in self.store.held()
+
+    def release(self) -> None:
+        """Give the lock up; idempotent, never raises for I/O.
+
+        Only while it is this object that holds the key: a lock object
+        released already never frees the lock a later holder took.
+        """
+        self.store._release_handle(self)
+
+
+class LocksPart(ConnectionPart):
+    """The part of ``PostgresStore`` that holds the writer locks of its keys.
+
+    ``_base`` and ``_fenced`` are the fencing of each key: the writer id of
+    the row when this store took the key (then its own, once it wrote), and
+    why its writes are refused once it lost the key to a writer that wrote.
+    """
+
+    _host: str
+    _base: dict[str, str | None]
+    _fenced: dict[str, str]
+    _handles: dict[str, PostgresKeyLock]  # key -> its holder (lock())
+    _handles_lock: threading.Lock
+
+    def acquire(self, key: str) -> str | None:
+        """Take the writer lock of ``key`` for this store's connection.
+
+        Idempotent (a lock this store holds costs no round trip).  The lock
+        lasts until ``release``, ``close``, or the end of the connection,
+        whichever comes first; the server drops it when the process dies.
+
+        Returns:
+            None when this store holds the lock; otherwise one line naming
+            the holder (pid, host, since when).
+
+        Raises:
+            PostgresStoreError: the server cannot be reached.
+        """
+        refused = self._try_lock(key)
+        return None if refused is None else str(refused)
+
+    def _try_lock(self, key: str) -> KeyLockedError | None:
+        check_key(key)
+        if key in self._held:  # held on the live connection: no round trip
+            return None
+        return self._run(lambda conn: self._acquire(conn, key, fresh=True))
+
+    def lock(self, key: str, *, timeout: float = 0.0) -> PostgresKeyLock:
+        """Take the writer lock of ``key``, waiting at most ``timeout`` seconds.
+
+        The same lock as ``acquire``, in the shape of a held lock object whose
+        ``release()`` gives it back (the ``LockingStore`` capability).  One
+        holder at a time, as with ``FileStore``: while a lock object of this
+        store holds the key, another ``lock`` of it (a second writer sharing
+        the store) is refused, although the connection's lock is the same.
+
+        Raises:
+            KeyLockedError: another writer still holds it after ``timeout``.
+            PostgresStoreError: the server cannot be reached.
+        """
+        if not (isinstance(timeout, (int, float)) and 0 <= timeout < math.inf):
+            raise ValueError(
+                f"lock timeout must be a finite number of seconds >= 0, got {timeout!r}"
+            )
+        deadline = time.monotonic() + timeout
+        while isinstance(taken := self._take_handle(key), KeyLockedError):
+            if time.monotonic() >= deadline:
+                raise taken
+            time.sleep(0.05)
+        return taken
+
+    def _take_handle(self, key: str) -> PostgresKeyLock | KeyLockedError:
+        other = self._handles.get(key)
+        if other is None:
+            refused = self._try_lock(key)
+            if refused is not None:
+                return refused
+            with self._handles_lock:
+                other = self._handles.get(key)
+                if other is None:
+                    handle = self._handles[key] = PostgresKeyLock(self, key)
+                    return handle
+        return KeyLockedError(
+            key,
+            f"{self.location(key)}, held by another writer through this same PostgresStore",
+            other.holder,
+        )
+
+    def _release_handle(self, handle: PostgresKeyLock) -> None:
+        with self._handles_lock:
+            if self._handles.get(handle.key) is not handle:
+                return  # released already, or the key went with a release() or close()
+        self.release(handle.key)
+
+    def release(self, key: str) -> None:
+        """Give the writer lock of ``key`` back; a no-op if not held.
+
+        Never raises for I/O: if the server cannot be told, the connection
+        is dropped, which releases the lock as surely.
+        """
+        check_key(key)
+        with self._handles_lock:
+            self._handles.pop(key, None)
+        with _exit.busy():  # a signal landing meanwhile waits (see _session)
+            if not self._mutex.acquire(timeout=self._busy_wait):
+                return
+            try:
+                self._base.pop(key, None)
+                self._fenced.pop(key, None)
+                if key not in self._held:
+                    return
+                conn = self._conn
+                if conn is None or conn.closed:
+                    self._held.discard(key)
+                    return
+                try:
+                    with self._watchdog.watch(conn.fileno(), self._deadline):
+                        self._unlock(conn, key)
+                except self._pg.Error:
+                    self._drop()
+            finally:
+                self._mutex.release()
+
+    def locked_by(self, key: str) -> str | None:
+        """Who holds the writer lock of ``key`` (one line), or None if it is free.
+
+        Only looks: never takes the lock.  This store's own lock counts.
+        """
+        check_key(key)
+        lock_id = self._lock_id(key)
+        hi, lo = (lock_id >> 32) & 0xFFFFFFFF, lock_id & 0xFFFFFFFF
+        params = {"key": key, "hi": hi, "lo": lo}
+        row = self._run(lambda c: c.execute(self._sql["holder"], params).fetchone())
+        if row is None:
+            return None
+        if row[1] is None:
+            return f"PostgreSQL backend {row[0]}"
+        return (
+            f"{LockHolder(pid=row[2], host=row[1], started_at=row[3]).describe()}, backend {row[0]}"
+        )
+
+    def held(self) -> frozenset[str]:
+        """The keys whose writer lock this store holds (as far as it knows)."""
+        return frozenset(self._held.copy())
+
+    def _lock_id(self, key: str) -> int:
+        return int64(self._quoted.encode() + b"\0" + key.encode())
+
+    def _acquire(
+        self, conn: psycopg.Connection[Any], key: str, *, fresh: bool
+    ) -> KeyLockedError | None:
+        """Take the key's lock on ``conn`` unless held; a refusal is returned.
+
+        ``fresh``: a writer starts on the key now (``acquire``/``lock``) and
+        will read it first, so whatever is stored becomes the base it may
+        write over.  Otherwise (``write`` taking the lock again after a lost
+        connection) the base stays what it was: a store that lost the key
+        to a writer that wrote since is refused.
+        """
+        if key in self._held:
+            return None
+        lock_id = self._lock_id(key)
+        try:
+            row = conn.execute(
+                self._sql["acquire"],
+                {"id": lock_id, "key": key, "host": self._host, "pid": os.getpid()},
+            ).fetchone()
+            taken = row is not None and bool(row[0])
+            if taken and (fresh or key not in self._base):
+                # A statement of its own: its snapshot is taken after the lock.
+                last = conn.execute(self._sql["last_writer"], {"key": key}).fetchone()
+                self._base[key] = None if last is None else last[0]
+                self._fenced.pop(key, None)
+        except self._pg.Error:
+            # The lock may be held now although we could not finish: only
+            # closing the connection makes sure it is not kept unknowingly.
+            self._suspect = True
+            raise
+        if taken:
+            self._held.add(key)
+            return None
+        backend, refused = self._holder(conn, key, lock_id)
+        if backend in self._orphans and refused.holder is not None and self._ours(refused.holder):
+            # Our own old session, dropped mid-call (a cut-off large write),
+            # still running its statement: end it, then take the lock.
+            self._orphans.remove(backend)
+            if self._end_backend(conn, backend):
+                return self._acquire(conn, key, fresh=fresh)
+        return refused
+
+    def _ours(self, holder: LockHolder) -> bool:
+        return holder.pid == os.getpid() and holder.host == self._host
+
+    def _end_backend(self, conn: psycopg.Connection[Any], backend: int) -> bool:
+        """Terminate a backend of ours and wait (lock_timeout at most) until it is gone."""
+        try:
+            conn.execute(b"SELECT pg_terminate_backend(%s)", [backend])
+            deadline = time.monotonic() + self.lock_timeout
+            while time.monotonic() < deadline:
+                row = conn.execute(
+                    b"SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend]
+                ).fetchone()
+                if row is None:
+                    return True
+                time.sleep(0.02)
+        except self._pg.Error:
+            if conn.broken:
+                raise
+        return False
+
+    def _unlock(self, conn: psycopg.Connection[Any], key: str) -> None:
+        self._held.discard(key)
+        conn.execute(self._sql["release"], {"key": key, "id": self._lock_id(key)})
+
+    def _holder(
+        self, conn: psycopg.Connection[Any], key: str, lock_id: int
+    ) -> tuple[int | None, KeyLockedError]:
+        """The backend holding ``key``'s lock, and the refusal to raise."""
+        hi, lo = (lock_id >> 32) & 0xFFFFFFFF, lock_id & 0xFFFFFFFF
+        params = {"key": key, "hi": hi, "lo": lo}
+        for _ in range(3):
+            row = conn.execute(self._sql["holder"], params).fetchone()
+            if row is None or row[1] is not None:
+                break
+            # The holder notes itself in the statement that takes the lock; its
+            # row shows when that statement commits, a moment after the lock.
+            time.sleep(0.02)
+        where = self.location(key)
+        if row is None:  # gone between our try and our look: a retry may take it
+            return None, KeyLockedError(key, f"{where}, released a moment ago", None)
+        holder = None
+        if row[1] is not None:
+            holder = LockHolder(pid=row[2], host=row[1], started_at=row[3])
+        return row[0], KeyLockedError(key, f"{where}, held by PostgreSQL backend {row[0]}", holder)

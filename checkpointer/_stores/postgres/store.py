@@ -1,0 +1,443 @@
+"""The PostgreSQL store: checkpoints as rows, one writer per key across a fleet.
+
+``PostgresStore`` implements the same ``Store`` protocol as ``FileStore``, so
+the writer, ``load()`` and the CLI work with it unchanged.  Every call is a
+synchronous psycopg call: the async path runs it in the writer's one
+worker-thread hop (psycopg's async connection is asyncio-only), and
+``flush_sync`` runs it directly.
+
+How it works
+------------
+``PostgresStore`` is one object built of parts, one file each, every
+attribute set in ``__init__`` here and declared by the part that uses it:
+
+* ``schema.py`` (``SchemaPart``): the tables, their versions, installing them;
+* ``connection.py`` (``ConnectionPart``): the one connection, bounded calls;
+* ``locks.py`` (``LocksPart``): the advisory lock of each key, fencing's base;
+* this file: the ``Store`` protocol over them, fenced writes, forks.
+
+* **Rows.**  ``<schema>.checkpoints`` holds per key: ``seq``, the envelope
+  ``format``, ``meta`` (jsonb), the state's bytes (bytea), the id of the store
+  instance that wrote it (``writer``) and the server's ``updated_at``.
+  ``read()`` rebuilds the same envelope a ``FileStore`` file holds.
+* **Journal keys** (``PostgresJournalStore``, ``journal.py``; schema
+  versions 2 and 3): the key's ``checkpoints`` row is its head (``journal``
+  true, format 2, no state) and ``<schema>.journal`` holds its rows.
+  ``read()``, ``delete()`` and ``move_aside()`` handle both kinds, so any
+  store (and the CLI) reads either.  Version 3 keeps workers of version 1
+  off journal keys (see ``schema._MIGRATE_3_SQL``): they refuse them, rather than
+  read them as empty and start over.
+* **Fencing.**  A write is one transaction: an upsert that applies only if
+  the stored ``seq`` is lower and the row was last written by the writer
+  this store found there when it took the key (or by itself since), or if
+  it is this store's own ``seq`` again (a retry of a commit whose answer was
+  lost).  So a worker that lost its session (its connection, and with it the
+  lock), whose successor wrote since, is refused whatever seq it sends, even
+  after re-reading the key (``StaleWriteError``).  It stays fenced for that
+  key (refused without a round trip, its lock given back) until ``release``.
+* **Writers sharing a store.**  ``lock()`` hands out one lock object per
+  key: a second writer of the key through the same store is refused, as
+  with ``FileStore``.  A signal landing in a store call on the main thread
+  waits for its end (``_exit.busy``), since its flush needs the mutex.
+* **Forks.**  libpq connections must not be used or closed from a forked
+  child: ``close()`` sends Terminate on the socket both share, which ends
+  the parent's session and frees its locks.  Right after a fork the child's
+  copy of every store forgets its connection without a word to the server
+  (its descriptor closed, so a worker outliving its parent does not keep
+  the session and its locks; the object kept alive, as dropping it would
+  only warn: psycopg's finaliser checks the pid), its locks, fencing and
+  watchdog, and takes a new writer id: in the child it is a fresh store
+  that connects on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from ... import _exit
+from ..._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, decode_raw
+from ..._format.journal import assemble_rows
+from ..._text import one_line
+from ..._values import CheckpointError, Meta
+from ..base import check_key
+from ..encoding import Transcript
+from .connection import SLOW_BYTES_PER_SECOND, Watchdog, describe_dsn, import_psycopg, seconds
+from .errors import IdleLoss, StaleWriteError
+from .locks import LocksPart
+from .schema import JOURNAL_FORMAT, QUERIES, SCHEMA_VERSION, quote_schema
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["PostgresStore"]
+
+_META_DECODER = msgspec.json.Decoder(Meta)
+
+
+class _FormatOnly(msgspec.Struct):
+    format: int
+
+
+_FORMAT_DECODER = msgspec.json.Decoder(_FormatOnly)
+
+
+class PostgresStore(LocksPart):
+    """Checkpoints as rows in PostgreSQL, with one writer per key across a fleet.
+
+    Key ``k`` is the row ``k`` of ``<schema>.checkpoints``.  Implements the
+    ``Store`` protocol plus ``acquire``/``release``, the writer lock.  Use
+    it like a ``FileStore``; close it (or use ``with``) to release its locks
+    early, else they go when the process exits.
+
+    Args:
+        dsn: a libpq connection string or URI
+            (``"postgresql://app@db.internal:5432/agents"``); ``""`` uses the
+            ``PG*`` environment variables.  A password may come from the DSN,
+            ``PGPASSWORD`` or ``~/.pgpass``.
+        schema: the PostgreSQL schema that holds the tables.
+        create_schema: create (or upgrade) the tables on first use; with
+            False a missing schema is an error that says how to create it.
+        connect_timeout: seconds to connect (libpq waits at least 2).
+        statement_timeout: seconds the server may spend on one statement; a
+            call that gets no answer a second after that is cut off.
+        lock_timeout: seconds a statement may wait for a table or row lock.
+        application_name: shown in ``pg_stat_activity``.
+        transcript: where states keep their messages; given, each settled
+            message is encoded once and its bytes cached, and the state is
+            joined in the worker thread (no loop stall for large sessions),
+            as with ``FileStore``.
+
+    Raises:
+        ImportError: psycopg is not installed (the message names the extra).
+        ValueError: the DSN cannot be parsed, or an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        dsn: str = "",
+        *,
+        schema: str = "checkpointer",
+        create_schema: bool = True,
+        connect_timeout: float = 5.0,
+        statement_timeout: float = 10.0,
+        lock_timeout: float = 2.0,
+        application_name: str = "checkpointer",
+        transcript: Transcript | None = None,
+    ) -> None:
+        self._pg = import_psycopg()
+        if transcript is not None and not isinstance(transcript, Transcript):
+            raise TypeError(f"transcript must be a Transcript or None, got {transcript!r}")
+        self.transcript = transcript
+        if not isinstance(dsn, str):
+            raise TypeError(f"dsn must be a str (a libpq connection string), got {dsn!r:.80}")
+        try:
+            params = self._pg.conninfo.conninfo_to_dict(dsn)
+        except self._pg.Error as exc:
+            raise ValueError(f"invalid PostgreSQL DSN: {one_line(str(exc))}") from None
+        self._dsn = dsn
+        self.schema = schema
+        self._quoted = quote_schema(schema)
+        self._create = bool(create_schema)
+        self.connect_timeout = seconds("connect_timeout", connect_timeout)
+        self.statement_timeout = seconds("statement_timeout", statement_timeout)
+        self.lock_timeout = seconds("lock_timeout", lock_timeout)
+        self._application_name = str(application_name)
+        self._where = describe_dsn(params)
+        self._sql = {name: q.format(s=self._quoted).encode() for name, q in QUERIES.items()}
+        self._writer_id = uuid.uuid4().hex
+        self._host = socket.gethostname()
+        self._mutex = threading.Lock()
+        self._conn = None
+        self._schema_ok = False
+        self._held = set()
+        # Fencing, per key: the writer id of the row when this store took the
+        # key (then its own, once it wrote); a write applies only over that.
+        self._base = {}
+        self._fenced = {}  # key -> why its writes are refused
+        self._suspect = False  # the connection may hold a lock we do not know of
+        self._handles = {}  # key -> its holder (lock())
+        self._handles_lock = threading.Lock()
+        self._lost = False  # the last call lost the server (for probe())
+        self._backend = None  # the backend pid of self._conn
+        # Backends of connections dropped mid-call: one may still run our
+        # statement and hold our key's lock (see _acquire).
+        self._orphans = []
+        self._watchdog = Watchdog(f"checkpointer-pg-watchdog {self._where}")
+        # A call gets no answer a second after the server would have given up.
+        self._deadline = self.statement_timeout + 1.0
+        self._watching = self._deadline  # the deadline of the call in progress
+        self._busy_wait = self.connect_timeout + self._deadline + 1.0
+        self._pid = os.getpid()  # the process whose connection self._conn is
+        _all_stores.add(self)
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self._where!r}, schema={self.schema!r})"
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- the Store protocol -------------------------------------------------
+
+    def validate_key(self, key: str) -> None:
+        check_key(key)
+
+    def open(self) -> None:
+        """Connect and make sure the schema is there (creating it if allowed).
+
+        Raises:
+            PostgresStoreError: the server cannot be reached, refuses the
+                login, has no such database, or the schema is missing or
+                newer than this library; the message says which.
+        """
+        self._run(lambda conn: None)
+
+    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+        """Store the checkpoint in ``chunks`` (an envelope) in one transaction.
+
+        Takes the key's writer lock first if this store does not hold it.
+
+        Returns:
+            The envelope's size in bytes.
+
+        Raises:
+            KeyLockedError: another writer holds the key.
+            StaleWriteError: another writer wrote the key since this store took it
+                (or the store holds a newer seq); the store is fenced for the key.
+            PostgresStoreError: the server failed or cannot be reached.
+            ValueError: ``chunks`` is not a checkpoint envelope.
+        """
+        check_key(key)
+        fmt, meta_json, state = self._split(key, chunks)
+        seq = _META_DECODER.decode(meta_json).seq
+        params = {
+            "key": key,
+            "seq": seq,
+            "format": fmt,
+            "meta": meta_json.decode(),
+            "state": state,
+            "writer": self._writer_id,
+            "journal": False,
+        }
+        nbytes = sum(len(chunk) for chunk in chunks)
+        self._fenced_write(key, params, nbytes=nbytes)
+        return nbytes
+
+    def _fenced_write(
+        self,
+        key: str,
+        params: dict[str, Any],
+        then: Callable[[psycopg.Connection[Any]], None] | None = None,
+        *,
+        nbytes: int = 0,
+    ) -> None:
+        """The fenced upsert of ``key``'s row, and ``then(conn)``, in one transaction.
+
+        Takes the key's lock first if not held; ``then`` runs only if the
+        upsert applied (the journal's rows go with their head, or not at all).
+        ``nbytes`` (what the write sends) widens the call's time budget, so a
+        large session is not cut off as a hang.  A connection found lost
+        after it sat idle is replaced and the write made once more: fencing
+        makes a repeated upsert safe, and ``then`` is repeated only if its
+        first commit was never sent.
+        """
+        budget = nbytes / SLOW_BYTES_PER_SECOND
+        for attempt in (1, 2):
+            if key in self._fenced:
+                raise StaleWriteError(self._fenced[key])
+            committing = False
+            try:
+                with self._session(budget=budget) as conn:
+                    refused = self._acquire(conn, key, fresh=False)
+                    if refused is not None:
+                        raise refused
+                    params["base"] = self._base.get(key)
+                    with conn.transaction():
+                        if budget >= 1:
+                            conn.execute(
+                                b"SET LOCAL statement_timeout = %d"
+                                % round((self.statement_timeout + budget) * 1000)
+                            )
+                        applied = self._upsert(conn, params)
+                        if applied and then is not None:
+                            then(conn)
+                        committing = True
+                    if not applied:
+                        why = self._fenced[key] = self._stale(conn, key, params["seq"])
+                        self._unlock(conn, key)  # a fenced store lets go of the key
+                        raise StaleWriteError(why)
+                    self._base[key] = self._writer_id
+                return
+            except IdleLoss:
+                if attempt == 2 or (committing and then is not None):
+                    raise
+
+    def read(self, key: str) -> bytes | None:
+        """The checkpoint of ``key`` as an envelope (a journal's rows assembled).
+
+        Raises:
+            CheckpointError: a journal key's rows are damaged, or of a newer format.
+            PostgresStoreError: the server failed or cannot be reached.
+        """
+        check_key(key)
+        params = {"key": key}
+        rows = self._run(lambda c: c.execute(self._sql["read"], params, binary=True).fetchall())
+        if not rows:
+            return None
+        fmt, meta, state, journal, _ = rows[0]
+        meta_json = meta.encode()
+        if journal:
+            if fmt > JOURNAL_FORMAT:
+                raise CheckpointError(
+                    self.location(key),
+                    f"a journal head of format {fmt}, newer than this library reads "
+                    f"({JOURNAL_FORMAT}); upgrade agent-checkpointer to load it",
+                )
+            state = assemble_rows(meta_json, [row[4] for row in rows], self.location(key))
+            fmt = FORMAT  # the rows assembled are an envelope of this library's format
+        return b"".join([b'{"format":%d,"meta":' % fmt, meta_json, MIDDLE, state, SUFFIX])
+
+    def keys(self) -> list[str]:
+        rows = self._run(lambda c: c.execute(self._sql["keys"]).fetchall())
+        return sorted(row[0] for row in rows)
+
+    def delete(self, key: str) -> bool:
+        check_key(key)
+        row = self._run(lambda c: c.execute(self._sql["delete"], {"key": key}).fetchone())
+        return row is not None
+
+    def move_aside(self, key: str, suffix: str) -> str | None:
+        check_key(key)
+        params = {"key": key, "suffix": suffix}
+        if self._run(lambda c: c.execute(self._sql["move_aside"], params).fetchone()) is None:
+            return None
+        return f"{self._where}/{self.schema}.aside/{key}.{suffix}"
+
+    # -- schema -------------------------------------------------------------
+
+    def create_schema(self) -> int:
+        """Create or upgrade the tables; return the schema version now in place.
+
+        Raises:
+            PostgresStoreError: the server cannot be reached, the user may not
+                create the schema, or the schema is newer than this library.
+        """
+        with self._session(ensure=False) as conn:
+            self._install(conn)
+            self._schema_ok = True
+        return SCHEMA_VERSION
+
+    def schema_version(self) -> int | None:
+        """The version of the tables in the database, or None if there are none."""
+        with self._session(ensure=False) as conn:
+            return self._version(conn)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the connection, which releases every lock this store holds.
+
+        The store stays usable: a later call connects again.
+        """
+        with self._handles_lock:
+            self._handles.clear()
+        with _exit.busy(), self._mutex:
+            self._drop()
+            self._base.clear()
+            self._fenced.clear()
+            self._watchdog.close()
+
+    def __del__(self) -> None:
+        # A store dropped without close(): close its connection quietly
+        # (psycopg would warn) and let the watchdog thread go.
+        with contextlib.suppress(Exception):
+            if self._mutex.acquire(blocking=False):
+                try:
+                    self._drop()
+                    self._watchdog.close(wait=0)
+                finally:
+                    self._mutex.release()
+
+    def _after_fork(self) -> None:
+        """In a forked child: become a fresh store, leaving the parent's session alone."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            _inherited.append(conn)  # never closed here: close() would send Terminate
+            with contextlib.suppress(Exception):
+                os.close(conn.pgconn.socket)
+        watching = self._watchdog._fd
+        if watching >= 0:
+            with contextlib.suppress(OSError):
+                os.close(watching)
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()  # another thread of the parent may have held it
+        self._watchdog = Watchdog(f"checkpointer-pg-watchdog {self._where}")
+        self._writer_id = uuid.uuid4().hex
+        self._held.clear()
+        self._base.clear()
+        self._fenced.clear()
+        self._suspect = False
+        self._handles_lock = threading.Lock()
+        self._handles.clear()  # the parent's lock objects: none of them is held here
+        self._lost = False
+        self._backend = None
+        self._orphans = []  # the parent's backends: never ours to terminate
+
+    # -- internals ----------------------------------------------------------
+
+    def _upsert(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> bool:
+        """Run the fenced upsert inside the caller's transaction; True if applied."""
+        return conn.execute(self._sql["upsert"], params).fetchone() is not None
+
+    def _stale(self, conn: psycopg.Connection[Any], key: str, seq: int) -> str:
+        row = conn.execute(self._sql["stored"], {"key": key}).fetchone()
+        stored = "a newer checkpoint" if row is None else f"seq {row[0]}"
+        return (
+            f"refused a late write of {self.location(key)} (seq {seq}): the store holds "
+            f"{stored}, written by another writer since this one last held the key; "
+            "this writer lost the session: reload it with load() in a new writer"
+        )
+
+    def _split(self, key: str, chunks: Sequence[bytes]) -> tuple[int, bytes, bytes]:
+        """The format, the meta JSON and the state JSON of an envelope."""
+        if (
+            len(chunks) >= 4
+            and chunks[0] == PREFIX
+            and chunks[2] == MIDDLE
+            and chunks[-1] == SUFFIX
+        ):
+            # The writer's envelope: the meta, then the state in one or more
+            # pieces (a transcript's cached messages), joined here in the
+            # worker thread (bytes.join releases the GIL for large results).
+            state = chunks[3] if len(chunks) == 5 else b"".join(chunks[3:-1])
+            return FORMAT, bytes(chunks[1]), bytes(state)
+        data = b"".join(chunks)
+        try:
+            checkpoint = decode_raw(data, self.location(key))
+        except Exception as exc:
+            raise ValueError(f"not a checkpoint envelope for {key!r}: {exc}") from None
+        meta = msgspec.json.encode(checkpoint.meta)
+        return _FORMAT_DECODER.decode(data).format, meta, bytes(checkpoint.state)
+
+
+_all_stores: weakref.WeakSet[PostgresStore] = weakref.WeakSet()
+_inherited: list[object] = []  # a forked child's copies of its parent's connections
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_all_stores):
+        store._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

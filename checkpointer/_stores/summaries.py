@@ -1,0 +1,107 @@
+"""Summary checkpoints on disk: ``<root>/sessions/<key>/checkpoint.md``, written and read.
+
+The file's format is ``_format/summary.py``; the value is
+``_values.SummaryCheckpoint``.  ``sessions/`` and ``sessions/<key>/`` are
+reached without following a link below the root, and the file is written
+through the last directory's descriptor (``safefs.py``, ``atomic.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from .._format.summary import decode_summary, encode_summary
+from .._values import CheckpointError, SummaryCheckpoint
+from .atomic import write_atomic
+from .base import check_key
+from .files import FileStore
+from .safefs import check_root, open_dir, open_subdir, read_checked, refuse_unless_replaceable
+
+__all__ = ["Root", "load_summary", "summary_path", "write_summary"]
+
+
+Root = str | os.PathLike[str] | FileStore
+
+
+def summary_path(root: Root, key: str) -> str:
+    """Where the summary checkpoint of ``key`` lives under ``root``.
+
+    ``root`` is a directory or a ``FileStore`` (its root is used).
+
+    Raises:
+        ValueError: ``key`` is not a valid key.
+    """
+    check_key(key)
+    base = root.root if isinstance(root, FileStore) else os.fspath(root)
+    return os.path.join(base, "sessions", key, "checkpoint.md")
+
+
+def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
+    """Write ``checkpoint`` atomically and durably; return its path.
+
+    Blocking: from async code, run it in a worker thread (``collapse`` does).
+
+    Raises:
+        ValueError: a bad key, a negative count, a naive ``created_at``, or a
+            summary that is not Unicode text (a lone surrogate).
+        TypeError: a field of the wrong type.
+        OSError: the write failed; the previous file, if any, is intact.
+    """
+    path = summary_path(root, key)
+    data = encode_summary(key, checkpoint)
+    # sessions/ and sessions/<key>/ are made 0700 like a FileStore's root,
+    # each durably (a new directory needs its parent fsynced to survive a
+    # power cut), and opened without following a link, each relative to its
+    # parent; the write goes through the last descriptor (see safefs).
+    sessions = os.path.dirname(os.path.dirname(path))
+    root = os.path.dirname(sessions) or "."
+    check_root(root)
+    with _dirs(root, sessions, key, create=True) as directory:
+        refuse_unless_replaceable(path, dir_fd=directory)
+        write_atomic(path, [data], dir_fd=directory)
+    return path
+
+
+@contextlib.contextmanager
+def _dirs(root: str, sessions: str, key: str, *, create: bool) -> Iterator[int]:
+    """A descriptor of ``<root>/sessions/<key>``, reached without following links below root."""
+    fds = [open_dir(root, create=create)]
+    try:
+        fds.append(open_subdir(fds[-1], "sessions", sessions, create=create))
+        fds.append(open_subdir(fds[-1], key, os.path.join(sessions, key), create=create))
+        yield fds[-1]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def load_summary(root: Root, key: str) -> SummaryCheckpoint | None:
+    """Load the summary checkpoint of ``key``; None if there is none.
+
+    Raises:
+        ValueError: ``key`` is not a valid key.
+        CheckpointError: the file exists but cannot be read or is not a
+            summary checkpoint (``.path`` is the file, ``.reason`` says why).
+    """
+    path = summary_path(root, key)
+    sessions = os.path.dirname(os.path.dirname(path))
+    try:
+        with _dirs(os.path.dirname(sessions) or ".", sessions, key, create=False) as directory:
+            data = read_checked(path, dir_fd=directory)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CheckpointError(path, f"cannot be read: {_unreadable(exc, path)}") from None
+    if data is None:
+        return None
+    return decode_summary(data, path)
+
+
+def _unreadable(exc: OSError, path: str) -> str:
+    """Why ``path`` cannot be read, naming the directory on the way when that was the trouble."""
+    why = exc.strerror or str(exc)
+    if exc.strerror and exc.filename and os.fspath(exc.filename) != path:
+        return f"{exc.filename}: {why}"  # sessions/ or sessions/<key>/ (changed while opened)
+    return why

@@ -1,0 +1,204 @@
+"""Agent transcripts: the message shapes, the fixed texts, and reading a message's fields.
+
+Two message shapes are understood, as plain dicts or as the frozen Structs
+below (or any object with the same attribute names):
+
+* chat-completions style: an assistant message's ``tool_calls[].id`` is
+  answered by ``{"role": "tool", "tool_call_id": ...}`` messages that follow
+  it directly;
+* messages style: an assistant message's ``tool_use`` content blocks (``id``)
+  are answered by ``tool_result`` blocks (``tool_use_id``) in the user
+  message right after it.
+
+Every function of the transcript helpers takes dicts, these Structs, or any
+object with the same attribute names (``get_field``, ``block_type``);
+``replaced`` copies a message of any of those kinds with some fields changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, TypeAlias
+
+import msgspec
+
+__all__ = [
+    "CLOSED_CALL_TEXT",
+    "INTERRUPTED_TEXT",
+    "ChatMessage",
+    "ContentBlock",
+    "HistoryProblem",
+    "Message",
+    "ProblemKind",
+    "TextBlock",
+    "ToolCall",
+    "ToolFunction",
+    "ToolResultBlock",
+    "ToolUseBlock",
+    "block_type",
+    "get_field",
+    "is_sequence",
+    "replaced",
+    "starts_with_results",
+]
+
+CLOSED_CALL_TEXT = (
+    "The tool call did not complete: the session stopped before it returned a result."
+)
+"""The one fixed sentence of the error result that closes a dangling call."""
+
+INTERRUPTED_TEXT = (
+    "Interrupted: the tool was still running when the session was checkpointed and did not finish."
+)
+"""The reason given to a running item when it is settled as an error."""
+
+
+# -- chat-completions style --------------------------------------------------
+
+
+class ToolFunction(msgspec.Struct, frozen=True):
+    """The function of a chat-completions tool call: name and JSON arguments."""
+
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    """One entry of an assistant message's ``tool_calls``."""
+
+    id: str
+    function: ToolFunction
+    type: str = "function"
+
+
+class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A chat-completions message (system, developer, user, assistant, tool).
+
+    ``status`` is not part of the API: an agent may mark a ``tool`` message
+    ``"running"`` while the tool runs; ``settle_running`` turns that into
+    ``"error"``.  Fields left at None are not written.
+    """
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: tuple[ToolCall, ...] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    id: str | None = None
+    status: str | None = None
+
+
+# -- messages style ----------------------------------------------------------
+
+
+class TextBlock(msgspec.Struct, frozen=True, tag_field="type", tag="text"):
+    """A text content block."""
+
+    text: str
+
+
+class ToolUseBlock(msgspec.Struct, frozen=True, tag_field="type", tag="tool_use"):
+    """A tool call in an assistant message (messages style)."""
+
+    id: str
+    name: str
+    input: dict[str, Any] = {}
+
+
+class ToolResultBlock(
+    msgspec.Struct, frozen=True, omit_defaults=True, tag_field="type", tag="tool_result"
+):
+    """A tool result in a user message (messages style).
+
+    ``status`` is not part of the API (see ``ChatMessage.status``).
+    """
+
+    tool_use_id: str
+    content: str | list[dict[str, Any]] = ""
+    is_error: bool = False
+    status: str | None = None
+
+
+ContentBlock: TypeAlias = TextBlock | ToolUseBlock | ToolResultBlock
+
+
+class Message(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A messages-style message: a role and a string or content blocks.
+
+    For block types beyond text, tool use and tool result (images,
+    thinking, ...) keep plain dicts: every function here takes those too.
+    """
+
+    role: str
+    content: str | tuple[ContentBlock, ...]
+    id: str | None = None
+
+
+# -- problems ----------------------------------------------------------------
+
+ProblemKind: TypeAlias = Literal["orphan-result", "unclosed-call", "duplicate-id"]
+
+
+class HistoryProblem(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a history would be refused by a model API.
+
+    Attributes:
+        kind: ``"orphan-result"`` (a result answers no open call),
+            ``"unclosed-call"`` (a call is never answered in time) or
+            ``"duplicate-id"`` (a call id used twice, or a call answered twice).
+        index: the message where it is (the call's message for an unclosed
+            call, the result's message otherwise).
+        call_id: the tool call id concerned (None if the result has none).
+        detail: one sentence saying what is wrong.
+    """
+
+    kind: ProblemKind
+    index: int
+    call_id: str | None
+    detail: str
+
+    def describe(self, path: str = "$") -> str:
+        """The problem with its JSON path, e.g. ``$.messages[3]: ...``."""
+        return f"{path}[{self.index}]: {self.detail}"
+
+
+# -- field access on dicts, Structs and plain objects ------------------------
+
+
+def get_field(obj: Any, name: str) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def block_type(block: Any) -> Any:
+    if isinstance(block, dict):
+        return block.get("type")
+    if isinstance(block, msgspec.Struct):
+        return block.__struct_config__.tag
+    return getattr(block, "type", None)
+
+
+def replaced(obj: Any, **changes: Any) -> Any:
+    """A copy of ``obj`` with ``changes``; fields a Struct lacks are left out."""
+    if isinstance(obj, dict):
+        return {**obj, **changes}
+    if isinstance(obj, msgspec.Struct):
+        fields = obj.__struct_fields__
+        return msgspec.structs.replace(obj, **{k: v for k, v in changes.items() if k in fields})
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = {f.name for f in dataclasses.fields(obj)}
+        return dataclasses.replace(obj, **{k: v for k, v in changes.items() if k in names})
+    raise TypeError(f"cannot copy a {type(obj).__name__} message; use dicts or msgspec Structs")
+
+
+def is_sequence(value: Any) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+def starts_with_results(message: Any) -> bool:
+    """Whether ``message`` answers tool calls (so a transcript cannot start with it)."""
+    if get_field(message, "role") == "tool":
+        return True
+    content = get_field(message, "content")
+    return is_sequence(content) and any(block_type(b) == "tool_result" for b in content)

@@ -1,0 +1,436 @@
+"""The commit core of a writer: one write, synchronously, from snapshot to store.
+
+How a write flows (one write at a time; the service, ``service.py``, says
+when, and on which thread):
+
+1. ``prepare``, on the caller's thread (the event loop for the async path):
+   ``source()`` is called, the key is checked, the caller's fingerprint
+   compared, the prepare step run (``session.py``), and the store stages the
+   state (``_stores/envelopes.py``; a journal encodes only what is new).
+   msgspec holds the GIL while it encodes, so doing this in a worker thread
+   would not spare the loop (``../shared/FACTS.md``).
+2. ``execute``, in one worker-thread hop (the final write of ``aclose``: a
+   thread of its own) or directly for ``flush_sync``: under the I/O lock the
+   job is checked against what is on disk (generation, content digest, live
+   and pinned flags; the key's lock and window: ``keylocks.py``,
+   ``keystate.py``), the meta is built, and the store commits the staged
+   state durably.
+
+Every job carries a generation number taken before ``source()`` runs; the
+I/O lock and a per-key "newest generation on disk" make sure an older
+snapshot never replaces a newer one, whichever thread writes it (a signal
+handler's flush can overtake a write in a worker thread: ``_overtaking``).
+A job counts as in flight (``inflight``) from its snapshot until its thread
+has really ended it (``end``), even if the task that waited for it was
+cancelled: only then may a later write be skipped as unchanged against what
+the writer believes is on disk.
+
+Forward only: the core never calls the service.  It returns results, and
+keeps the counters the service reports (``account``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, final
+
+from .. import _exit
+from .._stores.base import KeyLocked, Staged, StaleWrite, Store, commit_deadline
+from .._stores.envelopes import state_store
+from .._text import describe_error
+from .._values import Failed, Meta, NewerVersionError, Prepared, Result, Skipped, Snapshot, Written
+from .keylocks import KeyLocks
+from .keystate import Keys, utcnow
+from .session import Prepare, run_prepare, session_meta
+
+__all__ = ["REFUSED", "Committer", "Job"]
+
+logger = logging.getLogger("checkpointer")
+
+_NO_FINGERPRINT: Any = object()
+
+REFUSED = frozenset({"conflict", "newer-version", "not-sendable"})
+"""Failures no retry can fix until the session changes: not retried (``Outcome.REFUSED``)."""
+
+
+@final
+class Job:
+    """One write, prepared on the caller's thread, to be executed by the writing thread."""
+
+    __slots__ = (
+        "claim",
+        "content",
+        "force",
+        "gen",
+        "key",
+        "live",
+        "prepared",
+        "staged",
+        "started",
+    )
+
+    def __init__(
+        self,
+        *,
+        gen: int,
+        key: str,
+        staged: Staged,
+        content: object,
+        live: bool,
+        force: bool,
+        started: float,
+        prepared: Prepared,
+    ) -> None:
+        self.prepared = prepared
+        self.gen = gen
+        self.key = key
+        self.staged = staged
+        self.content = content
+        self.live = live
+        self.force = force
+        self.started = started
+        # Taken by the thread that runs the job, or by a cancelled waiter
+        # before any thread began it: whoever takes it first decides.
+        self.claim = threading.Lock()
+
+
+@final
+class Committer:
+    """The synchronous core of a ``CheckpointWriter``: prepares and executes its writes.
+
+    Owned by the writer service, which decides when a write runs and on
+    which thread; everything here is thread-safe as the module docstring
+    says.  ``closing`` is set by the service when a close begins (read under
+    the snapshot lock); ``busy`` holds the threads inside ``prepare`` or the
+    I/O lock, for the exit hooks.
+
+    Args:
+        source: the writer's ``source``.
+        store: its store.
+        fingerprint: its ``fingerprint``, or None.
+        prepare: its ``prepare`` step, or None.
+        state_version: its ``state_version``.
+        lock_timeout: its ``lock_timeout``, in seconds.
+        resume_from: the meta its session was loaded from, or None.
+
+    Raises:
+        TypeError: ``store.transcript`` is set but is not a ``Transcript``.
+    """
+
+    def __init__(
+        self,
+        source: Callable[[], Snapshot | None],
+        store: Store,
+        *,
+        fingerprint: Callable[[Any], Hashable] | None,
+        prepare: Prepare | None,
+        state_version: int,
+        lock_timeout: float,
+        resume_from: Meta | None,
+    ) -> None:
+        self._source = source
+        self._store = store
+        self._fingerprint = fingerprint
+        self._states = state_store(store)
+        self._prepare_step = prepare
+        self._state_version = state_version
+        self._locks = KeyLocks(store, lock_timeout)
+        self.keys = Keys(store, self._states, state_version, resume_from)
+        self._gen = itertools.count()
+        self._io_lock = threading.Lock()
+        self._snapshot_lock = threading.Lock()  # generation + source() + encode
+        self.busy: set[int] = set()  # threads inside prepare() or _io(), see _exit
+        # Generations of jobs prepared and not yet ended, on any thread; an
+        # abandoned worker write stays here until it has really ended.
+        self.inflight: set[int] = set()
+        # key -> (generation, meta, staged state) of an exit flush that wrote
+        # without the I/O lock because a worker's write hung past exit_timeout
+        # (see execute).
+        self._overtaking: dict[str, tuple[int, Meta, Staged]] = {}
+        self.closing = False  # a close began: live writes are Skipped("closed")
+        # The counters of statistics().
+        self.writes = 0
+        self.skipped = 0
+        self.failures = 0
+        self.streak = 0
+        self.bytes_written = 0
+        self.last_seconds: float | None = None
+        self.repaired = 0
+        self.settled = 0
+
+    # -- on the caller's thread -------------------------------------------------
+
+    def prepare(self, *, force: bool, pin: bool | None, live: bool) -> Job | Skipped | Failed:
+        """Snapshot, check and encode, on the caller's thread.
+
+        The generation, ``source()`` and the encoding happen under one lock,
+        so generations order the states as they were encoded: two threads
+        flushing at once cannot give the older state the newer generation.
+        A signal landing while this thread holds the lock is deferred (see
+        ``_exit``) rather than deadlock on it.  (A forked child's copy of a
+        writer never gets here: the service checks first.)
+        """
+        me = threading.get_ident()
+        self.busy.add(me)
+        try:
+            with self._snapshot_lock:
+                return self._prepare_locked(force=force, pin=pin, live=live)
+        finally:
+            self.busy.discard(me)
+            _exit.run_deferred()
+
+    def _prepare_locked(
+        self, *, force: bool, pin: bool | None, live: bool
+    ) -> Job | Skipped | Failed:
+        if live and self.closing:
+            # Under the snapshot lock: a write that began before the close has
+            # an older generation than the final write, so it cannot follow it.
+            return Skipped("closed")
+        gen = next(self._gen)
+        started = time.perf_counter()
+        try:
+            snapshot = self._source()
+        except Exception as exc:
+            return Failed("snapshot-failed", f"source() raised {describe_error(exc)}")
+        if snapshot is None:
+            return Skipped("no-identity")
+        if not isinstance(snapshot, Snapshot):
+            return Failed(
+                "snapshot-failed",
+                f"source() returned {type(snapshot).__name__}, "
+                "expected Snapshot(key, state) or None",
+            )
+        key = snapshot.key
+        try:
+            self._store.validate_key(key)
+        except (ValueError, TypeError) as exc:
+            return Failed("invalid-key", describe_error(exc))
+        state = self.keys.select(key)
+        if pin is not None:
+            state.pin = pin
+        content: object = _NO_FINGERPRINT
+        if self._fingerprint is not None:
+            try:
+                content = self._fingerprint(snapshot)
+                hash(content)
+            except Exception as exc:
+                return Failed("snapshot-failed", f"fingerprint() raised {describe_error(exc)}")
+            if (
+                not force
+                and not self.inflight
+                and not self.keys.to_finish
+                # turns come from prepare, not run yet: an equal state has equal turns
+                and state.holds(content, live, snapshot.parent, state.turns)
+            ):
+                return Skipped("unchanged")
+        prepared = run_prepare(self._prepare_step, snapshot)
+        if isinstance(prepared, Failed):
+            return prepared
+        try:
+            staged = self._states.stage(key, prepared.snapshot.state)
+        except Exception as exc:
+            return Failed(
+                "encode-failed",
+                f"the state of key {key!r} cannot be encoded: {describe_error(exc)}",
+            )
+        job = Job(
+            gen=gen,
+            key=key,
+            staged=staged,
+            content=content,
+            live=live,
+            force=force,
+            started=started,
+            prepared=prepared,
+        )
+        self.inflight.add(gen)  # until it ends: no skip before encoding meanwhile
+        return job
+
+    # -- in the writing thread -----------------------------------------------------
+
+    def execute(self, job: Job, timeout: float = -1) -> Result:
+        """Write a prepared job; blocking, under the I/O lock."""
+        with commit_deadline(timeout), self._io(timeout) as locked:
+            self.keys.finish(self._locks)
+            state = self.keys.by_key[job.key]
+            if job.gen < state.newest_gen:
+                return self.account(Skipped("unchanged"))  # a newer snapshot is on disk
+            taken = self._locks.acquire(job.key, self._store.location(job.key))
+            if isinstance(taken, Failed):
+                if not state.looked:  # the window starts now, lock or not
+                    self.keys.look(job.key, state)
+                return self.account(taken)
+            if taken:  # others may have written the key since we last held it: re-read
+                state.resolved, state.content, state.live = False, None, None
+            content = job.content
+            if content is _NO_FINGERPRINT:
+                content = job.staged.content()
+            try:
+                refused = None if state.resolved else self.keys.resolve(job.key, state)
+            except NewerVersionError as exc:  # kept, and the key left to the newer version
+                self._locks.release(job.key)
+                return self.account(Failed("newer-version", f"not writing {job.key!r}: {exc}"))
+            except Exception as exc:
+                return self.account(
+                    Failed(
+                        "write-failed",
+                        f"cannot read {self._store.location(job.key)}: {describe_error(exc)}",
+                    )
+                )
+            if refused is not None:
+                self._locks.release(job.key)  # the key is another writer's now
+                return self.account(refused)
+            parent, turns = job.prepared.snapshot.parent, job.prepared.turns
+            if not job.force and state.holds(content, job.live, parent, turns):
+                state.newest_gen = job.gen
+                return self.account(Skipped("unchanged"))
+            now = utcnow()
+            pinned = state.pin if state.pin is not None else bool(state.pinned)
+            meta = Meta(
+                key=job.key,
+                seq=state.seq + 1,
+                created_at=state.created_at or now,
+                updated_at=now,
+                live=job.live,
+                pinned=pinned,
+                **session_meta(job.prepared, self._state_version),
+            )
+            overtaken = self._overtaking.get(job.key)
+            if not locked:
+                # An exit flush overtaking a write stuck in a worker thread:
+                # leave our state where that write will find it when it ends.
+                self._overtaking[job.key] = (job.gen, meta, job.staged)
+            elif overtaken is not None and overtaken[0] > job.gen:
+                return self.account(Skipped("unchanged"))  # a newer flush is writing
+            try:
+                state.tried = meta
+                nbytes = self._states.commit(job.key, meta, job.staged)
+            except KeyLocked as exc:  # a networked store lost its lock and could not retake it
+                return self.account(Failed("locked", str(exc)))
+            except StaleWrite as exc:  # fenced: another writer stored the key meanwhile
+                state.resolved, state.content, state.tried = False, None, None
+                error = f"cannot write {self._store.location(job.key)}: {describe_error(exc)}"
+                if not state.conflicted:
+                    state.conflicted = True
+                    logger.warning(
+                        "checkpointer: %s; not retrying until the session changes", error
+                    )
+                return self.account(Failed("conflict", error))
+            except Exception as exc:
+                # The bytes may have landed anyway (a directory fsync failing
+                # after the rename): re-read the key before the retry.
+                state.resolved = False
+                state.content = None
+                return self.account(
+                    Failed(
+                        "write-failed",
+                        f"cannot write {self._store.location(job.key)}: {describe_error(exc)}",
+                    )
+                )
+            if locked:
+                overtaken = self._overtaking.pop(job.key, None)
+                if overtaken is not None and overtaken[0] > job.gen:
+                    # The flush overtook us while we wrote: newer bytes go back on top.
+                    self._rewrite(job.key, overtaken[1], overtaken[2])
+                    return self.account(Skipped("unchanged"))
+            state.seq = meta.seq
+            state.created_at = meta.created_at
+            state.content = content
+            state.live = job.live
+            state.pinned = pinned
+            state.newest_gen = job.gen
+            state.parent, state.turns = meta.parent, meta.turns
+            state.looked, state.seen, state.tried = True, meta, None
+            self.repaired += job.prepared.repaired
+            self.settled += job.prepared.settled
+            return self.account(
+                Written(
+                    key=job.key,
+                    location=self._store.location(job.key),
+                    nbytes=nbytes,
+                    seconds=time.perf_counter() - job.started,
+                    seq=meta.seq,
+                    repaired=job.prepared.repaired,
+                    settled=job.prepared.settled,
+                )
+            )
+
+    def _rewrite(self, key: str, meta: Meta, staged: Staged) -> None:
+        try:
+            self._states.commit(key, meta, staged)
+        except Exception as exc:
+            logger.warning(
+                "checkpointer: could not put the newer checkpoint back on %s: %s",
+                self._store.location(key),
+                describe_error(exc),
+            )
+
+    @contextlib.contextmanager
+    def _io(self, timeout: float) -> Iterator[bool]:
+        me = threading.get_ident()
+        self.busy.add(me)
+        try:
+            acquired = self._io_lock.acquire(timeout=timeout)
+            if not acquired:
+                logger.warning(
+                    "checkpointer: a write in flight did not finish within %ss; writing anyway",
+                    timeout,
+                )
+            try:
+                yield acquired
+            finally:
+                if acquired:
+                    self._io_lock.release()
+        finally:
+            self.busy.discard(me)
+        _exit.run_deferred()
+
+    def end(self, job: Job) -> None:
+        """``job`` has ended (written, skipped, failed or dropped): it is no longer in flight."""
+        self.inflight.discard(job.gen)
+
+    def release_locks(self) -> bool:
+        """Let go of every key's lock, unless a write holds the I/O lock (then False)."""
+        if self._io_lock.acquire(blocking=False):
+            try:
+                self._locks.release_all()
+            finally:
+                self._io_lock.release()
+            return True
+        return False
+
+    def account(self, result: Result) -> Result:
+        """Update the counters and log once per failure streak."""
+        if isinstance(result, Written):
+            self.writes += 1
+            self.bytes_written += result.nbytes
+            self.last_seconds = result.seconds
+            if self.streak:
+                logger.info(
+                    "checkpointer: writing %s works again after %d failures",
+                    result.location,
+                    self.streak,
+                )
+            self.streak = 0
+        elif isinstance(result, Skipped):
+            self.skipped += 1
+            if result.reason == "unchanged":
+                self.streak = 0
+        else:
+            self.failures += 1
+            self.streak += 1
+            if self.streak == 1 and result.reason != "conflict":  # logged by _conflict
+                logger.warning(
+                    "checkpointer: checkpoint failed (%s): %s; %s",
+                    result.reason,
+                    result.error,
+                    "waiting for the session to change"
+                    if result.reason in REFUSED
+                    else "retrying with backoff",
+                )
+        return result

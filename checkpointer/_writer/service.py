@@ -1,0 +1,706 @@
+"""The checkpoint writer: a service object that carries out the scheduler.
+
+``CheckpointWriter`` is the anyio shell around two pure or synchronous
+cores: the timing policy (``_schedule.py``: when is the next write due?) and
+the commit core (``commit.py``: one write, from snapshot to store).  The
+data path goes forward only::
+
+    notify() -> Scheduler (due) -> the timer or write_now() -> Committer.prepare
+      (snapshot, fingerprint, prepare step, encode) -> one worker-thread hop
+      -> Committer.execute (the key's lock and window, the store's commit)
+
+Here: the configuration, ``notify`` and ``attach``, the two lifecycles
+(``async with`` and ``with``/``open``), the hops to a worker thread, the
+exit hooks (registered through ``_exit.Flushable``) and ``statistics``; the
+timer that starts the scheduled writes is ``timer.py``.
+
+The timer (``timer.py``) runs in a task of the event loop's own, not in a
+task group held across the caller's code, so ``aclose()`` may come from any
+task, under any cancel scope, in any order among writers.  A close claims the writer once
+(``_begin_close``); from then on live writes are ``Skipped("closed")``, and
+the last write to end after it lets the key's lock go (``_job_done``).
+
+(Past 500 lines on purpose: this is one concern, the lifecycle of a writer
+in both worlds, whose parts share the close claim, the write lock and the
+hand-off of a job to a thread; a third of it is the public API's docstrings.)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable, Hashable
+from types import TracebackType
+from typing import Any, Generic, Literal, TypeVar, final
+
+import anyio
+import anyio.lowlevel
+
+from .. import _exit
+from .._schedule import Outcome, Scheduler
+from .._stores.base import ProbingStore, Store
+from .._text import describe_error
+from .._values import Checkpoint, Failed, Meta, Result, Skipped, Snapshot, WriterStatistics, Written
+from .clock import Clock, MonotonicClock
+from .commit import REFUSED, Committer, Job
+from .session import Prepare
+from .timer import Timer
+
+__all__ = ["CheckpointWriter"]
+
+logger = logging.getLogger("checkpointer")
+
+S = TypeVar("S", bound=Snapshot)
+
+Subscribe = Callable[[Callable[..., None]], Callable[[], object] | None]
+
+
+@final
+class CheckpointWriter(Generic[S]):
+    """Keeps a session's checkpoint on disk, debounced, durable and cheap.
+
+    Use it as ``async with CheckpointWriter(source, store) as writer:`` in
+    an asyncio or trio program (through anyio), or ``with ...`` / ``open()``
+    in a synchronous one, where writes happen on ``flush_sync`` and at exit.
+
+    Args:
+        source: called at write time; returns a ``Snapshot(key, state)`` or
+            None when the session has no identity yet.  Called on the event
+            loop's thread for the async path, on the calling thread for
+            ``flush_sync``.
+        store: where checkpoints go (``FileStore(root)``).
+        debounce: quiet seconds after the latest event before a write.
+        min_interval: least seconds between the starts of two scheduled
+            writes (``write_now``, ``flush_sync`` and the final write are
+            exempt).
+        max_wait: most seconds the oldest unsaved change waits, however
+            steady the stream of events.
+        fingerprint: optional cheap structural fingerprint of a snapshot; a
+            write whose fingerprint equals the last written one is skipped
+            before encoding.  Without it, an identical encoded state counts
+            as unchanged.
+        write_on_start: write once on entry so a new session is resumable
+            at once.
+        exit_hooks: flush at interpreter exit and on SIGTERM/SIGHUP while
+            open (signal handlers only when opened on the main thread).
+        clock: the clock to read and sleep on (tests inject a fake one).
+        backoff_initial: first retry delay after a failed write.
+        backoff_max: cap of the doubling retry delay.
+        close_timeout: bound, in seconds, on the waits of a close: for a
+            write in flight, then for the store to take the final write.
+            The final ``source()`` call and encoding run on the event loop
+            and are not counted (nothing can interrupt them); what was
+            encoded is always written, and a write still going at the bound
+            goes on in a thread of its own while ``aclose()`` returns a
+            ``Failed`` that says so.
+        exit_timeout: how long an exit or signal flush waits for a write in
+            flight in a worker thread before it writes anyway.
+        prepare: optional step run on each snapshot after the fingerprint
+            check and before encoding, e.g. ``transcript_prepare()``: returns
+            ``Prepared`` (a repaired copy to write) or ``Failed`` (nothing is
+            written, the previous file stays).
+        state_version: the version of your state's schema, stamped on every
+            file (``Meta.state_version``); ``load(..., state_version=,
+            migrations=)`` migrates older files.  The writer never replaces
+            a file of a newer state version.
+        lock_timeout: how long a write waits for another live writer of the
+            same key to let go of the key's lock; 0 (default) means
+            ``Failed("locked")`` at once, retried with backoff.  Stores
+            without the ``LockingStore`` capability are not locked.
+        resume_from: the ``Checkpoint`` (or its ``Meta``) your session was
+            loaded from.  The writer never replaces a checkpoint of that key
+            that another writer stored after it (``Failed("conflict")``).
+            Without it, the window starts at the writer's first look at the
+            key (its first write attempt).
+
+    Raises:
+        ValueError: a duration is out of range (the message says which).
+        TypeError: ``source``, ``store`` or ``fingerprint`` is not usable.
+    """
+
+    def __init__(
+        self,
+        source: Callable[[], S | None],
+        store: Store,
+        *,
+        debounce: float = 0.5,
+        min_interval: float = 1.0,
+        max_wait: float = 5.0,
+        fingerprint: Callable[[S], Hashable] | None = None,
+        write_on_start: bool = True,
+        exit_hooks: bool = True,
+        clock: Clock | None = None,
+        backoff_initial: float = 0.5,
+        backoff_max: float = 30.0,
+        close_timeout: float = 10.0,
+        exit_timeout: float = 5.0,
+        prepare: Prepare | None = None,
+        state_version: int = 0,
+        lock_timeout: float = 0.0,
+        resume_from: Checkpoint[Any] | Meta | None = None,
+    ) -> None:
+        if not callable(source):
+            raise TypeError(f"source must be a callable returning a Snapshot, got {source!r}")
+        if not isinstance(store, Store):
+            raise TypeError(
+                f"store must implement checkpointer.Store (FileStore(root), ...), got {store!r}"
+            )
+        if fingerprint is not None and not callable(fingerprint):
+            raise TypeError(f"fingerprint must be callable or None, got {fingerprint!r}")
+        for name, value in (("close_timeout", close_timeout), ("exit_timeout", exit_timeout)):
+            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        if prepare is not None and not callable(prepare):
+            raise TypeError(f"prepare must be callable or None, got {prepare!r}")
+        if (
+            isinstance(state_version, bool)
+            or not isinstance(state_version, int)
+            or state_version < 0
+        ):
+            raise ValueError(f"state_version must be an int >= 0, got {state_version!r}")
+        if not (isinstance(lock_timeout, (int, float)) and 0 <= lock_timeout < math.inf):
+            raise ValueError(
+                f"lock_timeout must be a finite number of seconds >= 0, got {lock_timeout!r}"
+            )
+        if isinstance(resume_from, Checkpoint):
+            resume_from = resume_from.meta
+        if resume_from is not None and not isinstance(resume_from, Meta):
+            raise TypeError(
+                "resume_from must be the Checkpoint load() returned, its Meta, or None, "
+                f"got {resume_from!r}"
+            )
+        self._sched = Scheduler(
+            debounce=debounce,
+            min_interval=min_interval,
+            max_wait=max_wait,
+            backoff_initial=backoff_initial,
+            backoff_max=backoff_max,
+        )
+        self._store = store
+        self._write_on_start = write_on_start
+        self._exit_hooks = exit_hooks
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._now = self._clock.now
+        self._close_timeout = float(close_timeout)
+        self._exit_timeout = float(exit_timeout)
+        # The synchronous core of every write: snapshot, encode, commit.
+        self._core = Committer(
+            source,
+            store,
+            fingerprint=fingerprint,
+            prepare=prepare,
+            state_version=state_version,
+            lock_timeout=float(lock_timeout),
+            resume_from=resume_from,
+        )
+        probe = store.probe if isinstance(store, ProbingStore) else None
+        self._timer = Timer(self._sched, self._clock, self._timed_write, probe, self._forked)
+        self._hooks = _ExitHooks(self)  # this writer as the exit hooks see it
+
+        self._opened = False
+        self._closed = False
+        self._pid = os.getpid()  # in a forked child this writer is the parent's: see _forked
+        self._hooked = False
+        self._events = 0
+        self._unsubscribes: list[Callable[[], object]] = []
+
+        self._write_lock: anyio.Lock | None = None
+        self._close_claim = threading.Lock()  # taken by the one close that runs
+        self._close_done: anyio.Event | None = None
+        self._close_result: Result = Skipped("closed")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open" if self._opened else "new"
+        return f"<CheckpointWriter {state} store={self._store!r} key={self._core.keys.current!r}>"
+
+    # -- the hot path ----------------------------------------------------------
+
+    def notify(self) -> None:
+        """Record that the session changed; a write follows per the timing rules.
+
+        O(1) and non-blocking: one clock read and a few attribute stores in
+        a burst.  Safe from any thread.  A no-op after close.
+        """
+        if self._closed:
+            return
+        self._events += 1
+        if self._sched.event(self._now()):
+            self._timer.wake_threadsafe()
+
+    def _on_event(self, *args: object, **kwargs: object) -> None:
+        self.notify()
+
+    def attach(self, subscribe: Subscribe) -> Callable[[], None]:
+        """Subscribe ``notify`` to an event source.
+
+        Args:
+            subscribe: called once with a callback that accepts any
+                arguments (the agent's "run ended" event, say); returns an
+                unsubscribe function (or None).
+
+        Returns:
+            A function that unsubscribes; it also runs when the writer
+            closes, and running it twice is harmless.
+        """
+        if not callable(subscribe):
+            raise TypeError(f"subscribe must be callable, got {subscribe!r}")
+        undo = subscribe(self._on_event)
+        if undo is not None and not callable(undo):
+            raise TypeError(
+                f"subscribe() must return an unsubscribe callable or None, got {undo!r}"
+            )
+        done = False
+
+        def unsubscribe() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            with contextlib.suppress(ValueError):
+                self._unsubscribes.remove(unsubscribe)
+            if undo is not None:
+                undo()
+
+        self._unsubscribes.append(unsubscribe)
+        return unsubscribe
+
+    def statistics(self) -> WriterStatistics:
+        """The writer's counters, as a frozen value."""
+        core = self._core
+        return WriterStatistics(
+            events=self._events,
+            writes=core.writes,
+            skipped=core.skipped,
+            failures=core.failures,
+            failure_streak=core.streak,
+            bytes_written=core.bytes_written,
+            last_write_seconds=core.last_seconds,
+            pending=self._sched.pending,
+            key=core.keys.current,
+            repaired=core.repaired,
+            settled=core.settled,
+        )
+
+    # -- async lifecycle -------------------------------------------------------
+
+    async def __aenter__(self) -> CheckpointWriter[S]:
+        self._claim_open()
+        self._timer.bind()  # this event loop: notify() wakes the timer through it
+        self._write_lock = anyio.Lock()
+        await anyio.to_thread.run_sync(self._open_store)
+        self._install_hooks()
+        try:
+            if self._write_on_start:
+                await self._start_write()
+            self._timer.start()
+        except BaseException:
+            self._remove_hooks()
+            self._closed = True
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> Result:
+        """Stop the timer, wait for a write in flight, write a final time.
+
+        The final write marks the checkpoint ``live=False``; then the key's
+        lock is let go.  Call it from any task of the writer's event loop, in
+        any order among writers, under any cancel scope: it is shielded from
+        cancellation and bounded by ``close_timeout`` (see there).  From the
+        moment it begins, ``write_now()`` and ``flush_sync("manual")`` return
+        ``Skipped("closed")``.  A second call while the first runs waits for
+        it and returns the same result; after that, ``Skipped("closed")``.
+
+        Returns:
+            The result of the final write (``Skipped("closed")`` if the
+            writer was closed already).
+
+        Raises:
+            KeyboardInterrupt: or another ``BaseException`` that was raised
+                inside the timer task on trio (by ``source()``, say), again.
+        """
+        if self._closed:
+            return Skipped("closed")
+        done = self._close_done
+        if done is not None:  # another task is closing the writer: its result is ours
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+            return self._close_result
+        assert self._write_lock is not None, "enter the writer with 'async with' first"
+        if not self._begin_close():
+            return Skipped("closed")  # close() runs in another thread
+        done = self._close_done = anyio.Event()
+        try:
+            with anyio.CancelScope(shield=True):
+                self._close_result = await self._final_write()
+        finally:
+            done.set()
+        crash = self._timer.take_crash()
+        if crash is not None:
+            raise crash
+        return self._close_result
+
+    async def _final_write(self) -> Result:
+        """Stop the timer, write ``live=False``, let the key go; always shuts."""
+        deadline = anyio.current_time() + self._close_timeout
+        try:
+            with anyio.move_on_at(deadline):  # the timer abandons a write in flight
+                await self._timer.stop()
+            result = await self._write_async(force=False, pin=None, live=False, deadline=deadline)
+            # From here a write still in flight lets the key go when it ends.
+            self._closed = True
+            # Releasing a lock may be I/O (a database round trip for a
+            # networked store): not on the event loop's thread.
+            with anyio.move_on_after(self._close_timeout):
+                await anyio.to_thread.run_sync(self._release_locks, abandon_on_cancel=True)
+        finally:
+            self._shut()
+        return result
+
+    async def write_now(self, *, force: bool = False, pin: bool | None = None) -> Result:
+        """Write now, ignoring the debounce and interval timers.
+
+        Args:
+            force: write even if the fingerprint says nothing changed.
+            pin: True or False sets ``Meta.pinned`` (sticky, and part of
+                what "changed" means); None keeps it.
+
+        Returns:
+            ``Written``, ``Skipped`` or ``Failed``; never raises for a failed
+            write.  Waits for a write in flight first.  If cancelled while
+            the store is writing, the write goes on in its thread and the
+            changes stay pending; what the writer knows of the disk changes
+            only when that write has ended.
+        """
+        if self._closed:
+            return Skipped("closed")
+        return await self._write_async(force=force, pin=pin, live=True)
+
+    async def _timed_write(self) -> None:
+        """The write the timer starts when the scheduler says one is due."""
+        await self._write_async(force=False, pin=None, live=True)
+
+    async def _start_write(self) -> None:
+        result = await self._write_async(force=False, pin=None, live=True)
+        if isinstance(result, Skipped) and result.reason == "no-identity":
+            self._sched.event(self._now())  # one retry, through the timer
+
+    async def _write_async(
+        self, *, force: bool, pin: bool | None, live: bool, deadline: float | None = None
+    ) -> Result:
+        """One write from the event loop; ``deadline`` is the final write's (see aclose)."""
+        assert self._write_lock is not None, "enter the writer with 'async with' first"
+        if deadline is None:
+            await self._write_lock.acquire()
+        else:
+            acquired = False
+            with anyio.move_on_at(deadline):  # a write_now() in flight holds the writer
+                await self._write_lock.acquire()
+                acquired = True
+            if not acquired:
+                failed = Failed(
+                    "write-failed",
+                    "the final write did not start within "
+                    f"close_timeout={self._close_timeout}s: a write in flight held the "
+                    "writer; nothing was written at close",
+                )
+                logger.warning("checkpointer: %s", failed.error)
+                return failed
+        try:
+            self._sched.begin_write(self._now())
+            outcome = Outcome.CANCELLED
+            try:
+                started = anyio.current_time()
+                job = self._prepare(force=force, pin=pin, live=live)
+                result: Result
+                if not isinstance(job, Job):
+                    result = self._core.account(job)
+                elif deadline is None:
+                    result = await self._hop(job)
+                else:
+                    # source(), prepare and the encoding ran on the loop and
+                    # could not be interrupted: they do not count.
+                    result = await self._final_hop(job, deadline + anyio.current_time() - started)
+                outcome = _outcome(result)
+                return result
+            finally:
+                self._sched.end_write(self._now(), outcome)
+                if self._sched.pending:
+                    # The timer saw this write in flight and sleeps until woken.
+                    self._timer.wake()
+        finally:
+            self._write_lock.release()
+
+    async def _hop(self, job: Job) -> Result:
+        """Commit ``job`` in one worker-thread hop.
+
+        Cancelled, the hop abandons the thread: a job that thread has begun
+        goes on and ends there (``_run_job``); one it has not begun never
+        runs.  Either way the writer's knowledge of the disk changes only when
+        a write has really ended.
+        """
+        try:
+            return await anyio.to_thread.run_sync(self._run_job, job, abandon_on_cancel=True)
+        except BaseException:
+            if job.claim.acquire(blocking=False):  # no thread began it: none will
+                self._job_done(job)
+            raise
+
+    async def _final_hop(self, job: Job, deadline: float) -> Result:
+        """Commit the final write in a thread of its own, started now whatever the time.
+
+        Waited for until ``deadline``.  Past it the write goes on: the key
+        stays locked until it ends (``_job_done``), and the process waits for
+        it at exit up to ``exit_timeout`` (the thread is a daemon, as trio's
+        worker threads are, so that a hung disk cannot hang the exit).
+        """
+        results: list[Result] = []
+
+        def run() -> None:
+            results.append(self._run_job(job))
+
+        thread = threading.Thread(target=run, name="checkpointer-final-write", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as exc:  # no thread to be had
+            if job.claim.acquire(blocking=False):
+                self._job_done(job)
+            failed = Failed(
+                "write-failed",
+                f"cannot start a thread for the final write: {describe_error(exc)}; "
+                "nothing was written at close",
+            )
+            logger.warning("checkpointer: %s", failed.error)
+            return failed
+        with anyio.move_on_at(deadline):
+            await anyio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
+        if results:
+            return results[0]
+        if not thread.is_alive():  # _execute raised: a bug, printed by the thread
+            return Failed("write-failed", "the final write raised an internal error")
+        atexit.register(thread.join, self._exit_timeout)  # once, for this writer
+        failed = Failed(
+            "write-failed",
+            f"the final write of {self._store.location(job.key)} did not finish within "
+            f"close_timeout={self._close_timeout}s; it goes on in a thread of its own and "
+            "lands unless the process ends first (at exit the process waits up to "
+            f"exit_timeout={self._exit_timeout}s for it); the key stays locked until then",
+        )
+        logger.warning("checkpointer: %s", failed.error)
+        return failed
+
+    def _run_job(self, job: Job) -> Result:
+        """In the writing thread: execute ``job`` unless a cancelled waiter dropped it."""
+        if not job.claim.acquire(blocking=False):
+            return Skipped("unchanged")  # dropped before it began; nobody waits for it
+        try:
+            return self._execute(job)
+        finally:
+            self._job_done(job)
+
+    def _job_done(self, job: Job) -> None:
+        """A prepared job has ended (written, skipped, failed or dropped)."""
+        self._core.end(job)
+        if self._closed:
+            self._release_locks()  # the last write to end after close lets the key go
+
+    # -- sync lifecycle --------------------------------------------------------
+
+    def open(self) -> CheckpointWriter[S]:
+        """Open for synchronous use: exit hooks, and a first write.
+
+        Without an event loop there is no timer: the writer writes on
+        ``flush_sync``, at exit and on SIGTERM/SIGHUP.  ``notify`` still
+        records changes.  Pair with ``close()``, or use ``with``.
+        """
+        self._claim_open()
+        self._open_store()
+        self._install_hooks()
+        if self._write_on_start:
+            self._flush(force=False, live=True)
+        return self
+
+    def close(self) -> Result:
+        """Write a final time (``live=False``), let the key go, remove the exit hooks.
+
+        From the moment it begins, ``flush_sync("manual")`` from other threads
+        returns ``Skipped("closed")``; a second close returns it too.
+        """
+        if self._closed or not self._begin_close():
+            return Skipped("closed")
+        result = self._flush(force=False, live=False)
+        self._shut()
+        return result
+
+    def __enter__(self) -> CheckpointWriter[S]:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def flush_sync(self, reason: Literal["manual", "exit", "signal"] = "manual") -> Result:
+        """Write the current state now, synchronously, from any thread.
+
+        Needs no event loop and never raises for a failed write: meant for
+        atexit hooks, signal handlers and scripts.  ``"exit"`` and
+        ``"signal"`` mark the checkpoint ``live=False``; ``"manual"`` keeps
+        it live.  Idempotent: a second call with nothing changed is
+        ``Skipped("unchanged")``.  Once a close has begun:
+        ``Skipped("closed")`` (``"exit"`` and ``"signal"`` still write until
+        the close has ended); in a forked child, for a writer its parent
+        opened: ``Skipped("closed")``.
+
+        Raises:
+            ValueError: ``reason`` is not one of the three above.
+        """
+        if reason not in ("manual", "exit", "signal"):
+            raise ValueError(f"reason must be 'manual', 'exit' or 'signal', got {reason!r}")
+        if self._closed:
+            return Skipped("closed")
+        return self._flush(force=False, live=reason == "manual")
+
+    def _flush_at_exit(self) -> None:
+        self.flush_sync("exit")
+        self._release_locks()  # a later write takes them again
+
+    def _flush_at_signal(self) -> None:
+        self.flush_sync("signal")
+
+    def _forked(self) -> bool:
+        """Whether this is a forked child's copy of a writer its parent opened.
+
+        Such a copy is closed: it never writes (its state is the child's
+        stale copy), never releases a lock (``flock(LOCK_UN)`` on the
+        inherited descriptor would release the parent's) and never touches
+        the store's connection.  One ``getpid`` call, under a microsecond.
+        """
+        return self._pid != os.getpid()
+
+    def _busy_on(self, thread_id: int) -> bool:
+        return thread_id in self._core.busy
+
+    def _flush(self, *, force: bool, live: bool) -> Result:
+        if self._busy_on(threading.get_ident()):
+            # Re-entered from a signal handler on the thread that is writing:
+            # the flush that follows that write (see _exit) covers this call.
+            return Skipped("unchanged")
+        job = self._prepare(force=force, pin=None, live=live)
+        if isinstance(job, Job):
+            try:
+                return self._execute(job, timeout=self._exit_timeout)
+            finally:
+                self._job_done(job)
+        return self._core.account(job)
+
+    # -- open/close helpers ----------------------------------------------------
+
+    def _begin_close(self) -> bool:
+        """Claim the close (one, from any thread); live writes end here."""
+        if not self._close_claim.acquire(blocking=False):
+            return False
+        self._core.closing = True
+        return True
+
+    def _claim_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this CheckpointWriter is closed; create a new one")
+        if self._opened:
+            raise RuntimeError("this CheckpointWriter is open already")
+        self._opened = True
+        self._pid = os.getpid()
+
+    def _open_store(self) -> None:
+        try:
+            self._store.open()
+        except Exception as exc:  # a broken root fails the writes, loudly, later
+            logger.warning("checkpointer: could not open %r: %s", self._store, describe_error(exc))
+
+    def _install_hooks(self) -> None:
+        if self._exit_hooks:
+            _exit.register(self._hooks)
+            self._hooked = True
+
+    def _remove_hooks(self) -> None:
+        if self._hooked:
+            self._hooked = False
+            _exit.unregister(self._hooks)
+
+    def _shut(self) -> None:
+        self._closed = True
+        self._remove_hooks()
+        self._release_locks()
+        for unsubscribe in list(self._unsubscribes):
+            try:
+                unsubscribe()
+            except Exception as exc:
+                logger.warning("checkpointer: unsubscribe failed: %s", describe_error(exc))
+
+    def _release_locks(self) -> None:
+        if self._forked():
+            return  # the parent's locks: releasing one would release it for the parent
+        # Not while a write is in flight (a final write past close_timeout):
+        # the key stays locked rather than let another writer in under a
+        # write that may still land.  After close that write lets it go when
+        # it ends (_job_done); before, it stays locked until the process exits.
+        if not self._core.release_locks() and not self._closed:
+            logger.warning("checkpointer: a write is still in flight; keeping its key locked")
+
+    # -- one write: the commit core --------------------------------------------
+
+    def _prepare(self, *, force: bool, pin: bool | None, live: bool) -> Job | Skipped | Failed:
+        """Snapshot, check and encode, on the caller's thread (``Committer.prepare``).
+
+        In a forked child this writer is its parent's: nothing is written.
+        """
+        if self._forked():
+            return Skipped("closed")
+        return self._core.prepare(force=force, pin=pin, live=live)
+
+    def _execute(self, job: Job, timeout: float = -1) -> Result:
+        """Write a prepared job; blocking, under the I/O lock (``Committer.execute``)."""
+        return self._core.execute(job, timeout)
+
+
+@final
+class _ExitHooks:
+    """A writer as the exit hooks see it: ``_exit.Flushable``, kept by the registry."""
+
+    __slots__ = ("_writer",)
+
+    def __init__(self, writer: CheckpointWriter[Any]) -> None:
+        self._writer = writer
+
+    def flush_at_exit(self) -> None:
+        self._writer._flush_at_exit()
+
+    def flush_at_signal(self) -> None:
+        self._writer._flush_at_signal()
+
+    def busy_on(self, thread_id: int) -> bool:
+        return self._writer._busy_on(thread_id)
+
+
+def _outcome(result: Result) -> Outcome:
+    if isinstance(result, Written):
+        return Outcome.WRITTEN
+    if isinstance(result, Skipped):
+        return Outcome.SKIPPED
+    if result.reason in REFUSED:  # no retry can succeed: the next change tries again
+        return Outcome.REFUSED
+    return Outcome.STORE_FAILED if result.reason == "write-failed" else Outcome.FAILED

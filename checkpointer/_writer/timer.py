@@ -1,0 +1,188 @@
+"""The timer of a writer: a task that carries out the scheduler's decisions.
+
+It asks the scheduler (``_schedule.py``) what is due, starts the write the
+writer hands it (``write``) when one is, sleeps until the next due time
+otherwise, and while a failed write's backoff runs asks the store, every
+``probe_interval``, whether it answers again (``ProbingStore``).  ``wake``
+cuts the sleep short when an event may have changed the answer.
+
+The task is one of the event loop's own (a trio system task, an asyncio
+task; ``_spawn_system_task``), not one in a task group held across the
+caller's code, so the writer may be closed from any task, under any cancel
+scope, in any order among writers.  On trio a system task must not raise:
+what the timer task raised (from ``source()``, say) is kept (``take_crash``)
+and ``aclose()`` raises it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import math
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, final
+
+import anyio
+import anyio.lowlevel
+
+from .._schedule import IDLE, WRITE, Scheduler
+from .._text import describe_error
+from .clock import Clock
+
+__all__ = ["Timer"]
+
+logger = logging.getLogger("checkpointer")
+
+
+@final
+class Timer:
+    """The timer task of one writer.
+
+    Args:
+        sched: the writer's scheduler.
+        clock: the writer's clock.
+        write: starts one scheduled write (the writer's; it waits for a
+            write in flight first).
+        probe: the store's ``probe``, or None for a store without it.
+        forked: whether this is a forked child's copy of the writer (then
+            nothing here runs: its copy of the loop is not running).
+    """
+
+    def __init__(
+        self,
+        sched: Scheduler,
+        clock: Clock,
+        write: Callable[[], Awaitable[None]],
+        probe: Callable[[], bool] | None,
+        forked: Callable[[], bool],
+    ) -> None:
+        self._sched = sched
+        self._clock = clock
+        self._now = clock.now
+        self._write = write
+        self._probe = probe
+        self._forked = forked
+        self._token: anyio.lowlevel.EventLoopToken | None = None
+        self._loop_thread: int | None = None
+        self._sleep_scope: anyio.CancelScope | None = None
+        self._task_ref: object = None  # the running task: keep a reference
+        self._scope: anyio.CancelScope | None = None
+        self._done: anyio.Event | None = None
+        self._crash: BaseException | None = None  # raised in the timer task (trio)
+
+    def bind(self) -> None:
+        """Note the running event loop (called on it): ``wake_threadsafe`` goes through it."""
+        self._token = anyio.lowlevel.current_token()
+        self._loop_thread = threading.get_ident()
+
+    def start(self) -> None:
+        """Start the timer task on the running event loop."""
+        self._scope = anyio.CancelScope()
+        self._done = anyio.Event()
+        self._task_ref = _spawn_system_task(self._task, "checkpointer-timer")
+
+    async def stop(self) -> None:
+        """Cancel the timer task and wait until it has ended."""
+        scope, done = self._scope, self._done
+        if scope is not None and done is not None:
+            scope.cancel()
+            await done.wait()
+
+    def take_crash(self) -> BaseException | None:
+        """What the timer task raised on trio (it stopped then), once; None if nothing."""
+        crash, self._crash = self._crash, None
+        return crash
+
+    async def _task(self) -> None:
+        """The timer task: ``_run`` until ``stop`` cancels it."""
+        scope, done = self._scope, self._done
+        assert scope is not None
+        assert done is not None
+        try:
+            with scope:
+                await self._run()
+        except anyio.get_cancelled_exc_class():
+            raise  # the event loop is shutting down
+        except BaseException as exc:
+            if not _on_trio():
+                raise  # asyncio stops the loop with it, as for any task
+            # A trio system task must not raise (TrioInternalError).  Ctrl-C
+            # does not land here (trio keeps it out of system tasks and raises
+            # it in the program's code); this came from source() or the clock.
+            self._crash = exc
+            logger.warning(
+                "checkpointer: the timer task stopped on %s; aclose() raises it again",
+                describe_error(exc),
+            )
+        finally:
+            done.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                now = self._now()
+                decision = self._sched.decide(now)
+                if decision is WRITE:
+                    await self._write()
+                    continue
+                delay = math.inf if decision is IDLE else decision.until - now  # type: ignore[union-attr]
+                probe = self._sched.next_probe() if self._probe is not None else None
+                if probe is not None and probe <= now:  # in a backoff: the store back yet?
+                    ok = await anyio.to_thread.run_sync(self._probe_store, abandon_on_cancel=True)
+                    self._sched.probed(self._now(), ready=ok)
+                    continue
+                if probe is not None:
+                    delay = min(delay, probe - now)
+                with anyio.CancelScope() as scope:
+                    self._sleep_scope = scope
+                    await self._clock.sleep(delay)
+                self._sleep_scope = None
+            except Exception:  # a bug of ours must not kill the agent's task group
+                logger.exception("checkpointer: internal error in the timer task")
+                await self._clock.sleep(self._sched.backoff_max)
+
+    def _probe_store(self) -> bool:
+        try:
+            return self._probe is not None and self._probe() is True
+        except Exception:  # a probe that raises answers no
+            return False
+
+    def wake(self) -> None:
+        """Cut the sleep short: the scheduler's answer may have changed."""
+        scope = self._sleep_scope
+        if scope is not None:
+            scope.cancel()
+
+    def wake_threadsafe(self) -> None:
+        """``wake`` from any thread (``notify()``), through the event loop."""
+        token = self._token
+        if token is None or self._done is None or self._forked():
+            return  # a forked child: its copy of the loop is not running (asyncio raises)
+        if threading.get_ident() == self._loop_thread:
+            self.wake()
+            return
+        with contextlib.suppress(Exception):  # the loop may be gone
+            token.backend_class.run_sync_soon(self.wake, (), token.native_token)
+
+
+def _on_trio() -> bool:
+    trio = sys.modules.get("trio")
+    return trio is not None and bool(trio.lowlevel.in_trio_task())
+
+
+def _spawn_system_task(fn: Callable[[], Coroutine[Any, Any, None]], name: str) -> object:
+    """Run ``fn()`` in a task of the event loop's own, in no task group of the caller's.
+
+    As anyio does for its own background tasks: a trio system task (trio
+    keeps Ctrl-C out of it and raises it in the program's own code), else a
+    task of the running asyncio loop.  Returns the task: keep a reference.
+    """
+    if _on_trio():
+        import trio
+
+        return trio.lowlevel.spawn_system_task(fn, name=name, context=contextvars.copy_context())
+    return asyncio.get_running_loop().create_task(fn(), name=name)

@@ -78,6 +78,7 @@ __all__ = [
     "Dialect",
     "Reading",
     "Window",
+    "classify",
     "describe_shape",
     "detect",
     "holds_results",
@@ -119,7 +120,7 @@ def _kin(obj: Any, name: str) -> Any:
 
 
 def _build(cls: Any, fields: dict[str, Any]) -> Any:
-    """``cls(**fields)``, leaving out the fields it does not have (a dataclass, a pydantic model)."""
+    """``cls(**fields)``, but the fields it does not have (a dataclass, a pydantic model)."""
     if dataclasses.is_dataclass(cls):
         names = {f.name for f in dataclasses.fields(cls)}
     else:
@@ -194,17 +195,12 @@ def _name(value: Any) -> str:
 
 
 class _Chat(Dialect):
-    name, window = "chat", "run"
+    name: str = "chat"
+    window: Window = "run"
 
     def read(self, message: Any) -> Reading:
-        role = get_field(message, "role")
-        if role == "tool":
-            status = get_field(message, "status")
-            return ((get_field(message, "tool_call_id"),), (), False, True, status == "running")
-        if role != "assistant":
-            return _PLAIN
-        calls = _seq(get_field(message, "tool_calls"))
-        return ((), [_call_id(c) for c in calls], True, False, False) if calls else _TURN
+        role, calls = get_field(message, "role"), get_field(message, "tool_calls")
+        return _role_reading(role, calls, get_field(message, "content"), message)[1]
 
     def answer(self, call_message: Any, call_id: str) -> Any:
         if isinstance(call_message, ChatMessage):
@@ -240,20 +236,10 @@ class _Chat(Dialect):
 
 
 class _Anthropic(_Chat):
-    name, window = "anthropic", "next"
+    name: str = "anthropic"
+    window: Window = "next"
 
-    def read(self, message: Any) -> Reading:
-        blocks = _seq(get_field(message, "content"))
-        if get_field(message, "role") == "assistant":
-            ids = [get_field(b, "id") for b in blocks if block_type(b) == "tool_use"]
-            return ((), ids, True, False, False)
-        results = []
-        running = False
-        for block in blocks:
-            if block_type(block) == "tool_result":
-                results.append(get_field(block, "tool_use_id"))
-                running = running or get_field(block, "status") == "running"
-        return (results, (), False, False, running)
+    # read: _Chat's, the one reading of a role message (``_role_reading``)
 
     def answer(self, call_message: Any, call_id: str) -> Any:
         if isinstance(call_message, Message):
@@ -302,11 +288,11 @@ class _Anthropic(_Chat):
     def text(self, message: Any) -> str:
         content = get_field(message, "content")
         said = [_text(content)]
-        for block in _seq(content):
-            if block_type(block) == "tool_result":
-                said.append(
-                    f"[{get_field(block, 'tool_use_id')}] {_text(get_field(block, 'content'))}"
-                )
+        said.extend(
+            f"[{get_field(block, 'tool_use_id')}] {_text(get_field(block, 'content'))}"
+            for block in _seq(content)
+            if block_type(block) == "tool_result"
+        )
         return " ".join(s for s in said if s)
 
     def call_names(self, message: Any) -> list[str]:
@@ -369,7 +355,8 @@ def _output_fields(output_type: str, text: str) -> dict[str, Any]:
 
 
 class _Responses(Dialect):
-    name, window = "responses", "free"
+    name: str = "responses"
+    window: Window = "free"
 
     def read(self, message: Any) -> Reading:
         kind = get_field(message, "type")
@@ -431,7 +418,8 @@ def _results_of(parts: Sequence[Any]) -> list[Any]:
 
 
 class _PydanticAI(Dialect):
-    name, window = "pydantic-ai", "next"
+    name: str = "pydantic-ai"
+    window: Window = "next"
 
     def read(self, message: Any) -> Reading:
         parts = _seq(get_field(message, "parts"))
@@ -559,7 +547,8 @@ def _fields(message: Any) -> Any:
 
 
 class _LangChain(Dialect):
-    name, window = "langchain", "run"
+    name: str = "langchain"
+    window: Window = "run"
 
     def read(self, message: Any) -> Reading:
         kind = get_field(message, "type")
@@ -627,17 +616,46 @@ DIALECTS: tuple[Dialect, ...] = (CHAT, ANTHROPIC, RESPONSES, PYDANTIC_AI, LANGCH
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
-def _by_role(role: Any, calls: Any, content: Any) -> Dialect | None:
-    """A role message: chat, or Anthropic when its content holds tool blocks."""
-    if not isinstance(role, str) or role not in _ROLES:
-        return None
-    if role == "tool" or calls:
-        return CHAT
-    if isinstance(content, (list, tuple)):
-        for block in content:
-            if block_type(block) in ("tool_use", "tool_result"):
-                return ANTHROPIC
-    return CHAT
+Classified: TypeAlias = tuple["Dialect | None", Reading]
+_NONE: Classified = (None, _PLAIN)
+
+
+def _role_reading(role: Any, calls: Any, content: Any, message: Any) -> Classified:
+    """A role message's dialect (chat, or Anthropic when its content holds tool blocks) and
+    reading, in one pass: the hot path of the scan, so dict blocks are read inline."""
+    if not isinstance(role, str):
+        return _NONE
+    if role == "tool":
+        status = get_field(message, "status")
+        return CHAT, ((get_field(message, "tool_call_id"),), (), False, True, status == "running")
+    if role not in _ROLES:
+        return _NONE
+    assistant = role == "assistant"
+    if calls:
+        if assistant and isinstance(calls, (list, tuple)):
+            return CHAT, ((), [_call_id(c) for c in calls], True, False, False)
+        return CHAT, _TURN if assistant else _PLAIN
+    if not content or not isinstance(content, (list, tuple)):
+        return CHAT, _TURN if assistant else _PLAIN
+    ids: list[Any] = []
+    blocks = False  # any tool block: Anthropic
+    running = False
+    for block in content:
+        kind = block.get("type") if type(block) is dict else block_type(block)
+        if kind == "tool_use":
+            blocks = True
+            if assistant:
+                ids.append(get_field(block, "id"))
+        elif kind == "tool_result":
+            blocks = True
+            if not assistant:
+                ids.append(get_field(block, "tool_use_id"))
+                running = running or get_field(block, "status") == "running"
+    if not blocks:
+        return CHAT, _TURN if assistant else _PLAIN
+    if assistant:
+        return ANTHROPIC, ((), ids, True, False, False)
+    return ANTHROPIC, (ids, (), False, False, running)
 
 
 def _by_type(kind: Any) -> Dialect | None:
@@ -650,42 +668,29 @@ def _by_type(kind: Any) -> Dialect | None:
     return None
 
 
-def _detect_dict(message: dict[Any, Any]) -> Dialect | None:
-    role = message.get("role")
-    kind = message.get("type")
-    if role is not None:
-        if isinstance(kind, str) and kind in _LANGCHAIN_TYPES:  # a LangChain ChatMessage's dump
-            return LANGCHAIN
-        return _by_role(role, message.get("tool_calls"), message.get("content"))
-    if kind is not None:
-        return _by_type(kind)
-    if message.get("kind") in ("request", "response") and isinstance(
-        message.get("parts"), (list, tuple)
-    ):
-        return PYDANTIC_AI
-    return None
+def _read(dialect: Dialect | None, message: Any) -> Classified:
+    return _NONE if dialect is None else (dialect, dialect.read(message))
 
 
-def _role_object(message: Any) -> Dialect | None:
-    return _by_role(
-        message.role, getattr(message, "tool_calls", None), getattr(message, "content", None)
-    )
+def _role_object(message: Any) -> Classified:
+    calls = getattr(message, "tool_calls", None)
+    return _role_reading(message.role, calls, getattr(message, "content", None), message)
 
 
-def _typed_object(message: Any) -> Dialect | None:
+def _typed_object(message: Any) -> Classified:
     kind = message.type
     if kind == "message" and getattr(message, "role", None) is not None:  # a Responses message
         return _role_object(message)
-    return _by_type(kind)
+    return _read(_by_type(kind), message)
 
 
-def _pydantic_ai_object(message: Any) -> Dialect | None:
+def _pydantic_ai_object(message: Any) -> Classified:
     if message.kind in ("request", "response") and isinstance(message.parts, (list, tuple)):
-        return PYDANTIC_AI
-    return None
+        return PYDANTIC_AI, PYDANTIC_AI.read(message)
+    return _NONE
 
 
-def _any_object(message: Any) -> Dialect | None:
+def _any_object(message: Any) -> Classified:
     """An object of a class without declared fields: by the attributes it has."""
     if getattr(message, "role", None) is not None:
         return _role_object(message)
@@ -693,7 +698,11 @@ def _any_object(message: Any) -> Dialect | None:
         return _typed_object(message)
     if getattr(message, "kind", None) is not None and hasattr(message, "parts"):
         return _pydantic_ai_object(message)
-    return None
+    return _NONE
+
+
+def _no_shape(message: Any) -> Classified:
+    return _NONE
 
 
 def _declared(cls: type) -> frozenset[str] | None:
@@ -706,7 +715,7 @@ def _declared(cls: type) -> frozenset[str] | None:
     return frozenset(fields) if isinstance(fields, dict) else None
 
 
-def _object_detector(cls: type) -> Callable[[Any], Dialect | None]:
+def _classifier(cls: type) -> Callable[[Any], Classified]:
     names = _declared(cls)
     if names is None:
         return _any_object
@@ -716,27 +725,49 @@ def _object_detector(cls: type) -> Callable[[Any], Dialect | None]:
         return _role_object
     if "kind" in names and "parts" in names:
         return _pydantic_ai_object
-    return lambda message: None
+    return _no_shape
 
 
-_detectors: dict[type, Callable[[Any], Dialect | None]] = {}
+_classifiers: dict[type, Callable[[Any], Classified]] = {}
+
+
+def classify(message: Any) -> Classified:
+    """``message``'s dialect and what the scan reads of it (``Reading``), in one call.
+
+    The dialect is None when no dialect recognises the shape (the reading
+    is then empty).  A dict costs a few lookups; an object, its class's
+    classifier (chosen once per class from its declared fields) and reads.
+    """
+    if type(message) is dict:  # inline: the hot path of the scan
+        role = message.get("role")
+        kind = message.get("type")
+        if role is not None:
+            if kind is None or not (isinstance(kind, str) and kind in _LANGCHAIN_TYPES):
+                calls, content = message.get("tool_calls"), message.get("content")
+                return _role_reading(role, calls, content, message)
+            return LANGCHAIN, LANGCHAIN.read(message)  # a LangChain ChatMessage's dump
+        if kind is not None:
+            return _read(_by_type(kind), message)
+        if message.get("kind") in ("request", "response") and isinstance(
+            message.get("parts"), (list, tuple)
+        ):
+            return PYDANTIC_AI, PYDANTIC_AI.read(message)
+        return _NONE
+    cls = type(message)
+    classifier = _classifiers.get(cls)
+    if classifier is None:
+        classifier = _classifiers[cls] = _classifier(cls)
+    return classifier(message)
 
 
 def detect(message: Any) -> Dialect | None:
     """The dialect of ``message``, or None when no dialect recognises its shape."""
-    if type(message) is dict:
-        return _detect_dict(message)
-    cls = type(message)
-    detector = _detectors.get(cls)
-    if detector is None:
-        detector = _detectors[cls] = _object_detector(cls)
-    return detector(message)
+    return classify(message)[0]
 
 
 def holds_results(message: Any) -> bool:
     """Whether ``message`` answers tool calls (so a transcript cannot start with it)."""
-    dialect = detect(message)
-    return dialect is not None and bool(dialect.read(message)[0])
+    return bool(classify(message)[1][0])
 
 
 def describe_shape(message: Any) -> str:

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from .dialects import Dialect, describe_shape, detect
+from .dialects import Dialect, classify, describe_shape
 from .messages import HistoryProblem, ProblemKind
 
 __all__ = [
@@ -184,13 +184,15 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
     free_calls = state.free_calls
     answered = state.answered
     answered_log = state.answered_log
+    called = state.called
+    called_log = state.called_log
     turns = state.turns
+    read = classify
     for i, message in enumerate(items, start):
-        dialect = detect(message)
+        dialect, (results, calls, turn, keeps, is_running) = read(message)
         if dialect is None:  # left alone: answers nothing, ends no window
             problems.append(_unrecognised(i, message))
             continue
-        results, calls, turn, keeps, is_running = dialect.read(message)
         for call_id in results:
             if isinstance(call_id, str) and call_id in open_calls:  # a list id answers nothing
                 del open_calls[call_id]
@@ -212,8 +214,15 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
             open_calls.clear()
         if turn:
             turns += 1
-        for call_id in calls:
-            _call(call_id, i, dialect, state)
+        if calls:
+            into = free_calls if dialect.window == "free" else open_calls
+            for call_id in calls:
+                if type(call_id) is str and call_id not in called:
+                    called.add(call_id)
+                    called_log.append(call_id)
+                    into[call_id] = (i, dialect)
+                else:
+                    _call(call_id, i, dialect, state)
     state.turns = turns
     state.count = start + len(items)
 
@@ -281,5 +290,5 @@ def validate_history(messages: Sequence[Any]) -> list[HistoryProblem]:
 
 
 def count_turns(messages: Sequence[Any]) -> int:
-    """The number of turns in ``messages``: assistant messages, pydantic-ai responses, LangChain ``ai``."""
+    """The turns in ``messages``: assistant messages, pydantic-ai responses, LangChain ``ai``."""
     return scan_history(messages).turns

@@ -183,9 +183,9 @@ def replaced(obj: Any, **changes: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         names = {f.name for f in dataclasses.fields(obj)}
         return dataclasses.replace(obj, **{k: v for k, v in changes.items() if k in names})
-    fields = getattr(type(obj), "model_fields", None)  # a pydantic model (LangChain's messages)
-    if isinstance(fields, dict) and callable(getattr(obj, "model_copy", None)):
-        return obj.model_copy(update={k: v for k, v in changes.items() if k in fields})
+    declared = getattr(type(obj), "model_fields", None)  # a pydantic model (LangChain's)
+    if isinstance(declared, dict) and callable(getattr(obj, "model_copy", None)):
+        return obj.model_copy(update={k: v for k, v in changes.items() if k in declared})
     raise TypeError(f"cannot copy a {type(obj).__name__} message; use dicts or msgspec Structs")
 
 

@@ -234,9 +234,10 @@ def _settled(message: Any) -> bool:
     Structs (``_view``), the message a role message's (its dialect is chat,
     Anthropic, or none: a role it does not know; ``_message_view``), the
     content is a tuple, a str or None, the tool calls a tuple or None, and
-    the values read (role, ids, statuses) are exact strs or None.  Narrower than ``_stores/encoding.is_settled`` on purpose:
-    that one also requires what the scan never reads to be immutable (a
-    ``ToolUseBlock``'s ``input`` is a dict) and walks all of it.
+    the values read (role, ids, statuses) are exact strs or None.  Narrower
+    than ``_stores/encoding.is_settled`` on purpose: that one also requires
+    what the scan never reads to be immutable (a ``ToolUseBlock``'s
+    ``input`` is a dict) and walks all of it.
     """
     cls = type(message)
     view = _message_views[cls] if cls in _message_views else _message_view(cls)

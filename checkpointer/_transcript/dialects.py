@@ -618,44 +618,63 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 
 Classified: TypeAlias = tuple["Dialect | None", Reading]
 _NONE: Classified = (None, _PLAIN)
+_CHAT_PLAIN: Classified = (CHAT, _PLAIN)
+_CHAT_TURN: Classified = (CHAT, _TURN)
 
 
 def _role_reading(role: Any, calls: Any, content: Any, message: Any) -> Classified:
     """A role message's dialect (chat, or Anthropic when its content holds tool blocks) and
-    reading, in one pass: the hot path of the scan, so dict blocks are read inline."""
-    if not isinstance(role, str):
+    reading, in one pass: the hot path of the scan (dicts read inline, shared results)."""
+    if role == "assistant":
+        if calls:
+            if type(calls) is list or isinstance(calls, (list, tuple)):
+                ids = [c.get("id") if type(c) is dict else get_field(c, "id") for c in calls]
+                return CHAT, ((), ids, True, False, False)
+            return _CHAT_TURN
+        if content is None or type(content) is str:
+            return _CHAT_TURN
+    elif role == "tool":
+        if type(message) is dict:
+            call_id, status = message.get("tool_call_id"), message.get("status")
+        else:
+            call_id = getattr(message, "tool_call_id", None)
+            status = getattr(message, "status", None)
+        return CHAT, ((call_id,), (), False, True, status == "running")
+    elif not isinstance(role, str) or role not in _ROLES:
         return _NONE
-    if role == "tool":
-        status = get_field(message, "status")
-        return CHAT, ((get_field(message, "tool_call_id"),), (), False, True, status == "running")
-    if role not in _ROLES:
-        return _NONE
+    elif calls or content is None or type(content) is str:
+        return _CHAT_PLAIN
     assistant = role == "assistant"
-    if calls:
-        if assistant and isinstance(calls, (list, tuple)):
-            return CHAT, ((), [_call_id(c) for c in calls], True, False, False)
-        return CHAT, _TURN if assistant else _PLAIN
     if not content or not isinstance(content, (list, tuple)):
-        return CHAT, _TURN if assistant else _PLAIN
-    ids: list[Any] = []
+        return _CHAT_TURN if assistant else _CHAT_PLAIN
+    ids = []
     blocks = False  # any tool block: Anthropic
     running = False
     for block in content:
-        kind = block.get("type") if type(block) is dict else block_type(block)
+        fields = block if type(block) is dict else None
+        kind = block_type(block) if fields is None else fields.get("type")
         if kind == "tool_use":
             blocks = True
             if assistant:
-                ids.append(get_field(block, "id"))
+                ids.append(get_field(block, "id") if fields is None else fields.get("id"))
         elif kind == "tool_result":
             blocks = True
             if not assistant:
-                ids.append(get_field(block, "tool_use_id"))
-                running = running or get_field(block, "status") == "running"
+                if fields is None:
+                    ids.append(get_field(block, "tool_use_id"))
+                    running = running or get_field(block, "status") == "running"
+                else:
+                    ids.append(fields.get("tool_use_id"))
+                    running = running or fields.get("status") == "running"
     if not blocks:
-        return CHAT, _TURN if assistant else _PLAIN
+        return _CHAT_TURN if assistant else _CHAT_PLAIN
     if assistant:
         return ANTHROPIC, ((), ids, True, False, False)
     return ANTHROPIC, (ids, (), False, False, running)
+
+
+def _langchain_type(kind: Any) -> bool:
+    return isinstance(kind, str) and kind in _LANGCHAIN_TYPES
 
 
 def _by_type(kind: Any) -> Dialect | None:
@@ -740,12 +759,12 @@ def classify(message: Any) -> Classified:
     """
     if type(message) is dict:  # inline: the hot path of the scan
         role = message.get("role")
-        kind = message.get("type")
         if role is not None:
-            if kind is None or not (isinstance(kind, str) and kind in _LANGCHAIN_TYPES):
+            if "type" not in message or not _langchain_type(message["type"]):
                 calls, content = message.get("tool_calls"), message.get("content")
                 return _role_reading(role, calls, content, message)
             return LANGCHAIN, LANGCHAIN.read(message)  # a LangChain ChatMessage's dump
+        kind = message.get("type")
         if kind is not None:
             return _read(_by_type(kind), message)
         if message.get("kind") in ("request", "response") and isinstance(

@@ -186,7 +186,7 @@ def _type_only(form: Form, messages: list[Any]) -> None:
         part = last["parts"][0] if isinstance(last, dict) else last.parts[0]
         args = part["args"] if isinstance(part, dict) else part.args
     elif isinstance(last, dict):
-        fields = last["data"] if "data" in last else last
+        fields = last.get("data", last)
         args = fields["tool_calls"][0]["args"]
     else:
         args = last.tool_calls[0]["args"]
@@ -239,7 +239,7 @@ def test_fingerprint_sees_an_edit_of_an_earlier_part_of_the_last_message(form: F
         elif form.dialect == "pydantic-ai":
             target["parts"][0]["args"] = {"q": 3}
         elif isinstance(target, dict):
-            fields = target["data"] if "data" in target else target
+            fields = target.get("data", target)
             fields["tool_calls"][0]["args"] = {"q": 3}
         else:
             target.tool_calls[0]["args"] = {"q": 3}

@@ -367,3 +367,30 @@ def test_an_unrecognised_shape_does_not_hide_real_problems() -> None:
     assert kinds(messages) == [("unclosed-call", 1, "a"), ("unrecognised", 2, None)]
     repaired, count = close_dangling_tool_calls(messages)
     assert count == 1 and [p.kind for p in validate_history(repaired)] == ["unrecognised"]
+
+
+@stored
+@pytest.mark.anyio
+async def test_prepare_writes_the_repaired_history_in_every_dialect(
+    tmp_path: Path, form: Form
+) -> None:
+    """A writer with transcript_prepare closes a dangling call of any dialect in the file
+    (the messages in memory untouched) and counts the turns."""
+    messages = [*form.user("hi"), *form.call("a", "b"), *form.results("a")]
+    before = encoded(messages)
+    writer = CheckpointWriter(
+        lambda: Snapshot("k", {"messages": messages}),
+        FileStore(tmp_path),
+        exit_hooks=False,
+        prepare=transcript_prepare(),
+    )
+    async with writer:
+        result = await writer.write_now(force=True)
+    assert isinstance(result, Written) and result.repaired == 1
+    assert encoded(messages) == before
+    checkpoint = load(FileStore(tmp_path), "k")
+    assert checkpoint is not None
+    on_disk = checkpoint.state["messages"]
+    assert validate_history(on_disk) == []
+    assert CLOSED_CALL_TEXT in msgspec.json.encode(on_disk).decode()
+    assert checkpoint.meta.turns == (0 if form.dialect == "responses" else 1)  # no answer yet

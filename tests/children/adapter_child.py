@@ -34,6 +34,7 @@ SLOW: dict[str, Any] = {
     "max_wait": 1000.0,
 }  # nothing written by the timer: only what we say
 _block: dict[str, str | None] = {"signal": None}
+_ready: list[asyncio.Event] = []  # set: announce only once it is set (LangGraph)
 
 
 async def _in_tool() -> None:
@@ -41,6 +42,8 @@ async def _in_tool() -> None:
     signame = _block["signal"]
     if signame is None:
         return
+    for ready in _ready:
+        await ready.wait()
     os.write(1, f"in-tool {signame} {os.getpid()}\n".encode())
     await asyncio.sleep(3600)
 
@@ -258,12 +261,35 @@ CONFIG: Any = {"configurable": {"thread_id": "chat"}}  # a RunnableConfig
 
 
 async def langgraph_crash(root: str, signame: str) -> None:
+    """Two durable turns, then a third, ``"async"``, signalled in its tool.
+
+    LangGraph's ``"async"`` durability puts a step's checkpoint from a
+    background task chained after the previous put, so the tool node can be
+    running before the checkpoint that schedules it reaches ``aput`` at all.
+    The tool waits for that ``aput``, and that ``aput`` finds the worker
+    threads busy (their limiter held), as on a loaded machine: the signal
+    lands after LangGraph handed the checkpoint over and before a worker
+    thread encoded it, each time.
+    """
+    import anyio.to_thread
     from langchain_core.messages import HumanMessage
 
     from checkpointer import JournalStore
     from checkpointer.langgraph import CheckpointSaver
 
-    async with CheckpointSaver(JournalStore(root), **SLOW) as saver:
+    ready = asyncio.Event()
+    _ready.append(ready)
+
+    class Saver(CheckpointSaver):
+        async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            if _block["signal"] is not None and "branch:to:tools" in new_versions:
+                limiter = anyio.to_thread.current_default_thread_limiter()
+                limiter.total_tokens = 1
+                await limiter.acquire_on_behalf_of(ready)  # never released
+                ready.set()
+            return await super().aput(config, checkpoint, metadata, new_versions)
+
+    async with Saver(JournalStore(root), **SLOW) as saver:
         graph = langgraph_graph(saver)
         for turn in TURNS[:2]:
             await graph.ainvoke({"messages": [HumanMessage(turn)]}, CONFIG, durability="sync")

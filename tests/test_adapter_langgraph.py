@@ -291,7 +291,7 @@ def test_unopened_saver_says_how_to_use_it(tmp_path: Path) -> None:
 def crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("langgraph-crash")
     codes = crash_in_tool("langgraph", str(base))
-    assert codes == {"KILL": -9, "TERM": -15}
+    assert codes == {"KILL": -9, "TERM": -15, "UNPUT": -15}
     return base
 
 
@@ -312,7 +312,7 @@ async def test_resume_after_sigkill_inside_a_tool(crashed: Path) -> None:
 
 
 async def test_resume_after_sigterm_inside_a_tool(crashed: Path) -> None:
-    """SIGTERM mid-tool: the debounced third turn was flushed; resuming reruns the tool node."""
+    """SIGTERM mid-tool: every checkpoint put, the last one not yet encoded, was flushed."""
     async with CheckpointSaver(JournalStore(crashed / "TERM")) as saver:
         graph = langgraph_graph(saver)
         state = await graph.aget_state(CONFIG)
@@ -326,3 +326,24 @@ async def test_resume_after_sigterm_inside_a_tool(crashed: Path) -> None:
     assert not langchain_problems(result["messages"])
     assert len(result["messages"]) == 16
     assert os.path.exists(crashed / "TERM" / f"{thread_key('chat')}.jsonl")
+
+
+async def test_resume_after_sigterm_before_langgraph_put_the_step(crashed: Path) -> None:
+    """SIGTERM before the tool's checkpoint is put: the one before, with the model's writes."""
+    async with CheckpointSaver(JournalStore(crashed / "UNPUT")) as saver:
+        calls: list[str] = []
+        graph = langgraph_graph(saver, calls)
+        state = await graph.aget_state(CONFIG)
+        messages = state.values["messages"]
+        assert len(messages) == 10
+        assert isinstance(messages[-1], AIMessage) and messages[-1].tool_calls
+        assert state.next == ()  # the model task is done: its writes are pending ones
+        result = await graph.ainvoke(None, CONFIG)
+    assert _kinds(result["messages"][8:]) == [
+        "HumanMessage",
+        "AIMessage",
+        "ToolMessage",
+        "AIMessage",
+    ]
+    assert calls == ["answer:third"]  # the model is not asked for the tool call again
+    assert not langchain_problems(result["messages"])

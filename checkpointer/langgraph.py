@@ -34,18 +34,18 @@ Durability.  LangGraph passes its ``durability`` in the config of each
 
 What SIGTERM keeps.  Every ``put`` and ``put_writes`` called before the
 signal, once the thread's writer is open (the thread's first ``put`` or
-``put_writes`` in this process opens it).  ``aput`` encodes in a worker thread, but the put is the
-thread's from the call on: a write, the flush in the signal handler among
-them, stores a put whose worker has not run yet.  What LangGraph has not
-called is not kept, and with ``"async"`` that can be the last step's
-checkpoint: LangGraph puts it from a background task that waits for the
-previous put, while the next step's nodes already run.  A signal in such
-a node leaves the thread at the last checkpoint put, with the writes of
-its tasks that finished: ``aget_state`` shows them applied and
-``next == ()``, and ``ainvoke(None, config)`` goes on from there, to the
-interrupted node, without running those tasks again (a task whose writes
-were put for a checkpoint not put yet runs again).  With ``"sync"`` each
-step's checkpoint is durable before the next step runs.
+``put_writes`` in this process opens it).  ``aput`` encodes in a worker
+thread, but the put is the thread's from the call on: a write, the flush in
+the signal handler among them, stores a put whose worker has not run yet.
+What LangGraph has not called is not kept, and with ``"async"`` that can be
+the last step's checkpoint: LangGraph puts it from a background task that
+waits for the previous put, while the next step's nodes already run.  A
+signal in such a node leaves the thread at the last checkpoint put, with
+the writes of its tasks that finished: ``aget_state`` shows them applied
+and ``next == ()``, and ``ainvoke(None, config)`` goes on from there, to
+the interrupted node, without running those tasks again (a task whose
+writes were put for a checkpoint not put yet runs again).  With ``"sync"``
+each step's checkpoint is durable before the next step runs.
 
 In a synchronous program (``with CheckpointSaver(...)``, ``graph.invoke``)
 there is no event loop to run a timer, so every put is written before it

@@ -1057,7 +1057,7 @@ def test_import_without_psycopg_names_the_extra() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=child_env("")
     )
     assert proc.returncode == 0, proc.stderr
-    assert "pip install 'agent-checkpointer[postgres]'" in proc.stdout
+    assert "pip install 'psycopg[binary]>=3.1'" in proc.stdout
 
 
 def test_readme_fleet_example_runs(pg: Cluster, tmp_path: Path) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
+from checkpointer import CheckpointWriter, JournalStore, Snapshot, load
 from checkpointer import __version__ as VERSION
 
 from .test_cli import agent, cli, cli_all, put
@@ -52,3 +54,30 @@ def test_negative_values_are_usage_errors(tmp_path: Path) -> None:
         assert "bad duration '-1d': a duration is not negative" in proc.stderr, proc.stderr
     assert fine.returncode == 0 and "last 0" not in fine.stdout
     assert (tmp_path / "k.json").exists()
+
+
+def test_a_torn_journal_tail_is_shown_by_verify_and_show(tmp_path: Path) -> None:
+    """verify warns of a torn tail and show names it, saying what was dropped; the file is kept."""
+    messages: list[dict[str, str]] = [{"role": "user", "content": "hello"}]
+    store = JournalStore(tmp_path)
+    with CheckpointWriter(lambda: Snapshot("k", {"messages": messages}), store, exit_hooks=False):
+        pass
+    journal = tmp_path / "k.jsonl"
+    torn = b'{"kind":"message","message":{"role":"assistant","con'  # a kill mid-append
+    journal.write_bytes(journal.read_bytes() + torn)
+    before = journal.read_bytes()
+    checkpoint = load(store, "k")
+    assert checkpoint is not None and checkpoint.torn is not None
+    line, nbytes = checkpoint.torn.line, checkpoint.torn.nbytes
+    verify, show = cli_all(["verify", tmp_path], ["show", tmp_path, "k"])
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    said = f"a torn tail was ignored: line {line} on, {nbytes} bytes at offset"
+    assert f"warn {journal}: seq 2, 1 messages; {said}" in verify.stdout
+    assert (
+        verify.stdout.splitlines()[-1]
+        == "1 checkpoint(s): 1 ok (1 with a torn tail ignored), 0 bad"
+    )
+    assert show.returncode == 0, show.stderr
+    assert re.search(rf"^torn tail +line {line} on, {nbytes} bytes$", show.stdout, flags=re.M)
+    assert show.stderr.startswith(f"checkpointer show: {journal}: {said}")
+    assert journal.read_bytes() == before  # looking never cuts the tail

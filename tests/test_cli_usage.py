@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 from pathlib import Path
 
-from checkpointer import CheckpointWriter, JournalStore, Snapshot, load
+from checkpointer import (
+    CheckpointWriter,
+    JournalStore,
+    Snapshot,
+    SummaryCheckpoint,
+    load,
+    summary_path,
+    write_summary,
+)
 from checkpointer import __version__ as VERSION
 
-from .test_cli import agent, cli, cli_all, put
+from .test_cli import NOW, agent, cli, cli_all, put
 
 
 def test_version() -> None:
@@ -81,3 +90,20 @@ def test_a_torn_journal_tail_is_shown_by_verify_and_show(tmp_path: Path) -> None
     assert re.search(rf"^torn tail +line {line} on, {nbytes} bytes$", show.stdout, flags=re.M)
     assert show.stderr.startswith(f"checkpointer show: {journal}: {said}")
     assert journal.read_bytes() == before  # looking never cuts the tail
+
+
+
+def test_prune_leaves_summaries_and_corrupt_files_alone(tmp_path: Path) -> None:
+    """prune removes old checkpoints only: sessions/KEY/checkpoint.md and .corrupt-* files stay."""
+    put(tmp_path, "free", agent(1), age=timedelta(days=30))
+    write_summary(tmp_path, "free", SummaryCheckpoint(4, "the gist", NOW - timedelta(days=20), 4))
+    summary = Path(summary_path(tmp_path, "free"))
+    aside = tmp_path / "free.corrupt-20200101T000000.000001Z"
+    aside.write_text("{garbage")
+    proc = cli("prune", tmp_path, "--older-than", "7d")
+    assert proc.returncode == 0, proc.stderr
+    assert f"removed {tmp_path / 'free.json'} (updated 30d ago)" in proc.stdout
+    assert str(summary) not in proc.stdout and str(aside) not in proc.stdout
+    assert not (tmp_path / "free.json").exists()
+    assert summary.read_text().count("the gist") == 1
+    assert aside.read_text() == "{garbage"

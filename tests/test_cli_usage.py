@@ -92,7 +92,6 @@ def test_a_torn_journal_tail_is_shown_by_verify_and_show(tmp_path: Path) -> None
     assert journal.read_bytes() == before  # looking never cuts the tail
 
 
-
 def test_prune_leaves_summaries_and_corrupt_files_alone(tmp_path: Path) -> None:
     """prune removes old checkpoints only: sessions/KEY/checkpoint.md and .corrupt-* files stay."""
     put(tmp_path, "free", agent(1), age=timedelta(days=30))

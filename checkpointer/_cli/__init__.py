@@ -24,7 +24,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from .._version import VERSION
+from .. import __version__ as VERSION
 from . import demo, ls, pg_schema, prune, report, show, verify
 from .prune import parse_duration
 from .roots import Root, RootError, open_root

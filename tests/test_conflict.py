@@ -343,7 +343,8 @@ async def test_a_conflict_waits_for_a_change_and_is_logged_once(
     assert "not retrying until the session changes" in conflicts[0].getMessage()
     # The final write at close could not land either: said once, at ERROR.
     finals = [r for r in records if r.levelno == logging.ERROR]
-    assert len(finals) == 1 and "the final write at close failed (conflict)" in finals[0].getMessage()
+    assert len(finals) == 1
+    assert "the final write at close failed (conflict)" in finals[0].getMessage()
     assert load(FileStore(tmp_path), KEY) is not None
     cp = load(FileStore(tmp_path), KEY)
     assert cp is not None and cp.state == {"by": "other"}

@@ -13,22 +13,27 @@ from __future__ import annotations
 import argparse
 from typing import Any, Literal, NamedTuple
 
+from checkpointer import TornTail
+
 from . import report
 from .look import History, history, read
 from .roots import CHAT, Entry, Root, describe_shape, detect, scan_history
 
-__all__ = ["Verdict", "run", "verdict"]
+__all__ = ["Verdict", "run", "torn_tail", "verdict"]
 
 
 def run(root: Root, args: argparse.Namespace) -> int:
     """Check every checkpoint of ``root``; 1 when any is bad."""
     entries = root.scan().entries
-    bad = warned = noted = 0
+    bad = warned = torn = noted = 0
     for entry in entries:
-        outcome = _report(entry.path, verdict(root, entry), quiet=args.quiet)
+        verdict_ = verdict(root, entry)
+        outcome = _report(entry.path, verdict_, quiet=args.quiet)
         bad += outcome == "bad"
-        warned += outcome in ("warn", "warn+note")
-        noted += outcome in ("note", "warn+note")
+        good = outcome != "bad"
+        warned += good and verdict_.warning is not None
+        torn += good and verdict_.torn is not None
+        noted += good and verdict_.note is not None
     for path in root.asides():
         report.line(f"note {path}: a corrupt file a writer moved aside")
     if not entries:
@@ -38,6 +43,8 @@ def run(root: Root, args: argparse.Namespace) -> int:
     also = []
     if warned:
         also.append(f"{warned} with tool calls open at the end")
+    if torn:
+        also.append(f"{torn} with a torn tail ignored")
     if noted:
         also.append(f"{noted} with messages not checked")
     if also:
@@ -53,9 +60,10 @@ class Verdict(NamedTuple):
     summary: str  # what a good one holds
     warning: str | None = None  # what a good one needs before it is sent to a model
     note: str | None = None  # what was not checked (unrecognised messages), and why
+    torn: str | None = None  # a journal's unfinished last append, ignored by load()
 
 
-_Outcome = Literal["bad", "warn", "note", "warn+note", "ok"]
+_Outcome = Literal["bad", "warn", "note", "ok"]
 
 
 def _report(path: str, verdict_: Verdict, *, quiet: bool) -> _Outcome:
@@ -63,14 +71,14 @@ def _report(path: str, verdict_: Verdict, *, quiet: bool) -> _Outcome:
     if verdict_.problem is not None:
         report.line(f"BAD  {path}: {verdict_.problem}")
         return "bad"
-    said = [s for s in (verdict_.warning, verdict_.note) if s is not None]
+    said = [s for s in (verdict_.warning, verdict_.torn, verdict_.note) if s is not None]
     outcome: _Outcome = "ok"
-    if verdict_.warning is not None:
-        outcome = "warn+note" if verdict_.note is not None else "warn"
+    if verdict_.warning is not None or verdict_.torn is not None:
+        outcome = "warn"
     elif verdict_.note is not None:
         outcome = "note"
     if not quiet:
-        word = {"ok": "ok  ", "note": "note"}.get(outcome, "warn")
+        word = {"ok": "ok  ", "note": "note", "warn": "warn"}[outcome]
         report.line(f"{word} {path}: {'; '.join([verdict_.summary, *said])}")
     return outcome
 
@@ -86,7 +94,22 @@ def verdict(root: Root, entry: Entry) -> Verdict:
             f"its meta says key {meta.key!r}, but the file is named for {entry.key!r}", ""
         )
     summary = f"seq {meta.seq}"
-    found = history(loaded.state)
+    torn = None if loaded.torn is None else torn_tail(loaded.torn)
+    return _history(loaded.state, summary)._replace(torn=torn)
+
+
+def torn_tail(torn: TornTail) -> str:
+    """What a journal's torn tail dropped, and what becomes of it."""
+    return (
+        f"a torn tail was ignored: line {torn.line} on, {torn.nbytes} bytes at offset "
+        f"{torn.offset} ({torn.reason}); the checkpoint is the last whole append before it, "
+        "and the next writer to open the journal cuts the tail off"
+    )
+
+
+def _history(state: Any, summary: str) -> Verdict:
+    """The verdict on a state's agent history (a state without one is fine)."""
+    found = history(state)
     if found is None:
         return Verdict(None, summary)
     if found.messages is None:

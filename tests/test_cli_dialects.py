@@ -134,3 +134,27 @@ def test_nothing_from_a_session_reaches_the_terminal_raw(
         assert not RAW.search(out), out
         assert not RAW.search(err), err
     assert "\\x1b]52" in outputs[0][1]  # shown, as an escape
+
+
+def test_verify_says_a_torn_tail_and_an_unrecognised_shape_together(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A journal with a torn tail and a message of no known shape is one warn line saying
+    both, counted in both; the exit status stays 0."""
+    write(
+        tmp_path,
+        "k",
+        [{"role": "user", "content": "hi"}, {"speaker": "robot"}],
+        JournalStore(tmp_path),
+    )
+    with open(tmp_path / "k.jsonl", "ab") as journal:
+        journal.write(b'{"kind": "message", "unfinished')
+    status, out, _ = run(capsys, "verify", tmp_path)
+    lines = out.splitlines()
+    assert status == 0
+    assert lines[0].startswith("warn ")
+    assert "a torn tail was ignored" in lines[0]
+    assert "unrecognised message shape at $.state.messages[1]" in lines[0]
+    assert lines[-1] == (
+        "1 checkpoint(s): 1 ok (1 with a torn tail ignored, 1 with messages not checked), 0 bad"
+    )

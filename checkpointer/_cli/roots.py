@@ -48,6 +48,13 @@ from checkpointer._stores.base import KEY_PATTERN, check_key
 from checkpointer._stores.flock import probe_file_lock
 from checkpointer._stores.safefs import UnsafeFile, describe, read_checked
 
+# What the commands read in a history, passed on to look, show and verify: the
+# transcript helpers' dialects and their scan (this module is the one seam).
+from checkpointer._transcript.dialects import CHAT as CHAT
+from checkpointer._transcript.dialects import describe_shape as describe_shape
+from checkpointer._transcript.dialects import detect as detect
+from checkpointer._transcript.history import scan_history as scan_history
+
 __all__ = [
     "EPOCH",
     "DirectoryRoot",

@@ -13,6 +13,8 @@ from __future__ import annotations
 import errno
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -390,6 +392,38 @@ def test_a_parent_that_cannot_be_looked_at_is_reported_as_such(tmp_path: Path) -
     with pytest.raises(OSError, match="symbolic links") as caught:
         makedirs_durable(str(loop / "root"), 0o700)
     assert caught.value.errno == errno.ELOOP
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(done.stdout)
+
+
+def test_listings_on_the_mount_show_every_entry(fuse: None, tmp_path: Path) -> None:
+    """listdir, keys() and open()'s sweep of a dead writer's temp see the files on the mount."""
+    backing = tmp_path / "disk"
+    backing.mkdir()
+    (backing / "a.json").write_bytes(b"{}")
+    (backing / "sub").mkdir()
+    temp = f".a.json.{_dead_pid()}.x1234567.tmp"
+    (backing / temp).write_bytes(b"half")
+    with PowerFS(str(backing), str(tmp_path / "mnt")) as fs:
+        assert sorted(os.listdir(fs.mountpoint)) == sorted([temp, "a.json", "sub"])
+        assert {e.name: e.inode() for e in os.scandir(fs.mountpoint)}["a.json"] == os.stat(
+            backing / "a.json"
+        ).st_ino
+        store = FileStore(fs.mountpoint)
+        assert store.keys() == ["a"]
+        store.open()
+        assert sorted(os.listdir(fs.mountpoint)) == ["a.json", "sub"]
+        fs.unmount()
+    assert sorted(os.listdir(backing)) == ["a.json", "sub"]
 
 
 def test_closing_a_frozen_mount_unmounts_it(fuse: None, tmp_path: Path) -> None:

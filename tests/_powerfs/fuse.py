@@ -89,8 +89,14 @@ class Operations(mfusepy.Operations):  # type: ignore[misc]
         return attrs
 
     @_guarded
-    def readdir(self, path: str, fh: int) -> list[str]:
-        return [".", "..", *self.disk.readdir(path)]
+    def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
+        # Each entry with its inode number (mfusepy passes only st_ino and
+        # st_mode on): a bare name would get a zeroed stat, so d_ino 0 under
+        # use_ino, and glibc would drop every entry of every listing.
+        return [
+            (name, {"st_ino": ino, "st_mode": mode}, 0)
+            for name, ino, mode in self.disk.readdir(path)
+        ]
 
     @_guarded
     def opendir(self, path: str) -> int:

@@ -5,7 +5,8 @@ a backing directory, without FUSE.  The rest mounts it through FUSE and
 skips, saying why, where that cannot be done (no ``/dev/fuse``, no
 privilege, no ``fuse3``).  The full run is ``python -m tests.powercut
 --cuts 200 --store all`` (``tests/powercut.py``); here it runs 3 cuts per
-store and model, and each removed fsync is shown to be caught.
+store and model, and each mutation (a removed fsync, the sweep disabled, a
+failed commit reported written) is shown to be caught.
 """
 
 from __future__ import annotations
@@ -342,19 +343,27 @@ def test_the_documented_command_loses_nothing(
     assert "| journal | ext4 |" in out
 
 
-@pytest.mark.parametrize("model", ["strict", "ext4"])
 @pytest.mark.parametrize(
-    ("mutation", "seen"),
+    ("mutation", "seen", "model"),
     [
-        ("file-fsync", "does not load"),
-        ("dir-fsync", "the checkpoint is gone"),
-        ("journal-fsync", "older than seq"),
+        *(
+            (mutation, seen, model)
+            for mutation, seen in [
+                ("file-fsync", "does not load"),
+                ("dir-fsync", "the checkpoint is gone"),
+                ("journal-fsync", "older than seq"),
+            ]
+            for model in ("strict", "ext4")
+        ),
+        # Neither depends on the model: one each.
+        ("sweep", "the open left 1 dead writers' temp files", "strict"),
+        ("written-on-failure", "older than seq", "ext4"),
     ],
 )
-def test_the_torture_catches_each_removed_fsync(
+def test_the_torture_catches_each_mutation(
     fuse: None, mutation: str, seen: str, model: str
 ) -> None:
-    """With one fsync removed in the child, an aimed cut loses a reported state: caught."""
+    """A removed fsync, no sweep, Written for a failed commit: an aimed cut shows it."""
     spec = powercut.MUTATIONS[mutation]
     summary = powercut.run(
         powercut.MUTATION_CUTS,

@@ -163,6 +163,28 @@ def test_an_unsynced_unlink_comes_back_with_the_inodes_durable_bytes(
     assert tree(tmp_path / "disk") == {"k.lock": b"zzep" if synced else b"keep"}
 
 
+@pytest.mark.parametrize("model", ["strict", "ext4"])
+def test_an_fsync_of_an_unlinked_truncated_file_is_what_its_durable_name_brings_back(
+    tmp_path: Path, model: str
+) -> None:
+    """O_TRUNC, write, unlink while open, fsync: the unlink is undone, with the new bytes."""
+    disk = durable(tmp_path, {"a": b"old", "b": b"gone"}, model)
+    fd = disk.open("/b", os.O_RDWR)  # an orphan no durable entry names: nothing to keep
+    disk.unlink("/b")
+    sync_dir(disk)
+    disk.write(None, fd, b"x", 0)
+    disk.fsync(None, fd)
+    disk.release(fd)
+    fd = disk.open("/a", os.O_RDWR | os.O_TRUNC)  # the durable bytes are copied aside
+    disk.write("/a", fd, b"new!", 0)
+    disk.unlink("/a")
+    disk.fsync(None, fd)
+    disk.write(None, fd, b"N", 0)  # after the fsync: not durable
+    disk.release(fd)
+    disk.cut()
+    assert tree(tmp_path / "disk") == {"a": b"new!"}
+
+
 def test_a_rename_over_a_durable_file_is_undone_with_both_contents(tmp_path: Path) -> None:
     """Rename a onto b without a directory fsync: both names come back, each with its bytes."""
     disk = durable(tmp_path, {"a": b"A", "b": b"B"})

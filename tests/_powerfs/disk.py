@@ -445,7 +445,12 @@ class PowerDisk:
             node = self._file(path, fh)
             label = self._label("fsync", path, node)
             self._gate(label, path)
-            node.durable = node.size
+            if node.links or node.grave is not None:
+                node.durable = node.size  # the bytes stay where a name or the grave keeps them
+            elif node.drefs:  # no name left, but a durable entry will bring it back: copy
+                node.durable = os.pread(fh, node.size, 0) if fh in self._files else b""
+            else:  # nothing will ever name it again: its content does not matter
+                node.durable = 0
             self._done(label, path)
 
     def fsyncdir(self, path: str | None, handle: int) -> None:

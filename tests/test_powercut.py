@@ -11,9 +11,12 @@ failed commit reported written) is shown to be caught.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,7 +31,7 @@ from checkpointer._stores.atomic import makedirs_durable
 from checkpointer._transcript.summary import safe_watermark
 
 from . import powercut
-from ._powerfs import PowerDisk, PowerFS, label_kind, unavailable
+from ._powerfs import HANG_GUARD, PowerDisk, PowerFS, label_kind, unavailable
 from .children.powercut_child import KEEP_LAST, summary_bytes, summary_text
 from .powercut import check_summary
 from .torture import KEY, state_for
@@ -465,3 +468,63 @@ def test_closing_a_frozen_mount_unmounts_it(fuse: None, tmp_path: Path) -> None:
     fs.close()
     with open("/proc/self/mounts", encoding="utf-8") as f:
         assert fs.mountpoint not in f.read()
+
+
+_PARENT = """
+import sys
+from tests._powerfs import PowerFS
+fs = PowerFS(sys.argv[1], sys.argv[2])
+fs.mount()
+assert fs._proc is not None
+print(fs._proc.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def _wait_gone(pid: int) -> bool:
+    """Wait (a hang guard, not a timing check) until the process ``pid`` has ended."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], HANG_GUARD)[0])
+    finally:
+        os.close(fd)
+
+
+def _mounts() -> str:
+    with open("/proc/self/mounts", encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_sigkilled_parent_leaves_no_mount_and_no_server(
+    fuse: None, tmp_path: Path, busy: bool
+) -> None:
+    """SIGKILL the process that mounted: its FUSE server unmounts and exits, even if busy."""
+    mountpoint = tmp_path / "mnt"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, str(tmp_path / "disk"), str(mountpoint)],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert parent.stdout is not None
+    server = int(parent.stdout.readline())
+    held = os.open(mountpoint / "held", os.O_RDWR | os.O_CREAT, 0o600) if busy else None
+    try:
+        parent.kill()
+        parent.wait()
+        assert _wait_gone(server), f"the FUSE server {server} outlived its parent"
+        assert f" {mountpoint} " not in _mounts()
+    finally:
+        if held is not None:
+            with contextlib.suppress(OSError):
+                os.close(held)
+        for stream in (parent.stdin, parent.stdout):
+            if stream is not None:
+                stream.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)  # only if the test failed: leave nothing behind
+        subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True, check=False)

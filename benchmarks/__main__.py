@@ -36,6 +36,7 @@ CASES: list[tuple[str, str]] = [
     ("journal", "benchmarks.bench_journal"),
     ("prepare", "benchmarks.bench_prepare"),
     ("adapters", "benchmarks.bench_adapters"),
+    ("sessions", "benchmarks.bench_sessions"),
 ]
 """(case id, module with ``main(quick) -> dict``); adding a case is one entry."""
 

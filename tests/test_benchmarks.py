@@ -45,11 +45,13 @@ EXPECTED = {
         ]
     ],
     "peers": [
-        f"{pattern}: {what} checkpointer / {peer}"
+        f"{pattern}: {what} {ours} / {peer}"
         for pattern in ("steady", "bursty", "stepwise")
-        for what in ("bytes written", "worst stall")
-        for peer in ("naive", "debounce", "langgraph")
-    ],
+        for what in ("worst stall", "pareto min(bytes, longest wait)")
+        for ours in ("checkpointer", "journal")
+        for peer in ("naive", "debounce", "debounce-max-wait", "langgraph")
+    ]
+    + [f"{pattern}: bytes written journal / langgraph" for pattern in ("steady", "bursty", "stepwise")],
     "growth": [
         f"{store}: cost @10,000 / @100 messages"
         for store in ("FileStore", "FileStore+Transcript", "JournalStore")

@@ -51,7 +51,10 @@ EXPECTED = {
         for ours in ("checkpointer", "journal")
         for peer in ("naive", "debounce", "debounce-max-wait", "langgraph")
     ]
-    + [f"{pattern}: bytes written journal / langgraph" for pattern in ("steady", "bursty", "stepwise")],
+    + [
+        f"{pattern}: bytes written journal / langgraph"
+        for pattern in ("steady", "bursty", "stepwise")
+    ],
     "growth": [
         f"{store}: cost @10,000 / @100 messages"
         for store in ("FileStore", "FileStore+Transcript", "JournalStore")

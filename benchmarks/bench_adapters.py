@@ -310,7 +310,7 @@ def _run(kind: str, history: int, turns: int, ours: bool) -> dict[str, float]:
 def main(quick: bool) -> dict[str, Any]:
     """One table per framework, and the bars; a ``Report`` as a dict."""
     os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
-    history, turns, repeats = (200, 5, 1) if quick else (2000, 20, 3)
+    history, turns, repeats = (100, 3, 1) if quick else (2000, 20, 3)
     report = Report(title="Framework adapters vs each framework's own persistence")
     for kind, (_, peer_name) in _CASES.items():
         try:

@@ -626,6 +626,16 @@ def main(quick: bool = False) -> dict[str, Any]:
         title="PostgresStore next to FileStore and LangGraph's AsyncPostgresSaver: latency, "
         "loop stall, journal growth, sessions/s"
     )
+    if os.environ.get("CHECKPOINTER_BENCH_DSN") is None:
+        sys.path.insert(0, ROOT)
+        from tests.pg import find_binaries
+
+        if find_binaries() is None:
+            report.notes.append(
+                "skipped: no PostgreSQL server binaries found (install PostgreSQL, or point "
+                "$CHECKPOINTER_BENCH_DSN at a server)"
+            )
+            return msgspec.to_builtins(report)  # type: ignore[no-any-return]
     with scratch_dir("pg-") as scratch:
         root = os.path.join(scratch, "files")
         with _server(scratch) as (dsn, server):

@@ -2,7 +2,8 @@
 
 Prints one table per case and every ratio with its bar, then a summary;
 writes the raw figures to ``<out>/<mode>.json`` and, when matplotlib is
-installed, the charts ``<out>/<mode>-growth.png`` and ``<out>/<mode>-stall.png``.
+installed, the charts ``<out>/<mode>-growth.png``, ``<out>/<mode>-stall.png``
+and ``<out>/<mode>-sessions.png``.
 """
 
 from __future__ import annotations

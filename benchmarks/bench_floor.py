@@ -69,7 +69,7 @@ Mode = Literal["write_now", "flush_sync"]
 
 def repeats(nbytes: int, quick: bool) -> int:
     if quick:
-        return 5 if nbytes <= 1 << 20 else 3
+        return 3 if nbytes <= 1 << 20 else 2
     return {1 << 10: 61, 100 << 10: 41, 10 << 20: 15}.get(nbytes, 9)
 
 

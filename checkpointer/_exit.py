@@ -32,8 +32,8 @@ A forked child (a ``multiprocessing`` worker, ``os.fork``) inherits the
 atexit callbacks, the signal handlers and this registry, but none of those
 writers is its own: writing would put the child's stale copy of the state
 over the parent's file, and releasing their locks would release the
-parent's.  So right after a fork the child forgets them (atexit callbacks
-unregistered, the list and the deferred signals emptied, a fresh registry
+parent's.  So right after a fork the child forgets them (the registry and the
+deferred signals emptied, a fresh registry
 lock in case another thread held it at the fork).  Our handlers stay and
 only chain, the way they do with no writer open; a writer the child opens
 itself registers as usual.  Each writer also checks its pid before any
@@ -84,7 +84,13 @@ class Flushable(Protocol):
         ...
 
 
-_writers: list[Flushable] = []
+# Insertion-ordered, and O(1) to add and remove: an agent server opens and
+# closes thousands of writers (a list's remove and atexit.unregister, which
+# scans every callback, made closing quadratic).  One atexit hook flushes them
+# all, the newest first, as one callback per writer used to.
+_writers: dict[Flushable, None] = {}
+_atexit_hooked = False
+_MISSING: Any = object()
 _deferred: list[tuple[_Handler, int]] = []
 _registry_lock = threading.Lock()  # never taken inside a signal handler
 _busy: dict[int, int] = {}  # thread id -> store calls in progress on it (see busy)
@@ -113,11 +119,25 @@ class _Handler:
         _chain(self.previous, signum, frame)
 
 
+def _flush_all_at_exit() -> None:
+    """The one atexit hook: flush every writer still registered, the newest first."""
+    for writer in reversed(list(_writers)):
+        if writer not in _writers:  # an earlier flush may have closed this one
+            continue
+        try:
+            writer.flush_at_exit()
+        except Exception:  # as atexit would: report it, and flush the others
+            logger.exception("checkpointer: an exit flush raised")
+
+
 def register(writer: Flushable) -> None:
     """Flush ``writer`` at exit and on SIGTERM/SIGHUP until ``unregister``."""
+    global _atexit_hooked
     with _registry_lock:
-        _writers.append(writer)
-        atexit.register(writer.flush_at_exit)
+        _writers[writer] = None
+        if not _atexit_hooked:
+            atexit.register(_flush_all_at_exit)
+            _atexit_hooked = True
         if threading.current_thread() is threading.main_thread():
             for signum in HANDLED_SIGNALS:
                 current = signal.getsignal(signum)
@@ -128,11 +148,8 @@ def register(writer: Flushable) -> None:
 def unregister(writer: Flushable) -> None:
     """Undo ``register``; restore the signal handlers we replaced if we can."""
     with _registry_lock:
-        try:
-            _writers.remove(writer)
-        except ValueError:
+        if _writers.pop(writer, _MISSING) is _MISSING:
             return
-        atexit.unregister(writer.flush_at_exit)
         if _writers or threading.current_thread() is not threading.main_thread():
             return
         for signum in HANDLED_SIGNALS:
@@ -158,9 +175,7 @@ def _after_fork_in_child() -> None:
     """Forget the parent's writers: nothing of theirs may run in a forked child."""
     global _registry_lock
     _registry_lock = threading.Lock()
-    for writer in _writers:
-        atexit.unregister(writer.flush_at_exit)
-    _writers.clear()
+    _writers.clear()  # the one atexit hook stays: with no writer it does nothing
     _deferred.clear()
 
 

@@ -32,7 +32,7 @@ class KeyLocks:
         self._pid = os.getpid()
 
     def acquire(self, key: str, location: str) -> Failed | bool:
-        """Take ``key``'s lock unless held already.
+        """Take ``key``'s lock unless held already (``location``: the path a failure names).
 
         Returns:
             True when the lock was taken just now (someone else may have
@@ -40,7 +40,8 @@ class KeyLocks:
             was held already or the store does not lock, ``Failed`` when
             another writer holds it or locking failed.
         """
-        self._forget_if_forked()
+        if self._pid != os.getpid():
+            self._forget_if_forked()
         if self._store is None or key in self._held:
             return False
         try:
@@ -48,7 +49,8 @@ class KeyLocks:
         except KeyLocked as exc:
             return Failed("locked", str(exc))
         except Exception as exc:
-            return Failed("write-failed", f"cannot lock {location}: {type(exc).__name__}: {exc}")
+            why = f"{type(exc).__name__}: {exc}"
+            return Failed("write-failed", f"cannot lock {location}: {why}")
         return True
 
     def release(self, key: str) -> None:

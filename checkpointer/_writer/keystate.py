@@ -86,12 +86,32 @@ class KeyState:
         pinned = self.pin if self.pin is not None else self.pinned
         return (
             self.content is not None
-            and self.content == content
+            and _equal(self.content, content)
             and self.live == live
             and self.pinned == pinned
             and self.parent == parent
             and self.turns == turns
         )
+
+
+_TAIL = 4096
+
+
+def _equal(held: object, content: object) -> bool:
+    """``held == content``, exactly; for large encoded states, the tails first.
+
+    A session changes at its end (a new message, the last one edited), and
+    a memcmp of two equal-length 10 MiB states takes about a millisecond:
+    comparing the last 4 KiB first says "changed" in a microsecond.
+    """
+    if (
+        type(held) is bytes
+        and type(content) is bytes
+        and len(held) == len(content) > 4 * _TAIL
+        and held[-_TAIL:] != content[-_TAIL:]
+    ):
+        return False
+    return held == content
 
 
 class Keys:

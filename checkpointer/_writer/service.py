@@ -292,7 +292,9 @@ class CheckpointWriter(Generic[S]):
     async def __aenter__(self) -> CheckpointWriter[S]:
         self._claim_open()
         self._timer.bind()  # this event loop: notify() wakes the timer through it
-        self._write_lock = anyio.Lock()
+        # Fast: no extra pass of the event loop per write (the hop yields anyway;
+        # a write that needs no hop yields in _write_async).
+        self._write_lock = anyio.Lock(fast_acquire=True)
         await anyio.to_thread.run_sync(self._open_store)
         self._install_hooks()
         try:
@@ -422,11 +424,14 @@ class CheckpointWriter(Generic[S]):
             self._sched.begin_write(self._now())
             outcome = Outcome.CANCELLED
             try:
-                started = anyio.current_time()
+                started = anyio.current_time() if deadline is not None else 0.0
                 job = self._prepare(force=force, pin=pin, live=live)
                 result: Result
                 if not isinstance(job, Job):
                     result = self._core.account(job)
+                    # Still a cancellation point's pass of the loop, as with the
+                    # hop, but never raising: the result above stands.
+                    await anyio.lowlevel.cancel_shielded_checkpoint()
                 elif deadline is None:
                     result = await self._hop(job)
                 else:

@@ -21,7 +21,7 @@ from .._text import describe_error
 from .._values import Failed, Prepared, Snapshot, WriterInfo
 from .._version import VERSION
 
-__all__ = ["Prepare", "check_parent", "run_prepare", "session_meta"]
+__all__ = ["Prepare", "check_parent", "run_prepare", "session_meta", "writer_info"]
 
 
 Prepare = Callable[[Any], Prepared | Failed]
@@ -37,6 +37,8 @@ def run_prepare(prepare: Prepare | None, snapshot: Snapshot) -> Prepared | Faile
     ``check_parent``), before anything is encoded.
     """
     if prepare is None:
+        if snapshot.parent is None:  # the common case, once per write
+            return Prepared(snapshot=snapshot)
         prepared: object = Prepared(snapshot=snapshot)
     else:
         try:
@@ -80,7 +82,19 @@ def session_meta(prepared: Prepared, state_version: int) -> dict[str, Any]:
     return {
         "turns": prepared.turns,
         "parent": prepared.snapshot.parent,
-        "writer": WriterInfo(pid=os.getpid(), host=_HOST),
+        "writer": writer_info(),
         "library_version": VERSION,
         "state_version": state_version,
     }
+
+
+_me: WriterInfo | None = None
+
+
+def writer_info() -> WriterInfo:
+    """This process's ``WriterInfo``; made again in a forked child (a new pid)."""
+    global _me
+    pid = os.getpid()
+    if _me is None or _me.pid != pid:
+        _me = WriterInfo(pid=pid, host=_HOST)
+    return _me

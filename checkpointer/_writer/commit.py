@@ -260,10 +260,14 @@ class Committer:
             state = self.keys.by_key[job.key]
             if job.gen < state.newest_gen:
                 return self.account(Skipped("unchanged"))  # a newer snapshot is on disk
-            taken = self._locks.acquire(job.key, self._store.location(job.key))
+            location = self._store.location(job.key)
+            taken = self._locks.acquire(job.key, location, wait=False)
             if isinstance(taken, Failed):
-                if not state.looked:  # the window starts now, lock or not
+                if not state.looked:  # the window starts now, before any wait for the lock
                     self.keys.look(job.key, state)
+                if taken.reason == "locked" and self._locks.waits:
+                    taken = self._locks.acquire(job.key, location)  # up to lock_timeout
+            if isinstance(taken, Failed):
                 return self.account(taken)
             if taken:  # others may have written the key since we last held it: re-read
                 state.resolved, state.content, state.live = False, None, None

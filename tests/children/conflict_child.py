@@ -7,8 +7,9 @@
 opens a ``CheckpointWriter`` on asyncio (exit hooks on, as a program has
 them; with ``--resume`` it passes ``resume_from=`` the loaded checkpoint;
 with ``--wait``, ``lock_timeout=60``, and it prints ``waiting`` when a
-write begins to wait for the key's lock), and then follows its stdin, one command a line (the first line, ``go``,
-starts it: a parent may start the interpreter early, then the agent):
+write begins to wait for the key's lock), and then follows its stdin, one
+command a line (the first line, ``go``, starts it: a parent may start the
+interpreter early, then the agent):
 
 * ``append TEXT``: append a message ``NAME: TEXT``, ``notify()``, then
   ``write_now()``; print the result.

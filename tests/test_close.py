@@ -740,3 +740,44 @@ def test_a_final_write_that_never_ends_does_not_hang_the_exit(tmp_path: Path, ba
     assert (done.returncode, done.stdout.split()) == (0, ["HUNG", "CLOSED"]), done
     assert "did not finish within close_timeout=0.2s" in done.stderr
     assert on_disk(FileStore(tmp_path)) == (0, True)  # the hung write never landed
+
+
+# -- source() returns None at close ------------------------------------------------------
+
+
+class Ending:
+    """A session that ends (``source()`` returns None from then on) before the close."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def source(self) -> Snapshot | None:
+        return None if self.ended else Snapshot(KEY, {"n": 1})
+
+
+@pytest.mark.parametrize("store_type", [FileStore, JournalStore])
+def test_close_after_the_session_ended_leaves_the_file_not_live(
+    tmp_path: Path, store_type: type[FileStore]
+) -> None:
+    """close() whose source() returns None: the last key's checkpoint says live=False."""
+    session = Ending()
+    writer = CheckpointWriter(session.source, store_type(tmp_path), exit_hooks=False).open()
+    assert on_disk(store_type(tmp_path)) == (1, True)
+    session.ended = True
+    assert writer.close() == Skipped("no-identity")
+    assert on_disk(store_type(tmp_path)) == (1, False)
+    key_is_free(store_type, tmp_path)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("store_type", [FileStore, JournalStore])
+async def test_aclose_after_the_session_ended_leaves_the_file_not_live(
+    tmp_path: Path, store_type: type[FileStore]
+) -> None:
+    """aclose() whose source() returns None: the last key's checkpoint says live=False."""
+    session = Ending()
+    async with CheckpointWriter(session.source, store_type(tmp_path), exit_hooks=False):
+        assert on_disk(store_type(tmp_path)) == (1, True)
+        session.ended = True
+    assert on_disk(store_type(tmp_path)) == (1, False)
+    key_is_free(store_type, tmp_path)

@@ -198,6 +198,10 @@ class Committer:
         except Exception as exc:
             return Failed("snapshot-failed", f"source() raised {describe_error(exc)}")
         if snapshot is None:
+            if not live and self.keys.current is not None:
+                # The session ended before the close (or the exit): its last
+                # key is finished as a key the source moved away from is.
+                self.keys.to_finish.add(self.keys.current)
             return Skipped("no-identity")
         if not isinstance(snapshot, Snapshot):
             return Failed(
@@ -363,6 +367,16 @@ class Committer:
                     settled=job.prepared.settled,
                 )
             )
+
+    def finish(self, timeout: float = -1) -> None:
+        """Mark the keys the source moved away from not live; blocking, under the I/O lock.
+
+        For a final write whose ``source()`` returned None: there is no
+        state to write, but the last key's checkpoint must not stay live.
+        """
+        with commit_deadline(timeout), self._io(timeout) as locked:
+            if locked:
+                self.keys.finish(self._locks)
 
     def _rewrite(self, key: str, meta: Meta, staged: Staged) -> None:
         try:

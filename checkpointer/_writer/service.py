@@ -69,7 +69,9 @@ class CheckpointWriter(Generic[S]):
 
     Args:
         source: called at write time; returns a ``Snapshot(key, state)`` or
-            None when the session has no identity yet.  Called on the event
+            None when the session has no identity (yet, or any more: at
+            close, the last key's checkpoint is then marked ``live=False``
+            and the close returns ``Skipped("no-identity")``).  Called on the event
             loop's thread for the async path, on the calling thread for
             ``flush_sync``.
         store: where checkpoints go (``FileStore(root)``).
@@ -459,6 +461,11 @@ class CheckpointWriter(Generic[S]):
                 result: Result
                 if not isinstance(job, Job):
                     result = self._core.account(job)
+                    if not live and self._core.keys.to_finish:  # source() had no session
+                        with anyio.move_on_at(math.inf if deadline is None else deadline):
+                            await anyio.to_thread.run_sync(
+                                self._core.finish, abandon_on_cancel=True
+                            )
                 elif deadline is None:
                     result = await self._hop(job)
                 else:
@@ -665,6 +672,8 @@ class CheckpointWriter(Generic[S]):
                 return self._execute(job, timeout=self._exit_timeout)
             finally:
                 self._job_done(job)
+        if not live and self._core.keys.to_finish:  # source() had no session: see finish
+            self._core.finish(self._exit_timeout)
         return self._core.account(job)
 
     # -- open/close helpers ----------------------------------------------------

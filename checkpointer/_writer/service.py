@@ -228,7 +228,10 @@ class CheckpointWriter(Generic[S]):
         """Record that the session changed; a write follows per the timing rules.
 
         O(1) and non-blocking: one clock read and a few attribute stores in
-        a burst.  Safe from any thread.  A no-op after close.
+        a burst.  Safe from any thread.  A no-op after close.  Never raises:
+        after the writer's event loop has ended (the writer not closed) the
+        change is recorded and written by the exit hooks, ``flush_sync`` or
+        ``close()``, as in synchronous use.
         """
         if self._closed:
             return

@@ -152,9 +152,15 @@ class Timer:
             return False
 
     def wake(self) -> None:
-        """Cut the sleep short: the scheduler's answer may have changed."""
-        scope = self._sleep_scope
-        if scope is not None:
+        """Cut the sleep short: the scheduler's answer may have changed.
+
+        A no-op once the timer task has ended (its event loop ended, the
+        writer not closed): the change stays pending, for the exit hooks,
+        ``flush_sync`` or a close to write.  (Cancelling the dead task's
+        scope would raise on asyncio: no running event loop.)
+        """
+        scope, done = self._sleep_scope, self._done
+        if scope is not None and done is not None and not done.is_set():
             scope.cancel()
 
     def wake_threadsafe(self) -> None:

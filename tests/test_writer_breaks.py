@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +87,44 @@ def test_notify_after_the_event_loop_ended_then_close_writes_it(
     checkpoint = load(FileStore(tmp_path), KEY)
     assert checkpoint is not None
     assert (checkpoint.state["n"], checkpoint.meta.live) == (2, False)
+
+
+class HeldFirstWrite(FileStore):
+    """A FileStore whose first write waits until ``release`` is set."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.began = threading.Event()
+        self.release = threading.Event()
+
+    def write(self, key: str, chunks: Any) -> Any:
+        if not self.began.is_set():
+            self.began.set()
+            self.release.wait(HANG_GUARD)  # hang guard
+        return super().write(key, chunks)
+
+
+@pytest.mark.anyio
+async def test_aclose_during_the_first_write_starts_no_timer(tmp_path: Path) -> None:
+    """aclose() while __aenter__ writes: no timer task is left, the newest state is final."""
+    state = {"n": 0}
+    store = HeldFirstWrite(tmp_path)
+    writer = CheckpointWriter(lambda: Snapshot(KEY, dict(state)), store, exit_hooks=False)
+    closing = anyio.Event()
+
+    async def close() -> None:
+        closing.set()  # aclose() claims the close before its first await
+        await writer.aclose()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.__aenter__)
+        await anyio.to_thread.run_sync(store.began.wait, HANG_GUARD)
+        state["n"] = 1
+        tg.start_soon(close)
+        await closing.wait()
+        store.release.set()
+    timer_done = writer._timer._done  # private: no public view of the timer task
+    assert timer_done is None or timer_done.is_set()
+    checkpoint = load(FileStore(tmp_path), KEY)
+    assert checkpoint is not None
+    assert (checkpoint.state["n"], checkpoint.meta.live) == (1, False)

@@ -304,7 +304,8 @@ class CheckpointWriter(Generic[S]):
         try:
             if self._write_on_start:
                 await self._start_write()
-            self._timer.start()
+            if not self._core.closing:  # else aclose() came during the first write
+                self._timer.start()
         except BaseException:
             self._remove_hooks()
             self._closed = True
@@ -329,6 +330,8 @@ class CheckpointWriter(Generic[S]):
         moment it begins, ``write_now()`` and ``flush_sync("manual")`` return
         ``Skipped("closed")``.  A second call while the first runs waits for
         it and returns the same result; after that, ``Skipped("closed")``.
+        Called while ``async with``'s entry still writes, the entry then
+        returns a closed writer (no timer task starts).
 
         Returns:
             The result of the final write (``Skipped("closed")`` if the

@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 import pytest
 
-from checkpointer import CheckpointWriter, FileStore, Snapshot, load
+from checkpointer import CheckpointWriter, Failed, FileStore, JournalStore, Snapshot, load
 
 HANG_GUARD = 60.0
 KEY = "s1"
@@ -128,3 +128,23 @@ async def test_aclose_during_the_first_write_starts_no_timer(tmp_path: Path) -> 
     checkpoint = load(FileStore(tmp_path), KEY)
     assert checkpoint is not None
     assert (checkpoint.state["n"], checkpoint.meta.live) == (1, False)
+
+
+@pytest.mark.parametrize("store_type", [FileStore, JournalStore])
+def test_a_lone_surrogate_in_the_parent_is_refused_up_front(
+    tmp_path: Path, store_type: type[FileStore]
+) -> None:
+    """A lone surrogate in Snapshot.parent is Failed naming the field; nothing is written."""
+    snapshot = Snapshot(KEY, {"n": 1}, parent="branch-\udcff")
+    writer = CheckpointWriter(
+        lambda: snapshot, store_type(tmp_path), write_on_start=False, exit_hooks=False
+    ).open()
+    try:
+        result = writer.flush_sync()
+    finally:
+        writer.close()
+    assert isinstance(result, Failed), result
+    assert result.reason == "snapshot-failed"
+    assert "Snapshot.parent" in result.error and "lone surrogate" in result.error
+    assert "index 7" in result.error
+    assert load(store_type(tmp_path), KEY) is None

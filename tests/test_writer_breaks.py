@@ -148,3 +148,66 @@ def test_a_lone_surrogate_in_the_parent_is_refused_up_front(
     assert "Snapshot.parent" in result.error and "lone surrogate" in result.error
     assert "index 7" in result.error
     assert load(store_type(tmp_path), KEY) is None
+
+
+RESTORE_OFF_MAIN_CHILD = textwrap.dedent(
+    """
+    import signal, sys, threading
+    import anyio
+    from checkpointer import CheckpointWriter, FileStore, Snapshot
+
+    root, mode = sys.argv[1], sys.argv[2]
+
+    def ours():
+        handlers = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)]
+        return [getattr(h, "name", type(h).__name__) for h in handlers]
+
+    def writer():
+        return CheckpointWriter(lambda: Snapshot("s1", {"n": 1}), FileStore(root))
+
+    if mode == "sync":
+        w = writer().open()
+        closer = threading.Thread(target=w.close)
+        closer.start()
+        closer.join()
+        print(*ours(), flush=True)  # still ours: no main-thread chance yet
+        other = CheckpointWriter(
+            lambda: Snapshot("s2", {"n": 2}), FileStore(root), exit_hooks=False
+        ).open()
+        other.close()  # a write on the main thread
+    else:
+        async def main():
+            w = writer()
+            await w.__aenter__()
+            await anyio.to_thread.run_sync(w.close)
+            for _ in range(1000):  # the restoration is queued on this loop
+                if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                    break
+                await anyio.sleep(0)
+
+        anyio.run(main, backend=mode)
+    print(*ours(), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["sync", "asyncio", "trio"])
+def test_a_close_off_the_main_thread_restores_the_signal_handlers(
+    tmp_path: Path, mode: str
+) -> None:
+    """The last writer closed in a worker thread: SIGTERM/SIGHUP get their old handlers back
+    (through the writer's loop on the main thread, else at the main thread's next write)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", RESTORE_OFF_MAIN_CHILD, str(tmp_path), mode],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "SIG_DFL SIG_DFL", done
+    if mode == "sync":
+        assert lines[0] == "_Handler _Handler", done

@@ -713,7 +713,8 @@ class CheckpointWriter(Generic[S]):
     def _remove_hooks(self) -> None:
         if self._hooked:
             self._hooked = False
-            _exit.unregister(self._hooks)
+            if not _exit.unregister(self._hooks):  # closed off the main thread
+                self._timer.call_on_main_loop(_exit.restore_pending)
 
     def _shut(self) -> None:
         self._closed = True

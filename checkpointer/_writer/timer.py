@@ -163,6 +163,18 @@ class Timer:
         if scope is not None and done is not None and not done.is_set():
             scope.cancel()
 
+    def call_on_main_loop(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` soon on the writer's event loop if that runs on the main thread.
+
+        A no-op otherwise (no loop bound, another thread's loop, a forked
+        child, a loop that has ended).
+        """
+        token = self._token
+        if token is None or self._forked() or self._loop_thread != threading.main_thread().ident:
+            return
+        with contextlib.suppress(Exception):  # the loop may be gone
+            token.backend_class.run_sync_soon(fn, (), token.native_token)
+
     def wake_threadsafe(self) -> None:
         """``wake`` from any thread (``notify()``), through the event loop."""
         token = self._token

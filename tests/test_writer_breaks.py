@@ -17,7 +17,15 @@ from typing import Any
 import anyio
 import pytest
 
-from checkpointer import CheckpointWriter, Failed, FileStore, JournalStore, Snapshot, load
+from checkpointer import (
+    CheckpointWriter,
+    Failed,
+    FileStore,
+    JournalStore,
+    Snapshot,
+    Written,
+    load,
+)
 
 HANG_GUARD = 60.0
 KEY = "s1"
@@ -211,3 +219,36 @@ def test_a_close_off_the_main_thread_restores_the_signal_handlers(
     assert lines[-1] == "SIG_DFL SIG_DFL", done
     if mode == "sync":
         assert lines[0] == "_Handler _Handler", done
+
+
+def test_a_journal_key_locked_again_is_appended_to_not_compacted(tmp_path: Path) -> None:
+    """Back on a key after another (its lock let go, then taken again): one new message
+    is appended (a few hundred bytes), not the whole history compacted again."""
+    store = JournalStore(tmp_path)
+    key = {"now": "k1"}
+    history = {
+        "k1": [{"role": "user", "content": "x" * 1000, "i": i} for i in range(100)],
+        "k2": [{"role": "user", "content": "hi"}],
+    }
+    writer = CheckpointWriter(
+        lambda: Snapshot(key["now"], {"messages": list(history[key["now"]])}),
+        store,
+        exit_hooks=False,
+    ).open()
+    try:
+        key["now"] = "k2"  # k1 is finished (live=False) and its lock let go
+        assert isinstance(writer.flush_sync(), Written)
+        key["now"] = "k1"  # its lock taken again, its meta read again
+        history["k1"].append({"role": "user", "content": "one more"})
+        before = store.statistics()
+        result = writer.flush_sync()
+        after = store.statistics()
+    finally:
+        writer.close()
+    assert isinstance(result, Written), result
+    assert result.nbytes < 1000, result  # the history is ~100 kB
+    assert (after.compactions, after.rewrites) == (before.compactions, before.rewrites)
+    assert after.bytes_written - before.bytes_written < 1000  # with k2's not-live row
+    checkpoint = load(JournalStore(tmp_path), "k1")
+    assert checkpoint is not None
+    assert checkpoint.state["messages"] == history["k1"]

@@ -226,7 +226,7 @@ def test_a_journal_key_locked_again_is_appended_to_not_compacted(tmp_path: Path)
     is appended (a few hundred bytes), not the whole history compacted again."""
     store = JournalStore(tmp_path)
     key = {"now": "k1"}
-    history = {
+    history: dict[str, list[dict[str, Any]]] = {
         "k1": [{"role": "user", "content": "x" * 1000, "i": i} for i in range(100)],
         "k2": [{"role": "user", "content": "hi"}],
     }

@@ -291,6 +291,8 @@ class CheckpointWriter(Generic[S]):
             key=core.keys.current,
             repaired=core.repaired,
             settled=core.settled,
+            last_result=core.last_result,
+            last_failure=core.last_failure,
         )
 
     # -- async lifecycle -------------------------------------------------------
@@ -374,7 +376,7 @@ class CheckpointWriter(Generic[S]):
         assert done is not None
         try:
             with anyio.CancelScope(shield=True):  # trio: through the loop's shutdown too
-                self._close_result = await self._final_write()
+                self._close_result = self._core.note_final(await self._final_write(), "at close")
         except anyio.get_cancelled_exc_class():
             raise  # the event loop is shutting down (asyncio); the exit hooks write
         except BaseException as exc:  # a task of the loop's own must not raise (trio)
@@ -456,8 +458,7 @@ class CheckpointWriter(Generic[S]):
                     f"close_timeout={self._close_timeout}s: a write in flight held the "
                     "writer; nothing was written at close",
                 )
-                logger.warning("checkpointer: %s", failed.error)
-                return failed
+                return failed  # logged by aclose (note_final), at ERROR
         try:
             self._sched.begin_write(self._now())
             outcome = Outcome.CANCELLED
@@ -542,8 +543,7 @@ class CheckpointWriter(Generic[S]):
                 f"cannot start a thread for the final write: {describe_error(exc)}; "
                 "nothing was written at close",
             )
-            logger.warning("checkpointer: %s", failed.error)
-            return failed
+            return failed  # logged by aclose (note_final), at ERROR
         with anyio.move_on_at(deadline):
             await ended.wait()
         if ended.is_set():  # else past the deadline: waited for at exit
@@ -559,8 +559,7 @@ class CheckpointWriter(Generic[S]):
             "lands unless the process ends first (at exit the process waits up to "
             f"exit_timeout={self._exit_timeout}s for it); the key stays locked until then",
         )
-        logger.warning("checkpointer: %s", failed.error)
-        return failed
+        return failed  # logged by aclose (note_final), at ERROR
 
     def _join_at_exit(self) -> None:
         """At exit: wait up to ``exit_timeout`` for a final write still in its thread.
@@ -611,7 +610,7 @@ class CheckpointWriter(Generic[S]):
         """
         if self._closed or not self._begin_close():
             return Skipped("closed")
-        result = self._flush(force=False, live=False)
+        result = self._core.note_final(self._flush(force=False, live=False), "at close")
         self._shut()
         return result
 
@@ -648,11 +647,11 @@ class CheckpointWriter(Generic[S]):
         return self._flush(force=False, live=reason == "manual")
 
     def _flush_at_exit(self) -> None:
-        self.flush_sync("exit")
+        self._core.note_final(self.flush_sync("exit"), "at exit")
         self._release_locks()  # a later write takes them again
 
     def _flush_at_signal(self) -> None:
-        self.flush_sync("signal")
+        self._core.note_final(self.flush_sync("signal"), "on a signal")
 
     def _forked(self) -> bool:
         """Whether this is a forked child's copy of a writer its parent opened.

@@ -201,6 +201,10 @@ class Committer:
         except Exception as exc:
             return Failed("snapshot-failed", f"source() raised {describe_error(exc)}")
         if snapshot is None:
+            if not live and self.keys.current is not None:
+                # The session ended before the close (or the exit): its last
+                # key is finished as a key the source moved away from is.
+                self.keys.to_finish.add(self.keys.current)
             return Skipped("no-identity")
         if not isinstance(snapshot, Snapshot):
             return Failed(
@@ -294,10 +298,13 @@ class Committer:
         if job.gen < state.newest_gen:
             return self.account(Skipped("unchanged"))  # a newer snapshot is on disk
         location = self._store.location(job.key)
-        taken = self._locks.acquire(job.key, location)
+        taken = self._locks.acquire(job.key, location, wait=False)
         if isinstance(taken, Failed):
-            if not state.looked:  # the window starts now, lock or not
+            if not state.looked:  # the window starts now, before any wait for the lock
                 self.keys.look(job.key, state)
+            if taken.reason == "locked" and self._locks.waits:
+                taken = self._locks.acquire(job.key, location)  # up to lock_timeout
+        if isinstance(taken, Failed):
             return self.account(taken)
         if taken:  # others may have written the key since we last held it: re-read
             state.resolved, state.content, state.live = False, None, None
@@ -396,6 +403,25 @@ class Committer:
                 settled=job.prepared.settled,
             )
         )
+
+    def finish(self, timeout: float = -1) -> None:
+        """Mark the keys the source moved away from not live; blocking, under the I/O lock.
+
+        For a final write whose ``source()`` returned None: there is no
+        state to write, but the last key's checkpoint must not stay live.
+        """
+        me = threading.get_ident()
+        self.busy.add(me)
+        try:
+            with commit_deadline(timeout):
+                if self._io_lock.acquire(timeout=timeout):
+                    try:
+                        self.keys.finish(self._locks)
+                    finally:
+                        self._io_lock.release()
+        finally:
+            self.busy.discard(me)
+            _exit.run_deferred()
 
     def _rewrite(self, key: str, meta: Meta, staged: Staged) -> None:
         try:

@@ -12,8 +12,9 @@ and learns them from the store:
 * ``conflict``: the window is what was stored when this writer first
   looked at the key (or ``resume_from``), then each of its own writes; any
   other checkpoint is another writer's work since: ``Failed("conflict")``.
-* ``look``: a reader's look, without the lock, when the lock is refused, so
-  the window starts at the first attempt all the same.
+* ``look``: a reader's look, without the lock, when another writer holds
+  it (before waiting for it with ``lock_timeout``), so the window starts at
+  the first attempt all the same.
 * ``finish``: the keys the source moved away from are marked not live.
 
 Called by the commit core (``commit.py``) under the writer's I/O lock, and

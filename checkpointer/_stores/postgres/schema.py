@@ -156,7 +156,8 @@ QUERIES = {
         ON CONFLICT (key) DO UPDATE SET seq = EXCLUDED.seq, format = EXCLUDED.format,
             meta = EXCLUDED.meta, state = EXCLUDED.state, writer = EXCLUDED.writer,
             updated_at = EXCLUDED.updated_at, journal = EXCLUDED.journal
-        WHERE (c.seq < EXCLUDED.seq AND c.writer IS NOT DISTINCT FROM %(base)s::text)
+        WHERE (c.seq < EXCLUDED.seq
+               AND (c.writer IS NOT DISTINCT FROM %(base)s::text OR c.writer = EXCLUDED.writer))
            OR (c.seq = EXCLUDED.seq AND c.writer = EXCLUDED.writer)
         RETURNING c.seq""",
     "last_writer": "SELECT writer FROM {s}.checkpoints WHERE key = %(key)s",

@@ -29,11 +29,12 @@ attribute set in ``__init__`` here and declared by the part that uses it:
   read them as empty and start over.
 * **Fencing.**  A write is one transaction: an upsert that applies only if
   the stored ``seq`` is lower and the row was last written by the writer
-  this store found there when it took the key (or by itself since), or if
-  it is this store's own ``seq`` again (a retry of a commit whose answer was
-  lost).  So a worker that lost its session (its connection, and with it the
-  lock), whose successor wrote since, is refused whatever seq it sends, even
-  after re-reading the key (``StaleWriteError``).  It stays fenced for that
+  this store found there when it took the key or by this store itself (its
+  own row, even one whose commit answer was lost, so the store never notes
+  it), or if it is this store's own ``seq`` again (a retry of that
+  commit).  So a worker that lost its session (its connection, and with it
+  the lock), whose successor wrote since, is refused whatever seq it sends,
+  even after re-reading the key (``StaleWriteError``).  It stays fenced for that
   key (refused without a round trip, its lock given back) until ``release``.
 * **Writers sharing a store.**  ``lock()`` hands out one lock object per
   key: a second writer of the key through the same store is refused, as

@@ -1,0 +1,143 @@
+"""What a fleet meets on PostgreSQL: lost commit answers, signals inside store calls,
+forks, shared stores, rolling upgrades, grants, odd keys, server restarts.
+
+On a real throwaway cluster (``tests/pg.py``), each test in its own schema, as in
+``test_postgres.py``; process tests run real children and look at the rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from checkpointer import (
+    CheckpointWriter,
+    PostgresJournalStore,
+    PostgresStore,
+    Snapshot,
+    Written,
+    load,
+)
+
+from . import test_postgres as _pg
+from .pg import Cluster
+
+pytestmark = _pg.pytestmark
+cluster = _pg.cluster
+pg = _pg.pg
+schema = _pg.schema
+
+STORES = [PostgresStore, PostgresJournalStore]
+_COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # the simple-query COMMIT psycopg sends
+
+
+class CommitEater:
+    """A TCP proxy to the server that, once armed, lets the next COMMIT through and eats
+    its answer: the server commits, the client sees its connection drop."""
+
+    def __init__(self, port: int) -> None:
+        self._port = port
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._armed = threading.Event()
+        self.eaten = threading.Event()  # an answer to a COMMIT was dropped
+        self._socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def arm(self) -> None:
+        self._armed.set()
+
+    def close(self) -> None:
+        for sock in [self._listener, *self._socks]:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self._listener.accept()
+                server = socket.create_connection(("127.0.0.1", self._port))
+                self._socks += [client, server]
+                eating = threading.Event()
+                for pump, args in ((self._up, (client, server)), (self._down, (server, client))):
+                    threading.Thread(target=pump, args=(*args, eating), daemon=True).start()
+
+    def _up(self, client: socket.socket, server: socket.socket, eating: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if self._armed.is_set() and _COMMIT in data:
+                    self._armed.clear()
+                    eating.set()  # psycopg waits for each answer: the next one is COMMIT's
+                server.sendall(data)
+
+    def _down(self, server: socket.socket, client: socket.socket, eating: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while data := server.recv(65536):
+                if eating.is_set():  # the server committed; its answer never arrives
+                    for sock in (client, server):
+                        with contextlib.suppress(OSError):
+                            sock.shutdown(socket.SHUT_RDWR)
+                    self.eaten.set()
+                    return
+                client.sendall(data)
+
+
+@pytest.fixture
+def eater(pg: Cluster) -> Iterator[CommitEater]:
+    proxy = CommitEater(pg.port)
+    yield proxy
+    proxy.close()
+
+
+def _through(pg: Cluster, port: int) -> str:
+    return pg.dsn().replace(f"port={pg.port}", f"port={port}")
+
+
+# -- 1. a lost COMMIT answer --------------------------------------------------------
+
+
+@pytest.mark.parametrize("store_type", STORES, ids=lambda t: t.__name__)
+@pytest.mark.parametrize("resumed", [False, True], ids=["fresh", "resumed"])
+def test_a_commit_whose_answer_was_lost_is_the_writers_own(
+    pg: Cluster, schema: str, eater: CommitEater, store_type: type[PostgresStore], resumed: bool
+) -> None:
+    """A write the server committed but whose answer was lost does not fence its writer:
+    later writes and the close land (fresh key and resumed key, both stores)."""
+    direct = store_type(pg.dsn(), schema=schema)
+    loaded = None
+    if resumed:  # another process wrote the key before; this writer resumes it
+        other = {"messages": ["other"]}
+        CheckpointWriter(lambda: Snapshot("k", other), direct, exit_hooks=False).open().close()
+        loaded = load(direct, "k")
+    store = store_type(_through(pg, eater.port), schema=schema, statement_timeout=3)
+    state = {"messages": [*(loaded.state["messages"] if loaded else []), "mine-1"]}
+    writer = CheckpointWriter(
+        lambda: Snapshot("k", state),
+        store,
+        exit_hooks=False,
+        write_on_start=False,
+        resume_from=None if loaded is None else loaded.meta,
+    )
+    writer.open()
+    try:
+        eater.arm()
+        writer.flush_sync()  # Written (the plain store retries at once) or Failed
+        assert eater.eaten.wait(10)
+        landed = load(direct, "k")
+        assert landed is not None and landed.state == state  # the server committed it
+        results = []
+        for n in (2, 3):
+            state["messages"].append(f"mine-{n}")
+            results.append(writer.flush_sync())
+        results.append(writer.close())
+        assert all(isinstance(r, Written) for r in results), results
+    finally:
+        writer.close()
+        store.close()
+    final = load(direct, "k")
+    assert final is not None and final.state == state and final.meta.live is False
+    direct.close()

@@ -8,7 +8,9 @@ On a real throwaway cluster (``tests/pg.py``), each test in its own schema, as i
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 
@@ -141,3 +143,90 @@ def test_a_commit_whose_answer_was_lost_is_the_writers_own(
     final = load(direct, "k")
     assert final is not None and final.state == state and final.meta.live is False
     direct.close()
+
+
+# -- 2. a signal while the main thread holds a lock of the store ---------------------
+
+SIGNAL_IN_LOCK = r"""
+import os, signal, sys, threading
+from checkpointer import CheckpointWriter, PostgresJournalStore, PostgresStore, Snapshot
+
+kind, schema, lock_name, where = sys.argv[1:5]
+Store = PostgresJournalStore if kind == "journal" else PostgresStore
+store = Store(os.environ["DSN"], schema=schema, connect_timeout=2, statement_timeout=3)
+
+
+class SignalWhenTaken:
+    # The store's own lock, which sends SIGTERM to this process once taken (armed):
+    # the handler then runs on this thread while the lock is held.
+    def __init__(self, lock):
+        self._lock, self.armed = lock, False
+
+    def acquire(self, blocking=True, timeout=-1):
+        got = self._lock.acquire(blocking, timeout)
+        if got and self.armed:
+            self.armed = False
+            os.kill(os.getpid(), signal.SIGTERM)
+        return got
+
+    def release(self):
+        self._lock.release()
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+a_state, b_state = {"v": "a1"}, {"v": "b0"}
+a = CheckpointWriter(lambda: Snapshot("a", a_state), store)
+b = CheckpointWriter(lambda: Snapshot("b", b_state), store, write_on_start=False)
+a.open()
+b.open()
+b_state["v"] = "b-at-signal"  # never written: B's flush must take B's lock
+trap = SignalWhenTaken(getattr(store, lock_name))
+setattr(store, lock_name, trap)
+print("ready", flush=True)
+trap.armed = True
+if where == "release":
+    a.close()  # A's close releases A's lock object
+elif where == "take":
+    store.lock("c")  # the application takes a third key's lock
+elif where == "close":
+    store.close()
+elif where == "keys":
+    store.keys()  # the application lists keys through the writers' store
+print("the signal was lost", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "lock_name", "where"),
+    [
+        ("plain", "_handles_lock", "release"),
+        ("journal", "_handles_lock", "release"),
+        ("plain", "_handles_lock", "take"),
+        ("plain", "_handles_lock", "close"),
+        ("plain", "_mutex", "keys"),
+        ("journal", "_mutex", "close"),
+    ],
+)
+def test_sigterm_while_the_main_thread_holds_a_store_lock_flushes_and_dies(
+    pg: Cluster, schema: str, kind: str, lock_name: str, where: str
+) -> None:
+    """SIGTERM landing while the main thread holds the store's handles lock or mutex
+    (two writers share the store): the flush waits for the block, writes, the process dies."""
+    PostgresStore(pg.dsn(), schema=schema).create_schema()
+    child = _pg.spawn(SIGNAL_IN_LOCK, pg.dsn(), kind, schema, lock_name, where)
+    try:
+        out, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, err = child.communicate()
+        pytest.fail(f"hung with the lock held: {out!r} {err[-1500:]!r}")
+    assert child.returncode == -signal.SIGTERM, (out, err[-1500:])
+    assert out.split() == ["ready"], (out, err[-1500:])
+    written = load(PostgresStore(pg.dsn(), schema=schema), "b")
+    assert written is not None and written.state == {"v": "b-at-signal"}
+    assert written.meta.live is False

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ... import _exit
 from ..._format.envelope import decode_raw
 from ..._format.journal import ROW_END
 from ..._values import Checkpoint, CheckpointError, Meta
@@ -117,7 +118,10 @@ class PostgresJournalStore(JournalCore, PostgresStore):
 
     def commit(self, key: str, meta: Meta, staged: object) -> int:
         check_key(key)
-        return self._commit_on(key, self._tracks.get(key), meta, staged)
+        # The core takes the witness lock as it extends a track: a signal
+        # landing then waits (its flush may stage on this store).
+        with _exit.busy():
+            return self._commit_on(key, self._tracks.get(key), meta, staged)
 
     def read_meta(self, key: str) -> Meta | None:
         """The meta of ``key``, after checking all of its rows (as ``JournalStore`` does).

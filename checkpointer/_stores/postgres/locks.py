@@ -15,11 +15,13 @@ is the held lock ``lock()`` hands out (the ``LockingStore`` capability).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, final
 
@@ -123,13 +125,24 @@ class LocksPart(ConnectionPart):
             time.sleep(0.05)
         return taken
 
+    @contextlib.contextmanager
+    def _handles_held(self) -> Iterator[None]:
+        """``_handles_lock``, held with a signal landing meanwhile deferred (``_exit.busy``).
+
+        The lock is not reentrant, and the flush of a signal handled on this
+        thread takes it (``lock()`` of a writer's key): it must wait for the
+        end of the block, as for the mutex (``_session``).
+        """
+        with _exit.busy(), self._handles_lock:
+            yield
+
     def _take_handle(self, key: str) -> PostgresKeyLock | KeyLockedError:
         other = self._handles.get(key)
         if other is None:
             refused = self._try_lock(key)
             if refused is not None:
                 return refused
-            with self._handles_lock:
+            with self._handles_held():
                 other = self._handles.get(key)
                 if other is None:
                     handle = self._handles[key] = PostgresKeyLock(self, key)
@@ -141,7 +154,7 @@ class LocksPart(ConnectionPart):
         )
 
     def _release_handle(self, handle: PostgresKeyLock) -> None:
-        with self._handles_lock:
+        with self._handles_held():
             if self._handles.get(handle.key) is not handle:
                 return  # released already, or the key went with a release() or close()
         self.release(handle.key)
@@ -153,7 +166,7 @@ class LocksPart(ConnectionPart):
         is dropped, which releases the lock as surely.
         """
         check_key(key)
-        with self._handles_lock:
+        with self._handles_held():
             self._handles.pop(key, None)
         with _exit.busy():  # a signal landing meanwhile waits (see _session)
             if not self._mutex.acquire(timeout=self._busy_wait):

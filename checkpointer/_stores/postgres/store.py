@@ -351,7 +351,7 @@ class PostgresStore(LocksPart):
 
         The store stays usable: a later call connects again.
         """
-        with self._handles_lock:
+        with self._handles_held():
             self._handles.clear()
         with _exit.busy(), self._mutex:
             self._drop()

@@ -18,6 +18,7 @@ import pytest
 
 from checkpointer import (
     CheckpointWriter,
+    Failed,
     PostgresJournalStore,
     PostgresStore,
     Snapshot,
@@ -230,3 +231,31 @@ def test_sigterm_while_the_main_thread_holds_a_store_lock_flushes_and_dies(
     written = load(PostgresStore(pg.dsn(), schema=schema), "b")
     assert written is not None and written.state == {"v": "b-at-signal"}
     assert written.meta.live is False
+
+
+# -- 7. store.close() with two writers of one key on the store ------------------------
+
+
+@pytest.mark.parametrize("store_type", STORES, ids=lambda t: t.__name__)
+def test_store_close_keeps_a_second_writer_of_the_key_out(
+    pg: Cluster, schema: str, store_type: type[PostgresStore]
+) -> None:
+    """After store.close() (the store stays usable) the key is still the first writer's:
+    the second writer of it through the same store is refused, the first one writes."""
+    store = store_type(pg.dsn(), schema=schema)
+    a_state, b_state = {"by": "a", "n": 1}, {"by": "b", "n": 1}
+    a = CheckpointWriter(lambda: Snapshot("k", a_state), store, exit_hooks=False)
+    b = CheckpointWriter(lambda: Snapshot("k", b_state), store, exit_hooks=False)
+    a.open()
+    b.open()  # refused: A holds the key
+    store.close()
+    b_state["n"] = 5
+    refused = b.flush_sync()
+    assert isinstance(refused, Failed) and refused.reason == "locked", refused
+    a_state["n"] = 9
+    assert isinstance(a.flush_sync(), Written)  # A takes the key again and writes
+    assert isinstance(b.close(), Failed)
+    assert isinstance(a.close(), Written)
+    final = load(store, "k")
+    assert final is not None and final.state == {"by": "a", "n": 9} and final.meta.seq == 3
+    store.close()

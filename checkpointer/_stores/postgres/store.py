@@ -38,7 +38,8 @@ attribute set in ``__init__`` here and declared by the part that uses it:
   key (refused without a round trip, its lock given back) until ``release``.
 * **Writers sharing a store.**  ``lock()`` hands out one lock object per
   key: a second writer of the key through the same store is refused, as
-  with ``FileStore``.  A signal landing in a store call on the main thread
+  with ``FileStore``, until that object is released (``close()`` keeps it:
+  it drops the connection, not the writer).  A signal landing in a store call on the main thread
   waits for its end (``_exit.busy``), since its flush needs the mutex.
 * **Forks.**  libpq connections must not be used or closed from a forked
   child: ``close()`` sends Terminate on the socket both share, which ends
@@ -349,14 +350,20 @@ class PostgresStore(LocksPart):
     def close(self) -> None:
         """Close the connection, which releases every lock this store holds.
 
-        The store stays usable: a later call connects again.
+        The store stays usable: a later call connects again.  A lock object
+        from ``lock()`` not released yet stays its writer's (its ``held`` is
+        False until that writer's next write takes the key again, fenced from
+        where it was): another writer of the key through this store is still
+        refused, and a writer that wrote the key meanwhile is not overwritten.
+        Every other key is let go as by ``release``.
         """
         with self._handles_held():
-            self._handles.clear()
+            owned = set(self._handles)
         with _exit.busy(), self._mutex:
             self._drop()
-            self._base.clear()
-            self._fenced.clear()
+            for fencing in (self._base, self._fenced):
+                for key in fencing.keys() - owned:
+                    del fencing[key]
             self._watchdog.close()
 
     def __del__(self) -> None:

@@ -259,3 +259,51 @@ def test_store_close_keeps_a_second_writer_of_the_key_out(
     final = load(store, "k")
     assert final is not None and final.state == {"by": "a", "n": 9} and final.meta.seq == 3
     store.close()
+
+
+# -- 3. a forked child on the inherited journal store ---------------------------------
+
+FORK_RESUMES = r"""
+import os, sys
+from checkpointer import CheckpointWriter, PostgresJournalStore, Snapshot, load
+
+store = PostgresJournalStore(os.environ["DSN"], schema=sys.argv[1])
+messages = [{"role": "user", "content": f"m{i}"} for i in range(10)]
+writer = CheckpointWriter(lambda: Snapshot("k", {"messages": messages}), store, exit_hooks=False)
+writer.open()
+go, wake = os.pipe()
+pid = os.fork()
+if pid == 0:  # a worker that takes the session over once the parent let it go
+    os.close(wake)
+    os.read(go, 1)
+    previous = load(store, "k")
+    mine = [*previous.state["messages"], {"role": "user", "content": "m15"}]
+    child = CheckpointWriter(
+        lambda: Snapshot("k", {"messages": mine}), store, exit_hooks=False, resume_from=previous
+    )
+    child.open()
+    print("child", type(child.close()).__name__, flush=True)
+    os._exit(0)
+os.close(go)
+for i in range(10, 15):
+    messages.append({"role": "user", "content": f"m{i}"})
+    writer.flush_sync()
+print("parent", type(writer.close()).__name__, flush=True)
+os.write(wake, b"x")
+_, status = os.waitpid(pid, 0)
+print("status", status, flush=True)
+"""
+
+
+def test_a_forked_child_resuming_through_the_inherited_journal_store_stores_each_message_once(
+    pg: Cluster, schema: str
+) -> None:
+    """A forked child resumes the key through its copy of the parent's PostgresJournalStore,
+    after the parent wrote on: the stored session is m0..m15, each message once."""
+    child = _pg.spawn(FORK_RESUMES, pg.dsn(), schema)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err[-1500:]
+    assert out.split() == ["parent", "Written", "child", "Written", "status", "0"], (out, err)
+    stored = load(PostgresStore(pg.dsn(), schema=schema), "k")
+    assert stored is not None
+    assert [m["content"] for m in stored.state["messages"]] == [f"m{i}" for i in range(16)]

@@ -23,11 +23,13 @@ same journal core (``_stores/journal/core.py``):
   in one statement, assembled by the journal reader (``_format/journal.py``).
 
 A failed commit forgets what the store knew of the key (its answer may have
-been lost after the server committed), so the next commit is a compaction.
+been lost after the server committed), so the next commit is a compaction;
+so does a forked child, for every key (``_after_fork``).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -113,6 +115,18 @@ class PostgresJournalStore(JournalCore, PostgresStore):
     def close(self) -> None:
         self._tracks.clear()
         super().close()
+
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh store, which knows nothing of what its parent wrote.
+
+        The parent's tracks are what it wrote up to the fork: the child, a
+        writer of its own that may resume the key after the parent wrote on,
+        would append its new messages on a stale prefix.  Its witness lock
+        may have been held by a thread of the parent.
+        """
+        super()._after_fork()
+        self._tracks = {}
+        self._witness_lock = threading.Lock()
 
     # -- the StateStore protocol ---------------------------------------------------
 

@@ -8,10 +8,12 @@ On a real throwaway cluster (``tests/pg.py``), each test in its own schema, as i
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,8 +21,10 @@ import pytest
 from checkpointer import (
     CheckpointWriter,
     Failed,
+    KeyLockedError,
     PostgresJournalStore,
     PostgresStore,
+    PostgresStoreError,
     Snapshot,
     Written,
     load,
@@ -307,3 +311,35 @@ def test_a_forked_child_resuming_through_the_inherited_journal_store_stores_each
     stored = load(PostgresStore(pg.dsn(), schema=schema), "k")
     assert stored is not None
     assert [m["content"] for m in stored.state["messages"]] == [f"m{i}" for i in range(16)]
+
+
+# -- 10. the store's own cut-off backend --------------------------------------------
+
+
+def test_the_stores_own_cut_off_backend_is_never_another_writer(pg: Cluster, schema: str) -> None:
+    """A backend of the store's own, cut off by the watchdog and not yet gone (stopped),
+    is named as the store's own on every retry, never "locked by another writer"; once
+    it is gone the key is taken."""
+    store = PostgresStore(
+        pg.dsn(), schema=schema, statement_timeout=1, lock_timeout=0.3, application_name="orph"
+    )
+    store.write("k", _pg.chunks("k", 1, b'"one"'))
+    (backend,) = _pg.backends(pg, "orph")
+    os.kill(backend, signal.SIGSTOP)  # a server process that stopped answering
+    try:
+        with pytest.raises(PostgresStoreError, match="no answer within"):
+            store.write("k", _pg.chunks("k", 2, b'"two"'))  # the watchdog cuts it off
+        for _ in range(2):
+            with pytest.raises(PostgresStoreError) as refused:
+                store.write("k", _pg.chunks("k", 2, b'"two"'))
+            assert not isinstance(refused.value, KeyLockedError), refused.value
+            assert f"own earlier connection (PostgreSQL backend {backend}" in str(refused.value)
+    finally:
+        os.kill(backend, signal.SIGCONT)  # it now ends (it was asked to)
+    deadline = time.monotonic() + 20
+    while backend in _pg.backends(pg, "orph"):  # the server reaps it a moment later
+        assert time.monotonic() < deadline, f"backend {backend} never ended"
+        time.sleep(0.02)
+    store.write("k", _pg.chunks("k", 2, b'"two"'))
+    assert _pg.state_of(store, "k") == "two"
+    store.close()

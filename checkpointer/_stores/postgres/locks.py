@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, final
 from ... import _exit
 from ..base import LockHolder, check_key
 from .connection import ConnectionPart
-from .errors import KeyLockedError
+from .errors import KeyLockedError, PostgresStoreError
 from .schema import int64
 
 if TYPE_CHECKING:
@@ -249,10 +249,17 @@ class LocksPart(ConnectionPart):
         backend, refused = self._holder(conn, key, lock_id)
         if backend in self._orphans and refused.holder is not None and self._ours(refused.holder):
             # Our own old session, dropped mid-call (a cut-off large write),
-            # still running its statement: end it, then take the lock.
-            self._orphans.remove(backend)
+            # still running its statement: end it, then take the lock.  One
+            # that outlives the wait (a stopped server process) stays ours
+            # (never "another writer"): a failure to retry, not a refusal.
             if self._end_backend(conn, backend):
+                self._orphans.remove(backend)
                 return self._acquire(conn, key, fresh=fresh)
+            raise PostgresStoreError(
+                f"{self.location(key)}: held by this store's own earlier connection "
+                f"(PostgreSQL backend {backend}, cut off mid-call), asked to end but not "
+                f"gone within lock_timeout={self.lock_timeout:g}s; a later try takes the key"
+            )
         return refused
 
     def _ours(self, holder: LockHolder) -> bool:

@@ -69,7 +69,8 @@ from ... import _exit
 from ..._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, decode_raw
 from ..._format.journal import assemble_rows
 from ..._text import one_line
-from ..._values import CheckpointError, Meta
+from ..._values import Meta, NewerVersionError
+from ..._version import VERSION
 from ..base import check_key
 from ..encoding import Transcript
 from .connection import SLOW_BYTES_PER_SECOND, Watchdog, describe_dsn, import_psycopg, seconds
@@ -300,11 +301,16 @@ class PostgresStore(LocksPart):
         fmt, meta, state, journal, _ = rows[0]
         meta_json = meta.encode()
         if journal:
-            if fmt > JOURNAL_FORMAT:
-                raise CheckpointError(
+            if fmt > JOURNAL_FORMAT:  # kept, and the key left to the newer version
+                written_by = None
+                with contextlib.suppress(msgspec.DecodeError):
+                    written_by = _META_DECODER.decode(meta_json).library_version
+                by = "a newer version" if written_by is None else f"agent-checkpointer {written_by}"
+                raise NewerVersionError(
                     self.location(key),
-                    f"a journal head of format {fmt}, newer than this library reads "
-                    f"({JOURNAL_FORMAT}); upgrade agent-checkpointer to load it",
+                    f"a journal head of format {fmt}, written by {by}; this agent-checkpointer "
+                    f"{VERSION} reads journal format {JOURNAL_FORMAT}: upgrade it to load the key",
+                    written_by,
                 )
             state = assemble_rows(meta_json, [row[4] for row in rows], self.location(key))
             fmt = FORMAT  # the rows assembled are an envelope of this library's format

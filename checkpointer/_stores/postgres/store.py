@@ -70,7 +70,6 @@ from ..._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, decode_raw
 from ..._format.journal import assemble_rows
 from ..._text import one_line
 from ..._values import Meta, NewerVersionError
-from ..._version import VERSION
 from ..base import check_key
 from ..encoding import Transcript
 from .connection import SLOW_BYTES_PER_SECOND, Watchdog, describe_dsn, import_psycopg, seconds
@@ -309,7 +308,7 @@ class PostgresStore(LocksPart):
                 raise NewerVersionError(
                     self.location(key),
                     f"a journal head of format {fmt}, written by {by}; this agent-checkpointer "
-                    f"{VERSION} reads journal format {JOURNAL_FORMAT}: upgrade it to load the key",
+                    f"reads journal format {JOURNAL_FORMAT}: upgrade it to load the key",
                     written_by,
                 )
             state = assemble_rows(meta_json, [row[4] for row in rows], self.location(key))

@@ -343,3 +343,49 @@ def test_the_stores_own_cut_off_backend_is_never_another_writer(pg: Cluster, sch
     store.write("k", _pg.chunks("k", 2, b'"two"'))
     assert _pg.state_of(store, "k") == "two"
     store.close()
+
+
+# -- 11. the schema as an administrator sets it up ----------------------------------
+
+
+def test_the_printed_schema_sql_runs_again_and_over_what_the_library_made(
+    pg: Cluster, schema: str
+) -> None:
+    """`pg-schema --sql`'s SQL, run as one script, succeeds on an empty database, a second
+    time, and over tables the library made on first use: version 3 each time."""
+    from checkpointer._stores.postgres.schema import schema_sql
+
+    other = schema + "_lib"
+    PostgresStore(pg.dsn(), schema=other).create_schema()  # made on first use
+    for target in (schema, schema, other):
+        with _pg.admin(pg) as conn, conn.transaction():
+            conn.execute(schema_sql(target).encode())
+        assert PostgresStore(pg.dsn(), schema=target, create_schema=False).schema_version() == 3
+
+
+def test_a_fleet_granted_at_schema_1_keeps_working_after_the_upgrade(
+    pg: Cluster, schema: str
+) -> None:
+    """A role given grants_sql()'s grants on schema 1, upgraded by `pg-schema` (the
+    admin's create_schema), writes and reads journal keys without a second round of
+    grants; a create_schema by that role (not the owner) changes nothing and succeeds."""
+    from checkpointer._stores.postgres.schema import _SCHEMA_SQL, grants_sql
+
+    role = "app_" + schema[-8:]
+    with _pg.admin(pg) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+        conn.execute(_SCHEMA_SQL.format(s=f'"{schema}"').encode())  # a fleet of version 1
+        conn.execute(grants_sql(schema, role))
+    assert PostgresStore(pg.dsn(), schema=schema).create_schema() == 3  # `pg-schema`
+    dsn = pg.dsn(user=role, password="pw")
+    with PostgresJournalStore(dsn, schema=schema, create_schema=False) as journal:
+        messages: list[dict[str, int]] = []
+        with CheckpointWriter(
+            lambda: Snapshot("j", {"messages": messages}), journal, exit_hooks=False
+        ) as writer:
+            for n in range(3):
+                messages.append({"n": n})
+                assert isinstance(writer.flush_sync(), Written)  # a compaction, then appends
+        assert _pg.state_of(journal, "j") == {"messages": messages}
+        assert journal.create_schema() == 3
+        assert journal.move_aside("j", "old") is not None

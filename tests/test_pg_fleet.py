@@ -52,11 +52,20 @@ class CommitEater:
         self.port = int(self._listener.getsockname()[1])
         self._armed = threading.Event()
         self.eaten = threading.Event()  # an answer to a COMMIT was dropped
+        self._cut = b""
+        self._refuse = 0
+        self.was_cut = threading.Event()  # a connection was dropped by cut()
         self._socks: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def arm(self) -> None:
         self._armed.set()
+
+    def cut(self, marker: bytes, *, then_refuse: int = 0) -> None:
+        """Drop the connection, both ways, when the client next sends ``marker`` (unsent),
+        then close the next ``then_refuse`` connections at once (a server restarting)."""
+        self._refuse = then_refuse
+        self._cut = marker
 
     def close(self) -> None:
         for sock in [self._listener, *self._socks]:
@@ -67,6 +76,10 @@ class CommitEater:
         with contextlib.suppress(OSError):
             while True:
                 client, _ = self._listener.accept()
+                if self.was_cut.is_set() and self._refuse > 0:
+                    self._refuse -= 1
+                    client.close()
+                    continue
                 server = socket.create_connection(("127.0.0.1", self._port))
                 self._socks += [client, server]
                 eating = threading.Event()
@@ -76,6 +89,13 @@ class CommitEater:
     def _up(self, client: socket.socket, server: socket.socket, eating: threading.Event) -> None:
         with contextlib.suppress(OSError):
             while data := client.recv(65536):
+                if self._cut and self._cut in data:  # a server restart, as the client sees it
+                    self._cut = b""
+                    for sock in (client, server):
+                        with contextlib.suppress(OSError):
+                            sock.shutdown(socket.SHUT_RDWR)
+                    self.was_cut.set()
+                    return
                 if self._armed.is_set() and _COMMIT in data:
                     self._armed.clear()
                     eating.set()  # psycopg waits for each answer: the next one is COMMIT's
@@ -389,3 +409,39 @@ def test_a_fleet_granted_at_schema_1_keeps_working_after_the_upgrade(
         assert _pg.state_of(journal, "j") == {"messages": messages}
         assert journal.create_schema() == 3
         assert journal.move_aside("j", "old") is not None
+
+
+# -- 12. the server restarted during the final write ---------------------------------
+
+
+@pytest.mark.parametrize("store_type", STORES, ids=lambda t: t.__name__)
+def test_a_write_whose_connection_was_lost_midway_is_made_again(
+    pg: Cluster, schema: str, eater: CommitEater, store_type: type[PostgresStore]
+) -> None:
+    """A connection lost in the middle of the final write (a server restart during the
+    INSERT, the statement never arrived) is replaced and the write made again in the same
+    flush, once the server answers again: it lands (both stores)."""
+    store = store_type(_through(pg, eater.port), schema=schema, statement_timeout=3)
+    state = {"messages": ["first"]}
+    writer = CheckpointWriter(
+        lambda: Snapshot("k", state), store, exit_hooks=False, write_on_start=False
+    )
+    writer.open()
+    # The fenced upsert's text (the first write sends it), then a server not up yet.
+    eater.cut(b".checkpoints AS c", then_refuse=3)
+    assert isinstance(writer.flush_sync(), Written)
+    assert eater.was_cut.is_set()
+    state["messages"].append("final")
+    assert isinstance(writer.close(), Written)
+    store.close()
+    stored = load(PostgresStore(pg.dsn(), schema=schema), "k")
+    assert stored is not None and stored.state == state
+
+
+def test_a_restarting_server_is_named_as_such() -> None:
+    """A connection refused as the server shuts down or starts up says so, not "check the
+    DSN"."""
+    store = PostgresStore("host=127.0.0.1 port=1", schema="s")
+    for answer in ("the database system is shutting down", "the database system is starting up"):
+        why = store._connect_failure(Exception(f"FATAL:  {answer}"))
+        assert why.endswith("the server is restarting (or failing over); the next try reconnects")

@@ -58,6 +58,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
@@ -73,7 +74,7 @@ from ..._values import Meta, NewerVersionError
 from ..base import check_key
 from ..encoding import Transcript
 from .connection import SLOW_BYTES_PER_SECOND, Watchdog, describe_dsn, import_psycopg, seconds
-from .errors import IdleLoss, StaleWriteError
+from .errors import IdleLoss, KeyLockedError, PostgresStoreError, StaleWriteError
 from .locks import LocksPart
 from .schema import JOURNAL_FORMAT, QUERIES, SCHEMA_VERSION, quote_schema
 
@@ -249,41 +250,66 @@ class PostgresStore(LocksPart):
         Takes the key's lock first if not held; ``then`` runs only if the
         upsert applied (the journal's rows go with their head, or not at all).
         ``nbytes`` (what the write sends) widens the call's time budget, so a
-        large session is not cut off as a hang.  A connection found lost
-        after it sat idle is replaced and the write made once more: fencing
-        makes a repeated upsert safe, and ``then`` is repeated only if its
-        first commit was never sent.
+        large session is not cut off as a hang.  A connection lost (after it
+        sat idle, or mid-write: a server restart) is replaced and the write
+        made again, for ``connect_timeout`` at most: fencing makes a repeated
+        upsert safe, and ``then`` is repeated only if its commit was never sent.
+        A call cut off as a hang is not repeated.
         """
         budget = nbytes / SLOW_BYTES_PER_SECOND
-        for attempt in (1, 2):
+        retry_until: float | None = None
+        while True:
             if key in self._fenced:
                 raise StaleWriteError(self._fenced[key])
-            committing = False
+            sent: list[bool] = []  # [True] once the COMMIT may have gone out
+            self._lost = False  # set again by a failure of this attempt to reach the server
             try:
-                with self._session(budget=budget) as conn:
-                    refused = self._acquire(conn, key, fresh=False)
-                    if refused is not None:
-                        raise refused
-                    params["base"] = self._base.get(key)
-                    with conn.transaction():
-                        if budget >= 1:
-                            conn.execute(
-                                b"SET LOCAL statement_timeout = %d"
-                                % round((self.statement_timeout + budget) * 1000)
-                            )
-                        applied = self._upsert(conn, params)
-                        if applied and then is not None:
-                            then(conn)
-                        committing = True
-                    if not applied:
-                        why = self._fenced[key] = self._stale(conn, key, params["seq"])
-                        self._unlock(conn, key)  # a fenced store lets go of the key
-                        raise StaleWriteError(why)
-                    self._base[key] = self._writer_id
+                self._write_once(key, params, then, budget, sent)
                 return
-            except IdleLoss:
-                if attempt == 2 or (committing and then is not None):
+            except (KeyLockedError, StaleWriteError):
+                raise
+            except PostgresStoreError as exc:
+                # The server went away (a restart, a failover, an idle loss), not
+                # a hang: again on a fresh connection, for connect_timeout at most.
+                if not self._lost or self._watchdog.fired or (sent and then is not None):
                     raise
+                now = time.monotonic()
+                if retry_until is None:
+                    retry_until = now + self.connect_timeout
+                elif now >= retry_until:
+                    raise
+                if not isinstance(exc, IdleLoss):
+                    time.sleep(0.1)  # a restarting server refuses connections a moment
+
+    def _write_once(
+        self,
+        key: str,
+        params: dict[str, Any],
+        then: Callable[[psycopg.Connection[Any]], None] | None,
+        budget: float,
+        sent: list[bool],
+    ) -> None:
+        """One try of ``_fenced_write``; ``sent`` gets True as its COMMIT may go out."""
+        with self._session(budget=budget) as conn:
+            refused = self._acquire(conn, key, fresh=False)
+            if refused is not None:
+                raise refused
+            params["base"] = self._base.get(key)
+            with conn.transaction():
+                if budget >= 1:
+                    conn.execute(
+                        b"SET LOCAL statement_timeout = %d"
+                        % round((self.statement_timeout + budget) * 1000)
+                    )
+                applied = self._upsert(conn, params)
+                if applied and then is not None:
+                    then(conn)
+                sent.append(True)
+            if not applied:
+                why = self._fenced[key] = self._stale(conn, key, params["seq"])
+                self._unlock(conn, key)  # a fenced store lets go of the key
+                raise StaleWriteError(why)
+            self._base[key] = self._writer_id
 
     def read(self, key: str) -> bytes | None:
         """The checkpoint of ``key`` as an envelope (a journal's rows assembled).

@@ -35,17 +35,26 @@ from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, Protocol
 
 from checkpointer import (
+    Checkpoint,
     CheckpointError,
     FileStore,
     JournalStore,
     KeyLocked,
     PostgresStore,
     PostgresStoreError,
+    TornTail,
     load,
 )
 from checkpointer._stores.base import KEY_PATTERN, check_key
 from checkpointer._stores.flock import probe_file_lock
 from checkpointer._stores.safefs import UnsafeFile, describe, read_checked
+
+# What the commands read in a history, passed on to look, show and verify: the
+# transcript helpers' dialects and their scan (this module is the one seam).
+from checkpointer._transcript.dialects import CHAT as CHAT
+from checkpointer._transcript.dialects import describe_shape as describe_shape
+from checkpointer._transcript.dialects import detect as detect
+from checkpointer._transcript.history import scan_history as scan_history
 
 __all__ = [
     "EPOCH",
@@ -82,10 +91,11 @@ class Entry(NamedTuple):
 
 
 class Loaded(NamedTuple):
-    """A decoded checkpoint of any kind: its meta and its state."""
+    """A decoded checkpoint of any kind: its meta, its state, a journal's torn tail it ignored."""
 
     meta: Any
     state: Any
+    torn: TornTail | None = None
 
 
 class Scan(NamedTuple):
@@ -178,6 +188,10 @@ class Root(Protocol):
         writer may have resumed and written the key after it was listed.
         ``stale``: the key's stale lock file goes too, for this reason.
         """
+
+
+def _loaded(checkpoint: Checkpoint[Any]) -> Loaded:
+    return Loaded(checkpoint.meta, checkpoint.state, checkpoint.torn)
 
 
 def why(exc: OSError) -> str:
@@ -274,7 +288,7 @@ class DirectoryRoot:
     def load(self, entry: Entry) -> Loaded | None:
         store = _BY_NAME[entry.kind].store(os.path.dirname(entry.path) or ".")
         checkpoint = load(store, entry.key)
-        return None if checkpoint is None else Loaded(checkpoint.meta, checkpoint.state)
+        return None if checkpoint is None else _loaded(checkpoint)
 
     def raw(self, entry: Entry) -> bytes | None:
         # No link followed, no FIFO waited on; a journal may grow by an append meanwhile.
@@ -422,7 +436,7 @@ class PostgresRoot:
     def load(self, entry: Entry) -> Loaded | None:
         self._check(entry)
         checkpoint = load(self.store, entry.key)
-        return None if checkpoint is None else Loaded(checkpoint.meta, checkpoint.state)
+        return None if checkpoint is None else _loaded(checkpoint)
 
     def raw(self, entry: Entry) -> bytes | None:
         self._check(entry)

@@ -136,6 +136,10 @@ class JournalStore(JournalCore, FileStore):
     def __repr__(self) -> str:
         return f"JournalStore({self.root!r})"
 
+    def _journal_after_fork(self) -> None:
+        super()._journal_after_fork()
+        self._lock = threading.Lock()  # a commit of the parent's may have held it at the fork
+
     def threshold(self, live: int) -> int:
         """The size past which a journal whose live content is ``live`` bytes is rewritten."""
         return self._threshold(live)

@@ -10,6 +10,7 @@ store and model, and each removed fsync is shown to be caught.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -21,6 +22,7 @@ import pytest
 
 from checkpointer import FileStore, JournalStore, SummaryCheckpoint, load_summary
 from checkpointer import write_summary as write_summary_checkpoint
+from checkpointer._cli.roots import DirectoryRoot, Entry
 from checkpointer._stores.atomic import makedirs_durable
 from checkpointer._transcript.summary import safe_watermark
 
@@ -400,3 +402,57 @@ def test_closing_a_frozen_mount_unmounts_it(fuse: None, tmp_path: Path) -> None:
     fs.close()
     with open("/proc/self/mounts", encoding="utf-8") as f:
         assert fs.mountpoint not in f.read()
+
+
+# -- removals and renames: durable once they return ----------------------------------------
+
+
+@contextlib.contextmanager
+def mounted_over(tmp_path: Path, store: str) -> Iterator[tuple[PowerFS, FileStore]]:
+    """A mount whose durable state holds ``root/<KEY>`` written by ``store``; the store on it."""
+    backing = tmp_path / "disk"
+    made = FileStore if store == "file" else JournalStore
+    made(backing / "root").write(KEY, [b'{"format":1}'] if store == "file" else [b"{}\n"])
+    fs = PowerFS(str(backing), str(tmp_path / "mnt"))
+    fs.mount()
+    try:
+        yield fs, made(os.path.join(fs.mountpoint, "root"))
+    finally:
+        fs.close()
+
+
+def on_disk(fs: PowerFS) -> list[str]:
+    """The names in the root after the cut (listed in the backing, not through the mount)."""
+    return sorted(os.listdir(os.path.join(fs.backing, "root")))
+
+
+@pytest.mark.parametrize("store", ["file", "journal"])
+def test_a_delete_survives_a_power_cut(fuse: None, tmp_path: Path, store: str) -> None:
+    """delete() returned True: after the cut the checkpoint is still gone, never back."""
+    with mounted_over(tmp_path, store) as (fs, made):
+        name = os.path.basename(made.location(KEY))
+        assert name in on_disk(fs)
+        assert made.delete(KEY) is True
+        fs.cut()
+        assert name not in on_disk(fs)
+
+
+@pytest.mark.parametrize("store", ["file", "journal"])
+def test_a_move_aside_survives_a_power_cut(fuse: None, tmp_path: Path, store: str) -> None:
+    """move_aside() returned its target: after the cut the key is gone and the target holds it."""
+    with mounted_over(tmp_path, store) as (fs, made):
+        target = made.move_aside(KEY, "corrupt-1")
+        assert target is not None
+        fs.cut()
+        assert on_disk(fs) == [os.path.basename(target)]
+
+
+def test_a_prune_survives_a_power_cut(fuse: None, tmp_path: Path) -> None:
+    """prune's deletion (under the key's lock) said removed: after the cut the file is gone."""
+    with mounted_over(tmp_path, "file") as (fs, made):
+        root = DirectoryRoot(made.root)
+        entry = Entry(KEY, "snapshot", made.location(KEY))
+        done = root.delete(KEY, [(entry, "old")], recheck=lambda _: None, stale=None)
+        assert [(r.path, r.outcome) for r in done] == [(entry.path, "removed")]
+        fs.cut()
+        assert KEY + ".json" not in on_disk(fs)

@@ -2,6 +2,9 @@
 
 Every ``fsync`` of the library is made here: the temp file and the
 directory of ``write_atomic``, the directories ``makedirs_durable`` makes,
+the directory of a file ``unlink_durable`` removed (a delete comes back
+after a power cut until its directory is fsynced), ``fsync_dir`` after a
+rename or unlinks made elsewhere (``move_aside``, ``checkpointer prune``),
 and ``fsync_fd`` for what other modules write in place (a journal's append
 and its torn-tail truncation, a directory ``safefs.open_subdir`` made).
 
@@ -45,6 +48,7 @@ __all__ = [
     "fsync_fd",
     "makedirs_durable",
     "sweep_temps",
+    "unlink_durable",
     "write_all",
     "write_atomic",
 ]
@@ -71,6 +75,27 @@ def fsync_dir(directory: str, fsync: Callable[[int], None] = os.fsync) -> None:
         fsync(fd)
     finally:
         os.close(fd)
+
+
+def unlink_durable(path: str, fsync: Callable[[int], None] = os.fsync) -> bool:
+    """Remove the file ``path`` and make its removal durable (fsync its directory).
+
+    Without the directory's fsync an unlink is undone by a power cut: a
+    deleted checkpoint comes back (``tests/test_powercut.py``).
+
+    Returns:
+        True if it was removed; False if nothing was there (no fsync then).
+
+    Raises:
+        OSError: the unlink failed, or the directory's fsync did (the file is
+            gone now, but may come back after a power cut).
+    """
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    fsync_dir(os.path.dirname(path) or ".", fsync)
+    return True
 
 
 def makedirs_durable(

@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from .atomic import fsync_dir, sweep_temps, write_atomic
+from .atomic import fsync_dir, sweep_temps, unlink_durable, write_atomic
 from .base import KEY_PATTERN, KeyLock, check_key
 from .encoding import Transcript
 from .flock import acquire_file_lock
@@ -98,12 +98,9 @@ class FileStore:
         return sorted(found)
 
     def delete(self, key: str) -> bool:
+        """Remove ``key``'s file, durably (its directory fsynced); False if there was none."""
         check_key(key)
-        try:
-            os.unlink(self.location(key))
-        except FileNotFoundError:
-            return False
-        return True
+        return unlink_durable(self.location(key))
 
     def move_aside(self, key: str, suffix: str) -> str | None:
         check_key(key)

@@ -2,6 +2,7 @@
 
 Every ``fsync`` of the library is made here: the temp file and the
 directory of ``write_atomic``, the directories ``makedirs_durable`` makes,
+the directories above a store's root once per store (``fsync_parents``),
 the directory of a file ``unlink_durable`` removed (a delete comes back
 after a power cut until its directory is fsynced), ``fsync_dir`` after a
 rename or unlinks made elsewhere (``move_aside``, ``checkpointer prune``),
@@ -46,6 +47,7 @@ from collections.abc import Callable, Sequence
 __all__ = [
     "fsync_dir",
     "fsync_fd",
+    "fsync_parents",
     "makedirs_durable",
     "sweep_temps",
     "unlink_durable",
@@ -77,7 +79,46 @@ def fsync_dir(directory: str, fsync: Callable[[int], None] = os.fsync) -> None:
         os.close(fd)
 
 
-def unlink_durable(path: str, fsync: Callable[[int], None] = os.fsync) -> bool:
+_NO_DIR_FSYNC = frozenset({errno.EACCES, errno.EPERM, errno.EINVAL, errno.ENOTSUP, errno.ENOSYS})
+
+
+def fsync_parents(directory: str, fsync: Callable[[int], None] = fsync_fd) -> None:
+    """Make the entry of ``directory`` durable, and of each directory above it on its filesystem.
+
+    ``makedirs_durable`` fsyncs the parent of each directory it makes; a
+    directory that was already there may never have been made durable: the
+    app made the root with ``os.makedirs``, or a process was killed between
+    its ``mkdir`` and the parent's fsync (or is still in that window).  Then
+    every checkpoint written into it vanishes with it at a power cut.  So a
+    store calls this once, at its first write.  It walks up the absolute
+    path and, when ``directory`` is reached through a symbolic link, the
+    real one too, up to the filesystem's mount point (the walk stops where
+    ``st_dev`` changes).  An ancestor that this user may not open or that
+    cannot be fsynced (EACCES, EINVAL, ...) ends the walk quietly: the
+    directories below it are done, nothing more can be.
+
+    Raises:
+        OSError: ``directory`` cannot be looked at, or an fsync failed (EIO).
+    """
+    done: set[tuple[int, int]] = set()
+    for start in dict.fromkeys([os.path.abspath(directory), os.path.realpath(directory)]):
+        path, below = start, os.stat(start)
+        while (parent := os.path.dirname(path)) != path:
+            st = os.stat(parent)
+            if st.st_dev != below.st_dev:
+                break  # ``path`` is a mount point: its entry is another filesystem's
+            if (st.st_dev, st.st_ino) not in done:
+                try:
+                    fsync_dir(parent, fsync)
+                except OSError as exc:
+                    if exc.errno in _NO_DIR_FSYNC:
+                        break
+                    raise
+                done.add((st.st_dev, st.st_ino))
+            path, below = parent, st
+
+
+def unlink_durable(path: str, fsync: Callable[[int], None] = fsync_fd) -> bool:
     """Remove the file ``path`` and make its removal durable (fsync its directory).
 
     Without the directory's fsync an unlink is undone by a power cut: a

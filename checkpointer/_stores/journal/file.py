@@ -200,11 +200,14 @@ class JournalStore(JournalCore, FileStore):
         if not isinstance(staged, Full | Delta):
             raise TypeError(f"JournalStore cannot commit {type(staged).__name__}")
         if not self._lock.acquire(timeout=time_left()):
-            return self._overtake(key, meta, staged)
-        try:
-            return self._commit_on(key, self._current(key), meta, staged)
-        finally:
-            self._lock.release()
+            nbytes = self._overtake(key, meta, staged)
+        else:
+            try:
+                nbytes = self._commit_on(key, self._current(key), meta, staged)
+            finally:
+                self._lock.release()
+        self._sync_root()
+        return nbytes
 
     def read_meta(self, key: str) -> Meta | None:
         check_key(key)
@@ -220,13 +223,14 @@ class JournalStore(JournalCore, FileStore):
             meta = update(track.meta)
             if track.broken:  # rewrite from memory, or from what the file says
                 self._compact(key, track, meta, self._remembered(key, track), rewrite=True)
-                return meta
-            row = meta_row(_ENCODER.encode(meta), LINE_END)
-            self._append(key, track, [row])
-            self._appends += 1
-            self._bytes += len(row)
-            self._tracks[key] = track._replace(meta=meta, size=track.size + len(row))
-            return meta
+            else:
+                row = meta_row(_ENCODER.encode(meta), LINE_END)
+                self._append(key, track, [row])
+                self._appends += 1
+                self._bytes += len(row)
+                self._tracks[key] = track._replace(meta=meta, size=track.size + len(row))
+        self._sync_root()
+        return meta
 
     # -- the lock, bounded by a flush's deadline ---------------------------------
 

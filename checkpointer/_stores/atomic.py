@@ -19,32 +19,43 @@ The recipe (``../shared/FACTS.md``, "Durable atomic replace on Linux"):
    with a fresh temp file built from memory: never fsync the same file again,
    the kernel may have dropped its dirty pages.
 
-Temp names say which process wrote them, ``.<name>.<pid>.<tag><random>.tmp``,
-so ``sweep_temps`` removes the debris of dead processes only, never a temp
-that a live writer is about to rename.  A pid alone does not say it: pids
-are reused, and in a container every run is pid 1, so the temps of the
-previous run would look like our own forever.  The tag (``_tag``) tells one
-process from another that had the same pid: a hash of the boot id and the
-process's start time (``/proc/<pid>/stat``), which the sweep can compute for
-any live pid; or, where ``/proc`` cannot be read, a random one that only the
-process itself knows.  Names without a tag (from versions before it) are
-still swept: by pid, and always when the pid is ours, since we never write
-them.
+``sweep_temps`` removes the debris of dead processes only, never a temp
+that a live writer is about to rename.  What proves a write live is a lock:
+the writer holds an ``flock`` on its temp file from right after creating it
+until after the rename, and the sweep removes only a temp it can lock
+itself (non-blocking); one that is still empty (its writer may have
+created it an instant ago and not locked it yet) or on a filesystem
+without flock only once it has not changed for ``STALE_AFTER`` seconds.
+The kernel drops the lock when the writer dies, even by SIGKILL, so the
+debris of a killed run goes at the next open.  A pid cannot say it: two
+containers on one volume are both pid 1, each in its own pid namespace,
+and each would take the other's temps for debris of its own earlier run.
+
+Temp names also say which process wrote them, ``.<name>.<pid>.<tag><random>.tmp``,
+and a temp whose writer is plainly alive in our pid namespace is kept
+without a look at its lock.  The tag (``_tag``) tells one process from
+another that had the same pid: a hash of the boot id and the process's
+start time (``/proc/<pid>/stat``); or, where ``/proc`` cannot be read, a
+random one that only the process itself knows.  Names without a tag (from
+versions before it) are still swept, by the same lock and age.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import re
 import secrets
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 
 __all__ = [
+    "STALE_AFTER",
     "fsync_dir",
     "fsync_fd",
     "fsync_parents",
@@ -54,6 +65,10 @@ __all__ = [
     "write_all",
     "write_atomic",
 ]
+
+STALE_AFTER = 600.0
+"""Seconds since its last change before an empty unlocked temp, or one on a filesystem
+without flock, may be swept."""
 
 _TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<rest>[A-Za-z0-9_]+)\.tmp$")
 # The tag and mkstemp's 8 random characters; an older name has the 8 only.
@@ -227,18 +242,29 @@ def write_atomic(
         fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
     try:
         try:
+            _hold(fd)
             os.fchmod(fd, mode)
             size = write_all(fd, chunks)
             fsync(fd)
-        finally:
-            os.close(fd)
-        replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+            replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    finally:
+        os.close(fd)  # the lock goes with it, after the rename: the sweep's proof of a live write
     fsync_dir(directory, fsync)
     return size
+
+
+def _hold(fd: int) -> None:
+    """Lock a new temp file for as long as it is being written (``sweep_temps`` reads it).
+
+    A filesystem without flock (some network ones: ENOLCK, EOPNOTSUPP) writes
+    on unlocked, and the sweep's age rule alone keeps its temp.
+    """
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 _TEMP_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -266,16 +292,17 @@ def _write_atomic_at(
         raise FileExistsError(errno.EEXIST, "no unused temp file name", prefix)
     try:
         try:
+            _hold(fd)
             os.fchmod(fd, mode)
             size = write_all(fd, chunks)
             fsync(fd)
-        finally:
-            os.close(fd)
-        replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        raise
+            replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+    finally:
+        os.close(fd)
     fsync(dir_fd)
     return size
 
@@ -314,8 +341,12 @@ def write_all(fd: int, chunks: Sequence[bytes]) -> int:
     return total
 
 
-def sweep_temps(directory: str) -> list[str]:
+def sweep_temps(directory: str, now: Callable[[], float] = time.time) -> list[str]:
     """Remove temp files left in ``directory`` by processes that are gone.
+
+    A temp goes only when no process holds its lock (``_remove_abandoned``;
+    ``now``, a seam for tests, is compared with an empty temp's mtime); one
+    whose writer is alive by pid and tag is kept anyway.
 
     Returns:
         The paths removed.  A missing directory is not an error.
@@ -338,9 +369,52 @@ def sweep_temps(directory: str) -> list[str]:
         # already, not ours, a directory) must not stop the sweep or fail
         # the store's open().
         with contextlib.suppress(OSError):
-            os.unlink(path)
-            removed.append(path)
+            if _remove_abandoned(path, now()):
+                removed.append(path)
     return removed
+
+
+def _remove_abandoned(path: str, now: float) -> bool:
+    """Unlink the temp ``path`` if nobody writes it; the unlink is made holding its lock.
+
+    A regular file goes when no process holds its lock and it holds bytes
+    (a writer locks its temp before it writes a byte) or, empty or on a
+    filesystem without flock, when it is ``STALE_AFTER`` seconds old.
+    Anything else under a temp's name (a link, a fifo) is no writer's temp.
+
+    Returns:
+        Whether it was removed.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        os.unlink(path)  # a symbolic link: the link goes, what it names stays
+        return True
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            free = _try_lock(fd)
+            if free is False:
+                return False  # a live writer holds it, whatever its pid says
+            if (free is None or not st.st_size) and now - st.st_mtime < STALE_AFTER:
+                return False  # maybe created a moment ago, its lock not taken yet
+        os.unlink(path)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _try_lock(fd: int) -> bool | None:
+    """Lock ``fd`` unless another holds it: True if taken, False if held, None: no flock here."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        return None
+    return True
 
 
 def _alive(pid: int, tag: str | None) -> bool:

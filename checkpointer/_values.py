@@ -331,6 +331,11 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
         key: the key of the last snapshot, or None before the first.
         repaired: tool calls closed by ``prepare`` in written files, in all.
         settled: running items settled by ``prepare`` in written files, in all.
+        last_result: the result of the latest write (timer, ``write_now``,
+            ``flush_sync``, the final write), or None before the first.
+        last_failure: the latest ``Failed``, even after later successes, or None.
+            A final write (close, exit, signal) that failed is here, and was
+            logged at ERROR on the ``"checkpointer"`` logger.
     """
 
     events: int
@@ -344,3 +349,5 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
     key: str | None
     repaired: int = 0
     settled: int = 0
+    last_result: Result | None = None
+    last_failure: Failed | None = None

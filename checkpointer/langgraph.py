@@ -30,7 +30,22 @@ Durability.  LangGraph passes its ``durability`` in the config of each
 * ``"async"`` (LangGraph's default): the change is a ``notify()`` and the
   thread's writer writes it within its timing rules (``max_wait``), so a
   SIGKILL loses at most the last ``max_wait`` seconds of checkpoints and a
-  SIGTERM, SIGHUP or normal exit loses none.
+  SIGTERM, SIGHUP or normal exit loses none that LangGraph has handed over.
+
+What SIGTERM keeps.  Every ``put`` and ``put_writes`` called before the
+signal, once the thread's writer is open (the thread's first ``put`` or
+``put_writes`` in this process opens it).  ``aput`` encodes in a worker
+thread, but the put is the thread's from the call on: a write, the flush in
+the signal handler among them, stores a put whose worker has not run yet.
+What LangGraph has not called is not kept, and with ``"async"`` that can be
+the last step's checkpoint: LangGraph puts it from a background task that
+waits for the previous put, while the next step's nodes already run.  A
+signal in such a node leaves the thread at the last checkpoint put, with
+the writes of its tasks that finished: ``aget_state`` shows them applied
+and ``next == ()``, and ``ainvoke(None, config)`` goes on from there, to
+the interrupted node, without running those tasks again (a task whose
+writes were put for a checkpoint not put yet runs again).  With ``"sync"``
+each step's checkpoint is durable before the next step runs.
 
 In a synchronous program (``with CheckpointSaver(...)``, ``graph.invoke``)
 there is no event loop to run a timer, so every put is written before it
@@ -178,6 +193,27 @@ def _array_header(count: int) -> bytes:
     return b"\xdd" + count.to_bytes(4, "big")
 
 
+class _Handed:
+    """A put LangGraph handed to ``aput`` whose rows are not in the log yet.
+
+    Compared by identity: ``_Thread.pending`` holds each once.
+    """
+
+    __slots__ = ("checkpoint", "config", "metadata", "new_versions")
+
+    def __init__(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> None:
+        self.config = config
+        self.checkpoint = checkpoint
+        self.metadata = metadata
+        self.new_versions = new_versions
+
+
 class _Thread:
     """One thread in memory: its log and the indexes over it."""
 
@@ -188,6 +224,7 @@ class _Thread:
         "closed",
         "key",
         "last",
+        "pending",
         "rows",
         "stop",
         "thread_id",
@@ -209,6 +246,7 @@ class _Thread:
         self.stop: anyio.Event | None = None
         self.closed: anyio.Event | None = None
         self.checkpoint: Any = None  # the Checkpoint loaded (resume_from)
+        self.pending: list[_Handed] = []  # aput's puts waiting for their worker thread
 
     def apply(self, row: _Row) -> None:
         if isinstance(row, _Put):
@@ -387,6 +425,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 
     def _source(self, thread: _Thread) -> Snapshot:
         with self._lock:
+            self._store_handed(thread)
             rows = list(thread.rows)
         return Snapshot(thread.key, {"thread_id": thread.thread_id, "messages": rows})
 
@@ -626,13 +665,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                     thread.last.pop(where, None)
                 else:
                     thread.last[where] = entry
-        return {
-            "configurable": {
-                "thread_id": thread.thread_id,
-                "checkpoint_ns": ns,
-                "checkpoint_id": checkpoint["id"],
-            }
-        }
+        return _stored_config(thread, config, checkpoint)
 
     @staticmethod
     def _blob(
@@ -685,16 +718,47 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Async ``put``."""
+        """Async ``put``.
+
+        The put is the thread's (a write, a signal's flush included, stores it)
+        from the call on, before the worker thread that encodes it has run.
+        """
         self._check_open()
         thread = await self._athread(config["configurable"]["thread_id"])
+        handed = _Handed(config, checkpoint, metadata, new_versions)
+        with self._lock:
+            thread.pending.append(handed)
         # Encoding builds on Python callbacks per object: in a worker thread, the
         # loop gets the GIL between them (see aget_tuple).
-        stored = await anyio.to_thread.run_sync(
-            self._put, thread, config, checkpoint, metadata, new_versions
-        )
+        await anyio.to_thread.run_sync(self._put_handed, thread, handed)
         await self._achanged(thread, _durability(config))
-        return stored
+        return _stored_config(thread, config, checkpoint)
+
+    def _put_handed(self, thread: _Thread, handed: _Handed) -> None:
+        """Store a put of ``aput`` (in its worker thread), unless a write stored it first."""
+        with self._lock:
+            if handed not in thread.pending:
+                return
+            thread.pending.remove(handed)
+            self._put(
+                thread, handed.config, handed.checkpoint, handed.metadata, handed.new_versions
+            )
+
+    def _store_handed(self, thread: _Thread) -> None:
+        """Store the puts ``aput`` was handed whose worker thread has not run yet.
+
+        Under ``self._lock``, from ``_source``: a write, and the synchronous
+        flush of SIGTERM/SIGHUP on the main thread above all, then has every
+        checkpoint LangGraph put, not only those a worker thread got to (a
+        loaded machine starts one milliseconds later).  A put that fails here
+        stays for its worker, which raises the error from ``aput``.
+        """
+        handed, thread.pending = thread.pending, []
+        for put in handed:
+            try:
+                self._put(thread, put.config, put.checkpoint, put.metadata, put.new_versions)
+            except Exception:
+                thread.pending.append(put)
 
     def _put_writes(
         self,
@@ -906,6 +970,19 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         else:
             current_v = int(current.split(".")[0])
         return f"{current_v + 1:032}.{random.random():016}"
+
+
+def _stored_config(
+    thread: _Thread, config: RunnableConfig, checkpoint: Checkpoint
+) -> RunnableConfig:
+    """What ``put`` returns: the config of the checkpoint stored."""
+    return {
+        "configurable": {
+            "thread_id": thread.thread_id,
+            "checkpoint_ns": config["configurable"]["checkpoint_ns"],
+            "checkpoint_id": checkpoint["id"],
+        }
+    }
 
 
 def _durability(config: RunnableConfig) -> str | None:

@@ -161,7 +161,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--debounce", type=float, default=0.5, help="(%(default)s s)")
     parser.add_argument("--min-interval", type=float, default=1.0, help="(%(default)s s)")
     parser.add_argument("--max-wait", type=float, default=5.0, help="(%(default)s s)")
-    parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    parser.add_argument(
+        "--backend", choices=["asyncio", "trio"], default="asyncio", help="(%(default)s)"
+    )
     args = parser.parse_args(argv)
     unknown = [c for c in args.cases if c not in CASES]
     if unknown:

@@ -1,9 +1,10 @@
 """Resume an agent session that an earlier run of this script checkpointed.
 
-Run it twice::
+Run it twice (the session is kept in ``.checkpoints`` unless ``--root`` says
+otherwise)::
 
-    python examples/resume_session.py --root /tmp/sessions
-    python examples/resume_session.py --root /tmp/sessions
+    python examples/resume_session.py
+    python examples/resume_session.py
 
 The first run starts a session and stops in the middle of a tool call (the
 tool is still running, another call has no result yet).  The writer's
@@ -130,8 +131,10 @@ async def main(root: str, key: str) -> int:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--root", default=".checkpoints")
-    parser.add_argument("--key", default="example-session")
-    parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    parser.add_argument("--root", default=".checkpoints", help="store directory (%(default)s)")
+    parser.add_argument("--key", default="example-session", help="session key (%(default)s)")
+    parser.add_argument(
+        "--backend", choices=["asyncio", "trio"], default="asyncio", help="(%(default)s)"
+    )
     args = parser.parse_args()
     sys.exit(anyio.run(main, args.root, args.key, backend=args.backend))

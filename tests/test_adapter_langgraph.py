@@ -10,18 +10,25 @@ real agent process inside a tool (``tests/children/adapter_child.py``).
 from __future__ import annotations
 
 import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import pytest
 
 pytest.importorskip("langgraph.checkpoint.conformance")
 
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-from checkpointer import FileStore, JournalStore, load
+from checkpointer import FileStore, JournalStore, Written, load
 from checkpointer.langgraph import CheckpointSaver, thread_key
 from tests.children.adapter_child import (
     CONFIG,
@@ -171,6 +178,88 @@ async def test_delete_thread_removes_its_key(tmp_path: Path) -> None:
     assert len([r for r in _rows(tmp_path) if r["row"] == "checkpoint"]) > 0
 
 
+@asynccontextmanager
+async def _worker_threads_busy() -> AsyncIterator[None]:
+    """No worker thread starts meanwhile (the loop's default limiter, held), as under load."""
+    limiter = anyio.to_thread.current_default_thread_limiter()
+    total, holder = limiter.total_tokens, object()
+    limiter.total_tokens = 1
+    await limiter.acquire_on_behalf_of(holder)
+    try:
+        yield
+    finally:
+        limiter.release_on_behalf_of(holder)
+        limiter.total_tokens = total
+
+
+def _async_put(
+    saver: CheckpointSaver, checkpoint: Any, new_versions: Any, failed: list[Any]
+) -> Any:
+    """``saver.aput`` as LangGraph's ``"async"`` durability calls it, its error kept."""
+    config: RunnableConfig = {
+        "configurable": {"thread_id": "chat", "checkpoint_ns": "", "__pregel_durability": "async"}
+    }
+
+    async def put() -> None:
+        try:
+            await saver.aput(config, checkpoint, {"source": "loop", "step": 5}, new_versions)
+        except Exception as exc:
+            failed.append(exc)
+
+    return put
+
+
+def _flush(saver: CheckpointSaver) -> Any:
+    """What the SIGTERM handler does to the thread's writer."""
+    writer = saver._threads["chat"].writer
+    assert writer is not None
+    return writer.flush_sync()
+
+
+async def test_put_waiting_for_its_worker_thread_is_in_a_flush(tmp_path: Path) -> None:
+    """A checkpoint handed to aput is in a flush (SIGTERM's) before a worker thread encodes it."""
+    async with CheckpointSaver(JournalStore(tmp_path), debounce=1000, max_wait=1000) as saver:
+        await _turns(saver, ["a"])  # durable: the thread's writer is open
+        checkpoint = empty_checkpoint()
+        failed: list[Any] = []
+        async with anyio.create_task_group() as tasks, _worker_threads_busy():
+            tasks.start_soon(_async_put(saver, checkpoint, {}, failed))
+            await anyio.wait_all_tasks_blocked()
+            assert isinstance(_flush(saver), Written)
+            assert checkpoint["id"] in {r.get("id") for r in _rows(tmp_path)}
+        assert not failed
+        stored = await saver.aget_tuple(CONFIG)
+        assert stored is not None and stored.checkpoint["id"] == checkpoint["id"]
+    assert [r.get("id") for r in _rows(tmp_path)].count(checkpoint["id"]) == 1
+
+
+class _Unencodable:
+    """A channel value the serializer below refuses."""
+
+
+class _Refusing(JsonPlusSerializer):
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        if isinstance(obj, _Unencodable):
+            raise TypeError("unencodable channel value")
+        return super().dumps_typed(obj)
+
+
+async def test_put_a_flush_cannot_encode_raises_from_aput(tmp_path: Path) -> None:
+    """A put that fails to encode in a flush leaves the flush to the rest; aput still raises."""
+    store = JournalStore(tmp_path)
+    async with CheckpointSaver(store, serde=_Refusing(), debounce=1000, max_wait=1000) as saver:
+        await _turns(saver, ["a"])
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"x": _Unencodable()}
+        failed: list[Any] = []
+        async with anyio.create_task_group() as tasks, _worker_threads_busy():
+            tasks.start_soon(_async_put(saver, checkpoint, {"x": 1}, failed))
+            await anyio.wait_all_tasks_blocked()
+            assert not isinstance(_flush(saver), Written)  # nothing new to write
+        assert [str(e) for e in failed] == ["unencodable channel value"]
+    assert checkpoint["id"] not in {r.get("id") for r in _rows(tmp_path)}
+
+
 def test_sync_graph_writes_every_put(tmp_path: Path) -> None:
     """With ``with`` and ``invoke``, each checkpoint is on disk when put returns."""
     from langchain_core.messages import HumanMessage as Human
@@ -202,7 +291,7 @@ def test_unopened_saver_says_how_to_use_it(tmp_path: Path) -> None:
 def crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("langgraph-crash")
     codes = crash_in_tool("langgraph", str(base))
-    assert codes == {"KILL": -9, "TERM": -15}
+    assert codes == {"KILL": -9, "TERM": -15, "UNPUT": -15}
     return base
 
 
@@ -223,7 +312,7 @@ async def test_resume_after_sigkill_inside_a_tool(crashed: Path) -> None:
 
 
 async def test_resume_after_sigterm_inside_a_tool(crashed: Path) -> None:
-    """SIGTERM mid-tool: the debounced third turn was flushed; resuming reruns the tool node."""
+    """SIGTERM mid-tool: every checkpoint put, the last one not yet encoded, was flushed."""
     async with CheckpointSaver(JournalStore(crashed / "TERM")) as saver:
         graph = langgraph_graph(saver)
         state = await graph.aget_state(CONFIG)
@@ -237,3 +326,24 @@ async def test_resume_after_sigterm_inside_a_tool(crashed: Path) -> None:
     assert not langchain_problems(result["messages"])
     assert len(result["messages"]) == 16
     assert os.path.exists(crashed / "TERM" / f"{thread_key('chat')}.jsonl")
+
+
+async def test_resume_after_sigterm_before_langgraph_put_the_step(crashed: Path) -> None:
+    """SIGTERM before the tool's checkpoint is put: the one before, with the model's writes."""
+    async with CheckpointSaver(JournalStore(crashed / "UNPUT")) as saver:
+        calls: list[str] = []
+        graph = langgraph_graph(saver, calls)
+        state = await graph.aget_state(CONFIG)
+        messages = state.values["messages"]
+        assert len(messages) == 10
+        assert isinstance(messages[-1], AIMessage) and messages[-1].tool_calls
+        assert state.next == ()  # the model task is done: its writes are pending ones
+        result = await graph.ainvoke(None, CONFIG)
+    assert _kinds(result["messages"][8:]) == [
+        "HumanMessage",
+        "AIMessage",
+        "ToolMessage",
+        "AIMessage",
+    ]
+    assert calls == ["answer:third"]  # the model is not asked for the tool call again
+    assert not langchain_problems(result["messages"])

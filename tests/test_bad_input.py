@@ -230,8 +230,9 @@ def test_nan_and_infinity_are_written_as_null(tmp_path: Path) -> None:
     cp = load(FileStore(tmp_path), KEY)
     assert cp is not None
     assert cp.state == {"nan": None, "inf": None, "-inf": None, "ok": 1.5}
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
-    assert "NaN/infinity" in readme and "`null`" in readme
+    docs = Path(__file__).parent.parent / "docs" / "concepts" / "guarantees.md"
+    text = docs.read_text(encoding="utf-8")
+    assert "NaN/infinity" in text and "`null`" in text
 
 
 # -- sources and fingerprints ---------------------------------------------------------------

@@ -130,7 +130,7 @@ def test_help_from_the_console_script() -> None:
     """--help of the installed script and of `python -m checkpointer` list the commands."""
     top, prune = cli("--help"), cli("prune", "--help", module=True)
     assert top.returncode == 0 and prune.returncode == 0, top.stderr + prune.stderr
-    assert top.stdout.startswith("usage: checkpointer [-h] COMMAND")
+    assert top.stdout.startswith("usage: checkpointer [-h] [--version] COMMAND")
     for command in ("ls", "show", "verify", "prune", "demo"):
         assert f"    {command} " in top.stdout
     assert prune.stdout.startswith("usage: checkpointer prune [-h] --older-than DURATION")
@@ -228,13 +228,13 @@ def test_ls_reads_files_a_real_writer_wrote(tmp_path: Path) -> None:
 
 
 def test_ls_empty_root_and_unreadable_file(tmp_path: Path) -> None:
-    """An empty root says so; a corrupt file is listed with its reason and a hint."""
+    """An empty root says so (0); a corrupt file is listed with its reason and a hint (1)."""
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "broken.json").write_bytes(b'{"format": 1, "meta": {"key"')
     empty, proc = cli_all(["ls", tmp_path], ["ls", broken])
     assert (empty.returncode, empty.stdout.strip()) == (0, f"no checkpoints in {tmp_path}")
-    assert proc.returncode == 0
+    assert proc.returncode == 1
     assert "broken" in proc.stdout and "! not valid JSON" in proc.stdout
     assert f"checkpointer verify {broken}" in proc.stderr
 
@@ -802,5 +802,5 @@ def test_verify_names_the_version_that_wrote_a_newer_file(
             f"agent-checkpointer to 9.9.9 or later to read it (format {version}; " in out
         )
     status, out, _ = run(capsys, "ls", tmp_path)
-    assert status == 0 and out.count("! written by a newer version") == 2
+    assert status == 1 and out.count("! written by a newer version") == 2
     assert (snapshot.read_bytes(), journal.read_bytes()) == before

@@ -215,7 +215,9 @@ def test_a_stale_second_process_never_replaces_the_first_ones_work(place: Place)
     assert load(place.store(), KEY) == a_final  # A's work, whole: B wrote nothing
     assert contents(place.store()) == ["A: one", "A: two"]
     logged = b.finish()
-    assert logged.count("was written by another writer") == 1, logged
+    # Warned once when it happened; the close's final write that could not land is an error.
+    assert logged.count("not retrying until the session changes") == 1, logged
+    assert logged.count("the final write at close failed (conflict)") == 1, logged
 
 
 def test_a_process_started_after_the_other_ended_resumes_and_writes(place: Place) -> None:
@@ -335,9 +337,14 @@ async def test_a_conflict_waits_for_a_change_and_is_logged_once(
             await clock.step(0.1)
             stats = writer.statistics()
             assert (stats.failures, stats.pending) == (3, False)
-    conflicts = [r for r in caplog.records if "written by another writer" in r.getMessage()]
+    records = [r for r in caplog.records if "written by another writer" in r.getMessage()]
+    conflicts = [r for r in records if r.levelno == logging.WARNING]
     assert len(conflicts) == 1
     assert "not retrying until the session changes" in conflicts[0].getMessage()
+    # The final write at close could not land either: said once, at ERROR.
+    finals = [r for r in records if r.levelno == logging.ERROR]
+    assert len(finals) == 1
+    assert "the final write at close failed (conflict)" in finals[0].getMessage()
     assert load(FileStore(tmp_path), KEY) is not None
     cp = load(FileStore(tmp_path), KEY)
     assert cp is not None and cp.state == {"by": "other"}

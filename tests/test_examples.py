@@ -254,3 +254,52 @@ def test_resume_session_resumes_what_an_earlier_run_wrote(tmp_path: Path) -> Non
     assert after_second.meta.seq > after_first.meta.seq
     summary = load_summary(tmp_path, "example-session")
     assert summary is not None and "question 0" in summary.summary
+
+
+# -- every example: its flags documented, its session resumed by default --------------
+
+
+def _undocumented(help_text: str) -> list[str]:
+    """The options of an argparse --help text that have no help of their own."""
+    lines = help_text.split("options:", 1)[1].splitlines()
+    missing = []
+    for i, line in enumerate(lines):
+        if not line.startswith("  -"):
+            continue
+        follows = lines[i + 1] if i + 1 < len(lines) else ""
+        continued = follows.startswith(" " * 8) and not follows.lstrip().startswith("-")
+        if not re.search(r"\S {2,}\S", line.strip()) and not continued:
+            missing.append(line.strip())
+    return missing
+
+
+def test_every_example_documents_its_flags_and_keeps_its_session_in_checkpoints() -> None:
+    """Each example's --help gives every flag a help text, and --root defaults to .checkpoints."""
+    scripts = sorted(p.name for p in EXAMPLES.glob("*.py"))
+    assert len(scripts) >= 6
+    children = [Child(script, "--help") for script in scripts]
+    for script, child in zip(scripts, children, strict=True):
+        status, out, err = child.finish()
+        assert status == 0, f"{script}: {err}"
+        assert not _undocumented(out), f"{script}: {_undocumented(out)}"
+        assert re.search(r"--root ROOT +store directory \(\.checkpoints\)", out), f"{script}\n{out}"
+
+
+def test_journal_session_resumes_on_a_rerun(tmp_path: Path) -> None:
+    """Run twice with no flags, the journal example goes on from the turn the journal holds."""
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, str(EXAMPLES / "journal_session.py"), "--turns", "8"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        runs.append(proc.stdout)
+    assert "resumed" not in runs[0]
+    assert "resumed 'demo-journal' at turn 8 (16 messages)" in runs[1]
+    journal = tmp_path / ".checkpoints" / "demo-journal.jsonl"
+    assert journal.is_file()

@@ -46,6 +46,7 @@ from checkpointer._format.envelope import decode_checkpoint, envelope_chunks
 from checkpointer._stores.postgres.schema import SCHEMA_VERSION
 from checkpointer._values import Meta
 
+from .docblocks import pages, python_blocks
 from .pg import Cluster, find_binaries
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -1056,18 +1057,17 @@ def test_import_without_psycopg_names_the_extra() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=child_env("")
     )
     assert proc.returncode == 0, proc.stderr
-    assert "pip install 'agent-checkpointer[postgres]'" in proc.stdout
+    assert "pip install 'psycopg[binary]>=3.1'" in proc.stdout
 
 
 def test_readme_fleet_example_runs(pg: Cluster, tmp_path: Path) -> None:
-    """The README's fleet example runs as written against a server named by CHECKPOINTER_DSN."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```py\n(.*?)```", text, flags=re.S)
-    assert blocks, "the README has no fleet example"
+    """The docs' PostgreSQL examples (docs-test: postgres) run against CHECKPOINTER_DSN's server."""
+    blocks = [b for page in pages() for b in python_blocks(page) if b.mode == "postgres"]
+    assert blocks, "the docs have no fleet example"
     env = {**child_env(""), "CHECKPOINTER_DSN": pg.dsn()}
     for block in blocks:
         proc = subprocess.run(
-            [sys.executable, "-c", block],
+            [sys.executable, "-c", block.code],
             cwd=tmp_path,
             capture_output=True,
             text=True,
@@ -1075,7 +1075,7 @@ def test_readme_fleet_example_runs(pg: Cluster, tmp_path: Path) -> None:
             env=env,
             check=False,
         )
-        assert proc.returncode == 0, f"{block}\n--- stderr:\n{proc.stderr}"
+        assert proc.returncode == 0, f"{block.where}\n{block.code}\n--- stderr:\n{proc.stderr}"
         assert "Meta(key='session-42', seq=" in proc.stdout
 
 

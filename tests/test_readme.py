@@ -8,28 +8,23 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def python_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+from .docblocks import ROOT, python_blocks
 
 
 def test_readme_python_blocks_run(tmp_path: Path) -> None:
     """Every python code block in the README runs in a fresh interpreter."""
-    blocks = python_blocks()
+    blocks = [b for b in python_blocks(ROOT / "README.md") if b.mode == "run"]
     assert blocks, "the README has no python example"
     for block in blocks:
         proc = subprocess.run(
-            [sys.executable, "-c", block],
+            [sys.executable, "-c", block.code],
             cwd=tmp_path,
             capture_output=True,
             text=True,
             timeout=120,
             check=False,
         )
-        assert proc.returncode == 0, f"{block}\n--- stderr:\n{proc.stderr}"
+        assert proc.returncode == 0, f"{block.where}\n{block.code}\n--- stderr:\n{proc.stderr}"
 
 
 def test_demo_command(tmp_path: Path) -> None:

@@ -21,8 +21,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import sys
 from collections.abc import Callable, Sequence
 
+from .. import __version__ as VERSION
 from . import demo, ls, pg_schema, prune, report, show, verify
 from .prune import parse_duration
 from .roots import Root, RootError, open_root
@@ -39,7 +41,7 @@ _ON_A_ROOT: dict[str, Callable[[Root, argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
-    args = _build_parser().parse_args(argv)
+    args = _build_parser().parse_args(_join_negative_values(argv))
     if args.command in _ON_A_ROOT:
         _settle_root(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -67,6 +69,36 @@ def _on_a_root(args: argparse.Namespace) -> int:
     except failures as exc:  # no such directory; the server failed
         report.error(command, str(exc))
         return report.PROBLEM
+
+
+_VALUED = ("--older-than", "--last")
+
+
+def _join_negative_values(argv: Sequence[str] | None) -> list[str]:
+    """``--older-than -1d`` as ``--older-than=-1d``, so the value's own check says what is wrong.
+
+    argparse takes ``-1d`` for an option and says only "expected one argument".
+    """
+    out: list[str] = []
+    if argv is None:
+        argv = sys.argv[1:]
+    for arg in argv:
+        if out and out[-1] in _VALUED and arg[:2] != "--" and arg[:1] == "-" and arg[1:2].isdigit():
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def _count(text: str) -> int:
+    """A count of things to show: a whole number, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative: give 0 or more (0: no messages)")
+    return n
 
 
 def _settle_root(args: argparse.Namespace) -> None:
@@ -127,6 +159,7 @@ def _build_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 all well, 1 a problem with the store (missing root, "
         "unknown key, bad file), 2 a usage error.",
     )
+    parser.add_argument("--version", action="version", version=f"agent-checkpointer {VERSION}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     ls_ = commands.add_parser(
@@ -158,7 +191,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _root_arguments(show_, "the store directory, or " + _PG_ROOT)
     show_.add_argument("key", metavar="KEY", nargs="?", help="the session key")
     show_.add_argument(
-        "--last", type=int, default=5, metavar="N", help="messages to show (%(default)s)"
+        "--last", type=_count, default=5, metavar="N", help="messages to show (%(default)s)"
     )
     show_.add_argument(
         "--raw", action="store_true", help="print the file's bytes as they are, undecoded"

@@ -24,13 +24,14 @@ _DESCENDING = {"updated", "size", "seq", "turns"}  # newest, biggest first
 
 
 def run(root: Root, args: argparse.Namespace) -> int:
-    """List the checkpoints of ``root``; 0 even when some cannot be read (they are marked)."""
+    """List the checkpoints of ``root``; 1 when some cannot be read (they are marked)."""
     rows = [inspect(root, entry).row for entry in root.scan().entries]
     rows.sort(key=lambda r: r.key)
     rows.sort(key=SORTS[args.sort], reverse=(args.sort in _DESCENDING) != args.reverse)
+    status = report.PROBLEM if any(r.error for r in rows) else report.OK
     if args.json:
-        report.json_rows(rows)
-        return report.OK
+        report.json_rows(rows)  # each unreadable one with its "error"
+        return status
     if not rows:
         report.line(f"no checkpoints in {root.where}")
         return report.OK
@@ -59,4 +60,4 @@ def run(root: Root, args: argparse.Namespace) -> int:
         words = root.words
         message = words.unreadable.format(n=bad, where=root.where)
         report.warning("ls", message, stdout=words.unreadable_on_stdout)
-    return report.OK
+    return status

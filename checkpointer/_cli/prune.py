@@ -41,6 +41,11 @@ def parse_duration(text: str) -> Duration:
         argparse.ArgumentTypeError: naming the text and the accepted forms.
     """
     compact = text.strip().lower()
+    if compact.startswith("-"):
+        raise argparse.ArgumentTypeError(
+            f"bad duration {text!r}: a duration is not negative; "
+            "use a number and a unit (s, m, h, d, w), e.g. 7d, 12h, 30m or 1h30m"
+        )
     if not compact or _DURATION.sub("", compact):
         raise argparse.ArgumentTypeError(
             f"bad duration {text!r}: use a number and a unit (s, m, h, d, w), "

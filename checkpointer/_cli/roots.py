@@ -35,11 +35,13 @@ from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, Protocol
 
 from checkpointer import (
+    Checkpoint,
     FileStore,
     JournalStore,
     KeyLocked,
     PostgresStore,
     PostgresStoreError,
+    TornTail,
     load,
 )
 from checkpointer._stores.atomic import fsync_dir
@@ -82,10 +84,11 @@ class Entry(NamedTuple):
 
 
 class Loaded(NamedTuple):
-    """A decoded checkpoint of any kind: its meta and its state."""
+    """A decoded checkpoint of any kind: its meta, its state, a journal's torn tail it ignored."""
 
     meta: Any
     state: Any
+    torn: TornTail | None = None
 
 
 class Scan(NamedTuple):
@@ -178,6 +181,10 @@ class Root(Protocol):
         writer may have resumed and written the key after it was listed.
         ``stale``: the key's stale lock file goes too, for this reason.
         """
+
+
+def _loaded(checkpoint: Checkpoint[Any]) -> Loaded:
+    return Loaded(checkpoint.meta, checkpoint.state, checkpoint.torn)
 
 
 def why(exc: OSError) -> str:
@@ -274,7 +281,7 @@ class DirectoryRoot:
     def load(self, entry: Entry) -> Loaded | None:
         store = _BY_NAME[entry.kind].store(os.path.dirname(entry.path) or ".")
         checkpoint = load(store, entry.key)
-        return None if checkpoint is None else Loaded(checkpoint.meta, checkpoint.state)
+        return None if checkpoint is None else _loaded(checkpoint)
 
     def raw(self, entry: Entry) -> bytes | None:
         # No link followed, no FIFO waited on; a journal may grow by an append meanwhile.
@@ -418,7 +425,7 @@ class PostgresRoot:
 
     def load(self, entry: Entry) -> Loaded | None:
         checkpoint = load(self.store, entry.key)
-        return None if checkpoint is None else Loaded(checkpoint.meta, checkpoint.state)
+        return None if checkpoint is None else _loaded(checkpoint)
 
     def raw(self, entry: Entry) -> bytes | None:
         return self.store.read(entry.key) or b""

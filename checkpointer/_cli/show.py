@@ -12,6 +12,7 @@ from checkpointer import CheckpointError
 from . import report
 from .look import Row, inspect, messages
 from .roots import Entry, Loaded, LockView, Root, why
+from .verify import torn_tail
 
 __all__ = ["run"]
 
@@ -76,7 +77,11 @@ def _show(root: Root, entry: Entry, last: int) -> int:
         report.fields(fields)
         report.error("show", f"{entry.path}: {row.error}")
         return report.PROBLEM
-    return _loaded(fields, row, look.loaded, last)
+    status = _loaded(fields, row, look.loaded, last)
+    if look.loaded.torn is not None:
+        report.flush()  # the view first, then the warning
+        report.warning("show", f"{row.path}: {torn_tail(look.loaded.torn)}")
+    return status
 
 
 def _lock(root: Root, lock: LockView | None) -> str:
@@ -94,6 +99,8 @@ def _loaded(fields: list[tuple[str, str]], row: Row, loaded: Loaded, last: int) 
     for name, value in msgspec.structs.asdict(loaded.meta).items():
         if value is not None:  # None: a field this file's writer did not record
             fields.append((name, report.value(value)))
+    if loaded.torn is not None:  # what load() dropped (the whole story on stderr, after)
+        fields.append(("torn tail", f"line {loaded.torn.line} on, {loaded.torn.nbytes} bytes"))
     history = messages(loaded.state)
     if row.turns is not None and not any(name == "turns" for name, _ in fields):
         fields.append(("turns", f"{row.turns} (assistant messages)"))

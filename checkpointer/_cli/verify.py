@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 from typing import Any, Literal, NamedTuple
 
-from checkpointer import HistoryProblem, validate_history
+from checkpointer import HistoryProblem, TornTail, validate_history
 
 from . import report
 from .look import read
 from .roots import Entry, Root
 
-__all__ = ["Verdict", "run", "verdict"]
+__all__ = ["Verdict", "run", "torn_tail", "verdict"]
 
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 _AT = "$.state.messages"
@@ -26,19 +26,23 @@ _AT = "$.state.messages"
 def run(root: Root, args: argparse.Namespace) -> int:
     """Check every checkpoint of ``root``; 1 when any is bad."""
     entries = root.scan().entries
-    bad = warned = 0
+    bad = warned = torn = 0
     for entry in entries:
-        outcome = _report(entry.path, verdict(root, entry), quiet=args.quiet)
+        verdict_ = verdict(root, entry)
+        outcome = _report(entry.path, verdict_, quiet=args.quiet)
         bad += outcome == "bad"
-        warned += outcome == "warn"
+        warned += outcome == "warn" and verdict_.warning is not None
+        torn += outcome == "warn" and verdict_.torn is not None
     for path in root.asides():
         report.line(f"note {path}: a corrupt file a writer moved aside")
     if not entries:
         report.line(f"no checkpoints in {root.where}")
         return report.OK
     ok = f"{len(entries) - bad} ok"
-    if warned:
-        ok += f" ({warned} with tool calls open at the end)"
+    notes = [f"{warned} with tool calls open at the end"] if warned else []
+    notes += [f"{torn} with a torn tail ignored"] if torn else []
+    if notes:
+        ok += f" ({', '.join(notes)})"
     report.line(f"{len(entries)} checkpoint(s): {ok}, {bad} bad")
     return report.PROBLEM if bad else report.OK
 
@@ -49,6 +53,7 @@ class Verdict(NamedTuple):
     problem: str | None  # why it is bad
     summary: str  # what a good one holds
     warning: str | None = None  # what a good one needs before it is sent to a model
+    torn: str | None = None  # a journal's unfinished last append, ignored by load()
 
 
 def _report(path: str, verdict_: Verdict, *, quiet: bool) -> Literal["bad", "warn", "ok"]:
@@ -56,9 +61,10 @@ def _report(path: str, verdict_: Verdict, *, quiet: bool) -> Literal["bad", "war
     if verdict_.problem is not None:
         report.line(f"BAD  {path}: {verdict_.problem}")
         return "bad"
-    if verdict_.warning is not None:
+    if verdict_.warning is not None or verdict_.torn is not None:
         if not quiet:
-            report.line(f"warn {path}: {verdict_.summary}; {verdict_.warning}")
+            said = "; ".join(w for w in (verdict_.warning, verdict_.torn) if w is not None)
+            report.line(f"warn {path}: {verdict_.summary}; {said}")
         return "warn"
     if not quiet:
         report.line(f"ok   {path}: {verdict_.summary}")
@@ -76,7 +82,21 @@ def verdict(root: Root, entry: Entry) -> Verdict:
             f"its meta says key {meta.key!r}, but the file is named for {entry.key!r}", ""
         )
     summary = f"seq {meta.seq}"
-    state = loaded.state
+    torn = None if loaded.torn is None else torn_tail(loaded.torn)
+    return _history(loaded.state, summary)._replace(torn=torn)
+
+
+def torn_tail(torn: TornTail) -> str:
+    """What a journal's torn tail dropped, and what becomes of it."""
+    return (
+        f"a torn tail was ignored: line {torn.line} on, {torn.nbytes} bytes at offset "
+        f"{torn.offset} ({torn.reason}); the checkpoint is the last whole append before it, "
+        "and the next writer to open the journal cuts the tail off"
+    )
+
+
+def _history(state: Any, summary: str) -> Verdict:
+    """The verdict on a state's agent history (a state without one is fine)."""
     if not (isinstance(state, dict) and "messages" in state):
         return Verdict(None, summary)
     messages = state["messages"]

@@ -23,9 +23,10 @@ that shape, in any of their styles: block and flow mappings, quoted keys,
 plain and quoted scalars over several lines (folded as YAML folds them),
 literal and folded block scalars, tags, anchors, comments, directives and
 document markers (not aliases).  So a file re-saved by PyYAML or
-ruamel.yaml still loads (``tests/test_summary_resave.py``).  The body is the summary byte for byte: it
-may hold ``---`` lines, since the front matter ends at its first ``---``
-line and none of its own values can contain one.
+ruamel.yaml still loads (``tests/test_summary_resave.py``).  The body is
+the summary byte for byte: it may hold ``---`` lines, since the front
+matter ends at its first ``---`` line and none of its own values can
+contain one.
 """
 
 from __future__ import annotations

@@ -162,6 +162,8 @@ class Committer:
         self.last_seconds: float | None = None
         self.repaired = 0
         self.settled = 0
+        self.last_result: Result | None = None
+        self.last_failure: Failed | None = None
 
     # -- on the caller's thread -------------------------------------------------
 
@@ -405,7 +407,11 @@ class Committer:
         return False
 
     def account(self, result: Result) -> Result:
-        """Update the counters and log once per failure streak."""
+        """Update the counters and log once per failure streak (every result at DEBUG)."""
+        logger.debug("checkpointer: %r", result)
+        self.last_result = result
+        if isinstance(result, Failed):
+            self.last_failure = result
         if isinstance(result, Written):
             self.writes += 1
             self.bytes_written += result.nbytes
@@ -424,7 +430,8 @@ class Committer:
         else:
             self.failures += 1
             self.streak += 1
-            if self.streak == 1 and result.reason != "conflict":  # logged by _conflict
+            # A conflict is logged by _conflict; a close's final write by note_final.
+            if self.streak == 1 and result.reason != "conflict" and not self.closing:
                 logger.warning(
                     "checkpointer: checkpoint failed (%s): %s; %s",
                     result.reason,
@@ -433,4 +440,24 @@ class Committer:
                     if result.reason in REFUSED
                     else "retrying with backoff",
                 )
+        return result
+
+    def note_final(self, result: Result, when: str) -> Result:
+        """The final write's result (``when``: "at close", "at exit", ...): a failure is an error.
+
+        Nothing retries it: the changes since the last checkpoint written are
+        not on disk.  Kept for ``statistics()`` like any result.
+        """
+        if isinstance(result, Skipped) and result.reason == "closed":
+            return result  # no final write happened here
+        self.last_result = result
+        if isinstance(result, Failed):
+            self.last_failure = result
+            logger.error(
+                "checkpointer: the final write %s failed (%s): %s; the store keeps the "
+                "checkpoint written before it, without the changes since",
+                when,
+                result.reason,
+                result.error,
+            )
         return result

@@ -283,6 +283,8 @@ class CheckpointWriter(Generic[S]):
             key=core.keys.current,
             repaired=core.repaired,
             settled=core.settled,
+            last_result=core.last_result,
+            last_failure=core.last_failure,
         )
 
     # -- async lifecycle -------------------------------------------------------
@@ -343,7 +345,7 @@ class CheckpointWriter(Generic[S]):
         done = self._close_done = anyio.Event()
         try:
             with anyio.CancelScope(shield=True):
-                self._close_result = await self._final_write()
+                self._close_result = self._core.note_final(await self._final_write(), "at close")
         finally:
             done.set()
         crash = self._timer.take_crash()
@@ -415,8 +417,7 @@ class CheckpointWriter(Generic[S]):
                     f"close_timeout={self._close_timeout}s: a write in flight held the "
                     "writer; nothing was written at close",
                 )
-                logger.warning("checkpointer: %s", failed.error)
-                return failed
+                return failed  # logged by aclose (note_final), at ERROR
         try:
             self._sched.begin_write(self._now())
             outcome = Outcome.CANCELLED
@@ -481,8 +482,7 @@ class CheckpointWriter(Generic[S]):
                 f"cannot start a thread for the final write: {describe_error(exc)}; "
                 "nothing was written at close",
             )
-            logger.warning("checkpointer: %s", failed.error)
-            return failed
+            return failed  # logged by aclose (note_final), at ERROR
         with anyio.move_on_at(deadline):
             await anyio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
         if results:
@@ -497,8 +497,7 @@ class CheckpointWriter(Generic[S]):
             "lands unless the process ends first (at exit the process waits up to "
             f"exit_timeout={self._exit_timeout}s for it); the key stays locked until then",
         )
-        logger.warning("checkpointer: %s", failed.error)
-        return failed
+        return failed  # logged by aclose (note_final), at ERROR
 
     def _run_job(self, job: Job) -> Result:
         """In the writing thread: execute ``job`` unless a cancelled waiter dropped it."""
@@ -539,7 +538,7 @@ class CheckpointWriter(Generic[S]):
         """
         if self._closed or not self._begin_close():
             return Skipped("closed")
-        result = self._flush(force=False, live=False)
+        result = self._core.note_final(self._flush(force=False, live=False), "at close")
         self._shut()
         return result
 
@@ -576,11 +575,11 @@ class CheckpointWriter(Generic[S]):
         return self._flush(force=False, live=reason == "manual")
 
     def _flush_at_exit(self) -> None:
-        self.flush_sync("exit")
+        self._core.note_final(self.flush_sync("exit"), "at exit")
         self._release_locks()  # a later write takes them again
 
     def _flush_at_signal(self) -> None:
-        self.flush_sync("signal")
+        self._core.note_final(self.flush_sync("signal"), "on a signal")
 
     def _forked(self) -> bool:
         """Whether this is a forked child's copy of a writer its parent opened.

@@ -3,12 +3,13 @@
     python -m tests.children.adapter_child FRAMEWORK ROOT
 
 ``FRAMEWORK`` is ``openai_agents``, ``pydantic_ai`` or ``langgraph``.  The
-program imports the framework once, then forks one agent for ``KILL`` and
-one for ``TERM`` (each under ``ROOT/<KILL|TERM>``, on a ``JournalStore``).
+program imports the framework once, then forks its agents (``AGENTS``): one
+for ``KILL`` and one for ``TERM``, and for LangGraph an ``UNPUT`` one too
+(see ``langgraph_crash``), each under ``ROOT/<name>`` on a ``JournalStore``.
 Each agent runs two turns with a tool call each, made durable, then a third
 turn whose tool announces ``in-tool SIG PID`` on stdout and blocks: the
-parent test sends that signal to that pid.  This program reaps both and
-prints ``exit SIG CODE`` for each, then exits 0.
+parent test sends that signal to that pid.  This program reaps them and
+prints ``exit NAME CODE`` for each, then exits 0.
 
 The scripted models here are the frameworks' own offline test models
 (``agents.testing.ScriptedModel``, pydantic-ai's ``FunctionModel``, and a
@@ -34,6 +35,7 @@ SLOW: dict[str, Any] = {
     "max_wait": 1000.0,
 }  # nothing written by the timer: only what we say
 _block: dict[str, str | None] = {"signal": None}
+_ready: list[asyncio.Event] = []  # set: announce only once it is set (LangGraph)
 
 
 async def _in_tool() -> None:
@@ -41,6 +43,8 @@ async def _in_tool() -> None:
     signame = _block["signal"]
     if signame is None:
         return
+    for ready in _ready:
+        await ready.wait()
     os.write(1, f"in-tool {signame} {os.getpid()}\n".encode())
     await asyncio.sleep(3600)
 
@@ -212,8 +216,11 @@ def langchain_problems(messages: list[Any]) -> list[str]:
     return problems
 
 
-def langgraph_graph(saver: Any) -> Any:
-    """A model node and a ToolNode, the model a plain function checking its input."""
+def langgraph_graph(saver: Any, calls: list[str] | None = None) -> Any:
+    """A model node and a ToolNode, the model a plain function checking its input.
+
+    ``calls``, if given, gets the last message's text at each model call.
+    """
     from langchain_core.messages import AIMessage, AnyMessage, ToolMessage
     from langchain_core.tools import StructuredTool
     from langgraph.graph import END, START, StateGraph
@@ -240,6 +247,8 @@ def langgraph_graph(saver: Any) -> Any:
         if problems:
             raise ValueError("; ".join(problems))
         last = messages[-1]
+        if calls is not None:
+            calls.append(str(last.content))
         if isinstance(last, ToolMessage):
             return {"messages": [AIMessage(f"done: {last.content}")]}
         call = {"name": "lookup", "args": {"q": str(last.content)}, "id": f"call-{len(messages)}"}
@@ -258,12 +267,52 @@ CONFIG: Any = {"configurable": {"thread_id": "chat"}}  # a RunnableConfig
 
 
 async def langgraph_crash(root: str, signame: str) -> None:
+    """Two durable turns, then a third, ``"async"``, signalled in its tool.
+
+    LangGraph's ``"async"`` durability puts a step's checkpoint from a
+    background task chained after the previous put, so the tool node can be
+    running before the checkpoint that schedules it reaches ``aput`` at all.
+    The tool waits for that ``aput``, and that ``aput`` finds the worker
+    threads busy (their limiter held), as on a loaded machine: the signal
+    lands after LangGraph handed the checkpoint over and before a worker
+    thread encoded it, each time.
+    """
+    await _langgraph_run(root, signame, hand_over=True)
+
+
+async def langgraph_crash_unput(root: str, signame: str) -> None:
+    """``langgraph_crash``, but the signal lands before that checkpoint reaches the saver.
+
+    As when LangGraph's background put still waits for the previous one:
+    ``aput`` of the checkpoint that schedules the tool node never returns
+    and never calls the saver's.
+    """
+    await _langgraph_run(root, signame, hand_over=False)
+
+
+async def _langgraph_run(root: str, signame: str, *, hand_over: bool) -> None:
+    import anyio.to_thread
     from langchain_core.messages import HumanMessage
 
     from checkpointer import JournalStore
     from checkpointer.langgraph import CheckpointSaver
 
-    async with CheckpointSaver(JournalStore(root), **SLOW) as saver:
+    ready = asyncio.Event()
+    _ready.append(ready)
+
+    class Saver(CheckpointSaver):
+        async def aput(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            if _block["signal"] is not None and "branch:to:tools" in new_versions:
+                if not hand_over:
+                    ready.set()
+                    await asyncio.Event().wait()
+                limiter = anyio.to_thread.current_default_thread_limiter()
+                limiter.total_tokens = 1
+                await limiter.acquire_on_behalf_of(ready)  # never released
+                ready.set()
+            return await super().aput(config, checkpoint, metadata, new_versions)
+
+    async with Saver(JournalStore(root), **SLOW) as saver:
         graph = langgraph_graph(saver)
         for turn in TURNS[:2]:
             await graph.ainvoke({"messages": [HumanMessage(turn)]}, CONFIG, durability="sync")
@@ -271,15 +320,25 @@ async def langgraph_crash(root: str, signame: str) -> None:
         await graph.ainvoke({"messages": [HumanMessage(TURNS[2])]}, CONFIG, durability="async")
 
 
-CRASHES: dict[str, Callable[[str, str], Coroutine[Any, Any, None]]] = {
-    "openai_agents": openai_crash,
-    "pydantic_ai": pydantic_crash,
-    "langgraph": langgraph_crash,
+Crash = Callable[[str, str], Coroutine[Any, Any, None]]  # (root, signal name)
+
+# Each framework's agents: (name, the signal it gets, the agent), under ROOT/<name>.
+AGENTS: dict[str, list[tuple[str, str, Crash]]] = {
+    "openai_agents": [("KILL", "KILL", openai_crash), ("TERM", "TERM", openai_crash)],
+    "pydantic_ai": [("KILL", "KILL", pydantic_crash), ("TERM", "TERM", pydantic_crash)],
+    "langgraph": [
+        ("KILL", "KILL", langgraph_crash),
+        ("TERM", "TERM", langgraph_crash),
+        ("UNPUT", "TERM", langgraph_crash_unput),
+    ],
 }
 
 
 def crash_in_tool(framework: str, base: str, *, timeout: float = 300.0) -> dict[str, int]:
     """Run this program; signal each agent once it is inside its tool; return the exit codes.
+
+    Returns:
+        Each agent's exit code (``-9``, ``-15``) by its name in ``AGENTS``.
 
     Raises:
         AssertionError: the program did not get there (its stderr is in the message).
@@ -305,22 +364,22 @@ def crash_in_tool(framework: str, base: str, *, timeout: float = 300.0) -> dict[
             try:
                 assert proc.stdout is not None
                 for raw in proc.stdout:
-                    word, signame, number = raw.decode().split()
+                    word, name, number = raw.decode().split()
                     if word == "in-tool":
-                        os.kill(int(number), getattr(signal, "SIG" + signame))
+                        os.kill(int(number), getattr(signal, "SIG" + name))
                     elif word == "exit":
-                        codes[signame] = int(number)
+                        codes[name] = int(number)
                 proc.wait()
             finally:
                 watchdog.cancel()
         errors.seek(0)
-        assert proc.returncode == 0 and len(codes) == 2, errors.read().decode()[-3000:]
+        done = proc.returncode == 0 and len(codes) == len(AGENTS[framework])
+        assert done, errors.read().decode()[-3000:]
     return codes
 
 
 def main() -> None:
     framework, base = sys.argv[1], sys.argv[2]
-    crash = CRASHES[framework]
     if framework == "openai_agents":
         import agents  # noqa: F401 -- imported once, before the forks
     elif framework == "pydantic_ai":
@@ -328,17 +387,17 @@ def main() -> None:
     else:
         import langgraph.graph  # noqa: F401
     pids: dict[str, int] = {}
-    for signame in ("KILL", "TERM"):
+    for name, signame, crash in AGENTS[framework]:
         pid = os.fork()
         if pid == 0:
             try:
-                asyncio.run(crash(os.path.join(base, signame), signame))
+                asyncio.run(crash(os.path.join(base, name), signame))
             finally:
                 os._exit(3)  # the agent returned or raised: it should have been killed
-        pids[signame] = pid
-    for signame, pid in pids.items():
+        pids[name] = pid
+    for name, pid in pids.items():
         _, status = os.waitpid(pid, 0)
-        os.write(1, f"exit {signame} {os.waitstatus_to_exitcode(status)}\n".encode())
+        os.write(1, f"exit {name} {os.waitstatus_to_exitcode(status)}\n".encode())
 
 
 if __name__ == "__main__":

@@ -53,7 +53,10 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-_INSTALL_HINT = "PostgresStore needs psycopg 3: pip install 'agent-checkpointer[postgres]'"
+_INSTALL_HINT = (
+    "PostgresStore needs psycopg 3: pip install 'psycopg[binary]>=3.1' "
+    "(the postgres extra: pip install -e '.[postgres]' in a clone of agent-checkpointer)"
+)
 
 SLOW_BYTES_PER_SECOND = 8 << 20
 """What a write may take longer than a small one: a second per 8 MiB it sends.
@@ -393,7 +396,7 @@ class ConnectionPart(SchemaPart):
         elif "does not exist" in low and "role" in low:
             hint = "create the role or fix user in the DSN"
         elif "refused" in low:
-            hint = "is the server running and listening on that host and port?"
+            hint = "start the server, or fix host and port in the DSN"  # libpq asks if it runs
         elif "timeout" in low or "timed out" in low:
             hint = f"no answer within connect_timeout={self.connect_timeout:g}s"
         elif "resolve" in low or "name or service not known" in low:

@@ -1,0 +1,81 @@
+"""The Python blocks of the README and of the pages under docs/, for the tests that run them.
+
+Every ```` ```python ```` block runs as written, in a fresh interpreter, the
+blocks of one page in order in one directory.  A block that cannot run on its
+own says so on the line just above its fence, with a reason the reader sees
+in the page's source::
+
+    <!-- docs-test: postgres -->          run by tests/test_postgres.py, with
+                                          CHECKPOINTER_DSN naming its server
+    <!-- docs-test: skip: REASON -->      not run; REASON says why
+
+A marker without a reason, or of another kind, fails the collection.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_FENCE = re.compile(r"^```(\w*)\s*$")
+_MARK = re.compile(r"^<!--\s*docs-test:\s*(.*?)\s*-->$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One Python block: where it is, its code, how it runs (``run``, ``postgres``, ``skip``)."""
+
+    page: Path
+    line: int
+    code: str
+    mode: str
+    reason: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+
+def pages() -> list[Path]:
+    """The README and every Markdown page under docs/, in a stable order."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def python_blocks(page: Path) -> list[Block]:
+    """The page's ```python``` (and ```py```) blocks with their markers."""
+    lines = page.read_text(encoding="utf-8").split("\n")
+    blocks: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if m is None:
+            i += 1
+            continue
+        start, lang = i, m.group(1)
+        i += 1
+        while i < len(lines) and not lines[i].startswith("```"):
+            i += 1
+        if lang in ("python", "py"):
+            code = "\n".join(lines[start + 1 : i]) + "\n"
+            mode, reason = _marker(page, lines, start)
+            blocks.append(Block(page, start + 1, code, mode, reason))
+        i += 1
+    return blocks
+
+
+def _marker(page: Path, lines: list[str], fence: int) -> tuple[str, str]:
+    above = lines[fence - 1].strip() if fence > 0 else ""
+    m = _MARK.match(above)
+    if m is None:
+        return "run", ""
+    kind, _, reason = m.group(1).partition(":")
+    kind, reason = kind.strip(), reason.strip()
+    where = f"{page.relative_to(ROOT)}:{fence + 1}"
+    if kind == "postgres":
+        return "postgres", "needs a PostgreSQL server (tests/test_postgres.py runs it)"
+    if kind == "skip" and reason:
+        return "skip", reason
+    raise ValueError(f"{where}: bad docs-test marker {above!r}; use 'postgres' or 'skip: REASON'")

@@ -1,0 +1,98 @@
+"""The documentation: the site builds with --strict, and every Python block in it runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import checkpointer
+from checkpointer import langgraph, openai_agents, pydantic_ai
+
+from .docblocks import ROOT, pages, python_blocks
+
+DOC_PAGES = [p for p in pages() if p.name != "README.md"]
+
+
+def test_site_builds_strict(tmp_path: Path) -> None:
+    """`mkdocs build --strict` succeeds: no broken link, anchor or API reference."""
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or "mkdocs"
+    proc = subprocess.run(
+        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "site" / "reference" / "api" / "index.html").is_file()
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: str(p.relative_to(ROOT / "docs")))
+def test_page_python_blocks_run(page: Path, tmp_path: Path) -> None:
+    """A docs page's Python blocks run in order, each in a fresh interpreter, in one directory."""
+    for block in python_blocks(page):
+        if block.mode != "run":
+            continue
+        proc = subprocess.run(
+            [sys.executable, "-c", block.code],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, f"{block.where}\n{block.code}\n--- stderr:\n{proc.stderr}"
+
+
+def test_few_blocks_are_not_run() -> None:
+    """A block that does not run says why, and they are few (the PostgreSQL ones run elsewhere)."""
+    blocks = [b for p in pages() for b in python_blocks(p)]
+    assert len(blocks) >= 15
+    skipped = [b for b in blocks if b.mode == "skip"]
+    assert len(skipped) <= 3, [b.where for b in skipped]
+    assert all(b.reason for b in skipped)
+
+
+def _documented_names(page: Path) -> set[str]:
+    text = page.read_text(encoding="utf-8")
+    return {line.split()[1] for line in text.splitlines() if line.startswith("::: ")}
+
+
+def test_api_reference_covers_the_public_api() -> None:
+    """Every name in checkpointer.__all__ has an entry in the API reference, and every adapter."""
+    listed = _documented_names(ROOT / "docs" / "reference" / "api.md")
+    assert {f"checkpointer.{n}" for n in checkpointer.__all__} <= listed
+    adapters = _documented_names(ROOT / "docs" / "reference" / "adapters.md")
+    assert {m.__name__ for m in (openai_agents, pydantic_ai, langgraph)} <= adapters
+
+
+def test_site_output_is_ignored() -> None:
+    """The built site (site/) is not committed: .gitignore names it."""
+    ignored = (ROOT / ".gitignore").read_text(encoding="utf-8").split()
+    assert "site/" in ignored
+
+
+def test_readme_links_resolve() -> None:
+    """Every relative link of the README names a file of the repository (its anchors, one on it)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    anchors = {_slug(h) for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if "://" in target:
+            continue
+        path, _, anchor = target.partition("#")
+        if path:
+            assert (ROOT / path).exists(), f"README links to {target}: no such file"
+        else:
+            assert anchor in anchors, f"README links to {target}: no such heading"
+
+
+def _slug(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")

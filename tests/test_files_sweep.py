@@ -81,14 +81,15 @@ def test_a_pid_one_sweep_keeps_the_temp_of_another_pid_one_write_in_flight(tmp_p
     assert os.listdir(tmp_path) == ["a.json"]
 
 
-def test_a_pid_one_sweep_removes_unlocked_debris_and_an_empty_temp_once_old(tmp_path: Path) -> None:
-    """Unlocked debris of another pid-1 run goes; an empty temp (maybe not locked yet) waits."""
+def test_a_pid_one_sweep_removes_unlocked_debris_and_a_new_temp_once_old(tmp_path: Path) -> None:
+    """Unlocked debris of another pid-1 run goes; a temp of mode 000 (maybe unlocked yet) waits."""
     other = "s" + "0" * 15
-    debris, empty = (tmp_path / f".{key}.json.1.{other}q1w2e3r4.tmp" for key in "ab")
-    debris.write_bytes(b"{half")
-    empty.write_bytes(b"")
+    debris, new = (tmp_path / f".{key}.json.1.{other}q1w2e3r4.tmp" for key in "ab")
+    debris.write_bytes(b"")  # killed after its lock, before a byte: mode 0600 all the same
+    new.write_bytes(b"")
+    new.chmod(0)  # as a writer creates it, until it holds its lock
     assert sweep_as_pid_one(tmp_path) == [debris.name]
-    assert os.listdir(tmp_path) == [empty.name]
-    later = atomic.STALE_AFTER + empty.stat().st_mtime
+    assert os.listdir(tmp_path) == [new.name]
+    later = atomic.STALE_AFTER + new.stat().st_mtime
     assert atomic.sweep_temps(str(tmp_path), now=lambda: later - 1) == []
-    assert atomic.sweep_temps(str(tmp_path), now=lambda: later) == [str(empty)]
+    assert atomic.sweep_temps(str(tmp_path), now=lambda: later) == [str(new)]

@@ -29,7 +29,7 @@ from checkpointer import SummaryCheckpoint, load_summary, write_summary
 
 WHEN = datetime(2025, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
 BODY = "Body: with: colons # and hash\n- a dash\n'quotes' \"dq\"\n---\nZürich 🚀\n"
-KEYS = ["session-42", "yes", "null", "123", "0x10", "-x", "k" * 200, "a-" * 100, "2025-05-01"]
+KEYS = ["session-42", "yes", "123", "k" * 200, "a-" * 100]  # YAML retypes, long lines
 
 
 def front_and_body(path: Path) -> tuple[str, str]:

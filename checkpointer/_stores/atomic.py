@@ -23,9 +23,10 @@ The recipe (``../shared/FACTS.md``, "Durable atomic replace on Linux"):
 that a live writer is about to rename.  What proves a write live is a lock:
 the writer holds an ``flock`` on its temp file from right after creating it
 until after the rename, and the sweep removes only a temp it can lock
-itself (non-blocking); one that is still empty (its writer may have
-created it an instant ago and not locked it yet) or on a filesystem
-without flock only once it has not changed for ``STALE_AFTER`` seconds.
+itself (non-blocking); one still of mode 000 (a temp is created so, and
+gets its mode once locked: its writer may have created it an instant ago)
+or on a filesystem without flock only once it has not changed for
+``STALE_AFTER`` seconds.
 The kernel drops the lock when the writer dies, even by SIGKILL, so the
 debris of a killed run goes at the next open.  A pid cannot say it: two
 containers on one volume are both pid 1, each in its own pid namespace,
@@ -50,7 +51,6 @@ import os
 import re
 import secrets
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 
@@ -67,8 +67,8 @@ __all__ = [
 ]
 
 STALE_AFTER = 600.0
-"""Seconds since its last change before an empty unlocked temp, or one on a filesystem
-without flock, may be swept."""
+"""Seconds since its last change before an unlocked temp of mode 000, or one on a
+filesystem without flock, may be swept."""
 
 _TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<rest>[A-Za-z0-9_]+)\.tmp$")
 # The tag and mkstemp's 8 random characters; an older name has the 8 only.
@@ -236,10 +236,10 @@ def write_atomic(
     pid, tag = _me()
     prefix = f".{name}.{pid}.{tag}"
     try:
-        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+        fd, tmp = _new_temp(directory, prefix)
     except FileNotFoundError:  # first write: make the directory (a syscall saved per write)
         makedirs_durable(directory, dir_mode)
-        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+        fd, tmp = _new_temp(directory, prefix)
     try:
         try:
             _hold(fd)
@@ -255,6 +255,17 @@ def write_atomic(
         os.close(fd)  # the lock goes with it, after the rename: the sweep's proof of a live write
     fsync_dir(directory, fsync)
     return size
+
+
+def _new_temp(directory: str, prefix: str) -> tuple[int, str]:
+    """``mkstemp``, but mode 000 until locked (``_UNLOCKED_YET``): the sweep's sign."""
+    for _ in range(100):
+        tmp = os.path.join(directory, f"{prefix}{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, _TEMP_FLAGS, 0), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temp file name", prefix)
 
 
 def _hold(fd: int) -> None:
@@ -284,7 +295,7 @@ def _write_atomic_at(
     for _ in range(100):  # as mkstemp does, a fresh random name until one is free
         tmp = f"{prefix}{secrets.token_hex(4)}.tmp"  # 8 characters, as mkstemp's
         try:
-            fd = os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+            fd = os.open(tmp, _TEMP_FLAGS, 0, dir_fd=dir_fd)
             break
         except FileExistsError:
             continue
@@ -377,9 +388,10 @@ def sweep_temps(directory: str, now: Callable[[], float] = time.time) -> list[st
 def _remove_abandoned(path: str, now: float) -> bool:
     """Unlink the temp ``path`` if nobody writes it; the unlink is made holding its lock.
 
-    A regular file goes when no process holds its lock and it holds bytes
-    (a writer locks its temp before it writes a byte) or, empty or on a
-    filesystem without flock, when it is ``STALE_AFTER`` seconds old.
+    A regular file goes when no process holds its lock and its mode is set
+    (a writer creates its temp with mode 000, locks it, then sets the mode)
+    or, mode 000 or on a filesystem without flock, when it is ``STALE_AFTER``
+    seconds old.
     Anything else under a temp's name (a link, a fifo) is no writer's temp.
 
     Returns:
@@ -398,8 +410,9 @@ def _remove_abandoned(path: str, now: float) -> bool:
             free = _try_lock(fd)
             if free is False:
                 return False  # a live writer holds it, whatever its pid says
-            if (free is None or not st.st_size) and now - st.st_mtime < STALE_AFTER:
-                return False  # maybe created a moment ago, its lock not taken yet
+            fresh = free is None or not stat.S_IMODE(st.st_mode)
+            if fresh and now - st.st_mtime < STALE_AFTER:
+                return False  # mode 000: created a moment ago, maybe, its lock not taken yet
         os.unlink(path)
         return True
     finally:

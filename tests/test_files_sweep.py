@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from checkpointer._stores import atomic
 
 AS_PID_ONE = """
@@ -81,7 +83,9 @@ def test_a_pid_one_sweep_keeps_the_temp_of_another_pid_one_write_in_flight(tmp_p
     assert os.listdir(tmp_path) == ["a.json"]
 
 
-def test_a_pid_one_sweep_removes_unlocked_debris_and_a_new_temp_once_old(tmp_path: Path) -> None:
+def test_a_pid_one_sweep_removes_unlocked_debris_and_a_new_temp_once_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Unlocked debris of another pid-1 run goes; a temp of mode 000 (maybe unlocked yet) waits."""
     other = "s" + "0" * 15
     debris, new = (tmp_path / f".{key}.json.1.{other}q1w2e3r4.tmp" for key in "ab")
@@ -91,5 +95,7 @@ def test_a_pid_one_sweep_removes_unlocked_debris_and_a_new_temp_once_old(tmp_pat
     assert sweep_as_pid_one(tmp_path) == [debris.name]
     assert os.listdir(tmp_path) == [new.name]
     later = atomic.STALE_AFTER + new.stat().st_mtime
+    real = atomic._me()
+    monkeypatch.setattr(atomic, "_me", lambda: (1, real[1]))  # pid 1 here too
     assert atomic.sweep_temps(str(tmp_path), now=lambda: later - 1) == []
     assert atomic.sweep_temps(str(tmp_path), now=lambda: later) == [str(new)]

@@ -23,10 +23,12 @@ The recipe (``../shared/FACTS.md``, "Durable atomic replace on Linux"):
 that a live writer is about to rename.  What proves a write live is a lock:
 the writer holds an ``flock`` on its temp file from right after creating it
 until after the rename, and the sweep removes only a temp it can lock
-itself (non-blocking); one still of mode 000 (a temp is created so, and
-gets its mode once locked: its writer may have created it an instant ago)
-or on a filesystem without flock only once it has not changed for
-``STALE_AFTER`` seconds.
+itself (non-blocking).  A temp still of mode 000 (a temp is created so,
+and gets its mode once locked: its writer may have created it an instant
+ago) that names our own pid goes only once it has not changed for
+``STALE_AFTER`` seconds; one naming a pid not alive here goes at once (a
+writer in another pid namespace is at risk then only in the instant
+between creating its temp and locking it).
 The kernel drops the lock when the writer dies, even by SIGKILL, so the
 debris of a killed run goes at the next open.  A pid cannot say it: two
 containers on one volume are both pid 1, each in its own pid namespace,
@@ -380,18 +382,19 @@ def sweep_temps(directory: str, now: Callable[[], float] = time.time) -> list[st
         # already, not ours, a directory) must not stop the sweep or fail
         # the store's open().
         with contextlib.suppress(OSError):
-            if _remove_abandoned(path, now()):
+            if _remove_abandoned(path, now(), patient=int(match["pid"]) == _me()[0]):
                 removed.append(path)
     return removed
 
 
-def _remove_abandoned(path: str, now: float) -> bool:
+def _remove_abandoned(path: str, now: float, *, patient: bool) -> bool:
     """Unlink the temp ``path`` if nobody writes it; the unlink is made holding its lock.
 
     A regular file goes when no process holds its lock and its mode is set
-    (a writer creates its temp with mode 000, locks it, then sets the mode)
-    or, mode 000 or on a filesystem without flock, when it is ``STALE_AFTER``
-    seconds old.
+    (a writer creates its temp with mode 000, locks it, then sets the mode).
+    One of mode 000, or on a filesystem without flock, that names our own
+    pid (``patient``: another container's pid 1 is ours too) waits until it
+    is ``STALE_AFTER`` seconds old; with another pid, that pid was found dead.
     Anything else under a temp's name (a link, a fifo) is no writer's temp.
 
     Returns:
@@ -411,7 +414,7 @@ def _remove_abandoned(path: str, now: float) -> bool:
             if free is False:
                 return False  # a live writer holds it, whatever its pid says
             fresh = free is None or not stat.S_IMODE(st.st_mode)
-            if fresh and now - st.st_mtime < STALE_AFTER:
+            if fresh and patient and now - st.st_mtime < STALE_AFTER:
                 return False  # mode 000: created a moment ago, maybe, its lock not taken yet
         os.unlink(path)
         return True

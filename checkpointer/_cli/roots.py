@@ -45,6 +45,7 @@ from checkpointer import (
     TornTail,
     load,
 )
+from checkpointer._stores.atomic import fsync_dir
 from checkpointer._stores.base import KEY_PATTERN, check_key
 from checkpointer._stores.flock import probe_file_lock
 from checkpointer._stores.safefs import UnsafeFile, describe, read_checked
@@ -355,7 +356,29 @@ class DirectoryRoot:
             else:
                 if stale is not None:
                     done.append(Removal(lock_path, "removed", stale, lock=True))
+        return _durably(self.where, done)
+
+
+def _durably(where: str, done: list[Removal]) -> list[Removal]:
+    """``done``, once the removals in ``where`` are durable: one fsync of the directory.
+
+    An unlink is undone by a power cut until its directory is fsynced: a
+    pruned checkpoint would come back.  If that fsync fails, each removal
+    says so instead of "removed".
+    """
+    if not any(removal.outcome == "removed" for removal in done):
         return done
+    try:
+        fsync_dir(where)
+    except OSError as exc:
+        problem = f"removed, but {where} could not be synced ({why(exc)}): it may come back"
+        return [
+            r._replace(outcome="failed", why=f"{r.path}: {problem}")
+            if r.outcome == "removed"
+            else r
+            for r in done
+        ]
+    return done
 
 
 # -- a PostgreSQL store ----------------------------------------------------------

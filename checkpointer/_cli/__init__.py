@@ -230,6 +230,18 @@ def _build_parser() -> argparse.ArgumentParser:
     prune_.add_argument(
         "-n", "--dry-run", action="store_true", help="list what would go, remove nothing"
     )
+    prune_.add_argument(
+        "--summaries",
+        action="store_true",
+        help="also remove summary checkpoints (sessions/KEY/checkpoint.md) older than "
+        "DURATION whose key has no checkpoint left after the prune (kept by default)",
+    )
+    prune_.add_argument(
+        "--corrupt",
+        action="store_true",
+        help="also remove corrupt files a writer moved aside (KEY.corrupt-<UTC time>) "
+        "more than DURATION ago (kept by default)",
+    )
     _pg_arguments(prune_)
 
     demo_ = commands.add_parser(

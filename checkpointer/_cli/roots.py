@@ -4,7 +4,12 @@
 what it holds (``scan``), what one checkpoint holds (``measure``, ``load``,
 ``raw``), who holds a key's writer lock (``lock``, which only looks), and
 prune's deletion of a key's old checkpoints under that key's lock, each
-checked again once the lock is held (``delete``).
+checked again once the lock is held (``delete``).  Besides its checkpoints a
+directory may hold summary checkpoints (``sessions/<key>/checkpoint.md``)
+and corrupt files a writer moved aside (``<key>.corrupt-<UTC time>``):
+``extras`` lists them for ``ls`` and for ``prune --summaries/--corrupt``,
+whose ``delete`` removes them too, reaching ``sessions/<key>/`` without
+following a link (``safefs.open_subdir``).
 
 * ``DirectoryRoot``: a ``FileStore`` / ``JournalStore`` root.  The file kinds
   are listed once (``_KINDS``): snapshots ``<key>.json`` and journals
@@ -27,15 +32,17 @@ extra.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, Protocol
 
 from checkpointer import (
     Checkpoint,
+    CheckpointError,
     FileStore,
     JournalStore,
     KeyLocked,
@@ -43,15 +50,25 @@ from checkpointer import (
     PostgresStoreError,
     TornTail,
     load,
+    load_summary,
 )
+from checkpointer._stores.atomic import fsync_dir, fsync_fd
 from checkpointer._stores.base import KEY_PATTERN, check_key
 from checkpointer._stores.flock import probe_file_lock
-from checkpointer._stores.safefs import UnsafeFile, describe, read_checked
+from checkpointer._stores.safefs import (
+    UnsafeFile,
+    describe,
+    open_dir,
+    open_subdir,
+    read_checked,
+)
 
 __all__ = [
     "EPOCH",
     "DirectoryRoot",
     "Entry",
+    "Extra",
+    "Extras",
     "Loaded",
     "LockView",
     "PostgresRoot",
@@ -125,6 +142,23 @@ class Words(NamedTuple):
     count_hint: bool  # show of an unknown key says how many ``ls`` lists
 
 
+class Extra(NamedTuple):
+    """A summary checkpoint (kind "summary") or a corrupt file moved aside ("corrupt")."""
+
+    entry: Entry  # a summary's path is its checkpoint.md
+    size: int
+    time: datetime  # a summary's created_at (its file's time if unreadable); when moved aside
+    problem: str | None = None  # something planted in its place: left alone
+    unreadable: str | None = None  # a summary that cannot be read (its time is its file's)
+
+
+class Extras(NamedTuple):
+    """The summaries and corrupt files of a root, and what is planted on the way to them."""
+
+    found: list[Extra]
+    problems: list[str]  # ``sessions`` a link or a file, ...: its summaries are not looked at
+
+
 Recheck = Callable[[Entry], str | None]
 """For ``delete``: why to keep an entry after all (written since it was listed), or None."""
 
@@ -137,6 +171,7 @@ class Root(Protocol):
     kinds: tuple[str, ...]  # the entry kinds it can hold (more than one: shown)
     lock_files: bool  # its locks are files, left behind stale by a writer that died
     mtimes: bool  # an entry has a time of its own (a file's), used when its meta is unreadable
+    has_extras: bool  # it may hold summaries and corrupt files (``extras``)
     failure: tuple[type[Exception], ...]  # raised by any call: ends the command (a server down)
 
     def close(self) -> None:
@@ -166,6 +201,12 @@ class Root(Protocol):
     def planted(self, entry: Entry) -> str | None:
         """Why prune must leave ``entry`` alone (not a file this library made), or None."""
 
+    def extras(self) -> Extras:
+        """Its summary checkpoints and corrupt files moved aside (none: a PostgreSQL store)."""
+
+    def extra(self, entry: Entry) -> Extra | None:
+        """A summary or corrupt file looked at (again); None: it is gone."""
+
     def delete(
         self,
         key: str,
@@ -179,6 +220,7 @@ class Root(Protocol):
         Each is looked at again once the lock is held (``recheck``), since a
         writer may have resumed and written the key after it was listed.
         ``stale``: the key's stale lock file goes too, for this reason.
+        A summary among ``old`` goes only while the key has no checkpoint.
         """
 
 
@@ -206,7 +248,28 @@ _KINDS: tuple[_Kind, ...] = (
 )
 _BY_NAME = {kind.name: kind for kind in _KINDS}
 LOCK_SUFFIX = ".lock"
-_ASIDE = re.compile(r"\.corrupt-\d{8}T\d{6}(\.\d+)?Z$")
+_ASIDE = re.compile(r"\.corrupt-(\d{8}T\d{6})(\.\d+)?Z$")
+SESSIONS, SUMMARY = "sessions", "checkpoint.md"
+_SUMMARY_TEMP = re.compile(r"\.checkpoint\.md\..+\.tmp")  # a write_summary that died
+
+
+def _summary_stat(fd: int, path: str) -> os.stat_result:
+    """The ``checkpoint.md`` in the directory ``fd``, not followed; UnsafeFile: not a file."""
+    st = os.stat(SUMMARY, dir_fd=fd, follow_symlinks=False)
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFile(path, describe(st, path, fd))
+    return st
+
+
+def _moved_aside(name: str) -> datetime | None:
+    """When a writer moved ``name`` aside, from the UTC time in its name (None: not an aside)."""
+    match = _ASIDE.search(name)
+    if match is None:
+        return None
+    try:
+        return datetime.strptime(match.group(1), "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
+    except ValueError:  # a stamp outside the calendar: a name the library never gives
+        return EPOCH
 
 
 class DirectoryRoot:
@@ -222,6 +285,7 @@ class DirectoryRoot:
     kinds: tuple[str, ...] = tuple(kind.name for kind in _KINDS)
     lock_files = True
     mtimes = True
+    has_extras = True
     failure: tuple[type[Exception], ...] = ()
 
     def __init__(self, root: str) -> None:
@@ -294,6 +358,9 @@ class DirectoryRoot:
         return [os.path.join(self.where, name) for name in names if _ASIDE.search(name)]
 
     def planted(self, entry: Entry) -> str | None:
+        if entry.kind == "summary":
+            extra = self.extra(entry)
+            return None if extra is None else extra.problem
         try:
             st = os.lstat(entry.path)
         except OSError:
@@ -301,6 +368,113 @@ class DirectoryRoot:
         if stat.S_ISREG(st.st_mode):
             return None
         return str(UnsafeFile(entry.path, describe(st, entry.path)))
+
+    def extras(self) -> Extras:
+        found: list[Extra] = []
+        for path in self.asides():
+            key = _ASIDE.sub("", os.path.basename(path))
+            if not KEY_PATTERN.fullmatch(key):
+                continue  # not a name a writer gives
+            extra = self.extra(Entry(key, "corrupt", path))
+            if extra is not None:
+                found.append(extra)
+        sessions = os.path.join(self.where, SESSIONS)
+        try:
+            with self._sessions() as fd:
+                names = sorted(os.listdir(fd))
+        except FileNotFoundError:
+            return Extras(found, [])
+        except UnsafeFile as exc:
+            return Extras(found, [str(exc)])
+        except OSError as exc:
+            return Extras(found, [f"cannot list {sessions}: {why(exc)}"])
+        for key in filter(KEY_PATTERN.fullmatch, names):
+            extra = self.extra(Entry(key, "summary", os.path.join(sessions, key, SUMMARY)))
+            if extra is not None:
+                found.append(extra)
+        return Extras(found, [])
+
+    def extra(self, entry: Entry) -> Extra | None:
+        if entry.kind == "corrupt":
+            try:
+                st = os.lstat(entry.path)
+            except OSError:
+                return None
+            # Moved aside then, or touched since: the later (a rename keeps the old mtime).
+            moved = _moved_aside(entry.path) or EPOCH
+            time = max(moved, datetime.fromtimestamp(st.st_mtime, UTC))
+            if not stat.S_ISREG(st.st_mode):
+                return Extra(entry, 0, time, str(UnsafeFile(entry.path, describe(st, entry.path))))
+            return Extra(entry, st.st_size, time)
+        try:
+            with self._summary_dir(entry.key) as (_, fd):
+                st = _summary_stat(fd, entry.path)
+        except FileNotFoundError:
+            return None  # no summary (an empty directory): nothing to show or remove
+        except UnsafeFile as exc:
+            return Extra(entry, 0, EPOCH, str(exc))
+        except OSError as exc:
+            return Extra(entry, 0, EPOCH, unreadable=f"cannot be read: {why(exc)}")
+        mtime = datetime.fromtimestamp(st.st_mtime, UTC)
+        try:
+            summary = load_summary(self.where, entry.key)
+        except CheckpointError as exc:
+            return Extra(entry, st.st_size, mtime, unreadable=exc.reason)
+        if summary is None:
+            return None
+        created = summary.created_at
+        return Extra(entry, st.st_size, created.replace(tzinfo=created.tzinfo or UTC))
+
+    @contextlib.contextmanager
+    def _sessions(self) -> Iterator[int]:
+        """A descriptor of ``sessions/``, reached without following a link below the root."""
+        root = open_dir(self.where)
+        try:
+            fd = open_subdir(root, SESSIONS, os.path.join(self.where, SESSIONS))
+        finally:
+            os.close(root)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _summary_dir(self, key: str) -> Iterator[tuple[int, int]]:
+        """Descriptors of ``sessions/`` and ``sessions/<key>/``, never through a link."""
+        with self._sessions() as sessions:
+            path = os.path.join(self.where, SESSIONS, key)
+            fd = open_subdir(sessions, key, path)
+            try:
+                yield sessions, fd
+            finally:
+                os.close(fd)
+
+    def _remove_summary(self, entry: Entry, reason: str) -> Removal:
+        """Remove a summary and its directory (the lock held), unless a checkpoint came back."""
+        for kind in _KINDS:
+            if os.path.lexists(os.path.join(self.where, entry.key + kind.suffix)):
+                return Removal(entry.path, "kept", "its key has a checkpoint again")
+        directory = os.path.dirname(entry.path)
+        try:
+            with self._summary_dir(entry.key) as (sessions, fd):
+                _summary_stat(fd, entry.path)
+                os.unlink(SUMMARY, dir_fd=fd)
+                for name in os.listdir(fd):  # the temp file of a write that died
+                    if _SUMMARY_TEMP.fullmatch(name):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(name, dir_fd=fd)
+                fsync_fd(fd)
+                try:
+                    os.rmdir(entry.key, dir_fd=sessions)  # a link there: ENOTDIR, left
+                except OSError:
+                    reason += f"; {directory} holds other files, so it stays"
+                else:
+                    fsync_fd(sessions)
+        except FileNotFoundError:
+            return Removal(entry.path, "kept", "gone already")
+        except OSError as exc:
+            return Removal(entry.path, "failed", f"cannot remove {entry.path}: {why(exc)}")
+        return Removal(entry.path, "removed", reason)
 
     def delete(
         self,
@@ -329,6 +503,9 @@ class DirectoryRoot:
                 if kept is not None:
                     done.append(Removal(entry.path, "kept", kept))
                     continue
+                if entry.kind == "summary":
+                    done.append(self._remove_summary(entry, reason))
+                    continue
                 try:
                     os.unlink(entry.path)
                 except FileNotFoundError:
@@ -339,6 +516,8 @@ class DirectoryRoot:
                     )
                     continue
                 done.append(Removal(entry.path, "removed", reason))
+            if any(r.outcome == "removed" for r in done):
+                fsync_dir(self.where)  # the unlinks survive a power cut only so
         finally:
             try:
                 held.release()
@@ -373,6 +552,7 @@ class PostgresRoot:
     kinds: tuple[str, ...] = ("row",)
     lock_files = False
     mtimes = False
+    has_extras = False
     failure: tuple[type[Exception], ...] = (PostgresStoreError,)
 
     def __init__(self, dsn: str, schema: str) -> None:
@@ -411,6 +591,12 @@ class PostgresRoot:
         return []
 
     def planted(self, entry: Entry) -> str | None:
+        return None
+
+    def extras(self) -> Extras:
+        return Extras([], [])
+
+    def extra(self, entry: Entry) -> Extra | None:
         return None
 
     def delete(

@@ -45,7 +45,7 @@ def run(root: Root, args: argparse.Namespace) -> int:
     rows = [_listed(inspect(root, entry).row) for entry in root.scan().entries]
     extras = root.extras()
     summaries = {e.entry.key: e for e in extras.found if e.entry.kind == "summary"}
-    corrupt = [e.entry.path for e in extras.found if e.entry.kind == "corrupt"]
+    corrupt = [e.entry.path for e in extras.found if e.entry.kind == "corrupt" and not e.problem]
     for row in rows:
         _with_summary(row, summaries.get(row.key))
     keys = {r.key for r in rows}
@@ -55,7 +55,7 @@ def run(root: Root, args: argparse.Namespace) -> int:
     status = report.PROBLEM if any(r.error for r in rows) else report.OK
     for problem in extras.problems:
         report.warning("ls", problem)
-    for extra in summaries.values():
+    for extra in extras.found:  # something planted in place of one, or a damaged summary
         if extra.problem or extra.unreadable:
             report.warning("ls", extra.problem or f"{extra.entry.path}: {extra.unreadable}")
     if args.json:

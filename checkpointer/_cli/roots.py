@@ -52,7 +52,7 @@ from checkpointer import (
     load,
     load_summary,
 )
-from checkpointer._stores.atomic import fsync_dir, fsync_fd
+from checkpointer._stores.atomic import fsync_fd
 from checkpointer._stores.base import KEY_PATTERN, check_key
 from checkpointer._stores.flock import probe_file_lock
 from checkpointer._stores.safefs import (
@@ -449,6 +449,13 @@ class DirectoryRoot:
             finally:
                 os.close(fd)
 
+    def _fsync(self) -> None:
+        fd = open_dir(self.where)
+        try:
+            fsync_fd(fd)
+        finally:
+            os.close(fd)
+
     def _remove_summary(self, entry: Entry, reason: str) -> Removal:
         """Remove a summary and its directory (the lock held), unless a checkpoint came back."""
         for kind in _KINDS:
@@ -517,7 +524,7 @@ class DirectoryRoot:
                     continue
                 done.append(Removal(entry.path, "removed", reason))
             if any(r.outcome == "removed" for r in done):
-                fsync_dir(self.where)  # the unlinks survive a power cut only so
+                self._fsync()  # the unlinks survive a power cut only so
         finally:
             try:
                 held.release()

@@ -107,7 +107,7 @@ def test_prune_deletes_old_rows_whose_lock_is_free(fleet: str, schema: str) -> N
 
 
 def test_prune_summaries_and_corrupt_flags_have_nothing_to_do(fleet: str, schema: str) -> None:
-    """--summaries/--corrupt over PostgreSQL: accepted, said to have nothing to do; prune goes on."""
+    """--summaries/--corrupt over PostgreSQL: accepted, said to have nothing to do; prune runs."""
     done = cli("prune", fleet, "--schema", schema, "--older-than", "7d", "--summaries", "--corrupt")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

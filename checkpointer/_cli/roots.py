@@ -63,6 +63,13 @@ from checkpointer._stores.safefs import (
     read_checked,
 )
 
+# What the commands read in a history, passed on to look, show and verify: the
+# transcript helpers' dialects and their scan (this module is the one seam).
+from checkpointer._transcript.dialects import CHAT as CHAT
+from checkpointer._transcript.dialects import describe_shape as describe_shape
+from checkpointer._transcript.dialects import detect as detect
+from checkpointer._transcript.history import scan_history as scan_history
+
 __all__ = [
     "EPOCH",
     "DirectoryRoot",

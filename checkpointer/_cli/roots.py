@@ -8,8 +8,7 @@ checked again once the lock is held (``delete``).  Besides its checkpoints a
 directory may hold summary checkpoints (``sessions/<key>/checkpoint.md``)
 and corrupt files a writer moved aside (``<key>.corrupt-<UTC time>``):
 ``extras`` lists them for ``ls`` and for ``prune --summaries/--corrupt``,
-whose ``delete`` removes them too, reaching ``sessions/<key>/`` without
-following a link (``safefs.open_subdir``).
+whose ``delete`` removes them too (the files themselves: ``sidefiles.py``).
 
 * ``DirectoryRoot``: a ``FileStore`` / ``JournalStore`` root.  The file kinds
   are listed once (``_KINDS``): snapshots ``<key>.json`` and journals
@@ -24,25 +23,22 @@ following a link (``safefs.open_subdir``).
   Locks are the advisory writer locks: ``lock`` asks ``locked_by``;
   ``delete`` holds the key's lock itself while it deletes.
 
-This is the one module of the command line that imports the library's
-private modules; psycopg is imported only by a ``PostgresStore`` that
+This module and ``sidefiles.py`` are the ones of the command line that import
+the library's private modules; psycopg is imported only by a ``PostgresStore`` that
 connects, so the commands over a directory work without the ``[postgres]``
 extra.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import re
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, Protocol
 
 from checkpointer import (
     Checkpoint,
-    CheckpointError,
     FileStore,
     JournalStore,
     KeyLocked,
@@ -50,18 +46,10 @@ from checkpointer import (
     PostgresStoreError,
     TornTail,
     load,
-    load_summary,
 )
-from checkpointer._stores.atomic import fsync_fd
 from checkpointer._stores.base import KEY_PATTERN, check_key
 from checkpointer._stores.flock import probe_file_lock
-from checkpointer._stores.safefs import (
-    UnsafeFile,
-    describe,
-    open_dir,
-    open_subdir,
-    read_checked,
-)
+from checkpointer._stores.safefs import UnsafeFile, describe, read_checked
 
 # What the commands read in a history, passed on to look, show and verify: the
 # transcript helpers' dialects and their scan (this module is the one seam).
@@ -69,6 +57,8 @@ from checkpointer._transcript.dialects import CHAT as CHAT
 from checkpointer._transcript.dialects import describe_shape as describe_shape
 from checkpointer._transcript.dialects import detect as detect
 from checkpointer._transcript.history import scan_history as scan_history
+
+from . import sidefiles
 
 __all__ = [
     "EPOCH",
@@ -255,28 +245,6 @@ _KINDS: tuple[_Kind, ...] = (
 )
 _BY_NAME = {kind.name: kind for kind in _KINDS}
 LOCK_SUFFIX = ".lock"
-_ASIDE = re.compile(r"\.corrupt-(\d{8}T\d{6})(\.\d+)?Z$")
-SESSIONS, SUMMARY = "sessions", "checkpoint.md"
-_SUMMARY_TEMP = re.compile(r"\.checkpoint\.md\..+\.tmp")  # a write_summary that died
-
-
-def _summary_stat(fd: int, path: str) -> os.stat_result:
-    """The ``checkpoint.md`` in the directory ``fd``, not followed; UnsafeFile: not a file."""
-    st = os.stat(SUMMARY, dir_fd=fd, follow_symlinks=False)
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafeFile(path, describe(st, path, fd))
-    return st
-
-
-def _moved_aside(name: str) -> datetime | None:
-    """When a writer moved ``name`` aside, from the UTC time in its name (None: not an aside)."""
-    match = _ASIDE.search(name)
-    if match is None:
-        return None
-    try:
-        return datetime.strptime(match.group(1), "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
-    except ValueError:  # a stamp outside the calendar: a name the library never gives
-        return EPOCH
 
 
 class DirectoryRoot:
@@ -362,7 +330,7 @@ class DirectoryRoot:
             names = sorted(os.listdir(self.where))
         except OSError:
             return []
-        return [os.path.join(self.where, name) for name in names if _ASIDE.search(name)]
+        return [os.path.join(self.where, name) for name in names if sidefiles.ASIDE.search(name)]
 
     def planted(self, entry: Entry) -> str | None:
         if entry.kind == "summary":
@@ -377,118 +345,45 @@ class DirectoryRoot:
         return str(UnsafeFile(entry.path, describe(st, entry.path)))
 
     def extras(self) -> Extras:
-        found: list[Extra] = []
-        for path in self.asides():
-            key = _ASIDE.sub("", os.path.basename(path))
-            if not KEY_PATTERN.fullmatch(key):
-                continue  # not a name a writer gives
-            extra = self.extra(Entry(key, "corrupt", path))
-            if extra is not None:
-                found.append(extra)
-        sessions = os.path.join(self.where, SESSIONS)
+        entries = [Entry(key, "corrupt", path) for key, path in self._asides()]
+        problems: list[str] = []
+        sessions = os.path.join(self.where, sidefiles.SESSIONS)
         try:
-            with self._sessions() as fd:
-                names = sorted(os.listdir(fd))
+            keys = sidefiles.summary_keys(self.where)
         except FileNotFoundError:
-            return Extras(found, [])
-        except UnsafeFile as exc:
-            return Extras(found, [str(exc)])
+            keys = []
+        except UnsafeFile as exc:  # `sessions` planted: none of its summaries looked at
+            keys, problems = [], [str(exc)]
         except OSError as exc:
-            return Extras(found, [f"cannot list {sessions}: {why(exc)}"])
-        for key in filter(KEY_PATTERN.fullmatch, names):
-            extra = self.extra(Entry(key, "summary", os.path.join(sessions, key, SUMMARY)))
-            if extra is not None:
-                found.append(extra)
-        return Extras(found, [])
+            keys, problems = [], [f"cannot list {sessions}: {why(exc)}"]
+        summary = sidefiles.SUMMARY
+        entries += (Entry(key, "summary", os.path.join(sessions, key, summary)) for key in keys)
+        return Extras([e for e in map(self.extra, entries) if e is not None], problems)
+
+    def _asides(self) -> list[tuple[str, str]]:
+        """The corrupt files moved aside of valid keys: (key, path)."""
+        keys = ((sidefiles.ASIDE.sub("", os.path.basename(p)), p) for p in self.asides())
+        return [(key, path) for key, path in keys if KEY_PATTERN.fullmatch(key)]
 
     def extra(self, entry: Entry) -> Extra | None:
         if entry.kind == "corrupt":
-            try:
-                st = os.lstat(entry.path)
-            except OSError:
-                return None
-            # Moved aside then, or touched since: the later (a rename keeps the old mtime).
-            moved = _moved_aside(entry.path) or EPOCH
-            time = max(moved, datetime.fromtimestamp(st.st_mtime, UTC))
-            if not stat.S_ISREG(st.st_mode):
-                return Extra(entry, 0, time, str(UnsafeFile(entry.path, describe(st, entry.path))))
-            return Extra(entry, st.st_size, time)
-        try:
-            with self._summary_dir(entry.key) as (_, fd):
-                st = _summary_stat(fd, entry.path)
-        except FileNotFoundError:
-            return None  # no summary (an empty directory): nothing to show or remove
-        except UnsafeFile as exc:
-            return Extra(entry, 0, EPOCH, str(exc))
-        except OSError as exc:
-            return Extra(entry, 0, EPOCH, unreadable=f"cannot be read: {why(exc)}")
-        mtime = datetime.fromtimestamp(st.st_mtime, UTC)
-        try:
-            summary = load_summary(self.where, entry.key)
-        except CheckpointError as exc:
-            return Extra(entry, st.st_size, mtime, unreadable=exc.reason)
-        if summary is None:
-            return None
-        created = summary.created_at
-        return Extra(entry, st.st_size, created.replace(tzinfo=created.tzinfo or UTC))
-
-    @contextlib.contextmanager
-    def _sessions(self) -> Iterator[int]:
-        """A descriptor of ``sessions/``, reached without following a link below the root."""
-        root = open_dir(self.where)
-        try:
-            fd = open_subdir(root, SESSIONS, os.path.join(self.where, SESSIONS))
-        finally:
-            os.close(root)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
-
-    @contextlib.contextmanager
-    def _summary_dir(self, key: str) -> Iterator[tuple[int, int]]:
-        """Descriptors of ``sessions/`` and ``sessions/<key>/``, never through a link."""
-        with self._sessions() as sessions:
-            path = os.path.join(self.where, SESSIONS, key)
-            fd = open_subdir(sessions, key, path)
-            try:
-                yield sessions, fd
-            finally:
-                os.close(fd)
-
-    def _fsync(self) -> None:
-        fd = open_dir(self.where)
-        try:
-            fsync_fd(fd)
-        finally:
-            os.close(fd)
+            look = sidefiles.look_corrupt(entry.path)
+        else:
+            look = sidefiles.look_summary(self.where, entry.key, entry.path)
+        return None if look is None else Extra(entry, *look)
 
     def _remove_summary(self, entry: Entry, reason: str) -> Removal:
         """Remove a summary and its directory (the lock held), unless a checkpoint came back."""
         for kind in _KINDS:
             if os.path.lexists(os.path.join(self.where, entry.key + kind.suffix)):
                 return Removal(entry.path, "kept", "its key has a checkpoint again")
-        directory = os.path.dirname(entry.path)
         try:
-            with self._summary_dir(entry.key) as (sessions, fd):
-                _summary_stat(fd, entry.path)
-                os.unlink(SUMMARY, dir_fd=fd)
-                for name in os.listdir(fd):  # the temp file of a write that died
-                    if _SUMMARY_TEMP.fullmatch(name):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(name, dir_fd=fd)
-                fsync_fd(fd)
-                try:
-                    os.rmdir(entry.key, dir_fd=sessions)  # a link there: ENOTDIR, left
-                except OSError:
-                    reason += f"; {directory} holds other files, so it stays"
-                else:
-                    fsync_fd(sessions)
+            stays = sidefiles.remove_summary(self.where, entry.key, entry.path)
         except FileNotFoundError:
             return Removal(entry.path, "kept", "gone already")
         except OSError as exc:
             return Removal(entry.path, "failed", f"cannot remove {entry.path}: {why(exc)}")
-        return Removal(entry.path, "removed", reason)
+        return Removal(entry.path, "removed", reason if stays is None else f"{reason}; {stays}")
 
     def delete(
         self,
@@ -531,7 +426,7 @@ class DirectoryRoot:
                     continue
                 done.append(Removal(entry.path, "removed", reason))
             if any(r.outcome == "removed" for r in done):
-                self._fsync()  # the unlinks survive a power cut only so
+                sidefiles.fsync_root(self.where)  # the unlinks survive a power cut only so
         finally:
             try:
                 held.release()

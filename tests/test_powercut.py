@@ -5,14 +5,20 @@ a backing directory, without FUSE.  The rest mounts it through FUSE and
 skips, saying why, where that cannot be done (no ``/dev/fuse``, no
 privilege, no ``fuse3``).  The full run is ``python -m tests.powercut
 --cuts 200 --store all`` (``tests/powercut.py``); here it runs 3 cuts per
-store and model, and each removed fsync is shown to be caught.
+store and model, and each mutation (a removed fsync, the sweep disabled, a
+failed commit reported written) is shown to be caught.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+import select
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,7 +31,7 @@ from checkpointer._stores.atomic import makedirs_durable
 from checkpointer._transcript.summary import safe_watermark
 
 from . import powercut
-from ._powerfs import PowerDisk, PowerFS, label_kind, unavailable
+from ._powerfs import HANG_GUARD, PowerDisk, PowerFS, label_kind, unavailable
 from .children.powercut_child import KEEP_LAST, summary_bytes, summary_text
 from .powercut import check_summary
 from .torture import KEY, state_for
@@ -158,6 +164,28 @@ def test_an_unsynced_unlink_comes_back_with_the_inodes_durable_bytes(
     disk.release(fd)
     disk.cut()
     assert tree(tmp_path / "disk") == {"k.lock": b"zzep" if synced else b"keep"}
+
+
+@pytest.mark.parametrize("model", ["strict", "ext4"])
+def test_an_fsync_of_an_unlinked_truncated_file_is_what_its_durable_name_brings_back(
+    tmp_path: Path, model: str
+) -> None:
+    """O_TRUNC, write, unlink while open, fsync: the unlink is undone, with the new bytes."""
+    disk = durable(tmp_path, {"a": b"old", "b": b"gone"}, model)
+    fd = disk.open("/b", os.O_RDWR)  # an orphan no durable entry names: nothing to keep
+    disk.unlink("/b")
+    sync_dir(disk)
+    disk.write(None, fd, b"x", 0)
+    disk.fsync(None, fd)
+    disk.release(fd)
+    fd = disk.open("/a", os.O_RDWR | os.O_TRUNC)  # the durable bytes are copied aside
+    disk.write("/a", fd, b"new!", 0)
+    disk.unlink("/a")
+    disk.fsync(None, fd)
+    disk.write(None, fd, b"N", 0)  # after the fsync: not durable
+    disk.release(fd)
+    disk.cut()
+    assert tree(tmp_path / "disk") == {"a": b"new!"}
 
 
 def test_a_rename_over_a_durable_file_is_undone_with_both_contents(tmp_path: Path) -> None:
@@ -340,19 +368,27 @@ def test_the_documented_command_loses_nothing(
     assert "| journal | ext4 |" in out
 
 
-@pytest.mark.parametrize("model", ["strict", "ext4"])
 @pytest.mark.parametrize(
-    ("mutation", "seen"),
+    ("mutation", "seen", "model"),
     [
-        ("file-fsync", "does not load"),
-        ("dir-fsync", "the checkpoint is gone"),
-        ("journal-fsync", "older than seq"),
+        *(
+            (mutation, seen, model)
+            for mutation, seen in [
+                ("file-fsync", "does not load"),
+                ("dir-fsync", "the checkpoint is gone"),
+                ("journal-fsync", "older than seq"),
+            ]
+            for model in ("strict", "ext4")
+        ),
+        # Neither depends on the model: one each.
+        ("sweep", "the open left 1 dead writers' temp files", "strict"),
+        ("written-on-failure", "older than seq", "ext4"),
     ],
 )
-def test_the_torture_catches_each_removed_fsync(
+def test_the_torture_catches_each_mutation(
     fuse: None, mutation: str, seen: str, model: str
 ) -> None:
-    """With one fsync removed in the child, an aimed cut loses a reported state: caught."""
+    """A removed fsync, no sweep, Written for a failed commit: an aimed cut shows it."""
     spec = powercut.MUTATIONS[mutation]
     summary = powercut.run(
         powercut.MUTATION_CUTS,
@@ -392,6 +428,38 @@ def test_a_parent_that_cannot_be_looked_at_is_reported_as_such(tmp_path: Path) -
     assert caught.value.errno == errno.ELOOP
 
 
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(done.stdout)
+
+
+def test_listings_on_the_mount_show_every_entry(fuse: None, tmp_path: Path) -> None:
+    """listdir, keys() and open()'s sweep of a dead writer's temp see the files on the mount."""
+    backing = tmp_path / "disk"
+    backing.mkdir()
+    (backing / "a.json").write_bytes(b"{}")
+    (backing / "sub").mkdir()
+    temp = f".a.json.{_dead_pid()}.x1234567.tmp"
+    (backing / temp).write_bytes(b"half")
+    with PowerFS(str(backing), str(tmp_path / "mnt")) as fs:
+        assert sorted(os.listdir(fs.mountpoint)) == sorted([temp, "a.json", "sub"])
+        assert {e.name: e.inode() for e in os.scandir(fs.mountpoint)}["a.json"] == os.stat(
+            backing / "a.json"
+        ).st_ino
+        store = FileStore(fs.mountpoint)
+        assert store.keys() == ["a"]
+        store.open()
+        assert sorted(os.listdir(fs.mountpoint)) == ["a.json", "sub"]
+        fs.unmount()
+    assert sorted(os.listdir(backing)) == ["a.json", "sub"]
+
+
 def test_closing_a_frozen_mount_unmounts_it(fuse: None, tmp_path: Path) -> None:
     """close() after a freeze leaves no mount behind (a frozen root cannot even be stat'ed)."""
     fs = PowerFS(str(tmp_path / "disk"), str(tmp_path / "mnt"))
@@ -400,3 +468,63 @@ def test_closing_a_frozen_mount_unmounts_it(fuse: None, tmp_path: Path) -> None:
     fs.close()
     with open("/proc/self/mounts", encoding="utf-8") as f:
         assert fs.mountpoint not in f.read()
+
+
+_PARENT = """
+import sys
+from tests._powerfs import PowerFS
+fs = PowerFS(sys.argv[1], sys.argv[2])
+fs.mount()
+assert fs._proc is not None
+print(fs._proc.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def _wait_gone(pid: int) -> bool:
+    """Wait (a hang guard, not a timing check) until the process ``pid`` has ended."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], HANG_GUARD)[0])
+    finally:
+        os.close(fd)
+
+
+def _mounts() -> str:
+    with open("/proc/self/mounts", encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_sigkilled_parent_leaves_no_mount_and_no_server(
+    fuse: None, tmp_path: Path, busy: bool
+) -> None:
+    """SIGKILL the process that mounted: its FUSE server unmounts and exits, even if busy."""
+    mountpoint = tmp_path / "mnt"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, str(tmp_path / "disk"), str(mountpoint)],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert parent.stdout is not None
+    server = int(parent.stdout.readline())
+    held = os.open(mountpoint / "held", os.O_RDWR | os.O_CREAT, 0o600) if busy else None
+    try:
+        parent.kill()
+        parent.wait()
+        assert _wait_gone(server), f"the FUSE server {server} outlived its parent"
+        assert f" {mountpoint} " not in _mounts()
+    finally:
+        if held is not None:
+            with contextlib.suppress(OSError):
+                os.close(held)
+        for stream in (parent.stdin, parent.stdout):
+            if stream is not None:
+                stream.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)  # only if the test failed: leave nothing behind
+        subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True, check=False)

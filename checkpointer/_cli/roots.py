@@ -39,6 +39,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from checkpointer import (
     Checkpoint,
+    CheckpointError,
     FileStore,
     JournalStore,
     KeyLocked,
@@ -470,6 +471,9 @@ class PostgresRoot:
         except (ImportError, ValueError) as exc:  # no psycopg, a bad DSN or schema name
             raise RootError(str(exc)) from None
         self.where = self.store.location("")[:-1]
+        # Rows whose key breaks the key rule (put there by SQL, another tool or an
+        # older release): listed under the key escaped, unreadable, never touched.
+        self._invalid: dict[str, str] = {}
 
     def close(self) -> None:
         self.store.close()
@@ -478,22 +482,46 @@ class PostgresRoot:
         pass  # an invalid key is not in the store: show says so
 
     def scan(self) -> Scan:
-        keys = self.store.keys()
-        return Scan([Entry(key, "row", self.store.location(key)) for key in keys], frozenset())
+        entries = []
+        keys: list[str] = self.store.keys()
+        for key in keys:
+            try:
+                check_key(key)
+            except ValueError as exc:
+                shown = _escaped(key)
+                self._invalid[shown] = _escaped(str(exc))
+                entries.append(Entry(shown, "row", f"{self.where}/{shown}"))
+            else:
+                entries.append(Entry(key, "row", self.store.location(key)))
+        return Scan(entries, frozenset())
+
+    def _check(self, entry: Entry) -> None:
+        why = self._invalid.get(entry.key)
+        if why is not None:
+            raise CheckpointError(
+                entry.path,
+                f"a row no writer can use ({why}); written by SQL or another tool? "
+                "rename or delete it with SQL",
+            )
 
     def lock(self, key: str) -> LockView | None:
+        if key in self._invalid:
+            return None  # no writer can take it
         holder = self.store.locked_by(key)
         return None if holder is None else LockView("alive", holder, None)
 
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
+        self._check(entry)
         data = self.store.read(entry.key)  # a damaged journal row: CheckpointError
         return 0 if data is None else len(data), None
 
     def load(self, entry: Entry) -> Loaded | None:
+        self._check(entry)
         checkpoint = load(self.store, entry.key)
         return None if checkpoint is None else _loaded(checkpoint)
 
     def raw(self, entry: Entry) -> bytes | None:
+        self._check(entry)
         return self.store.read(entry.key) or b""
 
     def asides(self) -> list[str]:
@@ -516,6 +544,8 @@ class PostgresRoot:
         recheck: Recheck,
         stale: str | None,
     ) -> list[Removal]:
+        if key in self._invalid:
+            return [Removal(e.path, "kept", "a key no writer can use") for e, _ in old]
         # Held while deleting, so no writer starts on the key midway.
         holder = self.store.acquire(key)
         if holder is not None:
@@ -532,6 +562,11 @@ class PostgresRoot:
         finally:
             self.store.release(key)
         return done
+
+
+def _escaped(text: str) -> str:
+    """``text`` with every character that is not printable escaped (as Python writes it)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def open_root(root: str, *, dsn: str | None, schema: str) -> Root:

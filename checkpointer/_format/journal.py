@@ -32,18 +32,27 @@ ignores it and reports it (``Checkpoint.torn``); a writer opening the
 journal truncates it away.  A damaged line that is not the last one cannot
 come from a crash: that is a ``CheckpointError`` naming the line.
 
+A complete line that is valid JSON but a row this version does not know (a
+``kind`` it has never heard of, a ``format`` above its own, a second header
+of a newer format) cannot come from a crash either, nor is it damage: a
+newer version wrote it.  Wherever it is, the last line included, that is a
+``NewerVersionError`` (the writer then leaves the key alone), never a torn
+tail dropped or a journal moved aside.
+
 Loading takes the last compaction row and applies the committed rows after
 it.  Older rows stay in the file, for audit, until a rewrite.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
-from .._values import CheckpointError, Meta, TornTail
+from .._values import CheckpointError, Meta, NewerVersionError, TornTail
+from .._version import VERSION
 from .envelope import FORMAT, check_format, newer_format
 
 __all__ = [
@@ -146,6 +155,8 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
         except (msgspec.DecodeError, RecursionError) as exc:  # ValidationError included
             if number == 1:
                 check_format(line, path)  # the format and library version, as a snapshot's
+            else:
+                _check_newer_row(line, number, lines[number:], path)
             if number == len(lines) and not partial:
                 unparsable = f"line {number} is not a journal row ({exc})"
                 break
@@ -170,6 +181,8 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
         row = rows[index]
         number = index + 1
         if isinstance(row, _Header):
+            if row.format > FORMAT:
+                raise _newer_row(path, number, f"a header of format {row.format}", row.meta)
             raise CheckpointError(path, f"line {number}: a second header row")
         if isinstance(row, _Compaction):
             compaction = index
@@ -215,6 +228,52 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
         compaction_line=compaction + 1,
         after=rows[compaction + 1 : last_commit + 1],
         torn=torn,
+    )
+
+
+_KINDS = frozenset({"header", "compaction", "message", "state", "meta"})
+
+
+class _AnyRow(msgspec.Struct):
+    """What any row of any version has: a ``kind``; maybe a ``format`` and a ``meta``."""
+
+    kind: str
+    format: int = 0
+    meta: Any = None
+
+
+_ANY_ROW = msgspec.json.Decoder(_AnyRow)
+
+
+def _check_newer_row(line: bytes, number: int, later: list[bytes], path: str) -> None:
+    """Raise ``NewerVersionError`` if ``line`` is a whole row that a newer version wrote."""
+    try:
+        row = _ANY_ROW.decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        return  # not a row of any version: damage (or a torn tail)
+    if row.kind in _KINDS and row.format <= FORMAT:
+        return  # a known row that does not decode: damage
+    what = f"a {row.kind!r} row" + (f" of format {row.format}" if row.format > FORMAT else "")
+    meta = row.meta
+    for after in later:  # else the row that closes its batch says who wrote it
+        if isinstance(meta, dict) and isinstance(meta.get("library_version"), str):
+            break
+        with contextlib.suppress(msgspec.DecodeError, RecursionError):
+            meta = _ANY_ROW.decode(after).meta
+    raise _newer_row(path, number, what, meta)
+
+
+def _newer_row(path: str, number: int, what: str, meta: object) -> NewerVersionError:
+    if isinstance(meta, Meta):
+        written_by: object = meta.library_version
+    else:
+        written_by = meta.get("library_version") if isinstance(meta, dict) else None
+    by = f"agent-checkpointer {written_by}" if isinstance(written_by, str) else "a newer version"
+    return NewerVersionError(
+        path,
+        f"line {number}: {what}, written by {by}, which this agent-checkpointer {VERSION} "
+        "does not know; upgrade agent-checkpointer to read it (the journal is kept as it is)",
+        written_by if isinstance(written_by, str) else None,
     )
 
 

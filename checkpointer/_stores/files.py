@@ -21,6 +21,8 @@ __all__ = ["FileStore"]
 
 logger = logging.getLogger("checkpointer")
 
+_swept: set[tuple[int, str]] = set()  # (pid, root) whose temps this process swept
+
 
 class FileStore:
     """Checkpoints as files: key ``k`` lives at ``root/k.json``.
@@ -61,9 +63,21 @@ class FileStore:
         return os.path.join(self.root, key + self.suffix)
 
     def open(self) -> None:
+        """Called as each writer opens: check the root, sweep dead processes' temps.
+
+        The sweep lists the root, so it runs once per root and process (an
+        agent server opening 10,000 writers on one root lists it once, not
+        10,000 times over 10,000 files); temps a process leaves when it
+        dies are swept by the next process to open the root.
+        """
         check_root(self.root)
+        swept = (os.getpid(), self.root)
+        if swept in _swept:
+            return
         for path in sweep_temps(self.root):
             logger.info("checkpointer: removed stale temp file %s", path)
+        if os.path.isdir(self.root):  # a root made later is swept when it is there
+            _swept.add(swept)
 
     def write(self, key: str, chunks: Sequence[bytes]) -> int:
         check_key(key)

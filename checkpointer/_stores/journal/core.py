@@ -77,6 +77,8 @@ class JournalCore:
     _transcript: Transcript
     _tracks: dict[str, Track]
     _witness_lock: threading.Lock
+    _scratch: bytearray
+    _scratch_lock: threading.Lock
     _row_end: bytes
     _closing_meta: bool
     rewrite_factor: float
@@ -100,6 +102,8 @@ class JournalCore:
         self.rewrite_min_bytes = rewrite_min_bytes
         self._tracks = {}
         self._witness_lock = threading.Lock()  # see _new_messages
+        self._scratch = bytearray()  # see _unsettled_unchanged
+        self._scratch_lock = threading.Lock()
 
     def _threshold(self, live: int) -> int:
         """The size past which a journal whose live content is ``live`` bytes is compacted."""
@@ -195,8 +199,22 @@ class JournalCore:
             live: Sequence[Any] = messages[: track.n]
         else:
             live = list(map(messages.__getitem__, itertools.islice(known.unsettled, track.u)))
-        data = self._transcript.encoder.encode(live)  # b"[" + the joined chunks + b"]"
-        return len(data) == track.jlen + 2 and known.joined.startswith(memoryview(data)[1:-1])
+        # Encoded into one reused buffer: a fresh bytes object of a long history
+        # costs as much again as the encode (its pages are new to the process
+        # each time).  The buffer stays as large as the longest such history.
+        encoder = self._transcript.encoder
+        if not self._scratch_lock.acquire(blocking=False):  # another thread, a signal handler
+            data = encoder.encode(live)  # b"[" + the joined chunks + b"]"
+            return len(data) == track.jlen + 2 and known.joined.startswith(memoryview(data)[1:-1])
+        try:
+            scratch = self._scratch
+            encoder.encode_into(live, scratch)
+            if len(scratch) != track.jlen + 2:
+                return False
+            with memoryview(scratch) as whole, whole[1:-1] as inner:
+                return known.joined.startswith(inner)
+        finally:
+            self._scratch_lock.release()
 
     def _prefix_unchanged(self, track: Track, messages: Sequence[Any]) -> bool:
         """The slow path: encode the whole prefix (through the cache) and compare.

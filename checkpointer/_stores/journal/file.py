@@ -203,8 +203,23 @@ class JournalStore(JournalCore, FileStore):
             self._lock.release()
 
     def read_meta(self, key: str) -> Meta | None:
+        """The meta stored for ``key``; from the track while the file is as this store left it.
+
+        Re-reading would drop what the track remembers of the state (a
+        writer reads the meta each time it takes the key's lock again), and
+        the next commit would compact instead of appending.
+        """
         check_key(key)
         with self._locked(key):
+            track = self._tracks.get(key)
+            if track is not None and track.meta is not None and not track.broken:
+                try:
+                    st = os.lstat(self.location(key))
+                except FileNotFoundError:
+                    pass
+                else:
+                    if (st.st_ino, st.st_size, st.st_nlink) == (track.ino, track.size, 1):
+                        return track.meta
             return self._open(key).meta
 
     def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:

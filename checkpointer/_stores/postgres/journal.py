@@ -23,16 +23,19 @@ same journal core (``_stores/journal/core.py``):
   in one statement, assembled by the journal reader (``_format/journal.py``).
 
 A failed commit forgets what the store knew of the key (its answer may have
-been lost after the server committed), so the next commit is a compaction.
+been lost after the server committed), so the next commit is a compaction;
+so does a forked child, for every key (``_after_fork``).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ... import _exit
 from ..._format.envelope import decode_raw
 from ..._format.journal import ROW_END
 from ..._values import Checkpoint, CheckpointError, Meta
@@ -113,11 +116,26 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         self._tracks.clear()
         super().close()
 
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh store, which knows nothing of what its parent wrote.
+
+        The parent's tracks are what it wrote up to the fork: the child, a
+        writer of its own that may resume the key after the parent wrote on,
+        would append its new messages on a stale prefix.  Its witness lock
+        may have been held by a thread of the parent.
+        """
+        super()._after_fork()
+        self._tracks = {}
+        self._witness_lock = threading.Lock()
+
     # -- the StateStore protocol ---------------------------------------------------
 
     def commit(self, key: str, meta: Meta, staged: object) -> int:
         check_key(key)
-        return self._commit_on(key, self._tracks.get(key), meta, staged)
+        # The core takes the witness lock as it extends a track: a signal
+        # landing then waits (its flush may stage on this store).
+        with _exit.busy():
+            return self._commit_on(key, self._tracks.get(key), meta, staged)
 
     def read_meta(self, key: str) -> Meta | None:
         """The meta of ``key``, after checking all of its rows (as ``JournalStore`` does).

@@ -108,11 +108,39 @@ _MIGRATE_3_SQL = """\
 UPDATE {s}.checkpoints SET format = 2, state = 'null' WHERE journal AND format < 2;
 ALTER TABLE {s}.journal ALTER COLUMN n DROP DEFAULT;
 DROP SEQUENCE IF EXISTS {s}.journal_n_seq;
+ALTER TABLE {s}.journal DROP CONSTRAINT IF EXISTS journal_key_needs_a_newer_checkpointer;
 ALTER TABLE {s}.journal ADD CONSTRAINT journal_key_needs_a_newer_checkpointer
     FOREIGN KEY (key) REFERENCES {s}.checkpoints (key) NOT VALID;
+ALTER TABLE {s}.checkpoints DROP CONSTRAINT IF EXISTS journal_head_needs_a_newer_checkpointer;
 ALTER TABLE {s}.checkpoints ADD CONSTRAINT journal_head_needs_a_newer_checkpointer
     CHECK (NOT journal OR format >= 2) NOT VALID;
 UPDATE {s}.schema_version SET version = 3, installed_at = now() WHERE version < 3;
+"""
+
+# Run with every install and upgrade: a role granted the tables of an older
+# version (``grants_sql``, ``ON ALL TABLES`` names the tables there then) gets
+# the same on the journal, which version 2 added; so an upgraded fleet needs no
+# second round of grants.  Idempotent, as the whole script is (the SQL of
+# ``pg-schema --sql`` may be run again, or over tables the library made).
+_GRANTS_FOLLOW_SQL = """DO $grants$
+DECLARE g record;
+BEGIN
+    FOR g IN
+        SELECT a.privilege_type AS what,
+            CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END AS who
+        FROM pg_class c
+        CROSS JOIN LATERAL aclexplode(c.relacl) a
+        LEFT JOIN pg_roles r ON r.oid = a.grantee
+        WHERE c.oid = '{s}.checkpoints'::regclass AND a.grantee <> c.relowner
+          AND a.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE')
+    LOOP
+        BEGIN  -- a user that may not grant (not the tables' owner) changes nothing
+            EXECUTE format('GRANT %s ON {s}.journal TO %s', g.what, g.who);
+        EXCEPTION WHEN insufficient_privilege THEN NULL;
+        END;
+    END LOOP;
+END
+$grants$;
 """
 
 JOURNAL_FORMAT = 2
@@ -156,7 +184,8 @@ QUERIES = {
         ON CONFLICT (key) DO UPDATE SET seq = EXCLUDED.seq, format = EXCLUDED.format,
             meta = EXCLUDED.meta, state = EXCLUDED.state, writer = EXCLUDED.writer,
             updated_at = EXCLUDED.updated_at, journal = EXCLUDED.journal
-        WHERE (c.seq < EXCLUDED.seq AND c.writer IS NOT DISTINCT FROM %(base)s::text)
+        WHERE (c.seq < EXCLUDED.seq
+               AND (c.writer IS NOT DISTINCT FROM %(base)s::text OR c.writer = EXCLUDED.writer))
            OR (c.seq = EXCLUDED.seq AND c.writer = EXCLUDED.writer)
         RETURNING c.seq""",
     "last_writer": "SELECT writer FROM {s}.checkpoints WHERE key = %(key)s",
@@ -215,6 +244,7 @@ def schema_sql(schema: str = "checkpointer") -> str:
         _SCHEMA_SQL.format(s=quoted)
         + _MIGRATE_2_SQL.format(s=quoted)
         + _MIGRATE_3_SQL.format(s=quoted)
+        + _GRANTS_FOLLOW_SQL.format(s=quoted)
         + "-- Optional, on PostgreSQL 14+ built with lz4 (what the store does when it can):\n"
         + "".join(f"-- {line};\n" for line in lz4.rstrip(";").split("; "))
     )
@@ -316,6 +346,7 @@ class SchemaPart:
                 # transcript of several MB, 3-4x quicker than the default pglz.
                 with contextlib.suppress(self._pg.Error), conn.transaction():
                     conn.execute(_LZ4_SQL.format(s=self._quoted).encode())
+            conn.execute(_GRANTS_FOLLOW_SQL.format(s=self._quoted).encode())
 
     def _version_in(self, conn: psycopg.Connection[Any]) -> int | None:
         # Inside a transaction a failed statement would abort it: look first.

@@ -5,7 +5,8 @@
   concurrent first users do not race; ``<schema>.schema_version`` says which.
   Version 1: the checkpoints, their holders and what was moved aside;
   version 2: the journal (``PostgresJournalStore``); version 3: what keeps
-  workers of version 1 off journal keys during a rolling upgrade.
+  workers of version 1 off journal keys during a rolling upgrade, and lets
+  workers of version 2 write on.
 
 ``QUERIES`` holds every statement the store runs (one round trip each);
 ``SchemaPart`` is the part of ``PostgresStore`` that checks and installs
@@ -104,10 +105,39 @@ UPDATE {s}.schema_version SET version = 2, installed_at = now() WHERE version < 
 #   NOT VALID: enforced from now on, without scanning the tables.
 # * Rows are numbered per key (the writer holds the key's lock), so the
 #   journal needs no sequence, and no grant on one.
+# * A worker of version 2 still running through the upgrade (a rolling
+#   upgrade) keeps writing: its rows come without ``n`` (it had the sequence),
+#   and a trigger numbers them per key, in the order of its insert (a row
+#   trigger sees the rows before it in the statement); its heads say format 1
+#   with an empty state, and a trigger makes them what version 3 writes.  A
+#   version-1 writer's upsert over a head carries a state, so the check still
+#   refuses it.  Both functions are the invoker's: no grant needed.
 _MIGRATE_3_SQL = """\
 UPDATE {s}.checkpoints SET format = 2, state = 'null' WHERE journal AND format < 2;
 ALTER TABLE {s}.journal ALTER COLUMN n DROP DEFAULT;
 DROP SEQUENCE IF EXISTS {s}.journal_n_seq;
+CREATE OR REPLACE FUNCTION {s}.journal_row_of_version_2() RETURNS trigger
+LANGUAGE plpgsql AS $f$
+BEGIN
+    NEW.n := coalesce((SELECT max(n) FROM {s}.journal WHERE key = NEW.key), 0) + 1;
+    RETURN NEW;
+END
+$f$;
+DROP TRIGGER IF EXISTS journal_row_of_version_2 ON {s}.journal;
+CREATE TRIGGER journal_row_of_version_2 BEFORE INSERT ON {s}.journal
+    FOR EACH ROW WHEN (NEW.n IS NULL) EXECUTE FUNCTION {s}.journal_row_of_version_2();
+CREATE OR REPLACE FUNCTION {s}.journal_head_of_version_2() RETURNS trigger
+LANGUAGE plpgsql AS $f$
+BEGIN
+    NEW.format := 2;
+    NEW.state := 'null'::bytea;
+    RETURN NEW;
+END
+$f$;
+DROP TRIGGER IF EXISTS journal_head_of_version_2 ON {s}.checkpoints;
+CREATE TRIGGER journal_head_of_version_2 BEFORE INSERT OR UPDATE ON {s}.checkpoints
+    FOR EACH ROW WHEN (NEW.journal AND NEW.format < 2 AND octet_length(NEW.state) = 0)
+    EXECUTE FUNCTION {s}.journal_head_of_version_2();
 ALTER TABLE {s}.journal DROP CONSTRAINT IF EXISTS journal_key_needs_a_newer_checkpointer;
 ALTER TABLE {s}.journal ADD CONSTRAINT journal_key_needs_a_newer_checkpointer
     FOREIGN KEY (key) REFERENCES {s}.checkpoints (key) NOT VALID;

@@ -472,6 +472,10 @@ writer("old")  # its first checkpoint: a compaction
 print("ready", checkpointer.__file__, flush=True)
 for line in sys.stdin:
     what, key, content = line.split()
+    if what == "load":  # a key this release wrote
+        got = checkpointer.load(store, key)
+        print([m["content"] for m in got.state["messages"]], flush=True)
+        continue
     if what == "edit":  # an earlier message: the next commit is a compaction
         sessions[key][0] = {"role": "user", "content": content}
     else:
@@ -507,7 +511,8 @@ def test_a_schema_2_worker_keeps_writing_through_the_upgrade_to_3(
 ) -> None:
     """A running worker of the schema-2 release (its real code) appends, compacts and
     starts a key after `pg-schema` installed 3: every write lands, each row once,
-    numbered in order, and this release loads all of it and writes on from there."""
+    numbered in order; this release loads all of it and writes on from there, and
+    the old worker loads a key this release wrote."""
     env = {**os.environ, "PYTHONPATH": str(release_2), "DSN": pg.dsn()}
     with subprocess.Popen(
         [sys.executable, "-c", _OLD_WORKER, schema],
@@ -537,6 +542,14 @@ def test_a_schema_2_worker_keeps_writing_through_the_upgrade_to_3(
             assert PostgresStore(pg.dsn(), schema=schema).create_schema() == 3  # `pg-schema`
             said += tell("add old m2", "edit old m0-edited", "add old m3")  # schema 3 now
             said += tell("add new n0", "add new n1")  # a key it starts after the upgrade
+            ours = ["t0", "t1"]
+            with PostgresJournalStore(pg.dsn(), schema=schema) as journal, CheckpointWriter(
+                lambda: Snapshot("ours", {"messages": [{"content": c} for c in ours]}),
+                journal, exit_hooks=False,
+            ) as writer:  # fmt: skip
+                ours.append("t2")
+                assert isinstance(writer.flush_sync(), Written)  # a compaction, an append
+            assert tell("load ours -") == [str(ours)]  # the old worker reads what we wrote
             out, err = old.communicate(timeout=60)
         finally:
             if old.poll() is None:
@@ -554,8 +567,10 @@ def test_a_schema_2_worker_keeps_writing_through_the_upgrade_to_3(
         ("new", 2, "message"),
         ("old", 1, "compaction"),  # the edit: m0-edited, m1, m2
         ("old", 2, "message"),
+        ("ours", 1, "compaction"),
+        ("ours", 2, "message"),
     ], rows
-    assert sorted(heads) == [("new", 2), ("old", 2)]  # what schema 3 says of a head
+    assert sorted(heads) == [("new", 1), ("old", 1), ("ours", 1)]  # both releases' heads
     journal = PostgresJournalStore(pg.dsn(), schema=schema)
     for key, contents in expect.items():
         got = load(journal, key)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from checkpointer import (
@@ -588,3 +589,50 @@ def test_a_schema_2_worker_keeps_writing_through_the_upgrade_to_3(
     got = load(PostgresStore(pg.dsn(), schema=schema), "old")
     assert got is not None
     assert [m["content"] for m in got.state["messages"]] == [*expect["old"], "m4"]
+
+
+def test_the_upgrade_waits_for_a_schema_2_writer_between_its_head_and_its_rows(
+    pg: Cluster, schema: str
+) -> None:
+    """`pg-schema` run while a writer of the running release has written a head and not
+    yet its rows waits for that writer, which commits: no deadlock, nothing refused."""
+    from checkpointer._stores.postgres.schema import _MIGRATE_2_SQL, _SCHEMA_SQL
+
+    q = f'"{schema}"'
+    with _pg.admin(pg) as conn:
+        conn.execute(_SCHEMA_SQL.format(s=q).encode())
+        conn.execute(_MIGRATE_2_SQL.format(s=q).encode())
+    outcome: list[object] = []
+
+    def upgrade() -> None:
+        try:
+            outcome.append(PostgresStore(pg.dsn(), schema=schema).create_schema())
+        except Exception as exc:  # reported below
+            outcome.append(exc)
+
+    with psycopg.connect(pg.dsn(), application_name="v2-writer") as writer:
+        writer.execute(  # what a schema-2 journal commit does first: the head
+            f"INSERT INTO {q}.checkpoints (key, seq, format, meta, state, writer, journal) "
+            "VALUES ('k', 1, 1, '{}'::jsonb, '', 'v2', true)"
+        )
+        thread = threading.Thread(target=upgrade)
+        thread.start()
+        waiting: list[tuple[int]] = []
+        deadline = time.monotonic() + 60
+        while not waiting and time.monotonic() < deadline and thread.is_alive():
+            with _pg.admin(pg) as conn:
+                waiting = conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                ).fetchall()
+            time.sleep(0.01)
+        assert waiting, ("the upgrade never waited for the writer", outcome)
+        writer.execute(  # ... then its rows, numbered by the sequence of schema 2
+            f"INSERT INTO {q}.journal (key, kind, body) VALUES ('k', 'compaction', 'x')"
+        )
+        writer.commit()
+    thread.join(60)
+    assert outcome == [3]
+    with _pg.admin(pg) as conn:
+        assert conn.execute(f"SELECT key, kind FROM {q}.journal").fetchall() == [
+            ("k", "compaction")
+        ]

@@ -113,9 +113,10 @@ UPDATE {s}.schema_version SET version = 2, installed_at = now() WHERE version < 
 #   the order of its insert (a row trigger sees the rows before it in the
 #   statement).  The function is the invoker's: no grant needed.
 # * Heads keep version 2's shape, so a version-2 worker reads the keys
-#   version 3 wrote (its rows are the same lines).  The first schema 3 wrote
-#   heads of format 2 with a ``null`` state: still read, and turned into
-#   format 1 here (a version-2 reader refuses format 2 as "newer").
+#   version 3 wrote (its rows are the same lines).  A pre-release schema 3
+#   wrote heads of format 2 with a ``null`` state: still read, and turned into
+#   format 1 when this SQL runs over them (a version-2 reader refuses format 2
+#   as "newer").
 _MIGRATE_3_SQL = """\
 ALTER TABLE {s}.journal ALTER COLUMN n DROP DEFAULT;
 DROP SEQUENCE IF EXISTS {s}.journal_n_seq;
@@ -365,6 +366,13 @@ class SchemaPart:
             )
             version = self._version_in(conn)
             self._check_newer(version)
+            if version is not None and version < SCHEMA_VERSION:
+                # A writer locks a key's head, then its rows: so does the upgrade,
+                # before it alters them (rows first would deadlock with a writer of
+                # the running release between the two); it waits for those writing.
+                names = ("checkpoints", "journal") if version >= 2 else ("checkpoints",)
+                tables = ", ".join(f"{self._quoted}.{name}" for name in names)
+                conn.execute(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE".encode())
             if version is None:
                 conn.execute(_SCHEMA_SQL.format(s=self._quoted).encode())
             if version is None or version < 2:

@@ -22,11 +22,22 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from checkpointer import FileStore, JournalStore, SummaryCheckpoint, load_summary
+from checkpointer import (
+    CheckpointWriter,
+    FileStore,
+    JournalStore,
+    Snapshot,
+    SummaryCheckpoint,
+    Written,
+    load,
+    load_summary,
+)
 from checkpointer import write_summary as write_summary_checkpoint
+from checkpointer._cli.roots import DirectoryRoot, Entry
 from checkpointer._stores.atomic import makedirs_durable
 from checkpointer._transcript.summary import safe_watermark
 
@@ -528,3 +539,118 @@ def test_a_sigkilled_parent_leaves_no_mount_and_no_server(
         with contextlib.suppress(ProcessLookupError):
             os.kill(server, signal.SIGKILL)  # only if the test failed: leave nothing behind
         subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True, check=False)
+
+
+# -- removals and renames: durable once they return ----------------------------------------
+
+
+@contextlib.contextmanager
+def mounted_over(tmp_path: Path, store: str) -> Iterator[tuple[PowerFS, FileStore]]:
+    """A mount whose durable state holds ``root/<KEY>`` written by ``store``; the store on it."""
+    backing = tmp_path / "disk"
+    made = FileStore if store == "file" else JournalStore
+    made(backing / "root").write(KEY, [b'{"format":1}'] if store == "file" else [b"{}\n"])
+    fs = PowerFS(str(backing), str(tmp_path / "mnt"))
+    fs.mount()
+    try:
+        yield fs, made(os.path.join(fs.mountpoint, "root"))
+    finally:
+        fs.close()
+
+
+def on_disk(fs: PowerFS) -> list[str]:
+    """The names in the root after the cut (listed in the backing, not through the mount)."""
+    return sorted(os.listdir(os.path.join(fs.backing, "root")))
+
+
+@pytest.mark.parametrize("store", ["file", "journal"])
+def test_a_delete_survives_a_power_cut(fuse: None, tmp_path: Path, store: str) -> None:
+    """delete() returned True: after the cut the checkpoint is still gone, never back."""
+    with mounted_over(tmp_path, store) as (fs, made):
+        name = os.path.basename(made.location(KEY))
+        assert name in on_disk(fs)
+        assert made.delete(KEY) is True
+        fs.cut()
+        assert name not in on_disk(fs)
+
+
+@pytest.mark.parametrize("store", ["file", "journal"])
+def test_a_move_aside_survives_a_power_cut(fuse: None, tmp_path: Path, store: str) -> None:
+    """move_aside() returned its target: after the cut the key is gone and the target holds it."""
+    with mounted_over(tmp_path, store) as (fs, made):
+        target = made.move_aside(KEY, "corrupt-1")
+        assert target is not None
+        fs.cut()
+        assert on_disk(fs) == [os.path.basename(target)]
+
+
+def test_a_prune_survives_a_power_cut(fuse: None, tmp_path: Path) -> None:
+    """prune's deletion (under the key's lock) said removed: after the cut the file is gone."""
+    with mounted_over(tmp_path, "file") as (fs, made):
+        root = DirectoryRoot(made.root)
+        entry = Entry(KEY, "snapshot", made.location(KEY))
+        done = root.delete(KEY, [(entry, "old")], recheck=lambda _: None, stale=None)
+        assert [(r.path, r.outcome) for r in done] == [(entry.path, "removed")]
+        fs.cut()
+        assert KEY + ".json" not in on_disk(fs)
+
+
+# -- a root that was there already: made durable by the first write -------------------------
+
+
+def write_through_writer(store: FileStore) -> object:
+    """A sync CheckpointWriter on ``store``: open, one new message, flush_sync; its result."""
+    messages = ["hello"]
+    with CheckpointWriter(lambda: Snapshot(KEY, {"messages": list(messages)}), store) as writer:
+        messages.append("world")
+        writer.notify()
+        return writer.flush_sync()
+
+
+@pytest.mark.parametrize("store", ["file", "journal"])
+def test_a_root_the_app_made_survives_a_power_cut(mounted: PowerFS, store: str) -> None:
+    """A root made with os.makedirs (never fsynced) holds what the writer reported after a cut."""
+    root = os.path.join(mounted.mountpoint, "agent", "checkpoints")
+    os.makedirs(root)
+    made = FileStore(root) if store == "file" else JournalStore(root)
+    assert isinstance(write_through_writer(made), Written)
+    mounted.cut()
+    on_disk = os.path.join(mounted.backing, "agent", "checkpoints")
+    loaded = load(FileStore(on_disk) if store == "file" else JournalStore(on_disk), KEY)
+    assert loaded is not None and loaded.state == {"messages": ["hello", "world"]}
+
+
+@pytest.mark.parametrize("given", ["path", "store"])
+def test_a_summary_dir_that_was_there_survives_a_power_cut(mounted: PowerFS, given: str) -> None:
+    """sessions/<key>/ made by someone else (never fsynced): the summary written is there after."""
+    root = os.path.join(mounted.mountpoint, "store")
+    os.makedirs(os.path.join(root, "sessions", KEY))
+    checkpoint = SummaryCheckpoint(3, "the gist", datetime.now(UTC), 3)
+    write_summary_checkpoint(root if given == "path" else FileStore(root), KEY, checkpoint)
+    mounted.cut()
+    assert load_summary(os.path.join(mounted.backing, "store"), KEY) == checkpoint
+
+
+def test_the_root_is_made_durable_once_per_store_object(tmp_path: Path, monkeypatch: Any) -> None:
+    """The directories above the root are fsynced at a store's first write only, and per key."""
+    root = tmp_path / "a" / "root"
+    root.mkdir(parents=True)
+    synced: list[int] = []
+    real = os.fsync
+
+    def record(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    above = {(tmp_path / "a").stat().st_ino, tmp_path.stat().st_ino}
+    for store in (FileStore(root), JournalStore(root)):
+        store.write(KEY, [b"{}\n"])
+        store.write(KEY, [b"{}\n"])
+        write_summary_checkpoint(store, KEY, SummaryCheckpoint(1, "s", datetime.now(UTC), 1))
+        assert sorted(i for i in synced if i in above) == sorted(above)  # each once
+        dirs = above | {root.stat().st_ino, (root / "sessions").stat().st_ino}
+        synced.clear()
+        write_summary_checkpoint(store, KEY, SummaryCheckpoint(2, "s", datetime.now(UTC), 2))
+        assert not dirs & set(synced)  # the key's second summary: only its file and directory
+        synced.clear()

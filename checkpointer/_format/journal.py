@@ -143,6 +143,9 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
     """Parse a journal; ignore an unfinished last batch; reject any other damage."""
     if not data:
         raise CheckpointError(path, "the journal is empty (its creation never finished?)")
+    size, hole = len(data), ""
+    if (nul := data.find(b"\0")) >= 0:  # JSON never holds a raw NUL: a hole of a crash
+        data, hole = _cut_hole(data, nul, path)
     lines = data.split(b"\n")
     partial = lines.pop()  # b"" when the file ends with a newline, as it should
     rows: list[_Row] = []
@@ -203,7 +206,7 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
         raise CheckpointError(path, "no complete checkpoint after the header")
     end = ends[last_commit]
     torn = None
-    if end < len(data):
+    if end < size:
         reasons = []
         pending = len(rows) - 1 - last_commit
         if pending:
@@ -212,10 +215,12 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
             reasons.append(unparsable)
         if partial:
             reasons.append(f"a last line of {len(partial)} bytes with no newline")
+        if hole:
+            reasons.append(hole)
         torn = TornTail(
             line=last_commit + 2,
             offset=end,
-            nbytes=len(data) - end,
+            nbytes=size - end,
             reason="an append that never finished: " + "; ".join(reasons),
         )
     last = rows[last_commit]
@@ -275,6 +280,50 @@ def _newer_row(path: str, number: int, what: str, meta: object) -> NewerVersionE
         "does not know; upgrade agent-checkpointer to read it (the journal is kept as it is)",
         written_by if isinstance(written_by, str) else None,
     )
+
+
+def _cut_hole(data: bytes, nul: int, path: str) -> tuple[bytes, str]:
+    """The journal before the line holding its first NUL byte, and why the rest is a torn tail.
+
+    Our JSON never holds a raw NUL: zeros are a hole that a power cut left
+    in an append whose pages reached the disk out of order (some written,
+    some not, at full size or cut after a page).  That can only be the last
+    batch, so from the line with the first NUL on, every line must be a hole
+    or a row of that one batch: message rows, and at most one closing row at
+    the very end.  Anything else (a second batch, a line that is neither, a
+    NUL in line 1, which was fsynced before its rename) is damage.
+
+    Raises:
+        CheckpointError: the NUL bytes are not in the journal's last batch.
+    """
+    start = data.rfind(b"\n", 0, nul) + 1
+    number = data.count(b"\n", 0, start) + 1
+    if number == 1:
+        raise CheckpointError(
+            path, "line 1 holds NUL bytes: a damaged file, not a journal a crash can leave"
+        )
+    rest = data[start:].split(b"\n")
+    closed = False
+    for offset, line in enumerate(rest):
+        where = f"line {number + offset}"
+        if closed and (line or offset < len(rest) - 1):
+            raise CheckpointError(
+                path,
+                f"{where} follows a complete append after the NUL bytes of line {number}: "
+                "a crash can only damage the last append, so this journal cannot be trusted",
+            )
+        if b"\0" in line or offset == len(rest) - 1:
+            continue  # a hole, or the last line cut short
+        try:
+            row = _ROWS.decode(line)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise CheckpointError(
+                path,
+                f"{where} is not a journal row ({exc}), after the NUL bytes of line {number}: "
+                "this journal cannot be trusted",
+            ) from None
+        closed = not isinstance(row, _Message)
+    return data[:start], f"NUL bytes from line {number} on (a hole a power cut left)"
 
 
 def _compaction(rows: list[_Row], index: int) -> _Compaction:

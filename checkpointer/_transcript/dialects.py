@@ -19,7 +19,7 @@ anthropic      a role message whose content holds     ``tool_use`` ``id`` -> nex
                                                       ``tool_use_id``
 responses      a Responses / Agents SDK item without  ``*_call`` ``call_id`` free
                a role (``function_call``, ...)        -> ``*_call_output``
-pydantic-ai    ``kind: "request" | "response"`` with  ``tool-call`` part ->  next
+pydantic-ai    ``kind: "request" | "response"`` with  ``tool-call`` part ->  turn
                ``parts`` (dataclasses or their JSON)  ``tool-return`` or
                                                       ``retry-prompt`` part
 langchain      ``type: "human" | "ai" | "tool" ...``  ``ai`` ``tool_calls``  run
@@ -29,7 +29,10 @@ langchain      ``type: "human" | "ai" | "tool" ...``  ``ai`` ``tool_calls``  run
 
 Windows: *run*, a call is answered by the results that directly follow its
 message (a run of tool messages); *next*, by the message right after its
-message; *free*, by a result anywhere after it.  Turns are the assistant
+message; *turn*, by the requests of results that follow its response, up to the
+next other message (pydantic-ai merges consecutive requests into one before it sends:
+after an approval it records ``[response(A, D), request(return A),
+request(return D)]``); *free*, by a result anywhere after it.  Turns are the assistant
 messages (``role: "assistant"``, a pydantic-ai response, a LangChain ``ai``).
 
 A repair answers a call with ``CLOSED_CALL_TEXT`` in the call's own
@@ -84,7 +87,7 @@ __all__ = [
     "holds_results",
 ]
 
-Window: TypeAlias = Literal["run", "next", "free"]
+Window: TypeAlias = Literal["run", "next", "turn", "free"]
 
 Reading: TypeAlias = tuple[Sequence[Any], Sequence[Any], bool, bool, bool]
 """What the scan reads of a message: (result ids, call ids, is a turn, keeps
@@ -134,10 +137,15 @@ class Dialect:
     Attributes:
         name: as the docs and ``HistoryProblem`` texts say it.
         window: where a call's result must come (see the module docstring).
+        defers: the framework leaves a call open on purpose (a deferred tool,
+            one awaiting approval) when some of its response's calls are
+            answered and the history ends before it is: such a call is
+            *pending*, not unclosed (``history.py``).
     """
 
     name: str = ""
     window: Window = "run"
+    defers: bool = False
 
     def __repr__(self) -> str:
         return f"<dialect {self.name}>"
@@ -419,7 +427,8 @@ def _results_of(parts: Sequence[Any]) -> list[Any]:
 
 class _PydanticAI(Dialect):
     name: str = "pydantic-ai"
-    window: Window = "next"
+    window: Window = "turn"
+    defers: bool = True
 
     def read(self, message: Any) -> Reading:
         parts = _seq(get_field(message, "parts"))
@@ -430,12 +439,11 @@ class _PydanticAI(Dialect):
                 if get_field(p, "part_kind") == "tool-call"
             ]
             return ((), ids, True, False, False)
+        # A request of results only keeps the window: consecutive requests are one
+        # turn for pydantic-ai; a prompt in it moves the conversation on.
         results = _results_of(parts)
-        return (
-            ([get_field(p, "tool_call_id") for p in results], (), False, False, False)
-            if results
-            else _PLAIN
-        )
+        ids = [get_field(p, "tool_call_id") for p in results]
+        return (ids, (), False, len(results) == len(parts), False) if results else _PLAIN
 
     def answer(self, call_message: Any, call_id: str) -> Any:
         call = next(

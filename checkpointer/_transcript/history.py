@@ -14,7 +14,13 @@ later is an orphan.  So for the Anthropic and pydantic-ai dialects the
 window is the one message after the call, and for chat and LangChain it is
 the run of ``tool`` messages after it, as the APIs require.  A Responses
 call's window never ends (its output may come anywhere after it): it is
-unclosed only if the history ends without its output.  A message of a
+unclosed only if the history ends without its output.  A pydantic-ai
+request keeps the window (consecutive requests are one turn there), and a
+pydantic-ai call still open at the end of a history whose window already
+answered others of its response's calls is *pending*, not unclosed: that is
+how pydantic-ai persists a deferred tool (``requires_approval``, external),
+and it answers it from ``deferred_tool_results`` on the next run; closing it
+in a stored copy would lose the approval.  A message of a
 shape no dialect recognises is reported (``unrecognised``) and otherwise
 left out: it answers nothing and ends no window.
 
@@ -67,6 +73,7 @@ class _Mark(NamedTuple):
     called: int
     answered: int
     turns: int
+    deferring: bool
     open_calls: dict[str, tuple[int, Dialect]]
     free_calls: dict[str, tuple[int, Dialect]]
 
@@ -88,6 +95,7 @@ class ScanState:
         "called",
         "called_log",
         "count",
+        "deferring",
         "free_calls",
         "open_calls",
         "problems",
@@ -110,6 +118,8 @@ class ScanState:
         self.called_log: list[str] = []
         self.answered_log: list[str] = []
         self.turns = 0
+        # some calls of the open window were answered: the rest may be deferred
+        self.deferring = False
 
     def mark(self) -> _Mark:
         return _Mark(
@@ -120,6 +130,7 @@ class ScanState:
             len(self.called_log),
             len(self.answered_log),
             self.turns,
+            self.deferring,
             dict(self.open_calls),  # the calls of one window: a few
             dict(self.free_calls),  # Responses calls awaiting their output: a few
         )
@@ -138,6 +149,7 @@ class ScanState:
         self.free_calls.clear()
         self.free_calls.update(mark.free_calls)
         self.turns = mark.turns
+        self.deferring = mark.deferring
         self.count = mark.fed
 
     def forget(self) -> None:
@@ -148,7 +160,10 @@ class ScanState:
     def result(self) -> HistoryScan:
         """The scan of the ``count`` messages fed, as if they were the whole history."""
         end = self.count
-        still_open = [*self.open_calls.items(), *self.free_calls.items()]
+        open_calls = self.open_calls.items()
+        if self.deferring:  # pending on purpose (see the module docstring)
+            open_calls = [(c, (at, of)) for c, (at, of) in open_calls if not of.defers]
+        still_open = [*open_calls, *self.free_calls.items()]
         unclosed = self.unclosed + [
             Unclosed(at, end, call_id, dialect) for call_id, (at, dialect) in still_open
         ]
@@ -187,6 +202,7 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
     called = state.called
     called_log = state.called_log
     turns = state.turns
+    deferring = state.deferring
     read = classify
     for i, message in enumerate(items, start):
         dialect, (results, calls, turn, keeps, is_running) = read(message)
@@ -203,6 +219,7 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
                 continue
             answered.add(call_id)
             answered_log.append(call_id)
+            deferring = True
         if is_running:
             running.append(i)
         if keeps:  # a chat "tool" message: the window of its calls stays open
@@ -212,6 +229,7 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
             for call_id, (at, of) in open_calls.items():
                 unclosed.append(Unclosed(at, i, call_id, of))
             open_calls.clear()
+        deferring = False
         if turn:
             turns += 1
         if calls:
@@ -224,6 +242,7 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
                 else:
                     _call(call_id, i, dialect, state)
     state.turns = turns
+    state.deferring = deferring
     state.count = start + len(items)
 
 

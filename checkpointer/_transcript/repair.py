@@ -73,8 +73,13 @@ def settle_results(copy: list[Any], running: list[int], reason: str) -> tuple[li
 
 
 def _position(u: Unclosed) -> int:
-    """Where the answer to ``u`` goes: at the end of its window, or right after a free call."""
-    return u.call_index + 1 if u.dialect.window == "free" else u.window_end
+    """Where the answer to ``u`` goes: at the end of its window, or right after a free call
+    or a *turn* call (into the request after it, where pydantic-ai's own repair puts it)."""
+    return u.call_index + 1 if u.dialect.window in ("free", "turn") else u.window_end
+
+
+_PARTS = ("next", "turn")
+"""Windows whose answers are parts of a message (merged into the follower, or a carrier)."""
 
 
 def close_calls(copy: list[Any], unclosed: list[Unclosed]) -> list[Any]:
@@ -90,11 +95,11 @@ def close_calls(copy: list[Any], unclosed: list[Unclosed]) -> list[Any]:
         start = position
         group = at[position]
         # Answers that are messages of their own go in the order of their calls ...
-        out.extend(_answer(copy, u) for u in group if u.dialect.window != "next")
+        out.extend(_answer(copy, u) for u in group if u.dialect.window not in _PARTS)
         # ... then those a *next* window wants in the following message, per dialect.
         batches: dict[Dialect, tuple[Any, list[Any]]] = {}
         for u in group:
-            if u.dialect.window == "next":
+            if u.dialect.window in _PARTS:
                 batch = batches.setdefault(u.dialect, (copy[u.call_index], []))
                 batch[1].append(_answer(copy, u))
         for dialect, (call_message, answers) in batches.items():

@@ -160,7 +160,7 @@ class ScanState:
     def result(self) -> HistoryScan:
         """The scan of the ``count`` messages fed, as if they were the whole history."""
         end = self.count
-        open_calls = self.open_calls.items()
+        open_calls = list(self.open_calls.items())
         if self.deferring:  # pending on purpose (see the module docstring)
             open_calls = [(c, (at, of)) for c, (at, of) in open_calls if not of.defers]
         still_open = [*open_calls, *self.free_calls.items()]

@@ -129,7 +129,8 @@ def _approval_agent() -> Any:
 async def test_pydantic_ai_approval_flow_is_sendable_and_stays_pending(
     json: bool, anyio_backend: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The call awaiting approval is stored open (not closed as interrupted), the stored copy
+    """The call awaiting approval is reported pending and stored open (not closed as
+    interrupted), the stored copy
     resumes with ``deferred_tool_results``, and the approved history (two requests in a row)
     passes ``validate_history``, ``transcript_prepare`` and ``verify``."""
     from pydantic_ai import DeferredToolRequests, DeferredToolResults
@@ -148,7 +149,9 @@ async def test_pydantic_ai_approval_flow_is_sendable_and_stays_pending(
     waiting = await agent.run("go")
     assert isinstance(waiting.output, DeferredToolRequests)
     pending = form(waiting.all_messages())  # [request, response(A, D), request(return A)]
-    assert validate_history(pending) == []
+    assert [(p.kind, p.call_id, "pending" in p.detail) for p in validate_history(pending)] == [
+        ("unclosed-call", "D", True)
+    ]
     prepared = prepare()(Snapshot("k", {"messages": pending}))
     assert isinstance(prepared, Prepared) and prepared.repaired == 0
     store = FileStore(tmp_path)
@@ -245,6 +248,60 @@ async def test_agents_sdk_runs_on_the_repaired_session(anyio_backend: str) -> No
     first = list(agent.model.calls[0].input)  # what the model was sent first
     assert first[:3] == repaired
     assert first[2]["output"] == CLOSED_CALL_TEXT
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_agents_sdk_approval_pause_is_stored_open_and_resumes(
+    anyio_backend: str, tmp_path: Any
+) -> None:
+    """The SDK's pause for a ``needs_approval`` tool is stored as the SDK keeps it (the call
+    open, not closed as interrupted), and its RunState resumes on the stored items with one
+    output for the call, not two."""
+    from agents import Agent, Runner, function_tool
+    from agents.memory import SQLiteSession
+    from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+    from checkpointer import CheckpointWriter, FileStore, Snapshot, load, transcript_prepare
+
+    @function_tool(needs_approval=True)
+    def delete(path: str) -> str:
+        """Delete a file."""
+        return f"deleted {path}"
+
+    model = ScriptedModel(
+        [
+            ModelStep.respond(lambda call: [function_call("delete", {"path": "/x"}, call_id="D")]),
+            ModelStep.respond(lambda call: [assistant_message("done")]),
+        ]
+    )
+    agent = Agent(name="a", model=model, tools=[delete])
+    session = SQLiteSession("s")
+    paused = await Runner.run(agent, "delete it", session=session)
+    assert paused.interruptions
+    items = await session.get_items()
+    store = FileStore(tmp_path)
+    async with CheckpointWriter(
+        lambda: Snapshot("k", {"messages": items}),
+        store,
+        exit_hooks=False,
+        prepare=transcript_prepare(),
+    ) as writer:
+        written = await writer.write_now(force=True)
+    assert getattr(written, "repaired", None) == 0
+    checkpoint = load(store, "k")
+    assert checkpoint is not None and checkpoint.state["messages"] == items
+    resumed = SQLiteSession("s2")  # a new process: the stored items, the saved RunState
+    await resumed.add_items(checkpoint.state["messages"])
+    state = paused.to_state()
+    for interruption in paused.interruptions:
+        state.approve(interruption)
+    result = await Runner.run(agent, state, session=resumed)
+    assert result.final_output == "done"
+    after = await resumed.get_items()
+    outputs = [i for i in after if i.get("type") == "function_call_output"]
+    assert [(o["call_id"], o["output"]) for o in outputs] == [("D", "deleted /x")]
+    assert validate_history(after) == []
 
 
 # -- LangChain / LangGraph -------------------------------------------------------------

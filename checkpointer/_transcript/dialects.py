@@ -138,9 +138,9 @@ class Dialect:
         name: as the docs and ``HistoryProblem`` texts say it.
         window: where a call's result must come (see the module docstring).
         defers: the framework leaves a call open on purpose (a deferred tool,
-            one awaiting approval) when some of its response's calls are
-            answered and the history ends before it is: such a call is
-            *pending*, not unclosed (``history.py``).
+            one awaiting approval) and persists it so: such a call, still open
+            at the end of a paused run, is *pending*, not unclosed
+            (``history.py`` says when).
     """
 
     name: str = ""
@@ -365,6 +365,7 @@ def _output_fields(output_type: str, text: str) -> dict[str, Any]:
 class _Responses(Dialect):
     name: str = "responses"
     window: Window = "free"
+    defers: bool = True
 
     def read(self, message: Any) -> Reading:
         kind = get_field(message, "type")

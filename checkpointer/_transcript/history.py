@@ -19,8 +19,17 @@ request keeps the window (consecutive requests are one turn there), and a
 pydantic-ai call still open at the end of a history whose window already
 answered others of its response's calls is *pending*, not unclosed: that is
 how pydantic-ai persists a deferred tool (``requires_approval``, external),
-and it answers it from ``deferred_tool_results`` on the next run; closing it
-in a stored copy would lose the approval.  A message of a
+and it answers it from ``deferred_tool_results`` on the next run.  So is a
+Responses call still open at the end with only Responses items after it
+(no user or assistant message): the Agents SDK's pause for a
+``needs_approval`` tool, which its ``RunState`` answers on resume.
+Closing either in a stored copy would lose the approval (and the answer
+the framework adds on resume would then be a second one), so
+``transcript_prepare`` keeps them open (``HistoryScan.pending``);
+``validate_history`` still reports them (``unclosed-call``, saying
+pending: the history is not sendable as it is, only resumable), and
+``close_dangling_tool_calls`` closes them, for a caller who abandons the
+paused run.  A message of a
 shape no dialect recognises is reported (``unrecognised``) and otherwise
 left out: it answers nothing and ends no window.
 
@@ -59,6 +68,7 @@ class Unclosed(msgspec.Struct, frozen=True):
 class HistoryScan(msgspec.Struct):
     problems: list[HistoryProblem]
     unclosed: list[Unclosed]
+    pending: list[Unclosed]  # open at the end on purpose: a paused run (see above)
     running: list[int]  # indices of messages holding running results
     turns: int  # assistant messages
 
@@ -74,6 +84,7 @@ class _Mark(NamedTuple):
     answered: int
     turns: int
     deferring: bool
+    moved: int
     open_calls: dict[str, tuple[int, Dialect]]
     free_calls: dict[str, tuple[int, Dialect]]
 
@@ -97,6 +108,7 @@ class ScanState:
         "count",
         "deferring",
         "free_calls",
+        "moved",
         "open_calls",
         "problems",
         "running",
@@ -120,6 +132,8 @@ class ScanState:
         self.turns = 0
         # some calls of the open window were answered: the rest may be deferred
         self.deferring = False
+        # the last message of a dialect that does not defer (a user's, an assistant's)
+        self.moved = -1
 
     def mark(self) -> _Mark:
         return _Mark(
@@ -131,6 +145,7 @@ class ScanState:
             len(self.answered_log),
             self.turns,
             self.deferring,
+            self.moved,
             dict(self.open_calls),  # the calls of one window: a few
             dict(self.free_calls),  # Responses calls awaiting their output: a few
         )
@@ -150,6 +165,7 @@ class ScanState:
         self.free_calls.update(mark.free_calls)
         self.turns = mark.turns
         self.deferring = mark.deferring
+        self.moved = mark.moved
         self.count = mark.fed
 
     def forget(self) -> None:
@@ -160,13 +176,16 @@ class ScanState:
     def result(self) -> HistoryScan:
         """The scan of the ``count`` messages fed, as if they were the whole history."""
         end = self.count
-        open_calls = list(self.open_calls.items())
-        if self.deferring:  # pending on purpose (see the module docstring)
-            open_calls = [(c, (at, of)) for c, (at, of) in open_calls if not of.defers]
-        still_open = [*open_calls, *self.free_calls.items()]
-        unclosed = self.unclosed + [
-            Unclosed(at, end, call_id, dialect) for call_id, (at, dialect) in still_open
-        ]
+        unclosed, pending = list(self.unclosed), []
+        deferring, moved = self.deferring, self.moved
+        for call_id, (at, of) in self.open_calls.items():
+            (pending if deferring and of.defers else unclosed).append(
+                Unclosed(at, end, call_id, of)
+            )
+        for call_id, (at, of) in self.free_calls.items():
+            (pending if at > moved and of.defers else unclosed).append(
+                Unclosed(at, end, call_id, of)
+            )
         problems = self.problems + [
             HistoryProblem(
                 kind="unclosed-call",
@@ -176,8 +195,18 @@ class ScanState:
             )
             for u in unclosed
         ]
+        problems += [
+            HistoryProblem(
+                kind="unclosed-call",
+                index=u.call_index,
+                call_id=u.call_id,
+                detail=f"tool call {u.call_id!r} is pending (a paused run: a deferred tool or "
+                "an approval), answered when the framework resumes the run",
+            )
+            for u in pending
+        ]
         problems.sort(key=lambda p: p.index)  # stable: per message, in the order found
-        return HistoryScan(problems, unclosed, list(self.running), self.turns)
+        return HistoryScan(problems, unclosed, pending, list(self.running), self.turns)
 
 
 def scan_history(messages: Sequence[Any]) -> HistoryScan:
@@ -203,12 +232,15 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
     called_log = state.called_log
     turns = state.turns
     deferring = state.deferring
+    moved = state.moved
     read = classify
     for i, message in enumerate(items, start):
         dialect, (results, calls, turn, keeps, is_running) = read(message)
         if dialect is None:  # left alone: answers nothing, ends no window
             problems.append(_unrecognised(i, message))
             continue
+        if not dialect.defers:
+            moved = i
         for call_id in results:
             if isinstance(call_id, str) and call_id in open_calls:  # a list id answers nothing
                 del open_calls[call_id]
@@ -243,6 +275,7 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
                     _call(call_id, i, dialect, state)
     state.turns = turns
     state.deferring = deferring
+    state.moved = moved
     state.count = start + len(items)
 
 

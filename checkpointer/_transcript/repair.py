@@ -50,14 +50,19 @@ def close_dangling_tool_calls(messages: Sequence[Any]) -> tuple[list[Any], int]:
     pydantic-ai, a ``tool-return`` part after the next request's results (a
     new request if the next message is not one); Responses, the call's
     output item right after the call.  Orphan results and duplicate ids are
-    not touched (``validate_history`` still reports them).
+    not touched (``validate_history`` still reports them).  Calls *pending*
+    at the end of a paused run (a pydantic-ai deferred tool, an Agents SDK
+    approval; see ``history.py``) are closed too: call this when you abandon
+    the paused run, not when you mean to approve it (``transcript_prepare``
+    leaves them open).
 
     Returns:
         ``(copy, count)``: a new list (only changed or added messages are new
         objects; ``messages`` and its messages are never mutated) and the
         number of calls closed.
     """
-    unclosed = scan_history(messages).unclosed
+    scan = scan_history(messages)
+    unclosed = sorted([*scan.unclosed, *scan.pending], key=lambda u: u.call_index)
     return close_calls(list(messages), unclosed), len(unclosed)
 
 

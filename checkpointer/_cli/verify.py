@@ -150,7 +150,7 @@ def _check(found: History, summary: str) -> Verdict:
         shown = "; ".join(f"{at(p.index)}: {p.detail}" for p in bad[:3])
         more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
         return Verdict(f"not sendable to a model API: {shown}{more}", "")
-    warnings, notes = [], []
+    warnings: list[str] = []
     if open_calls:
         ids = ", ".join(
             f"{p.call_id!r} ({at(p.index)})" if p.call_id else at(p.index) for p in open_calls

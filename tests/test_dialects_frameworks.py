@@ -279,7 +279,7 @@ async def test_agents_sdk_approval_pause_is_stored_open_and_resumes(
     session = SQLiteSession("s")
     paused = await Runner.run(agent, "delete it", session=session)
     assert paused.interruptions
-    items = await session.get_items()
+    items: list[Any] = list(await session.get_items())
     store = FileStore(tmp_path)
     async with CheckpointWriter(
         lambda: Snapshot("k", {"messages": items}),
@@ -298,7 +298,7 @@ async def test_agents_sdk_approval_pause_is_stored_open_and_resumes(
         state.approve(interruption)
     result = await Runner.run(agent, state, session=resumed)
     assert result.final_output == "done"
-    after = await resumed.get_items()
+    after: list[Any] = list(await resumed.get_items())
     outputs = [i for i in after if i.get("type") == "function_call_output"]
     assert [(o["call_id"], o["output"]) for o in outputs] == [("D", "deleted /x")]
     assert validate_history(after) == []

@@ -176,7 +176,7 @@ class ScanState:
     def result(self) -> HistoryScan:
         """The scan of the ``count`` messages fed, as if they were the whole history."""
         end = self.count
-        unclosed, pending = list(self.unclosed), []
+        unclosed, pending = list(self.unclosed), list[Unclosed]()
         deferring, moved = self.deferring, self.moved
         for call_id, (at, of) in self.open_calls.items():
             (pending if deferring and of.defers else unclosed).append(

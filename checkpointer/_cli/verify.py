@@ -17,7 +17,7 @@ from checkpointer import TornTail
 
 from . import report
 from .look import History, history, read
-from .roots import CHAT, Entry, Root, describe_shape, detect, scan_history
+from .roots import CHAT, Entry, Root, clipped, describe_shape, detect, scan_history
 
 __all__ = ["Verdict", "run", "torn_tail", "verdict"]
 
@@ -153,15 +153,18 @@ def _check(found: History, summary: str) -> Verdict:
     warnings: list[str] = []
     if open_calls:
         ids = ", ".join(
-            f"{p.call_id!r} ({at(p.index)})" if p.call_id else at(p.index) for p in open_calls
+            f"{clipped(p.call_id)} ({at(p.index)})" if p.call_id else at(p.index)
+            for p in open_calls[:3]
         )
+        ids += f" and {len(open_calls) - 3} more" if len(open_calls) > 3 else ""
         warnings.append(
             f"{len(open_calls)} tool call(s) open at the end, saved while the tool ran: {ids}; "
             "run them again or close them before sending the history "
             "(a writer with prepare=transcript_prepare() closes them as it writes)"
         )
     if pending:
-        ids = ", ".join(f"{p.call_id!r} ({at(p.index)})" for p in pending)
+        ids = ", ".join(f"{clipped(p.call_id)} ({at(p.index)})" for p in pending[:3])
+        ids += f" and {len(pending) - 3} more" if len(pending) > 3 else ""
         warnings.append(
             f"{len(pending)} tool call(s) pending, a paused run (a deferred tool, an "
             f"approval): {ids}; the framework answers them when it resumes the run "

@@ -67,6 +67,7 @@ from .messages import (
     TextBlock,
     ToolResultBlock,
     block_type,
+    clipped,
     get_field,
     replaced,
 )
@@ -196,7 +197,13 @@ def _call_id(call: Any) -> Any:
 
 
 def _name(value: Any) -> str:
-    return value if isinstance(value, str) and value else "?"
+    return _short(value) if isinstance(value, str) and value else "?"
+
+
+def _short(value: Any, width: int = 40) -> str:
+    """An id or a name as a label shows it: cut to ``width`` with ``...``, as texts are."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 # -- chat-completions ------------------------------------------------------------
@@ -223,7 +230,7 @@ class _Chat(Dialect):
     def label(self, message: Any) -> str:
         role = str(get_field(message, "role"))
         call_id = get_field(message, "tool_call_id")
-        return f"tool[{call_id}]" if role == "tool" and call_id is not None else role
+        return f"tool[{_short(call_id)}]" if role == "tool" and call_id is not None else role
 
     def text(self, message: Any) -> str:
         return _text(get_field(message, "content"))
@@ -297,7 +304,7 @@ class _Anthropic(_Chat):
         content = get_field(message, "content")
         said = [_text(content)]
         said.extend(
-            f"[{get_field(block, 'tool_use_id')}] {_text(get_field(block, 'content'))}"
+            f"[{_short(get_field(block, 'tool_use_id'))}] {_text(get_field(block, 'content'))}"
             for block in _seq(content)
             if block_type(block) == "tool_result"
         )
@@ -393,7 +400,7 @@ class _Responses(Dialect):
     def label(self, message: Any) -> str:
         call_id = get_field(message, "call_id")
         kind = str(get_field(message, "type"))
-        return f"{kind}[{call_id}]" if call_id is not None else kind
+        return f"{kind}[{_short(call_id)}]" if call_id is not None else kind
 
     def text(self, message: Any) -> str:
         if get_field(message, "type") in _CALL_OUTPUT:
@@ -499,7 +506,7 @@ class _PydanticAI(Dialect):
                 body = _text(content) or (
                     "" if content is None else msgspec.json.encode(content, enc_hook=repr).decode()
                 )
-                said.append(f"[{get_field(part, 'tool_call_id')}] {body}")
+                said.append(f"[{_short(get_field(part, 'tool_call_id'))}] {body}")
             elif kind in ("user-prompt", "text", "system-prompt", "thinking"):
                 said.append(_text(get_field(part, "content")))
         return " ".join(s for s in said if s)
@@ -598,7 +605,7 @@ class _LangChain(Dialect):
     def label(self, message: Any) -> str:
         kind = str(get_field(message, "type"))
         call_id = get_field(_fields(message), "tool_call_id")
-        return f"{kind}[{call_id}]" if kind in _LANGCHAIN_RESULTS else kind
+        return f"{kind}[{_short(call_id)}]" if kind in _LANGCHAIN_RESULTS else kind
 
     def text(self, message: Any) -> str:
         return _text(get_field(_fields(message), "content"))
@@ -804,11 +811,11 @@ def describe_shape(message: Any) -> str:
         role = message.get("role")
         if role is not None:
             return (
-                f"role {role!r}"
+                f"role {clipped(role)}"
                 if isinstance(role, str)
                 else f"a role that is {describe_shape(role)}"
             )
-        keys = [repr(k) for k in list(message)[:4]]
+        keys = [clipped(k) for k in list(message)[:4]]
         more = ", ..." if len(message) > 4 else ""
         return f"an object with keys {', '.join(keys)}{more}" if keys else "an empty object"
     names = {str: "a string", list: "a list", bool: "a boolean", type(None): "null"}

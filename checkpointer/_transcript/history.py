@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from .dialects import Dialect, classify, describe_shape
-from .messages import HistoryProblem, ProblemKind
+from .messages import HistoryProblem, ProblemKind, clipped
 
 __all__ = [
     "HistoryScan",
@@ -191,7 +191,8 @@ class ScanState:
                 kind="unclosed-call",
                 index=u.call_index,
                 call_id=u.call_id,
-                detail=f"tool call {u.call_id!r} has no result before the conversation goes on",
+                detail=f"tool call {clipped(u.call_id)} has no result before the conversation "
+                "goes on",
             )
             for u in unclosed
         ]
@@ -200,8 +201,8 @@ class ScanState:
                 kind="unclosed-call",
                 index=u.call_index,
                 call_id=u.call_id,
-                detail=f"tool call {u.call_id!r} is pending (a paused run: a deferred tool or "
-                "an approval), answered when the framework resumes the run",
+                detail=f"tool call {clipped(u.call_id)} is pending (a paused run: a deferred "
+                "tool or an approval), answered when the framework resumes the run",
             )
             for u in pending
         ]
@@ -297,7 +298,7 @@ def _call(call_id: Any, index: int, dialect: Dialect, state: ScanState) -> None:
                 kind="duplicate-id",
                 index=index,
                 call_id=call_id,
-                detail=f"tool call id {call_id!r} is used by an earlier call too",
+                detail=f"tool call id {clipped(call_id)} is used by an earlier call too",
             )
         )
         return
@@ -310,10 +311,10 @@ def _stray(call_id: Any, index: int, answered: set[str], problems: list[HistoryP
     """A result that answers no open call: a second answer, or an orphan."""
     if isinstance(call_id, str) and call_id in answered:
         kind: ProblemKind = "duplicate-id"
-        detail = f"tool call {call_id!r} is answered a second time"
+        detail = f"tool call {clipped(call_id)} is answered a second time"
     else:
         kind = "orphan-result"
-        detail = f"tool result for {call_id!r} answers no open tool call (orphan result)"
+        detail = f"tool result for {clipped(call_id)} answers no open tool call (orphan result)"
     problems.append(
         HistoryProblem(
             kind=kind,

@@ -203,3 +203,21 @@ def test_huge_ids_names_roles_and_keys_are_cut(
     for key in files:
         _, out, err = run(capsys, "show", tmp_path, key)
         assert len(out + err) < 5000, key
+
+
+def test_a_lone_surrogate_escape_is_named_not_called_truncated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file with ``"\\ud83d"`` (JSON grammar, as Python's json.dumps writes half an emoji)
+    is reported for that escape, with its byte offset, never as truncated or corrupt JSON."""
+    write(tmp_path, "s", [{"role": "user", "content": "placeholder"}])
+    path = tmp_path / "s.json"
+    doc = json.loads(path.read_text())
+    doc["state"]["messages"][0]["content"] = "emoji cut in half: \ud83d"
+    path.write_text(json.dumps(doc))  # ensure_ascii: the escape, not a raw surrogate
+    assert json.loads(path.read_text())  # readable JSON grammar
+    for command in (["verify", tmp_path], ["show", tmp_path, "s"]):
+        status, out, err = run(capsys, *command)
+        assert status == 1
+        assert "lone UTF-16 surrogate escape (\\ud83d at byte" in out + err
+        assert "truncated" not in out + err

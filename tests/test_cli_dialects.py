@@ -216,7 +216,8 @@ def test_a_lone_surrogate_escape_is_named_not_called_truncated(
     doc["state"]["messages"][0]["content"] = "emoji cut in half: \ud83d"
     path.write_text(json.dumps(doc))  # ensure_ascii: the escape, not a raw surrogate
     assert json.loads(path.read_text())  # readable JSON grammar
-    for command in (["verify", tmp_path], ["show", tmp_path, "s"]):
+    commands: list[list[str | Path]] = [["verify", tmp_path], ["show", tmp_path, "s"]]
+    for command in commands:
         status, out, err = run(capsys, *command)
         assert status == 1
         assert "lone UTF-16 surrogate escape (\\ud83d at byte" in out + err

@@ -113,13 +113,30 @@ def test_dangling_orphan_and_duplicate_in_every_dialect(form: Form) -> None:
     assert ("duplicate-id", 3, "a") in kinds(twice)
 
 
+def test_a_responses_output_may_come_after_a_user_message() -> None:
+    """A Responses call's window does not end at a user message: the OpenAI Responses API
+    pairs a call with its output by ``call_id`` wherever it comes (dialects.md says which
+    stricter paths, the SDK's chat-completions converter among them, refuse it)."""
+    call = {"type": "function_call", "call_id": "F", "name": "f", "arguments": "{}"}
+    items = [
+        {"role": "user", "content": "q"},
+        call,
+        {"role": "user", "content": "hurry"},
+        {"type": "function_call_output", "call_id": "F", "output": "r"},
+    ]
+    assert validate_history(items) == []
+    assert kinds(items[:3]) == [("unclosed-call", 1, "F")]  # without it: unclosed, not pending
+
+
 def test_an_approval_left_pending_by_the_agents_sdk_is_unclosed() -> None:
-    """The SDK's own ``[user, function_call]`` (a needs_approval tool) is an unclosed call."""
+    """The SDK's own ``[user, function_call]`` (a needs_approval tool) is an unclosed call,
+    reported pending (``transcript_prepare`` stores it open)."""
     items = [
         {"role": "user", "content": "delete it"},
         {"type": "function_call", "call_id": "c1", "name": "rm", "arguments": "{}"},
     ]
     assert kinds(items) == [("unclosed-call", 1, "c1")]
+    assert "pending" in validate_history(items)[0].detail
 
 
 # -- repairs -------------------------------------------------------------------------

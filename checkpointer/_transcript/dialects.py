@@ -161,6 +161,10 @@ class Dialect:
         """The result (a message, or a part for a *next* window) that closes ``call_id``."""
         raise NotImplementedError
 
+    def answers(self, call_message: Any, call_ids: list[str]) -> list[Any]:
+        """``answer`` for each of ``call_ids``, all calls of ``call_message``."""
+        return [self.answer(call_message, call_id) for call_id in call_ids]
+
     def merge(self, follower: Any, answers: list[Any]) -> Any:
         """*next* windows: ``follower`` with ``answers`` added, or None if it cannot take them."""
         return None
@@ -194,6 +198,16 @@ class Dialect:
 
 def _call_id(call: Any) -> Any:
     return call.get("id") if type(call) is dict else get_field(call, "id")
+
+
+def _by_id(calls: Sequence[Any], field: str) -> dict[Any, Any]:
+    """The calls by their id, the first of each id (as a search in order finds it)."""
+    found: dict[Any, Any] = {}
+    for call in calls:
+        key = call.get(field) if type(call) is dict else get_field(call, field)
+        if isinstance(key, str):
+            found.setdefault(key, call)
+    return found
 
 
 def _name(value: Any) -> str:
@@ -454,14 +468,13 @@ class _PydanticAI(Dialect):
         return (ids, (), False, len(results) == len(parts), False) if results else _PLAIN
 
     def answer(self, call_message: Any, call_id: str) -> Any:
-        call = next(
-            (
-                p
-                for p in _seq(get_field(call_message, "parts"))
-                if get_field(p, "tool_call_id") == call_id
-            ),
-            None,
-        )
+        return self.answers(call_message, [call_id])[0]
+
+    def answers(self, call_message: Any, call_ids: list[str]) -> list[Any]:
+        calls = _by_id(_seq(get_field(call_message, "parts")), "tool_call_id")
+        return [self._answer(call_message, calls.get(c), c) for c in call_ids]
+
+    def _answer(self, call_message: Any, call: Any, call_id: str) -> Any:
         fields: dict[str, Any] = {
             "tool_name": _name(get_field(call, "tool_name")),
             "content": CLOSED_CALL_TEXT,
@@ -578,10 +591,14 @@ class _LangChain(Dialect):
         return ((), [_call_id(c) for c in calls], True, False, False) if calls else _TURN
 
     def answer(self, call_message: Any, call_id: str) -> Any:
+        return self.answers(call_message, [call_id])[0]
+
+    def answers(self, call_message: Any, call_ids: list[str]) -> list[Any]:
+        calls = _by_id(_seq(get_field(_fields(call_message), "tool_calls")), "id")
+        return [self._answer(call_message, calls.get(c), c) for c in call_ids]
+
+    def _answer(self, call_message: Any, call: Any, call_id: str) -> Any:
         fields = _fields(call_message)
-        call = next(
-            (c for c in _seq(get_field(fields, "tool_calls")) if _call_id(c) == call_id), None
-        )
         result: dict[str, Any] = {
             "type": "tool",
             "content": CLOSED_CALL_TEXT,

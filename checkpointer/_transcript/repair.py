@@ -99,14 +99,15 @@ def close_calls(copy: list[Any], unclosed: list[Unclosed]) -> list[Any]:
         out.extend(copy[start:position])
         start = position
         group = at[position]
+        answers = _answers(copy, group)
         # Answers that are messages of their own go in the order of their calls ...
-        out.extend(_answer(copy, u) for u in group if u.dialect.window not in _PARTS)
+        out.extend(a for u, a in zip(group, answers, strict=True) if u.dialect.window not in _PARTS)
         # ... then those a *next* window wants in the following message, per dialect.
         batches: dict[Dialect, tuple[Any, list[Any]]] = {}
-        for u in group:
+        for u, answer in zip(group, answers, strict=True):
             if u.dialect.window in _PARTS:
                 batch = batches.setdefault(u.dialect, (copy[u.call_index], []))
-                batch[1].append(_answer(copy, u))
+                batch[1].append(answer)
         for dialect, (call_message, answers) in batches.items():
             follower = copy[position] if start == position < len(copy) else None
             merged = None if follower is None else dialect.merge(follower, answers)
@@ -119,5 +120,16 @@ def close_calls(copy: list[Any], unclosed: list[Unclosed]) -> list[Any]:
     return out
 
 
-def _answer(copy: list[Any], u: Unclosed) -> Any:
-    return u.dialect.answer(copy[u.call_index], u.call_id)
+def _answers(copy: list[Any], group: list[Unclosed]) -> list[Any]:
+    """The answers to ``group``, in its order: one ``Dialect.answers`` per call message, so
+    that K calls of one message cost O(K), not a search of its K calls each."""
+    by_message: dict[int, list[int]] = {}
+    for n, u in enumerate(group):
+        by_message.setdefault(u.call_index, []).append(n)
+    answers: list[Any] = [None] * len(group)
+    for index, members in by_message.items():
+        dialect = group[members[0]].dialect
+        made = dialect.answers(copy[index], [group[n].call_id for n in members])
+        for n, answer in zip(members, made, strict=True):
+            answers[n] = answer
+    return answers

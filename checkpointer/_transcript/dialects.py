@@ -42,6 +42,10 @@ in the module of the call's class (or a parent package) in ``sys.modules``
 (the framework is loaded, since its objects are in hand; nothing is
 imported), else the dict of its JSON form.
 
+A role message with ``parts`` and no ``content`` is Gemini's (``{"role": "user" |
+"model", "parts": [...]}``): none of ours, its user messages included, so it is
+not read as a chat user.
+
 A message no dialect recognises is left alone by every helper: it answers
 nothing, calls nothing, is no turn and does not end a window; the scan
 reports it (``unrecognised``), and nothing refuses it.
@@ -774,7 +778,7 @@ def _classifier(cls: type) -> Callable[[Any], Classified]:
     if "type" in names:  # LangChain messages, Responses items (ChatMessage's dump: "chat")
         return _typed_object
     if "role" in names:
-        return _role_object
+        return _no_shape if "parts" in names and "content" not in names else _role_object
     if "kind" in names and "parts" in names:
         return _pydantic_ai_object
     return _no_shape
@@ -793,6 +797,8 @@ def classify(message: Any) -> Classified:
     if type(message) is dict:  # inline: the hot path of the scan
         role = message.get("role")
         if role is not None:
+            if "parts" in message and "content" not in message:  # Gemini's (a user's too)
+                return _NONE
             if "type" not in message or not _langchain_type(message["type"]):
                 calls, content = message.get("tool_calls"), message.get("content")
                 return _role_reading(role, calls, content, message)

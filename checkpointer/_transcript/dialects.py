@@ -37,10 +37,12 @@ messages (``role: "assistant"``, a pydantic-ai response, a LangChain ``ai``).
 
 A repair answers a call with ``CLOSED_CALL_TEXT`` in the call's own
 dialect and kind: a dict for a dict, our Struct for our Struct, and for a
-framework's object an object of that framework's class, looked up by name
-in the module of the call's class (or a parent package) in ``sys.modules``
-(the framework is loaded, since its objects are in hand; nothing is
-imported), else the dict of its JSON form.
+pydantic-ai or LangChain object an object of that framework's class, looked
+up by name in the module of the call's class (or a parent package) in
+``sys.modules`` (the framework is loaded, since its objects are in hand;
+nothing is imported), else the dict of its JSON form.  The openai package's
+objects (chat, Responses) are answered with dicts: the input shapes the SDK
+and the API take.
 
 A role message with ``parts`` and no ``content`` is Gemini's (``{"role": "user" |
 "model", "parts": [...]}``): none of ours, its user messages included, so it is

@@ -95,7 +95,7 @@ EXPECTED = {
 }
 
 RATIO_LINE = re.compile(
-    r"^  ratio (?P<case>[\w-]+): (?P<name>.+) = (?:[\d.]+x|n/a) \((?:no bar|bar [<>=]+ [\d.]+x: "
+    r"^  ratio (?P<case>[\w-]+): (?P<name>.+) = (?:-?[\d.]+x|n/a) \((?:no bar|bar [<>=]+ [\d.]+x: "
     r"(?:met|MISSED|n/a))(?:; .*)?\)$"
 )
 

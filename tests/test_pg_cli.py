@@ -107,6 +107,18 @@ def test_prune_deletes_old_rows_whose_lock_is_free(fleet: str, schema: str) -> N
     assert sorted(r["key"] for r in json.loads(after.stdout)) == ["alpha", "bad", "held", "pinned"]
 
 
+def test_prune_summaries_and_corrupt_flags_have_nothing_to_do(fleet: str, schema: str) -> None:
+    """--summaries/--corrupt over PostgreSQL: accepted, said to have nothing to do; prune runs."""
+    done = cli("prune", fleet, "--schema", schema, "--older-than", "7d", "--summaries", "--corrupt")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("--summaries, --corrupt: nothing to do, postgresql://")
+    assert lines[0].endswith(
+        f"/{schema} holds no summary checkpoints or corrupt files (a store directory does)"
+    )
+    assert lines[-1] == "removed 1 checkpoint(s) older than 7d, kept 2"
+
+
 def test_unknown_key_and_unreachable_server_are_clear(fleet: str, schema: str) -> None:
     """A missing key suggests a close one; a server that is not there names the way out."""
     show, gone = cli_all(

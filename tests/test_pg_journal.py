@@ -456,7 +456,8 @@ V1_UPSERT = """
 def test_a_version_1_worker_refuses_a_journal_key(
     pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
 ) -> None:
-    """Version 1's read sees a newer format; its move-aside, delete and upsert fail; key intact."""
+    """Version 1's read finds no state in the head; its move-aside, delete and upsert fail;
+    key intact."""
     from checkpointer._format.envelope import MIDDLE, SUFFIX, decode_checkpoint
     from checkpointer._values import CheckpointError
 
@@ -472,7 +473,7 @@ def test_a_version_1_worker_refuses_a_journal_key(
         assert found is not None
         fmt, meta_json, state = found
         envelope = b"".join([b'{"format":%d,"meta":' % fmt, meta_json.encode(), MIDDLE, state])
-        with pytest.raises(CheckpointError, match=r"newer .*upgrade"):
+        with pytest.raises(CheckpointError):
             decode_checkpoint(envelope + SUFFIX, "v1")  # what load() of version 1 raised
         # ... and what its writer did next (it moves a key it cannot read aside):
         for sql, params in (
@@ -521,7 +522,7 @@ def test_an_early_version_2_schema_is_migrated_to_3(
     assert state_of(store) == {"messages": []}
     assert store.schema_version() == 3
     with admin(pg) as conn:
-        assert conn.execute(f"SELECT format FROM {q}.checkpoints").fetchone() == (2,)
+        assert conn.execute(f"SELECT format FROM {q}.checkpoints").fetchone() == (1,)
         assert conn.execute("SELECT to_regclass(%s)", [f"{q}.journal_n_seq"]).fetchone() == (None,)
         compression = conn.execute(
             "SELECT attrelid::regclass::text, attcompression FROM pg_attribute "

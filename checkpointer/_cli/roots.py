@@ -4,7 +4,11 @@
 what it holds (``scan``), what one checkpoint holds (``measure``, ``load``,
 ``raw``), who holds a key's writer lock (``lock``, which only looks), and
 prune's deletion of a key's old checkpoints under that key's lock, each
-checked again once the lock is held (``delete``).
+checked again once the lock is held (``delete``).  Besides its checkpoints a
+directory may hold summary checkpoints (``sessions/<key>/checkpoint.md``)
+and corrupt files a writer moved aside (``<key>.corrupt-<UTC time>``):
+``extras`` lists them for ``ls`` and for ``prune --summaries/--corrupt``,
+whose ``delete`` removes them too (the files themselves: ``sidefiles.py``).
 
 * ``DirectoryRoot``: a ``FileStore`` / ``JournalStore`` root.  The file kinds
   are listed once (``_KINDS``): snapshots ``<key>.json`` and journals
@@ -19,8 +23,8 @@ checked again once the lock is held (``delete``).
   Locks are the advisory writer locks: ``lock`` asks ``locked_by``;
   ``delete`` holds the key's lock itself while it deletes.
 
-This is the one module of the command line that imports the library's
-private modules; psycopg is imported only by a ``PostgresStore`` that
+This module and ``sidefiles.py`` are the ones of the command line that import
+the library's private modules; psycopg is imported only by a ``PostgresStore`` that
 connects, so the commands over a directory work without the ``[postgres]``
 extra.
 """
@@ -28,7 +32,6 @@ extra.
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -58,10 +61,14 @@ from checkpointer._transcript.dialects import detect as detect
 from checkpointer._transcript.history import scan_history as scan_history
 from checkpointer._transcript.messages import clipped as clipped
 
+from . import sidefiles
+
 __all__ = [
     "EPOCH",
     "DirectoryRoot",
     "Entry",
+    "Extra",
+    "Extras",
     "Loaded",
     "LockView",
     "PostgresRoot",
@@ -135,6 +142,23 @@ class Words(NamedTuple):
     count_hint: bool  # show of an unknown key says how many ``ls`` lists
 
 
+class Extra(NamedTuple):
+    """A summary checkpoint (kind "summary") or a corrupt file moved aside ("corrupt")."""
+
+    entry: Entry  # a summary's path is its checkpoint.md
+    size: int
+    time: datetime  # a summary's created_at (its file's time if unreadable); when moved aside
+    problem: str | None = None  # something planted in its place: left alone
+    unreadable: str | None = None  # a summary that cannot be read (its time is its file's)
+
+
+class Extras(NamedTuple):
+    """The summaries and corrupt files of a root, and what is planted on the way to them."""
+
+    found: list[Extra]
+    problems: list[str]  # ``sessions`` a link or a file, ...: its summaries are not looked at
+
+
 Recheck = Callable[[Entry], str | None]
 """For ``delete``: why to keep an entry after all (written since it was listed), or None."""
 
@@ -147,6 +171,7 @@ class Root(Protocol):
     kinds: tuple[str, ...]  # the entry kinds it can hold (more than one: shown)
     lock_files: bool  # its locks are files, left behind stale by a writer that died
     mtimes: bool  # an entry has a time of its own (a file's), used when its meta is unreadable
+    has_extras: bool  # it may hold summaries and corrupt files (``extras``)
     failure: tuple[type[Exception], ...]  # raised by any call: ends the command (a server down)
 
     def close(self) -> None:
@@ -176,6 +201,12 @@ class Root(Protocol):
     def planted(self, entry: Entry) -> str | None:
         """Why prune must leave ``entry`` alone (not a file this library made), or None."""
 
+    def extras(self) -> Extras:
+        """Its summary checkpoints and corrupt files moved aside (none: a PostgreSQL store)."""
+
+    def extra(self, entry: Entry) -> Extra | None:
+        """A summary or corrupt file looked at (again); None: it is gone."""
+
     def delete(
         self,
         key: str,
@@ -189,6 +220,7 @@ class Root(Protocol):
         Each is looked at again once the lock is held (``recheck``), since a
         writer may have resumed and written the key after it was listed.
         ``stale``: the key's stale lock file goes too, for this reason.
+        A summary among ``old`` goes only while the key has no checkpoint.
         """
 
 
@@ -216,7 +248,6 @@ _KINDS: tuple[_Kind, ...] = (
 )
 _BY_NAME = {kind.name: kind for kind in _KINDS}
 LOCK_SUFFIX = ".lock"
-_ASIDE = re.compile(r"\.corrupt-\d{8}T\d{6}(\.\d+)?Z$")
 
 
 class DirectoryRoot:
@@ -232,6 +263,7 @@ class DirectoryRoot:
     kinds: tuple[str, ...] = tuple(kind.name for kind in _KINDS)
     lock_files = True
     mtimes = True
+    has_extras = True
     failure: tuple[type[Exception], ...] = ()
 
     def __init__(self, root: str) -> None:
@@ -301,9 +333,12 @@ class DirectoryRoot:
             names = sorted(os.listdir(self.where))
         except OSError:
             return []
-        return [os.path.join(self.where, name) for name in names if _ASIDE.search(name)]
+        return [os.path.join(self.where, name) for name in names if sidefiles.ASIDE.search(name)]
 
     def planted(self, entry: Entry) -> str | None:
+        if entry.kind == "summary":
+            extra = self.extra(entry)
+            return None if extra is None else extra.problem
         try:
             st = os.lstat(entry.path)
         except OSError:
@@ -311,6 +346,47 @@ class DirectoryRoot:
         if stat.S_ISREG(st.st_mode):
             return None
         return str(UnsafeFile(entry.path, describe(st, entry.path)))
+
+    def extras(self) -> Extras:
+        entries = [Entry(key, "corrupt", path) for key, path in self._asides()]
+        problems: list[str] = []
+        sessions = os.path.join(self.where, sidefiles.SESSIONS)
+        try:
+            keys = sidefiles.summary_keys(self.where)
+        except FileNotFoundError:
+            keys = []
+        except UnsafeFile as exc:  # `sessions` planted: none of its summaries looked at
+            keys, problems = [], [str(exc)]
+        except OSError as exc:
+            keys, problems = [], [f"cannot list {sessions}: {why(exc)}"]
+        summary = sidefiles.SUMMARY
+        entries += (Entry(key, "summary", os.path.join(sessions, key, summary)) for key in keys)
+        return Extras([e for e in map(self.extra, entries) if e is not None], problems)
+
+    def _asides(self) -> list[tuple[str, str]]:
+        """The corrupt files moved aside of valid keys: (key, path)."""
+        keys = ((sidefiles.ASIDE.sub("", os.path.basename(p)), p) for p in self.asides())
+        return [(key, path) for key, path in keys if KEY_PATTERN.fullmatch(key)]
+
+    def extra(self, entry: Entry) -> Extra | None:
+        if entry.kind == "corrupt":
+            look = sidefiles.look_corrupt(entry.path)
+        else:
+            look = sidefiles.look_summary(self.where, entry.key, entry.path)
+        return None if look is None else Extra(entry, *look)
+
+    def _remove_summary(self, entry: Entry, reason: str) -> Removal:
+        """Remove a summary and its directory (the lock held), unless a checkpoint came back."""
+        for kind in _KINDS:
+            if os.path.lexists(os.path.join(self.where, entry.key + kind.suffix)):
+                return Removal(entry.path, "kept", "its key has a checkpoint again")
+        try:
+            stays = sidefiles.remove_summary(self.where, entry.key, entry.path)
+        except FileNotFoundError:
+            return Removal(entry.path, "kept", "gone already")
+        except OSError as exc:
+            return Removal(entry.path, "failed", f"cannot remove {entry.path}: {why(exc)}")
+        return Removal(entry.path, "removed", reason if stays is None else f"{reason}; {stays}")
 
     def delete(
         self,
@@ -339,6 +415,9 @@ class DirectoryRoot:
                 if kept is not None:
                     done.append(Removal(entry.path, "kept", kept))
                     continue
+                if entry.kind == "summary":
+                    done.append(self._remove_summary(entry, reason))
+                    continue
                 try:
                     os.unlink(entry.path)
                 except FileNotFoundError:
@@ -349,6 +428,8 @@ class DirectoryRoot:
                     )
                     continue
                 done.append(Removal(entry.path, "removed", reason))
+            if any(r.outcome == "removed" for r in done):
+                sidefiles.fsync_root(self.where)  # the unlinks survive a power cut only so
         finally:
             try:
                 held.release()
@@ -405,6 +486,7 @@ class PostgresRoot:
     kinds: tuple[str, ...] = ("row",)
     lock_files = False
     mtimes = False
+    has_extras = False
     failure: tuple[type[Exception], ...] = (PostgresStoreError,)
 
     def __init__(self, dsn: str, schema: str) -> None:
@@ -470,6 +552,12 @@ class PostgresRoot:
         return []
 
     def planted(self, entry: Entry) -> str | None:
+        return None
+
+    def extras(self) -> Extras:
+        return Extras([], [])
+
+    def extra(self, entry: Entry) -> Extra | None:
         return None
 
     def delete(

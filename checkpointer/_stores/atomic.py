@@ -41,6 +41,9 @@ another that had the same pid: a hash of the boot id and the process's
 start time (``/proc/<pid>/stat``); or, where ``/proc`` cannot be read, a
 random one that only the process itself knows.  Names without a tag (from
 versions before it) are still swept, by the same lock and age.
+
+(Past 500 lines on purpose: this is the one module that calls fsync, and the
+write, its temp files and their sweep are one protocol, best read together.)
 """
 
 from __future__ import annotations

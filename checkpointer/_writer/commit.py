@@ -27,6 +27,9 @@ the writer believes is on disk.
 
 Forward only: the core never calls the service.  It returns results, and
 keeps the counters the service reports (``account``).
+
+(Past 500 lines on purpose: this is one concern, the life of one write from
+snapshot to store, and its steps read best in the order they run.)
 """
 
 from __future__ import annotations

@@ -6,10 +6,11 @@ fencing and timeouts) that implements the ``StateStore`` protocol the way
 same journal core (``_stores/journal/core.py``):
 
 * A key's ``<schema>.checkpoints`` row is its *head*: seq, meta, the
-  fencing writer id, ``journal = true``, ``format = 2`` and ``null`` for a
-  state (the rows hold it).  A reader of version 1 of this library, which
-  knows no journal, builds ``{"format":2,...,"state":null}`` from it and
-  refuses it as newer ("upgrade agent-checkpointer").
+  fencing writer id, ``journal = true``, ``format = 1`` and an empty state
+  (the rows hold it), as version 2 of this library wrote it, so a worker of
+  version 2 reads it during a rolling upgrade.  A reader of version 1, which
+  knows no journal, builds ``{"format":1,...,"state":}`` from it and refuses
+  it; the schema's constraints keep its writer off (``schema.py``).
 * ``<schema>.journal`` holds the key's rows, ordered by ``n``: the file
   journal's lines (``compaction``, ``message``, ``state``), one per row.
 * **Append**: the new messages are inserted as rows, with a ``state`` row
@@ -44,7 +45,7 @@ from ..encoding import Transcript
 from ..envelopes import Envelopes
 from ..journal.core import JournalCore
 from ..journal.staging import Full, Track
-from .schema import JOURNAL_FORMAT
+from .schema import HEAD_FORMAT
 from .store import PostgresStore
 
 if TYPE_CHECKING:
@@ -196,9 +197,9 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         return {
             "key": key,
             "seq": meta.seq,
-            "format": JOURNAL_FORMAT,
+            "format": HEAD_FORMAT,
             "meta": _ENCODER.encode(meta).decode(),
-            "state": b"null",  # so an older reader sees a whole envelope, of a newer format
+            "state": b"",  # a version-2 reader assembles the rows; a version-1 one refuses it
             "writer": self._writer_id,
             "journal": True,
         }

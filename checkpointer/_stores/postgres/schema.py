@@ -5,7 +5,8 @@
   concurrent first users do not race; ``<schema>.schema_version`` says which.
   Version 1: the checkpoints, their holders and what was moved aside;
   version 2: the journal (``PostgresJournalStore``); version 3: what keeps
-  workers of version 1 off journal keys during a rolling upgrade.
+  workers of version 1 off journal keys during a rolling upgrade, and lets
+  workers of version 2 write on.
 
 ``QUERIES`` holds every statement the store runs (one round trip each);
 ``SchemaPart`` is the part of ``PostgresStore`` that checks and installs
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
+    "HEAD_FORMAT",
     "JOURNAL_FORMAT",
     "QUERIES",
     "SCHEMA_VERSION",
@@ -95,25 +97,46 @@ UPDATE {s}.schema_version SET version = 2, installed_at = now() WHERE version < 
 """
 
 # Version 3: what keeps workers of version 1 (which do not know journal keys)
-# off them during a rolling upgrade, and what lets plain table grants do.
-# * A journal head says format 2, and null for its state: a version-1 reader
-#   builds a whole envelope of format 2 from it and refuses it as "newer".
+# off them during a rolling upgrade, lets workers of version 2 write on, and
+# lets plain table grants do.
 # * A head cannot be deleted while it has rows (the foreign key), nor
-#   rewritten as a plain row while it is a head (the check): a version-1
-#   writer, which moves a key it cannot read aside, fails instead.  Both
-#   NOT VALID: enforced from now on, without scanning the tables.
+#   rewritten as a plain row while it is a head (the check: a head says format
+#   1 with an empty state, as version 2 writes it, or a newer format; a
+#   version-1 upsert over it carries a state): a version-1 writer, which moves
+#   a key it cannot read aside, fails instead.  Both NOT VALID: enforced from
+#   now on, without scanning the tables.  A version-1 reader builds
+#   ``{"format":1,"meta":...,"state":}`` from a head and refuses it.
 # * Rows are numbered per key (the writer holds the key's lock), so the
-#   journal needs no sequence, and no grant on one.
+#   journal needs no sequence, and no grant on one.  A worker of version 2
+#   still running through the upgrade (a rolling upgrade) inserts its rows
+#   without ``n`` (it had the sequence): a trigger numbers them per key, in
+#   the order of its insert (a row trigger sees the rows before it in the
+#   statement).  The function is the invoker's: no grant needed.
+# * Heads keep version 2's shape, so a version-2 worker reads the keys
+#   version 3 wrote (its rows are the same lines).  A pre-release schema 3
+#   wrote heads of format 2 with a ``null`` state: still read, and turned into
+#   format 1 when this SQL runs over them (a version-2 reader refuses format 2
+#   as "newer").
 _MIGRATE_3_SQL = """\
-UPDATE {s}.checkpoints SET format = 2, state = 'null' WHERE journal AND format < 2;
 ALTER TABLE {s}.journal ALTER COLUMN n DROP DEFAULT;
 DROP SEQUENCE IF EXISTS {s}.journal_n_seq;
+CREATE OR REPLACE FUNCTION {s}.journal_row_of_version_2() RETURNS trigger
+LANGUAGE plpgsql AS $f$
+BEGIN
+    NEW.n := coalesce((SELECT max(n) FROM {s}.journal WHERE key = NEW.key), 0) + 1;
+    RETURN NEW;
+END
+$f$;
+DROP TRIGGER IF EXISTS journal_row_of_version_2 ON {s}.journal;
+CREATE TRIGGER journal_row_of_version_2 BEFORE INSERT ON {s}.journal
+    FOR EACH ROW WHEN (NEW.n IS NULL) EXECUTE FUNCTION {s}.journal_row_of_version_2();
 ALTER TABLE {s}.journal DROP CONSTRAINT IF EXISTS journal_key_needs_a_newer_checkpointer;
 ALTER TABLE {s}.journal ADD CONSTRAINT journal_key_needs_a_newer_checkpointer
     FOREIGN KEY (key) REFERENCES {s}.checkpoints (key) NOT VALID;
 ALTER TABLE {s}.checkpoints DROP CONSTRAINT IF EXISTS journal_head_needs_a_newer_checkpointer;
+UPDATE {s}.checkpoints SET format = 1, state = ''::bytea WHERE journal AND format = 2;
 ALTER TABLE {s}.checkpoints ADD CONSTRAINT journal_head_needs_a_newer_checkpointer
-    CHECK (NOT journal OR format >= 2) NOT VALID;
+    CHECK (NOT journal OR format > 2 OR (format = 1 AND octet_length(state) = 0)) NOT VALID;
 UPDATE {s}.schema_version SET version = 3, installed_at = now() WHERE version < 3;
 """
 
@@ -144,7 +167,14 @@ $grants$;
 """
 
 JOURNAL_FORMAT = 2
-"""The ``format`` of a journal key's head row (its rows hold the state)."""
+"""The newest ``format`` of a journal key's head row this library reads.
+
+It writes 1 (with an empty state; the rows hold it), as version 2 did, so
+version 2 reads its keys; a release whose rows older ones cannot read
+writes a higher one, and this one refuses it as newer."""
+
+HEAD_FORMAT = 1
+"""The ``format`` this library writes in a journal key's head row."""
 
 _LZ4_SQL = (
     "ALTER TABLE {s}.checkpoints ALTER COLUMN state SET COMPRESSION lz4;"
@@ -336,6 +366,13 @@ class SchemaPart:
             )
             version = self._version_in(conn)
             self._check_newer(version)
+            if version is not None and version < SCHEMA_VERSION:
+                # A writer locks a key's head, then its rows: so does the upgrade,
+                # before it alters them (rows first would deadlock with a writer of
+                # the running release between the two); it waits for those writing.
+                names = ("checkpoints", "journal") if version >= 2 else ("checkpoints",)
+                tables = ", ".join(f"{self._quoted}.{name}" for name in names)
+                conn.execute(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE".encode())
             if version is None:
                 conn.execute(_SCHEMA_SQL.format(s=self._quoted).encode())
             if version is None or version < 2:

@@ -22,7 +22,7 @@ attribute set in ``__init__`` here and declared by the part that uses it:
   ``read()`` rebuilds the same envelope a ``FileStore`` file holds.
 * **Journal keys** (``PostgresJournalStore``, ``journal.py``; schema
   versions 2 and 3): the key's ``checkpoints`` row is its head (``journal``
-  true, format 2, no state) and ``<schema>.journal`` holds its rows.
+  true, format 1, no state) and ``<schema>.journal`` holds its rows.
   ``read()``, ``delete()`` and ``move_aside()`` handle both kinds, so any
   store (and the CLI) reads either.  Version 3 keeps workers of version 1
   off journal keys (see ``schema._MIGRATE_3_SQL``): they refuse them, rather than

@@ -336,7 +336,7 @@ async def test_a_tool_returning_a_pydantic_model_is_saved(
 
     agent: Any = Agent(TestModel())
 
-    @agent.tool_plain
+    @agent.tool_plain  # type: ignore[untyped-decorator]
     def weather(city: str) -> Weather:
         return Weather(city=city, temp=12.5)
 
@@ -349,12 +349,14 @@ async def test_a_tool_returning_a_pydantic_model_is_saved(
             async for _node in checkpoint.nodes(run):
                 pass
         assert run.result is not None
-        run.result.all_messages()[2].parts[0].metadata = Weather(city="m", temp=1.0)
+        returned: Any = run.result.all_messages()[2].parts[0]
+        returned.metadata = Weather(city="m", temp=1.0)
         await store.save(run.result)
         expected = ModelMessagesTypeAdapter.validate_json(run.result.all_messages_json())
     loaded = await CheckpointConversationStore(JournalStore(tmp_path)).load("c1")
     assert loaded is not None and loaded.messages == expected
-    assert loaded.messages[2].parts[0].content == {"city": "a", "temp": 12.5}
+    part: Any = loaded.messages[2].parts[0]
+    assert part.content == {"city": "a", "temp": 12.5}
 
 
 async def test_a_value_nothing_can_encode_is_a_failed_not_an_error(tmp_path: Path) -> None:
@@ -393,7 +395,7 @@ async def test_close_during_a_save_is_no_conflict(tmp_path: Path, closing: str) 
         anyio.from_thread.run_sync(started.set)
         real(*args)
 
-    store._write = write  # type: ignore[method-assign]
+    store._write = write  # type: ignore[method-assign,assignment]
     async with anyio.create_task_group() as tg:
         tg.start_soon(store.save, conversation)
         await started.wait()  # the save holds the write lock from here on

@@ -2,7 +2,8 @@
 
 Prints one table per case and every ratio with its bar, then a summary;
 writes the raw figures to ``<out>/<mode>.json`` and, when matplotlib is
-installed, the charts ``<out>/<mode>-growth.png`` and ``<out>/<mode>-stall.png``.
+installed, the charts ``<out>/<mode>-growth.png``, ``<out>/<mode>-stall.png``
+and ``<out>/<mode>-sessions.png``.
 """
 
 from __future__ import annotations
@@ -36,8 +37,15 @@ CASES: list[tuple[str, str]] = [
     ("journal", "benchmarks.bench_journal"),
     ("prepare", "benchmarks.bench_prepare"),
     ("adapters", "benchmarks.bench_adapters"),
+    ("sessions", "benchmarks.bench_sessions"),
+    ("postgres", "benchmarks.bench_postgres"),
 ]
 """(case id, module with ``main(quick) -> dict``); adding a case is one entry."""
+
+FULL_ONLY = {
+    "postgres": "it starts a PostgreSQL server (quick: python -m benchmarks.bench_postgres --quick)"
+}
+"""Cases ``--quick`` leaves out, and why: the quick run stays within 20 s."""
 
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -170,6 +178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary: list[tuple[str, Ratio]] = []
     for case, module_name in CASES:
         if wanted and case not in wanted:
+            continue
+        if args.quick and case in FULL_ONLY and case not in wanted:
+            print(f"== {case}: skipped in --quick: {FULL_ONLY[case]}\n")
             continue
         try:
             module = importlib.import_module(module_name)

@@ -170,8 +170,24 @@ class Approach:
 
 
 class Checkpointer(Approach):
+    """checkpointer's writer on a ``FileStore``: the whole transcript per write."""
+
     name = "checkpointer"
     label = "checkpointer (FileStore, fingerprint=len)"
+
+    def store(self, root: str, written: Callable[[int], None]) -> Any:
+        """The store, calling ``written(nbytes)`` after each durable write."""
+
+        class Store(FileStore):
+            def write(self, key: str, chunks: Sequence[bytes]) -> int:
+                nbytes = super().write(key, chunks)
+                written(nbytes)
+                return nbytes
+
+        return Store(root)
+
+    def loader(self, root: str) -> Any:
+        return FileStore(root)
 
     @contextlib.asynccontextmanager
     async def attached(
@@ -183,16 +199,13 @@ class Checkpointer(Approach):
             taken.append((time.perf_counter(), len(agent.messages)))
             return agent.snapshot()
 
-        class Store(FileStore):
-            def write(self, key: str, chunks: Sequence[bytes]) -> int:
-                snapshot_at, n = taken[-1]  # one write at a time: the latest snapshot
-                nbytes = super().write(key, chunks)
-                rec.wrote(snapshot_at, n, nbytes)
-                return nbytes
+        def written(nbytes: int) -> None:
+            snapshot_at, n = taken[-1]  # one write at a time: the latest snapshot
+            rec.wrote(snapshot_at, n, nbytes)
 
         async with CheckpointWriter(
             source,
-            Store(root),
+            self.store(root, written),
             debounce=DEBOUNCE,
             min_interval=MIN_INTERVAL,
             max_wait=MAX_WAIT,
@@ -205,8 +218,31 @@ class Checkpointer(Approach):
     async def on_disk(self, root: str) -> list[Any] | None:
         from checkpointer import load
 
-        checkpoint = load(FileStore(root), Agent.key)
+        checkpoint = load(self.loader(root), Agent.key)
         return None if checkpoint is None else list(checkpoint.state["messages"])
+
+
+class CheckpointerJournal(Checkpointer):
+    """The same writer on a ``JournalStore``: the new messages appended per write."""
+
+    name = "journal"
+    label = "checkpointer (JournalStore, fingerprint=len)"
+
+    def store(self, root: str, written: Callable[[int], None]) -> Any:
+        from checkpointer import JournalStore
+
+        class Store(JournalStore):
+            def commit(self, key: str, meta: Any, staged: object) -> int:
+                nbytes = super().commit(key, meta, staged)
+                written(nbytes)
+                return nbytes
+
+        return Store(root)
+
+    def loader(self, root: str) -> Any:
+        from checkpointer import JournalStore
+
+        return JournalStore(root)
 
 
 def _read_json(path: str) -> list[Any] | None:
@@ -326,6 +362,79 @@ class TrailingDebounce(Approach):
         return _read_json(os.path.join(root, "session.json"))
 
 
+class DebounceMaxWait(Approach):
+    """A good hand-written debounce: trailing, with a maximum wait, skipping no-ops.
+
+    Each event pushes the save back by ``DEBOUNCE``, but never past
+    ``MAX_WAIT`` after the first unsaved event (lodash's ``debounce(wait,
+    {maxWait})``); one save at a time, serialised and written in the
+    executor; a save whose transcript has the length of the last one saved is
+    skipped (the same cheap change check checkpointer is given here).  A
+    pending save is written at shutdown.
+    """
+
+    name = "debounce-max-wait"
+    label = "debounce with max wait, skips unchanged (hand-written)"
+    backends = ("asyncio",)
+
+    @contextlib.asynccontextmanager
+    async def attached(
+        self, agent: Agent, bus: Bus, root: str, rec: Recorder
+    ) -> AsyncIterator[None]:
+        path = os.path.join(root, "session.json")
+        loop = asyncio.get_running_loop()
+        lock = asyncio.Lock()
+        handle: asyncio.TimerHandle | None = None
+        first: float | None = None  # the first event not yet covered by a save
+        saved = [-1]  # the length of the transcript last saved
+        tasks: set[asyncio.Task[None]] = set()
+
+        def serialize_and_write(data: dict[str, Any]) -> int:
+            encoded = dumps(data)
+            write_floor(path, encoded)
+            return len(encoded)
+
+        async def save() -> None:
+            async with lock:
+                snapshot_at = time.perf_counter()
+                data = {"messages": list(agent.messages)}
+                if len(data["messages"]) == saved[0]:
+                    return
+                nbytes = await loop.run_in_executor(None, serialize_and_write, data)
+                saved[0] = len(data["messages"])
+                rec.wrote(snapshot_at, len(data["messages"]), nbytes)
+
+        def fire() -> None:
+            nonlocal handle, first
+            handle = None
+            first = None
+            task = loop.create_task(save())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        def on_event(event: str) -> None:
+            nonlocal handle, first
+            now = loop.time()
+            if first is None:
+                first = now
+            if handle is not None:
+                handle.cancel()
+            handle = loop.call_later(max(0.0, min(DEBOUNCE, first + MAX_WAIT - now)), fire)
+
+        unsubscribe = bus.subscribe(on_event)
+        try:
+            yield
+        finally:
+            unsubscribe()
+            if handle is not None:  # the final write at shutdown
+                handle.cancel()
+                fire()
+            await asyncio.gather(*tasks)
+
+    async def on_disk(self, root: str) -> list[Any] | None:
+        return _read_json(os.path.join(root, "session.json"))
+
+
 class LangGraphSqlite(Approach):
     """LangGraph's ``AsyncSqliteSaver``: the transcript saved as a checkpoint per turn.
 
@@ -401,8 +510,10 @@ class LangGraphSqlite(Approach):
 APPROACHES: list[Approach] = [
     Approach(),
     Checkpointer(),
+    CheckpointerJournal(),
     Naive(),
     TrailingDebounce(),
+    DebounceMaxWait(),
     LangGraphSqlite(),
 ]
 """Every approach of the peer case; adding one is one entry here."""

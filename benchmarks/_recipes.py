@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -109,21 +110,25 @@ def transcript_of(nbytes: int) -> dict[str, Any]:
     return {"messages": transcript(round(nbytes / MESSAGE_BYTES), MESSAGE_BYTES)}
 
 
-def write_floor(path: str, data: bytes) -> None:
-    """The floor: a durable atomic replace of ``path`` with bare ``os`` calls."""
+def write_floor(path: str, data: bytes, fsync: Callable[[int], None] = os.fsync) -> None:
+    """The floor: a durable atomic replace of ``path`` with bare ``os`` calls.
+
+    ``fsync`` is a seam for the floor case's breakdown, which times the
+    write calls alone (without the disk's flush).
+    """
     directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(prefix=".floor.", suffix=".tmp", dir=directory)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(dfd)
+        fsync(dfd)
     finally:
         os.close(dfd)
 

@@ -1,7 +1,7 @@
 """Case ``adapters``: each framework adapter against the framework's own persistence.
 
 The same scripted run for both, on asyncio with the frameworks' offline
-models (``tests/children/adapter_child.py``): a session prefilled with a
+models (``benchmarks/_models.py``): a session prefilled with a
 history, then turns of one tool call each.
 
 * OpenAI Agents SDK: ``CheckpointSession`` on a ``JournalStore`` vs the SDK's
@@ -120,7 +120,8 @@ async def _openai(root: str, history: int, turns: int, ours: bool) -> dict[str, 
 
     from checkpointer import JournalStore
     from checkpointer.openai_agents import CheckpointSession
-    from tests.children.adapter_child import openai_agent
+
+    from ._models import openai_agent
 
     agent = openai_agent()
     if ours:
@@ -172,7 +173,8 @@ async def _langgraph(root: str, history: int, turns: int, ours: bool) -> dict[st
 
     from checkpointer import JournalStore
     from checkpointer.langgraph import CheckpointSaver
-    from tests.children.adapter_child import CONFIG, langgraph_graph
+
+    from ._models import CONFIG, langgraph_graph
 
     prefill = [
         HumanMessage(m["content"]) if m["role"] == "user" else AIMessage(m["content"])
@@ -235,7 +237,8 @@ async def _pydantic(root: str, history: int, turns: int, ours: bool) -> dict[str
 
     from checkpointer import JournalStore
     from checkpointer.pydantic_ai import CheckpointConversationStore
-    from tests.children.adapter_child import pydantic_agent
+
+    from ._models import pydantic_agent
 
     agent = pydantic_agent()
     prefill: list[Any] = []
@@ -307,7 +310,7 @@ def _run(kind: str, history: int, turns: int, ours: bool) -> dict[str, float]:
 def main(quick: bool) -> dict[str, Any]:
     """One table per framework, and the bars; a ``Report`` as a dict."""
     os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
-    history, turns, repeats = (200, 5, 1) if quick else (2000, 20, 3)
+    history, turns, repeats = (100, 3, 1) if quick else (2000, 20, 3)
     report = Report(title="Framework adapters vs each framework's own persistence")
     for kind, (_, peer_name) in _CASES.items():
         try:

@@ -18,7 +18,18 @@ PostgresStore / FileStore:
   one, and journal / snapshot at the long one; rows inserted per checkpoint.
 * **sessions/s**: N worker processes, each with its own store, checkpoint
   their own sessions (4 KiB each) as fast as they can; the total of durable
-  checkpoints per second.
+  checkpoints per second.  The same for LangGraph's ``AsyncPostgresSaver``
+  (``langgraph-checkpoint-postgres``, extra ``bench``) on the same server:
+  each worker ``aput``s the same 4 KiB session as a checkpoint, on asyncio.
+  Bar: PostgresStore at least 1x LangGraph's saver.
+* **against LangGraph at 1,000 messages**: one message added to a session
+  of 1,000, checkpointed: ``PostgresJournalStore`` (``write_now``, asyncio)
+  and ``AsyncPostgresSaver`` (``aput`` of the whole transcript as a new
+  channel version, which is what a ``StateGraph`` with ``add_messages``
+  stores), on one loop with a 1 ms ticker.  Bytes per checkpoint are the
+  WAL the server wrote for it (``pg_current_wal_lsn()`` before and after:
+  rows, indexes, TOAST, everything made durable); the stall is the worst
+  ticker lag during a checkpoint.  Bar: the journal's bytes at most 1/10.
 
 The server is ``$CHECKPOINTER_BENCH_DSN`` when set (point it at the server
 you deploy on), else a private throwaway cluster started here (``tests/pg.py``,
@@ -40,7 +51,7 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -119,6 +130,49 @@ def _drop_schema(dsn: str, schema: str) -> None:
 
     with contextlib.suppress(psycopg.Error), psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'.encode())
+
+
+def _langgraph_missing() -> str | None:
+    """Why LangGraph's PostgreSQL saver cannot be measured here, or None."""
+    try:
+        import langgraph.checkpoint.postgres.aio  # noqa: F401
+    except ImportError:
+        return "langgraph-checkpoint-postgres is not installed (pip install -e '.[bench]')"
+    return None
+
+
+def _in_schema(dsn: str, schema: str) -> str:
+    """``dsn`` with ``schema`` first on its search path (LangGraph's tables have no schema)."""
+    import psycopg
+    from psycopg.conninfo import make_conninfo
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'.encode())
+    return make_conninfo(dsn, options=f"-csearch_path={schema}")
+
+
+async def _langgraph_setup(dsn: str) -> None:
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    async with AsyncPostgresSaver.from_conn_string(dsn) as saver:
+        await saver.setup()
+
+
+def _lg_config(thread: str, checkpoint_id: str | None = None) -> Any:
+    configurable = {"thread_id": thread, "checkpoint_ns": ""}
+    if checkpoint_id is not None:
+        configurable["checkpoint_id"] = checkpoint_id
+    return {"configurable": configurable}
+
+
+def _wal_lsn(dsn: str) -> int:
+    """The server's current WAL position, in bytes."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(b"SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')").fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 # -- latency and loop stall ---------------------------------------------------
@@ -290,11 +344,14 @@ def _worker(
     ready: multiprocessing.synchronize.Barrier,
     out: Any,
 ) -> None:
+    keys = [f"w{wid}-s{i}" for i in range(8)]
+    if kind == "langgraph":
+        out.put(anyio.run(_langgraph_worker, target, keys, seconds, ready))
+        return
     store: Store = FileStore(target) if kind == "file" else PostgresStore(target, schema=schema)
     store.open()
     state = b'{"messages":[' + b",".join([b'"' + b"x" * 1000 + b'"'] * 4) + b"]}"
     now = datetime.now(UTC)
-    keys = [f"w{wid}-s{i}" for i in range(8)]
     count = 0
     ready.wait()
     deadline = time.perf_counter() + seconds
@@ -306,6 +363,31 @@ def _worker(
     out.put(count)
     if isinstance(store, PostgresStore):
         store.close()
+
+
+async def _langgraph_worker(
+    dsn: str, keys: list[str], seconds: float, ready: multiprocessing.synchronize.Barrier
+) -> int:
+    """The fleet worker on LangGraph's saver: the same sessions, ``aput`` as fast as it can."""
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    messages = ["x" * 1000] * 4  # the 4 KiB session the other workers write
+    configs = {key: _lg_config(key) for key in keys}
+    count = 0
+    async with AsyncPostgresSaver.from_conn_string(dsn) as saver:
+        ready.wait()
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            key = keys[count % len(keys)]
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"messages": messages}
+            checkpoint["channel_versions"] = {"messages": count + 1}
+            configs[key] = await saver.aput(
+                configs[key], checkpoint, {"source": "loop", "step": count}, {"messages": count + 1}
+            )
+            count += 1
+    return count
 
 
 def _throughput(kind: str, target: str, schema: str, workers: int, seconds: float) -> float:
@@ -333,27 +415,201 @@ def _throughput(kind: str, target: str, schema: str, workers: int, seconds: floa
 
 
 def _fleet(dsn: str, root: str, counts: list[int], seconds: float, report: Report) -> None:
+    missing = _langgraph_missing()
     table = Table(
         title=f"sessions checkpointed per second: N processes, 4 KiB each, {seconds:g} s a run",
-        columns=["worker processes", "FileStore", "PostgresStore", "PostgresStore / FileStore"],
+        columns=[
+            "worker processes",
+            "FileStore",
+            "PostgresStore",
+            "LangGraph AsyncPostgresSaver",
+            "PostgresStore / FileStore",
+            "PostgresStore / LangGraph",
+        ],
         rows=[],
     )
     schema = "bench_" + uuid.uuid4().hex[:8]
     with PostgresStore(dsn, schema=schema) as setup:
         setup.open()  # the schema, before the workers race for it
+    lg_dsn = ""
+    if missing is None:
+        lg_dsn = _in_schema(dsn, schema + "_lg")
+        anyio.run(_langgraph_setup, lg_dsn)
     try:
         for n in counts:
             file_rate = _throughput("file", root, schema, n, seconds)
             pg_rate = _throughput("postgres", dsn, schema, n, seconds)
+            lg_rate = _throughput("langgraph", lg_dsn, schema, n, seconds) if lg_dsn else None
             table.rows.append(
-                [n, f"{file_rate:.0f}/s", f"{pg_rate:.0f}/s", f"{pg_rate / file_rate:.2f}x"]
+                [
+                    n,
+                    f"{file_rate:.0f}/s",
+                    f"{pg_rate:.0f}/s",
+                    "-" if lg_rate is None else f"{lg_rate:.0f}/s",
+                    f"{pg_rate / file_rate:.2f}x",
+                    "-" if lg_rate is None else f"{pg_rate / lg_rate:.2f}x",
+                ]
             )
             report.ratios.append(
                 ratio(f"{n} workers: sessions/s PostgresStore / FileStore", pg_rate / file_rate)
             )
+            if lg_rate is not None:
+                report.ratios.append(
+                    ratio(
+                        f"{n} workers: sessions/s PostgresStore / AsyncPostgresSaver",
+                        pg_rate / lg_rate,
+                        ">=",
+                        1.0,
+                        note=f"{pg_rate:.0f}/s vs {lg_rate:.0f}/s durable checkpoints",
+                    )
+                )
     finally:
         _drop_schema(dsn, schema)
+        if lg_dsn:
+            _drop_schema(dsn, schema + "_lg")
+    if missing is not None:
+        report.notes.append(f"LangGraph AsyncPostgresSaver not measured: {missing}")
     report.tables.append(table)
+
+
+# -- against LangGraph's saver at 1,000 messages ----------------------------------
+
+
+async def _ticked(
+    checkpoint: Callable[[int], Awaitable[object]], repeats: int
+) -> tuple[list[float], list[float]]:
+    """Latency and worst ticker lag of ``checkpoint(n)`` for n in range(repeats), on one loop."""
+    latencies: list[float] = []
+    stalls: list[float] = []
+    lags: list[float] = []
+    period = 0.001
+
+    async def tick() -> None:
+        while True:
+            t0 = time.perf_counter()
+            await anyio.sleep(period)
+            lags.append(time.perf_counter() - t0 - period)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tick)
+        await anyio.sleep(0.01)
+        for n in range(repeats):
+            await anyio.sleep(0.003)  # the ticker settles between checkpoints
+            mark = len(lags)
+            t0 = time.perf_counter()
+            await checkpoint(n)
+            latencies.append(time.perf_counter() - t0)
+            await anyio.sleep(0.002)  # the tick that was due during it lands
+            stalls.append(max(lags[mark:], default=0.0))
+        tg.cancel_scope.cancel()
+    return latencies, stalls
+
+
+def _chat(length: int) -> list[Message]:
+    rng = random.Random(length)
+    return [Message("user", " ".join(rng.choice(_WORDS) for _ in range(30))) for _ in range(length)]
+
+
+async def _ours_at(dsn: str, schema: str, length: int, repeats: int) -> tuple[Any, int]:
+    key = f"chat{length}"
+    state = {"messages": _chat(length)}
+    store = PostgresJournalStore(dsn, schema=schema)
+    try:
+        async with CheckpointWriter(lambda: Snapshot(key, state), store, exit_hooks=False) as w:
+            await w.write_now()  # the history, before the measured checkpoints
+
+            async def one(n: int) -> None:
+                state["messages"].append(Message("assistant", f"reply {n}"))
+                result = await w.write_now()
+                if not isinstance(result, Written):
+                    raise RuntimeError(f"write failed: {result}")
+
+            wal0 = _wal_lsn(dsn)
+            figures = await _ticked(one, repeats)
+            return figures, _wal_lsn(dsn) - wal0
+    finally:
+        store.close()
+
+
+async def _langgraph_at(dsn: str, length: int, repeats: int) -> tuple[Any, int]:
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+
+    messages = [{"role": m.role, "content": m.content} for m in _chat(length)]
+    config = _lg_config(f"chat{length}")
+    async with AsyncPostgresSaver.from_conn_string(dsn) as saver:
+        step = 0
+
+        async def put() -> None:
+            nonlocal config, step
+            step += 1
+            checkpoint = empty_checkpoint()
+            checkpoint["channel_values"] = {"messages": list(messages)}
+            checkpoint["channel_versions"] = {"messages": step}
+            config = await saver.aput(
+                config, checkpoint, {"source": "loop", "step": step}, {"messages": step}
+            )
+
+        await put()  # the history
+
+        async def one(n: int) -> None:
+            messages.append({"role": "assistant", "content": f"reply {n}"})
+            await put()
+
+        wal0 = _wal_lsn(dsn)
+        figures = await _ticked(one, repeats)
+        return figures, _wal_lsn(dsn) - wal0
+
+
+def _against_langgraph(dsn: str, length: int, repeats: int, report: Report) -> None:
+    missing = _langgraph_missing()
+    if missing is not None:
+        report.notes.append(f"LangGraph AsyncPostgresSaver not measured: {missing}")
+        return
+    table = Table(
+        title=f"one message added to {length:,} messages, checkpointed (asyncio, 1 ms ticker)",
+        columns=["saver", "latency", "loop stall (worst tick lag)", "WAL bytes per checkpoint"],
+        rows=[],
+    )
+    schema = "bench_" + uuid.uuid4().hex[:8]
+    lg_dsn = _in_schema(dsn, schema + "_lg")
+    try:
+        anyio.run(_langgraph_setup, lg_dsn)
+        (o_lat, o_stall), o_wal = anyio.run(_ours_at, dsn, schema, length, repeats)
+        (l_lat, l_stall), l_wal = anyio.run(_langgraph_at, lg_dsn, length, repeats)
+    finally:
+        _drop_schema(dsn, schema)
+        _drop_schema(dsn, schema + "_lg")
+    ours, theirs = o_wal / repeats, l_wal / repeats
+    table.rows.append(["PostgresJournalStore", stat(o_lat), stat(o_stall), stat([ours], "B")])
+    table.rows.append(
+        ["LangGraph AsyncPostgresSaver", stat(l_lat), stat(l_stall), stat([theirs], "B")]
+    )
+    report.tables.append(table)
+    report.ratios.append(
+        ratio(
+            f"{length:,} messages: WAL bytes per checkpoint journal / AsyncPostgresSaver",
+            ours / theirs,
+            "<=",
+            0.1,
+            note=f"{ours / 1024:.1f} KiB vs {theirs / 1024:.1f} KiB",
+        )
+    )
+    report.ratios.append(
+        ratio(
+            f"{length:,} messages: loop stall journal / AsyncPostgresSaver",
+            stat(o_stall).p90 / max(stat(l_stall).p90, 1e-6),
+            note=f"p90 of the worst tick lag per checkpoint: {stat(o_stall).p90 * 1e3:.2f} ms "
+            f"vs {stat(l_stall).p90 * 1e3:.2f} ms",
+        )
+    )
+    report.ratios.append(
+        ratio(
+            f"{length:,} messages: checkpoint latency journal / AsyncPostgresSaver",
+            statistics.median(o_lat) / statistics.median(l_lat),
+            note="medians",
+        )
+    )
 
 
 # -- the case ---------------------------------------------------------------------
@@ -367,14 +623,26 @@ def main(quick: bool = False) -> dict[str, Any]:
     lengths = [100, 10_000] if quick else [100, 100_000]
     seconds = 0.3 if quick else 3.0
     report = Report(
-        title="PostgresStore next to FileStore: latency, loop stall, journal growth, sessions/s"
+        title="PostgresStore next to FileStore and LangGraph's AsyncPostgresSaver: latency, "
+        "loop stall, journal growth, sessions/s"
     )
+    if os.environ.get("CHECKPOINTER_BENCH_DSN") is None:
+        sys.path.insert(0, ROOT)
+        from tests.pg import find_binaries
+
+        if find_binaries() is None:
+            report.notes.append(
+                "skipped: no PostgreSQL server binaries found (install PostgreSQL, or point "
+                "$CHECKPOINTER_BENCH_DSN at a server)"
+            )
+            return msgspec.to_builtins(report)  # type: ignore[no-any-return]
     with scratch_dir("pg-") as scratch:
         root = os.path.join(scratch, "files")
         with _server(scratch) as (dsn, server):
             _latency(dsn, root, sizes, repeats, report)
             _growth(dsn, lengths, repeats, report)
             _fleet(dsn, os.path.join(root, "fleet"), counts, seconds, report)
+            _against_langgraph(dsn, 1_000, repeats, report)
     report.notes.append(f"server: {server}")
     report.notes.append(f"{os.cpu_count()} CPUs; ratios are PostgresStore / FileStore in one run")
     return msgspec.to_builtins(report)  # type: ignore[no-any-return]

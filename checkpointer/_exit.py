@@ -23,7 +23,11 @@ Facts this module is built on (``../shared/FACTS.md``):
 Handlers are installed when the first writer with ``exit_hooks=True`` opens
 on the main thread and restored when the last one closes, unless another
 handler was installed on top of ours meanwhile; ours then stays and, with no
-writer left, only chains.  Each installation is its own ``_Handler`` that
+writer left, only chains.  A last writer closed off the main thread (where
+``signal.signal`` cannot be called) leaves the restoration to the main
+thread: its event loop, if the writer ran on one there
+(``restore_pending``), else the main thread's next register, unregister or
+write; meanwhile ours only chain.  Each installation is its own ``_Handler`` that
 remembers what it replaced, so a writer opened later over an application
 handler that chains to an earlier ``_Handler`` adds a layer instead of
 making a loop (ours -> the app's -> ours -> ...).
@@ -32,8 +36,8 @@ A forked child (a ``multiprocessing`` worker, ``os.fork``) inherits the
 atexit callbacks, the signal handlers and this registry, but none of those
 writers is its own: writing would put the child's stale copy of the state
 over the parent's file, and releasing their locks would release the
-parent's.  So right after a fork the child forgets them (atexit callbacks
-unregistered, the list and the deferred signals emptied, a fresh registry
+parent's.  So right after a fork the child forgets them (the registry and the
+deferred signals emptied, a fresh registry
 lock in case another thread held it at the fork).  Our handlers stay and
 only chain, the way they do with no writer open; a writer the child opens
 itself registers as usual.  Each writer also checks its pid before any
@@ -57,7 +61,15 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any, Protocol
 
-__all__ = ["HANDLED_SIGNALS", "Flushable", "busy", "register", "run_deferred", "unregister"]
+__all__ = [
+    "HANDLED_SIGNALS",
+    "Flushable",
+    "busy",
+    "register",
+    "restore_pending",
+    "run_deferred",
+    "unregister",
+]
 
 logger = logging.getLogger("checkpointer")
 
@@ -84,10 +96,20 @@ class Flushable(Protocol):
         ...
 
 
-_writers: list[Flushable] = []
+# Insertion-ordered, and O(1) to add and remove: an agent server opens and
+# closes thousands of writers (a list's remove and atexit.unregister, which
+# scans every callback, made closing quadratic).  One atexit hook flushes them
+# all, the newest first, as one callback per writer used to.
+_writers: dict[Flushable, None] = {}
+_atexit_hooked = False
+_MISSING: Any = object()
 _deferred: list[tuple[_Handler, int]] = []
 _registry_lock = threading.Lock()  # never taken inside a signal handler
 _busy: dict[int, int] = {}  # thread id -> store calls in progress on it (see busy)
+# The last writer was unregistered off the main thread, where signal.signal
+# cannot be called: our handlers (which only chain now) are to be restored on
+# the main thread at its next chance (restore_pending).
+_restore_wanted = False
 
 
 class _Handler:
@@ -113,11 +135,26 @@ class _Handler:
         _chain(self.previous, signum, frame)
 
 
+def _flush_all_at_exit() -> None:
+    """The one atexit hook: flush every writer still registered, the newest first."""
+    for writer in reversed(list(_writers)):
+        if writer not in _writers:  # an earlier flush may have closed this one
+            continue
+        try:
+            writer.flush_at_exit()
+        except Exception:  # as atexit would: report it, and flush the others
+            logger.exception("checkpointer: an exit flush raised")
+
+
 def register(writer: Flushable) -> None:
     """Flush ``writer`` at exit and on SIGTERM/SIGHUP until ``unregister``."""
+    global _atexit_hooked, _restore_wanted
     with _registry_lock:
-        _writers.append(writer)
-        atexit.register(writer.flush_at_exit)
+        _restore_wanted = False  # our handlers are in use again
+        _writers[writer] = None
+        if not _atexit_hooked:
+            atexit.register(_flush_all_at_exit)
+            _atexit_hooked = True
         if threading.current_thread() is threading.main_thread():
             for signum in HANDLED_SIGNALS:
                 current = signal.getsignal(signum)
@@ -125,25 +162,61 @@ def register(writer: Flushable) -> None:
                     signal.signal(signum, _Handler(current))
 
 
-def unregister(writer: Flushable) -> None:
-    """Undo ``register``; restore the signal handlers we replaced if we can."""
+def unregister(writer: Flushable) -> bool:
+    """Undo ``register``; restore the signal handlers we replaced if we can.
+
+    Returns:
+        False if the handlers are still to be restored on the main thread
+        (the last writer left from another thread): the caller may arrange
+        a call of ``restore_pending`` there (on its event loop); otherwise
+        the main thread's next ``register``, ``unregister`` or write does it.
+        True otherwise.
+    """
+    global _restore_wanted
     with _registry_lock:
-        try:
-            _writers.remove(writer)
-        except ValueError:
-            return
-        atexit.unregister(writer.flush_at_exit)
-        if _writers or threading.current_thread() is not threading.main_thread():
-            return
-        for signum in HANDLED_SIGNALS:
-            current = signal.getsignal(signum)
-            if isinstance(current, _Handler):
-                previous = current.previous
-                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        if _writers.pop(writer, _MISSING) is _MISSING:
+            return not _restore_wanted
+        if _writers:
+            return True
+        if threading.current_thread() is not threading.main_thread():
+            _restore_wanted = True
+            return False
+        _restore_handlers()
+        return True
+
+
+def restore_pending() -> None:
+    """On the main thread: restore the handlers a last writer left off it could not.
+
+    A no-op elsewhere, when nothing is pending, or when the registry is busy
+    (it may be this thread's own, interrupted by a signal): a later call
+    restores them.
+    """
+    if not _restore_wanted or threading.current_thread() is not threading.main_thread():
+        return
+    if not _registry_lock.acquire(blocking=False):
+        return
+    try:
+        if _restore_wanted and not _writers:
+            _restore_handlers()
+    finally:
+        _registry_lock.release()
+
+
+def _restore_handlers() -> None:
+    """Put back the handlers ours replaced (main thread, under the registry lock)."""
+    global _restore_wanted
+    _restore_wanted = False
+    for signum in HANDLED_SIGNALS:
+        current = signal.getsignal(signum)
+        if isinstance(current, _Handler):
+            previous = current.previous
+            signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
 
 
 def run_deferred() -> None:
     """Handle signals that arrived during a write on this thread (main only)."""
+    restore_pending()
     if not _deferred or threading.current_thread() is not threading.main_thread():
         return
     me = threading.get_ident()
@@ -158,9 +231,7 @@ def _after_fork_in_child() -> None:
     """Forget the parent's writers: nothing of theirs may run in a forked child."""
     global _registry_lock
     _registry_lock = threading.Lock()
-    for writer in _writers:
-        atexit.unregister(writer.flush_at_exit)
-    _writers.clear()
+    _writers.clear()  # the one atexit hook stays: with no writer it does nothing
     _deferred.clear()
 
 

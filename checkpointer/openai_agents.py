@@ -25,14 +25,14 @@ raises ``CheckpointFailed`` if it could not be written.
 Resuming.  The SDK 0.24 saves a tool call together with its output, after
 the tool returns, so a kill inside a tool leaves no call without an output;
 a history that has one anyway (a store written by another version, a
-``pop_item`` that took an output) is repaired on load by
-``_close_dangling_calls``: each unanswered call gets an output saying
-``CLOSED_CALL_TEXT``.  That repair is this module's own, in the Responses
-dialect, until the transcript helpers learn the dialect (see there).  The
-made-up outputs are what ``get_items`` shows, never what is stored, and the
-real output of such a call (an approval, ``needs_approval=True``, resumed
-from a ``RunState`` in a new process) replaces it: the stored history has
-one output per call, as the SDK's ``SQLiteSession`` has.
+``pop_item`` that took an output, ``needs_approval`` tools) is repaired on
+load by ``close_dangling_tool_calls``, in the Responses dialect: each
+unanswered call gets the output item of its type saying
+``CLOSED_CALL_TEXT``, right after the call.  The made-up outputs are what
+``get_items`` shows, never what is stored, and the real output of such a
+call (an approval, ``needs_approval=True``, resumed from a ``RunState`` in a
+new process) replaces it: the stored history has one output per call, as
+the SDK's ``SQLiteSession`` has.
 
 One process per session.  Entering raises ``CheckpointFailed`` (reason
 ``"locked"``, naming the key, the holder and the way out) when another
@@ -57,7 +57,6 @@ import anyio.to_thread
 import msgspec
 
 from checkpointer import (
-    CLOSED_CALL_TEXT,
     Checkpoint,
     CheckpointWriter,
     Failed,
@@ -66,6 +65,7 @@ from checkpointer import (
     Result,
     Snapshot,
     Store,
+    close_dangling_tool_calls,
     load,
 )
 
@@ -76,16 +76,6 @@ if TYPE_CHECKING:
 __all__ = ["CheckpointFailed", "CheckpointSession", "session_key"]
 
 _KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
-
-# Responses-API items that call a tool, and the type of the item that answers each.
-_CALL_OUTPUT = {
-    "function_call": "function_call_output",
-    "custom_tool_call": "custom_tool_call_output",
-    "computer_call": "computer_call_output",
-    "local_shell_call": "local_shell_call_output",
-    "shell_call": "shell_call_output",
-    "apply_patch_call": "apply_patch_call_output",
-}
 
 
 class CheckpointFailed(RuntimeError):
@@ -113,31 +103,6 @@ def session_key(session_id: str) -> str:
     ):
         return session_id
     return "session-" + hashlib.sha256(session_id.encode()).hexdigest()[:40]
-
-
-def _close_dangling_calls(items: list[Any]) -> tuple[list[Any], int]:
-    """Give every tool call without an output an error output; return the copy and the count.
-
-    The seam a Responses-dialect ``close_dangling_tool_calls`` will replace:
-    items are dicts with ``type`` and ``call_id`` (no ``role`` for tool
-    items); a call is answered by a later item of the output type with its
-    ``call_id``.  The synthetic output goes right after the call.
-    """
-    answered = {(item.get("type"), item.get("call_id")) for item in items if isinstance(item, dict)}
-    out: list[Any] = []
-    count = 0
-    for item in items:
-        out.append(item)
-        if not isinstance(item, dict):
-            continue
-        output_type = _CALL_OUTPUT.get(item.get("type"))  # type: ignore[arg-type]
-        call_id = item.get("call_id")
-        if output_type is None or not isinstance(call_id, str):
-            continue
-        if (output_type, call_id) not in answered:
-            out.append({"type": output_type, "call_id": call_id, "output": CLOSED_CALL_TEXT})
-            count += 1
-    return out, count
 
 
 _DECODER = msgspec.json.Decoder()
@@ -217,12 +182,12 @@ class CheckpointSession:
         self._durability = durability
         self._options = writer_options
         self._items: list[Any] = []
-        # (type, call_id) -> the output _close_dangling_calls made up on load:
+        # (type, call_id) -> the output close_dangling_tool_calls made up on load:
         # shown by get_items, never stored, dropped when the real one arrives.
         self._synthetic: dict[tuple[str, str], Any] = {}
         self._writer: CheckpointWriter[Snapshot] | None = None
         self.repaired = 0
-        """Tool calls closed on load (``_close_dangling_calls``)."""
+        """Tool calls closed on load (``close_dangling_tool_calls``)."""
         self.resumed_from: Checkpoint[Any] | None = None
         """The checkpoint the items were loaded from, or None for a new session."""
 
@@ -268,7 +233,7 @@ class CheckpointSession:
         self.resumed_from = checkpoint
         if checkpoint is not None:
             stored = checkpoint.state.messages
-            self._items, self.repaired = _close_dangling_calls(stored)
+            self._items, self.repaired = close_dangling_tool_calls(stored)
             self._note_synthetic(stored)
         return checkpoint
 

@@ -18,35 +18,44 @@ cut left; a child process (forked from a helper, as in ``tests.torture``)
 opens the store and checkpoints through a real ``CheckpointWriter``, on
 asyncio, trio, uvloop or the sync writer, with timer writes, ``write_now()``
 and ``flush_sync()`` from a worker thread, states ``state_for(n)`` that
-grow and compact; it reports every ``Written`` on its pipe (``W <seq> <n>``),
-and every summary checkpoint (``S <n>``).  The power goes either right
+grow and compact; it reports on its pipe every ``Written`` the writer
+returned to it (``R <seq> <n>``), every store commit that returned (``W
+<seq> <n>``: the timer's writes too), and every summary checkpoint (``S
+<n>``).  A *neighbour* thread in the child fsyncs the store's root at random
+moments, as another session's write in the same root would, so that the
+temp file of a write in progress can become durable and outlive the cut.
+The power goes either right
 after the k-th call of a chosen kind (``create temp.json``, ``fsync
 temp.json``, ``rename temp.json``, ``fsyncdir``, ``write journal:append``,
 ``fsync journal:compaction``, ...: every step of an atomic replace, of a
 journal append, compaction and rewrite, of taking a lock), so cuts land
 between any two steps, or at a random moment, or while the child starts.
-Then the child is SIGKILLed, the filesystem unmounted and rewritten to what
-was durable, and checked:
+The child runs on a little on the dead disk (its calls fail with EIO: any
+``Written`` it is told then must still be on disk), then it is SIGKILLed,
+the filesystem unmounted and rewritten to what was durable, and checked:
 
 * the key loads (or is absent, only if nothing was ever reported written);
 * its state is exactly ``state_for(n)`` for its ``n`` (one state the child
   produced, no mixture);
-* it is at least as new as the last ``Written`` reported before the cut,
-  and never older than what an earlier cut left;
+* it is at least as new as every ``Written`` the writer returned and every
+  commit that returned, and never older than what an earlier cut left;
 * a journal's torn tail (zeros, under ext4) is ignored by ``load``, never
   an error and never data;
-* the next child opens the store, sweeps the dead writers' temp files,
-  takes the key's lock (the stale lock file of the cut writer, empty, zeros
-  or naming it) and its first write succeeds.
+* the next child opens the store, sweeps the dead writers' temp files that
+  the cut left (counted: a temp of a killed child, made durable by the
+  neighbour), takes the key's lock (the stale lock file of the cut writer,
+  empty, zeros or naming it) and its first write succeeds.
 
 ``--store`` picks ``file``, ``file-transcript``, ``journal``, ``summary``
 (a ``FileStore`` plus ``collapse``/``write_summary`` summary checkpoints)
 or ``all``; lock files are checked in every store.  ``--mutate`` runs the
-torture against code with one fsync removed (``file-fsync``: the temp
-file's in ``write_atomic``; ``dir-fsync``: its directory's after the rename;
-``journal-fsync``: the journal append's), by a seam in the child only, and
-reports the cut that caught it: a check that passes with the fsyncs gone
-would test nothing.
+torture against code with one defect put in (``file-fsync``: the temp
+file's fsync in ``write_atomic`` removed; ``dir-fsync``: its directory's
+after the rename; ``journal-fsync``: the journal append's; ``sweep``:
+``open()`` sweeps nothing; ``written-on-failure``: a commit's EIO is
+swallowed, so the writer returns ``Written`` for it), by a seam in the
+child only, and reports the cut that caught it: a check that passes with
+the defect in would test nothing.
 """
 
 from __future__ import annotations
@@ -78,6 +87,7 @@ from tests._powerfs import HANG_GUARD, MODELS, PowerFS
 from tests.children.powercut_child import (
     KEEP_LAST,
     MUTATIONS,
+    NEIGHBOUR_GAP,
     STORES,
     run_child,
     summary_bytes,
@@ -98,6 +108,7 @@ from tests.torture import (
 __all__ = ["MUTATIONS", "STORES", "Summary", "main", "run", "summary_text"]
 
 AIM_WAIT = 2.0  # seconds an aimed cut waits for its call before cutting anyway (not a timing test)
+LINGER = 0.02  # seconds, at most, a child runs on the dead disk before the kill
 
 
 # -- the summary checkpoints -------------------------------------------------------------
@@ -149,7 +160,8 @@ class Summary:
     missed: int = 0  # aimed at a call that did not come in time: cut at that moment
     timed: int = 0
     early: int = 0
-    writes: int = 0
+    writes: int = 0  # store commits that returned
+    returned: int = 0  # Written results the writer returned to the program
     summaries: int = 0
     max_seq: int = 0
     undone: int = 0  # cuts after which the disk had dropped something
@@ -157,8 +169,8 @@ class Summary:
     torn: int = 0
     zero_tails: int = 0
     stale_locks: Counter[str] = field(default_factory=Counter)
-    temps: int = 0
-    swept: int = 0
+    temps: set[str] = field(default_factory=set)  # dead writers' temps a cut left
+    swept: set[str] = field(default_factory=set)  # of those, seen gone after the next open
     caught_at: int | None = None
     seconds: float = 0.0
     steps: Counter[str] = field(default_factory=Counter)
@@ -170,7 +182,7 @@ class Summary:
         return len(self.problems)
 
     def lines(self) -> list[str]:
-        what = f"with {self.mutate} removed, " if self.mutate else ""
+        what = f"with the {self.mutate!r} mutation, " if self.mutate else ""
         locks = ", ".join(f"{k} {v}" for k, v in sorted(self.stale_locks.items())) or "none"
         return [
             f"powercut: {self.cuts} power cuts ({self.model} model) under a process "
@@ -182,20 +194,22 @@ class Summary:
             f"{self.early} while the child started",
             "  the power went right after: "
             + ", ".join(f"{k} {v}" for k, v in self.steps.most_common()),
-            f"  Written reported: {self.writes}; summary checkpoints reported: "
-            f"{self.summaries}; seq reached {self.max_seq}",
+            f"  Written returned to the program: {self.returned}; store commits returned: "
+            f"{self.writes}; summary checkpoints reported: {self.summaries}; seq reached "
+            f"{self.max_seq}",
             f"  cuts that dropped unsynced data or entries: {self.undone}; files left "
             f"zero-filled: {self.zero_filled}; torn journal tails ignored by load: {self.torn} "
             f"(all zeros: {self.zero_tails})",
             f"  stale lock files after a cut ({locks}), each taken by the next writer; "
-            f"dead writers' temp files after a cut: {self.temps}, swept by the next open: "
-            f"{self.swept}",
+            f"dead writers' temp files a cut left: {len(self.temps)}, swept by the next open: "
+            f"{len(self.swept)}",
             f"  after every cut every key loaded, held exactly one state the child produced, "
-            f"at least as new as the last Written reported, and the next writer opened, swept "
-            f"and wrote: {'yes' if not self.problems else 'NO'}",
+            f"at least as new as every Written returned and commit reported, and the next "
+            f"writer opened, swept and wrote: {'yes' if not self.problems else 'NO'}",
             *(f"  LOST: {p}" for p in self.problems),
             f"store={self.store} model={self.model} cuts={self.cuts} writes={self.writes} "
-            f"summaries={self.summaries} undone={self.undone} torn={self.torn} "
+            f"returned={self.returned} summaries={self.summaries} undone={self.undone} "
+            f"temps={len(self.temps)} swept={len(self.swept)} torn={self.torn} "
             f"zero_tails={self.zero_tails} stale_locks={sum(self.stale_locks.values())} "
             f"losses={self.losses}",
         ]
@@ -266,7 +280,7 @@ def run(
         cuts: how many children to start and cut the power under.
         store: a name in ``STORES``.
         model: ``"strict"`` or ``"ext4"`` (see ``tests._powerfs.disk``).
-        mutate: a name in ``MUTATIONS``: the children run without that fsync.
+        mutate: a name in ``MUTATIONS``: the children run with that defect.
         max_bytes: the largest state (see ``state_for``).
         max_delay: a cut at a random moment comes within this many seconds
             after the child is ready.
@@ -297,7 +311,7 @@ def run(
         mountpoint = os.path.join(where, "mnt")
         on_disk = os.path.join(backing, "store")  # the store's root, as the checks read it
         floor, summary_floor = Reported(), [-1]
-        debris = 0  # dead writers' temp files the last cut left
+        debris: set[str] = set()  # dead writers' temp files the last cuts left, not yet swept
         follow: tuple[str, str, int] | None = None  # a step that only the last cut made possible
         for i in range(cuts):
             plan = planner.next()
@@ -309,6 +323,8 @@ def run(
                 plan = (plan[0], plan[1], max(2, plan[2]))
             backend = rng.choice(backends)
             summary.backends[backend] += 1
+            mutation = MUTATIONS[mutate] if mutate is not None else None
+            linger = mutation.linger if mutation is not None else rng.uniform(0.0, LINGER)
             spec: dict[str, Any] = {
                 "root": os.path.join(mountpoint, "store"),
                 "store": store,
@@ -316,11 +332,12 @@ def run(
                 "max_bytes": max_bytes,
                 "seed": rng.randrange(2**32),
                 "mutate": mutate,
+                "neighbour": mutation.neighbour if mutation is not None else NEIGHBOUR_GAP,
             }
             fs = PowerFS(backing, mountpoint, model)
             fs.mount()
             try:
-                child, report, hit = _one_cut(fs, zygote, spec, plan, rng, max_delay)
+                child, report, hit = _one_cut(fs, zygote, spec, plan, rng, max_delay, linger)
             finally:
                 fs.close()
             summary.cuts += 1
@@ -335,8 +352,9 @@ def run(
             planner.saw(report["counts"], plan[1] if plan[0] == "aim" else None, hit)
 
             problems = _child_problems(child, debris, summary)
-            count, newest, summarized = _reported(child)
-            summary.writes += count
+            commits, returned, newest, summarized = _reported(child)
+            summary.writes += commits
+            summary.returned += returned
             summary.summaries += len(summarized)
             floor.seq, floor.n = max(floor.seq, newest.seq), max(floor.n, newest.n)
             if summarized:
@@ -352,8 +370,8 @@ def run(
             if kind.summaries:
                 problems += check_summary(on_disk, max_bytes, summary_floor)
             problems += _lock_problems(on_disk, summary)
-            debris = len(file_leftovers(on_disk))
-            summary.temps += debris
+            debris = {os.path.basename(path) for path in file_leftovers(on_disk)}
+            summary.temps |= debris
             summary.max_seq = max(summary.max_seq, floor.seq)
             where_cut = f"after {after!r}"
             summary.problems += [f"cut {i + 1} ({backend}, {where_cut}): {p}" for p in problems]
@@ -361,7 +379,8 @@ def run(
                 aim = f"aim {plan[1]!r} #{plan[2]}" if plan[0] == "aim" else plan[0]
                 progress(
                     f"cut {i + 1}/{cuts} {model} {backend:7} {aim}: power went {where_cut}; "
-                    f"{count} Written, seq {floor.seq}, losses {summary.losses}"
+                    f"{returned} Written, {commits} commits, seq {floor.seq}, temps left "
+                    f"{len(debris)}, losses {summary.losses}"
                 )
             if problems:
                 if summary.caught_at is None:
@@ -382,7 +401,7 @@ def run(
             if file_leftovers(on_disk):
                 summary.problems.append("after the last cut: an open left dead writers' temps")
             else:
-                summary.swept += debris
+                summary.swept |= debris
     summary.seconds = time.monotonic() - started
     return summary
 
@@ -394,8 +413,13 @@ def _one_cut(
     plan: tuple[str, str, int],
     rng: random.Random,
     max_delay: float,
+    linger: float,
 ) -> tuple[_Run, dict[str, Any], bool]:
-    """Start a child on the mounted disk, cut the power as planned, kill it, unmount."""
+    """Start a child on the mounted disk, cut the power as planned, kill it, unmount.
+
+    The child runs on for ``linger`` seconds after the power went: what its
+    writer tells it then (every call fails) must hold too.
+    """
     how, label, count = plan
     if how == "aim":
         fs.arm(label, count)
@@ -411,6 +435,7 @@ def _one_cut(
         else:
             hit = _wait_frozen(fs, zygote, child)
         fs.freeze()
+        time.sleep(linger)
     finally:
         zygote.kill(pid)
     return child, fs.cut(), hit
@@ -433,14 +458,29 @@ def _wait_frozen(fs: PowerFS, zygote: _Zygote, child: _Run) -> bool:
     return True
 
 
-def _reported(child: _Run) -> tuple[int, Reported, list[int]]:
-    """The writes the child reported, the newest of them, and the summaries it reported."""
-    count, newest = child.reported()
-    summarized = [int(line.split()[1]) for line in child.lines if line.startswith("S ")]
-    return count, newest, summarized
+def _reported(child: _Run) -> tuple[int, int, Reported, list[int]]:
+    """What the child reported: commits, Written returned, the newest of both, summaries.
+
+    A ``Written`` the writer returned (``R``) and a store commit that
+    returned (``W``) are both promises that the state is durable: the newest
+    of either is what the disk must hold at least.
+    """
+    commits = returned = 0
+    newest = Reported()
+    summarized = []
+    for line in child.lines:
+        parts = line.split()
+        if len(parts) == 3 and parts[0] in ("W", "R"):
+            commits += parts[0] == "W"
+            returned += parts[0] == "R"
+            newest.seq = max(newest.seq, int(parts[1]))
+            newest.n = max(newest.n, int(parts[2]))
+        elif len(parts) == 2 and parts[0] == "S":
+            summarized.append(int(parts[1]))
+    return commits, returned, newest, summarized
 
 
-def _child_problems(child: _Run, debris: int, summary: Summary) -> list[str]:
+def _child_problems(child: _Run, debris: set[str], summary: Summary) -> list[str]:
     """What the child itself showed: how it ended, its first write, what its open left."""
     problems = []
     if child.status != -signal.SIGKILL:
@@ -460,7 +500,7 @@ def _child_problems(child: _Run, debris: int, summary: Summary) -> list[str]:
             elif parts[1] != "0":
                 problems.append(f"the open left {parts[1]} dead writers' temp files")
             else:
-                summary.swept += debris
+                summary.swept |= debris
         elif parts[0] == "READY" and not cut_short and parts[2:] != ["1", "0"]:
             problems.append(
                 f"the first write of a new child failed (n={parts[1]}): {parts[2]} written, "
@@ -605,16 +645,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _table(rows: list[Summary]) -> list[str]:
     out = [
         "",
-        "| store | model | cuts (aimed / random / starting) | Written reported | "
+        "| store | model | cuts (aimed / random / starting) | Written returned / commits | "
         "summaries reported | cuts that dropped something | zero-filled files | "
-        "torn tails ignored | states lost |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "torn tails ignored | temps left / swept | states lost |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in rows:
         out.append(
             f"| {s.store} | {s.model} | {s.cuts} ({s.aimed} / {s.timed} / {s.early}) | "
-            f"{s.writes} | {s.summaries if s.store == 'summary' else '-'} | {s.undone} | "
-            f"{s.zero_filled} | {s.torn} | {s.losses} |"
+            f"{s.returned} / {s.writes} | {s.summaries if s.store == 'summary' else '-'} | "
+            f"{s.undone} | {s.zero_filled} | {s.torn} | {len(s.temps)} / {len(s.swept)} | "
+            f"{s.losses} |"
         )
     return out
 
@@ -643,7 +684,7 @@ def _steps_table(rows: list[Summary]) -> list[str]:
 
 
 MUTATION_CUTS = 5
-"""A removed fsync must be caught within this many cuts (they are aimed, so it is bounded)."""
+"""A mutation must be caught within this many cuts (they are aimed, so it is bounded)."""
 
 
 def _mutations(
@@ -656,7 +697,7 @@ def _mutations(
     missed = 0
     out = [
         "",
-        "| fsync removed | store | model | caught at cut | what the check saw |",
+        "| mutation | store | model | caught at cut | what the check saw |",
         "|---|---|---|---|---|",
     ]
     for name in names:

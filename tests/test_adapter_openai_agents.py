@@ -22,13 +22,8 @@ os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 from agents import Runner
 from agents.memory import Session, SessionSettings
 
-from checkpointer import CLOSED_CALL_TEXT, JournalStore, load
-from checkpointer.openai_agents import (
-    CheckpointFailed,
-    CheckpointSession,
-    _close_dangling_calls,
-    session_key,
-)
+from checkpointer import CLOSED_CALL_TEXT, JournalStore, close_dangling_tool_calls, load
+from checkpointer.openai_agents import CheckpointFailed, CheckpointSession, session_key
 from tests.children.adapter_child import crash_in_tool, openai_agent, responses_problems
 
 pytestmark = pytest.mark.anyio
@@ -143,7 +138,7 @@ def test_close_dangling_calls_leaves_answered_ones() -> None:
         {"type": "function_call", "call_id": "b"},
         {"type": "function_call_output", "call_id": "b", "output": "ok"},
     ]
-    repaired, count = _close_dangling_calls(items)
+    repaired, count = close_dangling_tool_calls(items)
     assert count == 1
     assert [(i["type"], i["call_id"]) for i in repaired] == [
         ("function_call", "a"),

@@ -45,10 +45,15 @@ EXPECTED = {
         ]
     ],
     "peers": [
-        f"{pattern}: {what} checkpointer / {peer}"
+        f"{pattern}: {what} {ours} / {peer}"
         for pattern in ("steady", "bursty", "stepwise")
-        for what in ("bytes written", "worst stall")
-        for peer in ("naive", "debounce", "langgraph")
+        for what in ("worst stall", "pareto min(bytes, longest wait)")
+        for ours in ("checkpointer", "journal")
+        for peer in ("naive", "debounce", "debounce-max-wait", "langgraph")
+    ]
+    + [
+        f"{pattern}: bytes written journal / langgraph"
+        for pattern in ("steady", "bursty", "stepwise")
     ],
     "growth": [
         f"{store}: cost @10,000 / @100 messages"
@@ -62,6 +67,24 @@ EXPECTED = {
         "worst stall: cached snapshot / naive",
         "worst stall: journal / naive",
         "journal size / rewrite threshold",
+        "@100,000 dict messages: JournalStore checkpoint / one encode of the messages",
+    ],
+    "adapters": [
+        f"{framework}: {what}"
+        for framework in ("openai-agents", "langgraph", "pydantic-ai")
+        for what in ("bytes checkpointer /", "worst stall checkpointer /", "longest wait to disk")
+    ],
+    "sessions": [
+        f"{backend}: {what}"
+        for backend in ("asyncio", "trio")
+        for what in (
+            "open per writer @300 / @30 sessions",
+            "close per writer @300 / @30 sessions",
+            "notify() @300 / @30 sessions",
+            "memory per open writer @300 sessions",
+            "burst checkpoints/s @30 sessions / bare recipe",
+            "burst checkpoints/s @300 sessions / bare recipe",
+        )
     ],
     "prepare": [
         "prepare after 1 append @100,000 vs @100 msgs",
@@ -72,7 +95,7 @@ EXPECTED = {
 }
 
 RATIO_LINE = re.compile(
-    r"^  ratio (?P<case>[\w-]+): (?P<name>.+) = (?:[\d.]+x|n/a) \((?:no bar|bar [<>=]+ [\d.]+x: "
+    r"^  ratio (?P<case>[\w-]+): (?P<name>.+) = (?:-?[\d.]+x|n/a) \((?:no bar|bar [<>=]+ [\d.]+x: "
     r"(?:met|MISSED|n/a))(?:; .*)?\)$"
 )
 

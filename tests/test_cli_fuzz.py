@@ -38,9 +38,9 @@ def test_random_damage() -> None:
 def test_the_harness_catches_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
     """A command that raises is a Crash naming the command and the damaged file."""
 
-    def broken(call: object) -> str:
+    def broken(message: object, width: int = 100) -> str:
         raise AttributeError("'str' object has no attribute 'get'")
 
-    monkeypatch.setattr(report, "_call_name", broken)
+    monkeypatch.setattr(report, "message_line", broken)
     with pytest.raises(Crash, match=r"checkpointer show .* AttributeError(.|\n)*damaged chat"):
         cli_fuzz.check([("chat.json", cli_fuzz.base()["chat.json"])])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -567,3 +568,216 @@ def test_ctrl_c_during_a_timer_write_is_a_bare_keyboard_interrupt(
     assert "TrioInternalError" not in done.stderr
     assert "ExceptionGroup" not in done.stderr
     assert on_disk(FileStore(tmp_path)) == (42, False)
+
+
+# -- Ctrl-C while aclose() writes the final checkpoint ---------------------------------
+
+CTRL_C_AT_CLOSE_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    import anyio
+    from checkpointer import CheckpointWriter, FileStore, Snapshot
+
+    root, backend, where = sys.argv[1], sys.argv[2], sys.argv[3]
+    presses, hooks = int(sys.argv[4]), sys.argv[5] == "1"
+    closing = False
+    pressed = [0]
+    released = threading.Event()  # set once the runner's SIGINT handler ran `presses` times
+
+    def hold(place):
+        if closing and where == place:
+            print("HELD", flush=True)
+            released.wait(30)  # hang guard
+
+    class HeldStore(FileStore):
+        def write(self, key, chunks):
+            hold("write")  # in the final write's thread
+            if closing:
+                time.sleep(0.2)  # a slow disk: the write outlasts the unwinding
+            return super().write(key, chunks)
+
+    state = {"n": 0}
+
+    def source():
+        hold("source")  # on the event loop's thread
+        return Snapshot("s1", dict(state))
+
+    def watch_sigint():
+        runners = signal.getsignal(signal.SIGINT)  # asyncio's runner's, or trio's
+
+        def handler(signum, frame):
+            pressed[0] += 1
+            try:
+                runners(signum, frame)
+            finally:
+                if pressed[0] >= presses:
+                    released.set()
+                os.write(1, b"SIGINT\\n")  # not print(): this may run inside the last one
+
+        signal.signal(signal.SIGINT, handler)
+
+    async def main():
+        global closing
+        watch_sigint()
+        async with CheckpointWriter(
+            source,
+            HeldStore(root),
+            debounce=60,
+            min_interval=60,
+            max_wait=120,
+            exit_hooks=hooks,
+        ) as writer:
+            state["n"] = 1
+            writer.notify()
+            closing = True
+        print("CLOSED", flush=True)
+
+    if backend == "uvloop":
+        import uvloop
+
+        uvloop.install()
+        backend = "asyncio"
+    anyio.run(main, backend=backend)
+    """
+)
+
+
+CTRL_C_AT_CLOSE_CASES = [
+    pytest.param(backend, where, presses, hooks, id=f"{backend}-{name}")
+    for backend in ("asyncio", "uvloop", "trio")
+    for name, where, presses, hooks in (
+        ("in-the-store", "write", 1, True),
+        ("in-source", "source", 1, True),
+        ("twice", "write", 2, True),  # the second one ends the loop under the close
+        ("twice-no-exit-hooks", "write", 2, False),
+    )
+    if backend == "asyncio" or hooks
+]
+
+
+@pytest.mark.parametrize(("backend", "where", "presses", "hooks"), CTRL_C_AT_CLOSE_CASES)
+def test_ctrl_c_during_the_final_write_saves_the_newest_state(
+    tmp_path: Path, backend: str, where: str, presses: int, hooks: bool
+) -> None:
+    """Ctrl-C (once or twice) while aclose() writes, in the store or in source() on the
+    loop: the newest state is on disk, not live, and the program ends on a bare
+    KeyboardInterrupt."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    args = [str(tmp_path), backend, where, str(presses), str(int(hooks))]
+    child = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_AT_CLOSE_CHILD, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert child.stdout is not None
+
+    def said(line: str) -> None:
+        got = child.stdout.readline().strip() if child.stdout is not None else ""
+        if got != line:
+            child.kill()
+            raise AssertionError(f"expected {line!r}, got {got!r}: {child.communicate()}")
+
+    said("HELD")
+    for _ in range(presses):
+        child.send_signal(signal.SIGINT)
+        said("SIGINT")
+    out, err = child.communicate(timeout=HANG_GUARD)
+    assert child.returncode == -signal.SIGINT, err
+    assert "CLOSED" not in out  # Ctrl-C still ends the program ...
+    assert err.strip().splitlines()[-1] == "KeyboardInterrupt", err
+    assert on_disk(FileStore(tmp_path)) == (1, False)  # ... after the final write
+
+
+HUNG_AT_CLOSE_CHILD = textwrap.dedent(
+    """
+    import sys, threading
+    import anyio
+    from checkpointer import CheckpointWriter, FileStore, Snapshot
+
+    root, backend = sys.argv[1], sys.argv[2]
+    closing = False
+
+    class HungStore(FileStore):
+        def write(self, key, chunks):
+            if closing:
+                print("HUNG", flush=True)
+                threading.Event().wait(120)  # a disk that never answers
+            return super().write(key, chunks)
+
+    state = {"n": 0}
+
+    async def main():
+        global closing
+        async with CheckpointWriter(
+            lambda: Snapshot("s1", dict(state)),
+            HungStore(root),
+            close_timeout=0.2,
+            exit_timeout=0.2,
+        ):
+            state["n"], closing = 1, True
+        print("CLOSED", flush=True)
+
+    anyio.run(main, backend=backend)
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_final_write_that_never_ends_does_not_hang_the_exit(tmp_path: Path, backend: str) -> None:
+    """A final write hung for good: aclose() returns at close_timeout and the process
+    exits after waiting exit_timeout for it (no thread of ours keeps it alive)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", HUNG_AT_CLOSE_CHILD, str(tmp_path), backend],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,  # the write hangs for 120 s: waiting for it would end here
+        env=env,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.split()) == (0, ["HUNG", "CLOSED"]), done
+    assert "did not finish within close_timeout=0.2s" in done.stderr
+    assert on_disk(FileStore(tmp_path)) == (0, True)  # the hung write never landed
+
+
+# -- source() returns None at close ------------------------------------------------------
+
+
+class Ending:
+    """A session that ends (``source()`` returns None from then on) before the close."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def source(self) -> Snapshot | None:
+        return None if self.ended else Snapshot(KEY, {"n": 1})
+
+
+@pytest.mark.parametrize("store_type", [FileStore, JournalStore])
+def test_close_after_the_session_ended_leaves_the_file_not_live(
+    tmp_path: Path, store_type: type[FileStore]
+) -> None:
+    """close() whose source() returns None: the last key's checkpoint says live=False."""
+    session = Ending()
+    writer = CheckpointWriter(session.source, store_type(tmp_path), exit_hooks=False).open()
+    assert on_disk(store_type(tmp_path)) == (1, True)
+    session.ended = True
+    assert writer.close() == Skipped("no-identity")
+    assert on_disk(store_type(tmp_path)) == (1, False)
+    key_is_free(store_type, tmp_path)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("store_type", [FileStore, JournalStore])
+async def test_aclose_after_the_session_ended_leaves_the_file_not_live(
+    tmp_path: Path, store_type: type[FileStore]
+) -> None:
+    """aclose() whose source() returns None: the last key's checkpoint says live=False."""
+    session = Ending()
+    async with CheckpointWriter(session.source, store_type(tmp_path), exit_hooks=False):
+        assert on_disk(store_type(tmp_path)) == (1, True)
+        session.ended = True
+    assert on_disk(store_type(tmp_path)) == (1, False)
+    key_is_free(store_type, tmp_path)

@@ -123,10 +123,13 @@ def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
 class Agent:
     """A conflict_child.py process: send it commands, read its JSON lines."""
 
-    def __init__(self, place: Place, name: str, *, resume: bool = False) -> None:
+    def __init__(
+        self, place: Place, name: str, *, resume: bool = False, wait: bool = False
+    ) -> None:
         args = [sys.executable, str(CHILD), place.spec, KEY, name]
+        args += ["--resume"] * resume + ["--wait"] * wait
         self.proc = subprocess.Popen(
-            [*args, "--resume"] if resume else args,
+            args,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -257,6 +260,30 @@ def test_a_writer_locked_out_at_once_still_notes_what_it_saw(place: Place) -> No
     assert (result["result"], result["reason"]) == ("Failed", "conflict"), result
     b.close()
     assert load(place.store(), KEY) == a_last
+
+
+def test_a_second_process_waiting_for_the_lock_never_replaces_what_was_written_meanwhile(
+    place: Place,
+) -> None:
+    """B (lock_timeout=, no resume_from) loads A's first message and waits for the lock
+    while A writes twice more and closes; B then gets the lock and finds a conflict:
+    its window opened at its first attempt, before the wait, and A's work stays whole."""
+    a, b = Agent(place, "A"), Agent(place, "B", wait=True)
+    assert a.start().append("one")["result"] == "Written"
+    b.send("go")
+    assert b.read("loaded")["n"] == 1
+    b.read("waiting")  # B's first write attempt waits for A's lock
+    assert a.append("two")["result"] == "Written"
+    assert a.append("three")["result"] == "Written"
+    assert a.close()["failures"] == 0
+    a_final = load(place.store(), KEY)
+    assert a_final is not None
+    assert b.read("open")["writes"] == 0
+    refused = b.append("mine")
+    assert (refused["result"], refused["reason"]) == ("Failed", "conflict"), refused
+    assert b.close()["writes"] == 0
+    assert load(place.store(), KEY) == a_final
+    assert contents(place.store()) == ["A: one", "A: two", "A: three"]
 
 
 # -- resume_from, in this process ----------------------------------------------------

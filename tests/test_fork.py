@@ -445,3 +445,32 @@ def test_writer_opens_in_child_while_parent_registry_was_busy(tmp_path: Path) ->
         assert in_child(child) == 0
     cp = load(store, "c")
     assert cp is not None and cp.meta.live is False and cp.state["pid"] != os.getpid()
+
+
+@pytest.mark.parametrize("held", ["_lock", "_witness_lock"])
+def test_journal_writer_opens_in_child_while_a_commit_was_in_flight(
+    tmp_path: Path, held: str
+) -> None:
+    """A child writer on an inherited JournalStore appends, though a commit held its locks."""
+    store = JournalStore(tmp_path / "root")
+    with CheckpointWriter(lambda: Snapshot("k", {"messages": ["m1"]}), store):
+        pass
+    assert store.statistics("k").size is not None  # the parent knows k's journal
+
+    def child() -> None:
+        signal.alarm(10)  # hang guard: a deadlock on the inherited lock dies of SIGALRM
+        assert store.statistics("k").size is None  # the parent's tracks are not trusted here
+        state = {"messages": ["c1", os.getpid()]}
+        with CheckpointWriter(lambda: Snapshot("c", state), store, exit_timeout=1.0) as writer:
+            appends = store.statistics().appends
+            state["messages"].append("c2")
+            writer.notify()
+            assert type(writer.flush_sync()).__name__ == "Written"
+            assert store.statistics().appends == appends + 1  # not a compaction for a held lock
+        signal.alarm(0)
+
+    with getattr(store, held):  # as if the parent's worker thread were inside commit()
+        assert in_child(child) == 0
+    cp = load(store, "c")
+    assert cp is not None and cp.meta.live is False
+    assert cp.state["messages"][0] == "c1" and cp.state["messages"][2] == "c2"

@@ -413,7 +413,7 @@ def test_unknown_fields_in_rows_are_ignored(tmp_path: Path) -> None:
 
 _TORN = {
     "partial-line": (b'{"kind":"message","mess', 8, "no newline"),
-    "garbage-last-line": (b"\x00\x00\x00\x00\n", 8, "not a journal row"),
+    "garbage-last-line": (b"\x00\x00\x00\x00\n", 8, "NUL bytes from line 8"),
     "unclosed-append": (
         _line({"kind": "message", "message": {"c": 3}}) + b'{"kind":"mes',
         8,

@@ -9,17 +9,27 @@ again, cuts any torn tail, and goes on.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from checkpointer import CheckpointWriter, JournalStore, Snapshot, load
+from checkpointer import (
+    CheckpointError,
+    CheckpointWriter,
+    JournalStore,
+    Skipped,
+    Snapshot,
+    Written,
+    load,
+)
 
 from .children import journal_child
 
@@ -107,3 +117,94 @@ def test_child_session_replays() -> None:
     assert journal_child.session_at(8) == journal_child.session_at(8)
     assert journal_child.session_at(7)["messages"][0]["role"] == "system"
     assert len(Snapshot("s1", journal_child.session_at(1)).state["messages"]) == 412
+
+
+# -- an append persisted out of order: a zero hole, then a page that reached the disk ------
+
+PAGE = 4096
+
+
+def session_of(n: int) -> dict[str, object]:
+    """A state whose messages of ~2.5 KiB make one append of several pages."""
+    return {"n": n, "messages": [f"m{i}:" + "x" * 2500 for i in range(n)]}
+
+
+def journals_of(root: Path, ns: list[int]) -> list[bytes]:
+    """Commit ``session_of(n)`` for each n with one writer; the journal's bytes after each."""
+    current = {"state": session_of(ns[0])}
+    out = []
+    with CheckpointWriter(lambda: Snapshot("k", current["state"]), JournalStore(root)) as writer:
+        for n in ns:
+            current["state"] = session_of(n)
+            writer.notify()
+            writer.flush_sync()
+            out.append((root / "k.jsonl").read_bytes())
+    return out
+
+
+def crash_images(base: bytes, full: bytes) -> Iterator[tuple[str, bytes]]:
+    """What a crash during the append ``full[len(base):]`` may leave, page by page.
+
+    Any subset of the append's pages persisted and the rest zeros, at full
+    size or cut after the last persisted page; and prefixes of the append.
+    """
+    first, last = len(base) // PAGE, (len(full) - 1) // PAGE
+    pages = range(first, last + 1)
+    for r in range(len(pages) + 1):
+        for kept in itertools.combinations(pages, r):
+            image = bytearray(full)
+            for page in set(pages) - set(kept):
+                lo, hi = max(page * PAGE, len(base)), min((page + 1) * PAGE, len(full))
+                image[lo:hi] = bytes(hi - lo)
+            yield f"pages {kept} kept", bytes(image)
+            if kept:
+                yield f"pages {kept} kept, cut after", bytes(image[: (max(kept) + 1) * PAGE])
+    for cut in range(0, len(full) - len(base), 499):
+        yield f"a prefix of {cut} bytes", full[: len(base) + cut]
+
+
+def test_an_append_persisted_out_of_order_loads_the_old_or_the_new_state(
+    tmp_path: Path,
+) -> None:
+    """A NUL hole before persisted pages is a torn tail: A or B loads, the next writer goes on."""
+    base, full = journals_of(tmp_path / "src", [3, 7])
+    assert full.startswith(base) and len(full) - len(base) > 2 * PAGE  # B: one append, pages
+    a, b, c = session_of(3), session_of(7), session_of(8)
+    work = tmp_path / "work"
+    work.mkdir()
+    path = work / "k.jsonl"
+    seen = set()
+    for label, image in crash_images(base, full):
+        path.write_bytes(image)
+        checkpoint = load(JournalStore(work), "k")
+        assert checkpoint is not None, label
+        assert checkpoint.state in (a, b), label
+        seen.add("A" if checkpoint.state == a else "B")
+        if checkpoint.state == a and b"\0" in image:
+            assert checkpoint.torn is not None and "NUL" in checkpoint.torn.reason, label
+            assert checkpoint.torn.offset == len(base), label
+        if label.endswith("kept"):  # the next writer cuts the tail and commits over it
+            with CheckpointWriter(lambda: Snapshot("k", c), JournalStore(work)) as writer:
+                writer.notify()
+                assert isinstance(writer.flush_sync(), Written | Skipped), label
+            again = load(JournalStore(work), "k")
+            assert again is not None and again.state == c and again.torn is None, label
+            assert sorted(os.listdir(work)) == ["k.jsonl"], label  # nothing moved aside
+    assert seen == {"A", "B"}
+
+
+def test_nul_bytes_in_the_header_line_are_not_a_journal(tmp_path: Path) -> None:
+    """Zeros in line 1 (never a crash of ours: it was fsynced before its rename) are an error."""
+    (tmp_path / "k.jsonl").write_bytes(b"\0" * 100 + b"\n")
+    with pytest.raises(CheckpointError, match="line 1 holds NUL bytes"):
+        load(JournalStore(tmp_path), "k")
+
+
+def test_nul_bytes_before_a_later_append_are_damage(tmp_path: Path) -> None:
+    """A hole followed by a second complete append cannot be a crash's: an error naming it."""
+    base, _full, more = journals_of(tmp_path / "src", [3, 4, 5])
+    image = bytearray(more)
+    image[len(base) : len(base) + 10] = bytes(10)  # a hole in the append of 4, then 5's append
+    (tmp_path / "k.jsonl").write_bytes(bytes(image))
+    with pytest.raises(CheckpointError, match="follows a complete append after the NUL bytes"):
+        load(JournalStore(tmp_path), "k")

@@ -248,6 +248,40 @@ def test_an_unsettled_message_edited_in_place_is_a_compaction(tmp_path: Path) ->
         assert loaded(store).state == as_json(state)
 
 
+@pytest.mark.parametrize("scratch_busy", [False, True])
+def test_dict_prefix_check_shared_buffer(tmp_path: Path, scratch_busy: bool) -> None:
+    """The unsettled prefix check, through the store's one reused encode buffer (keys of
+    different lengths take turns in it) or past it while it is busy: an in-place edit of
+    an earlier dict is a compaction, an untouched prefix an append."""
+    store = JournalStore(tmp_path)
+    chats: dict[str, list[Any]] = {
+        key: [{"role": "user", "content": f"{key} {i}"} for i in range(n)]
+        for key, n in (("long", 300), ("short", 3))
+    }
+    for key, messages in chats.items():
+        store.commit(key, meta(1), store.stage(key, {"messages": messages}))
+    if scratch_busy:
+        store._scratch_lock.acquire()
+    try:
+        for seq in (2, 3):
+            for key, messages in chats.items():  # long then short: the buffer shrinks
+                messages.append({"role": "assistant", "content": f"reply {seq}"})
+                staged = store.stage(key, {"messages": messages})
+                assert isinstance(staged, _staging.Delta), (key, seq)
+                store.commit(key, meta(seq), staged)
+        for key, messages in chats.items():
+            messages[1]["content"] = "edited"
+            staged = store.stage(key, {"messages": messages})
+            assert isinstance(staged, _staging.Full), key
+            store.commit(key, meta(4), staged)
+    finally:
+        if scratch_busy:
+            store._scratch_lock.release()
+    for key, messages in chats.items():
+        checkpoint = load(store, key)
+        assert checkpoint is not None and checkpoint.state == as_json({"messages": messages})
+
+
 # -- tuple transcripts --------------------------------------------------------------
 
 

@@ -72,7 +72,15 @@ PRINTS = frozenset({"_cli", "__main__"})
 
 FORWARD: dict[str, tuple[str, ...]] = {
     "_format": ("envelope", "versions", "journal", "summary"),
-    "_transcript": ("messages", "history", "repair", "fingerprint", "prepare", "summary"),
+    "_transcript": (
+        "messages",
+        "dialects",
+        "history",
+        "repair",
+        "fingerprint",
+        "prepare",
+        "summary",
+    ),
     "_stores": (
         "base",
         "atomic",

@@ -373,7 +373,9 @@ def test_after_a_clean_close_the_key_is_free_and_no_debris_is_left(
 
 
 def test_a_writer_that_asked_to_wait_gets_the_key(tmp_path: Path, children: list[Child]) -> None:
-    """With lock_timeout, a second writer waits for the holder instead of failing."""
+    """With lock_timeout, a second writer waits for the holder instead of failing; the
+    holder's final write during the wait is not replaced (conflict), and a writer
+    resumed from it gets the key."""
     child = hold(tmp_path, children)
     writer = sync_writer(tmp_path, lock_timeout=20.0).open()
     results: list[Result] = []
@@ -381,7 +383,13 @@ def test_a_writer_that_asked_to_wait_gets_the_key(tmp_path: Path, children: list
     waiter.start()
     time.sleep(0.3)  # not timing: long enough that a writer not waiting would be done
     assert waiter.is_alive() and results == []
-    assert child.finish() == 0
+    assert child.finish() == 0  # its close writes the final checkpoint meanwhile
     waiter.join(20)
-    assert len(results) == 1 and isinstance(results[0], Written)
+    assert len(results) == 1 and isinstance(results[0], Failed), results
+    assert results[0].reason == "conflict" and f"pid {child.pid}" in results[0].error
     writer.close()
+    final = load(FileStore(tmp_path), "k")
+    assert final is not None and final.state == {"writer": child.pid} and not final.meta.live
+    resumed = sync_writer(tmp_path, lock_timeout=20.0, resume_from=final).open()
+    assert isinstance(resumed.flush_sync(), Written)
+    resumed.close()

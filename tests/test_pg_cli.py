@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psycopg
 import pytest
 
@@ -104,6 +105,18 @@ def test_prune_deletes_old_rows_whose_lock_is_free(fleet: str, schema: str) -> N
     assert "removed 1 checkpoint(s) older than 7d, kept 2" in done.stdout
     after = cli("ls", fleet, "--schema", schema, "--json")
     assert sorted(r["key"] for r in json.loads(after.stdout)) == ["alpha", "bad", "held", "pinned"]
+
+
+def test_prune_summaries_and_corrupt_flags_have_nothing_to_do(fleet: str, schema: str) -> None:
+    """--summaries/--corrupt over PostgreSQL: accepted, said to have nothing to do; prune runs."""
+    done = cli("prune", fleet, "--schema", schema, "--older-than", "7d", "--summaries", "--corrupt")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("--summaries, --corrupt: nothing to do, postgresql://")
+    assert lines[0].endswith(
+        f"/{schema} holds no summary checkpoints or corrupt files (a store directory does)"
+    )
+    assert lines[-1] == "removed 1 checkpoint(s) older than 7d, kept 2"
 
 
 def test_unknown_key_and_unreachable_server_are_clear(fleet: str, schema: str) -> None:
@@ -295,3 +308,45 @@ def test_a_directory_and_a_server_say_the_same(
     assert dry[0][1][-1] == "would remove 1 file(s) older than 7d and 0 stale lock file(s), kept 1"
     assert dry[1][1][-1] == "would remove 1 checkpoint(s) older than 7d, kept 1"
     assert [line.split()[0] for line in after[0][1][1:]] == ["alpha", "bad", "pinned"]
+
+
+def test_rows_whose_key_breaks_the_key_rule_are_reported_escaped(
+    fleet: str, schema: str, pg: Cluster
+) -> None:
+    """Rows whose key no writer can use (put there by SQL) are listed escaped as unreadable
+    by ls, ls --json, show and verify, as a damaged file is; prune goes on past them and
+    leaves them; no traceback, no raw control character on the terminal."""
+    bad_keys = ["a/b", "with space", "", "esc\x1b]52;c;x\x07"]
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        for key in bad_keys:
+            conn.execute(
+                f'INSERT INTO "{schema}".checkpoints (key, seq, format, meta, state, writer) '
+                "VALUES (%s, 1, 1, %s, '{}', 'sql')",
+                [key, msgspec.json.encode(meta("x", 1, when=OLD)).decode()],
+            )
+    ls, js, show, verify = cli_all(
+        ["ls", fleet, "--schema", schema],
+        ["ls", fleet, "--schema", schema, "--json"],
+        ["show", fleet, "a/b", "--schema", schema],
+        ["verify", fleet, "--schema", schema],
+    )
+    for done in (ls, js, show, verify):
+        assert "Traceback" not in done.stderr, done.stderr
+        assert "\x1b" not in done.stdout + done.stderr
+    assert ls.returncode == js.returncode == 1  # keys that cannot be read, as for files
+    assert "4 key(s) cannot be read" in ls.stdout
+    rows = {r["key"]: r for r in json.loads(js.stdout)}
+    assert "esc\\x1b]52;c;x\\x07" in rows
+    assert all(
+        "a row no writer can use (invalid key" in rows[k]["error"]
+        for k in rows
+        if k in bad_keys or k.startswith("esc")
+    )
+    assert show.returncode == 1 and f"/{schema}/a/b: a row no writer can use" in show.stderr
+    assert verify.returncode == 1
+    done = cli("prune", fleet, "--schema", schema, "--older-than", "7d")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        keys = {k for (k,) in conn.execute(f'SELECT key FROM "{schema}".checkpoints')}
+    assert "old" not in keys and set(bad_keys) <= keys  # the healthy old key pruned

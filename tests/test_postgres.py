@@ -7,6 +7,7 @@ and kill the real server and real processes.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import re
@@ -1094,5 +1095,11 @@ def test_benchmark_quick(pg: Cluster, monkeypatch: pytest.MonkeyPatch, tmp_path:
         "journal: one-message checkpoint at 10,000 / at 100 messages",
         "10,000 messages: one-message checkpoint journal / snapshot",
     } <= names
+    if importlib.util.find_spec("langgraph.checkpoint.postgres") is not None:
+        assert {
+            "2 workers: sessions/s PostgresStore / AsyncPostgresSaver",
+            "1,000 messages: WAL bytes per checkpoint journal / AsyncPostgresSaver",
+            "1,000 messages: loop stall journal / AsyncPostgresSaver",
+        } <= names
     for r in report["ratios"]:
         assert r["value"] is not None and r["value"] > 0, r

@@ -5,27 +5,44 @@ a backing directory, without FUSE.  The rest mounts it through FUSE and
 skips, saying why, where that cannot be done (no ``/dev/fuse``, no
 privilege, no ``fuse3``).  The full run is ``python -m tests.powercut
 --cuts 200 --store all`` (``tests/powercut.py``); here it runs 3 cuts per
-store and model, and each removed fsync is shown to be caught.
+store and model, and each mutation (a removed fsync, the sweep disabled, a
+failed commit reported written) is shown to be caught.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+import select
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from checkpointer import FileStore, JournalStore, SummaryCheckpoint, load_summary
+from checkpointer import (
+    CheckpointWriter,
+    FileStore,
+    JournalStore,
+    Snapshot,
+    SummaryCheckpoint,
+    Written,
+    load,
+    load_summary,
+)
 from checkpointer import write_summary as write_summary_checkpoint
+from checkpointer._cli.roots import DirectoryRoot, Entry
 from checkpointer._stores.atomic import makedirs_durable
 from checkpointer._transcript.summary import safe_watermark
 
 from . import powercut
-from ._powerfs import PowerDisk, PowerFS, label_kind, unavailable
+from ._powerfs import HANG_GUARD, PowerDisk, PowerFS, label_kind, unavailable
 from .children.powercut_child import KEEP_LAST, summary_bytes, summary_text
 from .powercut import check_summary
 from .torture import KEY, state_for
@@ -158,6 +175,28 @@ def test_an_unsynced_unlink_comes_back_with_the_inodes_durable_bytes(
     disk.release(fd)
     disk.cut()
     assert tree(tmp_path / "disk") == {"k.lock": b"zzep" if synced else b"keep"}
+
+
+@pytest.mark.parametrize("model", ["strict", "ext4"])
+def test_an_fsync_of_an_unlinked_truncated_file_is_what_its_durable_name_brings_back(
+    tmp_path: Path, model: str
+) -> None:
+    """O_TRUNC, write, unlink while open, fsync: the unlink is undone, with the new bytes."""
+    disk = durable(tmp_path, {"a": b"old", "b": b"gone"}, model)
+    fd = disk.open("/b", os.O_RDWR)  # an orphan no durable entry names: nothing to keep
+    disk.unlink("/b")
+    sync_dir(disk)
+    disk.write(None, fd, b"x", 0)
+    disk.fsync(None, fd)
+    disk.release(fd)
+    fd = disk.open("/a", os.O_RDWR | os.O_TRUNC)  # the durable bytes are copied aside
+    disk.write("/a", fd, b"new!", 0)
+    disk.unlink("/a")
+    disk.fsync(None, fd)
+    disk.write(None, fd, b"N", 0)  # after the fsync: not durable
+    disk.release(fd)
+    disk.cut()
+    assert tree(tmp_path / "disk") == {"a": b"new!"}
 
 
 def test_a_rename_over_a_durable_file_is_undone_with_both_contents(tmp_path: Path) -> None:
@@ -340,19 +379,27 @@ def test_the_documented_command_loses_nothing(
     assert "| journal | ext4 |" in out
 
 
-@pytest.mark.parametrize("model", ["strict", "ext4"])
 @pytest.mark.parametrize(
-    ("mutation", "seen"),
+    ("mutation", "seen", "model"),
     [
-        ("file-fsync", "does not load"),
-        ("dir-fsync", "the checkpoint is gone"),
-        ("journal-fsync", "older than seq"),
+        *(
+            (mutation, seen, model)
+            for mutation, seen in [
+                ("file-fsync", "does not load"),
+                ("dir-fsync", "the checkpoint is gone"),
+                ("journal-fsync", "older than seq"),
+            ]
+            for model in ("strict", "ext4")
+        ),
+        # Neither depends on the model: one each.
+        ("sweep", "the open left 1 dead writers' temp files", "strict"),
+        ("written-on-failure", "older than seq", "ext4"),
     ],
 )
-def test_the_torture_catches_each_removed_fsync(
+def test_the_torture_catches_each_mutation(
     fuse: None, mutation: str, seen: str, model: str
 ) -> None:
-    """With one fsync removed in the child, an aimed cut loses a reported state: caught."""
+    """A removed fsync, no sweep, Written for a failed commit: an aimed cut shows it."""
     spec = powercut.MUTATIONS[mutation]
     summary = powercut.run(
         powercut.MUTATION_CUTS,
@@ -392,6 +439,38 @@ def test_a_parent_that_cannot_be_looked_at_is_reported_as_such(tmp_path: Path) -
     assert caught.value.errno == errno.ELOOP
 
 
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(done.stdout)
+
+
+def test_listings_on_the_mount_show_every_entry(fuse: None, tmp_path: Path) -> None:
+    """listdir, keys() and open()'s sweep of a dead writer's temp see the files on the mount."""
+    backing = tmp_path / "disk"
+    backing.mkdir()
+    (backing / "a.json").write_bytes(b"{}")
+    (backing / "sub").mkdir()
+    temp = f".a.json.{_dead_pid()}.x1234567.tmp"
+    (backing / temp).write_bytes(b"half")
+    with PowerFS(str(backing), str(tmp_path / "mnt")) as fs:
+        assert sorted(os.listdir(fs.mountpoint)) == sorted([temp, "a.json", "sub"])
+        assert {e.name: e.inode() for e in os.scandir(fs.mountpoint)}["a.json"] == os.stat(
+            backing / "a.json"
+        ).st_ino
+        store = FileStore(fs.mountpoint)
+        assert store.keys() == ["a"]
+        store.open()
+        assert sorted(os.listdir(fs.mountpoint)) == ["a.json", "sub"]
+        fs.unmount()
+    assert sorted(os.listdir(backing)) == ["a.json", "sub"]
+
+
 def test_closing_a_frozen_mount_unmounts_it(fuse: None, tmp_path: Path) -> None:
     """close() after a freeze leaves no mount behind (a frozen root cannot even be stat'ed)."""
     fs = PowerFS(str(tmp_path / "disk"), str(tmp_path / "mnt"))
@@ -400,3 +479,178 @@ def test_closing_a_frozen_mount_unmounts_it(fuse: None, tmp_path: Path) -> None:
     fs.close()
     with open("/proc/self/mounts", encoding="utf-8") as f:
         assert fs.mountpoint not in f.read()
+
+
+_PARENT = """
+import sys
+from tests._powerfs import PowerFS
+fs = PowerFS(sys.argv[1], sys.argv[2])
+fs.mount()
+assert fs._proc is not None
+print(fs._proc.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def _wait_gone(pid: int) -> bool:
+    """Wait (a hang guard, not a timing check) until the process ``pid`` has ended."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], HANG_GUARD)[0])
+    finally:
+        os.close(fd)
+
+
+def _mounts() -> str:
+    with open("/proc/self/mounts", encoding="utf-8") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_sigkilled_parent_leaves_no_mount_and_no_server(
+    fuse: None, tmp_path: Path, busy: bool
+) -> None:
+    """SIGKILL the process that mounted: its FUSE server unmounts and exits, even if busy."""
+    mountpoint = tmp_path / "mnt"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, str(tmp_path / "disk"), str(mountpoint)],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert parent.stdout is not None
+    server = int(parent.stdout.readline())
+    held = os.open(mountpoint / "held", os.O_RDWR | os.O_CREAT, 0o600) if busy else None
+    try:
+        parent.kill()
+        parent.wait()
+        assert _wait_gone(server), f"the FUSE server {server} outlived its parent"
+        assert f" {mountpoint} " not in _mounts()
+    finally:
+        if held is not None:
+            with contextlib.suppress(OSError):
+                os.close(held)
+        for stream in (parent.stdin, parent.stdout):
+            if stream is not None:
+                stream.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)  # only if the test failed: leave nothing behind
+        subprocess.run(["fusermount3", "-uz", str(mountpoint)], capture_output=True, check=False)
+
+
+# -- removals and renames: durable once they return ----------------------------------------
+
+
+@contextlib.contextmanager
+def mounted_over(tmp_path: Path, store: str) -> Iterator[tuple[PowerFS, FileStore]]:
+    """A mount whose durable state holds ``root/<KEY>`` written by ``store``; the store on it."""
+    backing = tmp_path / "disk"
+    made = FileStore if store == "file" else JournalStore
+    made(backing / "root").write(KEY, [b'{"format":1}'] if store == "file" else [b"{}\n"])
+    fs = PowerFS(str(backing), str(tmp_path / "mnt"))
+    fs.mount()
+    try:
+        yield fs, made(os.path.join(fs.mountpoint, "root"))
+    finally:
+        fs.close()
+
+
+def on_disk(fs: PowerFS) -> list[str]:
+    """The names in the root after the cut (listed in the backing, not through the mount)."""
+    return sorted(os.listdir(os.path.join(fs.backing, "root")))
+
+
+@pytest.mark.parametrize("store", ["file", "journal"])
+def test_a_delete_survives_a_power_cut(fuse: None, tmp_path: Path, store: str) -> None:
+    """delete() returned True: after the cut the checkpoint is still gone, never back."""
+    with mounted_over(tmp_path, store) as (fs, made):
+        name = os.path.basename(made.location(KEY))
+        assert name in on_disk(fs)
+        assert made.delete(KEY) is True
+        fs.cut()
+        assert name not in on_disk(fs)
+
+
+@pytest.mark.parametrize("store", ["file", "journal"])
+def test_a_move_aside_survives_a_power_cut(fuse: None, tmp_path: Path, store: str) -> None:
+    """move_aside() returned its target: after the cut the key is gone and the target holds it."""
+    with mounted_over(tmp_path, store) as (fs, made):
+        target = made.move_aside(KEY, "corrupt-1")
+        assert target is not None
+        fs.cut()
+        assert on_disk(fs) == [os.path.basename(target)]
+
+
+def test_a_prune_survives_a_power_cut(fuse: None, tmp_path: Path) -> None:
+    """prune's deletion (under the key's lock) said removed: after the cut the file is gone."""
+    with mounted_over(tmp_path, "file") as (fs, made):
+        root = DirectoryRoot(made.root)
+        entry = Entry(KEY, "snapshot", made.location(KEY))
+        done = root.delete(KEY, [(entry, "old")], recheck=lambda _: None, stale=None)
+        assert [(r.path, r.outcome) for r in done] == [(entry.path, "removed")]
+        fs.cut()
+        assert KEY + ".json" not in on_disk(fs)
+
+
+# -- a root that was there already: made durable by the first write -------------------------
+
+
+def write_through_writer(store: FileStore) -> object:
+    """A sync CheckpointWriter on ``store``: open, one new message, flush_sync; its result."""
+    messages = ["hello"]
+    with CheckpointWriter(lambda: Snapshot(KEY, {"messages": list(messages)}), store) as writer:
+        messages.append("world")
+        writer.notify()
+        return writer.flush_sync()
+
+
+@pytest.mark.parametrize("store", ["file", "journal"])
+def test_a_root_the_app_made_survives_a_power_cut(mounted: PowerFS, store: str) -> None:
+    """A root made with os.makedirs (never fsynced) holds what the writer reported after a cut."""
+    root = os.path.join(mounted.mountpoint, "agent", "checkpoints")
+    os.makedirs(root)
+    made = FileStore(root) if store == "file" else JournalStore(root)
+    assert isinstance(write_through_writer(made), Written)
+    mounted.cut()
+    on_disk = os.path.join(mounted.backing, "agent", "checkpoints")
+    loaded = load(FileStore(on_disk) if store == "file" else JournalStore(on_disk), KEY)
+    assert loaded is not None and loaded.state == {"messages": ["hello", "world"]}
+
+
+@pytest.mark.parametrize("given", ["path", "store"])
+def test_a_summary_dir_that_was_there_survives_a_power_cut(mounted: PowerFS, given: str) -> None:
+    """sessions/<key>/ made by someone else (never fsynced): the summary written is there after."""
+    root = os.path.join(mounted.mountpoint, "store")
+    os.makedirs(os.path.join(root, "sessions", KEY))
+    checkpoint = SummaryCheckpoint(3, "the gist", datetime.now(UTC), 3)
+    write_summary_checkpoint(root if given == "path" else FileStore(root), KEY, checkpoint)
+    mounted.cut()
+    assert load_summary(os.path.join(mounted.backing, "store"), KEY) == checkpoint
+
+
+def test_the_root_is_made_durable_once_per_store_object(tmp_path: Path, monkeypatch: Any) -> None:
+    """The directories above the root are fsynced at a store's first write only, and per key."""
+    root = tmp_path / "a" / "root"
+    root.mkdir(parents=True)
+    synced: list[int] = []
+    real = os.fsync
+
+    def record(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    above = {(tmp_path / "a").stat().st_ino, tmp_path.stat().st_ino}
+    for store in (FileStore(root), JournalStore(root)):
+        store.write(KEY, [b"{}\n"])
+        store.write(KEY, [b"{}\n"])
+        write_summary_checkpoint(store, KEY, SummaryCheckpoint(1, "s", datetime.now(UTC), 1))
+        assert sorted(i for i in synced if i in above) == sorted(above)  # each once
+        dirs = above | {root.stat().st_ino, (root / "sessions").stat().st_ino}
+        synced.clear()
+        write_summary_checkpoint(store, KEY, SummaryCheckpoint(2, "s", datetime.now(UTC), 2))
+        assert not dirs & set(synced)  # the key's second summary: only its file and directory
+        synced.clear()

@@ -323,6 +323,26 @@ def test_filestore_open_sweeps_stale_temps(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == ["s1.json"]
 
 
+def test_filestore_open_sweeps_once_per_root_and_process(tmp_path: Path) -> None:
+    """The sweep lists a root once per process (10,000 writers opening on one root list
+    it once); a forked child, another process, sweeps it again at its first open."""
+    FileStore(tmp_path).open()
+    stale = tmp_path / f".s1.json.{dead_pid()}.q1w2e3.tmp"
+    stale.write_bytes(b"{")
+    FileStore(tmp_path).open()  # a second writer's open: no second listing
+    assert stale.exists()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            FileStore(tmp_path).open()
+            os._exit(0 if not stale.exists() else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not stale.exists()
+
+
 # -- FileStore ---------------------------------------------------------------
 
 

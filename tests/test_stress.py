@@ -105,9 +105,17 @@ def test_a_second_process_on_the_key_changes_nothing(store: str, backend: str) -
 
 
 def test_the_stress_catches_a_store_that_drops_writes() -> None:
-    """With a store that drops every third write, a quiet point sees disk != memory."""
-    found = losses(Spec("lossy", "asyncio", 1, ops=60, group="base"))
-    assert any("quiet point" in p and "!= memory" in p for p in found), found
+    """With a store that drops every third write, a quiet point sees disk != memory.
+
+    Whether a dropped write is still the newest at a quiet point depends on the
+    schedule, so a few seeded runs are tried; the first that sees it is enough.
+    """
+    found: list[str] = []
+    for seed in range(1, 6):
+        found = losses(Spec("lossy", "asyncio", seed, ops=200, group="base"))
+        if any("quiet point" in p and "!= memory" in p for p in found):
+            return
+    pytest.fail(f"no quiet point saw the dropped writes in 5 runs: {found}")
 
 
 def test_the_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -258,3 +258,44 @@ async def test_a_corrupt_file_is_moved_aside_with_a_utc_stamp_and_logged(
     assert any(str(aside[0]) in r.getMessage() for r in caplog.records)
     cp = load(store, "s")
     assert cp is not None and cp.state == {"fresh": True} and cp.meta.seq >= 1
+
+
+_NEWER_ROWS = {
+    "second-header": b'{"kind":"header","format":2,"meta":%s}',
+    "unknown-kind": b'{"kind":"delta","format":2,"meta":%s,"ops":[]}',
+}
+
+
+@pytest.mark.parametrize("last", [False, True], ids=["middle", "last"])
+@pytest.mark.parametrize("row", sorted(_NEWER_ROWS))
+def test_a_journal_row_a_newer_version_wrote_is_newer_not_damage(
+    tmp_path: Path, row: str, last: bool
+) -> None:
+    """A whole journal line this version does not know (a second header of a newer
+    format, a row of an unknown kind), in the middle or last, is a NewerVersionError
+    naming its version, never damage nor a torn tail; a writer leaves the file as it is."""
+    store = JournalStore(tmp_path)
+    writer = CheckpointWriter(
+        lambda: Snapshot("s", {"messages": [{"role": "user"}]}), store, exit_hooks=False
+    )
+    with writer:
+        pass
+    path = tmp_path / "s.jsonl"
+    newer_meta = b'{"key":"s","seq":9,"library_version":"9.9.9"}'
+    lines = path.read_bytes().splitlines(keepends=True)
+    at = len(lines) if last else 2
+    lines.insert(at, _NEWER_ROWS[row] % newer_meta + b"\n")
+    path.write_bytes(b"".join(lines))
+    with pytest.raises(NewerVersionError) as info:
+        load(JournalStore(tmp_path), "s")
+    assert info.value.library_version == "9.9.9"
+    assert info.value.reason.startswith(f"line {at + 1}: ")
+    writer = CheckpointWriter(
+        lambda: Snapshot("s", {"n": 1}), JournalStore(tmp_path), exit_hooks=False
+    )
+    writer.open()
+    result = writer.flush_sync()
+    writer.close()
+    assert isinstance(result, Failed) and result.reason == "newer-version", result
+    assert path.read_bytes() == b"".join(lines)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".lock") == ["s.jsonl"]

@@ -217,7 +217,8 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Remove checkpoints last updated more than DURATION ago, with their "
         "lock files, and every stale lock file (its holder is gone), whatever its age. "
         "Never removes anything of a key whose lock holder is alive, nor a pinned "
-        "checkpoint. Lists what it removes.",
+        "checkpoint. Lists what it removes. Summary checkpoints and corrupt files a "
+        "writer moved aside are kept unless --summaries or --corrupt asks for them.",
     )
     _root_arguments(prune_, "the store directory, or " + _PG_ROOT)
     prune_.add_argument(
@@ -229,6 +230,18 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     prune_.add_argument(
         "-n", "--dry-run", action="store_true", help="list what would go, remove nothing"
+    )
+    prune_.add_argument(
+        "--summaries",
+        action="store_true",
+        help="also remove summary checkpoints (sessions/KEY/checkpoint.md) older than "
+        "DURATION whose key has no checkpoint left after the prune (kept by default)",
+    )
+    prune_.add_argument(
+        "--corrupt",
+        action="store_true",
+        help="also remove corrupt files a writer moved aside (KEY.corrupt-<UTC time>) "
+        "more than DURATION ago (kept by default)",
     )
     _pg_arguments(prune_)
 

@@ -1,23 +1,35 @@
-"""What the commands say about one checkpoint of a root: its ``Row``.
+"""What the commands say about one checkpoint of a root: its ``Row``, and its history.
 
 ``inspect`` fills the row ``ls`` prints (and ``ls --json`` encodes) from
 the root's answers; ``show`` and ``prune`` use the same row.  ``read``
 turns a root's refusal to load a checkpoint into the reason printed.
+
+``history`` finds the agent history in a state, in the layouts the
+adapters store: ``state["messages"]`` (our own writers, the Agents SDK
+session, a pydantic-ai run in flight); a pydantic-ai conversation, whose
+``messages`` are entries ``{id, parent_id, message}`` and whose history is
+the chain of entries up to ``record.head_id``; a LangGraph thread log, whose
+rows hold LangGraph's serde bytes, which only LangGraph can decode (not
+checked, said so).  The messages themselves may be of any dialect the
+transcript helpers know.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
 
 import msgspec
 
-from checkpointer import CheckpointError
+from checkpointer import CheckpointError, count_turns
 
 from . import report
-from .roots import EPOCH, Entry, Loaded, LockView, Root, why
+from .roots import EPOCH, Entry, Loaded, LockView, Root, detect, why
 
-__all__ = ["Look", "Row", "inspect", "messages", "read"]
+__all__ = ["AT", "History", "Look", "Row", "history", "inspect", "messages", "read"]
+
+AT = "$.state.messages"
 
 
 class Row(msgspec.Struct, kw_only=True):
@@ -82,7 +94,7 @@ def inspect(root: Root, entry: Entry, *, lock: bool = True) -> Look:
     if loaded is None:
         return Look(row, None, view)
     meta = loaded.meta
-    history = messages(loaded.state)
+    found = history(loaded.state)
     row.updated_at = report.utc(meta.updated_at)
     row.created_at = report.utc(meta.created_at)
     if mtime is None:  # a row's only time is its meta's
@@ -90,31 +102,97 @@ def inspect(root: Root, entry: Entry, *, lock: bool = True) -> Look:
     row.seq = meta.seq
     row.live = meta.live
     row.pinned = meta.pinned
-    row.turns = _turns(meta, history)
-    row.messages = None if history is None else len(history)
-    row.title = _title(history)
+    listed = None if found is None else found.messages
+    row.turns = _turns(meta, listed)
+    row.messages = None if listed is None else len(listed)
+    row.title = _title(listed)
     return Look(row, loaded, view)
 
 
+class History(NamedTuple):
+    """The agent history of a state, and where its messages are.
+
+    ``messages`` is None when the state holds one this tool cannot read
+    (``note`` says why: it is not checked); ``at(i)`` is the JSON path of
+    message ``i``.
+    """
+
+    messages: list[Any] | None
+    at: Callable[[int], str]
+    note: str | None = None
+
+
+def _plain(i: int) -> str:
+    return f"{AT}[{i}]"
+
+
+_LANGGRAPH_ROWS = frozenset({"checkpoint", "blob", "tail", "write"})
+
+
+def history(state: Any) -> History | None:
+    """The agent history in a state, in any layout the adapters store; None without one."""
+    if not isinstance(state, dict) or "messages" not in state:
+        return None
+    listed = state["messages"]
+    if not isinstance(listed, list):
+        why = f"{AT} is {report.json_type(listed)}, not a list of messages: not checked"
+        return History(None, _plain, why)
+    first = listed[0] if listed else None
+    if isinstance(first, dict) and first.get("row") in _LANGGRAPH_ROWS and "thread_id" in state:
+        return History(
+            None,
+            _plain,
+            f"a LangGraph thread log ({len(listed)} rows): its channel values are LangGraph's "
+            "serde bytes, which only LangGraph decodes; messages not checked",
+        )
+    record = state.get("record")
+    entries = isinstance(first, dict) and "parent_id" in first and "message" in first
+    if isinstance(record, dict) and "head_id" in record and entries:
+        return _conversation(listed, record.get("head_id"))
+    return History(listed, _plain)
+
+
+def _conversation(entries: list[Any], head: Any) -> History:
+    """A pydantic-ai conversation: the messages of the entries chained up to ``head``."""
+    where: dict[Any, tuple[int, Any]] = {}
+    for k, entry in enumerate(entries):
+        if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+            where[entry["id"]] = (k, entry.get("parent_id"))
+    chain: list[int] = []
+    cursor = head
+    while cursor is not None:
+        found = where.get(cursor) if isinstance(cursor, str) else None
+        if found is None or len(chain) > len(entries):  # a missing entry, a loop
+            why = (
+                f"a pydantic-ai conversation whose entries do not chain from its head_id "
+                f"{head!r} (at {cursor!r}): not checked"
+            )
+            return History(None, _plain, why)
+        chain.append(found[0])
+        cursor = found[1]
+    chain.reverse()
+    return History([entries[k]["message"] for k in chain], lambda i: f"{AT}[{chain[i]}].message")
+
+
 def messages(state: Any) -> list[Any] | None:
-    """The agent history in a state (``state["messages"]``), if it has one."""
-    if isinstance(state, dict):
-        history = state.get("messages")
-        return history if isinstance(history, list) else None
-    return None
+    """The agent history in a state, if it has one this tool can read (``history``)."""
+    found = history(state)
+    return None if found is None else found.messages
 
 
-def _title(history: list[Any] | None) -> str:
-    for message in history or ():
-        if isinstance(message, dict) and message.get("role") == "user":
-            return report.one_line(report.text(message.get("content")), 48)
+def _title(listed: list[Any] | None) -> str:
+    for message in listed or ():
+        dialect = detect(message)
+        text = None if dialect is None else dialect.user_text(message)
+        if text is not None:
+            return report.one_line(text, 48)
     return ""
 
 
-def _turns(meta: Any, history: list[Any] | None) -> int | None:
+def _turns(meta: Any, listed: list[Any] | None) -> int | None:
     turns = getattr(meta, "turns", None)
     if isinstance(turns, int):
         return turns
-    if history is None:
+    if listed is None:
         return None
-    return sum(1 for m in history if isinstance(m, dict) and m.get("role") == "assistant")
+    return count_turns(listed)

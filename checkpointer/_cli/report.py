@@ -3,18 +3,30 @@
 The only module of the package that writes to stdout or stderr (the demo
 prints its own lines, and argparse its usage).  The formatting helpers are
 pure: a value in, a string out.
+
+What a checkpoint holds is untrusted (model and tool output): every text
+printed goes through ``safe`` here, which writes control characters as
+visible escapes (``\\x1b``), so a session cannot drive the terminal (OSC 52
+writing the clipboard, OSC 0 the window title, ``ESC[2J`` clearing the
+screen).  Newlines and tabs stay in lines; in table cells and field values
+they are escaped too, so a value cannot break the layout.  ``--json`` output
+escapes them as ``\\u`` escapes; ``show --raw`` writes the file's bytes as
+they are to a pipe or file, and escaped to a terminal.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+
+from .roots import detect
 
 __all__ = [
     "OK",
@@ -31,10 +43,10 @@ __all__ = [
     "one_line",
     "opt",
     "raw",
+    "safe",
     "silence",
     "size",
     "table",
-    "text",
     "utc",
     "value",
     "warning",
@@ -47,26 +59,52 @@ OK, PROBLEM, USAGE = 0, 1, 2
 """Exit statuses: all well; a problem with the store; a usage error (argparse's own)."""
 
 
+# -- control characters ------------------------------------------------------------
+
+_CONTROL = r"\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_IN_TEXT = re.compile(f"[{_CONTROL}]")
+_IN_CELL = re.compile(rf"[\t\n{_CONTROL}]")
+_IN_JSON = re.compile(r"[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+"""C0 controls but newline and tab, DEL, C1 controls (8-bit CSI and OSC), and the
+line separators and bidirectional overrides that make text read otherwise."""
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe(text: str, *, cell: bool = False) -> str:
+    """``text`` with its control characters as visible escapes (``\\x1b``).
+
+    Args:
+        cell: a table cell or a field value: newlines and tabs are escaped too.
+    """
+    return (_IN_CELL if cell else _IN_TEXT).sub(_escape, text)
+
+
 # -- printing --------------------------------------------------------------------
 
 
 def line(text: str = "") -> None:
     """One line on stdout."""
-    print(text)
+    print(safe(text))
 
 
 def error(command: str, message: str) -> None:
     """``checkpointer <command>: <message>`` on stderr."""
-    print(f"checkpointer {command}: {message}", file=sys.stderr)
+    print(safe(f"checkpointer {command}: {message}"), file=sys.stderr)
 
 
 def warning(command: str, message: str, *, stdout: bool = False) -> None:
     """Like ``error``, on stdout where the command always said it there."""
-    print(f"checkpointer {command}: {message}", file=sys.stdout if stdout else sys.stderr)
+    text = safe(f"checkpointer {command}: {message}")
+    print(text, file=sys.stdout if stdout else sys.stderr)
 
 
 def table(rows: list[list[str]], *, right: set[int]) -> None:
     """Columns as wide as their widest cell; those in ``right`` right-aligned."""
+    rows = [[safe(cell, cell=True) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         cells = [
@@ -80,22 +118,25 @@ def fields(pairs: Sequence[tuple[str, str]]) -> None:
     """``name  value`` lines, the values aligned."""
     width = max(len(name) for name, _ in pairs)
     for name, value in pairs:
-        print(f"{name:<{width}}  {value}")
+        print(f"{safe(name, cell=True):<{width}}  {safe(value, cell=True)}")
 
 
 def json_rows(rows: Sequence[msgspec.Struct]) -> None:
-    """A JSON array, indented, for scripts."""
-    sys.stdout.write(msgspec.json.format(msgspec.json.encode(rows)).decode() + "\n")
+    """A JSON array, indented, for scripts (control characters as ``\\u`` escapes)."""
+    text = msgspec.json.format(msgspec.json.encode(rows)).decode()
+    sys.stdout.write(_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n")
 
 
 def write(text: str) -> None:
-    """Text on stdout, as it is."""
-    sys.stdout.write(text)
+    """Our own text on stdout (newlines kept), control characters escaped."""
+    sys.stdout.write(safe(text))
 
 
 def raw(data: bytes) -> None:
-    """Bytes as they are, ending in a newline."""
+    """Bytes as they are, ending in a newline; escaped (``safe``) when stdout is a terminal."""
     sys.stdout.flush()
+    if sys.stdout.isatty():
+        data = safe(data.decode("utf-8", "backslashreplace")).encode()
     sys.stdout.buffer.write(data if data.endswith(b"\n") else data + b"\n")
 
 
@@ -113,38 +154,19 @@ def silence() -> None:
 # -- values in words -------------------------------------------------------------
 
 
-def text(content: Any) -> str:
-    """The text of a message's content: a string, or a list of text parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = (p.get("text") if isinstance(p, dict) else p for p in content)
-        return " ".join(p for p in parts if isinstance(p, str))
-    return "" if content is None else str(content)
-
-
 def message_line(message: Any, width: int = 100) -> str:
-    """A message on one line: role (a tool result's call id), text, the calls it makes."""
-    if not isinstance(message, dict):
-        return one_line(msgspec.json.encode(message).decode(), width)
-    role = str(message.get("role", "?"))
-    if role == "tool" and "tool_call_id" in message:
-        role = f"tool[{message['tool_call_id']}]"
-    said = text(message.get("content"))
-    calls = message.get("tool_calls")
-    if isinstance(calls, list) and calls:
-        names = ", ".join(_call_name(c) for c in calls)
-        said = f"{said} -> {len(calls)} tool call(s): {names}".strip()
-    return f"{role}: {one_line(said, width)}"
+    """A message on one line, in its dialect's words: who speaks, the text, the calls made.
 
-
-def _call_name(call: Any) -> str:
-    """The function name of a tool call, ``?`` when it has none (a hand-edited call)."""
-    if not isinstance(call, dict):
-        return "?"
-    function = call.get("function")
-    name = function.get("name") if isinstance(function, dict) else None
-    return str(name or call.get("name") or "?")
+    A message of a shape no dialect recognises is its JSON, after ``(unrecognised)``.
+    """
+    dialect = detect(message)
+    if dialect is None:
+        return "(unrecognised) " + one_line(msgspec.json.encode(message).decode(), width)
+    said = dialect.text(message)
+    calls = dialect.call_names(message)
+    if calls:
+        said = f"{said} -> {len(calls)} tool call(s): {', '.join(calls)}".strip()
+    return f"{dialect.label(message)}: {one_line(said, width)}"
 
 
 def one_line(text: str, width: int) -> str:

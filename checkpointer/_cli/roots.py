@@ -4,7 +4,11 @@
 what it holds (``scan``), what one checkpoint holds (``measure``, ``load``,
 ``raw``), who holds a key's writer lock (``lock``, which only looks), and
 prune's deletion of a key's old checkpoints under that key's lock, each
-checked again once the lock is held (``delete``).
+checked again once the lock is held (``delete``).  Besides its checkpoints a
+directory may hold summary checkpoints (``sessions/<key>/checkpoint.md``)
+and corrupt files a writer moved aside (``<key>.corrupt-<UTC time>``):
+``extras`` lists them for ``ls`` and for ``prune --summaries/--corrupt``,
+whose ``delete`` removes them too (the files themselves: ``sidefiles.py``).
 
 * ``DirectoryRoot``: a ``FileStore`` / ``JournalStore`` root.  The file kinds
   are listed once (``_KINDS``): snapshots ``<key>.json`` and journals
@@ -19,8 +23,8 @@ checked again once the lock is held (``delete``).
   Locks are the advisory writer locks: ``lock`` asks ``locked_by``;
   ``delete`` holds the key's lock itself while it deletes.
 
-This is the one module of the command line that imports the library's
-private modules; psycopg is imported only by a ``PostgresStore`` that
+This module and ``sidefiles.py`` are the ones of the command line that import
+the library's private modules; psycopg is imported only by a ``PostgresStore`` that
 connects, so the commands over a directory work without the ``[postgres]``
 extra.
 """
@@ -28,7 +32,6 @@ extra.
 from __future__ import annotations
 
 import os
-import re
 import stat
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -36,6 +39,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from checkpointer import (
     Checkpoint,
+    CheckpointError,
     FileStore,
     JournalStore,
     KeyLocked,
@@ -44,14 +48,26 @@ from checkpointer import (
     TornTail,
     load,
 )
+from checkpointer._stores.atomic import fsync_dir
 from checkpointer._stores.base import KEY_PATTERN, check_key
 from checkpointer._stores.flock import probe_file_lock
 from checkpointer._stores.safefs import UnsafeFile, describe, read_checked
+
+# What the commands read in a history, passed on to look, show and verify: the
+# transcript helpers' dialects and their scan (this module is the one seam).
+from checkpointer._transcript.dialects import CHAT as CHAT
+from checkpointer._transcript.dialects import describe_shape as describe_shape
+from checkpointer._transcript.dialects import detect as detect
+from checkpointer._transcript.history import scan_history as scan_history
+
+from . import sidefiles
 
 __all__ = [
     "EPOCH",
     "DirectoryRoot",
     "Entry",
+    "Extra",
+    "Extras",
     "Loaded",
     "LockView",
     "PostgresRoot",
@@ -125,6 +141,23 @@ class Words(NamedTuple):
     count_hint: bool  # show of an unknown key says how many ``ls`` lists
 
 
+class Extra(NamedTuple):
+    """A summary checkpoint (kind "summary") or a corrupt file moved aside ("corrupt")."""
+
+    entry: Entry  # a summary's path is its checkpoint.md
+    size: int
+    time: datetime  # a summary's created_at (its file's time if unreadable); when moved aside
+    problem: str | None = None  # something planted in its place: left alone
+    unreadable: str | None = None  # a summary that cannot be read (its time is its file's)
+
+
+class Extras(NamedTuple):
+    """The summaries and corrupt files of a root, and what is planted on the way to them."""
+
+    found: list[Extra]
+    problems: list[str]  # ``sessions`` a link or a file, ...: its summaries are not looked at
+
+
 Recheck = Callable[[Entry], str | None]
 """For ``delete``: why to keep an entry after all (written since it was listed), or None."""
 
@@ -137,6 +170,7 @@ class Root(Protocol):
     kinds: tuple[str, ...]  # the entry kinds it can hold (more than one: shown)
     lock_files: bool  # its locks are files, left behind stale by a writer that died
     mtimes: bool  # an entry has a time of its own (a file's), used when its meta is unreadable
+    has_extras: bool  # it may hold summaries and corrupt files (``extras``)
     failure: tuple[type[Exception], ...]  # raised by any call: ends the command (a server down)
 
     def close(self) -> None:
@@ -166,6 +200,12 @@ class Root(Protocol):
     def planted(self, entry: Entry) -> str | None:
         """Why prune must leave ``entry`` alone (not a file this library made), or None."""
 
+    def extras(self) -> Extras:
+        """Its summary checkpoints and corrupt files moved aside (none: a PostgreSQL store)."""
+
+    def extra(self, entry: Entry) -> Extra | None:
+        """A summary or corrupt file looked at (again); None: it is gone."""
+
     def delete(
         self,
         key: str,
@@ -179,6 +219,7 @@ class Root(Protocol):
         Each is looked at again once the lock is held (``recheck``), since a
         writer may have resumed and written the key after it was listed.
         ``stale``: the key's stale lock file goes too, for this reason.
+        A summary among ``old`` goes only while the key has no checkpoint.
         """
 
 
@@ -206,7 +247,6 @@ _KINDS: tuple[_Kind, ...] = (
 )
 _BY_NAME = {kind.name: kind for kind in _KINDS}
 LOCK_SUFFIX = ".lock"
-_ASIDE = re.compile(r"\.corrupt-\d{8}T\d{6}(\.\d+)?Z$")
 
 
 class DirectoryRoot:
@@ -222,6 +262,7 @@ class DirectoryRoot:
     kinds: tuple[str, ...] = tuple(kind.name for kind in _KINDS)
     lock_files = True
     mtimes = True
+    has_extras = True
     failure: tuple[type[Exception], ...] = ()
 
     def __init__(self, root: str) -> None:
@@ -291,9 +332,12 @@ class DirectoryRoot:
             names = sorted(os.listdir(self.where))
         except OSError:
             return []
-        return [os.path.join(self.where, name) for name in names if _ASIDE.search(name)]
+        return [os.path.join(self.where, name) for name in names if sidefiles.ASIDE.search(name)]
 
     def planted(self, entry: Entry) -> str | None:
+        if entry.kind == "summary":
+            extra = self.extra(entry)
+            return None if extra is None else extra.problem
         try:
             st = os.lstat(entry.path)
         except OSError:
@@ -301,6 +345,47 @@ class DirectoryRoot:
         if stat.S_ISREG(st.st_mode):
             return None
         return str(UnsafeFile(entry.path, describe(st, entry.path)))
+
+    def extras(self) -> Extras:
+        entries = [Entry(key, "corrupt", path) for key, path in self._asides()]
+        problems: list[str] = []
+        sessions = os.path.join(self.where, sidefiles.SESSIONS)
+        try:
+            keys = sidefiles.summary_keys(self.where)
+        except FileNotFoundError:
+            keys = []
+        except UnsafeFile as exc:  # `sessions` planted: none of its summaries looked at
+            keys, problems = [], [str(exc)]
+        except OSError as exc:
+            keys, problems = [], [f"cannot list {sessions}: {why(exc)}"]
+        summary = sidefiles.SUMMARY
+        entries += (Entry(key, "summary", os.path.join(sessions, key, summary)) for key in keys)
+        return Extras([e for e in map(self.extra, entries) if e is not None], problems)
+
+    def _asides(self) -> list[tuple[str, str]]:
+        """The corrupt files moved aside of valid keys: (key, path)."""
+        keys = ((sidefiles.ASIDE.sub("", os.path.basename(p)), p) for p in self.asides())
+        return [(key, path) for key, path in keys if KEY_PATTERN.fullmatch(key)]
+
+    def extra(self, entry: Entry) -> Extra | None:
+        if entry.kind == "corrupt":
+            look = sidefiles.look_corrupt(entry.path)
+        else:
+            look = sidefiles.look_summary(self.where, entry.key, entry.path)
+        return None if look is None else Extra(entry, *look)
+
+    def _remove_summary(self, entry: Entry, reason: str) -> Removal:
+        """Remove a summary and its directory (the lock held), unless a checkpoint came back."""
+        for kind in _KINDS:
+            if os.path.lexists(os.path.join(self.where, entry.key + kind.suffix)):
+                return Removal(entry.path, "kept", "its key has a checkpoint again")
+        try:
+            stays = sidefiles.remove_summary(self.where, entry.key, entry.path)
+        except FileNotFoundError:
+            return Removal(entry.path, "kept", "gone already")
+        except OSError as exc:
+            return Removal(entry.path, "failed", f"cannot remove {entry.path}: {why(exc)}")
+        return Removal(entry.path, "removed", reason if stays is None else f"{reason}; {stays}")
 
     def delete(
         self,
@@ -329,6 +414,9 @@ class DirectoryRoot:
                 if kept is not None:
                     done.append(Removal(entry.path, "kept", kept))
                     continue
+                if entry.kind == "summary":
+                    done.append(self._remove_summary(entry, reason))
+                    continue
                 try:
                     os.unlink(entry.path)
                 except FileNotFoundError:
@@ -339,6 +427,8 @@ class DirectoryRoot:
                     )
                     continue
                 done.append(Removal(entry.path, "removed", reason))
+            if any(r.outcome == "removed" for r in done):
+                sidefiles.fsync_root(self.where)  # the unlinks survive a power cut only so
         finally:
             try:
                 held.release()
@@ -347,7 +437,29 @@ class DirectoryRoot:
             else:
                 if stale is not None:
                     done.append(Removal(lock_path, "removed", stale, lock=True))
+        return _durably(self.where, done)
+
+
+def _durably(where: str, done: list[Removal]) -> list[Removal]:
+    """``done``, once the removals in ``where`` are durable: one fsync of the directory.
+
+    An unlink is undone by a power cut until its directory is fsynced: a
+    pruned checkpoint would come back.  If that fsync fails, each removal
+    says so instead of "removed".
+    """
+    if not any(removal.outcome == "removed" for removal in done):
         return done
+    try:
+        fsync_dir(where)
+    except OSError as exc:
+        problem = f"removed, but {where} could not be synced ({why(exc)}): it may come back"
+        return [
+            r._replace(outcome="failed", why=f"{r.path}: {problem}")
+            if r.outcome == "removed"
+            else r
+            for r in done
+        ]
+    return done
 
 
 # -- a PostgreSQL store ----------------------------------------------------------
@@ -373,6 +485,7 @@ class PostgresRoot:
     kinds: tuple[str, ...] = ("row",)
     lock_files = False
     mtimes = False
+    has_extras = False
     failure: tuple[type[Exception], ...] = (PostgresStoreError,)
 
     def __init__(self, dsn: str, schema: str) -> None:
@@ -381,6 +494,9 @@ class PostgresRoot:
         except (ImportError, ValueError) as exc:  # no psycopg, a bad DSN or schema name
             raise RootError(str(exc)) from None
         self.where = self.store.location("")[:-1]
+        # Rows whose key breaks the key rule (put there by SQL, another tool or an
+        # older release): listed under the key escaped, unreadable, never touched.
+        self._invalid: dict[str, str] = {}
 
     def close(self) -> None:
         self.store.close()
@@ -389,28 +505,58 @@ class PostgresRoot:
         pass  # an invalid key is not in the store: show says so
 
     def scan(self) -> Scan:
-        keys = self.store.keys()
-        return Scan([Entry(key, "row", self.store.location(key)) for key in keys], frozenset())
+        entries = []
+        keys: list[str] = self.store.keys()
+        for key in keys:
+            try:
+                check_key(key)
+            except ValueError as exc:
+                shown = _escaped(key)
+                self._invalid[shown] = _escaped(str(exc))
+                entries.append(Entry(shown, "row", f"{self.where}/{shown}"))
+            else:
+                entries.append(Entry(key, "row", self.store.location(key)))
+        return Scan(entries, frozenset())
+
+    def _check(self, entry: Entry) -> None:
+        why = self._invalid.get(entry.key)
+        if why is not None:
+            raise CheckpointError(
+                entry.path,
+                f"a row no writer can use ({why}); written by SQL or another tool? "
+                "rename or delete it with SQL",
+            )
 
     def lock(self, key: str) -> LockView | None:
+        if key in self._invalid:
+            return None  # no writer can take it
         holder = self.store.locked_by(key)
         return None if holder is None else LockView("alive", holder, None)
 
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
+        self._check(entry)
         data = self.store.read(entry.key)  # a damaged journal row: CheckpointError
         return 0 if data is None else len(data), None
 
     def load(self, entry: Entry) -> Loaded | None:
+        self._check(entry)
         checkpoint = load(self.store, entry.key)
         return None if checkpoint is None else _loaded(checkpoint)
 
     def raw(self, entry: Entry) -> bytes | None:
+        self._check(entry)
         return self.store.read(entry.key) or b""
 
     def asides(self) -> list[str]:
         return []
 
     def planted(self, entry: Entry) -> str | None:
+        return None
+
+    def extras(self) -> Extras:
+        return Extras([], [])
+
+    def extra(self, entry: Entry) -> Extra | None:
         return None
 
     def delete(
@@ -421,6 +567,8 @@ class PostgresRoot:
         recheck: Recheck,
         stale: str | None,
     ) -> list[Removal]:
+        if key in self._invalid:
+            return [Removal(e.path, "kept", "a key no writer can use") for e, _ in old]
         # Held while deleting, so no writer starts on the key midway.
         holder = self.store.acquire(key)
         if holder is not None:
@@ -437,6 +585,11 @@ class PostgresRoot:
         finally:
             self.store.release(key)
         return done
+
+
+def _escaped(text: str) -> str:
+    """``text`` with every character that is not printable escaped (as Python writes it)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def open_root(root: str, *, dsn: str | None, schema: str) -> Root:

@@ -10,7 +10,7 @@ import msgspec
 from checkpointer import CheckpointError
 
 from . import report
-from .look import Row, inspect, messages
+from .look import Row, history, inspect
 from .roots import Entry, Loaded, LockView, Root, why
 from .verify import torn_tail
 
@@ -101,23 +101,26 @@ def _loaded(fields: list[tuple[str, str]], row: Row, loaded: Loaded, last: int) 
             fields.append((name, report.value(value)))
     if loaded.torn is not None:  # what load() dropped (the whole story on stderr, after)
         fields.append(("torn tail", f"line {loaded.torn.line} on, {loaded.torn.nbytes} bytes"))
-    history = messages(loaded.state)
+    found = history(loaded.state)
     if row.turns is not None and not any(name == "turns" for name, _ in fields):
         fields.append(("turns", f"{row.turns} (assistant messages)"))
-    if history is None:
+    if found is None or found.messages is None:
         state = msgspec.json.encode(loaded.state).decode()
         fields.append(("state", report.one_line(state, 300)))
+        if found is not None and found.note is not None:
+            fields.append(("note", found.note))
         report.fields(fields)
         return report.OK
-    fields.append(("messages", str(len(history))))
+    listed = found.messages
+    fields.append(("messages", str(len(listed))))
     if row.title:
         fields.append(("title", row.title))
     report.fields(fields)
-    shown = history[-last:] if last > 0 else []
+    shown = listed[-last:] if last > 0 else []
     if shown:
-        report.line(f"last {len(shown)} of {len(history)} messages:")
-        start = len(history) - len(shown)
-        width = len(str(len(history) - 1))
+        report.line(f"last {len(shown)} of {len(listed)} messages:")
+        start = len(listed) - len(shown)
+        width = len(str(len(listed) - 1))
         for i, message in enumerate(shown, start):
             report.line(f"  [{i:>{width}}] {report.message_line(message)}")
     return report.OK

@@ -1,9 +1,11 @@
 """``checkpointer verify``: load every checkpoint of a root and check its agent history.
 
-A history is checked by ``validate_history``, after a check of what it
-takes for granted (a list of objects with a known role, tool calls as a list
-of objects).  Tool calls left open at the end (saved while the tool ran)
-are a warning; anything else a model API would refuse is bad (exit 1).
+A history (``look.history``: in any layout an adapter stores) is scanned by
+the transcript helpers, each message in its own dialect.  Tool calls left
+open at the end (saved while the tool ran) are a warning; a message of a
+shape no dialect recognises, or a history this tool cannot decode (a
+LangGraph thread log), is a note: not checked, and not bad; anything else a
+model API would refuse is bad (exit 1).
 """
 
 from __future__ import annotations
@@ -11,64 +13,74 @@ from __future__ import annotations
 import argparse
 from typing import Any, Literal, NamedTuple
 
-from checkpointer import HistoryProblem, TornTail, validate_history
+from checkpointer import TornTail
 
 from . import report
-from .look import read
-from .roots import Entry, Root
+from .look import History, history, read
+from .roots import CHAT, Entry, Root, describe_shape, detect, scan_history
 
 __all__ = ["Verdict", "run", "torn_tail", "verdict"]
-
-_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-_AT = "$.state.messages"
 
 
 def run(root: Root, args: argparse.Namespace) -> int:
     """Check every checkpoint of ``root``; 1 when any is bad."""
     entries = root.scan().entries
-    bad = warned = torn = 0
+    bad = warned = torn = noted = 0
     for entry in entries:
         verdict_ = verdict(root, entry)
         outcome = _report(entry.path, verdict_, quiet=args.quiet)
         bad += outcome == "bad"
-        warned += outcome == "warn" and verdict_.warning is not None
-        torn += outcome == "warn" and verdict_.torn is not None
+        good = outcome != "bad"
+        warned += good and verdict_.warning is not None
+        torn += good and verdict_.torn is not None
+        noted += good and verdict_.note is not None
     for path in root.asides():
         report.line(f"note {path}: a corrupt file a writer moved aside")
     if not entries:
         report.line(f"no checkpoints in {root.where}")
         return report.OK
     ok = f"{len(entries) - bad} ok"
-    notes = [f"{warned} with tool calls open at the end"] if warned else []
-    notes += [f"{torn} with a torn tail ignored"] if torn else []
-    if notes:
-        ok += f" ({', '.join(notes)})"
+    also = []
+    if warned:
+        also.append(f"{warned} with tool calls open at the end")
+    if torn:
+        also.append(f"{torn} with a torn tail ignored")
+    if noted:
+        also.append(f"{noted} with messages not checked")
+    if also:
+        ok += f" ({', '.join(also)})"
     report.line(f"{len(entries)} checkpoint(s): {ok}, {bad} bad")
     return report.PROBLEM if bad else report.OK
 
 
 class Verdict(NamedTuple):
-    """``verify``'s word on one checkpoint: bad (``problem``), or ok, maybe with a warning."""
+    """``verify``'s word on one checkpoint: bad (``problem``), or ok, with a warning or a note."""
 
     problem: str | None  # why it is bad
     summary: str  # what a good one holds
     warning: str | None = None  # what a good one needs before it is sent to a model
+    note: str | None = None  # what was not checked (unrecognised messages), and why
     torn: str | None = None  # a journal's unfinished last append, ignored by load()
 
 
-def _report(path: str, verdict_: Verdict, *, quiet: bool) -> Literal["bad", "warn", "ok"]:
-    """Print one ``verify`` line for ``path`` (ok and warn lines unless quiet)."""
+_Outcome = Literal["bad", "warn", "note", "ok"]
+
+
+def _report(path: str, verdict_: Verdict, *, quiet: bool) -> _Outcome:
+    """Print one ``verify`` line for ``path`` (ok, warn and note lines unless quiet)."""
     if verdict_.problem is not None:
         report.line(f"BAD  {path}: {verdict_.problem}")
         return "bad"
+    said = [s for s in (verdict_.warning, verdict_.torn, verdict_.note) if s is not None]
+    outcome: _Outcome = "ok"
     if verdict_.warning is not None or verdict_.torn is not None:
-        if not quiet:
-            said = "; ".join(w for w in (verdict_.warning, verdict_.torn) if w is not None)
-            report.line(f"warn {path}: {verdict_.summary}; {said}")
-        return "warn"
+        outcome = "warn"
+    elif verdict_.note is not None:
+        outcome = "note"
     if not quiet:
-        report.line(f"ok   {path}: {verdict_.summary}")
-    return "ok"
+        word = {"ok": "ok  ", "note": "note", "warn": "warn"}[outcome]
+        report.line(f"{word} {path}: {'; '.join([verdict_.summary, *said])}")
+    return outcome
 
 
 def verdict(root: Root, entry: Entry) -> Verdict:
@@ -97,63 +109,65 @@ def torn_tail(torn: TornTail) -> str:
 
 def _history(state: Any, summary: str) -> Verdict:
     """The verdict on a state's agent history (a state without one is fine)."""
-    if not (isinstance(state, dict) and "messages" in state):
+    found = history(state)
+    if found is None:
         return Verdict(None, summary)
-    messages = state["messages"]
-    shape = _shape(messages)
-    if shape is not None:
-        return Verdict(f"invalid agent history: {shape}", "")
+    if found.messages is None:
+        return Verdict(None, summary, note=found.note)
+    return _check(found, summary)
+
+
+def _check(found: History, summary: str) -> Verdict:
+    """The verdict on a history: bad, open calls at the end (a warning), unrecognised (a note)."""
+    messages = found.messages
+    assert messages is not None
+    at = found.at
     summary += f", {len(messages)} messages"
-    problems = validate_history(messages)
+    for i, message in enumerate(messages):
+        if type(message) is dict and "tool_calls" in message and detect(message) is CHAT:
+            wrong = _calls_shape(message["tool_calls"])
+            if wrong is not None:
+                return Verdict(f"invalid agent history: {at(i)}.tool_calls{wrong}", "")
+    scan = scan_history(messages)
     # Calls left open at the end are not damage: a writer without prepare
     # saved the session while its tools ran (transcript_prepare() closes
     # them as it writes).  Sendable only once they are run again or closed,
     # so they are a warning; anything else a model API would refuse is bad.
-    open_calls: list[HistoryProblem] = []
-    bad: list[HistoryProblem] = []
-    for problem in problems:
-        (open_calls if _open_at_end(problem, messages) else bad).append(problem)
+    end = len(messages)
+    still_open = {(u.call_index, u.call_id) for u in scan.unclosed if u.window_end == end}
+    open_calls, bad, unknown = [], [], []
+    for problem in scan.problems:
+        if problem.kind == "unrecognised":
+            unknown.append(problem)
+        elif problem.kind == "unclosed-call" and (problem.index, problem.call_id) in still_open:
+            open_calls.append(problem)
+        else:
+            bad.append(problem)
     if bad:
-        shown = "; ".join(p.describe(_AT) for p in bad[:3])
+        shown = "; ".join(f"{at(p.index)}: {p.detail}" for p in bad[:3])
         more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
         return Verdict(f"not sendable to a model API: {shown}{more}", "")
-    if not open_calls:
-        return Verdict(None, summary)
-    ids = ", ".join(
-        f"{p.call_id!r} ({_AT}[{p.index}])" if p.call_id else f"{_AT}[{p.index}]"
-        for p in open_calls
-    )
-    return Verdict(
-        None,
-        summary,
-        f"{len(open_calls)} tool call(s) open at the end, saved while the tool ran: {ids}; "
-        "run them again or close them before sending the history "
-        "(a writer with prepare=transcript_prepare() closes them as it writes)",
-    )
-
-
-def _shape(messages: Any) -> str | None:
-    """What ``validate_history`` takes for granted: a list of objects with a known role."""
-    if not isinstance(messages, list):
-        return f"{_AT}: is {report.json_type(messages)}, not a list of messages"
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            return f"{_AT}[{i}]: is {report.json_type(message)}, not a message object"
-        role = message.get("role")
-        if not isinstance(role, str):
-            return f"{_AT}[{i}].role: is {report.json_type(role)}, not a string"
-        if role not in _ROLES:
-            return f"{_AT}[{i}].role: unknown role {role!r} (expected one of {', '.join(_ROLES)})"
-        calls = message.get("tool_calls")
-        if calls is not None:
-            wrong = _calls_shape(calls)
-            if wrong is not None:
-                return f"{_AT}[{i}].tool_calls{wrong}"
-    return None
+    warning = note = None
+    if open_calls:
+        ids = ", ".join(
+            f"{p.call_id!r} ({at(p.index)})" if p.call_id else at(p.index) for p in open_calls
+        )
+        warning = (
+            f"{len(open_calls)} tool call(s) open at the end, saved while the tool ran: {ids}; "
+            "run them again or close them before sending the history "
+            "(a writer with prepare=transcript_prepare() closes them as it writes)"
+        )
+    if unknown:
+        shown = ", ".join(
+            f"{at(p.index)} ({describe_shape(messages[p.index])})" for p in unknown[:3]
+        )
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        note = f"unrecognised message shape at {shown}{more}: not checked"
+    return Verdict(None, summary, warning, note)
 
 
 def _calls_shape(calls: Any) -> str | None:
-    """What is wrong with a message's ``tool_calls`` (a JSON path tail and why), or None."""
+    """What is wrong with a chat message's ``tool_calls`` (a JSON path tail and why), or None."""
     if not isinstance(calls, list):
         return f": is {report.json_type(calls)}, not a list of tool calls"
     for j, call in enumerate(calls):
@@ -162,10 +176,3 @@ def _calls_shape(calls: Any) -> str | None:
         if "function" in call and not isinstance(call["function"], dict):
             return f"[{j}].function: is {report.json_type(call['function'])}, not an object"
     return None
-
-
-def _open_at_end(problem: HistoryProblem, messages: list[Any]) -> bool:
-    """An unclosed call with nothing after it but tool results: saved while its tool ran."""
-    return problem.kind == "unclosed-call" and all(
-        m.get("role") == "tool" for m in messages[problem.index + 1 :]
-    )

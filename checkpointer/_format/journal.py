@@ -32,18 +32,27 @@ ignores it and reports it (``Checkpoint.torn``); a writer opening the
 journal truncates it away.  A damaged line that is not the last one cannot
 come from a crash: that is a ``CheckpointError`` naming the line.
 
+A complete line that is valid JSON but a row this version does not know (a
+``kind`` it has never heard of, a ``format`` above its own, a second header
+of a newer format) cannot come from a crash either, nor is it damage: a
+newer version wrote it.  Wherever it is, the last line included, that is a
+``NewerVersionError`` (the writer then leaves the key alone), never a torn
+tail dropped or a journal moved aside.
+
 Loading takes the last compaction row and applies the committed rows after
 it.  Older rows stay in the file, for audit, until a rewrite.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import msgspec
 
-from .._values import CheckpointError, Meta, TornTail
+from .._values import CheckpointError, Meta, NewerVersionError, TornTail
+from .._version import VERSION
 from .envelope import FORMAT, check_format, newer_format
 
 __all__ = [
@@ -134,6 +143,9 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
     """Parse a journal; ignore an unfinished last batch; reject any other damage."""
     if not data:
         raise CheckpointError(path, "the journal is empty (its creation never finished?)")
+    size, hole = len(data), ""
+    if (nul := data.find(b"\0")) >= 0:  # JSON never holds a raw NUL: a hole of a crash
+        data, hole = _cut_hole(data, nul, path)
     lines = data.split(b"\n")
     partial = lines.pop()  # b"" when the file ends with a newline, as it should
     rows: list[_Row] = []
@@ -146,6 +158,8 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
         except (msgspec.DecodeError, RecursionError) as exc:  # ValidationError included
             if number == 1:
                 check_format(line, path)  # the format and library version, as a snapshot's
+            else:
+                _check_newer_row(line, number, lines[number:], path)
             if number == len(lines) and not partial:
                 unparsable = f"line {number} is not a journal row ({exc})"
                 break
@@ -170,6 +184,8 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
         row = rows[index]
         number = index + 1
         if isinstance(row, _Header):
+            if row.format > FORMAT:
+                raise _newer_row(path, number, f"a header of format {row.format}", row.meta)
             raise CheckpointError(path, f"line {number}: a second header row")
         if isinstance(row, _Compaction):
             compaction = index
@@ -190,7 +206,7 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
         raise CheckpointError(path, "no complete checkpoint after the header")
     end = ends[last_commit]
     torn = None
-    if end < len(data):
+    if end < size:
         reasons = []
         pending = len(rows) - 1 - last_commit
         if pending:
@@ -199,10 +215,12 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
             reasons.append(unparsable)
         if partial:
             reasons.append(f"a last line of {len(partial)} bytes with no newline")
+        if hole:
+            reasons.append(hole)
         torn = TornTail(
             line=last_commit + 2,
             offset=end,
-            nbytes=len(data) - end,
+            nbytes=size - end,
             reason="an append that never finished: " + "; ".join(reasons),
         )
     last = rows[last_commit]
@@ -216,6 +234,96 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
         after=rows[compaction + 1 : last_commit + 1],
         torn=torn,
     )
+
+
+_KINDS = frozenset({"header", "compaction", "message", "state", "meta"})
+
+
+class _AnyRow(msgspec.Struct):
+    """What any row of any version has: a ``kind``; maybe a ``format`` and a ``meta``."""
+
+    kind: str
+    format: int = 0
+    meta: Any = None
+
+
+_ANY_ROW = msgspec.json.Decoder(_AnyRow)
+
+
+def _check_newer_row(line: bytes, number: int, later: list[bytes], path: str) -> None:
+    """Raise ``NewerVersionError`` if ``line`` is a whole row that a newer version wrote."""
+    try:
+        row = _ANY_ROW.decode(line)
+    except (msgspec.DecodeError, RecursionError):
+        return  # not a row of any version: damage (or a torn tail)
+    if row.kind in _KINDS and row.format <= FORMAT:
+        return  # a known row that does not decode: damage
+    what = f"a {row.kind!r} row" + (f" of format {row.format}" if row.format > FORMAT else "")
+    meta = row.meta
+    for after in later:  # else the row that closes its batch says who wrote it
+        if isinstance(meta, dict) and isinstance(meta.get("library_version"), str):
+            break
+        with contextlib.suppress(msgspec.DecodeError, RecursionError):
+            meta = _ANY_ROW.decode(after).meta
+    raise _newer_row(path, number, what, meta)
+
+
+def _newer_row(path: str, number: int, what: str, meta: object) -> NewerVersionError:
+    if isinstance(meta, Meta):
+        written_by: object = meta.library_version
+    else:
+        written_by = meta.get("library_version") if isinstance(meta, dict) else None
+    by = f"agent-checkpointer {written_by}" if isinstance(written_by, str) else "a newer version"
+    return NewerVersionError(
+        path,
+        f"line {number}: {what}, written by {by}, which this agent-checkpointer {VERSION} "
+        "does not know; upgrade agent-checkpointer to read it (the journal is kept as it is)",
+        written_by if isinstance(written_by, str) else None,
+    )
+
+
+def _cut_hole(data: bytes, nul: int, path: str) -> tuple[bytes, str]:
+    """The journal before the line holding its first NUL byte, and why the rest is a torn tail.
+
+    Our JSON never holds a raw NUL: zeros are a hole that a power cut left
+    in an append whose pages reached the disk out of order (some written,
+    some not, at full size or cut after a page).  That can only be the last
+    batch, so from the line with the first NUL on, every line must be a hole
+    or a row of that one batch: message rows, and at most one closing row at
+    the very end.  Anything else (a second batch, a line that is neither, a
+    NUL in line 1, which was fsynced before its rename) is damage.
+
+    Raises:
+        CheckpointError: the NUL bytes are not in the journal's last batch.
+    """
+    start = data.rfind(b"\n", 0, nul) + 1
+    number = data.count(b"\n", 0, start) + 1
+    if number == 1:
+        raise CheckpointError(
+            path, "line 1 holds NUL bytes: a damaged file, not a journal a crash can leave"
+        )
+    rest = data[start:].split(b"\n")
+    closed = False
+    for offset, line in enumerate(rest):
+        where = f"line {number + offset}"
+        if closed and (line or offset < len(rest) - 1):
+            raise CheckpointError(
+                path,
+                f"{where} follows a complete append after the NUL bytes of line {number}: "
+                "a crash can only damage the last append, so this journal cannot be trusted",
+            )
+        if b"\0" in line or offset == len(rest) - 1:
+            continue  # a hole, or the last line cut short
+        try:
+            row = _ROWS.decode(line)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise CheckpointError(
+                path,
+                f"{where} is not a journal row ({exc}), after the NUL bytes of line {number}: "
+                "this journal cannot be trusted",
+            ) from None
+        closed = not isinstance(row, _Message)
+    return data[:start], f"NUL bytes from line {number} on (a hole a power cut left)"
 
 
 def _compaction(rows: list[_Row], index: int) -> _Compaction:

@@ -18,25 +18,25 @@ front-matter files picks it up unchanged::
 
 No YAML library is needed: the front matter has a fixed shape, strings are
 written as JSON strings (a JSON string is a valid YAML double-quoted
-scalar), and the reader parses just that shape: keys, one nested mapping,
-and the three flow scalars (plain, single- and double-quoted, with YAML's
-escapes), which may run over several lines, folded as YAML folds them.  So a
-file re-saved by a YAML tool still loads: ``yaml.safe_dump`` wraps the long
-``description`` at 80 columns.  The body is the summary byte for byte: it
-may hold ``---`` lines, since the front matter ends at its first ``---``
-line and none of its own values can contain one.
+scalar), and the reader (``frontmatter.py``) reads the YAML that tools write for
+that shape, in any of their styles: block and flow mappings, quoted keys,
+plain and quoted scalars over several lines (folded as YAML folds them),
+literal and folded block scalars, tags, anchors, comments, directives and
+document markers (not aliases).  So a file re-saved by PyYAML or
+ruamel.yaml still loads (``tests/test_summary_resave.py``).  The body is
+the summary byte for byte: it may hold ``---`` lines, since the front
+matter ends at its first ``---`` line and none of its own values can
+contain one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-import string
 from datetime import UTC, datetime
-from typing import Any
 
 from .._values import CheckpointError, SummaryCheckpoint
+from .frontmatter import front_matter
 
 __all__ = ["decode_summary", "encode_summary", "not_text"]
 
@@ -120,20 +120,21 @@ def _iso(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-_LINE = re.compile(
-    r"^(?P<indent> *)(?P<key>[A-Za-z_][A-Za-z0-9_-]*):(?:[ \t]+(?P<value>.*?))?[ \t]*$"
-)
-_INT = re.compile(r"^[+-]?[0-9]+$")
+_FENCE = re.compile(r"^---(?:[ \t].*)?$")  # a document start marker, content may follow
 
 
 def _parse(text: str, path: str) -> SummaryCheckpoint:
     lines = text.split("\n")
     if lines[0].rstrip("\r") != "---":
         raise CheckpointError(path, "does not start with a '---' front matter fence")
-    end = next((i for i in range(1, len(lines)) if lines[i].rstrip("\r") == "---"), None)
+    first, end = _front_lines(lines)
     if end is None:
         raise CheckpointError(path, "the front matter has no closing '---' line")
-    top = _front_matter([line.rstrip("\r") for line in lines[1:end]], path)
+    top = front_matter([line.rstrip("\r") for line in lines[first:end]], path, first + 1)
+    if end < len(lines) and lines[end].rstrip("\r") == "...":  # a YAML document end
+        end += int(end + 1 < len(lines) and lines[end + 1].rstrip("\r") == "---")
+    if not isinstance(top, dict):
+        raise CheckpointError(path, "the front matter is not a mapping")
     meta = top.get("metadata")
     if not isinstance(meta, dict):
         raise CheckpointError(path, "the front matter has no 'metadata' mapping")
@@ -142,7 +143,7 @@ def _parse(text: str, path: str) -> SummaryCheckpoint:
     numbers = {}
     for name in ("watermark", "coveredMessages"):
         value = meta.get(name)
-        if not isinstance(value, int) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise CheckpointError(path, f"metadata.{name} must be an integer >= 0, got {value!r}")
         numbers[name] = value
     created = meta.get("createdAt")
@@ -163,177 +164,25 @@ def _parse(text: str, path: str) -> SummaryCheckpoint:
     )
 
 
-def _front_matter(lines: list[str], path: str) -> dict[str, Any]:
-    """The mapping of the front matter's lines (line 2 of the file is ``lines[0]``)."""
-    top: dict[str, Any] = {}
-    section: dict[str, Any] | None = None
-    at = 0
-    while at < len(lines):
-        number, line = at + 2, lines[at]
-        at += 1
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        match = _LINE.match(line)
-        if match is None:
-            raise CheckpointError(path, f"line {number}: not a 'key: value' line: {line!r:.80}")
-        indent, key, value = len(match["indent"]), match["key"], match["value"] or None
-        if value is not None:
-            value, used = _scalar(value, lines, at, indent, path, number)
-            at += used
-        if not indent:
-            if value is None:
-                section = top[key] = {}
-            else:
-                section = None
-                top[key] = value
-        elif section is None:
-            raise CheckpointError(path, f"line {number}: indented {key!r} belongs to no mapping")
-        elif value is None:
-            raise CheckpointError(path, f"line {number}: {key!r} nests deeper than expected")
-        else:
-            section[key] = value
-    return top
+def _front_lines(lines: list[str]) -> tuple[int, int | None]:
+    """Where the front matter's YAML starts and the index of the line that ends it.
 
-
-def _scalar(
-    first: str, lines: list[str], at: int, indent: int, path: str, number: int
-) -> tuple[Any, int]:
-    """The scalar that starts with ``first`` and may go on in ``lines[at:]``.
-
-    A quoted scalar goes on until its closing quote, a plain one over the
-    lines indented deeper than its key (``indent``), as YAML has it: the
-    line breaks are folded (one break is a space, each blank line a newline,
-    the white space around a break dropped; in double quotes an escaped
-    break joins the lines).  Returns the value and the lines used after the
-    first.
+    A YAML tool may have written directives (``%YAML 1.1``) and its own
+    ``---`` document start after our opening fence, and may end the document
+    with ``...`` before our closing fence.  None: no end.
     """
-    quote = first[0] if first[0] in "\"'" else ""
-    if not quote:
-        used = 0
-        raw = [_plain_part(first)]
-        while at + used < len(lines) and raw[-1] is not None:
-            line = lines[at + used]
-            if line.strip() and len(line) - len(line.lstrip(" ")) <= indent:
-                break  # the next key
-            used += 1
-            raw.append(_plain_part(line) if line.strip() else "")
-        parts = [part for part in raw if part is not None]
-        while len(parts) > 1 and not parts[-1]:
-            parts.pop()  # blank lines after it are not part of it
-            used -= 1
-        value = _fold("\n".join(parts), quote="")
-        return (int(value) if _INT.match(value) else value), used
-    text, used = first, 0
-    while (close := _closing(text, quote)) < 0:
-        if at + used >= len(lines):
-            raise CheckpointError(path, f"line {number}: a {_QUOTES[quote]} string never closed")
-        line = lines[at + used]
-        if line.strip() and len(line) - len(line.lstrip(" ")) <= indent:
-            raise CheckpointError(path, f"line {number}: a {_QUOTES[quote]} string never closed")
-        text += "\n" + line
-        used += 1
-    rest = text[close + 1 :].strip()
-    if rest and not rest.startswith("#"):
-        raise CheckpointError(path, f"line {number}: text after a {_QUOTES[quote]} string")
-    try:
-        value = _fold(text[1:close], quote=quote)
-    except ValueError as exc:
-        raise CheckpointError(
-            path, f"line {number}: a bad {_QUOTES[quote]} string: {exc}"
-        ) from None
-    with contextlib.suppress(UnicodeError):  # "\\ud83d\\ude80", as JSON writes it: one character
-        value = value.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
-    return value, used
-
-
-_QUOTES = {'"': "double-quoted", "'": "single-quoted"}
-
-
-def _plain_part(line: str) -> str | None:
-    """A line of a plain scalar up to a comment; None for a comment line (the scalar ends)."""
-    stripped = line.strip()
-    if stripped.startswith("#"):
-        return None
-    cut = re.search(r"[ \t]#", stripped)
-    return stripped[: cut.start()] if cut else stripped
-
-
-def _closing(text: str, quote: str) -> int:
-    """The index of the quote closing the scalar ``text`` opens, or -1."""
     at = 1
-    while at < len(text):
-        char = text[at]
-        if quote == '"' and char == "\\":
-            at += 2
-            continue
-        if char == quote:
-            if quote == "'" and text[at + 1 : at + 2] == "'":
-                at += 2  # '' is one quote
-                continue
-            return at
+    while at < len(lines) and lines[at].startswith("%"):
         at += 1
-    return -1
-
-
-_ESCAPES = {
-    "0": "\0", "a": "\a", "b": "\b", "t": "\t", "\t": "\t", "n": "\n", "v": "\v",
-    "f": "\f", "r": "\r", "e": "\x1b", " ": " ", '"': '"', "/": "/", "\\": "\\",
-    "N": "\x85", "_": "\xa0", "L": "\u2028", "P": "\u2029",
-}  # fmt: skip
-_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
-
-
-def _fold(raw: str, *, quote: str) -> str:
-    """A flow scalar's content (between its quotes) with its line breaks folded.
-
-    Raises:
-        ValueError: a bad escape in a double-quoted scalar.
-    """
-    out: list[str] = []
-    space = ""  # white space so far, dropped if a line break follows it
-    at, end = 0, len(raw)
-    while at < end:
-        char = raw[at]
-        if char in " \t":
-            space += char
-            at += 1
-            continue
-        if char == "\n":
-            space, blank = "", 0
-            at += 1
-            while True:
-                while at < end and raw[at] in " \t":
-                    at += 1
-                if at < end and raw[at] == "\n":
-                    blank += 1
-                    at += 1
-                    continue
-                break
-            out.append("\n" * blank if blank else " ")
-            continue
-        out.append(space)
-        space = ""
-        if quote == '"' and char == "\\":
-            escape = raw[at + 1 : at + 2]
-            if escape == "\n":  # an escaped line break: the lines join
-                at += 2
-                while at < end and raw[at] in " \t":
-                    at += 1
-                continue
-            if escape in _ESCAPES:
-                out.append(_ESCAPES[escape])
-                at += 2
-                continue
-            size = _HEX_ESCAPES.get(escape, 0)
-            digits = raw[at + 2 : at + 2 + size]
-            if not size or len(digits) != size or not all(c in string.hexdigits for c in digits):
-                raise ValueError(f"unknown escape {raw[at : at + 2 + size]!r}")
-            out.append(chr(int(digits, 16)))
-            at += 2 + size
-            continue
-        if quote == "'" and char == "'":
-            at += 1  # the first of '', which stands for one quote
-        out.append(raw[at])
+    first = 1
+    if at < len(lines) and _FENCE.match(lines[at].rstrip("\r")):
+        first = at  # its own document start: the marker is read as part of the YAML
+        lines[at] = " " * 3 + lines[at][3:]
         at += 1
-    out.append(space)
-    return "".join(out)
+    for end in range(at, len(lines)):
+        if lines[end].rstrip("\r") in ("---", "..."):
+            return first, end
+    return first, None
+
+
+_front_matter = front_matter  # the reader's entry, as the tests name it

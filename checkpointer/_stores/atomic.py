@@ -2,6 +2,10 @@
 
 Every ``fsync`` of the library is made here: the temp file and the
 directory of ``write_atomic``, the directories ``makedirs_durable`` makes,
+the directories above a store's root once per store (``fsync_parents``),
+the directory of a file ``unlink_durable`` removed (a delete comes back
+after a power cut until its directory is fsynced), ``fsync_dir`` after a
+rename or unlinks made elsewhere (``move_aside``, ``checkpointer prune``),
 and ``fsync_fd`` for what other modules write in place (a journal's append
 and its torn-tail truncation, a directory ``safefs.open_subdir`` made).
 
@@ -15,39 +19,61 @@ The recipe (``../shared/FACTS.md``, "Durable atomic replace on Linux"):
    with a fresh temp file built from memory: never fsync the same file again,
    the kernel may have dropped its dirty pages.
 
-Temp names say which process wrote them, ``.<name>.<pid>.<tag><random>.tmp``,
-so ``sweep_temps`` removes the debris of dead processes only, never a temp
-that a live writer is about to rename.  A pid alone does not say it: pids
-are reused, and in a container every run is pid 1, so the temps of the
-previous run would look like our own forever.  The tag (``_tag``) tells one
-process from another that had the same pid: a hash of the boot id and the
-process's start time (``/proc/<pid>/stat``), which the sweep can compute for
-any live pid; or, where ``/proc`` cannot be read, a random one that only the
-process itself knows.  Names without a tag (from versions before it) are
-still swept: by pid, and always when the pid is ours, since we never write
-them.
+``sweep_temps`` removes the debris of dead processes only, never a temp
+that a live writer is about to rename.  What proves a write live is a lock:
+the writer holds an ``flock`` on its temp file from right after creating it
+until after the rename, and the sweep removes only a temp it can lock
+itself (non-blocking).  A temp still of mode 000 (a temp is created so,
+and gets its mode once locked: its writer may have created it an instant
+ago) that names our own pid goes only once it has not changed for
+``STALE_AFTER`` seconds; one naming a pid not alive here goes at once (a
+writer in another pid namespace is at risk then only in the instant
+between creating its temp and locking it).
+The kernel drops the lock when the writer dies, even by SIGKILL, so the
+debris of a killed run goes at the next open.  A pid cannot say it: two
+containers on one volume are both pid 1, each in its own pid namespace,
+and each would take the other's temps for debris of its own earlier run.
+
+Temp names also say which process wrote them, ``.<name>.<pid>.<tag><random>.tmp``,
+and a temp whose writer is plainly alive in our pid namespace is kept
+without a look at its lock.  The tag (``_tag``) tells one process from
+another that had the same pid: a hash of the boot id and the process's
+start time (``/proc/<pid>/stat``); or, where ``/proc`` cannot be read, a
+random one that only the process itself knows.  Names without a tag (from
+versions before it) are still swept, by the same lock and age.
+
+(Past 500 lines on purpose: this is the one module that calls fsync, and the
+write, its temp files and their sweep are one protocol, best read together.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import re
 import secrets
 import stat
-import tempfile
+import time
 from collections.abc import Callable, Sequence
 
 __all__ = [
+    "STALE_AFTER",
     "fsync_dir",
     "fsync_fd",
+    "fsync_parents",
     "makedirs_durable",
     "sweep_temps",
+    "unlink_durable",
     "write_all",
     "write_atomic",
 ]
+
+STALE_AFTER = 600.0
+"""Seconds since its last change before an unlocked temp of mode 000, or one on a
+filesystem without flock, may be swept."""
 
 _TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.(?P<rest>[A-Za-z0-9_]+)\.tmp$")
 # The tag and mkstemp's 8 random characters; an older name has the 8 only.
@@ -71,6 +97,66 @@ def fsync_dir(directory: str, fsync: Callable[[int], None] = os.fsync) -> None:
         fsync(fd)
     finally:
         os.close(fd)
+
+
+_NO_DIR_FSYNC = frozenset({errno.EACCES, errno.EPERM, errno.EINVAL, errno.ENOTSUP, errno.ENOSYS})
+
+
+def fsync_parents(directory: str, fsync: Callable[[int], None] = fsync_fd) -> None:
+    """Make the entry of ``directory`` durable, and of each directory above it on its filesystem.
+
+    ``makedirs_durable`` fsyncs the parent of each directory it makes; a
+    directory that was already there may never have been made durable: the
+    app made the root with ``os.makedirs``, or a process was killed between
+    its ``mkdir`` and the parent's fsync (or is still in that window).  Then
+    every checkpoint written into it vanishes with it at a power cut.  So a
+    store calls this once, at its first write.  It walks up the absolute
+    path and, when ``directory`` is reached through a symbolic link, the
+    real one too, up to the filesystem's mount point (the walk stops where
+    ``st_dev`` changes).  An ancestor that this user may not open or that
+    cannot be fsynced (EACCES, EINVAL, ...) ends the walk quietly: the
+    directories below it are done, nothing more can be.
+
+    Raises:
+        OSError: ``directory`` cannot be looked at, or an fsync failed (EIO).
+    """
+    done: set[tuple[int, int]] = set()
+    for start in dict.fromkeys([os.path.abspath(directory), os.path.realpath(directory)]):
+        path, below = start, os.stat(start)
+        while (parent := os.path.dirname(path)) != path:
+            st = os.stat(parent)
+            if st.st_dev != below.st_dev:
+                break  # ``path`` is a mount point: its entry is another filesystem's
+            if (st.st_dev, st.st_ino) not in done:
+                try:
+                    fsync_dir(parent, fsync)
+                except OSError as exc:
+                    if exc.errno in _NO_DIR_FSYNC:
+                        break
+                    raise
+                done.add((st.st_dev, st.st_ino))
+            path, below = parent, st
+
+
+def unlink_durable(path: str, fsync: Callable[[int], None] = fsync_fd) -> bool:
+    """Remove the file ``path`` and make its removal durable (fsync its directory).
+
+    Without the directory's fsync an unlink is undone by a power cut: a
+    deleted checkpoint comes back (``tests/test_powercut.py``).
+
+    Returns:
+        True if it was removed; False if nothing was there (no fsync then).
+
+    Raises:
+        OSError: the unlink failed, or the directory's fsync did (the file is
+            gone now, but may come back after a power cut).
+    """
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    fsync_dir(os.path.dirname(path) or ".", fsync)
+    return True
 
 
 def makedirs_durable(
@@ -153,26 +239,37 @@ def write_atomic(
     if dir_fd is not None:
         return _write_atomic_at(dir_fd, name, chunks, mode, fsync, replace)
     pid, tag = _me()
-    prefix = f".{name}.{pid}.{tag}"
+    prefix = os.path.join(directory, f".{name}.{pid}.{tag}")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+        fd, tmp = _create_temp(prefix)
     except FileNotFoundError:  # first write: make the directory (a syscall saved per write)
         makedirs_durable(directory, dir_mode)
-        fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+        fd, tmp = _create_temp(prefix)
     try:
         try:
+            _hold(fd)
             os.fchmod(fd, mode)
             size = write_all(fd, chunks)
             fsync(fd)
-        finally:
-            os.close(fd)
-        replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+            replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    finally:
+        os.close(fd)  # the lock goes with it, after the rename: the sweep's proof of a live write
     fsync_dir(directory, fsync)
     return size
+
+
+def _hold(fd: int) -> None:
+    """Lock a new temp file for as long as it is being written (``sweep_temps`` reads it).
+
+    A filesystem without flock (some network ones: ENOLCK, EOPNOTSUPP) writes
+    on unlocked, and the sweep's age rule alone keeps its temp.
+    """
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 _TEMP_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -188,30 +285,41 @@ def _write_atomic_at(
 ) -> int:
     """``write_atomic`` relative to a directory descriptor (``openat``, ``renameat``)."""
     pid, tag = _me()
-    prefix = f".{name}.{pid}.{tag}"
-    for _ in range(100):  # as mkstemp does, a fresh random name until one is free
-        tmp = f"{prefix}{secrets.token_hex(4)}.tmp"  # 8 characters, as mkstemp's
-        try:
-            fd = os.open(tmp, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(errno.EEXIST, "no unused temp file name", prefix)
+    fd, tmp = _create_temp(f".{name}.{pid}.{tag}", dir_fd)
     try:
         try:
+            _hold(fd)
             os.fchmod(fd, mode)
             size = write_all(fd, chunks)
             fsync(fd)
-        finally:
-            os.close(fd)
-        replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        raise
+            replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
+    finally:
+        os.close(fd)
     fsync(dir_fd)
     return size
+
+
+def _create_temp(prefix: str, dir_fd: int | None = None) -> tuple[int, str]:
+    """A new temp file ``<prefix><8 random>.tmp``, as ``mkstemp`` makes one, but mode 000.
+
+    Mode 000 until it is locked (``_hold``) and given its mode: the sweep's
+    sign of a temp whose writer may not have locked it yet (``_UNLOCKED_YET``).
+
+    Open-coded (``O_EXCL``, a fresh random name until one is free) rather
+    than ``tempfile.mkstemp``, whose name generator costs several
+    microseconds a write in Python code.
+    """
+    for _ in range(100):
+        tmp = f"{prefix}{secrets.token_hex(4)}.tmp"  # 8 characters, as mkstemp's
+        try:
+            return os.open(tmp, _TEMP_FLAGS, 0, dir_fd=dir_fd), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temp file name", prefix)
 
 
 _IOV_MAX = 1024  # IOV_MAX on Linux and macOS: the most buffers one writev takes
@@ -228,6 +336,12 @@ def write_all(fd: int, chunks: Sequence[bytes]) -> int:
     Returns:
         The number of bytes written.
     """
+    if len(chunks) <= _IOV_MAX:  # the common case: one writev that writes it all
+        size = sum(map(len, chunks))
+        written = os.writev(fd, chunks)
+        if written == size:
+            return size
+        return written + _write_rest(fd, _after(chunks, written))
     total = 0
     for start in range(0, len(chunks), _IOV_MAX):
         batch: list[bytes | memoryview] = list(chunks[start : start + _IOV_MAX])
@@ -248,8 +362,37 @@ def write_all(fd: int, chunks: Sequence[bytes]) -> int:
     return total
 
 
-def sweep_temps(directory: str) -> list[str]:
+def _write_rest(fd: int, chunks: list[bytes | memoryview]) -> int:
+    """After a short ``writev``: the rest, one buffer at a time."""
+    total = 0
+    for chunk in chunks:
+        view = memoryview(chunk)
+        while view:
+            written = os.write(fd, view)
+            if written <= 0:
+                raise OSError(f"write wrote {written} of {len(view)} bytes")
+            total += written
+            view = view[written:]
+    return total
+
+
+def _after(chunks: Sequence[bytes], written: int) -> list[bytes | memoryview]:
+    """What is left of ``chunks`` once ``written`` bytes of them went out."""
+    if written <= 0:
+        raise OSError(f"writev wrote {written} bytes")
+    skip = 0
+    while written >= len(chunks[skip]):
+        written -= len(chunks[skip])
+        skip += 1
+    return [memoryview(chunks[skip])[written:], *chunks[skip + 1 :]]
+
+
+def sweep_temps(directory: str, now: Callable[[], float] = time.time) -> list[str]:
     """Remove temp files left in ``directory`` by processes that are gone.
+
+    A temp goes only when no process holds its lock (``_remove_abandoned``;
+    ``now``, a seam for tests, is compared with an empty temp's mtime); one
+    whose writer is alive by pid and tag is kept anyway.
 
     Returns:
         The paths removed.  A missing directory is not an error.
@@ -272,9 +415,55 @@ def sweep_temps(directory: str) -> list[str]:
         # already, not ours, a directory) must not stop the sweep or fail
         # the store's open().
         with contextlib.suppress(OSError):
-            os.unlink(path)
-            removed.append(path)
+            if _remove_abandoned(path, now(), patient=int(match["pid"]) == _me()[0]):
+                removed.append(path)
     return removed
+
+
+def _remove_abandoned(path: str, now: float, *, patient: bool) -> bool:
+    """Unlink the temp ``path`` if nobody writes it; the unlink is made holding its lock.
+
+    A regular file goes when no process holds its lock and its mode is set
+    (a writer creates its temp with mode 000, locks it, then sets the mode).
+    One of mode 000, or on a filesystem without flock, that names our own
+    pid (``patient``: another container's pid 1 is ours too) waits until it
+    is ``STALE_AFTER`` seconds old; with another pid, that pid was found dead.
+    Anything else under a temp's name (a link, a fifo) is no writer's temp.
+
+    Returns:
+        Whether it was removed.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        os.unlink(path)  # a symbolic link: the link goes, what it names stays
+        return True
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            free = _try_lock(fd)
+            if free is False:
+                return False  # a live writer holds it, whatever its pid says
+            fresh = free is None or not stat.S_IMODE(st.st_mode)
+            if fresh and patient and now - st.st_mtime < STALE_AFTER:
+                return False  # mode 000: created a moment ago, maybe, its lock not taken yet
+        os.unlink(path)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _try_lock(fd: int) -> bool | None:
+    """Lock ``fd`` unless another holds it: True if taken, False if held, None: no flock here."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        return None
+    return True
 
 
 def _alive(pid: int, tag: str | None) -> bool:

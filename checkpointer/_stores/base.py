@@ -18,11 +18,10 @@ implement the same protocols.
 
 from __future__ import annotations
 
-import contextlib
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -150,19 +149,28 @@ class ProbingStore(Protocol):
 _deadline = threading.local()
 
 
-@contextlib.contextmanager
-def commit_deadline(timeout: float) -> Iterator[None]:
+class commit_deadline:  # lower case: used as a function, `with commit_deadline(t):`
     """Bound, on this thread, the waits of the store calls made inside the block.
+
+    A class rather than a generator: it is entered on every write (about a
+    microsecond less each time).
 
     Args:
         timeout: seconds from now; negative means no bound.
     """
-    previous = getattr(_deadline, "at", None)
-    _deadline.at = None if timeout < 0 else time.monotonic() + timeout
-    try:
-        yield
-    finally:
-        _deadline.at = previous
+
+    __slots__ = ("_at", "_previous")
+
+    def __init__(self, timeout: float) -> None:
+        self._at = None if timeout < 0 else time.monotonic() + timeout
+        self._previous: float | None = None
+
+    def __enter__(self) -> None:
+        self._previous = getattr(_deadline, "at", None)
+        _deadline.at = self._at
+
+    def __exit__(self, *exc_info: object) -> None:
+        _deadline.at = self._previous
 
 
 def time_left() -> float:

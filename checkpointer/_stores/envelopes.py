@@ -181,8 +181,8 @@ class Envelopes:
     def commit(self, key: str, meta: Meta, staged: Staged) -> int:
         if not isinstance(staged, (_Whole, _Spliced)):
             raise TypeError(f"Envelopes cannot commit {type(staged).__name__}")
-        chunks = envelope_chunks(meta, b"")
-        return self.store.write(key, [*chunks[:3], *staged.pieces(), *chunks[4:]])
+        head, meta_json, middle, _, tail = envelope_chunks(meta, b"")
+        return self.store.write(key, [head, meta_json, middle, *staged.pieces(), tail])
 
     def read_meta(self, key: str) -> Meta | None:
         data = self.store.read(key)

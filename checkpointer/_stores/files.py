@@ -11,7 +11,7 @@ import logging
 import os
 from collections.abc import Sequence
 
-from .atomic import fsync_dir, sweep_temps, write_atomic
+from .atomic import fsync_dir, fsync_parents, sweep_temps, unlink_durable, write_atomic
 from .base import KEY_PATTERN, KeyLock, check_key
 from .encoding import Transcript
 from .flock import acquire_file_lock
@@ -21,12 +21,17 @@ __all__ = ["FileStore"]
 
 logger = logging.getLogger("checkpointer")
 
+_swept: set[tuple[int, str]] = set()  # (pid, root) whose temps this process swept
+
 
 class FileStore:
     """Checkpoints as files: key ``k`` lives at ``root/k.json``.
 
     The root is created (mode 0700) on the first write.  Each write is a
     durable atomic replace (temp file, fsync, rename, directory fsync).
+    The first write of each store object also fsyncs the directories above
+    the root (``atomic.fsync_parents``): a root that was already there (the
+    app made it) may never have been made durable.
     A writer holds ``root/k.lock`` while it writes ``k`` (see ``lock``).
     Nothing planted in the root (a link, a FIFO, a hard link) is followed
     or written through; see ``safefs`` for the rules.
@@ -50,6 +55,8 @@ class FileStore:
         if transcript is not None and not isinstance(transcript, Transcript):
             raise TypeError(f"transcript must be a Transcript or None, got {transcript!r}")
         self.transcript = transcript
+        self._root_synced = False
+        self._synced_summaries: set[str] = set()  # keys whose sessions/<key>/ is durable
 
     def __repr__(self) -> str:
         return f"FileStore({self.root!r})"
@@ -61,13 +68,38 @@ class FileStore:
         return os.path.join(self.root, key + self.suffix)
 
     def open(self) -> None:
+        """Called as each writer opens: check the root, sweep dead processes' temps.
+
+        The sweep lists the root, so it runs once per root and process (an
+        agent server opening 10,000 writers on one root lists it once, not
+        10,000 times over 10,000 files); temps a process leaves when it
+        dies are swept by the next process to open the root.
+        """
         check_root(self.root)
+        swept = (os.getpid(), self.root)
+        if swept in _swept:
+            return
         for path in sweep_temps(self.root):
             logger.info("checkpointer: removed stale temp file %s", path)
+        if os.path.isdir(self.root):  # a root made later is swept when it is there
+            _swept.add(swept)
 
     def write(self, key: str, chunks: Sequence[bytes]) -> int:
         check_key(key)
-        return write_atomic(self.location(key), chunks)
+        nbytes = write_atomic(self.location(key), chunks)
+        self._sync_root()
+        return nbytes
+
+    def _sync_root(self) -> None:
+        """Once per store object, after its first write: make the root's own entry durable.
+
+        Not per write, nor per writer open: once it is durable it stays so.
+        Two threads racing here fsync twice, harmlessly; a failure is tried
+        again at the next write.
+        """
+        if not self._root_synced:
+            fsync_parents(self.root)
+            self._root_synced = True
 
     def read(self, key: str) -> bytes | None:
         """The bytes of ``key``'s file, or None.
@@ -98,12 +130,9 @@ class FileStore:
         return sorted(found)
 
     def delete(self, key: str) -> bool:
+        """Remove ``key``'s file, durably (its directory fsynced); False if there was none."""
         check_key(key)
-        try:
-            os.unlink(self.location(key))
-        except FileNotFoundError:
-            return False
-        return True
+        return unlink_durable(self.location(key))
 
     def move_aside(self, key: str, suffix: str) -> str | None:
         check_key(key)

@@ -4,6 +4,13 @@ The file's format is ``_format/summary.py``; the value is
 ``_values.SummaryCheckpoint``.  ``sessions/`` and ``sessions/<key>/`` are
 reached without following a link below the root, and the file is written
 through the last directory's descriptor (``safefs.py``, ``atomic.py``).
+
+Directories that were already there may never have been made durable (an
+app made them, a process was killed between a ``mkdir`` and its parent's
+fsync): so ``sessions/``, the root and the directories above it are
+fsynced before a key's first summary is written, once per key per
+``FileStore`` object (and at every write for a root given as a path:
+summaries are rare).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from collections.abc import Iterator
 
 from .._format.summary import decode_summary, encode_summary
 from .._values import CheckpointError, SummaryCheckpoint
-from .atomic import write_atomic
+from .atomic import fsync_fd, fsync_parents, write_atomic
 from .base import check_key
 from .files import FileStore
 from .safefs import check_root, open_dir, open_subdir, read_checked, refuse_unless_replaceable
@@ -56,22 +63,32 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
     # power cut), and opened without following a link, each relative to its
     # parent; the write goes through the last descriptor (see safefs).
     sessions = os.path.dirname(os.path.dirname(path))
-    root = os.path.dirname(sessions) or "."
-    check_root(root)
-    with _dirs(root, sessions, key, create=True) as directory:
+    base = os.path.dirname(sessions) or "."
+    check_root(base)
+    with _dirs(base, sessions, key, create=True) as fds:
+        directory = fds[-1]
+        synced = root._synced_summaries if isinstance(root, FileStore) else set()
+        if key not in synced:  # sessions/<key>/ and all above it, durable (module docstring)
+            fsync_fd(fds[1])
+            fsync_fd(fds[0])
+            if isinstance(root, FileStore):
+                root._sync_root()
+            else:
+                fsync_parents(base)
+            synced.add(key)
         refuse_unless_replaceable(path, dir_fd=directory)
         write_atomic(path, [data], dir_fd=directory)
     return path
 
 
 @contextlib.contextmanager
-def _dirs(root: str, sessions: str, key: str, *, create: bool) -> Iterator[int]:
-    """A descriptor of ``<root>/sessions/<key>``, reached without following links below root."""
+def _dirs(root: str, sessions: str, key: str, *, create: bool) -> Iterator[list[int]]:
+    """Descriptors of ``root``, ``sessions/``, ``sessions/<key>``, no link followed below root."""
     fds = [open_dir(root, create=create)]
     try:
         fds.append(open_subdir(fds[-1], "sessions", sessions, create=create))
         fds.append(open_subdir(fds[-1], key, os.path.join(sessions, key), create=create))
-        yield fds[-1]
+        yield fds
     finally:
         for fd in fds:
             os.close(fd)
@@ -88,8 +105,8 @@ def load_summary(root: Root, key: str) -> SummaryCheckpoint | None:
     path = summary_path(root, key)
     sessions = os.path.dirname(os.path.dirname(path))
     try:
-        with _dirs(os.path.dirname(sessions) or ".", sessions, key, create=False) as directory:
-            data = read_checked(path, dir_fd=directory)
+        with _dirs(os.path.dirname(sessions) or ".", sessions, key, create=False) as fds:
+            data = read_checked(path, dir_fd=fds[-1])
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -4,13 +4,19 @@ A history is *sendable* when a model API would accept it: every result
 answers a call that is still open (no orphan), every call is answered before
 the conversation moves on (none unclosed), and no id is used twice.
 
-The rules of the one-pass scan (``scan_history``): a call opens when its assistant
-message is seen.  Results close open calls.  Any message that is not a
-chat-style ``tool`` message ends the *window* of the calls still open (after
-its own results are taken), and those calls are unclosed; a result that
-comes later is an orphan.  So for the messages style the window is the one
-user message after the call, and for the chat style it is the run of
-``tool`` messages after it, as the APIs require.
+The rules of the one-pass scan (``scan_history``), over messages of any
+dialect (``dialects.py``; each message's own, detected as it is read): a
+call opens when its message is seen.  Results close open calls.  Any
+message that does not keep the window open (a chat or LangChain ``tool``
+message does) ends the *window* of the calls still open (after its own
+results are taken), and those calls are unclosed; a result that comes
+later is an orphan.  So for the Anthropic and pydantic-ai dialects the
+window is the one message after the call, and for chat and LangChain it is
+the run of ``tool`` messages after it, as the APIs require.  A Responses
+call's window never ends (its output may come anywhere after it): it is
+unclosed only if the history ends without its output.  A message of a
+shape no dialect recognises is reported (``unrecognised``) and otherwise
+left out: it answers nothing and ends no window.
 
 The scan is a left fold (``ScanState``, fed with ``feed``): the prepare
 step's cache (``prepare.py``) keeps it for a history's settled prefix.
@@ -23,7 +29,8 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from .messages import HistoryProblem, ProblemKind, block_type, get_field
+from .dialects import Dialect, classify, describe_shape
+from .messages import HistoryProblem, ProblemKind
 
 __all__ = [
     "HistoryScan",
@@ -37,10 +44,10 @@ __all__ = [
 
 
 class Unclosed(msgspec.Struct, frozen=True):
-    call_index: int  # the assistant message with the call
+    call_index: int  # the message with the call
     window_end: int  # the message that closed its window (len(messages) at the end)
     call_id: str
-    chat: bool  # chat-completions style (else messages style)
+    dialect: Dialect  # the call's: where its answer goes, and what it is
 
 
 class HistoryScan(msgspec.Struct):
@@ -60,7 +67,8 @@ class _Mark(NamedTuple):
     called: int
     answered: int
     turns: int
-    open_calls: dict[str, tuple[int, bool]]
+    open_calls: dict[str, tuple[int, Dialect]]
+    free_calls: dict[str, tuple[int, Dialect]]
 
 
 class ScanState:
@@ -80,6 +88,7 @@ class ScanState:
         "called",
         "called_log",
         "count",
+        "free_calls",
         "open_calls",
         "problems",
         "running",
@@ -92,7 +101,10 @@ class ScanState:
         self.problems: list[HistoryProblem] = []  # found in the loop, in message order
         self.unclosed: list[Unclosed] = []  # windows closed without an answer
         self.running: list[int] = []
-        self.open_calls: dict[str, tuple[int, bool]] = {}  # id -> (call index, chat style)
+        # id -> (call index, the call's dialect): calls in their window, and
+        # calls whose window never ends (Responses), open until answered
+        self.open_calls: dict[str, tuple[int, Dialect]] = {}
+        self.free_calls: dict[str, tuple[int, Dialect]] = {}
         self.called: set[str] = set()
         self.answered: set[str] = set()
         self.called_log: list[str] = []
@@ -109,6 +121,7 @@ class ScanState:
             len(self.answered_log),
             self.turns,
             dict(self.open_calls),  # the calls of one window: a few
+            dict(self.free_calls),  # Responses calls awaiting their output: a few
         )
 
     def undo(self, mark: _Mark) -> None:
@@ -122,6 +135,8 @@ class ScanState:
         del self.running[mark.running :]
         self.open_calls.clear()
         self.open_calls.update(mark.open_calls)
+        self.free_calls.clear()
+        self.free_calls.update(mark.free_calls)
         self.turns = mark.turns
         self.count = mark.fed
 
@@ -133,8 +148,9 @@ class ScanState:
     def result(self) -> HistoryScan:
         """The scan of the ``count`` messages fed, as if they were the whole history."""
         end = self.count
+        still_open = [*self.open_calls.items(), *self.free_calls.items()]
         unclosed = self.unclosed + [
-            Unclosed(at, end, call_id, chat) for call_id, (at, chat) in self.open_calls.items()
+            Unclosed(at, end, call_id, dialect) for call_id, (at, dialect) in still_open
         ]
         problems = self.problems + [
             HistoryProblem(
@@ -157,78 +173,70 @@ def scan_history(messages: Sequence[Any]) -> HistoryScan:
 
 def feed(state: ScanState, items: Sequence[Any]) -> None:
     """Scan ``items``, the messages after the first ``state.count``, on top of ``state``."""
-    # The hot loop of every transcript write: dicts are read inline, and a
-    # message costs a few dict lookups unless it carries calls or results.
+    # The hot loop of every transcript write: a message costs its dialect's
+    # detection (a few dict lookups) and reading, and a few more lookups
+    # unless it carries calls or results.
     start = state.count
     problems = state.problems
     unclosed = state.unclosed
     running = state.running
     open_calls = state.open_calls
-    called = state.called
+    free_calls = state.free_calls
     answered = state.answered
-    called_log = state.called_log
     answered_log = state.answered_log
+    called = state.called
+    called_log = state.called_log
     turns = state.turns
+    read = classify
     for i, message in enumerate(items, start):
-        fields = message if type(message) is dict else None
-        role = fields.get("role") if fields is not None else getattr(message, "role", None)
-        if role == "tool":  # chat style: answers, and keeps the window open
-            if fields is not None:
-                call_id, status = fields.get("tool_call_id"), fields.get("status")
-            else:
-                call_id, status = get_field(message, "tool_call_id"), get_field(message, "status")
+        dialect, (results, calls, turn, keeps, is_running) = read(message)
+        if dialect is None:  # left alone: answers nothing, ends no window
+            problems.append(_unrecognised(i, message))
+            continue
+        for call_id in results:
             if isinstance(call_id, str) and call_id in open_calls:  # a list id answers nothing
                 del open_calls[call_id]
-                answered.add(call_id)
-                answered_log.append(call_id)
+            elif isinstance(call_id, str) and call_id in free_calls:
+                del free_calls[call_id]
             else:
                 _stray(call_id, i, answered, problems)
-            if status == "running":
-                running.append(i)
+                continue
+            answered.add(call_id)
+            answered_log.append(call_id)
+        if is_running:
+            running.append(i)
+        if keeps:  # a chat "tool" message: the window of its calls stays open
             continue
-        content = fields.get("content") if fields is not None else getattr(message, "content", None)
-        blocks = content if isinstance(content, (list, tuple)) else ()
-        if role != "assistant" and blocks:
-            is_running = False
-            for block in blocks:
-                if block_type(block) == "tool_result":
-                    call_id = get_field(block, "tool_use_id")
-                    if isinstance(call_id, str) and call_id in open_calls:
-                        del open_calls[call_id]
-                        answered.add(call_id)
-                        answered_log.append(call_id)
-                    else:
-                        _stray(call_id, i, answered, problems)
-                    is_running = is_running or get_field(block, "status") == "running"
-            if is_running:
-                running.append(i)
-        # Any message but a chat "tool" message ends the window of open calls.
+        # Any other message ends the window of the calls still open.
         if open_calls:
-            for call_id, (at, chat) in open_calls.items():
-                unclosed.append(Unclosed(at, i, call_id, chat))
+            for call_id, (at, of) in open_calls.items():
+                unclosed.append(Unclosed(at, i, call_id, of))
             open_calls.clear()
-        if role == "assistant":
+        if turn:
             turns += 1
-            calls = (
-                fields.get("tool_calls") if fields is not None else get_field(message, "tool_calls")
-            )
-            if calls and isinstance(calls, (list, tuple)):
-                for call in calls:
-                    call_id = call.get("id") if type(call) is dict else get_field(call, "id")
-                    if type(call_id) is str and call_id not in called:
-                        called.add(call_id)
-                        called_log.append(call_id)
-                        open_calls[call_id] = (i, True)
-                    else:
-                        _call(call_id, i, True, state)
-            for block in blocks:
-                if block_type(block) == "tool_use":
-                    _call(get_field(block, "id"), i, False, state)
+        if calls:
+            into = free_calls if dialect.window == "free" else open_calls
+            for call_id in calls:
+                if type(call_id) is str and call_id not in called:
+                    called.add(call_id)
+                    called_log.append(call_id)
+                    into[call_id] = (i, dialect)
+                else:
+                    _call(call_id, i, dialect, state)
     state.turns = turns
     state.count = start + len(items)
 
 
-def _call(call_id: Any, index: int, chat: bool, state: ScanState) -> None:
+def _unrecognised(index: int, message: Any) -> HistoryProblem:
+    return HistoryProblem(
+        kind="unrecognised",
+        index=index,
+        call_id=None,
+        detail=f"unrecognised message shape ({describe_shape(message)}): not checked",
+    )
+
+
+def _call(call_id: Any, index: int, dialect: Dialect, state: ScanState) -> None:
     if not isinstance(call_id, str):
         return  # an id-less call cannot be answered or checked
     if call_id in state.called:
@@ -243,7 +251,7 @@ def _call(call_id: Any, index: int, chat: bool, state: ScanState) -> None:
         return
     state.called.add(call_id)
     state.called_log.append(call_id)
-    state.open_calls[call_id] = (index, chat)
+    (state.free_calls if dialect.window == "free" else state.open_calls)[call_id] = (index, dialect)
 
 
 def _stray(call_id: Any, index: int, answered: set[str], problems: list[HistoryProblem]) -> None:
@@ -268,16 +276,19 @@ def validate_history(messages: Sequence[Any]) -> list[HistoryProblem]:
     """Every reason a model API would refuse ``messages``, in one pass.
 
     Args:
-        messages: chat-completions or messages-style messages, as dicts or
-            Structs.
+        messages: messages of any dialect the helpers know (chat-completions,
+            Anthropic-style, OpenAI Responses / Agents SDK items, pydantic-ai,
+            LangChain), as dicts, Structs or the frameworks' objects, detected
+            per message.
 
     Returns:
         The problems in message order; empty when the history is sendable
-        (an empty history is).
+        (an empty history is).  A message of an unknown shape is a problem of
+        kind ``"unrecognised"``: not checked, not a reason to refuse.
     """
     return scan_history(messages).problems
 
 
 def count_turns(messages: Sequence[Any]) -> int:
-    """The number of assistant messages in ``messages``."""
+    """The turns in ``messages``: assistant messages, pydantic-ai responses, LangChain ``ai``."""
     return scan_history(messages).turns

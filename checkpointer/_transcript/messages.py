@@ -1,18 +1,11 @@
-"""Agent transcripts: the message shapes, the fixed texts, and reading a message's fields.
+"""Agent transcripts: our own message Structs, the fixed texts, and reading a message's fields.
 
-Two message shapes are understood, as plain dicts or as the frozen Structs
-below (or any object with the same attribute names):
-
-* chat-completions style: an assistant message's ``tool_calls[].id`` is
-  answered by ``{"role": "tool", "tool_call_id": ...}`` messages that follow
-  it directly;
-* messages style: an assistant message's ``tool_use`` content blocks (``id``)
-  are answered by ``tool_result`` blocks (``tool_use_id``) in the user
-  message right after it.
-
-Every function of the transcript helpers takes dicts, these Structs, or any
-object with the same attribute names (``get_field``, ``block_type``);
-``replaced`` copies a message of any of those kinds with some fields changed.
+The Structs below are the two role-message shapes (chat-completions and
+Anthropic-style messages) as frozen msgspec Structs; the shapes the
+helpers understand, these and the frameworks' (``dialects.py``), may be
+plain dicts, these Structs, or any object with the same attribute names
+(``get_field``, ``block_type``); ``replaced`` copies a message of any of
+those kinds with some fields changed.
 """
 
 from __future__ import annotations
@@ -39,7 +32,6 @@ __all__ = [
     "get_field",
     "is_sequence",
     "replaced",
-    "starts_with_results",
 ]
 
 CLOSED_CALL_TEXT = (
@@ -136,7 +128,7 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True):
 
 # -- problems ----------------------------------------------------------------
 
-ProblemKind: TypeAlias = Literal["orphan-result", "unclosed-call", "duplicate-id"]
+ProblemKind: TypeAlias = Literal["orphan-result", "unclosed-call", "duplicate-id", "unrecognised"]
 
 
 class HistoryProblem(msgspec.Struct, frozen=True, kw_only=True):
@@ -144,8 +136,10 @@ class HistoryProblem(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         kind: ``"orphan-result"`` (a result answers no open call),
-            ``"unclosed-call"`` (a call is never answered in time) or
-            ``"duplicate-id"`` (a call id used twice, or a call answered twice).
+            ``"unclosed-call"`` (a call is never answered in time),
+            ``"duplicate-id"`` (a call id used twice, or a call answered twice),
+            or ``"unrecognised"`` (a message of a shape no dialect knows: not
+            checked, and no reason to refuse the history).
         index: the message where it is (the call's message for an unclosed
             call, the result's message otherwise).
         call_id: the tool call id concerned (None if the result has none).
@@ -189,16 +183,11 @@ def replaced(obj: Any, **changes: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         names = {f.name for f in dataclasses.fields(obj)}
         return dataclasses.replace(obj, **{k: v for k, v in changes.items() if k in names})
+    declared = getattr(type(obj), "model_fields", None)  # a pydantic model (LangChain's)
+    if isinstance(declared, dict) and callable(getattr(obj, "model_copy", None)):
+        return obj.model_copy(update={k: v for k, v in changes.items() if k in declared})
     raise TypeError(f"cannot copy a {type(obj).__name__} message; use dicts or msgspec Structs")
 
 
 def is_sequence(value: Any) -> bool:
     return isinstance(value, (list, tuple))
-
-
-def starts_with_results(message: Any) -> bool:
-    """Whether ``message`` answers tool calls (so a transcript cannot start with it)."""
-    if get_field(message, "role") == "tool":
-        return True
-    content = get_field(message, "content")
-    return is_sequence(content) and any(block_type(b) == "tool_result" for b in content)

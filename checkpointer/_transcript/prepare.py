@@ -12,11 +12,13 @@ scanned, on top of the state, and the state is put back (``mark`` /
 ``undo``); otherwise the prefix is dropped and the scan starts from zero.
 
 Why the result is that of a full scan: a message enters the prefix only
-when it is *settled for the scan* (``_settled``): a frozen Struct, without
-a ``__dict__`` or a custom ``__getattribute__``/``__getattr__``, whose
-content is a str, None or a tuple of such Structs, whose tool calls are a
-tuple of such Structs, and whose role, ids and statuses (all the scan
-reads, ``_VIEW``) are exact strs or None.  Nothing the scan reads from such
+when it is *settled for the scan* (``_settled``): a frozen Struct role
+message (no field another dialect reads: ``type``, ``kind``, ``parts``,
+``call_id``), without a ``__dict__`` or a custom
+``__getattribute__``/``__getattr__``, whose content is a str, None or a
+tuple of such Structs, whose tool calls are a tuple of such Structs, and
+whose role, ids and statuses (all the scan reads, ``_VIEW``) are exact strs
+or None.  Nothing the scan reads from such
 a message can change after it was scanned: its fields cannot be rebound,
 and every object on the way to a read value is immutable.  So:
 
@@ -36,7 +38,9 @@ never taken in either: agents replace it while it streams.  Nor is a
 message that ends a window with calls still open, so the repairs (which
 land at a running result or at the end of an unclosed window) always fall
 after the prefix: the repaired copy starts with the same objects, and its
-scan resumes from the prefix too.
+scan resumes from the prefix too.  (A Responses call, whose answer goes
+right after it, never enters a prefix: its items are dicts or objects of
+other shapes, and the prefix holds role messages only.)
 
 What this cannot see is what breaks immutability itself (as for the
 encoding cache in ``_stores/encoding.py``): ``msgspec.structs.force_setattr``, ctypes,
@@ -54,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -62,10 +67,12 @@ import msgspec
 
 from .._values import Failed, Prepared, Snapshot
 from .history import HistoryScan, ScanState, feed, scan_history
-from .messages import INTERRUPTED_TEXT, get_field, is_sequence, replaced
+from .messages import INTERRUPTED_TEXT, HistoryProblem, get_field, is_sequence, replaced
 from .repair import close_calls, settle_results
 
 __all__ = ["transcript_prepare"]
+
+logger = logging.getLogger("checkpointer")
 
 
 def transcript_prepare(
@@ -78,7 +85,10 @@ def transcript_prepare(
     A history still not sendable (an orphan result, a duplicate id) is
     ``Failed("not-sendable")`` naming the first problems' JSON paths; the
     previous file stays.  ``Written.repaired`` / ``.settled`` say what was
-    repaired, and ``Meta.turns`` counts the assistant messages written.
+    repaired, and ``Meta.turns`` counts the turns written.  Messages of
+    every dialect the helpers know are understood (``validate_history``);
+    a message of a shape none recognises is written as it is, never a
+    reason to refuse the write, and said once in the log (per prepare step).
 
     Each step keeps, per key (the last four keys), the scan of the
     history's settled prefix: a checkpoint that adds messages scans only
@@ -96,6 +106,7 @@ def transcript_prepare(
         ``(Snapshot) -> Prepared | Failed``, for ``CheckpointWriter(prepare=)``.
     """
     prefixes = _Prefixes()
+    said: list[bool] = []  # the unrecognised shape is logged once per step
 
     def prepare(snapshot: Snapshot) -> Prepared | Failed:
         state = snapshot.state
@@ -127,6 +138,8 @@ def transcript_prepare(
             else:
                 problems = live.problems
         if problems:
+            problems = _refusing(problems, snapshot.key, field, said)
+        if problems:
             shown = "; ".join(p.describe(f"$.state.{field}") for p in problems[:3])
             more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
             return Failed(
@@ -138,6 +151,26 @@ def transcript_prepare(
         return Prepared(snapshot=snapshot, repaired=repaired, settled=settled, turns=live.turns)
 
     return prepare
+
+
+def _refusing(
+    problems: list[HistoryProblem], key: str, field: str, said: list[bool]
+) -> list[HistoryProblem]:
+    """The problems that refuse a write: all but unrecognised shapes, said once instead."""
+    refusing = [p for p in problems if p.kind != "unrecognised"]
+    if len(refusing) < len(problems) and not said:
+        said.append(True)
+        first = next(p for p in problems if p.kind == "unrecognised")
+        count = len(problems) - len(refusing)
+        logger.warning(
+            "checkpointer: the history of key %r has %d message(s) of a shape the transcript "
+            "helpers do not recognise, first %s; they are written as they are, without "
+            "checks or repairs (said once per prepare step)",
+            key,
+            count,
+            first.describe(f"$.state.{field}"),
+        )
+    return refusing
 
 
 # -- the prepare step's cache --------------------------------------------------
@@ -178,22 +211,39 @@ def _view(cls: type) -> frozenset[str] | None:
     return view
 
 
+_OTHER_SHAPES = ("type", "kind", "parts", "call_id")
+"""Attributes by which another dialect than a role message's could claim a message."""
+
+_message_views: dict[type, frozenset[str] | None] = {}
+
+
+def _message_view(cls: type) -> frozenset[str] | None:
+    """``_view`` for a message class: a role message's fields, nothing another dialect reads."""
+    view = _view(cls)
+    if view is None or "role" not in view or any(hasattr(cls, n) for n in _OTHER_SHAPES):
+        view = None
+    _message_views[cls] = view
+    return view
+
+
 def _settled(message: Any) -> bool:
     """Whether the scan's view of ``message`` can never change, and it holds no running result.
 
     Everything ``feed`` reads from it is reached through immutable objects
     only: the message, its content blocks and its tool calls are frozen
-    Structs (``_view``), the content is a tuple, a str or None, the tool
-    calls a tuple or None, and the values read (role, ids, statuses) are
-    exact strs or None.  Narrower than ``_stores/encoding.is_settled`` on purpose:
-    that one also requires what the scan never reads to be immutable (a
-    ``ToolUseBlock``'s ``input`` is a dict) and walks all of it.
+    Structs (``_view``), the message a role message's (its dialect is chat,
+    Anthropic, or none: a role it does not know; ``_message_view``), the
+    content is a tuple, a str or None, the tool calls a tuple or None, and
+    the values read (role, ids, statuses) are exact strs or None.  Narrower
+    than ``_stores/encoding.is_settled`` on purpose: that one also requires
+    what the scan never reads to be immutable (a ``ToolUseBlock``'s
+    ``input`` is a dict) and walks all of it.
     """
     cls = type(message)
-    view = _views[cls] if cls in _views else _view(cls)
+    view = _message_views[cls] if cls in _message_views else _message_view(cls)
     if view is None:
         return False
-    role = message.role if "role" in view else None
+    role = message.role
     if role is not None and type(role) is not str:
         return False
     if role == "tool":

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._values import SummaryCheckpoint
-from .messages import starts_with_results
+from .dialects import holds_results
 
 __all__ = ["SUMMARY_PREFIX", "resume_context", "safe_watermark"]
 
@@ -56,6 +56,6 @@ def resume_context(
 def safe_watermark(messages: Sequence[Any], keep_last: int) -> int:
     watermark = max(0, len(messages) - keep_last)
     # With keep_last=0 the tail is empty: there is nothing it could start with.
-    while 0 < watermark < len(messages) and starts_with_results(messages[watermark]):
+    while 0 < watermark < len(messages) and holds_results(messages[watermark]):
         watermark -= 1
     return watermark

@@ -27,16 +27,18 @@ the writer believes is on disk.
 
 Forward only: the core never calls the service.  It returns results, and
 keeps the counters the service reports (``account``).
+
+(Past 500 lines on purpose: this is one concern, the life of one write from
+snapshot to store, and its steps read best in the order they run.)
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable
 from typing import Any, final
 
 from .. import _exit
@@ -44,9 +46,10 @@ from .._stores.base import KeyLocked, Staged, StaleWrite, Store, commit_deadline
 from .._stores.envelopes import state_store
 from .._text import describe_error
 from .._values import Failed, Meta, NewerVersionError, Prepared, Result, Skipped, Snapshot, Written
+from .._version import VERSION
 from .keylocks import KeyLocks
 from .keystate import Keys, utcnow
-from .session import Prepare, run_prepare, session_meta
+from .session import Prepare, run_prepare, writer_info
 
 __all__ = ["REFUSED", "Committer", "Job"]
 
@@ -142,6 +145,7 @@ class Committer:
         self._locks = KeyLocks(store, lock_timeout)
         self.keys = Keys(store, self._states, state_version, resume_from)
         self._gen = itertools.count()
+        self._valid_key: object = None  # the last key validate_key() accepted
         self._io_lock = threading.Lock()
         self._snapshot_lock = threading.Lock()  # generation + source() + encode
         self.busy: set[int] = set()  # threads inside prepare() or _io(), see _exit
@@ -200,6 +204,10 @@ class Committer:
         except Exception as exc:
             return Failed("snapshot-failed", f"source() raised {describe_error(exc)}")
         if snapshot is None:
+            if not live and self.keys.current is not None:
+                # The session ended before the close (or the exit): its last
+                # key is finished as a key the source moved away from is.
+                self.keys.to_finish.add(self.keys.current)
             return Skipped("no-identity")
         if not isinstance(snapshot, Snapshot):
             return Failed(
@@ -208,10 +216,12 @@ class Committer:
                 "expected Snapshot(key, state) or None",
             )
         key = snapshot.key
-        try:
-            self._store.validate_key(key)
-        except (ValueError, TypeError) as exc:
-            return Failed("invalid-key", describe_error(exc))
+        if key != self._valid_key:  # a session keeps its key: checked once, not per write
+            try:
+                self._store.validate_key(key)
+            except (ValueError, TypeError) as exc:
+                return Failed("invalid-key", describe_error(exc))
+            self._valid_key = key
         state = self.keys.select(key)
         if pin is not None:
             state.pin = pin
@@ -256,111 +266,165 @@ class Committer:
     # -- in the writing thread -----------------------------------------------------
 
     def execute(self, job: Job, timeout: float = -1) -> Result:
-        """Write a prepared job; blocking, under the I/O lock."""
-        with commit_deadline(timeout), self._io(timeout) as locked:
-            self.keys.finish(self._locks)
-            state = self.keys.by_key[job.key]
-            if job.gen < state.newest_gen:
-                return self.account(Skipped("unchanged"))  # a newer snapshot is on disk
-            taken = self._locks.acquire(job.key, self._store.location(job.key))
-            if isinstance(taken, Failed):
-                if not state.looked:  # the window starts now, lock or not
-                    self.keys.look(job.key, state)
-                return self.account(taken)
-            if taken:  # others may have written the key since we last held it: re-read
-                state.resolved, state.content, state.live = False, None, None
-            content = job.content
-            if content is _NO_FINGERPRINT:
-                content = job.staged.content()
-            try:
-                refused = None if state.resolved else self.keys.resolve(job.key, state)
-            except NewerVersionError as exc:  # kept, and the key left to the newer version
-                self._locks.release(job.key)
-                return self.account(Failed("newer-version", f"not writing {job.key!r}: {exc}"))
-            except Exception as exc:
-                return self.account(
-                    Failed(
-                        "write-failed",
-                        f"cannot read {self._store.location(job.key)}: {describe_error(exc)}",
-                    )
-                )
-            if refused is not None:
-                self._locks.release(job.key)  # the key is another writer's now
-                return self.account(refused)
-            parent, turns = job.prepared.snapshot.parent, job.prepared.turns
-            if not job.force and state.holds(content, job.live, parent, turns):
-                state.newest_gen = job.gen
-                return self.account(Skipped("unchanged"))
-            now = utcnow()
-            pinned = state.pin if state.pin is not None else bool(state.pinned)
-            meta = Meta(
-                key=job.key,
-                seq=state.seq + 1,
-                created_at=state.created_at or now,
-                updated_at=now,
-                live=job.live,
-                pinned=pinned,
-                **session_meta(job.prepared, self._state_version),
-            )
-            overtaken = self._overtaking.get(job.key)
-            if not locked:
-                # An exit flush overtaking a write stuck in a worker thread:
-                # leave our state where that write will find it when it ends.
-                self._overtaking[job.key] = (job.gen, meta, job.staged)
-            elif overtaken is not None and overtaken[0] > job.gen:
-                return self.account(Skipped("unchanged"))  # a newer flush is writing
-            try:
-                state.tried = meta
-                nbytes = self._states.commit(job.key, meta, job.staged)
-            except KeyLocked as exc:  # a networked store lost its lock and could not retake it
-                return self.account(Failed("locked", str(exc)))
-            except StaleWrite as exc:  # fenced: another writer stored the key meanwhile
-                state.resolved, state.content, state.tried = False, None, None
-                error = f"cannot write {self._store.location(job.key)}: {describe_error(exc)}"
-                if not state.conflicted:
-                    state.conflicted = True
+        """Write a prepared job; blocking, under the I/O lock.
+
+        Waits up to ``timeout`` seconds (negative: no bound) for a write in
+        flight; past it, writes anyway (an exit flush overtaking a worker's
+        write stuck on the disk: see ``_overtaking``).  The lock handling is
+        written out rather than in context managers: this runs once per
+        write, and each layer costs microseconds next to a 1 KiB fsync.
+        """
+        me = threading.get_ident()
+        busy = self.busy
+        busy.add(me)
+        try:
+            with commit_deadline(timeout):
+                locked = self._io_lock.acquire(timeout=timeout)
+                if not locked:
                     logger.warning(
-                        "checkpointer: %s; not retrying until the session changes", error
+                        "checkpointer: a write in flight did not finish within %ss; writing anyway",
+                        timeout,
                     )
-                return self.account(Failed("conflict", error))
-            except Exception as exc:
-                # The bytes may have landed anyway (a directory fsync failing
-                # after the rename): re-read the key before the retry.
-                state.resolved = False
-                state.content = None
-                return self.account(
-                    Failed(
-                        "write-failed",
-                        f"cannot write {self._store.location(job.key)}: {describe_error(exc)}",
-                    )
-                )
-            if locked:
-                overtaken = self._overtaking.pop(job.key, None)
-                if overtaken is not None and overtaken[0] > job.gen:
-                    # The flush overtook us while we wrote: newer bytes go back on top.
-                    self._rewrite(job.key, overtaken[1], overtaken[2])
-                    return self.account(Skipped("unchanged"))
-            state.seq = meta.seq
-            state.created_at = meta.created_at
-            state.content = content
-            state.live = job.live
-            state.pinned = pinned
-            state.newest_gen = job.gen
-            state.parent, state.turns = meta.parent, meta.turns
-            state.looked, state.seen, state.tried = True, meta, None
-            self.repaired += job.prepared.repaired
-            self.settled += job.prepared.settled
+                try:
+                    return self._execute_locked(job, locked)
+                finally:
+                    if locked:
+                        self._io_lock.release()
+        finally:
+            busy.discard(me)
+            _exit.run_deferred()
+
+    def _execute_locked(self, job: Job, locked: bool) -> Result:
+        if self.keys.to_finish:
+            self.keys.finish(self._locks)
+        state = self.keys.by_key[job.key]
+        if job.gen < state.newest_gen:
+            return self.account(Skipped("unchanged"))  # a newer snapshot is on disk
+        location = self._store.location(job.key)
+        taken = self._locks.acquire(job.key, location, wait=False)
+        if isinstance(taken, Failed):
+            if not state.looked:  # the window starts now, before any wait for the lock
+                self.keys.look(job.key, state)
+            if taken.reason == "locked" and self._locks.waits:
+                taken = self._locks.acquire(job.key, location)  # up to lock_timeout
+        if isinstance(taken, Failed):
+            return self.account(taken)
+        if taken:  # others may have written the key since we last held it: re-read
+            state.resolved, state.content, state.live = False, None, None
+        content = job.content
+        if content is _NO_FINGERPRINT:
+            content = job.staged.content()
+        try:
+            refused = None if state.resolved else self.keys.resolve(job.key, state)
+        except NewerVersionError as exc:  # kept, and the key left to the newer version
+            self._locks.release(job.key)
+            return self.account(Failed("newer-version", f"not writing {job.key!r}: {exc}"))
+        except Exception as exc:
             return self.account(
-                Written(
-                    key=job.key,
-                    location=self._store.location(job.key),
-                    nbytes=nbytes,
-                    seconds=time.perf_counter() - job.started,
-                    seq=meta.seq,
-                    repaired=job.prepared.repaired,
-                    settled=job.prepared.settled,
+                Failed(
+                    "write-failed",
+                    f"cannot read {self._store.location(job.key)}: {describe_error(exc)}",
                 )
             )
+        if refused is not None:
+            self._locks.release(job.key)  # the key is another writer's now
+            return self.account(refused)
+        parent, turns = job.prepared.snapshot.parent, job.prepared.turns
+        if not job.force and state.holds(content, job.live, parent, turns):
+            state.newest_gen = job.gen
+            return self.account(Skipped("unchanged"))
+        now = utcnow()
+        pinned = state.pin if state.pin is not None else bool(state.pinned)
+        prepared = job.prepared
+        meta = Meta(  # the fields of session_meta(), spelled out: no dict per write
+            key=job.key,
+            seq=state.seq + 1,
+            created_at=state.created_at or now,
+            updated_at=now,
+            live=job.live,
+            pinned=pinned,
+            turns=prepared.turns,
+            parent=prepared.snapshot.parent,
+            writer=writer_info(),
+            library_version=VERSION,
+            state_version=self._state_version,
+        )
+        overtaken = self._overtaking.get(job.key)
+        if not locked:
+            # An exit flush overtaking a write stuck in a worker thread:
+            # leave our state where that write will find it when it ends.
+            self._overtaking[job.key] = (job.gen, meta, job.staged)
+        elif overtaken is not None and overtaken[0] > job.gen:
+            return self.account(Skipped("unchanged"))  # a newer flush is writing
+        try:
+            state.tried = meta
+            nbytes = self._states.commit(job.key, meta, job.staged)
+        except KeyLocked as exc:  # a networked store lost its lock and could not retake it
+            return self.account(Failed("locked", str(exc)))
+        except StaleWrite as exc:  # fenced: another writer stored the key meanwhile
+            state.resolved, state.content, state.tried = False, None, None
+            error = f"cannot write {self._store.location(job.key)}: {describe_error(exc)}"
+            if not state.conflicted:
+                state.conflicted = True
+                logger.warning("checkpointer: %s; not retrying until the session changes", error)
+            return self.account(Failed("conflict", error))
+        except Exception as exc:
+            # The bytes may have landed anyway (a directory fsync failing
+            # after the rename): re-read the key before the retry.
+            state.resolved = False
+            state.content = None
+            return self.account(
+                Failed(
+                    "write-failed",
+                    f"cannot write {self._store.location(job.key)}: {describe_error(exc)}",
+                )
+            )
+        if locked:
+            overtaken = self._overtaking.pop(job.key, None)
+            if overtaken is not None and overtaken[0] > job.gen:
+                # The flush overtook us while we wrote: newer bytes go back on top.
+                self._rewrite(job.key, overtaken[1], overtaken[2])
+                return self.account(Skipped("unchanged"))
+        state.seq = meta.seq
+        state.created_at = meta.created_at
+        state.content = content
+        state.live = job.live
+        state.pinned = pinned
+        state.newest_gen = job.gen
+        state.parent, state.turns = meta.parent, meta.turns
+        state.looked, state.seen, state.tried = True, meta, None
+        self.repaired += job.prepared.repaired
+        self.settled += job.prepared.settled
+        return self.account(
+            Written(
+                key=job.key,
+                location=location,
+                nbytes=nbytes,
+                seconds=time.perf_counter() - job.started,
+                seq=meta.seq,
+                repaired=job.prepared.repaired,
+                settled=job.prepared.settled,
+            )
+        )
+
+    def finish(self, timeout: float = -1) -> None:
+        """Mark the keys the source moved away from not live; blocking, under the I/O lock.
+
+        For a final write whose ``source()`` returned None: there is no
+        state to write, but the last key's checkpoint must not stay live.
+        """
+        me = threading.get_ident()
+        self.busy.add(me)
+        try:
+            with commit_deadline(timeout):
+                if self._io_lock.acquire(timeout=timeout):
+                    try:
+                        self.keys.finish(self._locks)
+                    finally:
+                        self._io_lock.release()
+        finally:
+            self.busy.discard(me)
+            _exit.run_deferred()
 
     def _rewrite(self, key: str, meta: Meta, staged: Staged) -> None:
         try:
@@ -371,26 +435,6 @@ class Committer:
                 self._store.location(key),
                 describe_error(exc),
             )
-
-    @contextlib.contextmanager
-    def _io(self, timeout: float) -> Iterator[bool]:
-        me = threading.get_ident()
-        self.busy.add(me)
-        try:
-            acquired = self._io_lock.acquire(timeout=timeout)
-            if not acquired:
-                logger.warning(
-                    "checkpointer: a write in flight did not finish within %ss; writing anyway",
-                    timeout,
-                )
-            try:
-                yield acquired
-            finally:
-                if acquired:
-                    self._io_lock.release()
-        finally:
-            self.busy.discard(me)
-        _exit.run_deferred()
 
     def end(self, job: Job) -> None:
         """``job`` has ended (written, skipped, failed or dropped): it is no longer in flight."""

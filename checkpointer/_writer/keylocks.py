@@ -31,8 +31,14 @@ class KeyLocks:
         self._held: dict[str, KeyLock] = {}
         self._pid = os.getpid()
 
-    def acquire(self, key: str, location: str) -> Failed | bool:
+    def acquire(self, key: str, location: str, *, wait: bool = True) -> Failed | bool:
         """Take ``key``'s lock unless held already.
+
+        Args:
+            key: the key.
+            location: where it lives, for the message.
+            wait: wait up to the writer's ``lock_timeout`` for another
+                holder; False tries once.
 
         Returns:
             True when the lock was taken just now (someone else may have
@@ -40,16 +46,23 @@ class KeyLocks:
             was held already or the store does not lock, ``Failed`` when
             another writer holds it or locking failed.
         """
-        self._forget_if_forked()
+        if self._pid != os.getpid():
+            self._forget_if_forked()
         if self._store is None or key in self._held:
             return False
         try:
-            self._held[key] = self._store.lock(key, timeout=self._timeout)
+            self._held[key] = self._store.lock(key, timeout=self._timeout if wait else 0.0)
         except KeyLocked as exc:
             return Failed("locked", str(exc))
         except Exception as exc:
-            return Failed("write-failed", f"cannot lock {location}: {type(exc).__name__}: {exc}")
+            why = f"{type(exc).__name__}: {exc}"
+            return Failed("write-failed", f"cannot lock {location}: {why}")
         return True
+
+    @property
+    def waits(self) -> bool:
+        """Whether ``acquire`` may wait for another holder (``lock_timeout`` > 0)."""
+        return self._store is not None and self._timeout > 0
 
     def release(self, key: str) -> None:
         self._forget_if_forked()

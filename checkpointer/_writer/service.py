@@ -48,7 +48,7 @@ from .._values import Checkpoint, Failed, Meta, Result, Skipped, Snapshot, Write
 from .clock import Clock, MonotonicClock
 from .commit import REFUSED, Committer, Job
 from .session import Prepare
-from .timer import Timer
+from .timer import Timer, spawn_system_task
 
 __all__ = ["CheckpointWriter"]
 
@@ -69,7 +69,9 @@ class CheckpointWriter(Generic[S]):
 
     Args:
         source: called at write time; returns a ``Snapshot(key, state)`` or
-            None when the session has no identity yet.  Called on the event
+            None when the session has no identity (yet, or any more: at
+            close, the last key's checkpoint is then marked ``live=False``
+            and the close returns ``Skipped("no-identity")``).  Called on the event
             loop's thread for the async path, on the calling thread for
             ``flush_sync``.
         store: where checkpoints go (``FileStore(root)``).
@@ -212,6 +214,9 @@ class CheckpointWriter(Generic[S]):
         self._close_claim = threading.Lock()  # taken by the one close that runs
         self._close_done: anyio.Event | None = None
         self._close_result: Result = Skipped("closed")
+        self._close_crash: BaseException | None = None  # raised in the close task
+        self._close_task: object = None  # the running close task: keep a reference
+        self._final_thread: threading.Thread | None = None  # see _final_hop
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open" if self._opened else "new"
@@ -223,7 +228,10 @@ class CheckpointWriter(Generic[S]):
         """Record that the session changed; a write follows per the timing rules.
 
         O(1) and non-blocking: one clock read and a few attribute stores in
-        a burst.  Safe from any thread.  A no-op after close.
+        a burst.  Safe from any thread.  A no-op after close.  Never raises:
+        after the writer's event loop has ended (the writer not closed) the
+        change is recorded and written by the exit hooks, ``flush_sync`` or
+        ``close()``, as in synchronous use.
         """
         if self._closed:
             return
@@ -292,13 +300,16 @@ class CheckpointWriter(Generic[S]):
     async def __aenter__(self) -> CheckpointWriter[S]:
         self._claim_open()
         self._timer.bind()  # this event loop: notify() wakes the timer through it
-        self._write_lock = anyio.Lock()
+        # Fast: no extra pass of the event loop per write (the hop yields anyway;
+        # a write that needs no hop yields in _write_async).
+        self._write_lock = anyio.Lock(fast_acquire=True)
         await anyio.to_thread.run_sync(self._open_store)
         self._install_hooks()
         try:
             if self._write_on_start:
                 await self._start_write()
-            self._timer.start()
+            if not self._core.closing:  # else aclose() came during the first write
+                self._timer.start()
         except BaseException:
             self._remove_hooks()
             self._closed = True
@@ -323,6 +334,8 @@ class CheckpointWriter(Generic[S]):
         moment it begins, ``write_now()`` and ``flush_sync("manual")`` return
         ``Skipped("closed")``.  A second call while the first runs waits for
         it and returns the same result; after that, ``Skipped("closed")``.
+        Called while ``async with``'s entry still writes, the entry then
+        returns a closed writer (no timer task starts).
 
         Returns:
             The result of the final write (``Skipped("closed")`` if the
@@ -343,23 +356,50 @@ class CheckpointWriter(Generic[S]):
         if not self._begin_close():
             return Skipped("closed")  # close() runs in another thread
         done = self._close_done = anyio.Event()
-        try:
-            with anyio.CancelScope(shield=True):
-                self._close_result = self._core.note_final(await self._final_write(), "at close")
-        finally:
-            done.set()
-        crash = self._timer.take_crash()
+        # The close runs in a task of the loop's own (as the timer does), so
+        # what interrupts the caller cannot cut it short: asyncio's runner
+        # cancels the main task on Ctrl-C natively, through any anyio shield,
+        # and trio raises KeyboardInterrupt at the caller's next cancellation
+        # point.  The caller waits it out, then gets the interruption.
+        self._close_task = spawn_system_task(self._close_in_task, "checkpointer-close")
+        interrupted = await _wait_through(done)
+        if interrupted is not None:
+            raise interrupted
+        crash, self._close_crash = self._close_crash, None
+        if crash is None:
+            crash = self._timer.take_crash()
         if crash is not None:
             raise crash
         return self._close_result
 
+    async def _close_in_task(self) -> None:
+        """The close, in its own task: the final write, then ``_close_done``."""
+        done = self._close_done
+        assert done is not None
+        try:
+            with anyio.CancelScope(shield=True):  # trio: through the loop's shutdown too
+                self._close_result = self._core.note_final(await self._final_write(), "at close")
+        except anyio.get_cancelled_exc_class():
+            raise  # the event loop is shutting down (asyncio); the exit hooks write
+        except BaseException as exc:  # a task of the loop's own must not raise (trio)
+            self._close_crash = exc
+        finally:
+            done.set()
+
     async def _final_write(self) -> Result:
-        """Stop the timer, write ``live=False``, let the key go; always shuts."""
+        """Stop the timer, write ``live=False``, let the key go, shut.
+
+        If this is cut short (the event loop shutting down under it) the exit
+        hooks stay: at exit, or on SIGTERM, they write the final checkpoint
+        (waiting up to ``exit_timeout`` for a final write in its thread).
+        """
         deadline = anyio.current_time() + self._close_timeout
+        ended = False
         try:
             with anyio.move_on_at(deadline):  # the timer abandons a write in flight
                 await self._timer.stop()
             result = await self._write_async(force=False, pin=None, live=False, deadline=deadline)
+            ended = True
             # From here a write still in flight lets the key go when it ends.
             self._closed = True
             # Releasing a lock may be I/O (a database round trip for a
@@ -367,7 +407,10 @@ class CheckpointWriter(Generic[S]):
             with anyio.move_on_after(self._close_timeout):
                 await anyio.to_thread.run_sync(self._release_locks, abandon_on_cancel=True)
         finally:
-            self._shut()
+            if ended:
+                self._shut()
+            else:
+                self._unsubscribe_all()
         return result
 
     async def write_now(self, *, force: bool = False, pin: bool | None = None) -> Result:
@@ -422,11 +465,20 @@ class CheckpointWriter(Generic[S]):
             self._sched.begin_write(self._now())
             outcome = Outcome.CANCELLED
             try:
-                started = anyio.current_time()
+                started = anyio.current_time() if deadline is not None else 0.0
                 job = self._prepare(force=force, pin=pin, live=live)
                 result: Result
                 if not isinstance(job, Job):
                     result = self._core.account(job)
+                    if not live and self._core.keys.to_finish:  # source() had no session
+                        with anyio.move_on_at(math.inf if deadline is None else deadline):
+                            await anyio.to_thread.run_sync(
+                                self._core.finish, abandon_on_cancel=True
+                            )
+                    else:
+                        # Still a cancellation point's pass of the loop, as with the
+                        # hop, but never raising: the result above stands.
+                        await anyio.lowlevel.cancel_shielded_checkpoint()
                 elif deadline is None:
                     result = await self._hop(job)
                 else:
@@ -464,17 +516,32 @@ class CheckpointWriter(Generic[S]):
         Waited for until ``deadline``.  Past it the write goes on: the key
         stays locked until it ends (``_job_done``), and the process waits for
         it at exit up to ``exit_timeout`` (the thread is a daemon, as trio's
-        worker threads are, so that a hung disk cannot hang the exit).
+        worker threads are, so that a hung disk cannot hang the exit).  The
+        loop learns of its end from the thread itself: a worker thread
+        waiting in ``join`` would outlive the deadline, and asyncio's are not
+        daemons (the interpreter would wait for the hung write at exit).
         """
         results: list[Result] = []
+        ended = anyio.Event()
+        token = anyio.lowlevel.current_token()
 
         def run() -> None:
-            results.append(self._run_job(job))
+            try:
+                results.append(self._run_job(job))
+            finally:
+                with contextlib.suppress(Exception):  # the loop may be gone
+                    token.backend_class.run_sync_soon(ended.set, (), token.native_token)
 
-        thread = threading.Thread(target=run, name="checkpointer-final-write", daemon=True)
+        thread = self._final_thread = threading.Thread(
+            target=run, name="checkpointer-final-write", daemon=True
+        )
+        # Before the start: a KeyboardInterrupt may land anywhere from here on
+        # (asyncio raises a second Ctrl-C wherever the loop's thread is).
+        atexit.register(self._join_at_exit)
         try:
             thread.start()
         except RuntimeError as exc:  # no thread to be had
+            atexit.unregister(self._join_at_exit)
             if job.claim.acquire(blocking=False):
                 self._job_done(job)
             failed = Failed(
@@ -484,12 +551,13 @@ class CheckpointWriter(Generic[S]):
             )
             return failed  # logged by aclose (note_final), at ERROR
         with anyio.move_on_at(deadline):
-            await anyio.to_thread.run_sync(thread.join, abandon_on_cancel=True)
+            await ended.wait()
+        if ended.is_set():  # else past the deadline: waited for at exit
+            atexit.unregister(self._join_at_exit)
+            if not results:  # _execute raised: a bug, printed by the thread
+                return Failed("write-failed", "the final write raised an internal error")
         if results:
             return results[0]
-        if not thread.is_alive():  # _execute raised: a bug, printed by the thread
-            return Failed("write-failed", "the final write raised an internal error")
-        atexit.register(thread.join, self._exit_timeout)  # once, for this writer
         failed = Failed(
             "write-failed",
             f"the final write of {self._store.location(job.key)} did not finish within "
@@ -498,6 +566,16 @@ class CheckpointWriter(Generic[S]):
             f"exit_timeout={self._exit_timeout}s for it); the key stays locked until then",
         )
         return failed  # logged by aclose (note_final), at ERROR
+
+    def _join_at_exit(self) -> None:
+        """At exit: wait up to ``exit_timeout`` for a final write still in its thread.
+
+        Registered after the exit hooks, so it runs first; while they stay
+        (a close cut short), their flush waits for that write itself.
+        """
+        thread = self._final_thread
+        if thread is not None and thread.is_alive() and not self._hooked:
+            thread.join(self._exit_timeout)
 
     def _run_job(self, job: Job) -> Result:
         """In the writing thread: execute ``job`` unless a cancelled waiter dropped it."""
@@ -605,6 +683,8 @@ class CheckpointWriter(Generic[S]):
                 return self._execute(job, timeout=self._exit_timeout)
             finally:
                 self._job_done(job)
+        if not live and self._core.keys.to_finish:  # source() had no session: see finish
+            self._core.finish(self._exit_timeout)
         return self._core.account(job)
 
     # -- open/close helpers ----------------------------------------------------
@@ -638,12 +718,16 @@ class CheckpointWriter(Generic[S]):
     def _remove_hooks(self) -> None:
         if self._hooked:
             self._hooked = False
-            _exit.unregister(self._hooks)
+            if not _exit.unregister(self._hooks):  # closed off the main thread
+                self._timer.call_on_main_loop(_exit.restore_pending)
 
     def _shut(self) -> None:
         self._closed = True
         self._remove_hooks()
         self._release_locks()
+        self._unsubscribe_all()
+
+    def _unsubscribe_all(self) -> None:
         for unsubscribe in list(self._unsubscribes):
             try:
                 unsubscribe()
@@ -693,6 +777,27 @@ class _ExitHooks:
 
     def busy_on(self, thread_id: int) -> bool:
         return self._writer._busy_on(thread_id)
+
+
+async def _wait_through(done: anyio.Event) -> BaseException | None:
+    """Wait for ``done`` through one interruption of the waiting task; return it, or None.
+
+    The interruption is a native asyncio cancel (the runner's on Ctrl-C,
+    ``asyncio.timeout``), which passes any anyio shield, or trio's
+    KeyboardInterrupt.  A second one is raised at once.
+    """
+    interrupted: BaseException | None = None
+    while not done.is_set():
+        try:
+            with anyio.CancelScope(shield=True):
+                await done.wait()
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            if interrupted is not None:
+                raise
+            interrupted = exc
+    return interrupted
 
 
 def _outcome(result: Result) -> Outcome:

@@ -21,7 +21,7 @@ from .._text import describe_error
 from .._values import Failed, Prepared, Snapshot, WriterInfo
 from .._version import VERSION
 
-__all__ = ["Prepare", "check_parent", "run_prepare", "session_meta"]
+__all__ = ["Prepare", "check_parent", "run_prepare", "session_meta", "writer_info"]
 
 
 Prepare = Callable[[Any], Prepared | Failed]
@@ -37,6 +37,8 @@ def run_prepare(prepare: Prepare | None, snapshot: Snapshot) -> Prepared | Faile
     ``check_parent``), before anything is encoded.
     """
     if prepare is None:
+        if snapshot.parent is None:  # the common case, once per write
+            return Prepared(snapshot=snapshot)
         prepared: object = Prepared(snapshot=snapshot)
     else:
         try:
@@ -57,7 +59,8 @@ def check_parent(snapshot: Snapshot) -> Failed | None:
     """``Failed`` if ``snapshot.parent`` is not a str (or None) every store can keep.
 
     Every store refuses the same (a NUL, which PostgreSQL's jsonb cannot
-    hold; a parent that is not a str, which ``load`` could not read back),
+    hold; a lone surrogate, which no UTF-8 file or column can; a parent that
+    is not a str, which ``load`` could not read back),
     so a session written to one store can move to any other.
     """
     parent = snapshot.parent
@@ -70,9 +73,24 @@ def check_parent(snapshot: Snapshot) -> Failed | None:
             f"contains a NUL character ('\\x00') at index {parent.index(chr(0))}, which "
             "PostgreSQL cannot store (so no store takes it); remove it"
         )
+    elif (surrogate := _lone_surrogate(parent)) is not None:
+        why = (
+            f"contains a lone surrogate ({parent[surrogate]!r}) at index {surrogate}, which "
+            "is not valid Unicode and cannot be encoded as UTF-8 (so no store takes it); "
+            "decode the name with errors='replace', or give another key"
+        )
     else:
         return None
     return Failed("snapshot-failed", f"Snapshot.parent of key {snapshot.key!r} {why}")
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """The index of the first lone surrogate in ``text`` (unencodable as UTF-8), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
 
 
 def session_meta(prepared: Prepared, state_version: int) -> dict[str, Any]:
@@ -80,7 +98,19 @@ def session_meta(prepared: Prepared, state_version: int) -> dict[str, Any]:
     return {
         "turns": prepared.turns,
         "parent": prepared.snapshot.parent,
-        "writer": WriterInfo(pid=os.getpid(), host=_HOST),
+        "writer": writer_info(),
         "library_version": VERSION,
         "state_version": state_version,
     }
+
+
+_me: WriterInfo | None = None
+
+
+def writer_info() -> WriterInfo:
+    """This process's ``WriterInfo``; made again in a forked child (a new pid)."""
+    global _me
+    pid = os.getpid()
+    if _me is None or _me.pid != pid:
+        _me = WriterInfo(pid=pid, host=_HOST)
+    return _me

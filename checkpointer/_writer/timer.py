@@ -7,7 +7,7 @@ otherwise, and while a failed write's backoff runs asks the store, every
 cuts the sleep short when an event may have changed the answer.
 
 The task is one of the event loop's own (a trio system task, an asyncio
-task; ``_spawn_system_task``), not one in a task group held across the
+task; ``spawn_system_task``), not one in a task group held across the
 caller's code, so the writer may be closed from any task, under any cancel
 scope, in any order among writers.  On trio a system task must not raise:
 what the timer task raised (from ``source()``, say) is kept (``take_crash``)
@@ -33,7 +33,7 @@ from .._schedule import IDLE, WRITE, Scheduler
 from .._text import describe_error
 from .clock import Clock
 
-__all__ = ["Timer"]
+__all__ = ["Timer", "spawn_system_task"]
 
 logger = logging.getLogger("checkpointer")
 
@@ -83,7 +83,7 @@ class Timer:
         """Start the timer task on the running event loop."""
         self._scope = anyio.CancelScope()
         self._done = anyio.Event()
-        self._task_ref = _spawn_system_task(self._task, "checkpointer-timer")
+        self._task_ref = spawn_system_task(self._task, "checkpointer-timer")
 
     async def stop(self) -> None:
         """Cancel the timer task and wait until it has ended."""
@@ -152,10 +152,28 @@ class Timer:
             return False
 
     def wake(self) -> None:
-        """Cut the sleep short: the scheduler's answer may have changed."""
-        scope = self._sleep_scope
-        if scope is not None:
+        """Cut the sleep short: the scheduler's answer may have changed.
+
+        A no-op once the timer task has ended (its event loop ended, the
+        writer not closed): the change stays pending, for the exit hooks,
+        ``flush_sync`` or a close to write.  (Cancelling the dead task's
+        scope would raise on asyncio: no running event loop.)
+        """
+        scope, done = self._sleep_scope, self._done
+        if scope is not None and done is not None and not done.is_set():
             scope.cancel()
+
+    def call_on_main_loop(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` soon on the writer's event loop if that runs on the main thread.
+
+        A no-op otherwise (no loop bound, another thread's loop, a forked
+        child, a loop that has ended).
+        """
+        token = self._token
+        if token is None or self._forked() or self._loop_thread != threading.main_thread().ident:
+            return
+        with contextlib.suppress(Exception):  # the loop may be gone
+            token.backend_class.run_sync_soon(fn, (), token.native_token)
 
     def wake_threadsafe(self) -> None:
         """``wake`` from any thread (``notify()``), through the event loop."""
@@ -174,7 +192,7 @@ def _on_trio() -> bool:
     return trio is not None and bool(trio.lowlevel.in_trio_task())
 
 
-def _spawn_system_task(fn: Callable[[], Coroutine[Any, Any, None]], name: str) -> object:
+def spawn_system_task(fn: Callable[[], Coroutine[Any, Any, None]], name: str) -> object:
     """Run ``fn()`` in a task of the event loop's own, in no task group of the caller's.
 
     As anyio does for its own background tasks: a trio system task (trio

@@ -309,13 +309,27 @@ class PowerDisk:
                 raise OSError(errno.EBADF, "no path and no handle")
             return os.lstat(self.backing + path)
 
-    def readdir(self, path: str) -> list[str]:
+    def readdir(self, path: str) -> list[tuple[str, int, int]]:
+        """The live entries of a directory, ``.`` and ``..`` first: (name, inode, mode).
+
+        The inode number matters: mounted with ``use_ino``, it is the
+        entry's ``d_ino``, and glibc's ``readdir`` skips an entry whose
+        ``d_ino`` is 0 (the listing would be empty).
+        """
         with self._lock:
             self._gate("readdir", path)
             node = self._lookup(path)
             if not isinstance(node, Dir):
                 raise OSError(errno.ENOTDIR, "not a directory", path)
-            return list(node.live)
+            real = self._dir_path(node)
+            up = self._dir_path(node.parent) if node.parent is not None else real
+            entries = [(".", real), ("..", up)]
+            entries += [(name, os.path.join(real, name)) for name in node.live]
+            found = []
+            for name, where in entries:
+                st = os.lstat(where)
+                found.append((name, st.st_ino, st.st_mode))
+            return found
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
         with self._lock:
@@ -431,7 +445,12 @@ class PowerDisk:
             node = self._file(path, fh)
             label = self._label("fsync", path, node)
             self._gate(label, path)
-            node.durable = node.size
+            if node.links or node.grave is not None:
+                node.durable = node.size  # the bytes stay where a name or the grave keeps them
+            elif node.drefs:  # no name left, but a durable entry will bring it back: copy
+                node.durable = os.pread(fh, node.size, 0) if fh in self._files else b""
+            else:  # nothing will ever name it again: its content does not matter
+                node.durable = 0
             self._done(label, path)
 
     def fsyncdir(self, path: str | None, handle: int) -> None:

@@ -6,6 +6,9 @@ single-threaded, so calls reach the disk one at a time in the order the
 kernel sends them, and talks on its standard streams:
 
 * stdin, one command a line: ``ARM <json [label, count]>``, ``FREEZE``;
+  its end while the mount is still up means the parent is gone (SIGKILLed,
+  say): the power goes, the mount is unmounted (lazily if busy) and the
+  process exits, so a killed test run leaves no mount and no server behind;
 * stdout: ``MOUNTED`` once the kernel's INIT arrives, ``FROZEN <json>`` when
   the power goes (an armed call was reached, or ``FREEZE``), ``ERROR <text>``
   if a call raised something that is not an ``OSError`` (a bug here, not in
@@ -28,6 +31,8 @@ import contextlib
 import errno
 import functools
 import json
+import os
+import subprocess
 import sys
 import threading
 import traceback
@@ -89,8 +94,14 @@ class Operations(mfusepy.Operations):  # type: ignore[misc]
         return attrs
 
     @_guarded
-    def readdir(self, path: str, fh: int) -> list[str]:
-        return [".", "..", *self.disk.readdir(path)]
+    def readdir(self, path: str, fh: int) -> list[tuple[str, dict[str, int], int]]:
+        # Each entry with its inode number (mfusepy passes only st_ino and
+        # st_mode on): a bare name would get a zeroed stat, so d_ino 0 under
+        # use_ino, and glibc would drop every entry of every listing.
+        return [
+            (name, {"st_ino": ino, "st_mode": mode}, 0)
+            for name, ino, mode in self.disk.readdir(path)
+        ]
 
     @_guarded
     def opendir(self, path: str) -> int:
@@ -212,7 +223,18 @@ class _FUSE(mfusepy.FUSE):  # type: ignore[misc]
         return int(self.rename_fuse_2(old, new))
 
 
-def _control(disk: PowerDisk) -> None:
+ORPHAN_GRACE = 5.0  # seconds the loop gets to end after an orphan's unmount (a hang guard)
+
+
+class _Life:
+    """What the control thread and the FUSE loop tell each other."""
+
+    def __init__(self) -> None:
+        self.served = threading.Event()  # the FUSE loop has returned
+        self.orphaned = threading.Event()  # stdin ended while the loop still ran
+
+
+def _control(disk: PowerDisk, mountpoint: str, life: _Life) -> None:
     for raw in sys.stdin:
         command, _, rest = raw.strip().partition(" ")
         if command == "ARM":
@@ -220,6 +242,38 @@ def _control(disk: PowerDisk) -> None:
             disk.arm(str(label), int(count))
         elif command == "FREEZE":
             disk.freeze()
+    if not life.served.is_set():
+        _orphaned(disk, mountpoint, life)
+
+
+def _orphaned(disk: PowerDisk, mountpoint: str, life: _Life) -> None:
+    """Stdin ended with the mount up: the parent is gone (killed) or gave up on us; leave.
+
+    The power goes (nothing changes any more), the mount is unmounted (lazily
+    if a process still has files open on it), and the process exits: once
+    the loop ends, or at once if the mount was busy (a lazily detached
+    mount is served until its last file closes; exiting ends the
+    connection, its users get ENOTCONN).  Nothing is cut: nobody waits for
+    the report.
+    """
+    life.orphaned.set()
+    with contextlib.suppress(Exception):  # stdout is a broken pipe now: FROZEN cannot be said
+        disk.freeze()
+    if _mounted(mountpoint):
+        plain = ["fusermount3", "-u", mountpoint]
+        if subprocess.run(plain, capture_output=True, check=False).returncode != 0:
+            # Busy: detach it; the loop would serve the open files on, so leave now.
+            lazy = ["fusermount3", "-uz", mountpoint]
+            subprocess.run(lazy, capture_output=True, check=False)
+            os._exit(1)
+    if not life.served.wait(ORPHAN_GRACE):
+        os._exit(1)
+
+
+def _mounted(mountpoint: str) -> bool:
+    """Whether ``mountpoint`` is in the mount table (read without touching the mount)."""
+    with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+        return any(line.split()[1:2] == [mountpoint] for line in f)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -232,7 +286,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     disk = PowerDisk(
         args.backing, args.model, on_freeze=lambda info: _say("FROZEN " + json.dumps(info))
     )
-    threading.Thread(target=_control, args=(disk,), daemon=True, name="control").start()
+    life = _Life()
+    control = threading.Thread(
+        target=_control, args=(disk, args.mountpoint, life), daemon=True, name="control"
+    )
+    control.start()
     try:
         _FUSE(
             Operations(disk),
@@ -246,6 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except Exception:
         _say("ERROR " + json.dumps(traceback.format_exc()))
+        return 1
+    finally:
+        life.served.set()
+    if life.orphaned.is_set():
+        disk.clean()
         return 1
     try:
         if disk.frozen is not None:

@@ -1,13 +1,15 @@
 """A child program for ``tests/test_conflict.py``: an agent checkpointing one key.
 
-    python tests/children/conflict_child.py STORE KEY NAME [--resume]
+    python tests/children/conflict_child.py STORE KEY NAME [--resume] [--wait]
 
 ``STORE`` is ``file:ROOT``, ``journal:ROOT``, ``pg:SCHEMA`` or
 ``pgjournal:SCHEMA`` (PostgreSQL at ``$DSN``).  The program loads the key,
 opens a ``CheckpointWriter`` on asyncio (exit hooks on, as a program has
-them; with ``--resume`` it passes ``resume_from=`` the loaded checkpoint),
-and then follows its stdin, one command a line (the first line, ``go``,
-starts it: a parent may start the interpreter early, then the agent):
+them; with ``--resume`` it passes ``resume_from=`` the loaded checkpoint;
+with ``--wait``, ``lock_timeout=60``, and it prints ``waiting`` when a
+write begins to wait for the key's lock), and then follows its stdin, one
+command a line (the first line, ``go``, starts it: a parent may start the
+interpreter early, then the agent):
 
 * ``append TEXT``: append a message ``NAME: TEXT``, ``notify()``, then
   ``write_now()``; print the result.
@@ -67,11 +69,25 @@ def described(result: Result) -> dict[str, Any]:
     }
 
 
-async def main(spec: str, key: str, name: str, resume: bool) -> int:
+def report_waits(store: Store) -> None:
+    """Print ``waiting`` each time the writer waits for the key's lock (timeout > 0)."""
+    lock = store.lock  # type: ignore[attr-defined]
+
+    def waiting_lock(key: str, *, timeout: float = 0.0) -> object:
+        if timeout > 0:
+            say(step="waiting")
+        return lock(key, timeout=timeout)
+
+    store.lock = waiting_lock  # type: ignore[attr-defined]
+
+
+async def main(spec: str, key: str, name: str, resume: bool, wait: bool) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if (await anyio.to_thread.run_sync(sys.stdin.readline)).strip() != "go":
         return 0
     store = make_store(spec)
+    if wait:
+        report_waits(store)
     loaded = load(store, key)
     messages: list[dict[str, str]] = [] if loaded is None else loaded.state["messages"]
     say(step="loaded", seq=None if loaded is None else loaded.meta.seq, n=len(messages))
@@ -85,6 +101,7 @@ async def main(spec: str, key: str, name: str, resume: bool) -> int:
         backoff_initial=0.05,
         backoff_max=0.2,
         resume_from=loaded if resume else None,
+        lock_timeout=60.0 if wait else 0.0,
     )
     await writer.__aenter__()
     stats = writer.statistics()
@@ -111,6 +128,6 @@ async def main(spec: str, key: str, name: str, resume: bool) -> int:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    resume = "--resume" in args
-    spec, key, name = [a for a in args if a != "--resume"][:3]
-    sys.exit(anyio.run(main, spec, key, name, resume))
+    resume, wait = "--resume" in args, "--wait" in args
+    spec, key, name = [a for a in args if not a.startswith("--")][:3]
+    sys.exit(anyio.run(main, spec, key, name, resume, wait))

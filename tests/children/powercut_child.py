@@ -3,15 +3,26 @@
 Forked by the helper of ``tests/powercut.py`` (``--zygote``) for every cut,
 with a spec: the store's root on the mount, the store (``STORES``), the
 backend (asyncio, trio, uvloop, or ``sync``: the synchronous writer), the
-largest state, a seed, and a mutation (``MUTATIONS``: one fsync removed, in
-this process only).  It resumes from what the store holds, runs a real
-``CheckpointWriter`` and says on stdout (``<pid> <line>``, one atomic write
-each): ``START``, ``READY <n> <writes> <failures>`` after the writer's open
-and first write, ``OPENED <n>`` (dead writers' temp files left after
-``open()``), ``W <seq> <n>`` after every commit that returned, ``S <n>``
-after every summary checkpoint written, ``E <call> eio|other <error>`` for
-every store call that raised (EIO is the power cut), ``EIO load`` when the
-power went while it loaded, ``CORRUPT <error>``.
+largest state, a seed, whether a *neighbour* runs, and a mutation
+(``MUTATIONS``: one fsync removed, the sweep disabled, or a failed commit
+reported written; in this process only).  It resumes from what the store
+holds, runs a real ``CheckpointWriter`` and says on stdout (``<pid> <line>``,
+one atomic write each): ``START``, ``READY <n> <writes> <failures>`` after
+the writer's open and first write, ``OPENED <n>`` (dead writers' temp files
+left after ``open()``), ``R <seq> <n>`` for every ``Written`` that
+``write_now()`` or ``flush_sync()`` returned to the program (what the writer
+tells the program is durable), ``W <seq> <n>`` after every store commit that
+returned (the timer's writes too), ``S <n>`` after every summary checkpoint
+written, ``E <call> eio|other <error>`` for every store call that raised
+(EIO is the power cut), ``EIO load`` when the power went while it loaded,
+``CORRUPT <error>``.
+
+The neighbour is a thread that fsyncs the store's root at random moments,
+as another session's write in the same root does: a temp file of this
+writer then becomes durable while it is being written, so a cut can leave
+it behind for the next writer's ``open()`` to sweep (without a neighbour no
+temp file is ever durable: the writer's own directory fsync comes after its
+rename).
 """
 
 from __future__ import annotations
@@ -47,11 +58,13 @@ from checkpointer import (
     FileStore,
     JournalStore,
     Meta,
+    Result,
     Snapshot,
     Staged,
     Store,
     SummaryCheckpoint,
     Transcript,
+    Written,
     collapse,
     load,
     load_summary,
@@ -133,11 +146,20 @@ STORES: dict[str, PowerStore] = {
 
 @dataclass(frozen=True)
 class Mutation:
-    """One fsync removed, the store it matters to, and the steps that expose it."""
+    """One defect put in, the store it matters to, and the steps that expose it.
+
+    ``neighbour``: the most seconds between two of the neighbour's directory
+    fsyncs in the children, 0 for none (none for the removed fsyncs, whose
+    loss a neighbour's directory fsync could mend);
+    ``linger``: seconds the child runs on after the power went, before it
+    is killed (its calls then fail with EIO).
+    """
 
     store: str
     steps: tuple[str, ...]
     what: str
+    neighbour: float = 0.0
+    linger: float = 0.0
 
 
 MUTATIONS: dict[str, Mutation] = {
@@ -156,17 +178,44 @@ MUTATIONS: dict[str, Mutation] = {
         ("write journal:append",),
         "the journal append without its fsync",
     ),
+    "sweep": Mutation(
+        "file",
+        ("fsync temp.json", "rename temp.json"),
+        "FileStore.open without the sweep of dead writers' temp files",
+        neighbour=0.001,  # often: a cut leaves a temp file within a few cuts
+    ),
+    "written-on-failure": Mutation(
+        "file",
+        ("write temp.json", "fsync temp.json", "rename temp.json"),
+        "the writer returns Written for a commit that raised (EIO)",
+        linger=0.2,
+    ),
 }
-"""The fsyncs the torture must be shown to need; each is removed by a seam in the child."""
+"""The defects the torture must be shown to catch; each is put in by a seam in the child."""
+
+NEIGHBOUR_GAP = 0.01  # seconds, at most, between two of the neighbour's directory fsyncs
 
 
 def _mutate(kind: str) -> None:
-    """Remove one fsync from the code under test, in this (child) process only.
+    """Put one defect into the code under test, in this (child) process only.
 
-    ``os.fsync`` is replaced by one that does nothing for the chosen
-    descriptors, and so are the ``fsync=os.fsync`` defaults bound at import
-    in the store modules.  Not a flag of the library: a test seam.
+    A removed fsync: ``os.fsync`` is replaced by one that does nothing for
+    the chosen descriptors, and so are the ``fsync=os.fsync`` defaults bound
+    at import in the store modules.  ``sweep``: every ``sweep_temps`` the
+    store modules imported removes nothing.  ``written-on-failure`` is in
+    ``_Reporting.commit``.  Not flags of the library: test seams.
     """
+    if kind == "written-on-failure":
+        return
+    if kind == "sweep":
+        swept = 0
+        for name, module in list(sys.modules.items()):
+            if name.startswith("checkpointer.") and hasattr(module, "sweep_temps"):
+                setattr(module, "sweep_temps", _sweep_nothing)  # noqa: B010  # the seam
+                swept += 1
+        if not swept:
+            raise RuntimeError("no store module imports sweep_temps: the seam is gone")
+        return
     real = os.fsync
 
     def fsync(fd: Any) -> None:
@@ -194,6 +243,10 @@ def _mutate(kind: str) -> None:
             for name, value in keywords.items():
                 if value is real:
                     keywords[name] = fsync
+
+
+def _sweep_nothing(directory: str) -> list[str]:
+    return []
 
 
 def _dropped(kind: str, fd: int) -> bool:
@@ -267,11 +320,15 @@ class _Reporting(ReportingStore):
         else:
             _say(f"OPENED {len(left)}")
 
+    swallow = False  # the written-on-failure mutation: a commit's error is not raised
+
     def commit(self, key: str, meta: Meta, staged: Staged) -> int:
         try:
             return super().commit(key, meta, staged)
         except Exception as exc:
             self._failed("commit", exc)
+            if self.swallow:
+                return 0  # the writer takes the commit for done: it returns Written
             raise
 
     def read_meta(self, key: str) -> Meta | None:
@@ -308,6 +365,14 @@ def _start(spec: dict[str, Any]) -> tuple[_Reporting, int] | int:
     if spec.get("mutate"):
         _mutate(spec["mutate"])
     store = _Reporting(STORES[spec["store"]].make(spec["root"]))
+    store.swallow = spec.get("mutate") == "written-on-failure"
+    if spec.get("neighbour"):
+        threading.Thread(
+            target=_neighbour,
+            args=(spec["root"], float(spec["neighbour"]), spec["seed"]),
+            daemon=True,
+            name="neighbour",
+        ).start()
     try:
         previous = load(store, KEY)
         n = 0 if previous is None else int(previous.state["n"])
@@ -322,11 +387,37 @@ def _start(spec: dict[str, Any]) -> tuple[_Reporting, int] | int:
     except (CheckpointError, OSError) as exc:
         if _eio(exc):  # the power went while it loaded: wait for the kill
             _say("EIO load")
-            while True:
-                time.sleep(1)
+            parent = os.getppid()
+            while os.getppid() == parent:  # not for ever: the helper may be gone
+                time.sleep(0.1)
+            return 5
         _say(f"CORRUPT {exc}")
         return 3
     return store, n
+
+
+def _neighbour(root: str, gap: float, seed: int) -> None:
+    """Fsync ``root`` every 0 to ``gap`` seconds, as another key's write in the same root does."""
+    parent = os.getppid()
+    rng = random.Random(seed ^ 0x5EED)
+    while os.getppid() == parent:
+        time.sleep(rng.uniform(0.0, gap))
+        try:
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            continue  # not made yet, or the power is out
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _returned(result: Result, n: int) -> None:
+    """Say what the writer told the program: ``R <seq> <n>`` for a ``Written``."""
+    if isinstance(result, Written):
+        _say(f"R {result.seq} {n}")
 
 
 async def _summarize(root: str, n: int, max_bytes: int) -> None:
@@ -373,10 +464,11 @@ async def _child(spec: dict[str, Any]) -> int:
             n += 1
             writer.notify()
             dice = rng.random()
+            # n changes only here: the state a write below returns is state n.
             if dice < 0.08:
-                await writer.write_now()
+                _returned(await writer.write_now(), n)
             elif dice < 0.12:
-                await anyio.to_thread.run_sync(writer.flush_sync)
+                _returned(await anyio.to_thread.run_sync(writer.flush_sync), n)
             elif summaries and dice < 0.16:
                 await _summarize(spec["root"], n, max_bytes)
             else:
@@ -408,16 +500,22 @@ def _sync_child(spec: dict[str, Any]) -> int:
             writer.notify()
             dice = rng.random()
             if dice < 0.25:
-                writer.flush_sync()
+                _returned(writer.flush_sync(), n)
             elif dice < 0.35:
-                worker = threading.Thread(target=writer.flush_sync)
+                results: list[Result] = []
+                worker = threading.Thread(target=_flush_into, args=(writer, results))
                 worker.start()
                 worker.join()
+                _returned(results[0], n)
             elif summaries and dice < 0.4:
                 _summarize_sync(spec["root"], n, max_bytes)
             else:
                 time.sleep(rng.uniform(0.0, 0.004))
     return 4
+
+
+def _flush_into(writer: CheckpointWriter[Any], results: list[Result]) -> None:
+    results.append(writer.flush_sync())
 
 
 def run_child(spec: dict[str, Any]) -> int:

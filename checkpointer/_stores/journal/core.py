@@ -25,13 +25,22 @@ key's last compaction (a file's header and compaction rows); an append
 that would take the key past ``_threshold(live)`` =
 ``max(rewrite_min_bytes, rewrite_factor * live)`` is written as a
 compaction instead (for a file: a fresh file).
+
+A forked child (a ``multiprocessing`` worker) inherits the store object with
+its locks as they were at the fork: held, if a commit of another thread of
+the parent was in flight, and nobody there will ever release them.  So
+right after a fork the child gets fresh locks and forgets every track
+(``_journal_after_fork``): what the parent knew of a key may be half
+updated, and the parent goes on writing the key meanwhile.
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
+import os
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -77,6 +86,8 @@ class JournalCore:
     _transcript: Transcript
     _tracks: dict[str, Track]
     _witness_lock: threading.Lock
+    _scratch: bytearray
+    _scratch_lock: threading.Lock
     _row_end: bytes
     _closing_meta: bool
     rewrite_factor: float
@@ -100,6 +111,21 @@ class JournalCore:
         self.rewrite_min_bytes = rewrite_min_bytes
         self._tracks = {}
         self._witness_lock = threading.Lock()  # see _new_messages
+        self._scratch = bytearray()  # see _unsettled_unchanged
+        self._scratch_lock = threading.Lock()
+        _journals.add(self)
+
+    def _journal_after_fork(self) -> None:
+        """In a forked child: fresh locks, and no track of the parent's trusted.
+
+        Every ``Known`` the parent staged on is dead here: a delta staged on
+        it settles as a compaction, after the key's file or rows are re-read.
+        """
+        for track in self._tracks.values():
+            if track.known is not None:
+                track.known.dead = True
+        self._tracks = {}
+        self._witness_lock = threading.Lock()
 
     def _threshold(self, live: int) -> int:
         """The size past which a journal whose live content is ``live`` bytes is compacted."""
@@ -195,8 +221,22 @@ class JournalCore:
             live: Sequence[Any] = messages[: track.n]
         else:
             live = list(map(messages.__getitem__, itertools.islice(known.unsettled, track.u)))
-        data = self._transcript.encoder.encode(live)  # b"[" + the joined chunks + b"]"
-        return len(data) == track.jlen + 2 and known.joined.startswith(memoryview(data)[1:-1])
+        # Encoded into one reused buffer: a fresh bytes object of a long history
+        # costs as much again as the encode (its pages are new to the process
+        # each time).  The buffer stays as large as the longest such history.
+        encoder = self._transcript.encoder
+        if not self._scratch_lock.acquire(blocking=False):  # another thread, a signal handler
+            data = encoder.encode(live)  # b"[" + the joined chunks + b"]"
+            return len(data) == track.jlen + 2 and known.joined.startswith(memoryview(data)[1:-1])
+        try:
+            scratch = self._scratch
+            encoder.encode_into(live, scratch)
+            if len(scratch) != track.jlen + 2:
+                return False
+            with memoryview(scratch) as whole, whole[1:-1] as inner:
+                return known.joined.startswith(inner)
+        finally:
+            self._scratch_lock.release()
 
     def _prefix_unchanged(self, track: Track, messages: Sequence[Any]) -> bool:
         """The slow path: encode the whole prefix (through the cache) and compare.
@@ -309,3 +349,14 @@ class JournalCore:
     ) -> int:
         """Store ``full`` as a compaction (``rewrite``: a fresh start); set the key's track."""
         raise NotImplementedError
+
+
+_journals: weakref.WeakSet[JournalCore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for journal in list(_journals):
+        journal._journal_after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -136,6 +136,10 @@ class JournalStore(JournalCore, FileStore):
     def __repr__(self) -> str:
         return f"JournalStore({self.root!r})"
 
+    def _journal_after_fork(self) -> None:
+        super()._journal_after_fork()
+        self._lock = threading.Lock()  # a commit of the parent's may have held it at the fork
+
     def threshold(self, live: int) -> int:
         """The size past which a journal whose live content is ``live`` bytes is rewritten."""
         return self._threshold(live)
@@ -196,15 +200,33 @@ class JournalStore(JournalCore, FileStore):
         if not isinstance(staged, Full | Delta):
             raise TypeError(f"JournalStore cannot commit {type(staged).__name__}")
         if not self._lock.acquire(timeout=time_left()):
-            return self._overtake(key, meta, staged)
-        try:
-            return self._commit_on(key, self._current(key), meta, staged)
-        finally:
-            self._lock.release()
+            nbytes = self._overtake(key, meta, staged)
+        else:
+            try:
+                nbytes = self._commit_on(key, self._current(key), meta, staged)
+            finally:
+                self._lock.release()
+        self._sync_root()
+        return nbytes
 
     def read_meta(self, key: str) -> Meta | None:
+        """The meta stored for ``key``; from the track while the file is as this store left it.
+
+        Re-reading would drop what the track remembers of the state (a
+        writer reads the meta each time it takes the key's lock again), and
+        the next commit would compact instead of appending.
+        """
         check_key(key)
         with self._locked(key):
+            track = self._tracks.get(key)
+            if track is not None and track.meta is not None and not track.broken:
+                try:
+                    st = os.lstat(self.location(key))
+                except FileNotFoundError:
+                    pass
+                else:
+                    if (st.st_ino, st.st_size, st.st_nlink) == (track.ino, track.size, 1):
+                        return track.meta
             return self._open(key).meta
 
     def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
@@ -216,13 +238,14 @@ class JournalStore(JournalCore, FileStore):
             meta = update(track.meta)
             if track.broken:  # rewrite from memory, or from what the file says
                 self._compact(key, track, meta, self._remembered(key, track), rewrite=True)
-                return meta
-            row = meta_row(_ENCODER.encode(meta), LINE_END)
-            self._append(key, track, [row])
-            self._appends += 1
-            self._bytes += len(row)
-            self._tracks[key] = track._replace(meta=meta, size=track.size + len(row))
-            return meta
+            else:
+                row = meta_row(_ENCODER.encode(meta), LINE_END)
+                self._append(key, track, [row])
+                self._appends += 1
+                self._bytes += len(row)
+                self._tracks[key] = track._replace(meta=meta, size=track.size + len(row))
+        self._sync_root()
+        return meta
 
     # -- the lock, bounded by a flush's deadline ---------------------------------
 

@@ -395,6 +395,8 @@ class ConnectionPart(SchemaPart):
             hint = "create the database (createdb) or fix dbname in the DSN"
         elif "does not exist" in low and "role" in low:
             hint = "create the role or fix user in the DSN"
+        elif any(w in low for w in ("shutting down", "starting up", "recovery mode")):
+            hint = "the server is restarting (or failing over); the next try reconnects"
         elif "refused" in low:
             hint = "start the server, or fix host and port in the DSN"  # libpq asks if it runs
         elif "timeout" in low or "timed out" in low:

@@ -6,10 +6,11 @@ fencing and timeouts) that implements the ``StateStore`` protocol the way
 same journal core (``_stores/journal/core.py``):
 
 * A key's ``<schema>.checkpoints`` row is its *head*: seq, meta, the
-  fencing writer id, ``journal = true``, ``format = 2`` and ``null`` for a
-  state (the rows hold it).  A reader of version 1 of this library, which
-  knows no journal, builds ``{"format":2,...,"state":null}`` from it and
-  refuses it as newer ("upgrade agent-checkpointer").
+  fencing writer id, ``journal = true``, ``format = 1`` and an empty state
+  (the rows hold it), as version 2 of this library wrote it, so a worker of
+  version 2 reads it during a rolling upgrade.  A reader of version 1, which
+  knows no journal, builds ``{"format":1,...,"state":}`` from it and refuses
+  it; the schema's constraints keep its writer off (``schema.py``).
 * ``<schema>.journal`` holds the key's rows, ordered by ``n``: the file
   journal's lines (``compaction``, ``message``, ``state``), one per row.
 * **Append**: the new messages are inserted as rows, with a ``state`` row
@@ -23,16 +24,19 @@ same journal core (``_stores/journal/core.py``):
   in one statement, assembled by the journal reader (``_format/journal.py``).
 
 A failed commit forgets what the store knew of the key (its answer may have
-been lost after the server committed), so the next commit is a compaction.
+been lost after the server committed), so the next commit is a compaction;
+so does a forked child, for every key (``_after_fork``).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ... import _exit
 from ..._format.envelope import decode_raw
 from ..._format.journal import ROW_END
 from ..._values import Checkpoint, CheckpointError, Meta
@@ -41,7 +45,7 @@ from ..encoding import Transcript
 from ..envelopes import Envelopes
 from ..journal.core import JournalCore
 from ..journal.staging import Full, Track
-from .schema import JOURNAL_FORMAT
+from .schema import HEAD_FORMAT
 from .store import PostgresStore
 
 if TYPE_CHECKING:
@@ -113,11 +117,26 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         self._tracks.clear()
         super().close()
 
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh store, which knows nothing of what its parent wrote.
+
+        The parent's tracks are what it wrote up to the fork: the child, a
+        writer of its own that may resume the key after the parent wrote on,
+        would append its new messages on a stale prefix.  Its witness lock
+        may have been held by a thread of the parent.
+        """
+        super()._after_fork()
+        self._tracks = {}
+        self._witness_lock = threading.Lock()
+
     # -- the StateStore protocol ---------------------------------------------------
 
     def commit(self, key: str, meta: Meta, staged: object) -> int:
         check_key(key)
-        return self._commit_on(key, self._tracks.get(key), meta, staged)
+        # The core takes the witness lock as it extends a track: a signal
+        # landing then waits (its flush may stage on this store).
+        with _exit.busy():
+            return self._commit_on(key, self._tracks.get(key), meta, staged)
 
     def read_meta(self, key: str) -> Meta | None:
         """The meta of ``key``, after checking all of its rows (as ``JournalStore`` does).
@@ -178,9 +197,9 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         return {
             "key": key,
             "seq": meta.seq,
-            "format": JOURNAL_FORMAT,
+            "format": HEAD_FORMAT,
             "meta": _ENCODER.encode(meta).decode(),
-            "state": b"null",  # so an older reader sees a whole envelope, of a newer format
+            "state": b"",  # a version-2 reader assembles the rows; a version-1 one refuses it
             "writer": self._writer_id,
             "journal": True,
         }

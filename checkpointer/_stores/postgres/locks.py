@@ -15,18 +15,20 @@ is the held lock ``lock()`` hands out (the ``LockingStore`` capability).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, final
 
 from ... import _exit
 from ..base import LockHolder, check_key
 from .connection import ConnectionPart
-from .errors import KeyLockedError
+from .errors import KeyLockedError, PostgresStoreError
 from .schema import int64
 
 if TYPE_CHECKING:
@@ -123,13 +125,24 @@ class LocksPart(ConnectionPart):
             time.sleep(0.05)
         return taken
 
+    @contextlib.contextmanager
+    def _handles_held(self) -> Iterator[None]:
+        """``_handles_lock``, held with a signal landing meanwhile deferred (``_exit.busy``).
+
+        The lock is not reentrant, and the flush of a signal handled on this
+        thread takes it (``lock()`` of a writer's key): it must wait for the
+        end of the block, as for the mutex (``_session``).
+        """
+        with _exit.busy(), self._handles_lock:
+            yield
+
     def _take_handle(self, key: str) -> PostgresKeyLock | KeyLockedError:
         other = self._handles.get(key)
         if other is None:
             refused = self._try_lock(key)
             if refused is not None:
                 return refused
-            with self._handles_lock:
+            with self._handles_held():
                 other = self._handles.get(key)
                 if other is None:
                     handle = self._handles[key] = PostgresKeyLock(self, key)
@@ -141,7 +154,7 @@ class LocksPart(ConnectionPart):
         )
 
     def _release_handle(self, handle: PostgresKeyLock) -> None:
-        with self._handles_lock:
+        with self._handles_held():
             if self._handles.get(handle.key) is not handle:
                 return  # released already, or the key went with a release() or close()
         self.release(handle.key)
@@ -153,7 +166,7 @@ class LocksPart(ConnectionPart):
         is dropped, which releases the lock as surely.
         """
         check_key(key)
-        with self._handles_lock:
+        with self._handles_held():
             self._handles.pop(key, None)
         with _exit.busy():  # a signal landing meanwhile waits (see _session)
             if not self._mutex.acquire(timeout=self._busy_wait):
@@ -236,10 +249,17 @@ class LocksPart(ConnectionPart):
         backend, refused = self._holder(conn, key, lock_id)
         if backend in self._orphans and refused.holder is not None and self._ours(refused.holder):
             # Our own old session, dropped mid-call (a cut-off large write),
-            # still running its statement: end it, then take the lock.
-            self._orphans.remove(backend)
+            # still running its statement: end it, then take the lock.  One
+            # that outlives the wait (a stopped server process) stays ours
+            # (never "another writer"): a failure to retry, not a refusal.
             if self._end_backend(conn, backend):
+                self._orphans.remove(backend)
                 return self._acquire(conn, key, fresh=fresh)
+            raise PostgresStoreError(
+                f"{self.location(key)}: held by this store's own earlier connection "
+                f"(PostgreSQL backend {backend}, cut off mid-call), asked to end but not "
+                f"gone within lock_timeout={self.lock_timeout:g}s; a later try takes the key"
+            )
         return refused
 
     def _ours(self, holder: LockHolder) -> bool:

@@ -5,7 +5,8 @@
   concurrent first users do not race; ``<schema>.schema_version`` says which.
   Version 1: the checkpoints, their holders and what was moved aside;
   version 2: the journal (``PostgresJournalStore``); version 3: what keeps
-  workers of version 1 off journal keys during a rolling upgrade.
+  workers of version 1 off journal keys during a rolling upgrade, and lets
+  workers of version 2 write on.
 
 ``QUERIES`` holds every statement the store runs (one round trip each);
 ``SchemaPart`` is the part of ``PostgresStore`` that checks and installs
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
+    "HEAD_FORMAT",
     "JOURNAL_FORMAT",
     "QUERIES",
     "SCHEMA_VERSION",
@@ -95,28 +97,84 @@ UPDATE {s}.schema_version SET version = 2, installed_at = now() WHERE version < 
 """
 
 # Version 3: what keeps workers of version 1 (which do not know journal keys)
-# off them during a rolling upgrade, and what lets plain table grants do.
-# * A journal head says format 2, and null for its state: a version-1 reader
-#   builds a whole envelope of format 2 from it and refuses it as "newer".
+# off them during a rolling upgrade, lets workers of version 2 write on, and
+# lets plain table grants do.
 # * A head cannot be deleted while it has rows (the foreign key), nor
-#   rewritten as a plain row while it is a head (the check): a version-1
-#   writer, which moves a key it cannot read aside, fails instead.  Both
-#   NOT VALID: enforced from now on, without scanning the tables.
+#   rewritten as a plain row while it is a head (the check: a head says format
+#   1 with an empty state, as version 2 writes it, or a newer format; a
+#   version-1 upsert over it carries a state): a version-1 writer, which moves
+#   a key it cannot read aside, fails instead.  Both NOT VALID: enforced from
+#   now on, without scanning the tables.  A version-1 reader builds
+#   ``{"format":1,"meta":...,"state":}`` from a head and refuses it.
 # * Rows are numbered per key (the writer holds the key's lock), so the
-#   journal needs no sequence, and no grant on one.
+#   journal needs no sequence, and no grant on one.  A worker of version 2
+#   still running through the upgrade (a rolling upgrade) inserts its rows
+#   without ``n`` (it had the sequence): a trigger numbers them per key, in
+#   the order of its insert (a row trigger sees the rows before it in the
+#   statement).  The function is the invoker's: no grant needed.
+# * Heads keep version 2's shape, so a version-2 worker reads the keys
+#   version 3 wrote (its rows are the same lines).  A pre-release schema 3
+#   wrote heads of format 2 with a ``null`` state: still read, and turned into
+#   format 1 when this SQL runs over them (a version-2 reader refuses format 2
+#   as "newer").
 _MIGRATE_3_SQL = """\
-UPDATE {s}.checkpoints SET format = 2, state = 'null' WHERE journal AND format < 2;
 ALTER TABLE {s}.journal ALTER COLUMN n DROP DEFAULT;
 DROP SEQUENCE IF EXISTS {s}.journal_n_seq;
+CREATE OR REPLACE FUNCTION {s}.journal_row_of_version_2() RETURNS trigger
+LANGUAGE plpgsql AS $f$
+BEGIN
+    NEW.n := coalesce((SELECT max(n) FROM {s}.journal WHERE key = NEW.key), 0) + 1;
+    RETURN NEW;
+END
+$f$;
+DROP TRIGGER IF EXISTS journal_row_of_version_2 ON {s}.journal;
+CREATE TRIGGER journal_row_of_version_2 BEFORE INSERT ON {s}.journal
+    FOR EACH ROW WHEN (NEW.n IS NULL) EXECUTE FUNCTION {s}.journal_row_of_version_2();
+ALTER TABLE {s}.journal DROP CONSTRAINT IF EXISTS journal_key_needs_a_newer_checkpointer;
 ALTER TABLE {s}.journal ADD CONSTRAINT journal_key_needs_a_newer_checkpointer
     FOREIGN KEY (key) REFERENCES {s}.checkpoints (key) NOT VALID;
+ALTER TABLE {s}.checkpoints DROP CONSTRAINT IF EXISTS journal_head_needs_a_newer_checkpointer;
+UPDATE {s}.checkpoints SET format = 1, state = ''::bytea WHERE journal AND format = 2;
 ALTER TABLE {s}.checkpoints ADD CONSTRAINT journal_head_needs_a_newer_checkpointer
-    CHECK (NOT journal OR format >= 2) NOT VALID;
+    CHECK (NOT journal OR format > 2 OR (format = 1 AND octet_length(state) = 0)) NOT VALID;
 UPDATE {s}.schema_version SET version = 3, installed_at = now() WHERE version < 3;
 """
 
+# Run with every install and upgrade: a role granted the tables of an older
+# version (``grants_sql``, ``ON ALL TABLES`` names the tables there then) gets
+# the same on the journal, which version 2 added; so an upgraded fleet needs no
+# second round of grants.  Idempotent, as the whole script is (the SQL of
+# ``pg-schema --sql`` may be run again, or over tables the library made).
+_GRANTS_FOLLOW_SQL = """DO $grants$
+DECLARE g record;
+BEGIN
+    FOR g IN
+        SELECT a.privilege_type AS what,
+            CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END AS who
+        FROM pg_class c
+        CROSS JOIN LATERAL aclexplode(c.relacl) a
+        LEFT JOIN pg_roles r ON r.oid = a.grantee
+        WHERE c.oid = '{s}.checkpoints'::regclass AND a.grantee <> c.relowner
+          AND a.privilege_type IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE')
+    LOOP
+        BEGIN  -- a user that may not grant (not the tables' owner) changes nothing
+            EXECUTE format('GRANT %s ON {s}.journal TO %s', g.what, g.who);
+        EXCEPTION WHEN insufficient_privilege THEN NULL;
+        END;
+    END LOOP;
+END
+$grants$;
+"""
+
 JOURNAL_FORMAT = 2
-"""The ``format`` of a journal key's head row (its rows hold the state)."""
+"""The newest ``format`` of a journal key's head row this library reads.
+
+It writes 1 (with an empty state; the rows hold it), as version 2 did, so
+version 2 reads its keys; a release whose rows older ones cannot read
+writes a higher one, and this one refuses it as newer."""
+
+HEAD_FORMAT = 1
+"""The ``format`` this library writes in a journal key's head row."""
 
 _LZ4_SQL = (
     "ALTER TABLE {s}.checkpoints ALTER COLUMN state SET COMPRESSION lz4;"
@@ -156,7 +214,8 @@ QUERIES = {
         ON CONFLICT (key) DO UPDATE SET seq = EXCLUDED.seq, format = EXCLUDED.format,
             meta = EXCLUDED.meta, state = EXCLUDED.state, writer = EXCLUDED.writer,
             updated_at = EXCLUDED.updated_at, journal = EXCLUDED.journal
-        WHERE (c.seq < EXCLUDED.seq AND c.writer IS NOT DISTINCT FROM %(base)s::text)
+        WHERE (c.seq < EXCLUDED.seq
+               AND (c.writer IS NOT DISTINCT FROM %(base)s::text OR c.writer = EXCLUDED.writer))
            OR (c.seq = EXCLUDED.seq AND c.writer = EXCLUDED.writer)
         RETURNING c.seq""",
     "last_writer": "SELECT writer FROM {s}.checkpoints WHERE key = %(key)s",
@@ -215,6 +274,7 @@ def schema_sql(schema: str = "checkpointer") -> str:
         _SCHEMA_SQL.format(s=quoted)
         + _MIGRATE_2_SQL.format(s=quoted)
         + _MIGRATE_3_SQL.format(s=quoted)
+        + _GRANTS_FOLLOW_SQL.format(s=quoted)
         + "-- Optional, on PostgreSQL 14+ built with lz4 (what the store does when it can):\n"
         + "".join(f"-- {line};\n" for line in lz4.rstrip(";").split("; "))
     )
@@ -306,6 +366,13 @@ class SchemaPart:
             )
             version = self._version_in(conn)
             self._check_newer(version)
+            if version is not None and version < SCHEMA_VERSION:
+                # A writer locks a key's head, then its rows: so does the upgrade,
+                # before it alters them (rows first would deadlock with a writer of
+                # the running release between the two); it waits for those writing.
+                names = ("checkpoints", "journal") if version >= 2 else ("checkpoints",)
+                tables = ", ".join(f"{self._quoted}.{name}" for name in names)
+                conn.execute(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE".encode())
             if version is None:
                 conn.execute(_SCHEMA_SQL.format(s=self._quoted).encode())
             if version is None or version < 2:
@@ -316,6 +383,7 @@ class SchemaPart:
                 # transcript of several MB, 3-4x quicker than the default pglz.
                 with contextlib.suppress(self._pg.Error), conn.transaction():
                     conn.execute(_LZ4_SQL.format(s=self._quoted).encode())
+            conn.execute(_GRANTS_FOLLOW_SQL.format(s=self._quoted).encode())
 
     def _version_in(self, conn: psycopg.Connection[Any]) -> int | None:
         # Inside a transaction a failed statement would abort it: look first.

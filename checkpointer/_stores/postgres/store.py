@@ -22,22 +22,24 @@ attribute set in ``__init__`` here and declared by the part that uses it:
   ``read()`` rebuilds the same envelope a ``FileStore`` file holds.
 * **Journal keys** (``PostgresJournalStore``, ``journal.py``; schema
   versions 2 and 3): the key's ``checkpoints`` row is its head (``journal``
-  true, format 2, no state) and ``<schema>.journal`` holds its rows.
+  true, format 1, no state) and ``<schema>.journal`` holds its rows.
   ``read()``, ``delete()`` and ``move_aside()`` handle both kinds, so any
   store (and the CLI) reads either.  Version 3 keeps workers of version 1
   off journal keys (see ``schema._MIGRATE_3_SQL``): they refuse them, rather than
   read them as empty and start over.
 * **Fencing.**  A write is one transaction: an upsert that applies only if
   the stored ``seq`` is lower and the row was last written by the writer
-  this store found there when it took the key (or by itself since), or if
-  it is this store's own ``seq`` again (a retry of a commit whose answer was
-  lost).  So a worker that lost its session (its connection, and with it the
-  lock), whose successor wrote since, is refused whatever seq it sends, even
-  after re-reading the key (``StaleWriteError``).  It stays fenced for that
+  this store found there when it took the key or by this store itself (its
+  own row, even one whose commit answer was lost, so the store never notes
+  it), or if it is this store's own ``seq`` again (a retry of that
+  commit).  So a worker that lost its session (its connection, and with it
+  the lock), whose successor wrote since, is refused whatever seq it sends,
+  even after re-reading the key (``StaleWriteError``).  It stays fenced for that
   key (refused without a round trip, its lock given back) until ``release``.
 * **Writers sharing a store.**  ``lock()`` hands out one lock object per
   key: a second writer of the key through the same store is refused, as
-  with ``FileStore``.  A signal landing in a store call on the main thread
+  with ``FileStore``, until that object is released (``close()`` keeps it:
+  it drops the connection, not the writer).  A signal landing in a store call on the main thread
   waits for its end (``_exit.busy``), since its flush needs the mutex.
 * **Forks.**  libpq connections must not be used or closed from a forked
   child: ``close()`` sends Terminate on the socket both share, which ends
@@ -56,6 +58,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
@@ -67,11 +70,11 @@ from ... import _exit
 from ..._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, decode_raw
 from ..._format.journal import assemble_rows
 from ..._text import one_line
-from ..._values import CheckpointError, Meta
+from ..._values import Meta, NewerVersionError
 from ..base import check_key
 from ..encoding import Transcript
 from .connection import SLOW_BYTES_PER_SECOND, Watchdog, describe_dsn, import_psycopg, seconds
-from .errors import IdleLoss, StaleWriteError
+from .errors import IdleLoss, KeyLockedError, PostgresStoreError, StaleWriteError
 from .locks import LocksPart
 from .schema import JOURNAL_FORMAT, QUERIES, SCHEMA_VERSION, quote_schema
 
@@ -247,41 +250,66 @@ class PostgresStore(LocksPart):
         Takes the key's lock first if not held; ``then`` runs only if the
         upsert applied (the journal's rows go with their head, or not at all).
         ``nbytes`` (what the write sends) widens the call's time budget, so a
-        large session is not cut off as a hang.  A connection found lost
-        after it sat idle is replaced and the write made once more: fencing
-        makes a repeated upsert safe, and ``then`` is repeated only if its
-        first commit was never sent.
+        large session is not cut off as a hang.  A connection lost (after it
+        sat idle, or mid-write: a server restart) is replaced and the write
+        made again, for ``connect_timeout`` at most: fencing makes a repeated
+        upsert safe, and ``then`` is repeated only if its commit was never sent.
+        A call cut off as a hang is not repeated.
         """
         budget = nbytes / SLOW_BYTES_PER_SECOND
-        for attempt in (1, 2):
+        retry_until: float | None = None
+        while True:
             if key in self._fenced:
                 raise StaleWriteError(self._fenced[key])
-            committing = False
+            sent: list[bool] = []  # [True] once the COMMIT may have gone out
+            self._lost = False  # set again by a failure of this attempt to reach the server
             try:
-                with self._session(budget=budget) as conn:
-                    refused = self._acquire(conn, key, fresh=False)
-                    if refused is not None:
-                        raise refused
-                    params["base"] = self._base.get(key)
-                    with conn.transaction():
-                        if budget >= 1:
-                            conn.execute(
-                                b"SET LOCAL statement_timeout = %d"
-                                % round((self.statement_timeout + budget) * 1000)
-                            )
-                        applied = self._upsert(conn, params)
-                        if applied and then is not None:
-                            then(conn)
-                        committing = True
-                    if not applied:
-                        why = self._fenced[key] = self._stale(conn, key, params["seq"])
-                        self._unlock(conn, key)  # a fenced store lets go of the key
-                        raise StaleWriteError(why)
-                    self._base[key] = self._writer_id
+                self._write_once(key, params, then, budget, sent)
                 return
-            except IdleLoss:
-                if attempt == 2 or (committing and then is not None):
+            except (KeyLockedError, StaleWriteError):
+                raise
+            except PostgresStoreError as exc:
+                # The server went away (a restart, a failover, an idle loss), not
+                # a hang: again on a fresh connection, for connect_timeout at most.
+                if not self._lost or self._watchdog.fired or (sent and then is not None):
                     raise
+                now = time.monotonic()
+                if retry_until is None:
+                    retry_until = now + self.connect_timeout
+                elif now >= retry_until:
+                    raise
+                if not isinstance(exc, IdleLoss):
+                    time.sleep(0.1)  # a restarting server refuses connections a moment
+
+    def _write_once(
+        self,
+        key: str,
+        params: dict[str, Any],
+        then: Callable[[psycopg.Connection[Any]], None] | None,
+        budget: float,
+        sent: list[bool],
+    ) -> None:
+        """One try of ``_fenced_write``; ``sent`` gets True as its COMMIT may go out."""
+        with self._session(budget=budget) as conn:
+            refused = self._acquire(conn, key, fresh=False)
+            if refused is not None:
+                raise refused
+            params["base"] = self._base.get(key)
+            with conn.transaction():
+                if budget >= 1:
+                    conn.execute(
+                        b"SET LOCAL statement_timeout = %d"
+                        % round((self.statement_timeout + budget) * 1000)
+                    )
+                applied = self._upsert(conn, params)
+                if applied and then is not None:
+                    then(conn)
+                sent.append(True)
+            if not applied:
+                why = self._fenced[key] = self._stale(conn, key, params["seq"])
+                self._unlock(conn, key)  # a fenced store lets go of the key
+                raise StaleWriteError(why)
+            self._base[key] = self._writer_id
 
     def read(self, key: str) -> bytes | None:
         """The checkpoint of ``key`` as an envelope (a journal's rows assembled).
@@ -298,11 +326,16 @@ class PostgresStore(LocksPart):
         fmt, meta, state, journal, _ = rows[0]
         meta_json = meta.encode()
         if journal:
-            if fmt > JOURNAL_FORMAT:
-                raise CheckpointError(
+            if fmt > JOURNAL_FORMAT:  # kept, and the key left to the newer version
+                written_by = None
+                with contextlib.suppress(msgspec.DecodeError):
+                    written_by = _META_DECODER.decode(meta_json).library_version
+                by = "a newer version" if written_by is None else f"agent-checkpointer {written_by}"
+                raise NewerVersionError(
                     self.location(key),
-                    f"a journal head of format {fmt}, newer than this library reads "
-                    f"({JOURNAL_FORMAT}); upgrade agent-checkpointer to load it",
+                    f"a journal head of format {fmt}, written by {by}; this agent-checkpointer "
+                    f"reads journal format {JOURNAL_FORMAT}: upgrade it to load the key",
+                    written_by,
                 )
             state = assemble_rows(meta_json, [row[4] for row in rows], self.location(key))
             fmt = FORMAT  # the rows assembled are an envelope of this library's format
@@ -348,14 +381,20 @@ class PostgresStore(LocksPart):
     def close(self) -> None:
         """Close the connection, which releases every lock this store holds.
 
-        The store stays usable: a later call connects again.
+        The store stays usable: a later call connects again.  A lock object
+        from ``lock()`` not released yet stays its writer's (its ``held`` is
+        False until that writer's next write takes the key again, fenced from
+        where it was): another writer of the key through this store is still
+        refused, and a writer that wrote the key meanwhile is not overwritten.
+        Every other key is let go as by ``release``.
         """
-        with self._handles_lock:
-            self._handles.clear()
+        with self._handles_held():
+            owned = set(self._handles)
         with _exit.busy(), self._mutex:
             self._drop()
-            self._base.clear()
-            self._fenced.clear()
+            for fencing in (self._base, self._fenced):
+                for key in fencing.keys() - owned:
+                    del fencing[key]
             self._watchdog.close()
 
     def __del__(self) -> None:

@@ -1,0 +1,333 @@
+"""Case: many sessions in one process (an agent server): N writers, one loop, one store.
+
+100, 1,000 and 10,000 writers (``--quick``: 30 and 300, one turn) are opened in
+one event loop (asyncio, then trio) on one ``FileStore``, each with its own
+key and a small transcript, exit hooks on, as a server keeps one writer per
+live session.  Measured, per number of sessions:
+
+* open: constructing and entering each writer (``async with``), per writer;
+* memory: the RSS the open writers add, per writer (their states were built
+  before the first RSS reading, so they are not counted);
+* notify: ``notify()`` in a burst on one writer (timeit loops), and the first
+  ``notify()`` of every session in a turn (it wakes that writer's timer);
+* burst: every session changes once per turn; the time until every one of
+  them is on disk gives checkpoints/s.  The floor is the same files (the
+  bytes each writer wrote) written with the bare recipe by a pool of as many
+  threads as anyio's default limiter lends the writers (40), right after;
+* close: every writer closed, 40 at a time (``aclose()`` in one task each:
+  the final ``live=False`` write, the key's lock let go), per writer.  (All
+  10,000 at once would queue their final writes behind the 40 worker
+  threads for longer than ``close_timeout``.)
+
+The bars: open and close at the most sessions at most 1.5x their cost at
+100 (no work that grows with the number of writers); the burst at least
+0.8x the bare recipe's checkpoints/s; ``notify()`` at the most sessions
+within 1.25x its cost at 100; the memory per open writer within
+``MEMORY_BAR`` (see there).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import gc
+import importlib.util
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+import timeit
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import msgspec
+
+from checkpointer import CheckpointWriter, FileStore, Snapshot
+
+from ._harness import Report, Table, ratio, scratch_dir, stat
+from ._recipes import message, write_floor
+
+COUNTS = (100, 1_000, 10_000)
+QUICK_COUNTS = (30, 300)
+BACKENDS = ("asyncio", "trio")
+THREADS = 40  # anyio's default thread limiter: the worker threads the writers share
+TURNS = 3
+QUICK_TURNS = 1
+DEBOUNCE = 0.005  # not counted in a burst's time: the writes may start only after it
+POLL = 0.002  # how often the burst's end is looked for
+MEMORY_BAR = 24 << 10
+"""Bytes of RSS per open writer.
+
+A writer is a handful of small objects (its scheduler, commit core, key
+state, timer task with its coroutine frame, an encoder, the exit-hook
+entry); 24 KiB each puts 10,000 sessions' writers at 240 MiB.  What a session
+itself holds is larger: 100 messages of 1 KiB are 100 KiB, and the last
+written bytes the writer keeps for its unchanged check are as large as the
+file.  So the writers stay a fraction of what the sessions cost, and a
+regression that doubles them (a buffer per writer, say) misses the bar.
+"""
+
+
+def _rss() -> int:
+    with open("/proc/self/statm", encoding="ascii") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _source(state: dict[str, Any]) -> Snapshot:
+    return Snapshot(state["key"], state)
+
+
+def _states(n: int) -> list[dict[str, Any]]:
+    return [{"key": f"s{i}", "messages": [message(i), message(i + 1)]} for i in range(n)]
+
+
+class _Counted(FileStore):
+    """A ``FileStore`` that counts its durable writes: the burst's end, in O(1) a poll."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.writes = 0
+        self._lock = threading.Lock()
+
+    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+        n = super().write(key, chunks)
+        with self._lock:
+            self.writes += 1
+        return n
+
+
+async def _wait_written(store: _Counted, target: int) -> None:
+    while store.writes < target:  # noqa: ASYNC110 -- a counter bumped by worker threads
+        await anyio.sleep(POLL)
+
+
+def _read_files(root: str, states: list[dict[str, Any]]) -> dict[str, bytes]:
+    files = {}
+    for state in states:
+        name = state["key"] + ".json"
+        with open(os.path.join(root, name), "rb") as f:
+            files[name] = f.read()
+    return files
+
+
+def _bare(root: str, files: dict[str, bytes]) -> float:
+    """Seconds to write ``files`` into ``root`` with the bare recipe on ``THREADS`` threads."""
+    with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
+        t0 = time.perf_counter()
+        list(
+            pool.map(lambda item: write_floor(os.path.join(root, item[0]), item[1]), files.items())
+        )
+        return time.perf_counter() - t0
+
+
+async def _run(n: int, turns: int) -> dict[str, Any]:
+    """One number of sessions on the running backend; figures as plain numbers."""
+    with scratch_dir("sessions-") as scratch:
+        root = os.path.join(scratch, "store")
+        bare_root = os.path.join(scratch, "bare")
+        os.mkdir(root)
+        os.mkdir(bare_root)
+        store = _Counted(root)
+        states = _states(n)
+        gc.collect()
+        rss0 = _rss()
+        writers: list[CheckpointWriter[Snapshot]] = []
+        t0 = time.perf_counter()
+        for state in states:
+            writer: CheckpointWriter[Snapshot] = CheckpointWriter(
+                functools.partial(_source, state),
+                store,
+                debounce=DEBOUNCE,
+                min_interval=0.0,
+                max_wait=0.05,
+                write_on_start=False,
+            )
+            await writer.__aenter__()
+            writers.append(writer)
+        opened = (time.perf_counter() - t0) / n
+        gc.collect()
+        memory = (_rss() - rss0) / n
+        # notify() in a burst, on a writer whose burst has begun
+        one = writers[n // 2]
+        one.notify()
+        loops = [timeit.Timer(one.notify).timeit(20_000) / 20_000 for _ in range(15)]
+        await _wait_written(store, 1)
+        bursts: list[float] = []
+        bares: list[float] = []
+        firsts: list[float] = []
+        written = store.writes
+        for turn in range(turns):
+            for state in states:
+                state["messages"].append(message(turn + 2))
+            t0 = time.perf_counter()
+            for w in writers:
+                w.notify()
+            firsts.append((time.perf_counter() - t0) / n)
+            written += n  # every session changed: each writes once
+            await _wait_written(store, written)
+            bursts.append(time.perf_counter() - t0 - DEBOUNCE)
+            files = await anyio.to_thread.run_sync(_read_files, root, states)
+            bares.append(await anyio.to_thread.run_sync(_bare, bare_root, files))
+        closing = anyio.Semaphore(THREADS)
+
+        async def close(writer: CheckpointWriter[Snapshot]) -> None:
+            async with closing:
+                await writer.aclose()
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for w in writers:
+                tg.start_soon(close, w)
+        closed = (time.perf_counter() - t0) / n
+        failures = sum(w.statistics().failures for w in writers)
+    return {
+        "open": opened,
+        "close": closed,
+        "memory": memory,
+        "notify": min(loops),
+        "notify_loops": loops,
+        "first_notify": firsts,
+        "burst": [n / b for b in bursts],
+        "bare": [n / b for b in bares],
+        "failures": failures,
+    }
+
+
+def _in_child(backend: str, n: int, turns: int) -> dict[str, Any]:
+    """``_run`` in a fresh interpreter: its RSS and its heap are the writers' alone."""
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_sessions", backend, str(n), str(turns)],
+        capture_output=True,
+        check=True,
+        timeout=1200,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    figures: dict[str, Any] = json.loads(out.stdout)
+    return figures
+
+
+def _raise_fd_limit(n: int) -> None:
+    """Each open writer of a ``FileStore`` holds its key's lock file open."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = n + 256
+    if soft < want and (hard == resource.RLIM_INFINITY or hard >= want):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def main(quick: bool) -> dict[str, Any]:
+    counts = QUICK_COUNTS if quick else COUNTS
+    turns = QUICK_TURNS if quick else TURNS
+    report = Report(title="Many sessions in one process: N writers, one event loop, one store")
+    rows: list[list[Any]] = []
+    figures: dict[tuple[str, int], dict[str, Any]] = {}
+    for backend in BACKENDS:
+        if importlib.util.find_spec(backend) is None:
+            report.notes.append(f"{backend}: not installed, skipped")
+            continue
+        for n in counts:
+            figures[backend, n] = _in_child(backend, n, turns)
+    for (backend, n), f in figures.items():
+        burst, bare = stat(f["burst"], ""), stat(f["bare"], "")
+        rows.append(
+            [
+                backend,
+                f"{n:,}",
+                f["open"],
+                f["close"],
+                stat([f["memory"]], "B"),
+                f["notify"],
+                stat(f["first_notify"]),
+                burst,
+                bare,
+                f["failures"],
+            ]
+        )
+        for metric, value in (
+            ("open", stat([f["open"]])),
+            ("close", stat([f["close"]])),
+            ("memory", stat([f["memory"]], "B")),
+            ("notify", stat([f["notify"]])),
+            ("burst", burst),
+            ("bare", bare),
+        ):
+            report.series.setdefault(f"sessions/{metric}/{backend}", []).append((float(n), value))
+    report.tables.append(
+        Table(
+            title=f"per number of sessions: costs per writer; bursts of {turns} turns",
+            columns=[
+                "backend",
+                "sessions",
+                "open",
+                "close",
+                "memory",
+                "notify (burst)",
+                "first notify of a turn",
+                "burst checkpoints/s",
+                f"bare recipe, {THREADS} threads",
+                "failures",
+            ],
+            rows=rows,
+        )
+    )
+    low, high = counts[0], counts[-1]
+    for backend in BACKENDS:
+        if (backend, low) not in figures or (backend, high) not in figures:
+            continue
+        a, b = figures[backend, low], figures[backend, high]
+        for what in ("open", "close"):
+            report.ratios.append(
+                ratio(
+                    f"{backend}: {what} per writer @{high:,} / @{low:,} sessions",
+                    b[what] / a[what],
+                    "<=",
+                    1.5,
+                    note=f"{b[what] * 1e6:.0f} µs vs {a[what] * 1e6:.0f} µs",
+                )
+            )
+        report.ratios.append(
+            ratio(
+                f"{backend}: notify() @{high:,} / @{low:,} sessions",
+                b["notify"] / a["notify"],
+                "<=",
+                1.25,
+                note=f"min of 15 loops of 20,000 calls: {b['notify'] * 1e9:.0f} ns vs "
+                f"{a['notify'] * 1e9:.0f} ns",
+            )
+        )
+        report.ratios.append(
+            ratio(
+                f"{backend}: memory per open writer @{high:,} sessions / {MEMORY_BAR >> 10} KiB",
+                b["memory"] / MEMORY_BAR,
+                "<=",
+                1.0,
+                note=f"{b['memory'] / 1024:.1f} KiB per writer (RSS over the writers)",
+            )
+        )
+        for n in counts:
+            f = figures[backend, n]
+            pairs = [x / y for x, y in zip(f["burst"], f["bare"], strict=True)]
+            report.ratios.append(
+                ratio(
+                    f"{backend}: burst checkpoints/s @{n:,} sessions / bare recipe",
+                    sorted(pairs)[len(pairs) // 2],
+                    ">=",
+                    0.8,
+                    note=f"median of {turns} turns, each followed by the bare recipe",
+                )
+            )
+    report.notes.append(
+        "open: construct + async with (store.open in a worker thread, exit hooks, timer); "
+        "close: every aclose() at once, each a final live=False write and the key's lock "
+        "let go; memory: RSS growth over the open writers / their number, before any write"
+    )
+    return msgspec.to_builtins(report)  # type: ignore[no-any-return]
+
+
+if __name__ == "__main__":  # one (backend, sessions, turns) for main(): JSON on stdout
+    backend, n, turns = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    _raise_fd_limit(n)
+    print(json.dumps(anyio.run(_run, n, turns, backend=backend)))

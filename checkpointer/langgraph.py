@@ -86,7 +86,16 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from checkpointer import CheckpointWriter, Failed, Snapshot, Store, load
+from checkpointer import (
+    CheckpointWriter,
+    Failed,
+    KeyLocked,
+    LockingStore,
+    Result,
+    Snapshot,
+    Store,
+    load,
+)
 
 __all__ = ["CheckpointFailed", "CheckpointSaver", "thread_key"]
 
@@ -193,27 +202,6 @@ def _array_header(count: int) -> bytes:
     return b"\xdd" + count.to_bytes(4, "big")
 
 
-class _Handed:
-    """A put LangGraph handed to ``aput`` whose rows are not in the log yet.
-
-    Compared by identity: ``_Thread.pending`` holds each once.
-    """
-
-    __slots__ = ("checkpoint", "config", "metadata", "new_versions")
-
-    def __init__(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> None:
-        self.config = config
-        self.checkpoint = checkpoint
-        self.metadata = metadata
-        self.new_versions = new_versions
-
-
 class _Thread:
     """One thread in memory: its log and the indexes over it."""
 
@@ -224,7 +212,8 @@ class _Thread:
         "closed",
         "key",
         "last",
-        "pending",
+        "opening",
+        "result",
         "rows",
         "stop",
         "thread_id",
@@ -246,7 +235,8 @@ class _Thread:
         self.stop: anyio.Event | None = None
         self.closed: anyio.Event | None = None
         self.checkpoint: Any = None  # the Checkpoint loaded (resume_from)
-        self.pending: list[_Handed] = []  # aput's puts waiting for their worker thread
+        self.result: Result | None = None  # the final write's, or its opening's failure
+        self.opening: anyio.Event | None = None  # set once its writer opened in the saver's task
 
     def apply(self, row: _Row) -> None:
         if isinstance(row, _Put):
@@ -334,16 +324,29 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        failed = self._close_all()
+        if failed is not None and exc is None:
+            raise CheckpointFailed(failed)
 
     def close(self) -> None:
-        """Close every thread's writer (a final write each); for ``with``."""
+        """Close every thread's writer (a final write each); for ``with``.
+
+        Raises:
+            CheckpointFailed: a thread's final write failed (``"conflict"``:
+                another process wrote the thread; the error names the key).
+        """
+        failed = self._close_all()
+        if failed is not None:
+            raise CheckpointFailed(failed)
+
+    def _close_all(self) -> Failed | None:
         with self._lock:
             threads = list(self._threads.values())
         for thread in threads:
             if thread.writer is not None:
-                thread.writer.close()
+                thread.result = thread.writer.close()
         self._mode = "closed"
+        return _failures(threads)
 
     async def __aenter__(self) -> CheckpointSaver:
         self._claim("async")
@@ -359,17 +362,23 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        task_group, self._task_group = self._task_group, None
         with self._lock:
             threads = list(self._threads.values())
+        for thread in threads:
+            if thread.opening is not None:  # a writer opening in the task group
+                await thread.opening.wait()
+        task_group, self._task_group = self._task_group, None
         for thread in threads:
             if thread.stop is not None:
                 thread.stop.set()
             elif thread.writer is not None:  # opened by a sync method
-                await anyio.to_thread.run_sync(thread.writer.close)
+                thread.result = await anyio.to_thread.run_sync(thread.writer.close)
         if task_group is not None:
             await task_group.__aexit__(None, None, None)
         self._mode = "closed"
+        failed = _failures(threads)
+        if failed is not None and exc is None:
+            raise CheckpointFailed(failed)
 
     def _claim(self, mode: Literal["sync", "async"]) -> None:
         if self._mode != "new":
@@ -425,9 +434,23 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 
     def _source(self, thread: _Thread) -> Snapshot:
         with self._lock:
-            self._store_handed(thread)
             rows = list(thread.rows)
         return Snapshot(thread.key, {"thread_id": thread.thread_id, "messages": rows})
+
+    def _check_unlocked(self, thread: _Thread) -> None:
+        """Raise ``CheckpointFailed`` if another writer holds the thread's key (blocking).
+
+        A probe, before the thread's writer opens (it takes the lock at its
+        first write): LangGraph raises it from ``invoke``/``ainvoke``.
+        """
+        if not isinstance(self.store, LockingStore):
+            return
+        try:
+            lock = self.store.lock(thread.key, timeout=float(self._options.get("lock_timeout", 0)))
+        except KeyLocked as exc:
+            way_out = f"or run thread {thread.thread_id!r} under another thread_id"
+            raise CheckpointFailed(Failed("locked", f"{exc}; {way_out}")) from None
+        lock.release()
 
     def _new_writer(self, thread: _Thread) -> CheckpointWriter[Snapshot]:
         return CheckpointWriter(
@@ -440,6 +463,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     def _sync_writer(self, thread: _Thread) -> CheckpointWriter[Snapshot]:
         with self._lock:
             if thread.writer is None:
+                self._check_unlocked(thread)
                 writer = self._new_writer(thread)
                 writer.open()
                 thread.writer = writer
@@ -452,15 +476,17 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         assert self._opening is not None
         async with self._opening:  # LangGraph runs aput and aput_writes concurrently
             if thread.writer is None:
+                await anyio.to_thread.run_sync(self._check_unlocked, thread)
                 writer = self._new_writer(thread)
                 stop, closed = anyio.Event(), anyio.Event()
-                await self._task_group.start(self._host, writer, stop, closed)
+                await self._task_group.start(self._host, thread, writer, stop, closed)
                 thread.stop, thread.closed = stop, closed
                 thread.writer = writer  # only once it is entered
             return thread.writer
 
     @staticmethod
     async def _host(
+        thread: _Thread,
         writer: CheckpointWriter[Snapshot],
         stop: anyio.Event,
         closed: anyio.Event,
@@ -472,6 +498,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             async with writer:
                 task_status.started()
                 await stop.wait()
+                thread.result = await writer.aclose()
         finally:
             closed.set()
 
@@ -491,13 +518,47 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             # No timer runs for this writer: write in a worker thread.
             await anyio.to_thread.run_sync(self._changed, thread, durability)
             return
-        writer = await self._async_writer(thread)
         if durability not in _DURABLE:
-            writer.notify()
+            if thread.writer is not None:
+                thread.writer.notify()
+            elif thread.opening is None:
+                # Opened in the saver's task, not here: LangGraph's next put
+                # waits for this one, and its nodes run on meanwhile, changing
+                # the values the next put is handed (see aput).
+                thread.opening = anyio.Event()
+                assert self._task_group is not None
+                self._task_group.start_soon(self._open_then_notify, thread)
             return
+        writer = await self._async_writer(thread)
         result = await writer.write_now()
         if isinstance(result, Failed):
             raise CheckpointFailed(result)
+
+    async def _open_then_notify(self, thread: _Thread) -> None:
+        """Open the thread's writer, then notify it; a failure is raised by the next put."""
+        try:
+            writer = await self._async_writer(thread)
+        except CheckpointFailed as exc:
+            thread.result = exc.result
+        except Exception as exc:
+            error = f"cannot open the writer of {thread.key!r}: {type(exc).__name__}: {exc}"
+            thread.result = Failed("write-failed", error)
+        else:
+            writer.notify()
+        finally:
+            opening, thread.opening = thread.opening, None
+            if opening is not None:
+                opening.set()
+
+    @staticmethod
+    def _raise_failed_open(thread: _Thread) -> None:
+        """Raise the failure of the thread's writer opening in the background.
+
+        It stays, so the saver's close raises it too (LangGraph may drop an
+        error of a put it ran in the background).
+        """
+        if isinstance(thread.result, Failed) and thread.writer is None:
+            raise CheckpointFailed(thread.result)
 
     # -- reading ----------------------------------------------------------------
 
@@ -725,40 +786,14 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         """
         self._check_open()
         thread = await self._athread(config["configurable"]["thread_id"])
-        handed = _Handed(config, checkpoint, metadata, new_versions)
-        with self._lock:
-            thread.pending.append(handed)
-        # Encoding builds on Python callbacks per object: in a worker thread, the
-        # loop gets the GIL between them (see aget_tuple).
-        await anyio.to_thread.run_sync(self._put_handed, thread, handed)
+        self._raise_failed_open(thread)
+        # Encoded here, on the loop's thread, before returning: the next node may
+        # change the channel values in place once aput returns (or while a worker
+        # thread would still be encoding them), and the checkpoint must be the
+        # values LangGraph handed over.
+        stored = self._put(thread, config, checkpoint, metadata, new_versions)
         await self._achanged(thread, _durability(config))
-        return _stored_config(thread, config, checkpoint)
-
-    def _put_handed(self, thread: _Thread, handed: _Handed) -> None:
-        """Store a put of ``aput`` (in its worker thread), unless a write stored it first."""
-        with self._lock:
-            if handed not in thread.pending:
-                return
-            thread.pending.remove(handed)
-            self._put(
-                thread, handed.config, handed.checkpoint, handed.metadata, handed.new_versions
-            )
-
-    def _store_handed(self, thread: _Thread) -> None:
-        """Store the puts ``aput`` was handed whose worker thread has not run yet.
-
-        Under ``self._lock``, from ``_source``: a write, and the synchronous
-        flush of SIGTERM/SIGHUP on the main thread above all, then has every
-        checkpoint LangGraph put, not only those a worker thread got to (a
-        loaded machine starts one milliseconds later).  A put that fails here
-        stays for its worker, which raises the error from ``aput``.
-        """
-        handed, thread.pending = thread.pending, []
-        for put in handed:
-            try:
-                self._put(thread, put.config, put.checkpoint, put.metadata, put.new_versions)
-            except Exception:
-                thread.pending.append(put)
+        return stored
 
     def _put_writes(
         self,
@@ -807,6 +842,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         """Async ``put_writes``."""
         self._check_open()
         thread = await self._athread(config["configurable"]["thread_id"])
+        self._raise_failed_open(thread)
         if self._put_writes(thread, config, writes, task_id, task_path):
             await self._achanged(thread, _durability(config))
 
@@ -835,6 +871,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         await anyio.to_thread.run_sync(self.store.delete, thread.key)
 
     async def _close_writer(self, thread: _Thread) -> None:
+        if thread.opening is not None:  # opening in the saver's task: close what it opens
+            await thread.opening.wait()
         if thread.writer is None:
             return
         if thread.stop is not None and thread.closed is not None:
@@ -970,6 +1008,14 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         else:
             current_v = int(current.split(".")[0])
         return f"{current_v + 1:032}.{random.random():016}"
+
+
+def _failures(threads: Sequence[_Thread]) -> Failed | None:
+    """The failed final writes of ``threads`` as one ``Failed`` (the first reason), or None."""
+    failed = [t.result for t in threads if isinstance(t.result, Failed)]
+    if not failed:
+        return None
+    return Failed(failed[0].reason, "; ".join(f.error for f in failed))
 
 
 def _stored_config(

@@ -28,7 +28,19 @@ a history that has one anyway (a store written by another version, a
 ``pop_item`` that took an output, ``needs_approval`` tools) is repaired on
 load by ``close_dangling_tool_calls``, in the Responses dialect: each
 unanswered call gets the output item of its type saying
-``CLOSED_CALL_TEXT``, right after the call.
+``CLOSED_CALL_TEXT``, right after the call.  The made-up outputs are what
+``get_items`` shows, never what is stored, and the real output of such a
+call (an approval, ``needs_approval=True``, resumed from a ``RunState`` in a
+new process) replaces it: the stored history has one output per call, as
+the SDK's ``SQLiteSession`` has.
+
+One process per session.  Entering raises ``CheckpointFailed`` (reason
+``"locked"``, naming the key, the holder and the way out) when another
+writer holds the key's lock; pass ``lock_timeout=`` to wait for it, or use
+another ``key``.  Leaving ``async with`` raises ``CheckpointFailed`` when the
+final write failed (``"conflict"``: another process wrote the key since
+this session loaded it), unless the block raised already; ``aclose()``
+returns that ``Failed`` instead.
 
 Asyncio only: the Agents SDK runs on asyncio.
 """
@@ -48,6 +60,8 @@ from checkpointer import (
     Checkpoint,
     CheckpointWriter,
     Failed,
+    KeyLocked,
+    LockingStore,
     Result,
     Snapshot,
     Store,
@@ -103,6 +117,22 @@ def _copy(items: Sequence[Any]) -> list[Any]:
         raise TypeError(f"session items must be JSON values (Responses-API dicts): {exc}") from exc
 
 
+def _check_unlocked(store: Store, key: str, timeout: float, way_out: str) -> None:
+    """Raise ``CheckpointFailed`` now if another writer holds ``key``'s lock.
+
+    A probe (taken and let go): the writer takes the lock itself at its
+    first write, so a writer that comes in between is still found then, and
+    its ``Failed`` raised at close.
+    """
+    if not isinstance(store, LockingStore):
+        return
+    try:
+        lock = store.lock(key, timeout=timeout)
+    except KeyLocked as exc:
+        raise CheckpointFailed(Failed("locked", f"{exc}; {way_out}")) from None
+    lock.release()
+
+
 class _State(msgspec.Struct):
     session_id: str
     messages: list[Any]
@@ -152,6 +182,9 @@ class CheckpointSession:
         self._durability = durability
         self._options = writer_options
         self._items: list[Any] = []
+        # (type, call_id) -> the output close_dangling_tool_calls made up on load:
+        # shown by get_items, never stored, dropped when the real one arrives.
+        self._synthetic: dict[tuple[str, str], Any] = {}
         self._writer: CheckpointWriter[Snapshot] | None = None
         self.repaired = 0
         """Tool calls closed on load (``close_dangling_tool_calls``)."""
@@ -162,7 +195,11 @@ class CheckpointSession:
         return f"<CheckpointSession {self.session_id!r} key={self.key!r} items={len(self._items)}>"
 
     def _source(self) -> Snapshot:
-        return Snapshot(self.key, {"session_id": self.session_id, "messages": self._items})
+        items = self._items
+        if self._synthetic:
+            made_up = {id(item) for item in self._synthetic.values()}
+            items = [item for item in items if id(item) not in made_up]
+        return Snapshot(self.key, {"session_id": self.session_id, "messages": items})
 
     @property
     def writer(self) -> CheckpointWriter[Snapshot]:
@@ -177,6 +214,13 @@ class CheckpointSession:
         if self._writer is not None:
             raise RuntimeError(f"CheckpointSession {self.session_id!r} is open already")
         checkpoint = await anyio.to_thread.run_sync(self._load)
+        await anyio.to_thread.run_sync(
+            _check_unlocked,
+            self._store,
+            self.key,
+            float(self._options.get("lock_timeout", 0.0)),
+            f"or open session {self.session_id!r} under another key (key=)",
+        )
         writer: CheckpointWriter[Snapshot] = CheckpointWriter(
             self._source, self._store, resume_from=checkpoint, **self._options
         )
@@ -188,8 +232,28 @@ class CheckpointSession:
         checkpoint = load(self._store, self.key, _State)
         self.resumed_from = checkpoint
         if checkpoint is not None:
-            self._items, self.repaired = close_dangling_tool_calls(checkpoint.state.messages)
+            stored = checkpoint.state.messages
+            self._items, self.repaired = close_dangling_tool_calls(stored)
+            self._note_synthetic(stored)
         return checkpoint
+
+    def _note_synthetic(self, stored: list[Any]) -> None:
+        """Remember the items the repair added (those not among ``stored``)."""
+        kept = {id(item) for item in stored}
+        self._synthetic = {
+            (item["type"], item["call_id"]): item
+            for item in self._items
+            if id(item) not in kept and isinstance(item, dict)
+        }
+
+    def _supersede(self, items: list[Any]) -> None:
+        """Drop the made-up output of each call whose real output is among ``items``."""
+        for item in items:
+            if not isinstance(item, dict):
+                continue
+            made_up = self._synthetic.pop((item.get("type"), item.get("call_id")), None)  # type: ignore[arg-type]
+            if made_up is not None:
+                self._items = [old for old in self._items if old is not made_up]
 
     async def __aexit__(
         self,
@@ -197,10 +261,17 @@ class CheckpointSession:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        result = await self.aclose()
+        if isinstance(result, Failed) and exc is None:
+            raise CheckpointFailed(result)
 
     async def aclose(self) -> Result | None:
-        """Write a final time and close the writer (``async with`` does this).
+        """Write a final time and close the writer.
+
+        ``async with`` does this, and raises ``CheckpointFailed`` when the
+        final write failed (``"conflict"``: another process wrote the key;
+        ``"locked"``: another writer holds it; the error names it), unless
+        the block raised already.
 
         Returns:
             The final write's result, or None if the session was not open.
@@ -246,7 +317,10 @@ class CheckpointSession:
         self.writer  # noqa: B018
         if not items:
             return
-        self._items.extend(_copy(items))
+        copied = _copy(items)
+        if self._synthetic:
+            self._supersede(copied)
+        self._items.extend(copied)
         await self._changed()
 
     async def pop_item(self) -> TResponseInputItem | None:
@@ -255,6 +329,8 @@ class CheckpointSession:
         if not self._items:
             return None
         item = self._items.pop()
+        if self._synthetic:
+            self._synthetic = {k: v for k, v in self._synthetic.items() if v is not item}
         await self._changed()
         return item  # type: ignore[no-any-return]
 
@@ -262,4 +338,5 @@ class CheckpointSession:
         """Remove every item; the checkpoint keeps the key with an empty history."""
         self.writer  # noqa: B018
         self._items = []
+        self._synthetic = {}
         await self._changed()

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import threading
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
@@ -58,6 +59,7 @@ import anyio
 import anyio.to_thread
 import msgspec
 import pydantic
+import pydantic_core
 from pydantic_ai.conversation import Conversation
 from pydantic_ai.conversation_store import (
     ConversationConflict,
@@ -78,7 +80,24 @@ __all__ = [
 ]
 
 _KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
-_ENCODER = msgspec.json.Encoder()
+logger = logging.getLogger("checkpointer")
+
+
+def _enc_hook(value: Any) -> Any:
+    """A value msgspec cannot encode, as pydantic encodes it (a ``BaseModel`` a tool returned).
+
+    ``to_jsonable_python`` is what the framework's own ``all_messages_json``
+    uses for such values, so what is stored is what the framework would
+    store; it comes back as the JSON value (a dict for a model), as from
+    ``ModelMessagesTypeAdapter.validate_json``.
+    """
+    try:
+        return pydantic_core.to_jsonable_python(value)
+    except pydantic_core.PydanticSerializationError as exc:
+        raise TypeError(f"cannot encode {type(value).__qualname__}: {exc}") from None
+
+
+_ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
 _RECORDS: pydantic.TypeAdapter[ConversationRecord] = pydantic.TypeAdapter(ConversationRecord)
 
 
@@ -231,10 +250,15 @@ class CheckpointConversationStore(ConversationStore):
 
     async def release(self, conversation_id: str) -> None:
         """Close the conversation's writer, so another process may save it."""
+        await anyio.to_thread.run_sync(self._locked, self._release, conversation_id)
+
+    def _release(self, conversation_id: str) -> None:
+        # Under the write lock (``_locked``): a save running in another task
+        # lands first, and the next one opens a writer afresh.
         with self._lock:
             conversation = self._open.pop(conversation_id, None)
         if conversation is not None and conversation.writer is not None:
-            await anyio.to_thread.run_sync(conversation.writer.close)
+            conversation.writer.close()
 
     # -- reading a conversation -----------------------------------------------
 
@@ -370,14 +394,24 @@ class CheckpointConversationStore(ConversationStore):
                 if entry_id not in index:
                     index[entry_id] = holder.index[entry_id]
                     raws.append(index[entry_id][2])
-        for entry in new_entries:
-            raw = msgspec.Raw(_ENCODER.encode(entry))
-            raws.append(raw)
-            index[entry.id] = (entry.parent_id, bytes(_ENCODER.encode(entry.message)), raw)
+        try:
+            for entry in new_entries:
+                raw = msgspec.Raw(_ENCODER.encode(entry))
+                raws.append(raw)
+                index[entry.id] = (entry.parent_id, bytes(_ENCODER.encode(entry.message)), raw)
+            record_raw = msgspec.Raw(_ENCODER.encode(record))
+        except (TypeError, msgspec.EncodeError) as exc:
+            failed = Failed(
+                "encode-failed",
+                f"conversation {conversation_id!r} cannot be encoded: {exc} (pydantic-ai "
+                "cannot serialise it either: ModelMessagesTypeAdapter.dump_json)",
+            )
+            logger.warning("checkpointer: %s", failed.error)
+            raise CheckpointFailed(failed) from None
         previous = current.state
         current.state = {
             "conversation_id": conversation_id,
-            "record": msgspec.Raw(_ENCODER.encode(record)),
+            "record": record_raw,
             "messages": raws,
         }
         opened = current.writer is None
@@ -568,24 +602,47 @@ class RunCheckpoint:
             # Saved since the run began: the conversation holds its messages now.
             await anyio.to_thread.run_sync(self._conversations.store.delete, self._key)
 
-    def update(self, run: Any) -> None:
-        """Take the run's messages now (``run.all_messages()``, or a list of messages)."""
+    def update(self, run: Any) -> Failed | None:
+        """Take the run's messages now (``run.all_messages()``, or a list of messages).
+
+        Returns:
+            None, or ``Failed("encode-failed")`` (logged) when a message holds
+            a value neither msgspec nor pydantic can encode: the run goes on,
+            and its checkpoint keeps the messages taken last time.
+        """
         messages = run if isinstance(run, list) else run.all_messages()
-        self._messages = [msgspec.Raw(_ENCODER.encode(m)) for m in messages[self._base :]]
+        try:
+            self._messages = [msgspec.Raw(_ENCODER.encode(m)) for m in messages[self._base :]]
+        except (TypeError, msgspec.EncodeError) as exc:
+            failed = Failed(
+                "encode-failed",
+                f"the run of conversation {self._id!r} cannot be encoded: {exc}; "
+                f"{self._key!r} keeps the messages checkpointed before",
+            )
+            logger.warning("checkpointer: %s", failed.error)
+            return failed
         if self._writer is not None and self._durability == "async":
             self._writer.notify()
+        return None
 
-    async def checkpoint(self, run: Any) -> None:
+    async def checkpoint(self, run: Any) -> Failed | None:
         """``update``, then (``durability="sync"``) wait for the durable write.
+
+        Returns:
+            None, or the ``Failed("encode-failed")`` of ``update`` (never
+            raised into the run).
 
         Raises:
             CheckpointFailed: a durable write failed.
         """
-        self.update(run)
+        failed = self.update(run)
+        if failed is not None:
+            return failed
         if self._durability == "sync" and self._writer is not None:
             result = await self._writer.write_now()
             if isinstance(result, Failed):
                 raise CheckpointFailed(result)
+        return None
 
     async def nodes(self, run: Any) -> AsyncIterator[Any]:
         """Iterate ``run``'s nodes, checkpointing its messages after each one."""

@@ -9,11 +9,14 @@ real agent process inside a tool (``tests/children/adapter_child.py``).
 
 from __future__ import annotations
 
+import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import anyio
 import anyio.to_thread
@@ -29,7 +32,7 @@ from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from checkpointer import FileStore, JournalStore, Written, load
-from checkpointer.langgraph import CheckpointSaver, thread_key
+from checkpointer.langgraph import CheckpointFailed, CheckpointSaver, thread_key
 from tests.children.adapter_child import (
     CONFIG,
     crash_in_tool,
@@ -347,3 +350,95 @@ async def test_resume_after_sigterm_before_langgraph_put_the_step(crashed: Path)
     ]
     assert calls == ["answer:third"]  # the model is not asked for the tool call again
     assert not langchain_problems(result["messages"])
+
+
+# -- nodes that change state in place; a second process on the thread -----------------
+
+
+class _Data(TypedDict, total=False):
+    data: dict[str, Any]
+    n: int
+
+
+def _fill(state: _Data) -> _Data:
+    return {"data": {f"k{i}": HumanMessage(content=f"m{i}", id=f"id{i}") for i in range(300)}}
+
+
+async def _churn(state: _Data) -> _Data:
+    data = state["data"]
+    for i in range(300):
+        data[f"churn{i}"] = HumanMessage(content="x")
+        data.pop(f"k{i}", None)
+        if i % 20 == 0:
+            await asyncio.sleep(0)
+    return {"n": len(data)}
+
+
+async def test_a_node_changing_state_in_place_does_not_change_the_last_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """durability="async": the checkpoint after "fill" is what fill returned, on disk too."""
+    from langgraph.graph import END, START, StateGraph
+
+    builder = StateGraph(_Data)
+    builder.add_node("fill", _fill)
+    builder.add_node("churn", _churn)
+    builder.add_edge(START, "fill")
+    builder.add_edge("fill", "churn")
+    builder.add_edge("churn", END)
+    config: Any = {"configurable": {"thread_id": "t"}}
+    async with CheckpointSaver(JournalStore(tmp_path)) as saver:
+        await builder.compile(checkpointer=saver).ainvoke({"n": 0}, config, durability="async")
+    async with CheckpointSaver(JournalStore(tmp_path)) as fresh:
+        step1 = [t async for t in fresh.alist(config) if t.metadata.get("step") == 1]
+    data = step1[0].checkpoint["channel_values"]["data"]
+    assert sorted(data) == sorted(f"k{i}" for i in range(300))
+
+
+_LG_HOLDER = """
+import anyio, sys
+from checkpointer import JournalStore
+from checkpointer.langgraph import CheckpointSaver
+from tests.children.adapter_child import CONFIG, langgraph_graph
+from langchain_core.messages import HumanMessage
+async def main():
+    async with CheckpointSaver(JournalStore(sys.argv[1])) as saver:
+        await langgraph_graph(saver).ainvoke(
+            {"messages": [HumanMessage("holder")]}, CONFIG, durability="sync"
+        )
+        print("open", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+anyio.run(main)
+"""
+
+
+def _lg_holder(root: Path) -> subprocess.Popen[str]:
+    repo = Path(__file__).resolve().parent.parent
+    return subprocess.Popen(
+        [sys.executable, "-c", _LG_HOLDER, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+async def test_a_thread_another_process_holds_raises(tmp_path: Path, durability: Any) -> None:
+    """Another process holds the thread: the run or the saver's close raises CheckpointFailed."""
+    holder = _lg_holder(tmp_path)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        with pytest.raises(CheckpointFailed) as raised:
+            async with CheckpointSaver(JournalStore(tmp_path)) as saver:
+                await langgraph_graph(saver).ainvoke(
+                    {"messages": [HumanMessage("second")]}, CONFIG, durability=durability
+                )
+        assert raised.value.result.reason == "locked"
+        message = str(raised.value)
+        assert repr(thread_key(CONFIG["configurable"]["thread_id"])) in message
+        assert f"pid {holder.pid}" in message and "lock_timeout=" in message
+    finally:
+        holder.communicate("\n", timeout=120)
+    assert holder.returncode == 0

@@ -23,7 +23,7 @@ from agents import Runner
 from agents.memory import Session, SessionSettings
 
 from checkpointer import CLOSED_CALL_TEXT, JournalStore, close_dangling_tool_calls, load
-from checkpointer.openai_agents import CheckpointSession, session_key
+from checkpointer.openai_agents import CheckpointFailed, CheckpointSession, session_key
 from tests.children.adapter_child import crash_in_tool, openai_agent, responses_problems
 
 pytestmark = pytest.mark.anyio
@@ -201,3 +201,122 @@ async def test_resume_after_sigterm_inside_a_tool(crashed: Path) -> None:
     resumed = await _resume(crashed / "TERM")
     assert len(resumed) == 9
     assert resumed[-1] == {"role": "user", "content": "third"}
+
+
+# -- a second process on the key; an approval resumed after a restart ----------------
+
+_HOLDER = """
+import asyncio, sys
+from checkpointer import JournalStore
+from checkpointer.openai_agents import CheckpointSession
+async def main():
+    async with CheckpointSession("chat", JournalStore(sys.argv[1]), durability="sync") as s:
+        await s.add_items([{"role": "user", "content": "from-holder"}])
+        print("open", flush=True)
+        sys.stdin.readline()
+asyncio.run(main())
+"""
+
+
+def _holder(root: Path) -> Any:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    return subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+    )
+
+
+async def test_opening_a_locked_session_raises(tmp_path: Path) -> None:
+    """Another process holds the key: entering raises, naming the key, the holder, the way out."""
+    holder = _holder(tmp_path)
+    try:
+        assert holder.stdout.readline() == "open\n"
+        with pytest.raises(CheckpointFailed) as raised:
+            async with CheckpointSession("chat", JournalStore(tmp_path)):
+                pass
+        assert raised.value.result.reason == "locked"
+        message = str(raised.value)
+        assert "'chat'" in message and f"pid {holder.pid}" in message
+        assert "lock_timeout=" in message and "key=" in message
+    finally:
+        holder.communicate("\n", timeout=120)
+    assert holder.returncode == 0
+    assert _on_disk(tmp_path) == [{"role": "user", "content": "from-holder"}]
+
+
+async def test_a_conflict_at_close_raises(tmp_path: Path) -> None:
+    """Another process wrote the key after this session loaded it: leaving the block raises."""
+    async with CheckpointSession("chat", JournalStore(tmp_path), durability="sync") as first:
+        await first.add_items([{"role": "user", "content": "first"}])
+    session = CheckpointSession("chat", JournalStore(tmp_path), write_on_start=False)
+    with pytest.raises(CheckpointFailed) as raised:
+        async with session:
+            holder = _holder(tmp_path)
+            holder.communicate("\n", timeout=120)
+            assert holder.returncode == 0
+            await session.add_items([{"role": "user", "content": "from-me"}])
+    assert raised.value.result.reason == "conflict"
+    assert _on_disk(tmp_path) == [
+        {"role": "user", "content": "first"},
+        {"role": "user", "content": "from-holder"},
+    ]
+
+
+def _approval_agent() -> Any:
+    from agents import Agent, function_tool
+    from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+    @function_tool(needs_approval=True)
+    async def delete_file(path: str) -> str:
+        """Delete a file."""
+        return f"deleted:{path}"
+
+    def respond(call: Any) -> Any:
+        items = call.input if isinstance(call.input, list) else []
+        problems = responses_problems(items)
+        if problems:
+            raise ValueError("; ".join(problems))
+        if items[-1].get("type") == "function_call_output":
+            return [assistant_message(f"done: {items[-1]['output']}")]
+        return [function_call("delete_file", {"path": "/tmp/x"}, call_id="call-1")]
+
+    model = ScriptedModel([ModelStep.respond(respond) for _ in range(20)])
+    return Agent(name="a", model=model, tools=[delete_file])
+
+
+async def test_an_approval_resumed_after_a_restart_stores_one_output(tmp_path: Path) -> None:
+    """A paused call, reopened (made-up output shown) then approved: disk has only the real one."""
+    from agents import RunState
+
+    async with CheckpointSession("chat", JournalStore(tmp_path)) as session:
+        paused = await Runner.run(_approval_agent(), "delete it", session=session)
+        assert paused.interruptions
+        saved = paused.to_state().to_string()
+    async with CheckpointSession("chat", JournalStore(tmp_path)) as session:
+        assert session.repaired == 1  # shown, not stored
+    assert [i.get("type", i.get("role")) for i in _on_disk(tmp_path) or []] == [
+        "user",
+        "function_call",
+    ]
+    agent = _approval_agent()
+    async with CheckpointSession("chat", JournalStore(tmp_path)) as session:
+        items: list[Any] = await session.get_items()
+        assert items[2]["output"] == CLOSED_CALL_TEXT
+        state = await RunState.from_string(agent, saved)
+        for interruption in state.get_interruptions():
+            state.approve(interruption)
+        result = await Runner.run(agent, state, session=session)
+        assert result.final_output == "done: deleted:/tmp/x"
+        shown = await session.get_items()
+    stored = _on_disk(tmp_path) or []
+    assert stored == shown
+    outputs = [i["output"] for i in stored if i.get("type") == "function_call_output"]
+    assert outputs == ["deleted:/tmp/x"]
+    assert not responses_problems(stored)

@@ -15,6 +15,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.from_thread
+import pydantic
 import pytest
 
 pytest.importorskip("pydantic_ai")
@@ -34,7 +37,12 @@ from pydantic_ai.messages import (
 )
 
 from checkpointer import JournalStore, load
-from checkpointer.pydantic_ai import CheckpointConversationStore, conversation_key, run_key
+from checkpointer.pydantic_ai import (
+    CheckpointConversationStore,
+    CheckpointFailed,
+    conversation_key,
+    run_key,
+)
 from tests.children.adapter_child import crash_in_tool, pydantic_agent, pydantic_problems
 
 pytestmark = pytest.mark.anyio
@@ -308,3 +316,90 @@ async def test_resume_after_sigterm_inside_a_tool(crashed: Path, anyio_backend: 
     assert reloaded.messages == result.all_messages()
     assert not pydantic_problems(reloaded.messages)
     assert len(reloaded.messages) > 11
+
+
+# -- values msgspec cannot encode, and close against a save ---------------------------
+
+
+class Weather(pydantic.BaseModel):
+    city: str
+    temp: float
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_tool_returning_a_pydantic_model_is_saved(
+    tmp_path: Path, anyio_backend: str
+) -> None:
+    """A BaseModel a tool returns (and one in metadata) is saved as the framework dumps it."""
+    from pydantic_ai import Agent
+    from pydantic_ai.models.test import TestModel
+
+    agent: Any = Agent(TestModel())
+
+    @agent.tool_plain  # type: ignore[untyped-decorator]
+    def weather(city: str) -> Weather:
+        return Weather(city=city, temp=12.5)
+
+    async with CheckpointConversationStore(JournalStore(tmp_path)) as store:
+        conversation = Conversation(conversation_id="c1")
+        async with (
+            store.checkpoint_run(conversation, durability="sync") as checkpoint,
+            agent.iter("weather?", conversation=conversation) as run,
+        ):
+            async for _node in checkpoint.nodes(run):
+                pass
+        assert run.result is not None
+        returned: Any = run.result.all_messages()[2].parts[0]
+        returned.metadata = Weather(city="m", temp=1.0)
+        await store.save(run.result)
+        expected = ModelMessagesTypeAdapter.validate_json(run.result.all_messages_json())
+    loaded = await CheckpointConversationStore(JournalStore(tmp_path)).load("c1")
+    assert loaded is not None and loaded.messages == expected
+    part: Any = loaded.messages[2].parts[0]
+    assert part.content == {"city": "a", "temp": 12.5}
+
+
+async def test_a_value_nothing_can_encode_is_a_failed_not_an_error(tmp_path: Path) -> None:
+    """A run message nobody can encode: update() returns Failed("encode-failed"), logged."""
+    conversation = Conversation(conversation_id="c1")
+    messages = [*_turn("a")]
+    messages[2] = ModelRequest(parts=[ToolReturnPart("lookup", object(), tool_call_id="c-a")])
+    async with CheckpointConversationStore(JournalStore(tmp_path)) as store:
+        async with store.checkpoint_run(conversation, durability="sync") as checkpoint:
+            assert await checkpoint.checkpoint(messages[:2]) is None
+            failed = await checkpoint.checkpoint(messages)
+            assert failed is not None and failed.reason == "encode-failed"
+            assert run_key("c1") in failed.error
+        stored = load(JournalStore(tmp_path), run_key("c1"))
+        assert stored is not None and len(stored.state["messages"]) == 2
+        conversation.messages.extend(messages)
+        with pytest.raises(CheckpointFailed) as raised:
+            await store.save(conversation)
+        assert raised.value.result.reason == "encode-failed"
+        assert "'c1'" in str(raised.value)
+
+
+@pytest.mark.parametrize("closing", ["aclose", "release"])
+async def test_close_during_a_save_is_no_conflict(tmp_path: Path, closing: str) -> None:
+    """aclose()/release() from another task while a save runs: the save lands, no conflict."""
+    store = CheckpointConversationStore(JournalStore(tmp_path))
+    await _saved(store, "c", "first")
+    conversation = await store.load("c")
+    assert conversation is not None
+    for i in range(300):
+        conversation.messages.extend(_turn(f"t{i}" + "x" * 200))
+    started = anyio.Event()
+    real = store._write
+
+    def write(*args: Any) -> None:
+        anyio.from_thread.run_sync(started.set)
+        real(*args)
+
+    store._write = write  # type: ignore[method-assign,assignment]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(store.save, conversation)
+        await started.wait()  # the save holds the write lock from here on
+        await (store.aclose() if closing == "aclose" else store.release("c"))
+    await store.aclose()
+    loaded = await CheckpointConversationStore(JournalStore(tmp_path)).load("c")
+    assert loaded is not None and len(loaded.messages) == 4 + 1200

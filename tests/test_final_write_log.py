@@ -27,7 +27,7 @@ _BODY = (
 
 @pytest.mark.parametrize("how", ["exit", "SIGTERM"])
 def test_failed_final_write_logs_error_without_retry_warning(tmp_path: Path, how: str) -> None:
-    """The failed exit/signal flush says "final write ... failed" and never "retrying with backoff"."""
+    """A failed exit/signal flush says "final write ... failed", never "retrying with backoff"."""
     body = _BODY
     if how == "SIGTERM":
         body += "print('ready', flush=True)\ntime.sleep(120)\n"

@@ -96,3 +96,39 @@ def test_readme_links_resolve() -> None:
 
 def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_messages_page_says_which_structs_write_their_defaults() -> None:
+    """messages.md names the Structs that leave defaults out and those that write them, truly."""
+    import msgspec
+
+    from checkpointer import (
+        ChatMessage,
+        Message,
+        ToolCall,
+        ToolFunction,
+        ToolResultBlock,
+        ToolUseBlock,
+    )
+
+    text = (ROOT / "docs" / "guides" / "messages.md").read_text(encoding="utf-8")
+    assert "`ToolCall`, `ToolFunction` and `ToolUseBlock` write every field" in text
+    assert "`ChatMessage`, `Message` and `ToolResultBlock` leave out fields" in text
+    enc = msgspec.json.decode
+    assert enc(msgspec.json.encode(ToolCall("c", ToolFunction("f")))) == {
+        "id": "c",
+        "function": {"name": "f", "arguments": "{}"},
+        "type": "function",
+    }
+    assert enc(msgspec.json.encode(ToolUseBlock("u", "n"))) == {
+        "type": "tool_use",
+        "id": "u",
+        "name": "n",
+        "input": {},
+    }
+    assert enc(msgspec.json.encode(ChatMessage("user"))) == {"role": "user"}
+    assert enc(msgspec.json.encode(Message("user", "hi"))) == {"role": "user", "content": "hi"}
+    assert enc(msgspec.json.encode(ToolResultBlock("u"))) == {
+        "type": "tool_result",
+        "tool_use_id": "u",
+    }

@@ -179,3 +179,44 @@ def test_python_blocks_pass_mypy_strict(tmp_path: Path) -> None:
 
     report = re.sub(r"^(\w+\.py):(\d+):", where, proc.stdout, flags=re.M)
     assert proc.returncode == 0, report + proc.stderr
+
+
+def test_cli_page_names_every_command_and_option() -> None:
+    """docs/cli.md names every command and each of its long options (--dsn, --schema, ...)."""
+    from checkpointer._cli import _build_parser
+
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    _, commands = _build_parser()
+    assert "## PostgreSQL roots" in text
+    for name, parser in commands.choices.items():
+        assert f"`{name}" in text, name
+        for option in parser._option_string_actions:
+            if option.startswith("--") and option != "--help":
+                assert option in text, f"{name} {option}"
+
+
+def test_journal_files_are_named_jsonl_in_the_docs() -> None:
+    """A journal file is `KEY.jsonl` everywhere (never `KEY.journal`)."""
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        assert not re.search(r"(KEY|<key>|\{key\})\.journal\b", text), page
+
+
+def test_readme_ls_columns_are_the_real_ones(tmp_path: Path) -> None:
+    """The README's `ls` comment lists the columns `checkpointer ls` prints, in order."""
+    from checkpointer import CheckpointWriter, FileStore, Snapshot
+
+    with CheckpointWriter(lambda: Snapshot("k", {"messages": []}), FileStore(tmp_path)):
+        pass
+    proc = subprocess.run(
+        [sys.executable, "-m", "checkpointer", "ls", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    header = proc.stdout.splitlines()[0].replace("UPDATED (UTC)", "UPDATED")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    said = re.search(r"checkpointer ls \S+ +# one row per checkpoint: (.*)", readme)
+    assert said is not None
+    assert [c.strip() for c in said[1].split(",")] == header.lower().split()

@@ -158,3 +158,67 @@ def test_verify_says_a_torn_tail_and_an_unrecognised_shape_together(
     assert lines[-1] == (
         "1 checkpoint(s): 1 ok (1 with a torn tail ignored, 1 with messages not checked), 0 bad"
     )
+
+
+def huge_fields(s: str) -> dict[str, list[Any]]:
+    """A history per dialect whose every id, name, role and key is ``s``."""
+    call = {"id": s, "type": "function", "function": {"name": s, "arguments": s}}
+    return {
+        "chat": [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": s, "content": "x"},
+            {"role": "tool", "tool_call_id": s + "2", "content": "x"},
+        ],
+        "anthropic": [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": s, "name": s}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": s + "2"}]},
+        ],
+        "responses": [
+            {"type": "function_call", "call_id": s, "name": s, "arguments": "{}"},
+            {"type": "function_call_output", "call_id": s + "2", "output": "x"},
+        ],
+        "pydantic-ai": [
+            {"kind": "response", "parts": [{"part_kind": "tool-call", "tool_call_id": s}]},
+            {"kind": "request", "parts": [{"part_kind": "tool-return", "tool_call_id": s + "2"}]},
+        ],
+        "langchain": [
+            {"type": "ai", "content": "", "tool_calls": [{"name": s, "args": {}, "id": s}]},
+            {"type": "tool", "content": "x", "tool_call_id": s + "2"},
+        ],
+        "unrecognised": [{"role": s}, {s: 1}, {"role": {"x": s}}],
+    }
+
+
+def test_huge_ids_names_roles_and_keys_are_cut(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``show`` and ``verify`` cut every id, tool name, role and key they print, as they cut
+    message texts: a 200 000-character call id is a few dozen characters of output."""
+    s = "B" * 200_000
+    files = huge_fields(s)
+    for key, messages in files.items():
+        write(tmp_path, key, messages)
+    _, out, err = run(capsys, "verify", tmp_path)
+    assert len(out + err) < 5000 and "characters)" in out
+    for key in files:
+        _, out, err = run(capsys, "show", tmp_path, key)
+        assert len(out + err) < 5000, key
+
+
+def test_a_lone_surrogate_escape_is_named_not_called_truncated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file with ``"\\ud83d"`` (JSON grammar, as Python's json.dumps writes half an emoji)
+    is reported for that escape, with its byte offset, never as truncated or corrupt JSON."""
+    write(tmp_path, "s", [{"role": "user", "content": "placeholder"}])
+    path = tmp_path / "s.json"
+    doc = json.loads(path.read_text())
+    doc["state"]["messages"][0]["content"] = "emoji cut in half: \ud83d"
+    path.write_text(json.dumps(doc))  # ensure_ascii: the escape, not a raw surrogate
+    assert json.loads(path.read_text())  # readable JSON grammar
+    commands: list[list[str | Path]] = [["verify", tmp_path], ["show", tmp_path, "s"]]
+    for command in commands:
+        status, out, err = run(capsys, *command)
+        assert status == 1
+        assert "lone UTF-16 surrogate escape (\\ud83d at byte" in out + err
+        assert "truncated" not in out + err

@@ -98,6 +98,89 @@ async def test_pydantic_ai_runs_on_the_repaired_history(
     assert all(p.outcome == "interrupted" for p in closed)
 
 
+def _approval_agent() -> Any:
+    """An agent whose model calls ``lookup`` and ``delete`` (which needs approval) at once."""
+    from pydantic_ai import Agent, DeferredToolRequests
+    from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    def model(messages: list[Any], info: AgentInfo) -> ModelResponse:
+        if sum(isinstance(m, ModelRequest) for m in messages) == 1:
+            calls = [ToolCallPart("lookup", {}, tool_call_id="A")]
+            return ModelResponse(parts=[*calls, ToolCallPart("delete", {}, tool_call_id="D")])
+        return ModelResponse(parts=[TextPart("done")])
+
+    agent: Any = Agent(FunctionModel(model), output_type=[str, DeferredToolRequests])
+
+    @agent.tool_plain  # type: ignore[untyped-decorator]
+    def lookup() -> str:
+        return "found"
+
+    @agent.tool_plain(requires_approval=True)  # type: ignore[untyped-decorator]
+    def delete() -> str:
+        return "deleted"
+
+    return agent
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # where pydantic-ai's agents run
+@pytest.mark.parametrize("json", [False, True], ids=["objects", "json"])
+async def test_pydantic_ai_approval_flow_is_sendable_and_stays_pending(
+    json: bool, anyio_backend: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The call awaiting approval is reported pending and stored open (not closed as
+    interrupted), the stored copy
+    resumes with ``deferred_tool_results``, and the approved history (two requests in a row)
+    passes ``validate_history``, ``transcript_prepare`` and ``verify``."""
+    from pydantic_ai import DeferredToolRequests, DeferredToolResults
+    from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
+
+    from checkpointer import CheckpointWriter, FileStore, Prepared, Snapshot, load
+    from checkpointer import transcript_prepare as prepare
+    from checkpointer._cli import main
+
+    def form(messages: list[Any]) -> list[Any]:
+        return (
+            list(ModelMessagesTypeAdapter.dump_python(messages, mode="json")) if json else messages
+        )
+
+    agent = _approval_agent()
+    waiting = await agent.run("go")
+    assert isinstance(waiting.output, DeferredToolRequests)
+    pending = form(waiting.all_messages())  # [request, response(A, D), request(return A)]
+    assert [(p.kind, p.call_id, "pending" in p.detail) for p in validate_history(pending)] == [
+        ("unclosed-call", "D", True)
+    ]
+    prepared = prepare()(Snapshot("k", {"messages": pending}))
+    assert isinstance(prepared, Prepared) and prepared.repaired == 0
+    store = FileStore(tmp_path)
+    async with CheckpointWriter(
+        lambda: Snapshot("k", {"messages": pending}), store, exit_hooks=False, prepare=prepare()
+    ) as writer:
+        await writer.write_now()
+    checkpoint = load(store, "k")  # what a killed process comes back with
+    assert checkpoint is not None
+    stored = list(ModelMessagesTypeAdapter.validate_python(checkpoint.state["messages"]))
+    approved = await agent.run(
+        message_history=stored, deferred_tool_results=DeferredToolResults(approvals={"D": True})
+    )
+    assert approved.output == "done"
+    after = form(approved.all_messages())
+    returns = [p for m in approved.all_messages() for p in m.parts if isinstance(p, ToolReturnPart)]
+    assert [(p.tool_call_id, p.content) for p in returns] == [("A", "found"), ("D", "deleted")]
+    assert validate_history(after) == []
+    prepared = prepare()(Snapshot("k", {"messages": after}))
+    assert isinstance(prepared, Prepared) and prepared.repaired == 0
+    async with CheckpointWriter(
+        lambda: Snapshot("k", {"messages": after}), store, exit_hooks=False
+    ) as writer:
+        await writer.write_now()
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path)]) == 0
+    assert "BAD" not in capsys.readouterr().out
+
+
 # -- OpenAI Agents SDK ---------------------------------------------------------------------
 
 CALLS: list[dict[str, Any]] = [
@@ -165,6 +248,60 @@ async def test_agents_sdk_runs_on_the_repaired_session(anyio_backend: str) -> No
     first = list(agent.model.calls[0].input)  # what the model was sent first
     assert first[:3] == repaired
     assert first[2]["output"] == CLOSED_CALL_TEXT
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_agents_sdk_approval_pause_is_stored_open_and_resumes(
+    anyio_backend: str, tmp_path: Any
+) -> None:
+    """The SDK's pause for a ``needs_approval`` tool is stored as the SDK keeps it (the call
+    open, not closed as interrupted), and its RunState resumes on the stored items with one
+    output for the call, not two."""
+    from agents import Agent, Runner, function_tool
+    from agents.memory import SQLiteSession
+    from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+    from checkpointer import CheckpointWriter, FileStore, Snapshot, load, transcript_prepare
+
+    @function_tool(needs_approval=True)
+    def delete(path: str) -> str:
+        """Delete a file."""
+        return f"deleted {path}"
+
+    model = ScriptedModel(
+        [
+            ModelStep.respond(lambda call: [function_call("delete", {"path": "/x"}, call_id="D")]),
+            ModelStep.respond(lambda call: [assistant_message("done")]),
+        ]
+    )
+    agent = Agent(name="a", model=model, tools=[delete])
+    session = SQLiteSession("s")
+    paused = await Runner.run(agent, "delete it", session=session)
+    assert paused.interruptions
+    items: list[Any] = list(await session.get_items())
+    store = FileStore(tmp_path)
+    async with CheckpointWriter(
+        lambda: Snapshot("k", {"messages": items}),
+        store,
+        exit_hooks=False,
+        prepare=transcript_prepare(),
+    ) as writer:
+        written = await writer.write_now(force=True)
+    assert getattr(written, "repaired", None) == 0
+    checkpoint = load(store, "k")
+    assert checkpoint is not None and checkpoint.state["messages"] == items
+    resumed = SQLiteSession("s2")  # a new process: the stored items, the saved RunState
+    await resumed.add_items(checkpoint.state["messages"])
+    state = paused.to_state()
+    for interruption in paused.interruptions:
+        state.approve(interruption)
+    result = await Runner.run(agent, state, session=resumed)
+    assert result.final_output == "done"
+    after: list[Any] = list(await resumed.get_items())
+    outputs = [i for i in after if i.get("type") == "function_call_output"]
+    assert [(o["call_id"], o["output"]) for o in outputs] == [("D", "deleted /x")]
+    assert validate_history(after) == []
 
 
 # -- LangChain / LangGraph -------------------------------------------------------------

@@ -59,6 +59,7 @@ from checkpointer._transcript.dialects import CHAT as CHAT
 from checkpointer._transcript.dialects import describe_shape as describe_shape
 from checkpointer._transcript.dialects import detect as detect
 from checkpointer._transcript.history import scan_history as scan_history
+from checkpointer._transcript.messages import clipped as clipped
 
 from . import sidefiles
 

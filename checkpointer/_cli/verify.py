@@ -17,7 +17,7 @@ from checkpointer import TornTail
 
 from . import report
 from .look import History, history, read
-from .roots import CHAT, Entry, Root, describe_shape, detect, scan_history
+from .roots import CHAT, Entry, Root, clipped, describe_shape, detect, scan_history
 
 __all__ = ["Verdict", "run", "torn_tail", "verdict"]
 
@@ -135,10 +135,13 @@ def _check(found: History, summary: str) -> Verdict:
     # so they are a warning; anything else a model API would refuse is bad.
     end = len(messages)
     still_open = {(u.call_index, u.call_id) for u in scan.unclosed if u.window_end == end}
-    open_calls, bad, unknown = [], [], []
+    paused = {(u.call_index, u.call_id) for u in scan.pending}
+    open_calls, pending, bad, unknown = [], [], [], []
     for problem in scan.problems:
         if problem.kind == "unrecognised":
             unknown.append(problem)
+        elif problem.kind == "unclosed-call" and (problem.index, problem.call_id) in paused:
+            pending.append(problem)
         elif problem.kind == "unclosed-call" and (problem.index, problem.call_id) in still_open:
             open_calls.append(problem)
         else:
@@ -147,16 +150,28 @@ def _check(found: History, summary: str) -> Verdict:
         shown = "; ".join(f"{at(p.index)}: {p.detail}" for p in bad[:3])
         more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
         return Verdict(f"not sendable to a model API: {shown}{more}", "")
-    warning = note = None
+    warnings: list[str] = []
     if open_calls:
         ids = ", ".join(
-            f"{p.call_id!r} ({at(p.index)})" if p.call_id else at(p.index) for p in open_calls
+            f"{clipped(p.call_id)} ({at(p.index)})" if p.call_id else at(p.index)
+            for p in open_calls[:3]
         )
-        warning = (
+        ids += f" and {len(open_calls) - 3} more" if len(open_calls) > 3 else ""
+        warnings.append(
             f"{len(open_calls)} tool call(s) open at the end, saved while the tool ran: {ids}; "
             "run them again or close them before sending the history "
             "(a writer with prepare=transcript_prepare() closes them as it writes)"
         )
+    if pending:
+        ids = ", ".join(f"{clipped(p.call_id)} ({at(p.index)})" for p in pending[:3])
+        ids += f" and {len(pending) - 3} more" if len(pending) > 3 else ""
+        warnings.append(
+            f"{len(pending)} tool call(s) pending, a paused run (a deferred tool, an "
+            f"approval): {ids}; the framework answers them when it resumes the run "
+            "(close_dangling_tool_calls() closes them, to abandon it)"
+        )
+    warning = "; ".join(warnings) if warnings else None
+    note = None
     if unknown:
         shown = ", ".join(
             f"{at(p.index)} ({describe_shape(messages[p.index])})" for p in unknown[:3]

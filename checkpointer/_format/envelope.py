@@ -25,6 +25,7 @@ library's version at ``meta.library_version``.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any
 
 import msgspec
@@ -104,7 +105,7 @@ def _decode_envelope(data: bytes, path: str) -> _Envelope:
         check_format(data, path)
         raise CheckpointError(path, f"not a checkpoint envelope: {exc}") from None
     except msgspec.DecodeError as exc:
-        raise CheckpointError(path, f"not valid JSON (truncated or corrupt): {exc}") from None
+        raise CheckpointError(path, not_json(data, exc)) from None
     except RecursionError:  # msgspec's answer to deeply nested garbage
         raise CheckpointError(path, "nested too deeply to decode (corrupt?)") from None
     if envelope.format > FORMAT:
@@ -112,6 +113,32 @@ def _decode_envelope(data: bytes, path: str) -> _Envelope:
     if envelope.format < 1:
         raise CheckpointError(path, f"unknown format version {envelope.format}")
     return envelope
+
+
+_LONE_SURROGATE = re.compile(
+    rb"(?<!\\)(?:\\\\)*(\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+)
+"""A ``\\uXXXX`` escape of half a UTF-16 pair without its other half (not after a ``\\``)."""
+
+
+def not_json(data: bytes | msgspec.Raw, exc: msgspec.DecodeError) -> str:
+    """Why msgspec cannot decode ``data``, in words: the real reason, not always "truncated".
+
+    msgspec says "Input data was truncated" for a lone surrogate escape
+    (``"\\ud83d"``), which is JSON grammar (Python's ``json.dumps`` writes it
+    for half an emoji) but no Unicode text.
+    """
+    found = _LONE_SURROGATE.search(bytes(data))
+    if found is not None:
+        escape = found.group(1).decode()
+        return (
+            f"not readable: it holds a lone UTF-16 surrogate escape ({escape} at byte "
+            f"{found.start(1)}), half of a character (an emoji cut in two?), which is no "
+            "Unicode text; an encoder that allows it wrote the file (Python's json.dumps "
+            "does): replace the escape, with \\ufffd say, to read it"
+        )
+    return f"not valid JSON (truncated or corrupt): {exc}"
 
 
 def check_format(data: bytes, path: str) -> None:
@@ -177,7 +204,7 @@ def decode_state(data: bytes | msgspec.Raw, path: str, type: Any = Any) -> Any:
         message = f"{message} - at `$.state{where}" if at else f"{where} - at `$.state`"
         raise CheckpointError(path, f"state does not match {_type_name(type)}: {message}") from None
     except msgspec.DecodeError as exc:
-        raise CheckpointError(path, f"state is not valid JSON: {exc}") from None
+        raise CheckpointError(path, f"state {not_json(data, exc)}") from None
 
 
 def _type_name(type_: Any) -> str:

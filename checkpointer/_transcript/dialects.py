@@ -19,7 +19,7 @@ anthropic      a role message whose content holds     ``tool_use`` ``id`` -> nex
                                                       ``tool_use_id``
 responses      a Responses / Agents SDK item without  ``*_call`` ``call_id`` free
                a role (``function_call``, ...)        -> ``*_call_output``
-pydantic-ai    ``kind: "request" | "response"`` with  ``tool-call`` part ->  next
+pydantic-ai    ``kind: "request" | "response"`` with  ``tool-call`` part ->  turn
                ``parts`` (dataclasses or their JSON)  ``tool-return`` or
                                                       ``retry-prompt`` part
 langchain      ``type: "human" | "ai" | "tool" ...``  ``ai`` ``tool_calls``  run
@@ -29,15 +29,24 @@ langchain      ``type: "human" | "ai" | "tool" ...``  ``ai`` ``tool_calls``  run
 
 Windows: *run*, a call is answered by the results that directly follow its
 message (a run of tool messages); *next*, by the message right after its
-message; *free*, by a result anywhere after it.  Turns are the assistant
+message; *turn*, by the requests of results that follow its response, up to the
+next other message (pydantic-ai merges consecutive requests into one before it sends:
+after an approval it records ``[response(A, D), request(return A),
+request(return D)]``); *free*, by a result anywhere after it.  Turns are the assistant
 messages (``role: "assistant"``, a pydantic-ai response, a LangChain ``ai``).
 
 A repair answers a call with ``CLOSED_CALL_TEXT`` in the call's own
 dialect and kind: a dict for a dict, our Struct for our Struct, and for a
-framework's object an object of that framework's class, looked up by name
-in the module of the call's class (or a parent package) in ``sys.modules``
-(the framework is loaded, since its objects are in hand; nothing is
-imported), else the dict of its JSON form.
+pydantic-ai or LangChain object an object of that framework's class, looked
+up by name in the module of the call's class (or a parent package) in
+``sys.modules`` (the framework is loaded, since its objects are in hand;
+nothing is imported), else the dict of its JSON form.  The openai package's
+objects (chat, Responses) are answered with dicts: the input shapes the SDK
+and the API take.
+
+A role message with ``parts`` and no ``content`` is Gemini's (``{"role": "user" |
+"model", "parts": [...]}``): none of ours, its user messages included, so it is
+not read as a chat user.
 
 A message no dialect recognises is left alone by every helper: it answers
 nothing, calls nothing, is no turn and does not end a window; the scan
@@ -64,6 +73,7 @@ from .messages import (
     TextBlock,
     ToolResultBlock,
     block_type,
+    clipped,
     get_field,
     replaced,
 )
@@ -84,7 +94,7 @@ __all__ = [
     "holds_results",
 ]
 
-Window: TypeAlias = Literal["run", "next", "free"]
+Window: TypeAlias = Literal["run", "next", "turn", "free"]
 
 Reading: TypeAlias = tuple[Sequence[Any], Sequence[Any], bool, bool, bool]
 """What the scan reads of a message: (result ids, call ids, is a turn, keeps
@@ -134,10 +144,15 @@ class Dialect:
     Attributes:
         name: as the docs and ``HistoryProblem`` texts say it.
         window: where a call's result must come (see the module docstring).
+        defers: the framework leaves a call open on purpose (a deferred tool,
+            one awaiting approval) and persists it so: such a call, still open
+            at the end of a paused run, is *pending*, not unclosed
+            (``history.py`` says when).
     """
 
     name: str = ""
     window: Window = "run"
+    defers: bool = False
 
     def __repr__(self) -> str:
         return f"<dialect {self.name}>"
@@ -151,6 +166,10 @@ class Dialect:
     def answer(self, call_message: Any, call_id: str) -> Any:
         """The result (a message, or a part for a *next* window) that closes ``call_id``."""
         raise NotImplementedError
+
+    def answers(self, call_message: Any, call_ids: list[str]) -> list[Any]:
+        """``answer`` for each of ``call_ids``, all calls of ``call_message``."""
+        return [self.answer(call_message, call_id) for call_id in call_ids]
 
     def merge(self, follower: Any, answers: list[Any]) -> Any:
         """*next* windows: ``follower`` with ``answers`` added, or None if it cannot take them."""
@@ -187,8 +206,24 @@ def _call_id(call: Any) -> Any:
     return call.get("id") if type(call) is dict else get_field(call, "id")
 
 
+def _by_id(calls: Sequence[Any], field: str) -> dict[Any, Any]:
+    """The calls by their id, the first of each id (as a search in order finds it)."""
+    found: dict[Any, Any] = {}
+    for call in calls:
+        key = call.get(field) if type(call) is dict else get_field(call, field)
+        if isinstance(key, str):
+            found.setdefault(key, call)
+    return found
+
+
 def _name(value: Any) -> str:
-    return value if isinstance(value, str) and value else "?"
+    return _short(value) if isinstance(value, str) and value else "?"
+
+
+def _short(value: Any, width: int = 40) -> str:
+    """An id or a name as a label shows it: cut to ``width`` with ``...``, as texts are."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 # -- chat-completions ------------------------------------------------------------
@@ -215,7 +250,7 @@ class _Chat(Dialect):
     def label(self, message: Any) -> str:
         role = str(get_field(message, "role"))
         call_id = get_field(message, "tool_call_id")
-        return f"tool[{call_id}]" if role == "tool" and call_id is not None else role
+        return f"tool[{_short(call_id)}]" if role == "tool" and call_id is not None else role
 
     def text(self, message: Any) -> str:
         return _text(get_field(message, "content"))
@@ -289,7 +324,7 @@ class _Anthropic(_Chat):
         content = get_field(message, "content")
         said = [_text(content)]
         said.extend(
-            f"[{get_field(block, 'tool_use_id')}] {_text(get_field(block, 'content'))}"
+            f"[{_short(get_field(block, 'tool_use_id'))}] {_text(get_field(block, 'content'))}"
             for block in _seq(content)
             if block_type(block) == "tool_result"
         )
@@ -357,6 +392,7 @@ def _output_fields(output_type: str, text: str) -> dict[str, Any]:
 class _Responses(Dialect):
     name: str = "responses"
     window: Window = "free"
+    defers: bool = True
 
     def read(self, message: Any) -> Reading:
         kind = get_field(message, "type")
@@ -384,7 +420,7 @@ class _Responses(Dialect):
     def label(self, message: Any) -> str:
         call_id = get_field(message, "call_id")
         kind = str(get_field(message, "type"))
-        return f"{kind}[{call_id}]" if call_id is not None else kind
+        return f"{kind}[{_short(call_id)}]" if call_id is not None else kind
 
     def text(self, message: Any) -> str:
         if get_field(message, "type") in _CALL_OUTPUT:
@@ -419,7 +455,8 @@ def _results_of(parts: Sequence[Any]) -> list[Any]:
 
 class _PydanticAI(Dialect):
     name: str = "pydantic-ai"
-    window: Window = "next"
+    window: Window = "turn"
+    defers: bool = True
 
     def read(self, message: Any) -> Reading:
         parts = _seq(get_field(message, "parts"))
@@ -430,22 +467,20 @@ class _PydanticAI(Dialect):
                 if get_field(p, "part_kind") == "tool-call"
             ]
             return ((), ids, True, False, False)
+        # A request of results only keeps the window: consecutive requests are one
+        # turn for pydantic-ai; a prompt in it moves the conversation on.
         results = _results_of(parts)
-        return (
-            ([get_field(p, "tool_call_id") for p in results], (), False, False, False)
-            if results
-            else _PLAIN
-        )
+        ids = [get_field(p, "tool_call_id") for p in results]
+        return (ids, (), False, len(results) == len(parts), False) if results else _PLAIN
 
     def answer(self, call_message: Any, call_id: str) -> Any:
-        call = next(
-            (
-                p
-                for p in _seq(get_field(call_message, "parts"))
-                if get_field(p, "tool_call_id") == call_id
-            ),
-            None,
-        )
+        return self.answers(call_message, [call_id])[0]
+
+    def answers(self, call_message: Any, call_ids: list[str]) -> list[Any]:
+        calls = _by_id(_seq(get_field(call_message, "parts")), "tool_call_id")
+        return [self._answer(call_message, calls.get(c), c) for c in call_ids]
+
+    def _answer(self, call_message: Any, call: Any, call_id: str) -> Any:
         fields: dict[str, Any] = {
             "tool_name": _name(get_field(call, "tool_name")),
             "content": CLOSED_CALL_TEXT,
@@ -490,7 +525,7 @@ class _PydanticAI(Dialect):
                 body = _text(content) or (
                     "" if content is None else msgspec.json.encode(content, enc_hook=repr).decode()
                 )
-                said.append(f"[{get_field(part, 'tool_call_id')}] {body}")
+                said.append(f"[{_short(get_field(part, 'tool_call_id'))}] {body}")
             elif kind in ("user-prompt", "text", "system-prompt", "thinking"):
                 said.append(_text(get_field(part, "content")))
         return " ".join(s for s in said if s)
@@ -562,10 +597,14 @@ class _LangChain(Dialect):
         return ((), [_call_id(c) for c in calls], True, False, False) if calls else _TURN
 
     def answer(self, call_message: Any, call_id: str) -> Any:
+        return self.answers(call_message, [call_id])[0]
+
+    def answers(self, call_message: Any, call_ids: list[str]) -> list[Any]:
+        calls = _by_id(_seq(get_field(_fields(call_message), "tool_calls")), "id")
+        return [self._answer(call_message, calls.get(c), c) for c in call_ids]
+
+    def _answer(self, call_message: Any, call: Any, call_id: str) -> Any:
         fields = _fields(call_message)
-        call = next(
-            (c for c in _seq(get_field(fields, "tool_calls")) if _call_id(c) == call_id), None
-        )
         result: dict[str, Any] = {
             "type": "tool",
             "content": CLOSED_CALL_TEXT,
@@ -589,7 +628,7 @@ class _LangChain(Dialect):
     def label(self, message: Any) -> str:
         kind = str(get_field(message, "type"))
         call_id = get_field(_fields(message), "tool_call_id")
-        return f"{kind}[{call_id}]" if kind in _LANGCHAIN_RESULTS else kind
+        return f"{kind}[{_short(call_id)}]" if kind in _LANGCHAIN_RESULTS else kind
 
     def text(self, message: Any) -> str:
         return _text(get_field(_fields(message), "content"))
@@ -741,7 +780,7 @@ def _classifier(cls: type) -> Callable[[Any], Classified]:
     if "type" in names:  # LangChain messages, Responses items (ChatMessage's dump: "chat")
         return _typed_object
     if "role" in names:
-        return _role_object
+        return _no_shape if "parts" in names and "content" not in names else _role_object
     if "kind" in names and "parts" in names:
         return _pydantic_ai_object
     return _no_shape
@@ -760,6 +799,8 @@ def classify(message: Any) -> Classified:
     if type(message) is dict:  # inline: the hot path of the scan
         role = message.get("role")
         if role is not None:
+            if "parts" in message and "content" not in message:  # Gemini's (a user's too)
+                return _NONE
             if "type" not in message or not _langchain_type(message["type"]):
                 calls, content = message.get("tool_calls"), message.get("content")
                 return _role_reading(role, calls, content, message)
@@ -795,11 +836,11 @@ def describe_shape(message: Any) -> str:
         role = message.get("role")
         if role is not None:
             return (
-                f"role {role!r}"
+                f"role {clipped(role)}"
                 if isinstance(role, str)
                 else f"a role that is {describe_shape(role)}"
             )
-        keys = [repr(k) for k in list(message)[:4]]
+        keys = [clipped(k) for k in list(message)[:4]]
         more = ", ..." if len(message) > 4 else ""
         return f"an object with keys {', '.join(keys)}{more}" if keys else "an empty object"
     names = {str: "a string", list: "a list", bool: "a boolean", type(None): "null"}

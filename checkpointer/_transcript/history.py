@@ -14,7 +14,22 @@ later is an orphan.  So for the Anthropic and pydantic-ai dialects the
 window is the one message after the call, and for chat and LangChain it is
 the run of ``tool`` messages after it, as the APIs require.  A Responses
 call's window never ends (its output may come anywhere after it): it is
-unclosed only if the history ends without its output.  A message of a
+unclosed only if the history ends without its output.  A pydantic-ai
+request keeps the window (consecutive requests are one turn there), and a
+pydantic-ai call still open at the end of a history whose window already
+answered others of its response's calls is *pending*, not unclosed: that is
+how pydantic-ai persists a deferred tool (``requires_approval``, external),
+and it answers it from ``deferred_tool_results`` on the next run.  So is a
+Responses call still open at the end with only Responses items after it
+(no user or assistant message): the Agents SDK's pause for a
+``needs_approval`` tool, which its ``RunState`` answers on resume.
+Closing either in a stored copy would lose the approval (and the answer
+the framework adds on resume would then be a second one), so
+``transcript_prepare`` keeps them open (``HistoryScan.pending``);
+``validate_history`` still reports them (``unclosed-call``, saying
+pending: the history is not sendable as it is, only resumable), and
+``close_dangling_tool_calls`` closes them, for a caller who abandons the
+paused run.  A message of a
 shape no dialect recognises is reported (``unrecognised``) and otherwise
 left out: it answers nothing and ends no window.
 
@@ -30,7 +45,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from .dialects import Dialect, classify, describe_shape
-from .messages import HistoryProblem, ProblemKind
+from .messages import HistoryProblem, ProblemKind, clipped
 
 __all__ = [
     "HistoryScan",
@@ -53,6 +68,7 @@ class Unclosed(msgspec.Struct, frozen=True):
 class HistoryScan(msgspec.Struct):
     problems: list[HistoryProblem]
     unclosed: list[Unclosed]
+    pending: list[Unclosed]  # open at the end on purpose: a paused run (see above)
     running: list[int]  # indices of messages holding running results
     turns: int  # assistant messages
 
@@ -67,6 +83,8 @@ class _Mark(NamedTuple):
     called: int
     answered: int
     turns: int
+    deferring: bool
+    moved: int
     open_calls: dict[str, tuple[int, Dialect]]
     free_calls: dict[str, tuple[int, Dialect]]
 
@@ -88,7 +106,9 @@ class ScanState:
         "called",
         "called_log",
         "count",
+        "deferring",
         "free_calls",
+        "moved",
         "open_calls",
         "problems",
         "running",
@@ -110,6 +130,10 @@ class ScanState:
         self.called_log: list[str] = []
         self.answered_log: list[str] = []
         self.turns = 0
+        # some calls of the open window were answered: the rest may be deferred
+        self.deferring = False
+        # the last message of a dialect that does not defer (a user's, an assistant's)
+        self.moved = -1
 
     def mark(self) -> _Mark:
         return _Mark(
@@ -120,6 +144,8 @@ class ScanState:
             len(self.called_log),
             len(self.answered_log),
             self.turns,
+            self.deferring,
+            self.moved,
             dict(self.open_calls),  # the calls of one window: a few
             dict(self.free_calls),  # Responses calls awaiting their output: a few
         )
@@ -138,6 +164,8 @@ class ScanState:
         self.free_calls.clear()
         self.free_calls.update(mark.free_calls)
         self.turns = mark.turns
+        self.deferring = mark.deferring
+        self.moved = mark.moved
         self.count = mark.fed
 
     def forget(self) -> None:
@@ -148,21 +176,38 @@ class ScanState:
     def result(self) -> HistoryScan:
         """The scan of the ``count`` messages fed, as if they were the whole history."""
         end = self.count
-        still_open = [*self.open_calls.items(), *self.free_calls.items()]
-        unclosed = self.unclosed + [
-            Unclosed(at, end, call_id, dialect) for call_id, (at, dialect) in still_open
-        ]
+        unclosed, pending = list(self.unclosed), list[Unclosed]()
+        deferring, moved = self.deferring, self.moved
+        for call_id, (at, of) in self.open_calls.items():
+            (pending if deferring and of.defers else unclosed).append(
+                Unclosed(at, end, call_id, of)
+            )
+        for call_id, (at, of) in self.free_calls.items():
+            (pending if at > moved and of.defers else unclosed).append(
+                Unclosed(at, end, call_id, of)
+            )
         problems = self.problems + [
             HistoryProblem(
                 kind="unclosed-call",
                 index=u.call_index,
                 call_id=u.call_id,
-                detail=f"tool call {u.call_id!r} has no result before the conversation goes on",
+                detail=f"tool call {clipped(u.call_id)} has no result before the conversation "
+                "goes on",
             )
             for u in unclosed
         ]
+        problems += [
+            HistoryProblem(
+                kind="unclosed-call",
+                index=u.call_index,
+                call_id=u.call_id,
+                detail=f"tool call {clipped(u.call_id)} is pending (a paused run: a deferred "
+                "tool or an approval), answered when the framework resumes the run",
+            )
+            for u in pending
+        ]
         problems.sort(key=lambda p: p.index)  # stable: per message, in the order found
-        return HistoryScan(problems, unclosed, list(self.running), self.turns)
+        return HistoryScan(problems, unclosed, pending, list(self.running), self.turns)
 
 
 def scan_history(messages: Sequence[Any]) -> HistoryScan:
@@ -187,12 +232,16 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
     called = state.called
     called_log = state.called_log
     turns = state.turns
+    deferring = state.deferring
+    moved = state.moved
     read = classify
     for i, message in enumerate(items, start):
         dialect, (results, calls, turn, keeps, is_running) = read(message)
         if dialect is None:  # left alone: answers nothing, ends no window
             problems.append(_unrecognised(i, message))
             continue
+        if not dialect.defers:
+            moved = i
         for call_id in results:
             if isinstance(call_id, str) and call_id in open_calls:  # a list id answers nothing
                 del open_calls[call_id]
@@ -203,6 +252,7 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
                 continue
             answered.add(call_id)
             answered_log.append(call_id)
+            deferring = True
         if is_running:
             running.append(i)
         if keeps:  # a chat "tool" message: the window of its calls stays open
@@ -212,6 +262,7 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
             for call_id, (at, of) in open_calls.items():
                 unclosed.append(Unclosed(at, i, call_id, of))
             open_calls.clear()
+        deferring = False
         if turn:
             turns += 1
         if calls:
@@ -224,6 +275,8 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
                 else:
                     _call(call_id, i, dialect, state)
     state.turns = turns
+    state.deferring = deferring
+    state.moved = moved
     state.count = start + len(items)
 
 
@@ -245,7 +298,7 @@ def _call(call_id: Any, index: int, dialect: Dialect, state: ScanState) -> None:
                 kind="duplicate-id",
                 index=index,
                 call_id=call_id,
-                detail=f"tool call id {call_id!r} is used by an earlier call too",
+                detail=f"tool call id {clipped(call_id)} is used by an earlier call too",
             )
         )
         return
@@ -258,10 +311,10 @@ def _stray(call_id: Any, index: int, answered: set[str], problems: list[HistoryP
     """A result that answers no open call: a second answer, or an orphan."""
     if isinstance(call_id, str) and call_id in answered:
         kind: ProblemKind = "duplicate-id"
-        detail = f"tool call {call_id!r} is answered a second time"
+        detail = f"tool call {clipped(call_id)} is answered a second time"
     else:
         kind = "orphan-result"
-        detail = f"tool result for {call_id!r} answers no open tool call (orphan result)"
+        detail = f"tool result for {clipped(call_id)} answers no open tool call (orphan result)"
     problems.append(
         HistoryProblem(
             kind=kind,

@@ -29,6 +29,7 @@ __all__ = [
     "ToolResultBlock",
     "ToolUseBlock",
     "block_type",
+    "clipped",
     "get_field",
     "is_sequence",
     "replaced",
@@ -191,3 +192,16 @@ def replaced(obj: Any, **changes: Any) -> Any:
 
 def is_sequence(value: Any) -> bool:
     return isinstance(value, (list, tuple))
+
+
+CLIP = 40
+"""The characters of an id, a role or a key a message says (``clipped``)."""
+
+
+def clipped(value: Any, width: int = CLIP) -> str:
+    """``repr(value)`` of an id, a role or a key, cut as message texts are: a 2 MB call id is
+    its first characters, ``...`` and its length, not 2 MB of a problem's detail."""
+    if isinstance(value, str) and len(value) > width:
+        return f"{value[: width - 3] + '...'!r} ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= width else f"{text[: width - 3]}..."

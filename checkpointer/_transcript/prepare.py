@@ -82,6 +82,9 @@ def transcript_prepare(
 
     On each snapshot, before it is encoded: settle running results, close
     dangling tool calls (both on a copy, never in memory), then validate.
+    Calls *pending* in a paused run (a pydantic-ai deferred tool awaiting
+    approval, an Agents SDK ``needs_approval`` pause) are stored open, as
+    the framework persists them, so that it can still resume the run.
     A history still not sendable (an orphan result, a duplicate id) is
     ``Failed("not-sendable")`` naming the first problems' JSON paths; the
     previous file stays.  ``Written.repaired`` / ``.settled`` say what was
@@ -132,11 +135,12 @@ def transcript_prepare(
                 # Repairs start at a running result or at the end of an
                 # unclosed window, never inside the scanned prefix: the copy
                 # starts with the same message objects, so it resumes too.
-                problems = scan(copy).problems
+                after = scan(copy)
+                problems = _not_pending(after.problems, after)
                 state = replaced(state, **{field: copy})
                 snapshot = msgspec.structs.replace(snapshot, state=state)
             else:
-                problems = live.problems
+                problems = _not_pending(live.problems, live)
         if problems:
             problems = _refusing(problems, snapshot.key, field, said)
         if problems:
@@ -151,6 +155,14 @@ def transcript_prepare(
         return Prepared(snapshot=snapshot, repaired=repaired, settled=settled, turns=live.turns)
 
     return prepare
+
+
+def _not_pending(problems: list[HistoryProblem], scan: HistoryScan) -> list[HistoryProblem]:
+    """The problems but the calls pending in a paused run: stored open, as the framework does."""
+    if not scan.pending:
+        return problems
+    pending = {(u.call_index, u.call_id) for u in scan.pending}
+    return [p for p in problems if p.kind != "unclosed-call" or (p.index, p.call_id) not in pending]
 
 
 def _refusing(

@@ -50,14 +50,19 @@ def close_dangling_tool_calls(messages: Sequence[Any]) -> tuple[list[Any], int]:
     pydantic-ai, a ``tool-return`` part after the next request's results (a
     new request if the next message is not one); Responses, the call's
     output item right after the call.  Orphan results and duplicate ids are
-    not touched (``validate_history`` still reports them).
+    not touched (``validate_history`` still reports them).  Calls *pending*
+    at the end of a paused run (a pydantic-ai deferred tool, an Agents SDK
+    approval; see ``history.py``) are closed too: call this when you abandon
+    the paused run, not when you mean to approve it (``transcript_prepare``
+    leaves them open).
 
     Returns:
         ``(copy, count)``: a new list (only changed or added messages are new
         objects; ``messages`` and its messages are never mutated) and the
         number of calls closed.
     """
-    unclosed = scan_history(messages).unclosed
+    scan = scan_history(messages)
+    unclosed = sorted([*scan.unclosed, *scan.pending], key=lambda u: u.call_index)
     return close_calls(list(messages), unclosed), len(unclosed)
 
 
@@ -73,8 +78,13 @@ def settle_results(copy: list[Any], running: list[int], reason: str) -> tuple[li
 
 
 def _position(u: Unclosed) -> int:
-    """Where the answer to ``u`` goes: at the end of its window, or right after a free call."""
-    return u.call_index + 1 if u.dialect.window == "free" else u.window_end
+    """Where the answer to ``u`` goes: at the end of its window, or right after a free call
+    or a *turn* call (into the request after it, where pydantic-ai's own repair puts it)."""
+    return u.call_index + 1 if u.dialect.window in ("free", "turn") else u.window_end
+
+
+_PARTS = ("next", "turn")
+"""Windows whose answers are parts of a message (merged into the follower, or a carrier)."""
 
 
 def close_calls(copy: list[Any], unclosed: list[Unclosed]) -> list[Any]:
@@ -89,14 +99,15 @@ def close_calls(copy: list[Any], unclosed: list[Unclosed]) -> list[Any]:
         out.extend(copy[start:position])
         start = position
         group = at[position]
+        answers = _answers(copy, group)
         # Answers that are messages of their own go in the order of their calls ...
-        out.extend(_answer(copy, u) for u in group if u.dialect.window != "next")
+        out.extend(a for u, a in zip(group, answers, strict=True) if u.dialect.window not in _PARTS)
         # ... then those a *next* window wants in the following message, per dialect.
         batches: dict[Dialect, tuple[Any, list[Any]]] = {}
-        for u in group:
-            if u.dialect.window == "next":
+        for u, answer in zip(group, answers, strict=True):
+            if u.dialect.window in _PARTS:
                 batch = batches.setdefault(u.dialect, (copy[u.call_index], []))
-                batch[1].append(_answer(copy, u))
+                batch[1].append(answer)
         for dialect, (call_message, answers) in batches.items():
             follower = copy[position] if start == position < len(copy) else None
             merged = None if follower is None else dialect.merge(follower, answers)
@@ -109,5 +120,16 @@ def close_calls(copy: list[Any], unclosed: list[Unclosed]) -> list[Any]:
     return out
 
 
-def _answer(copy: list[Any], u: Unclosed) -> Any:
-    return u.dialect.answer(copy[u.call_index], u.call_id)
+def _answers(copy: list[Any], group: list[Unclosed]) -> list[Any]:
+    """The answers to ``group``, in its order: one ``Dialect.answers`` per call message, so
+    that K calls of one message cost O(K), not a search of its K calls each."""
+    by_message: dict[int, list[int]] = {}
+    for n, u in enumerate(group):
+        by_message.setdefault(u.call_index, []).append(n)
+    answers: list[Any] = [None] * len(group)
+    for index, members in by_message.items():
+        dialect = group[members[0]].dialect
+        made = dialect.answers(copy[index], [group[n].call_id for n in members])
+        for n, answer in zip(members, made, strict=True):
+            answers[n] = answer
+    return answers

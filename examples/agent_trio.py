@@ -174,6 +174,8 @@ if __name__ == "__main__":
     arguments = parse_args()
     try:
         sys.exit(trio.run(main, arguments))
-    except KeyboardInterrupt:  # the writer's final write ran as `async with` unwound
+    except* KeyboardInterrupt:  # the writer's final write ran as `async with` unwound
+        # Ctrl-C during the tools comes out of their nursery inside a
+        # BaseExceptionGroup; ``except*`` catches it bare or grouped.
         print("interrupted: the session is on disk; run again to resume", file=sys.stderr)
         sys.exit(130)

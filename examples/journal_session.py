@@ -8,12 +8,20 @@ each checkpoint appends the new messages to ``<root>/<key>.jsonl``
 its history (every 15th turn), the journal gets a compaction row.  A rerun
 resumes the session from the journal and goes on from its last turn;
 ``--fresh`` starts over.
+
+Like the other examples it keeps the writer's exit hooks (the default): on
+``kill`` (SIGTERM) or SIGHUP the hooks write the session a final time; on
+Ctrl-C the ``async with`` unwinds, its final write runs, and the script says
+so and exits with status 130.
+
+    python examples/journal_session.py --turns 3000000   # press Ctrl-C, run it again
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 import anyio
 import msgspec
@@ -42,7 +50,7 @@ async def run(root: str, key: str, turns: int) -> None:
     def source() -> Snapshot:
         return Snapshot(key, session)
 
-    async with CheckpointWriter(source, store, exit_hooks=False, resume_from=previous) as writer:
+    async with CheckpointWriter(source, store, resume_from=previous) as writer:
         for turn in range(session.turns, session.turns + turns):
             session.messages.append(Message("user", f"question {turn}"))
             session.messages.append(Message("assistant", f"answer {turn}"))
@@ -72,7 +80,11 @@ def main() -> None:
         path = os.path.join(args.root, args.key + JournalStore.suffix)
         if os.path.exists(path):
             os.remove(path)
-    anyio.run(run, args.root, args.key, args.turns)
+    try:
+        anyio.run(run, args.root, args.key, args.turns)
+    except* KeyboardInterrupt:  # the writer's final write ran as `async with` unwound
+        print("interrupted: the session is on disk; run again to resume", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

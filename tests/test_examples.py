@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from checkpointer import Checkpoint, FileStore, load, load_summary, validate_history
+from checkpointer import Checkpoint, FileStore, JournalStore, load, load_summary, validate_history
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TIMEOUT = 30.0
@@ -154,6 +154,62 @@ def test_agent_resumes_after_a_kill(
     assert final.meta.seq > on_disk.meta.seq
     assert final.state["messages"][: len(messages)] == messages  # the past is kept
     assert_complete(final.state["messages"], TURNS)
+
+
+def _open_calls_on_disk(root: Path, key: str) -> bool:
+    """Whether the checkpoint on disk ends with tool calls not all answered yet."""
+    found = load(FileStore(root), key)
+    if found is None:
+        return False
+    messages = found.state["messages"]
+    for message in reversed(messages):
+        if message["role"] == "assistant":
+            return bool(message.get("tool_calls"))
+    return False
+
+
+def test_trio_agent_ctrl_c_during_tools_exits_130(tmp_path: Path) -> None:
+    """Ctrl-C while trio's tool nursery runs: the message, status 130, no exception-group traceback.
+
+    Issue 16: the KeyboardInterrupt came out of the nursery in a
+    BaseExceptionGroup, past ``except KeyboardInterrupt``.  Turn 0 plans four
+    tools that each sleep 0.2-0.47 x pause: the checkpoint shows them open
+    for about a second with ``--pause 2``.
+    """
+    args = ["--root", str(tmp_path), "--turns", "3", "--pause", "2", "--max-tools", "4", *TIMERS]
+    child = Child("agent_trio.py", *args)
+    deadline = time.monotonic() + TIMEOUT
+    while not _open_calls_on_disk(tmp_path, "agent-trio"):
+        alive = child.proc.poll() is None
+        assert time.monotonic() < deadline and alive, child.finish(signal.SIGKILL)
+        time.sleep(0.005)
+    code, out, err = child.finish(signal.SIGINT)
+    assert code == 130, f"{out}\n{err}"
+    assert "interrupted: the session is on disk; run again to resume" in err
+    assert "Traceback" not in err, err
+    assert checkpoint(tmp_path, "agent-trio").meta.live is False
+
+
+def test_journal_session_ctrl_c_exits_130_and_keeps_the_session(tmp_path: Path) -> None:
+    """Ctrl-C in the journal example: status 130, the message, no traceback, the journal final."""
+    child = Child("journal_session.py", "--root", tmp_path, "--turns", "100000000")
+    child.wait_for(r"^Written\(")
+    code, out, err = child.finish(signal.SIGINT)
+    assert code == 130, f"{out}\n{err}"
+    assert "interrupted: the session is on disk; run again to resume" in err
+    assert "Traceback" not in err, err
+    found = load(JournalStore(tmp_path), "demo-journal")
+    assert found is not None and found.meta.live is False
+
+
+def test_journal_session_sigterm_writes_the_last_state(tmp_path: Path) -> None:
+    """SIGTERM in the journal example: its exit hooks write the session a final time."""
+    child = Child("journal_session.py", "--root", tmp_path, "--turns", "100000000")
+    child.wait_for(r"^Written\(")
+    code, out, err = child.finish(signal.SIGTERM)
+    assert code == -signal.SIGTERM, f"{out}\n{err}"
+    found = load(JournalStore(tmp_path), "demo-journal")
+    assert found is not None and found.meta.live is False
 
 
 # -- the benchmark harness ---------------------------------------------------------

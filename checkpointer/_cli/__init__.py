@@ -13,7 +13,7 @@ missing root, an unknown key, a bad file, a server that cannot be reached),
 invalid key).
 
 This module reads the arguments, opens the root, runs the command and turns
-a closed stdout into a quiet exit.
+a closed stdout (`show ... | head`) into a quiet exit, status 0.
 """
 
 from __future__ import annotations
@@ -41,16 +41,20 @@ _ON_A_ROOT: dict[str, Callable[[Root, argparse.Namespace], int]] = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
-    args = _build_parser().parse_args(_join_negative_values(argv))
+    parser, commands = _build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    args, extras = parser.parse_known_args(_join_negative_values(words, commands))
+    if extras:  # said by the command's own parser, in the user's words
+        commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extras)}")
     if args.command in _ON_A_ROOT:
         _settle_root(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         status: int = args.run(args)
         report.flush()  # a closed pipe shows here, not at interpreter exit
-    except BrokenPipeError:  # `checkpointer ls ROOT | head`
+    except BrokenPipeError:  # `checkpointer show ROOT KEY | head`: the reader had enough
         report.silence()
-        return report.PROBLEM
+        return report.OK
     return status
 
 
@@ -71,20 +75,33 @@ def _on_a_root(args: argparse.Namespace) -> int:
         return report.PROBLEM
 
 
-_VALUED = ("--older-than", "--last")
+# The options whose value may start with "-" and a digit, per command.
+_VALUED = {"prune": "--older-than", "show": "--last"}
 
 
-def _join_negative_values(argv: Sequence[str] | None) -> list[str]:
+def _join_negative_values(
+    argv: list[str], commands: argparse._SubParsersAction[argparse.ArgumentParser]
+) -> list[str]:
     """``--older-than -1d`` as ``--older-than=-1d``, so the value's own check says what is wrong.
 
     argparse takes ``-1d`` for an option and says only "expected one argument".
+    Only the command's own option is joined, under any abbreviation argparse
+    would take for it (``--older -1d``), keeping the user's spelling of it.
     """
+    command = next((arg for arg in argv if arg[:1] != "-"), None)
+    valued = _VALUED.get(command or "")
+    if valued is None:
+        return list(argv)
+    parser = commands.choices[command or ""]
+    longs = [o for o in parser._option_string_actions if o.startswith("--")]
     out: list[str] = []
-    if argv is None:
-        argv = sys.argv[1:]
     for arg in argv:
-        if out and out[-1] in _VALUED and arg[:2] != "--" and arg[:1] == "-" and arg[1:2].isdigit():
-            out[-1] = f"{out[-1]}={arg}"
+        prev = out[-1] if out else ""
+        named = prev == valued or (
+            prev[:2] == "--" and [o for o in longs if o.startswith(prev)] == [valued]
+        )
+        if named and arg[:1] == "-" and arg[1:2].isdigit():
+            out[-1] = f"{prev}={arg}"
         else:
             out.append(arg)
     return out
@@ -151,7 +168,10 @@ def _pg_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(run=_on_a_root, parser=parser)
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser() -> tuple[
+    argparse.ArgumentParser, argparse._SubParsersAction[argparse.ArgumentParser]
+]:
+    """The parser, and its commands (each command's own parser is ``commands.choices[name]``)."""
     parser = argparse.ArgumentParser(
         prog="checkpointer",
         description="Debounced, durable checkpoints for async agent sessions. "
@@ -260,4 +280,4 @@ def _build_parser() -> argparse.ArgumentParser:
     demo_.set_defaults(run=demo.run)
 
     pg_schema.add_command(commands)
-    return parser
+    return parser, commands

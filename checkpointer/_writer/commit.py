@@ -149,6 +149,9 @@ class Committer:
         self._io_lock = threading.Lock()
         self._snapshot_lock = threading.Lock()  # generation + source() + encode
         self.busy: set[int] = set()  # threads inside prepare() or _io(), see _exit
+        # Threads executing a final write (live=False: close, exit, signal),
+        # whose failure note_final logs at ERROR: account() does not warn too.
+        self._final: set[int] = set()
         # Generations of jobs prepared and not yet ended, on any thread; an
         # abandoned worker write stays here until it has really ended.
         self.inflight: set[int] = set()
@@ -277,6 +280,8 @@ class Committer:
         me = threading.get_ident()
         busy = self.busy
         busy.add(me)
+        if not job.live:
+            self._final.add(me)
         try:
             with commit_deadline(timeout):
                 locked = self._io_lock.acquire(timeout=timeout)
@@ -292,6 +297,7 @@ class Committer:
                         self._io_lock.release()
         finally:
             busy.discard(me)
+            self._final.discard(me)
             _exit.run_deferred()
 
     def _execute_locked(self, job: Job, locked: bool) -> Result:
@@ -474,8 +480,10 @@ class Committer:
         else:
             self.failures += 1
             self.streak += 1
-            # A conflict is logged by _conflict; a close's final write by note_final.
-            if self.streak == 1 and result.reason != "conflict" and not self.closing:
+            # A conflict is logged by _conflict; a final write (close, exit,
+            # signal) by note_final.
+            final = self.closing or threading.get_ident() in self._final
+            if self.streak == 1 and result.reason != "conflict" and not final:
                 logger.warning(
                     "checkpointer: checkpoint failed (%s): %s; %s",
                     result.reason,

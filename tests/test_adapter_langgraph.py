@@ -150,12 +150,22 @@ async def test_durability_sync_is_on_disk_when_invoke_returns(tmp_path: Path) ->
 
 
 async def test_durability_async_is_debounced(tmp_path: Path) -> None:
-    """durability="async" is a notify: on disk at the writer's timing (here: the close)."""
+    """durability="async" is a notify: on disk at the writer's timing (here: the close).
+
+    The thread's writer opens (and writes what was put so far) after the first
+    put, in the saver's task; a turn after that open waits for the writer's timing.
+    """
     async with CheckpointSaver(JournalStore(tmp_path), debounce=1000, max_wait=1000) as saver:
         graph = await _turns(saver, ["a"], durability="async")
+        for _ in range(6000):  # up to a minute, a hang guard: the open's first write lands
+            if load(JournalStore(tmp_path), thread_key("chat")) is not None:
+                break
+            await anyio.sleep(0.01)
+        await graph.ainvoke({"messages": [HumanMessage("b")]}, CONFIG, durability="async")
         latest = (await graph.aget_state(CONFIG)).config["configurable"]["checkpoint_id"]
         on_disk = load(JournalStore(tmp_path), thread_key("chat"))
-        assert on_disk is None or latest not in {r.get("id") for r in on_disk.state["messages"]}
+        assert on_disk is not None
+        assert latest not in {r.get("id") for r in on_disk.state["messages"]}
     assert latest in {r.get("id") for r in _rows(tmp_path)}
 
 

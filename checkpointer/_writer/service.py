@@ -27,7 +27,6 @@ hand-off of a job to a thread; a third of it is the public API's docstrings.)
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import math
@@ -556,11 +555,13 @@ class CheckpointWriter(Generic[S]):
         )
         # Before the start: a KeyboardInterrupt may land anywhere from here on
         # (asyncio raises a second Ctrl-C wherever the loop's thread is).
-        atexit.register(self._join_at_exit)
+        # The O(1) registry, not atexit.register: atexit.unregister scans every
+        # callback, and thousands of closes made that quadratic.
+        _exit.join_at_exit(self._join_at_exit)
         try:
             thread.start()
         except RuntimeError as exc:  # no thread to be had
-            atexit.unregister(self._join_at_exit)
+            _exit.forget_join(self._join_at_exit)
             if job.claim.acquire(blocking=False):
                 self._job_done(job)
             failed = Failed(
@@ -572,7 +573,7 @@ class CheckpointWriter(Generic[S]):
         with anyio.move_on_at(deadline):
             await ended.wait()
         if ended.is_set():  # else past the deadline: waited for at exit
-            atexit.unregister(self._join_at_exit)
+            _exit.forget_join(self._join_at_exit)
             if not results:  # _execute raised: a bug, printed by the thread
                 return Failed("write-failed", "the final write raised an internal error")
         if results:
@@ -590,7 +591,7 @@ class CheckpointWriter(Generic[S]):
     def _join_at_exit(self) -> None:
         """At exit: wait up to ``exit_timeout`` for a final write still in its thread.
 
-        Registered after the exit hooks, so it runs first; while they stay
+        Run by the one exit hook before the flushes; while the writer's hooks stay
         (a close cut short), their flush waits for that write itself.
         """
         thread = self._final_thread

@@ -7,6 +7,7 @@ loop busy with thousands of other closes.  Checked on the bytes on disk.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,60 @@ async def test_task_group_cancelled_at_shutdown_keeps_every_last_state(
             st["n"] = 1
         tg.cancel_scope.cancel()
     assert_all_landed(store, states)
+
+
+# -- the once-per-root temp sweep -------------------------------------------------------
+
+
+@pytest.fixture
+def sweeps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The real paths FileStore.open swept, in order."""
+    from checkpointer._stores import files
+
+    done: list[str] = []
+    real = files.sweep_temps
+
+    def sweep(root: str) -> list[str]:
+        done.append(os.path.realpath(root))
+        return real(root)
+
+    monkeypatch.setattr(files, "sweep_temps", sweep)
+    monkeypatch.setattr(files, "_swept", {})
+    return done
+
+
+def test_sweep_runs_once_per_directory(tmp_path: Path, sweeps: list[str]) -> None:
+    """Many opens of one root sweep it once; a relative root after chdir is another directory."""
+    (tmp_path / "a" / "r").mkdir(parents=True)
+    (tmp_path / "b" / "r").mkdir(parents=True)
+    here = os.getcwd()
+    try:
+        os.chdir(tmp_path / "a")
+        for _ in range(3):
+            FileStore("r").open()
+        os.chdir(tmp_path / "b")
+        FileStore("r").open()
+    finally:
+        os.chdir(here)
+    assert sweeps == [str((tmp_path / "a" / "r").resolve()), str((tmp_path / "b" / "r").resolve())]
+
+
+def test_sweep_again_for_a_recreated_root_and_after_sweep_every(
+    tmp_path: Path, sweeps: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root deleted and made again is swept again; so is any root after SWEEP_EVERY."""
+    from checkpointer._stores import files
+
+    root = tmp_path / "r"
+    root.mkdir()
+    FileStore(root).open()
+    old = root.rename(tmp_path / "old")  # kept: the new root cannot reuse its inode
+    root.mkdir()
+    FileStore(root).open()
+    assert len(sweeps) == 2
+    FileStore(root).open()
+    assert len(sweeps) == 2
+    monkeypatch.setattr(files, "SWEEP_EVERY", 0.0)  # a sibling may have died since
+    FileStore(root).open()
+    assert len(sweeps) == 3
+    assert old.exists()

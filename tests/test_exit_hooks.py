@@ -597,8 +597,12 @@ async def test_aclose_does_not_scan_atexit(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(atexit, "register", lambda fn, *a, **k: calls.append("register"))
     monkeypatch.setattr(atexit, "unregister", lambda fn: calls.append("unregister"))
     for i in range(3):
-        async with CheckpointWriter(
-            lambda i=i: Snapshot(f"s{i}", {"n": i}), FileStore(tmp_path), exit_hooks=False
-        ):
+        state = {"n": i}
+        key = f"s{i}"
+
+        def source(key: str = key, state: dict[str, int] = state) -> Snapshot:
+            return Snapshot(key, state)
+
+        async with CheckpointWriter(source, FileStore(tmp_path), exit_hooks=False):
             pass
     assert calls == []

@@ -157,10 +157,10 @@ async def test_task_group_cancelled_at_shutdown_keeps_every_last_state(
 @pytest.fixture
 def sweeps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The real paths FileStore.open swept, in order."""
-    from checkpointer._stores import files
+    from checkpointer._stores import atomic, files
 
     done: list[str] = []
-    real = files.sweep_temps
+    real = atomic.sweep_temps
 
     def sweep(root: str) -> list[str]:
         done.append(os.path.realpath(root))

@@ -91,13 +91,14 @@ class CheckpointWriter(Generic[S]):
         clock: the clock to read and sleep on (tests inject a fake one).
         backoff_initial: first retry delay after a failed write.
         backoff_max: cap of the doubling retry delay.
-        close_timeout: bound, in seconds, on the waits of a close: for a
-            write in flight, then for the store to take the final write.
-            The final ``source()`` call and encoding run on the event loop
-            and are not counted (nothing can interrupt them); what was
-            encoded is always written, and a write still going at the bound
-            goes on in a thread of its own while ``aclose()`` returns a
-            ``Failed`` that says so.
+        close_timeout: bound, in seconds from the ``aclose()`` call, on the
+            waits of a close: for a write in flight, then for the store to
+            take the final write.  The final ``source()`` call and encoding
+            run on the event loop and are not counted (nothing can interrupt
+            them); what was encoded is always written (behind a write still
+            in flight at the bound, if need be), and a write still going at
+            the bound goes on in a thread of its own while ``aclose()``
+            returns a ``Failed`` that says so.
         exit_timeout: how long an exit or signal flush waits for a write in
             flight in a worker thread before it writes anyway.
         prepare: optional step run on each snapshot after the fingerprint

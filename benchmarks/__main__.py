@@ -1,6 +1,7 @@
-"""``python -m benchmarks [--quick] [--only CASE,...] [--out DIR]``: run every case.
+"""``python -m benchmarks [--quick] [--strict] [--only CASE,...] [--out DIR]``: run every case.
 
 Prints one table per case and every ratio with its bar, then a summary;
+exits 1 with ``--strict`` when a bar is missed (2 on a usage error);
 writes the raw figures to ``<out>/<mode>.json`` and, when matplotlib is
 installed, the charts ``<out>/<mode>-growth.png``, ``<out>/<mode>-stall.png``
 and ``<out>/<mode>-sessions.png``.
@@ -154,6 +155,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only", default="", help="comma-separated case ids: " + ",".join(c for c, _ in CASES)
     )
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 when any bar is missed (for CI)"
+    )
     parser.add_argument("--out", default=DEFAULT_OUT, help="where results go (%(default)s)")
     parser.add_argument("--no-charts", action="store_true", help="skip the PNG charts")
     return parser.parse_args(argv)
@@ -162,6 +166,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     wanted = {c.strip() for c in args.only.split(",") if c.strip()}
+    if args.only and not wanted:
+        print(
+            f"--only {args.only!r} names no case; choose from: " + ",".join(c for c, _ in CASES),
+            file=sys.stderr,
+        )
+        return 2
     unknown = wanted - {c for c, _ in CASES}
     if unknown:
         print(f"unknown case(s): {', '.join(sorted(unknown))}", file=sys.stderr)
@@ -228,6 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         for line in draw(results, args.out, mode):
             print(line)
+    if args.strict and missed:
+        print(f"--strict: {len(missed)} bar(s) missed", file=sys.stderr)
+        return 1
     return 0
 
 

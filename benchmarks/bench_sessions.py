@@ -15,9 +15,10 @@ live session.  Measured, per number of sessions:
   bytes each writer wrote) written with the bare recipe by a pool of as many
   threads as anyio's default limiter lends the writers (40), right after;
 * close: every writer closed, 40 at a time (``aclose()`` in one task each:
-  the final ``live=False`` write, the key's lock let go), per writer.  (All
-  10,000 at once would queue their final writes behind the 40 worker
-  threads for longer than ``close_timeout``.)
+  the final ``live=False`` write, the key's lock let go), per writer, as a
+  server that bounds its shutdown's concurrency does.  (All 10,000 at once
+  work too: every final write is written, each in a thread of its own;
+  ``close_timeout`` bounds how long each ``aclose()`` waits for it.)
 
 The bars: open and close at the most sessions at most 1.5x their cost at
 100 (no work that grows with the number of writers); the burst at least
@@ -321,8 +322,9 @@ def main(quick: bool) -> dict[str, Any]:
             )
     report.notes.append(
         "open: construct + async with (store.open in a worker thread, exit hooks, timer); "
-        "close: every aclose() at once, each a final live=False write and the key's lock "
-        "let go; memory: RSS growth over the open writers / their number, before any write"
+        "close: every writer closed, 40 aclose() at a time, each a final live=False write "
+        "and the key's lock let go; memory: RSS growth over the open writers / their number, "
+        "before any write"
     )
     return msgspec.to_builtins(report)  # type: ignore[no-any-return]
 

@@ -57,7 +57,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, Protocol
 
@@ -65,6 +65,8 @@ __all__ = [
     "HANDLED_SIGNALS",
     "Flushable",
     "busy",
+    "forget_join",
+    "join_at_exit",
     "register",
     "restore_pending",
     "run_deferred",
@@ -101,6 +103,9 @@ class Flushable(Protocol):
 # scans every callback, made closing quadratic).  One atexit hook flushes them
 # all, the newest first, as one callback per writer used to.
 _writers: dict[Flushable, None] = {}
+# Waits for final writes still in their threads (a close past close_timeout),
+# run before the flushes; O(1) to add and remove for the same reason.
+_joins: dict[Callable[[], None], None] = {}
 _atexit_hooked = False
 _MISSING: Any = object()
 _deferred: list[tuple[_Handler, int]] = []
@@ -136,7 +141,23 @@ class _Handler:
 
 
 def _flush_all_at_exit() -> None:
-    """The one atexit hook: flush every writer still registered, the newest first."""
+    """The one atexit hook: wait for final writes in their threads, then flush every writer.
+
+    The writers still registered flush the newest first.
+
+    Each flush is isolated as atexit isolates its callbacks: an exception is
+    reported and the others flush; a KeyboardInterrupt (Ctrl-C during the
+    flush) lets the others flush too and is raised again at the end.
+    """
+    interrupted: BaseException | None = None
+    for join in reversed(list(_joins)):  # first: those writes land before the flushes
+        try:
+            join()
+        except Exception:
+            logger.exception("checkpointer: waiting for a final write at exit raised")
+        except BaseException as exc:
+            if interrupted is None:
+                interrupted = exc
     for writer in reversed(list(_writers)):
         if writer not in _writers:  # an earlier flush may have closed this one
             continue
@@ -144,17 +165,39 @@ def _flush_all_at_exit() -> None:
             writer.flush_at_exit()
         except Exception:  # as atexit would: report it, and flush the others
             logger.exception("checkpointer: an exit flush raised")
+        except BaseException as exc:  # Ctrl-C, SystemExit: the others first
+            if interrupted is None:
+                interrupted = exc
+    if interrupted is not None:
+        raise interrupted
+
+
+def _hook_atexit() -> None:
+    global _atexit_hooked
+    if not _atexit_hooked:
+        atexit.register(_flush_all_at_exit)
+        _atexit_hooked = True
+
+
+def join_at_exit(join: Callable[[], None]) -> None:
+    """Call ``join`` at exit, before the flushes, until ``forget_join`` (O(1) both)."""
+    with _registry_lock:
+        _joins[join] = None
+        _hook_atexit()
+
+
+def forget_join(join: Callable[[], None]) -> None:
+    """Undo ``join_at_exit``; a no-op for one not registered."""
+    _joins.pop(join, None)
 
 
 def register(writer: Flushable) -> None:
     """Flush ``writer`` at exit and on SIGTERM/SIGHUP until ``unregister``."""
-    global _atexit_hooked, _restore_wanted
+    global _restore_wanted
     with _registry_lock:
         _restore_wanted = False  # our handlers are in use again
         _writers[writer] = None
-        if not _atexit_hooked:
-            atexit.register(_flush_all_at_exit)
-            _atexit_hooked = True
+        _hook_atexit()
         if threading.current_thread() is threading.main_thread():
             for signum in HANDLED_SIGNALS:
                 current = signal.getsignal(signum)
@@ -232,6 +275,7 @@ def _after_fork_in_child() -> None:
     global _registry_lock
     _registry_lock = threading.Lock()
     _writers.clear()  # the one atexit hook stays: with no writer it does nothing
+    _joins.clear()
     _deferred.clear()
 
 

@@ -213,3 +213,31 @@ def test_charts_drawn_from_series(tmp_path: Path) -> None:
     lines = draw(results, str(tmp_path), "test")
     assert (tmp_path / "test-growth.png").stat().st_size > 0, lines
     assert (tmp_path / "test-stall.png").stat().st_size > 0, lines
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_strict_exits_1_on_a_missed_bar(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strict: bool
+) -> None:
+    """--strict turns a missed bar into exit status 1; without it the run exits 0."""
+    import types
+
+    import benchmarks.__main__ as cli
+
+    fake = types.ModuleType("benchmarks._fake_case")
+    fake.main = lambda quick: {  # type: ignore[attr-defined]
+        "title": "fake",
+        "ratios": [{"name": "r", "value": 2.0, "op": "<=", "bar": 1.0, "ok": False}],
+    }
+    monkeypatch.setitem(sys.modules, "benchmarks._fake_case", fake)
+    monkeypatch.setattr(cli, "CASES", [("fake", "benchmarks._fake_case")])
+    argv = ["--out", str(tmp_path), "--no-charts"] + (["--strict"] if strict else [])
+    assert cli.main(argv) == (1 if strict else 0)
+
+
+@pytest.mark.parametrize("only", [",", " , "])
+def test_only_naming_no_case_is_a_usage_error(only: str) -> None:
+    """--only that names no case exits 2 instead of running every case."""
+    import benchmarks.__main__ as cli
+
+    assert cli.main(["--only", only]) == 2

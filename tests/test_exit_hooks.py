@@ -555,3 +555,54 @@ def test_flush_sync_never_raises_for_a_failed_write(tmp_path: Path) -> None:
     assert isinstance(result, Failed), result
     assert result.reason == "write-failed"
     assert isinstance(writer.close(), Failed)
+
+
+def test_ctrl_c_in_one_exit_flush_flushes_the_others_then_raises(tmp_path: Path) -> None:
+    """A KeyboardInterrupt in one writer's exit flush: the others still flush, then it is raised."""
+    from checkpointer import _exit
+
+    store = FileStore(tmp_path)
+    states = [{"n": 0, "final": False} for _ in range(5)]
+
+    def source_of(i: int) -> Callable[[], Snapshot]:
+        def source() -> Snapshot:
+            if i == 2 and states[i]["final"]:
+                raise KeyboardInterrupt  # Ctrl-C pressed again during the exit flush
+            return Snapshot(f"s{i}", {"n": states[i]["n"]})
+
+        return source
+
+    writers = [CheckpointWriter(source_of(i), store).open() for i in range(5)]
+    try:
+        for st in states:
+            st["n"], st["final"] = 1, True
+        with pytest.raises(KeyboardInterrupt):
+            _exit._flush_all_at_exit()
+        for i in (0, 1, 3, 4):
+            cp = load(store, f"s{i}")
+            assert cp is not None
+            assert (cp.state["n"], cp.meta.live) == (1, False), i
+    finally:
+        states[2]["final"] = False
+        for w in writers:
+            w.close()
+
+
+@pytest.mark.anyio
+async def test_aclose_does_not_scan_atexit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A close never calls atexit.register/unregister (it scans every callback: quadratic)."""
+    import atexit
+
+    calls: list[str] = []
+    monkeypatch.setattr(atexit, "register", lambda fn, *a, **k: calls.append("register"))
+    monkeypatch.setattr(atexit, "unregister", lambda fn: calls.append("unregister"))
+    for i in range(3):
+        state = {"n": i}
+        key = f"s{i}"
+
+        def source(key: str = key, state: dict[str, int] = state) -> Snapshot:
+            return Snapshot(key, state)
+
+        async with CheckpointWriter(source, FileStore(tmp_path), exit_hooks=False):
+            pass
+    assert calls == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 
 from .atomic import fsync_dir, fsync_parents, sweep_temps, unlink_durable, write_atomic
@@ -21,7 +22,13 @@ __all__ = ["FileStore"]
 
 logger = logging.getLogger("checkpointer")
 
-_swept: set[tuple[int, str]] = set()  # (pid, root) whose temps this process swept
+SWEEP_EVERY = 300.0
+"""Seconds after which a root is swept again at the next open (a sibling may have died)."""
+
+# (pid, st_dev, st_ino) of a root this process swept -> when (time.monotonic).
+# Keyed by the directory itself, not its name: a relative root after
+# os.chdir, or a root deleted and made again, is another directory.
+_swept: dict[tuple[int, int, int], float] = {}
 
 
 class FileStore:
@@ -70,19 +77,29 @@ class FileStore:
     def open(self) -> None:
         """Called as each writer opens: check the root, sweep dead processes' temps.
 
-        The sweep lists the root, so it runs once per root and process (an
-        agent server opening 10,000 writers on one root lists it once, not
-        10,000 times over 10,000 files); temps a process leaves when it
-        dies are swept by the next process to open the root.
+        The sweep lists the root, so it runs once per directory and process
+        every ``SWEEP_EVERY`` seconds (an agent server opening 10,000 writers
+        on one root lists it once, not 10,000 times over 10,000 files); temps
+        a process leaves when it dies are swept by the next process to open
+        the root, or by a live one's next open after ``SWEEP_EVERY``.  The
+        directory is known by its device and inode, so a relative root after
+        ``os.chdir``, or a root deleted and made again, is swept afresh.
         """
         check_root(self.root)
-        swept = (os.getpid(), self.root)
-        if swept in _swept:
-            return
+        try:
+            st = os.stat(self.root)
+        except OSError:
+            st = None  # not there yet: swept when it is
+        now = time.monotonic()
+        if st is not None:
+            swept = (os.getpid(), st.st_dev, st.st_ino)
+            last = _swept.get(swept)
+            if last is not None and now - last < SWEEP_EVERY:
+                return
         for path in sweep_temps(self.root):
             logger.info("checkpointer: removed stale temp file %s", path)
-        if os.path.isdir(self.root):  # a root made later is swept when it is there
-            _swept.add(swept)
+        if st is not None:
+            _swept[swept] = now
 
     def write(self, key: str, chunks: Sequence[bytes]) -> int:
         check_key(key)

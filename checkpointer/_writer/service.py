@@ -27,7 +27,6 @@ hand-off of a job to a thread; a third of it is the public API's docstrings.)
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import math
@@ -92,13 +91,14 @@ class CheckpointWriter(Generic[S]):
         clock: the clock to read and sleep on (tests inject a fake one).
         backoff_initial: first retry delay after a failed write.
         backoff_max: cap of the doubling retry delay.
-        close_timeout: bound, in seconds, on the waits of a close: for a
-            write in flight, then for the store to take the final write.
-            The final ``source()`` call and encoding run on the event loop
-            and are not counted (nothing can interrupt them); what was
-            encoded is always written, and a write still going at the bound
-            goes on in a thread of its own while ``aclose()`` returns a
-            ``Failed`` that says so.
+        close_timeout: bound, in seconds from the ``aclose()`` call, on the
+            waits of a close: for a write in flight, then for the store to
+            take the final write.  The final ``source()`` call and encoding
+            run on the event loop and are not counted (nothing can interrupt
+            them); what was encoded is always written (behind a write still
+            in flight at the bound, if need be), and a write still going at
+            the bound goes on in a thread of its own while ``aclose()``
+            returns a ``Failed`` that says so.
         exit_timeout: how long an exit or signal flush waits for a write in
             flight in a worker thread before it writes anyway.
         prepare: optional step run on each snapshot after the fingerprint
@@ -214,6 +214,7 @@ class CheckpointWriter(Generic[S]):
         self._close_claim = threading.Lock()  # taken by the one close that runs
         self._close_done: anyio.Event | None = None
         self._close_result: Result = Skipped("closed")
+        self._close_deadline = math.inf  # set by aclose
         self._close_crash: BaseException | None = None  # raised in the close task
         self._close_task: object = None  # the running close task: keep a reference
         self._final_thread: threading.Thread | None = None  # see _final_hop
@@ -356,6 +357,10 @@ class CheckpointWriter(Generic[S]):
         if not self._begin_close():
             return Skipped("closed")  # close() runs in another thread
         done = self._close_done = anyio.Event()
+        # From the call: the time the close task waits for a busy loop counts
+        # (close returns about close_timeout after the call), though it never
+        # keeps the final write from being written.
+        self._close_deadline = anyio.current_time() + self._close_timeout
         # The close runs in a task of the loop's own (as the timer does), so
         # what interrupts the caller cannot cut it short: asyncio's runner
         # cancels the main task on Ctrl-C natively, through any anyio shield,
@@ -393,19 +398,25 @@ class CheckpointWriter(Generic[S]):
         hooks stay: at exit, or on SIGTERM, they write the final checkpoint
         (waiting up to ``exit_timeout`` for a final write in its thread).
         """
-        deadline = anyio.current_time() + self._close_timeout
+        deadline = self._close_deadline
         ended = False
         try:
-            with anyio.move_on_at(deadline):  # the timer abandons a write in flight
-                await self._timer.stop()
+            # Cancelled, not waited for: a timer write in flight abandons its
+            # hop and lets the write lock go when the timer task next runs.
+            # (Waiting here cost thousands of writers closed at once their
+            # close_timeout: each wait is a pass of a loop that is busy.)
+            self._timer.cancel()
             result = await self._write_async(force=False, pin=None, live=False, deadline=deadline)
             ended = True
             # From here a write still in flight lets the key go when it ends.
             self._closed = True
             # Releasing a lock may be I/O (a database round trip for a
-            # networked store): not on the event loop's thread.
-            with anyio.move_on_after(self._close_timeout):
+            # networked store): not on the event loop's thread.  Past the
+            # deadline, _shut releases them on the loop.
+            with anyio.move_on_at(deadline):
                 await anyio.to_thread.run_sync(self._release_locks, abandon_on_cancel=True)
+            with anyio.move_on_at(deadline):  # for take_crash: what the timer task raised
+                await self._timer.stop()
         finally:
             if ended:
                 self._shut()
@@ -445,24 +456,21 @@ class CheckpointWriter(Generic[S]):
         self, *, force: bool, pin: bool | None, live: bool, deadline: float | None = None
     ) -> Result:
         """One write from the event loop; ``deadline`` is the final write's (see aclose)."""
-        assert self._write_lock is not None, "enter the writer with 'async with' first"
+        lock = self._write_lock
+        assert lock is not None, "enter the writer with 'async with' first"
+        locked = True
         if deadline is None:
-            await self._write_lock.acquire()
+            await lock.acquire()
         else:
-            acquired = False
-            with anyio.move_on_at(deadline):  # a write_now() in flight holds the writer
-                await self._write_lock.acquire()
-                acquired = True
-            if not acquired:
-                failed = Failed(
-                    "write-failed",
-                    "the final write did not start within "
-                    f"close_timeout={self._close_timeout}s: a write in flight held the "
-                    "writer; nothing was written at close",
-                )
-                return failed  # logged by aclose (note_final), at ERROR
+            locked = await _acquire_by(lock, deadline)
+            # Not locked: a write in flight (write_now(), or the timer's
+            # abandoned one whose task has not run since) held the writer
+            # until the deadline.  The final write goes on behind it all the
+            # same: the I/O lock orders the two in the writing threads, and
+            # the generations make the newer state win, as for flush_sync.
         try:
-            self._sched.begin_write(self._now())
+            if locked:
+                self._sched.begin_write(self._now())
             outcome = Outcome.CANCELLED
             try:
                 started = anyio.current_time() if deadline is not None else 0.0
@@ -471,7 +479,9 @@ class CheckpointWriter(Generic[S]):
                 if not isinstance(job, Job):
                     result = self._core.account(job)
                     if not live and self._core.keys.to_finish:  # source() had no session
-                        with anyio.move_on_at(math.inf if deadline is None else deadline):
+                        # source() ran on the loop: its time does not count.
+                        until = math.inf if deadline is None else deadline
+                        with anyio.move_on_at(until + anyio.current_time() - started):
                             await anyio.to_thread.run_sync(
                                 self._core.finish, abandon_on_cancel=True
                             )
@@ -484,16 +494,20 @@ class CheckpointWriter(Generic[S]):
                 else:
                     # source(), prepare and the encoding ran on the loop and
                     # could not be interrupted: they do not count.
-                    result = await self._final_hop(job, deadline + anyio.current_time() - started)
+                    result = await self._final_hop(
+                        job, deadline + anyio.current_time() - started, behind=not locked
+                    )
                 outcome = _outcome(result)
                 return result
             finally:
-                self._sched.end_write(self._now(), outcome)
-                if self._sched.pending:
-                    # The timer saw this write in flight and sleeps until woken.
-                    self._timer.wake()
+                if locked:
+                    self._sched.end_write(self._now(), outcome)
+                    if self._sched.pending:
+                        # The timer saw this write in flight and sleeps until woken.
+                        self._timer.wake()
         finally:
-            self._write_lock.release()
+            if locked:
+                lock.release()
 
     async def _hop(self, job: Job) -> Result:
         """Commit ``job`` in one worker-thread hop.
@@ -510,7 +524,7 @@ class CheckpointWriter(Generic[S]):
                 self._job_done(job)
             raise
 
-    async def _final_hop(self, job: Job, deadline: float) -> Result:
+    async def _final_hop(self, job: Job, deadline: float, *, behind: bool) -> Result:
         """Commit the final write in a thread of its own, started now whatever the time.
 
         Waited for until ``deadline``.  Past it the write goes on: the key
@@ -520,6 +534,8 @@ class CheckpointWriter(Generic[S]):
         loop learns of its end from the thread itself: a worker thread
         waiting in ``join`` would outlive the deadline, and asyncio's are not
         daemons (the interpreter would wait for the hung write at exit).
+        ``behind``: a write in flight held the writer until the deadline (the
+        message says so).
         """
         results: list[Result] = []
         ended = anyio.Event()
@@ -528,6 +544,9 @@ class CheckpointWriter(Generic[S]):
         def run() -> None:
             try:
                 results.append(self._run_job(job))
+                # Let the key go here, off the loop (a close(2) of a lock file
+                # takes milliseconds while thousands of final writes fsync).
+                self._core.release_locks()
             finally:
                 with contextlib.suppress(Exception):  # the loop may be gone
                     token.backend_class.run_sync_soon(ended.set, (), token.native_token)
@@ -537,11 +556,13 @@ class CheckpointWriter(Generic[S]):
         )
         # Before the start: a KeyboardInterrupt may land anywhere from here on
         # (asyncio raises a second Ctrl-C wherever the loop's thread is).
-        atexit.register(self._join_at_exit)
+        # The O(1) registry, not atexit.register: atexit.unregister scans every
+        # callback, and thousands of closes made that quadratic.
+        _exit.join_at_exit(self._join_at_exit)
         try:
             thread.start()
         except RuntimeError as exc:  # no thread to be had
-            atexit.unregister(self._join_at_exit)
+            _exit.forget_join(self._join_at_exit)
             if job.claim.acquire(blocking=False):
                 self._job_done(job)
             failed = Failed(
@@ -553,15 +574,16 @@ class CheckpointWriter(Generic[S]):
         with anyio.move_on_at(deadline):
             await ended.wait()
         if ended.is_set():  # else past the deadline: waited for at exit
-            atexit.unregister(self._join_at_exit)
+            _exit.forget_join(self._join_at_exit)
             if not results:  # _execute raised: a bug, printed by the thread
                 return Failed("write-failed", "the final write raised an internal error")
         if results:
             return results[0]
+        why = " (a write in flight held the writer until then)" if behind else ""
         failed = Failed(
             "write-failed",
             f"the final write of {self._store.location(job.key)} did not finish within "
-            f"close_timeout={self._close_timeout}s; it goes on in a thread of its own and "
+            f"close_timeout={self._close_timeout}s{why}; it goes on in a thread of its own and "
             "lands unless the process ends first (at exit the process waits up to "
             f"exit_timeout={self._exit_timeout}s for it); the key stays locked until then",
         )
@@ -570,7 +592,7 @@ class CheckpointWriter(Generic[S]):
     def _join_at_exit(self) -> None:
         """At exit: wait up to ``exit_timeout`` for a final write still in its thread.
 
-        Registered after the exit hooks, so it runs first; while they stay
+        Run by the one exit hook before the flushes; while the writer's hooks stay
         (a close cut short), their flush waits for that write itself.
         """
         thread = self._final_thread
@@ -798,6 +820,23 @@ async def _wait_through(done: anyio.Event) -> BaseException | None:
                 raise
             interrupted = exc
     return interrupted
+
+
+async def _acquire_by(lock: anyio.Lock, deadline: float) -> bool:
+    """Take ``lock`` at once if it is free, whatever the time; else wait for it until ``deadline``.
+
+    A free lock is never refused for the time the close spent waiting for a
+    busy event loop: only a lock held by a write in flight returns False.
+    """
+    try:
+        lock.acquire_nowait()
+        return True
+    except anyio.WouldBlock:
+        pass
+    with anyio.move_on_at(deadline):
+        await lock.acquire()
+        return True
+    return False
 
 
 def _outcome(result: Result) -> Outcome:

@@ -85,6 +85,11 @@ class Timer:
         self._done = anyio.Event()
         self._task_ref = spawn_system_task(self._task, "checkpointer-timer")
 
+    def cancel(self) -> None:
+        """Cancel the timer task; it ends the next time it runs (see ``stop``)."""
+        if self._scope is not None:
+            self._scope.cancel()
+
     async def stop(self) -> None:
         """Cancel the timer task and wait until it has ended."""
         scope, done = self._scope, self._done

@@ -135,6 +135,11 @@ class _Handler:
             # This thread is inside a writer's own write: finish it first.
             _deferred.append((self, signum))
             return
+        for join in list(_joins):  # first: final writes still in their threads land
+            try:
+                join()
+            except Exception:
+                logger.exception("checkpointer: waiting for a final write on a signal raised")
         for writer in writers:
             writer.flush_at_signal()
         _chain(self.previous, signum, frame)
@@ -187,8 +192,20 @@ def join_at_exit(join: Callable[[], None]) -> None:
 
 
 def forget_join(join: Callable[[], None]) -> None:
-    """Undo ``join_at_exit``; a no-op for one not registered."""
-    _joins.pop(join, None)
+    """Undo ``join_at_exit``; a no-op for one not registered.
+
+    The last one gone with no writer registered: our signal handlers are
+    restored (on the main thread now, else at its next chance, as ``unregister``).
+    """
+    global _restore_wanted
+    if _joins.pop(join, _MISSING) is _MISSING or _joins or _writers:
+        return
+    if threading.current_thread() is not threading.main_thread():
+        _restore_wanted = True
+        return
+    with _registry_lock:
+        if not _joins and not _writers:
+            _restore_handlers()
 
 
 def register(writer: Flushable) -> None:
@@ -219,7 +236,7 @@ def unregister(writer: Flushable) -> bool:
     with _registry_lock:
         if _writers.pop(writer, _MISSING) is _MISSING:
             return not _restore_wanted
-        if _writers:
+        if _writers or _joins:  # a final write in its thread: SIGTERM waits for it
             return True
         if threading.current_thread() is not threading.main_thread():
             _restore_wanted = True
@@ -240,7 +257,7 @@ def restore_pending() -> None:
     if not _registry_lock.acquire(blocking=False):
         return
     try:
-        if _restore_wanted and not _writers:
+        if _restore_wanted and not _writers and not _joins:
             _restore_handlers()
     finally:
         _registry_lock.release()

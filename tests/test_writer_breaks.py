@@ -252,3 +252,72 @@ def test_a_journal_key_locked_again_is_appended_to_not_compacted(tmp_path: Path)
     checkpoint = load(JournalStore(tmp_path), "k1")
     assert checkpoint is not None
     assert checkpoint.state["messages"] == history["k1"]
+
+
+SIGTERM_AFTER_A_CUT_CLOSE_CHILD = textwrap.dedent(
+    """
+    import os, signal, sys, threading
+    import anyio
+    from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot
+
+    root, backend, kind = sys.argv[1:4]
+    entered = threading.Event()
+    release = threading.Event()
+    Base = FileStore if kind == "file" else JournalStore
+
+    class Slow(Base):
+        slow = False
+
+        def _wait(self):
+            if Slow.slow:
+                entered.set()
+                release.wait(30)
+
+        def write(self, key, chunks):
+            self._wait()
+            return super().write(key, chunks)
+
+        def commit(self, key, meta, staged):
+            self._wait()
+            return super().commit(key, meta, staged)
+
+    state = {"n": 0}
+
+    async def main():
+        writer = CheckpointWriter(
+            lambda: Snapshot("k", dict(state)), Slow(root), close_timeout=0.1, exit_timeout=30
+        )
+        await writer.__aenter__()
+        state["n"] = 1
+        Slow.slow = True
+        result = await writer.aclose()  # past close_timeout: its write goes on in a thread
+        print(type(result).__name__, flush=True)
+
+    anyio.run(main, backend=backend)
+    assert entered.wait(30)
+    threading.Timer(0.5, release.set).start()  # the disk answers after the signal landed
+    os.kill(os.getpid(), signal.SIGTERM)
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["file", "journal"])
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_sigterm_waits_for_a_final_write_past_close_timeout(
+    tmp_path: Path, backend: str, kind: str
+) -> None:
+    """A close past close_timeout leaves its write in a thread: SIGTERM waits for it to land."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_AFTER_A_CUT_CLOSE_CHILD, str(tmp_path), backend, kind],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        env=env,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.split()) == (-15, ["Failed"]), done
+    store = FileStore(tmp_path) if kind == "file" else JournalStore(tmp_path)
+    checkpoint = load(store, "k")
+    assert checkpoint is not None
+    assert (checkpoint.state, checkpoint.meta.live) == ({"n": 1}, False)

@@ -548,6 +548,8 @@ class CheckpointWriter(Generic[S]):
                 # takes milliseconds while thousands of final writes fsync).
                 self._core.release_locks()
             finally:
+                # Landed (or failed): nothing left for an exit or a signal to wait for.
+                _exit.forget_join(self._join_at_exit)
                 with contextlib.suppress(Exception):  # the loop may be gone
                     token.backend_class.run_sync_soon(ended.set, (), token.native_token)
 
@@ -592,8 +594,9 @@ class CheckpointWriter(Generic[S]):
     def _join_at_exit(self) -> None:
         """At exit: wait up to ``exit_timeout`` for a final write still in its thread.
 
-        Run by the one exit hook before the flushes; while the writer's hooks stay
-        (a close cut short), their flush waits for that write itself.
+        Run by the one exit hook, and by our SIGTERM/SIGHUP handler, before the
+        flushes; while the writer's hooks stay (a close cut short), their flush
+        waits for that write itself.
         """
         thread = self._final_thread
         if thread is not None and thread.is_alive() and not self._hooked:

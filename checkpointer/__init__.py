@@ -40,6 +40,7 @@ from ._transcript.summary import resume_context
 from ._values import (
     Checkpoint,
     CheckpointError,
+    CheckpointFailed,
     Failed,
     Meta,
     NewerVersionError,
@@ -65,6 +66,7 @@ __all__ = [
     "ChatMessage",
     "Checkpoint",
     "CheckpointError",
+    "CheckpointFailed",
     "CheckpointWriter",
     "Clock",
     "ContentBlock",

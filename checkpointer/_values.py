@@ -28,6 +28,7 @@ import msgspec
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "CheckpointFailed",
     "FailReason",
     "Failed",
     "Meta",
@@ -351,3 +352,19 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
     settled: int = 0
     last_result: Result | None = None
     last_failure: Failed | None = None
+
+
+class CheckpointFailed(RuntimeError):
+    """A write a caller waits for was not written (raised by the framework adapters).
+
+    Where the framework's interface has no place for a result value (a
+    ``durability="sync"`` put, a session opened on a locked key, a final
+    write at ``async with`` exit), the adapters raise this instead.
+
+    Attributes:
+        result: the writer's ``Failed`` value (its ``reason`` and ``error``).
+    """
+
+    def __init__(self, result: Failed) -> None:
+        self.result = result
+        super().__init__(f"checkpoint not written ({result.reason}): {result.error}")

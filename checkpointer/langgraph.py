@@ -87,6 +87,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from checkpointer import (
+    CheckpointFailed,
     CheckpointWriter,
     Failed,
     KeyLocked,
@@ -104,18 +105,6 @@ _PLAIN, _HASHED = "lg-", "lg."
 _DURABLE = ("sync", "exit")
 
 Version = str | int | float
-
-
-class CheckpointFailed(RuntimeError):
-    """A checkpoint that had to be durable was not written.
-
-    Attributes:
-        result: the writer's ``Failed`` value (its ``reason`` and ``error``).
-    """
-
-    def __init__(self, result: Failed) -> None:
-        self.result = result
-        super().__init__(f"checkpoint not written ({result.reason}): {result.error}")
 
 
 def thread_key(thread_id: str) -> str:

@@ -58,6 +58,7 @@ import msgspec
 
 from checkpointer import (
     Checkpoint,
+    CheckpointFailed,
     CheckpointWriter,
     Failed,
     KeyLocked,
@@ -76,18 +77,6 @@ if TYPE_CHECKING:
 __all__ = ["CheckpointFailed", "CheckpointSession", "session_key"]
 
 _KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
-
-
-class CheckpointFailed(RuntimeError):
-    """A change that had to be durable (``durability="sync"``) was not written.
-
-    Attributes:
-        result: the writer's ``Failed`` value (its ``reason`` and ``error``).
-    """
-
-    def __init__(self, result: Failed) -> None:
-        self.result = result
-        super().__init__(f"checkpoint not written ({result.reason}): {result.error}")
 
 
 def session_key(session_id: str) -> str:

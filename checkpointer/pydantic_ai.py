@@ -69,7 +69,15 @@ from pydantic_ai.conversation_store import (
 )
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, repair_messages
 
-from checkpointer import Checkpoint, CheckpointWriter, Failed, Snapshot, Store, load
+from checkpointer import (
+    Checkpoint,
+    CheckpointFailed,
+    CheckpointWriter,
+    Failed,
+    Snapshot,
+    Store,
+    load,
+)
 
 __all__ = [
     "CheckpointConversationStore",
@@ -99,18 +107,6 @@ def _enc_hook(value: Any) -> Any:
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
 _RECORDS: pydantic.TypeAdapter[ConversationRecord] = pydantic.TypeAdapter(ConversationRecord)
-
-
-class CheckpointFailed(RuntimeError):
-    """A write the framework waits for was not written (not a conflict).
-
-    Attributes:
-        result: the writer's ``Failed`` value (its ``reason`` and ``error``).
-    """
-
-    def __init__(self, result: Failed) -> None:
-        self.result = result
-        super().__init__(f"conversation not written ({result.reason}): {result.error}")
 
 
 def _key(prefix: str, ident: str) -> str:

@@ -179,8 +179,8 @@ class Checkpointer(Approach):
         """The store, calling ``written(nbytes)`` after each durable write."""
 
         class Store(FileStore):
-            def write(self, key: str, chunks: Sequence[bytes]) -> int:
-                nbytes = super().write(key, chunks)
+            def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
+                nbytes = super().write(key, chunks, **kw)
                 written(nbytes)
                 return nbytes
 
@@ -232,8 +232,8 @@ class CheckpointerJournal(Checkpointer):
         from checkpointer import JournalStore
 
         class Store(JournalStore):
-            def commit(self, key: str, meta: Any, staged: object) -> int:
-                nbytes = super().commit(key, meta, staged)
+            def commit(self, key: str, meta: Any, staged: object, **kw: Any) -> int:
+                nbytes = super().commit(key, meta, staged, **kw)
                 written(nbytes)
                 return nbytes
 

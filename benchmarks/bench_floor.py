@@ -39,7 +39,7 @@ import msgspec
 from checkpointer import CheckpointWriter, FileStore, Snapshot, Written
 from checkpointer._format.envelope import envelope_chunks
 from checkpointer._stores.atomic import write_atomic
-from checkpointer._stores.base import commit_deadline
+from checkpointer._stores.base import commit_deadline, new_revision
 from checkpointer._stores.envelopes import KEEP_BYTES
 from checkpointer._values import Meta
 from checkpointer._writer.keystate import KeyState, utcnow
@@ -109,7 +109,7 @@ async def _async_pairs(
     floor: list[float] = []
     hops: list[float] = []
     store = FileStore(root)
-    floor_path = os.path.join(root, "floor.json")
+    floor_path = os.path.join(root, "bare.json")  # the recipe's own file, beside the key's
     async with CheckpointWriter(
         functools.partial(_source, state), store, write_on_start=False, exit_hooks=False
     ) as writer:
@@ -142,7 +142,7 @@ def _sync_pairs(root: str, state: dict[str, Any], n: int) -> tuple[list[float], 
     ours: list[float] = []
     floor: list[float] = []
     store = FileStore(root)
-    floor_path = os.path.join(root, "floor.json")
+    floor_path = os.path.join(root, "bare.json")  # the recipe's own file, beside the key's
     writer: CheckpointWriter[Snapshot] = CheckpointWriter(
         functools.partial(_source, state), store, write_on_start=False, exit_hooks=False
     )
@@ -173,7 +173,7 @@ def _sync_pairs(root: str, state: dict[str, Any], n: int) -> tuple[list[float], 
 class _NoIO(FileStore):
     """A ``FileStore`` whose writes do no I/O: the writer's own code, timed alone."""
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
         return sum(map(len, chunks))
 
 
@@ -221,7 +221,7 @@ def _parts(root: str, state: dict[str, Any], data: bytes) -> dict[str, float]:
             core.busy.discard(me)
 
         parts["locks"] = _warm(locks, 300)
-        seen = core.keys.by_key["floor"].seen
+        seen = core.keys.by_key["floor"].base
         assert seen is not None
 
         def meta() -> None:
@@ -235,12 +235,13 @@ def _parts(root: str, state: dict[str, Any], data: bytes) -> dict[str, float]:
                 turns=None,
                 writer=writer_info(),
                 library_version=seen.library_version,
+                revision=new_revision(),
             )
             envelope_chunks(built, b"")
 
         parts["meta"] = _warm(meta, 300)
-        held = KeyState()
-        held.content, held.live, held.pinned = data, True, False
+        held = KeyState(seen, known=True)
+        held.content, held.base = data, msgspec.structs.replace(seen, live=True, pinned=False)
         changed = data[:-2] + b"9}"  # what a new rev looks like: same length, new tail
         parts["unchanged check"] = _warm(lambda: held.holds(changed, True, None, None), n)
         # The calls on tmpfs where there is one: no journal or writeback to
@@ -287,7 +288,7 @@ def measure(quick: bool, mode: Mode) -> Report:
                 ours, floor, hops = anyio.run(_async_pairs, root, state, n)
             else:
                 ours, floor = _sync_pairs(root, state, n)
-            floor_file = os.path.join(root, "floor.json")
+            floor_file = os.path.join(root, "bare.json")  # the recipe's own file, beside the key's
             file_bytes = os.path.getsize(floor_file)
             with open(floor_file, "rb") as f:
                 data = f.read()

@@ -94,8 +94,8 @@ class _Counted(FileStore):
         self.writes = 0
         self._lock = threading.Lock()
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
-        n = super().write(key, chunks)
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
+        n = super().write(key, chunks, **kw)
         with self._lock:
             self.writes += 1
         return n

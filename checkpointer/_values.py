@@ -126,6 +126,10 @@ class Meta(msgspec.Struct, frozen=True, kw_only=True):
         library_version: the agent-checkpointer version that wrote the file.
         state_version: the caller's own version of the state's schema
             (``CheckpointWriter(state_version=...)``); see ``load``.
+        revision: this write's revision, unique to it (no other write, of
+            any writer, repeats it): what a store compares before it
+            replaces the checkpoint (``Store.write``'s ``expected``), and
+            what ``resume_from`` carries to the next writer.
 
     Fields after ``pinned`` came later: files written before them load with
     the defaults (msgspec's schema-evolution rules).
@@ -142,6 +146,7 @@ class Meta(msgspec.Struct, frozen=True, kw_only=True):
     writer: WriterInfo | None = None
     library_version: str | None = None
     state_version: int = 0
+    revision: str = ""
 
 
 class TornTail(msgspec.Struct, frozen=True, kw_only=True):
@@ -295,10 +300,12 @@ class Failed(msgspec.Struct, frozen=True):
     * ``"not-sendable"``: ``transcript_prepare`` cannot make the history one
       a model API accepts (the JSON paths are named).
     * ``"locked"``: another live writer holds the key's lock (named).
-    * ``"conflict"``: another writer wrote the key after this writer first
-      saw it (or after the checkpoint it resumed from); replacing that
-      would lose its work.  The error names the other writer (pid, host,
-      seq) and the way out: load the key again and start a new writer.
+    * ``"conflict"``: the store holds another revision than the one this
+      writer expects (the checkpoint it resumed from, found at its first
+      write, or wrote last): another writer wrote or deleted the key since;
+      replacing that would lose its work.  The error names the other
+      writer (pid, host, seq) and the way out: load the key again and
+      start a new writer.
     * ``"write-failed"``: the store failed (the path and the error).
     * ``"newer-version"``: the key holds a checkpoint written by a newer
       version of this library or of the state's schema; it is kept as it

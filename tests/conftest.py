@@ -112,8 +112,8 @@ class RecordingStore(FileStore):
         self.write_times: list[float] = []
         self.written: list[bytes] = []
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
-        n = super().write(key, chunks)
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
+        n = super().write(key, chunks, **kw)
         self.write_times.append(self.clock.now() if self.clock else time.monotonic())
         self.written.append(b"".join(chunks))
         return n
@@ -138,11 +138,11 @@ class FaultyStore(FileStore):
         self.clock = clock
         self.attempt_times: list[float] = []
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
         self.attempts += 1
         self.attempt_times.append(self.clock.now() if self.clock else time.monotonic())
         if not self.failing:
-            return super().write(key, chunks)
+            return super().write(key, chunks, **kw)
         if self.fail_at == "write":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.location(key))
 

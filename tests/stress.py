@@ -113,11 +113,11 @@ class LossyStore(FileStore):
         super().__init__(root)
         self.calls = 0
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
         self.calls += 1
         if self.calls % 3 == 0 and self.calls > 1:
             return sum(map(len, chunks))
-        return super().write(key, chunks)
+        return super().write(key, chunks, **kw)
 
 
 STORES: dict[str, Callable[[str], Store]] = {
@@ -343,7 +343,7 @@ class SlowStore:
             version = self.session.staged()
         return _Tagged(staged, version)
 
-    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
+    def commit(self, key: str, meta: Meta, staged: Staged, **kw: Any) -> int:
         assert isinstance(staged, _Tagged)
         with self.mutex:
             dice = self.rng.random()
@@ -354,7 +354,7 @@ class SlowStore:
             time.sleep(0.01)
         elif dice < 0.4:
             time.sleep(dice / 100)
-        nbytes = self.states.commit(key, meta, staged.inner)
+        nbytes = self.states.commit(key, meta, staged.inner, **kw)
         with self.mutex:
             self.committed.append(staged.version)
         return nbytes
@@ -362,8 +362,8 @@ class SlowStore:
     def read_meta(self, key: str) -> Meta | None:
         return self.states.read_meta(key)
 
-    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
-        return self.states.update_meta(key, update)
+    def update_meta(self, key: str, meta: Meta, *, expected: str) -> None:
+        self.states.update_meta(key, meta, expected=expected)
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
         return self.states.read_checkpoint(key)
@@ -377,8 +377,8 @@ class SlowStore:
     def open(self) -> None:
         self.inner.open()
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
-        return self.inner.write(key, chunks)
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
+        return self.inner.write(key, chunks, **kw)
 
     def read(self, key: str) -> bytes | None:
         return self.inner.read(key)

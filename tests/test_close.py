@@ -187,14 +187,14 @@ class GateStore(FileStore):
         self.gate = threading.Event()
         self.landed = threading.Event()
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
         if not self.hold:
-            return super().write(key, chunks)
+            return super().write(key, chunks, **kw)
         self.hold = False
         self.entered.set()
         assert self.gate.wait(HANG_GUARD), "hang guard: the gate never opened"
         try:
-            return super().write(key, chunks)
+            return super().write(key, chunks, **kw)
         finally:
             self.landed.set()
 
@@ -335,10 +335,10 @@ class RaceFileStore(FileStore):
         super().__init__(root)
         self.race = race
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
         if self.race is not None:
             self.race.hold()
-        return super().write(key, chunks)
+        return super().write(key, chunks, **kw)
 
 
 class RaceJournalStore(JournalStore):
@@ -346,10 +346,10 @@ class RaceJournalStore(JournalStore):
         super().__init__(root)
         self.race = race
 
-    def commit(self, key: str, meta: Meta, staged: object) -> int:
+    def commit(self, key: str, meta: Meta, staged: object, **kw: Any) -> int:
         if self.race is not None:
             self.race.hold()
-        return super().commit(key, meta, staged)
+        return super().commit(key, meta, staged, **kw)
 
 
 STORES = {"file": RaceFileStore, "journal": RaceJournalStore}
@@ -483,10 +483,10 @@ class HungStore(GateStore):
         super().__init__(root)
         self.on_enter: Callable[[], None] | None = None
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
         if self.hold and self.on_enter is not None:
             self.on_enter()
-        return super().write(key, chunks)
+        return super().write(key, chunks, **kw)
 
 
 @pytest.mark.anyio
@@ -590,11 +590,11 @@ CTRL_C_AT_CLOSE_CHILD = textwrap.dedent(
             released.wait(30)  # hang guard
 
     class HeldStore(FileStore):
-        def write(self, key, chunks):
+        def write(self, key, chunks, **kw):
             hold("write")  # in the final write's thread
             if closing:
                 time.sleep(0.2)  # a slow disk: the write outlasts the unwinding
-            return super().write(key, chunks)
+            return super().write(key, chunks, **kw)
 
     state = {"n": 0}
 
@@ -700,11 +700,11 @@ HUNG_AT_CLOSE_CHILD = textwrap.dedent(
     closing = False
 
     class HungStore(FileStore):
-        def write(self, key, chunks):
+        def write(self, key, chunks, **kw):
             if closing:
                 print("HUNG", flush=True)
                 threading.Event().wait(120)  # a disk that never answers
-            return super().write(key, chunks)
+            return super().write(key, chunks, **kw)
 
     state = {"n": 0}
 

@@ -74,7 +74,12 @@ class Text(str):
 
 
 def meta(seq: int, key: str = "k") -> Meta:
-    return Meta(key=key, seq=seq, created_at=NOW, updated_at=NOW, live=True)
+    return Meta(key=key, seq=seq, created_at=NOW, updated_at=NOW, live=True, revision=f"r{seq}")
+
+
+def prev(seq: int) -> str | None:
+    """The revision stored before the write of ``meta(seq)``."""
+    return None if seq == 1 else f"r{seq - 1}"
 
 
 @pytest.mark.parametrize(
@@ -261,7 +266,7 @@ def test_cache_never_serves_stale_bytes(tmp_path_factory: pytest.TempPathFactory
     session = _Ops()
     for seq, op in enumerate(ops, 1):
         session.apply(op)
-        codec.commit("k", meta(seq), codec.stage("k", session.state))
+        codec.commit("k", meta(seq), codec.stage("k", session.state), expected=prev(seq))
         data = (root / "k.json").read_bytes()
         state_json = data[data.index(b',"state":') + len(b',"state":') : -1]
         assert state_json == msgspec.json.encode(session.state)
@@ -280,7 +285,7 @@ def test_journal_always_loads_the_session(
     session = _Ops()
     for seq, op in enumerate(ops, 1):
         session.apply(op)
-        store.commit("k", meta(seq), store.stage("k", session.state))
+        store.commit("k", meta(seq), store.stage("k", session.state), expected=prev(seq))
         checkpoint = load(store, "k")
         assert checkpoint is not None
         assert checkpoint.torn is None
@@ -293,9 +298,9 @@ def test_a_replaced_message_gets_its_own_bytes(tmp_path: Path) -> None:
     codec = Envelopes(FileStore(tmp_path), Transcript())
     messages: list[Any] = [Msg("user", "a", 1), Msg("user", "b", 2)]
     state = {"messages": messages}
-    codec.commit("k", meta(1), codec.stage("k", state))
+    codec.commit("k", meta(1), codec.stage("k", state), expected=prev(1))
     messages[0] = Msg("user", "a", True)  # == the old one (1 == True), encodes differently
-    codec.commit("k", meta(2), codec.stage("k", state))
+    codec.commit("k", meta(2), codec.stage("k", state), expected=prev(2))
     assert b'"n":true' in (tmp_path / "k.json").read_bytes()
 
 
@@ -339,7 +344,7 @@ def test_unwritable_root_is_an_os_error(tmp_path: Path) -> None:
     codec = Envelopes(FileStore(tmp_path / "file" / "root"), Transcript())
     staged = codec.stage("k", {"messages": [Msg("user", "a")]})
     with pytest.raises(NotADirectoryError) as info:
-        codec.commit("k", meta(1), staged)
+        codec.commit("k", meta(1), staged, expected=prev(1))
     assert info.value.errno == errno.ENOTDIR
 
 
@@ -348,10 +353,10 @@ def test_a_stage_reentered_while_the_prefix_is_busy_does_not_wait(tmp_path: Path
     codec = Envelopes(FileStore(tmp_path), Transcript())
     messages: list[Any] = [Msg("user", "a")]
     state = {"messages": messages}
-    codec.commit("k", meta(1), codec.stage("k", state))
+    codec.commit("k", meta(1), codec.stage("k", state), expected=prev(1))
     messages.append(Msg("user", "b"))
     with codec._prefix_lock:  # as if the handler interrupted a stage holding it
         staged = codec.stage("k", state)
-    codec.commit("k", meta(2), staged)
+    codec.commit("k", meta(2), staged, expected=prev(2))
     data = (tmp_path / "k.json").read_bytes()
     assert data.endswith(b',"state":' + msgspec.json.encode(state) + b"}")

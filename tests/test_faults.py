@@ -37,6 +37,7 @@ from checkpointer import (
     load,
 )
 from checkpointer._stores.atomic import write_atomic
+from checkpointer._stores.base import landed
 
 from .conftest import FakeClock, FaultyStore
 
@@ -315,8 +316,8 @@ async def test_root_that_is_a_regular_file_fails_until_it_is_a_directory(
 
 
 @pytest.mark.anyio
-async def test_root_removed_while_running_is_recreated(tmp_path: Path, clock: FakeClock) -> None:
-    """rmtree of the root between writes: the next write recreates it (0700) and seq goes on."""
+async def test_root_removed_while_running_is_a_delete(tmp_path: Path, clock: FakeClock) -> None:
+    """rmtree of the root between writes deleted the session: it is never brought back."""
     root = tmp_path / "a" / "root"
     session = Session()
     store = FileStore(root)
@@ -324,17 +325,15 @@ async def test_root_removed_while_running_is_recreated(tmp_path: Path, clock: Fa
         shutil.rmtree(tmp_path / "a")
         session.add()
         result = await writer.write_now()
-        assert isinstance(result, Written) and result.seq == 2, result
-        assert stat.S_IMODE(root.stat().st_mode) == 0o700
-        assert loaded_state(store) == session.snapshot().state
-        shutil.rmtree(root)
-    cp = load(store, KEY)  # the final write recreated it too
-    assert cp is not None and cp.meta.seq == 3 and cp.meta.live is False
+        assert isinstance(result, Failed) and result.reason == "conflict", result
+        assert "was deleted" in result.error
+    assert isinstance(writer.statistics().last_result, Failed)
+    assert load(store, KEY) is None  # nor by the final write
 
 
 @pytest.mark.anyio
 async def test_file_replaced_by_a_directory_fails_cleanly(tmp_path: Path, clock: FakeClock) -> None:
-    """A directory at root/key.json: writes fail, it stays as it was, load raises; then recovery."""
+    """A directory at root/key.json: writes fail, it stays, load raises; removed, a delete."""
     session = Session()
     store = FaultyStore(tmp_path, clock=clock)
     path = Path(store.location(KEY))
@@ -353,10 +352,11 @@ async def test_file_replaced_by_a_directory_fails_cleanly(tmp_path: Path, clock:
         assert entries(path) == ["inside"]
         with pytest.raises(CheckpointError, match="cannot be read"):
             load(store, KEY)
-        shutil.rmtree(path)
+        shutil.rmtree(path)  # the checkpoint is gone now: deleted, never brought back
         await clock.advance(10.0)
-        assert writer.statistics().failure_streak == 0
-        assert loaded_state(store) == session.snapshot().state
+        last = writer.statistics().last_result
+        assert isinstance(last, Failed) and last.reason == "conflict", last
+    assert load(store, KEY) is None
 
 
 def test_new_writer_over_a_directory_in_place_of_the_file(tmp_path: Path) -> None:
@@ -380,7 +380,9 @@ class DirSyncFails(FileStore):
         super().__init__(root)
         self.failing = False
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
+        if landed(key, self.stored_revision(key), kw["revision"], kw["expected"]):
+            return 0
         calls = []
 
         def fsync(fd: int) -> None:
@@ -424,12 +426,12 @@ class HookStore(FileStore):
         self.hook: Callable[[], None] | None = None
         self.write_times: list[float] = []
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
         hook, self.hook = self.hook, None
         if hook is not None:
             hook()
         self.write_times.append(self.clock.now())
-        return super().write(key, chunks)
+        return super().write(key, chunks, **kw)
 
 
 def timer_slept_again(clock: FakeClock, before: list[Any]) -> None:

@@ -50,8 +50,14 @@ class Chat(msgspec.Struct):
 def meta(seq: int, key: str = "s1", **changes: Any) -> Meta:
     fields: dict[str, Any] = {"key": key, "seq": seq, "created_at": NOW, "updated_at": NOW}
     fields["live"] = True
+    fields["revision"] = f"r{seq}"
     fields.update(changes)
     return Meta(**fields)
+
+
+def prev(seq: int) -> str | None:
+    """The revision stored before the write of ``meta(seq)``."""
+    return None if seq == 1 else f"r{seq - 1}"
 
 
 def rows(store: JournalStore, key: str = "s1") -> list[dict[str, Any]]:
@@ -549,7 +555,7 @@ def test_rewrite_keeps_the_journal_within_its_threshold(tmp_path: Path) -> None:
         session.add()
         if seq % 50 == 0:
             _agent_compaction(session)
-        store.commit("s1", meta(seq), store.stage("s1", session.state))
+        store.commit("s1", meta(seq), store.stage("s1", session.state), expected=prev(seq))
         stats = store.statistics("s1")
         assert stats.size == os.path.getsize(store.location("s1"))
         assert stats.live is not None
@@ -564,10 +570,10 @@ def test_a_rewrite_leaves_header_and_one_compaction(tmp_path: Path) -> None:
     store = JournalStore(tmp_path, rewrite_min_bytes=0, rewrite_factor=1.5)
     session = Session()
     session.add(10)
-    store.commit("s1", meta(1), store.stage("s1", session.state))
+    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
     for seq in range(2, 40):
         session.add()
-        store.commit("s1", meta(seq), store.stage("s1", session.state))
+        store.commit("s1", meta(seq), store.stage("s1", session.state), expected=prev(seq))
         if kinds(store) == ["header", "compaction"] and seq > 2:
             break
     else:
@@ -588,13 +594,15 @@ def test_stale_staged_append_becomes_a_compaction(tmp_path: Path) -> None:
     store = JournalStore(tmp_path)
     session = Session()
     session.add(3)
-    store.commit("s1", meta(1), store.stage("s1", session.state))
+    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
     session.add()
     older = store.stage("s1", session.state)
     session.add()
     newer = store.stage("s1", session.state)
-    store.commit("s1", meta(2), newer)
-    store.commit("s1", meta(3), older)  # the writer would skip it; the store stays correct
+    store.commit("s1", meta(2), newer, expected=prev(2))
+    store.commit(
+        "s1", meta(3), older, expected=prev(3)
+    )  # the writer would skip it; the store stays correct
     assert kinds(store)[-1] == "compaction"
     assert len(loaded(store).state["messages"]) == 4
 
@@ -604,12 +612,12 @@ def test_a_journal_changed_behind_the_store_is_reread(tmp_path: Path) -> None:
     ours, theirs = JournalStore(tmp_path), JournalStore(tmp_path)
     session = Session()
     session.add(2)
-    ours.commit("s1", meta(1), ours.stage("s1", session.state))
+    ours.commit("s1", meta(1), ours.stage("s1", session.state), expected=prev(1))
     theirs.read_meta("s1")
     other = {"title": "theirs", "messages": [*session.messages, Msg("user", "x")]}
-    theirs.commit("s1", meta(2), theirs.stage("s1", other))
+    theirs.commit("s1", meta(2), theirs.stage("s1", other), expected=prev(2))
     session.add()
-    ours.commit("s1", meta(3), ours.stage("s1", session.state))
+    ours.commit("s1", meta(3), ours.stage("s1", session.state), expected=prev(3))
     assert kinds(ours)[-1] == "compaction"
     assert loaded(ours).state == as_json(session.state)
 
@@ -621,7 +629,7 @@ def test_failed_append_is_rewritten_from_memory(
     store = JournalStore(tmp_path)
     session = Session()
     session.add(2)
-    store.commit("s1", meta(1), store.stage("s1", session.state))
+    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
     inode = os.stat(store.location("s1")).st_ino
     real_fsync = os.fsync
 
@@ -632,11 +640,11 @@ def test_failed_append_is_rewritten_from_memory(
     staged = store.stage("s1", session.state)
     monkeypatch.setattr(os, "fsync", eio)
     with pytest.raises(OSError, match="Input/output"):
-        store.commit("s1", meta(2), staged)
+        store.commit("s1", meta(2), staged, expected=prev(2))
     monkeypatch.setattr(os, "fsync", real_fsync)
     assert loaded(store).meta.seq == 1  # the failed append was cut off again
     session.add()
-    store.commit("s1", meta(3), store.stage("s1", session.state))
+    store.commit("s1", meta(3), store.stage("s1", session.state), expected="r1")
     assert kinds(store) == ["header", "compaction"]
     assert os.stat(store.location("s1")).st_ino != inode
     assert loaded(store).state == as_json(session.state)
@@ -674,9 +682,9 @@ def test_store_api_validates_keys(tmp_path: Path) -> None:
     """Keys are checked like FileStore's: no path tricks."""
     store = JournalStore(tmp_path)
     with pytest.raises(ValueError, match="invalid key"):
-        store.commit("../x", meta(1), store.stage("../x", {"messages": []}))
+        store.commit("../x", meta(1), store.stage("../x", {"messages": []}), expected=prev(1))
     assert store.keys() == []
-    store.commit("ok", meta(1, key="ok"), store.stage("ok", {"messages": []}))
+    store.commit("ok", meta(1, key="ok"), store.stage("ok", {"messages": []}), expected=prev(1))
     assert store.keys() == ["ok"]
     assert store.delete("ok") is True
     assert store.keys() == []
@@ -717,11 +725,11 @@ def test_a_stage_reentered_while_the_witnesses_are_busy_does_not_wait(tmp_path: 
     store = JournalStore(tmp_path)
     session = Session()
     session.add(2)
-    store.commit("s1", meta(1), store.stage("s1", session.state))
+    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
     session.add()
     with store._witness_lock:  # as if a signal handler interrupted a stage holding it
         staged = store.stage("s1", session.state)
-    store.commit("s1", meta(2), staged)
+    store.commit("s1", meta(2), staged, expected=prev(2))
     assert kinds(store)[-1] == "compaction"
     assert loaded(store).state == as_json(session.state)
 

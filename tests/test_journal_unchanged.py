@@ -31,7 +31,7 @@ from checkpointer._stores.journal import file as _journal
 from checkpointer._stores.journal import staging as _staging
 
 from .conftest import FakeClock
-from .test_journal import Msg, as_json, kinds, loaded, meta, rows
+from .test_journal import Msg, as_json, kinds, loaded, meta, prev, rows
 
 WAIT = 60.0  # seconds a test waits on another thread before it calls it a hang
 
@@ -56,12 +56,12 @@ class Gate(JournalStore):
             self.staged.set()
         return staged
 
-    def commit(self, key: str, meta: Any, staged: Any) -> int:
+    def commit(self, key: str, meta: Any, staged: Any, **kw: Any) -> int:
         if self.hold:
             self.hold = False
             self.entered.set()
             assert self.release.wait(WAIT)
-        return super().commit(key, meta, staged)
+        return super().commit(key, meta, staged, **kw)
 
 
 def _edit_in_place(messages: list[Any]) -> None:
@@ -124,14 +124,14 @@ def test_a_stale_append_with_the_same_messages_is_a_meta_row_not_a_compaction(
     store = JournalStore(tmp_path)
     messages = [Msg("user", f"m{i}") for i in range(3)]
     state = {"title": "t", "messages": messages}
-    store.commit("s1", meta(1), store.stage("s1", state))
+    store.commit("s1", meta(1), store.stage("s1", state), expected=prev(1))
     messages.append(Msg("assistant", "a"))
     in_flight = store.stage("s1", state)
     flush = store.stage("s1", state)  # staged before in_flight is committed
     assert flush.content() == in_flight.content()
-    store.commit("s1", meta(2), in_flight)
+    store.commit("s1", meta(2), in_flight, expected=prev(2))
     assert flush.content() == in_flight.content()  # the same state: the writer skips it
-    store.commit("s1", meta(3, live=False), flush)  # ... unless the meta changed
+    store.commit("s1", meta(3, live=False), flush, expected=prev(3))  # ... unless the meta changed
     assert kinds(store) == ["header", "compaction", "message", "meta", "meta"]
     assert loaded(store).meta.live is False
     assert loaded(store).state == as_json(state)
@@ -239,12 +239,12 @@ def test_an_unsettled_message_edited_in_place_is_a_compaction(tmp_path: Path) ->
     store = JournalStore(tmp_path)
     messages: list[Any] = [{"role": "user", "content": f"d{i}"} for i in range(4)]
     state = {"title": "t", "messages": messages}
-    store.commit("s1", meta(1), store.stage("s1", state))
+    store.commit("s1", meta(1), store.stage("s1", state), expected=prev(1))
     for seq, at in [(2, 0), (3, -1)]:
         messages[at]["content"] = f"edited {seq}"
         staged = store.stage("s1", state)
         assert isinstance(staged, _staging.Full)
-        store.commit("s1", meta(seq), staged)
+        store.commit("s1", meta(seq), staged, expected=prev(seq))
         assert loaded(store).state == as_json(state)
 
 
@@ -259,7 +259,7 @@ def test_dict_prefix_check_shared_buffer(tmp_path: Path, scratch_busy: bool) -> 
         for key, n in (("long", 300), ("short", 3))
     }
     for key, messages in chats.items():
-        store.commit(key, meta(1), store.stage(key, {"messages": messages}))
+        store.commit(key, meta(1), store.stage(key, {"messages": messages}), expected=prev(1))
     if scratch_busy:
         store._scratch_lock.acquire()
     try:
@@ -268,12 +268,12 @@ def test_dict_prefix_check_shared_buffer(tmp_path: Path, scratch_busy: bool) -> 
                 messages.append({"role": "assistant", "content": f"reply {seq}"})
                 staged = store.stage(key, {"messages": messages})
                 assert isinstance(staged, _staging.Delta), (key, seq)
-                store.commit(key, meta(seq), staged)
+                store.commit(key, meta(seq), staged, expected=prev(seq))
         for key, messages in chats.items():
             messages[1]["content"] = "edited"
             staged = store.stage(key, {"messages": messages})
             assert isinstance(staged, _staging.Full), key
-            store.commit(key, meta(4), staged)
+            store.commit(key, meta(4), staged, expected=prev(4))
     finally:
         if scratch_busy:
             store._scratch_lock.release()
@@ -395,11 +395,11 @@ def test_store_calls_under_a_deadline_raise_timeout_error_naming_the_file(
 ) -> None:
     """read_meta and update_meta past a commit deadline raise TimeoutError naming the path."""
     store = JournalStore(tmp_path)
-    store.commit("s1", meta(1), store.stage("s1", {"messages": []}))
+    store.commit("s1", meta(1), store.stage("s1", {"messages": []}), expected=prev(1))
     with store._lock, commit_deadline(0.01):
         with pytest.raises(TimeoutError, match=r"s1\.jsonl.*exit_timeout"):
             store.read_meta("s1")
         with pytest.raises(TimeoutError, match=r"s1\.jsonl"):
-            store.update_meta("s1", lambda m: m)
+            store.update_meta("s1", meta(2), expected="r1")
     assert store.read_meta("s1") == meta(1)  # no deadline: it waits, and gets the lock
     assert rows(store)[-1]["kind"] == "compaction"

@@ -189,8 +189,8 @@ class PlainStore:
     def open(self) -> None:
         self._inner.open()
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
-        return self._inner.write(key, chunks)
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
+        return self._inner.write(key, chunks, **kw)
 
     def read(self, key: str) -> bytes | None:
         return self._inner.read(key)

@@ -351,7 +351,8 @@ def test_the_first_write_into_a_new_root_survives_a_power_cut(mounted: PowerFS, 
     else:
         made = FileStore(root) if store == "file" else JournalStore(root)
         lock = made.lock(KEY)  # the writer locks first: the lock makes the directory
-        made.write(KEY, [b'{"format":1}'] if store == "file" else [b"{}\n"])
+        raw = [b'{"format":1}'] if store == "file" else [b"{}\n"]
+        made.write(KEY, raw, revision="r0", expected=None)
         lock.release()
     mounted.cut()
     on_disk = os.path.join(mounted.backing, "sessions-root")
@@ -549,7 +550,8 @@ def mounted_over(tmp_path: Path, store: str) -> Iterator[tuple[PowerFS, FileStor
     """A mount whose durable state holds ``root/<KEY>`` written by ``store``; the store on it."""
     backing = tmp_path / "disk"
     made = FileStore if store == "file" else JournalStore
-    made(backing / "root").write(KEY, [b'{"format":1}'] if store == "file" else [b"{}\n"])
+    raw = [b'{"format":1}'] if store == "file" else [b"{}\n"]
+    made(backing / "root").write(KEY, raw, revision="r0", expected=None)
     fs = PowerFS(str(backing), str(tmp_path / "mnt"))
     fs.mount()
     try:
@@ -645,8 +647,8 @@ def test_the_root_is_made_durable_once_per_store_object(tmp_path: Path, monkeypa
     monkeypatch.setattr(os, "fsync", record)
     above = {(tmp_path / "a").stat().st_ino, tmp_path.stat().st_ino}
     for store in (FileStore(root), JournalStore(root)):
-        store.write(KEY, [b"{}\n"])
-        store.write(KEY, [b"{}\n"])
+        for key in (KEY, KEY + "-2"):
+            store.write(key, [b"{}\n"], revision="r0", expected=None)
         write_summary_checkpoint(store, KEY, SummaryCheckpoint(1, "s", datetime.now(UTC), 1))
         assert sorted(i for i in synced if i in above) == sorted(above)  # each once
         dirs = above | {root.stat().st_ino, (root / "sessions").stat().st_ino}

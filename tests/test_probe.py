@@ -124,11 +124,11 @@ class OutageStore(FileStore):
         self.attempts: list[float] = []
         self.probes: list[float] = []
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
         self.attempts.append(self.clock.now())
         if self.clock.now() < self.back_at:
             raise OSError(errno.ECONNREFUSED, os.strerror(errno.ECONNREFUSED))
-        return super().write(key, chunks)
+        return super().write(key, chunks, **kw)
 
     def probe(self) -> bool:
         self.probes.append(self.clock.now())

@@ -501,7 +501,7 @@ def test_exploit_a_journal_linked_outside_is_not_appended_to(tmp_path: Path) -> 
 
 
 def test_journal_swapped_for_a_link_while_a_writer_runs(tmp_path: Path) -> None:
-    """A journal swapped for a link mid-session: Failed naming it, the copy intact; then Written."""
+    """A journal swapped for a link mid-session: Failed naming it, the copy intact; then deleted."""
     root = tmp_path / "root"
     session = Session()
     with CheckpointWriter(session.snapshot, JournalStore(root), exit_hooks=False) as writer:
@@ -509,8 +509,10 @@ def test_journal_swapped_for_a_link_while_a_writer_runs(tmp_path: Path) -> None:
         planted = Planted(path, "symlink-to-file", tmp_path / "outside")
         session.add()
         planted.check(error_of(writer.flush_sync()))
-        planted.remove()
-        assert isinstance(writer.flush_sync(), Written)
+        planted.remove()  # the journal it replaced is gone: the key was deleted
+        refused = writer.flush_sync()
+        assert isinstance(refused, Failed) and "was deleted" in refused.error, refused
+    assert not path.exists()
     planted.check_outside()
 
 

@@ -93,7 +93,7 @@ def test_filestore_creates_root_0700_on_first_write_not_before(tmp_path: Path) -
     store = FileStore(root)
     store.open()
     assert not root.exists()
-    store.write("s1", [b"{}"])
+    store.write("s1", [b"{}"], revision="r1", expected=None)
     assert mode_of(root) == 0o700
     assert mode_of(root / "s1.json") == 0o600
     assert (root / "s1.json").read_bytes() == b"{}"
@@ -186,7 +186,7 @@ def test_root_under_or_at_a_regular_file_raises_and_creates_nothing(
     store = FileStore(tmp_path / root)
     store.open()  # sweeping a non-directory is not an error
     with pytest.raises((NotADirectoryError, FileExistsError)):
-        store.write("s1", [b"{}"])
+        store.write("s1", [b"{}"], revision="r1", expected=None)
     assert tree(tmp_path) == before
 
 
@@ -315,7 +315,7 @@ def test_sweep_of_a_missing_directory_is_empty(tmp_path: Path) -> None:
 def test_filestore_open_sweeps_stale_temps(tmp_path: Path) -> None:
     """FileStore.open() removes a dead writer's temp and keeps the checkpoint."""
     store = FileStore(tmp_path)
-    store.write("s1", [b"{}"])
+    store.write("s1", [b"{}"], revision="r1", expected=None)
     stale = tmp_path / f".s1.json.{dead_pid()}.q1w2e3.tmp"
     stale.write_bytes(b"{")
     store.open()
@@ -350,7 +350,7 @@ def test_keys_lists_only_valid_checkpoint_keys_sorted(tmp_path: Path) -> None:
     """keys() is the sorted valid keys of *.json files, ignoring temps, asides and others."""
     store = FileStore(tmp_path)
     for key in ["b", "a", "Z", "_", "x.json", "a-1.v2"]:
-        store.write(key, [b"{}"])
+        store.write(key, [b"{}"], revision="r1", expected=None)
     for name in [
         f".a.json.{os.getpid()}.abc.tmp",
         "a.corrupt-20240101T000000.000000Z",
@@ -375,7 +375,7 @@ def test_read_returns_bytes_or_none(tmp_path: Path) -> None:
     """read() gives the stored bytes, None for a missing key or a missing root."""
     store = FileStore(tmp_path / "root")
     assert store.read("s1") is None
-    store.write("s1", [b"abc"])
+    store.write("s1", [b"abc"], revision="r1", expected=None)
     assert store.read("s1") == b"abc"
     assert store.read("s2") is None
 
@@ -383,8 +383,8 @@ def test_read_returns_bytes_or_none(tmp_path: Path) -> None:
 def test_delete_removes_once(tmp_path: Path) -> None:
     """delete() removes the file and says True, then False when there is nothing."""
     store = FileStore(tmp_path)
-    store.write("s1", [b"{}"])
-    store.write("s2", [b"{}"])
+    store.write("s1", [b"{}"], revision="r1", expected=None)
+    store.write("s2", [b"{}"], revision="r1", expected=None)
     assert store.delete("s1") is True
     assert not (tmp_path / "s1.json").exists()
     assert store.delete("s1") is False
@@ -395,7 +395,7 @@ def test_delete_removes_once(tmp_path: Path) -> None:
 def test_move_aside_renames_out_of_the_key_space(tmp_path: Path) -> None:
     """move_aside() keeps the bytes under root/key.suffix, drops the key, None if absent."""
     store = FileStore(tmp_path)
-    store.write("s1", [b"broken"])
+    store.write("s1", [b"broken"], revision="r1", expected=None)
     target = store.move_aside("s1", "corrupt-1")
     assert target == str(tmp_path / "s1.corrupt-1")
     assert Path(target).read_bytes() == b"broken"
@@ -469,11 +469,11 @@ def test_check_key_says_which_part_of_the_rule_is_broken(key: object, why: str) 
 def test_filestore_with_an_invalid_key_touches_nothing(tmp_path: Path, key: object) -> None:
     """write/read/delete/move_aside/load with an invalid key raise ValueError and create nothing."""
     store = FileStore(tmp_path / "a" / "root")
-    store.write("existing", [b"{}"])
+    store.write("existing", [b"{}"], revision="r1", expected=None)
     before = tree(tmp_path)
     bad: str = key  # type: ignore[assignment]  # the point: callers pass anything
     with pytest.raises(ValueError, match="invalid key"):
-        store.write(bad, [b"{}"])
+        store.write(bad, [b"{}"], revision="r1", expected=None)
     with pytest.raises(ValueError, match="invalid key"):
         store.read(bad)
     with pytest.raises(ValueError, match="invalid key"):
@@ -489,7 +489,7 @@ def test_invalid_key_does_not_create_the_root(tmp_path: Path) -> None:
     """A rejected first write leaves the missing root missing."""
     store = FileStore(tmp_path / "root")
     with pytest.raises(ValueError, match="invalid key"):
-        store.write("../x", [b"{}"])
+        store.write("../x", [b"{}"], revision="r1", expected=None)
     assert tree(tmp_path) == {}
 
 
@@ -498,7 +498,7 @@ def test_valid_edge_keys_round_trip(tmp_path: Path, key: str) -> None:
     """Edge-case valid keys are accepted and stored at root/<key>.json."""
     assert check_key(key) == key
     store = FileStore(tmp_path)
-    assert store.write(key, [b"{}"]) == 2
+    assert store.write(key, [b"{}"], revision="r1", expected=None) == 2
     assert (tmp_path / f"{key}.json").read_bytes() == b"{}"
     assert store.read(key) == b"{}"
     assert store.keys() == [key]

@@ -69,9 +69,10 @@ def test_the_torture_notices_a_lock_left_held(tmp_path: Path) -> None:
 def write_state(root: Path, state: object, seq: int) -> FileStore:
     """Put a checkpoint with ``state`` and ``seq`` at root/KEY.json."""
     now = datetime(2024, 5, 1, tzinfo=UTC)
-    meta = Meta(key=KEY, seq=seq, created_at=now, updated_at=now, live=True)
+    meta = Meta(key=KEY, seq=seq, created_at=now, updated_at=now, live=True, revision=f"r{seq}")
     store = FileStore(root)
-    store.write(KEY, envelope_chunks(meta, msgspec.json.encode(state)))
+    chunks = envelope_chunks(meta, msgspec.json.encode(state))
+    store.write(KEY, chunks, revision=meta.revision, expected=store.stored_revision(KEY))
     return store
 
 

@@ -105,11 +105,11 @@ class HeldFirstWrite(FileStore):
         self.began = threading.Event()
         self.release = threading.Event()
 
-    def write(self, key: str, chunks: Any) -> Any:
+    def write(self, key: str, chunks: Any, **kw: Any) -> Any:
         if not self.began.is_set():
             self.began.set()
             self.release.wait(HANG_GUARD)  # hang guard
-        return super().write(key, chunks)
+        return super().write(key, chunks, **kw)
 
 
 @pytest.mark.anyio
@@ -273,13 +273,13 @@ SIGTERM_AFTER_A_CUT_CLOSE_CHILD = textwrap.dedent(
                 entered.set()
                 release.wait(30)
 
-        def write(self, key, chunks):
+        def write(self, key, chunks, **kw):
             self._wait()
-            return super().write(key, chunks)
+            return super().write(key, chunks, **kw)
 
-        def commit(self, key, meta, staged):
+        def commit(self, key, meta, staged, **kw):
             self._wait()
-            return super().commit(key, meta, staged)
+            return super().commit(key, meta, staged, **kw)
 
     state = {"n": 0}
 

@@ -83,7 +83,7 @@ from checkpointer import (
     load,
 )
 from checkpointer._stores.atomic import _TEMP_RE
-from checkpointer._stores.base import KeyLock, LockingStore
+from checkpointer._stores.base import KeyLock, KeyLocked, LockingStore
 from checkpointer._stores.envelopes import state_store
 
 KEY = "torture"
@@ -157,7 +157,7 @@ class NaiveStore(FileStore):
     here to show that the torture notices torn files.
     """
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
         os.makedirs(self.root, exist_ok=True)
         data = b"".join(chunks)
         with open(self.location(key), "wb") as f:
@@ -238,17 +238,17 @@ class ReportingStore:
     def stage(self, key: str, state: Any) -> _Tagged:
         return _Tagged(self.states.stage(key, state), int(state["n"]))
 
-    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
+    def commit(self, key: str, meta: Meta, staged: Staged, **kw: Any) -> int:
         assert isinstance(staged, _Tagged)
-        nbytes = self.states.commit(key, meta, staged.inner)
+        nbytes = self.states.commit(key, meta, staged.inner, **kw)
         _say(f"W {meta.seq} {staged.n}")
         return nbytes
 
     def read_meta(self, key: str) -> Meta | None:
         return self.states.read_meta(key)
 
-    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
-        return self.states.update_meta(key, update)
+    def update_meta(self, key: str, meta: Meta, *, expected: str) -> None:
+        self.states.update_meta(key, meta, expected=expected)
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
         return self.states.read_checkpoint(key)
@@ -264,8 +264,8 @@ class ReportingStore:
     def open(self) -> None:
         self.inner.open()
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
-        return self.inner.write(key, chunks)
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
+        return self.inner.write(key, chunks, **kw)
 
     def read(self, key: str) -> bytes | None:
         return self.inner.read(key)
@@ -677,7 +677,7 @@ def run(
                 if stop_on_loss:
                     break
                 # Start the next child afresh; the bad file stays, aside, for a look.
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, KeyLocked):
                     kind.make(where).move_aside(KEY, f"lost-{i + 1}")
                 floor = Reported()
         else:  # no child opens the store after the last kill: open it here

@@ -45,6 +45,7 @@ __all__ = [
     "decode_state",
     "envelope_chunks",
     "newer_format",
+    "peek_meta",
 ]
 
 FORMAT = 1
@@ -164,6 +165,28 @@ def newer_format(path: str, version: int, written_by: str | None) -> NewerVersio
             f"agent-checkpointer to {written_by} or later to read it ({this})"
         )
     return NewerVersionError(path, reason, written_by)
+
+
+_META_DECODER = msgspec.json.Decoder(Meta)
+
+
+def peek_meta(head: bytes) -> Meta | None:
+    """The meta of an envelope this library wrote, from its first bytes; None if not there.
+
+    The writer's envelope is ``PREFIX``, the meta, ``MIDDLE``: the meta is
+    the JSON object between them (no JSON string holds ``,"state":``
+    unescaped, and no field of ``Meta`` is named ``state``).  Any other
+    layout, or a head too short, is None: decode the whole file instead.
+    """
+    if not head.startswith(PREFIX):
+        return None
+    end = head.find(MIDDLE, len(PREFIX))
+    if end < 0:
+        return None
+    try:
+        return _META_DECODER.decode(head[len(PREFIX) : end])
+    except msgspec.DecodeError:
+        return None
 
 
 def decode_meta(data: bytes, path: str) -> Meta:

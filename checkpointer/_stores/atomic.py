@@ -3,9 +3,9 @@
 Every ``fsync`` of the library is made here: the temp file and the
 directory of ``write_atomic``, the directories ``makedirs_durable`` makes,
 the directories above a store's root once per store (``fsync_parents``),
-the directory of a file ``unlink_durable`` removed (a delete comes back
-after a power cut until its directory is fsynced), ``fsync_dir`` after a
-rename or unlinks made elsewhere (``move_aside``, ``checkpointer prune``),
+``fsync_dir`` after a rename or an unlink made elsewhere (``move_aside``,
+``delete``: a delete comes back after a power cut until its directory is
+fsynced),
 and ``fsync_fd`` for what other modules write in place (a journal's append
 and its torn-tail truncation, a directory ``safefs.open_subdir`` made).
 
@@ -66,7 +66,6 @@ __all__ = [
     "fsync_parents",
     "makedirs_durable",
     "sweep_temps",
-    "unlink_durable",
     "write_all",
     "write_atomic",
 ]
@@ -138,27 +137,6 @@ def fsync_parents(directory: str, fsync: Callable[[int], None] = fsync_fd) -> No
             path, below = parent, st
 
 
-def unlink_durable(path: str, fsync: Callable[[int], None] = fsync_fd) -> bool:
-    """Remove the file ``path`` and make its removal durable (fsync its directory).
-
-    Without the directory's fsync an unlink is undone by a power cut: a
-    deleted checkpoint comes back (``tests/test_powercut.py``).
-
-    Returns:
-        True if it was removed; False if nothing was there (no fsync then).
-
-    Raises:
-        OSError: the unlink failed, or the directory's fsync did (the file is
-            gone now, but may come back after a power cut).
-    """
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        return False
-    fsync_dir(os.path.dirname(path) or ".", fsync)
-    return True
-
-
 def makedirs_durable(
     directory: str, mode: int = 0o777, fsync: Callable[[int], None] = os.fsync
 ) -> None:
@@ -183,8 +161,8 @@ def makedirs_durable(
         try:
             os.mkdir(path, mode if path == missing[0] else 0o777)
         except FileExistsError:
-            if not _is_dir(path):
-                raise
+            if not _is_dir(path):  # a file where a directory goes: say so, as open would
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
         fsync_dir(os.path.dirname(path), fsync)
 
 

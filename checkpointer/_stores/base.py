@@ -3,25 +3,29 @@
 * ``Store``: bytes in, bytes out, one key at a time (``FileStore``,
   ``PostgresStore``, your own).  Every method is synchronous and may block:
   the writer calls them from a worker thread, ``flush_sync`` directly.
+* Ownership: every checkpoint carries a ``Meta.revision`` no other write
+  repeats, and a store replaces a key only if it holds the revision the
+  writer expects (``write(..., expected=)``), checked atomically with the
+  write; else it raises ``StaleWrite``.  A store whose ``write`` takes no
+  ``expected`` cannot fence (``fences``).
 * ``StateStore`` / ``Staged``: a store that takes states, not bytes
   (``JournalStore``); any other store is adapted by ``envelopes.Envelopes``.
   ``commit_deadline`` / ``time_left`` bound the waits of its calls during a
   flush with a timeout.
-* Optional capabilities: ``LockingStore`` (one writer per key: ``KeyLock``,
-  ``KeyLocked``, ``LockHolder``), ``ProbingStore`` (reachable again?), and
-  ``StaleWrite``, what a fencing store raises for a late write.
+* Optional capabilities: ``LockingStore`` (one live writer per key:
+  ``KeyLock``, ``KeyLocked``, ``LockHolder``) and ``ProbingStore``
+  (reachable again?).
 * ``check_key`` / ``KEY_PATTERN``: the key rule every store shares.
-
-Nothing in the writer assumes a local path, so a networked store can
-implement the same protocols.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
+import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -42,6 +46,9 @@ __all__ = [
     "Store",
     "check_key",
     "commit_deadline",
+    "fences",
+    "landed",
+    "new_revision",
     "time_left",
 ]
 
@@ -91,9 +98,11 @@ class Store(Protocol):
     """What a checkpoint writer needs from storage.
 
     Every method is synchronous and may block; the writer calls them from a
-    worker thread (async path) or directly (``flush_sync``).  ``write`` must
-    be atomic: after a crash a reader sees the old bytes or the new ones.
-    A store may also lock a key for one writer (``LockingStore``, optional).
+    worker thread (async path) or directly (``flush_sync``).  ``write`` is
+    atomic (after a crash a reader sees the old bytes or the new ones) and
+    conditional (see there): the store, not the writer, decides whether a
+    write may replace what it holds.  A store may also lock a key for one
+    live writer (``LockingStore``, optional).
     """
 
     def validate_key(self, key: str) -> None:
@@ -105,10 +114,33 @@ class Store(Protocol):
     def open(self) -> None:
         """Prepare for writing (clean up debris of crashed writers)."""
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
-        """Atomically and durably replace ``key`` with the joined chunks.
+    def write(
+        self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
+    ) -> int:
+        """Durably replace ``key`` with the joined chunks, if it holds revision ``expected``.
 
-        Returns the number of bytes written.  Raises OSError on failure.
+        The check and the replacement are one atomic step (under the key's
+        lock, in one SQL statement, by a conditional PUT): between them no
+        other write or delete of the key can land.
+
+        Args:
+            key: the key.
+            chunks: the checkpoint's bytes (a checkpoint envelope), to join.
+            revision: the new checkpoint's revision (its ``Meta.revision``),
+                to keep with it: the ``expected`` of the next write.
+            expected: the revision the key must hold now; None: the key must
+                hold no checkpoint.
+
+        Returns:
+            The number of bytes written.  If the key holds ``revision``
+            already (this very write landed and its answer was lost), the
+            write is done: return without writing again.
+
+        Raises:
+            StaleWrite: the key holds another revision, or none when one was
+                expected (deleted), or one when none was.
+            KeyLocked: another live writer holds the key's lock.
+            OSError: the write failed; what was stored is intact.
         """
 
     def read(self, key: str) -> bytes | None:
@@ -118,10 +150,53 @@ class Store(Protocol):
         """The keys that have a checkpoint, sorted."""
 
     def delete(self, key: str) -> bool:
-        """Remove ``key``; False if there was nothing to remove."""
+        """Remove ``key``; False if there was nothing to remove.
+
+        A delete is a write: a store that locks keys refuses it while
+        another live writer holds the key (``KeyLocked``), and a writer whose
+        key was deleted finds it gone at its next write (``StaleWrite``).
+        """
 
     def move_aside(self, key: str, suffix: str) -> str | None:
         """Rename ``key``'s checkpoint out of the way; return where it went."""
+
+
+def fences(store: object) -> bool:
+    """Whether ``store`` can refuse a stale write: its ``write`` (or ``commit``) takes ``expected``.
+
+    A store that forwards ``**kwargs`` counts: it hands ``expected`` on.
+    """
+    method = getattr(store, "commit" if isinstance(store, StateStore) else "write", None)
+    if method is None:
+        return False
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "expected" or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def landed(key: str, stored: str | None, revision: str, expected: str | None) -> bool:
+    """The check a conditional write makes, given the revision ``stored`` now.
+
+    Returns:
+        False when the write may go ahead (``stored`` is ``expected``);
+        True when this very write has landed already (``stored`` is its
+        ``revision``: a retry whose first answer was lost).
+
+    Raises:
+        StaleWrite: ``stored`` is any other revision, or none.
+    """
+    if stored == expected:
+        return False
+    if stored == revision:
+        return True
+    raise StaleWrite(key, expected=expected, stored=stored)
+
+
+def new_revision() -> str:
+    """A revision no other write repeats: 64 random bits, in hex."""
+    return secrets.token_hex(8)
 
 
 @runtime_checkable
@@ -209,10 +284,12 @@ class StateStore(Protocol):
         """Encode what must be read from ``state`` now (caller's thread)."""
         ...
 
-    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
-        """Store a staged state durably; return the bytes written.
+    def commit(self, key: str, meta: Meta, staged: Staged, *, expected: str | None) -> int:
+        """Store a staged state durably, if ``key`` holds revision ``expected``; return the bytes.
 
-        Raises OSError (or CheckpointError for a file it cannot trust) on
+        Conditional and atomic as ``Store.write`` is (``meta.revision`` is
+        the new revision).  Raises ``StaleWrite`` or ``KeyLocked`` as it
+        does, OSError (or CheckpointError for a file it cannot trust) on
         failure; the previous checkpoint is then still loadable.
         """
         ...
@@ -221,8 +298,12 @@ class StateStore(Protocol):
         """The meta of ``key``'s checkpoint, or None; CheckpointError if untrusted."""
         ...
 
-    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
-        """Store ``update(meta)`` with the state unchanged; None if no checkpoint."""
+    def update_meta(self, key: str, meta: Meta, *, expected: str) -> None:
+        """Store ``meta`` with the state unchanged, if ``key`` holds revision ``expected``.
+
+        Conditional as ``commit`` is: ``StaleWrite`` when the key holds
+        another revision or none.
+        """
         ...
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
@@ -253,13 +334,25 @@ class LockHolder(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class StaleWrite(Exception):
-    """The store refused a write: another writer stored the key since this one held it.
+    """A store refused a write: the key does not hold the revision the writer expected.
 
-    Raised by a fencing store (``PostgresStore``) from ``write``/``commit``
-    when the writer lost the key's session and another writer wrote
-    meanwhile; the writer reports it as ``Failed("conflict")`` and does not
-    retry until the session changes.
+    Another writer wrote the key, or deleted it, after this writer looked;
+    replacing that would lose its work.  The writer reports it as
+    ``Failed("conflict")`` and does not retry until the session changes.
+
+    Attributes:
+        key: the key.
+        expected: the revision the write expected (None: no checkpoint).
+        stored: the revision the key holds (None: no checkpoint).
     """
+
+    def __init__(self, key: str, *, expected: str | None, stored: str | None) -> None:
+        held = "no checkpoint" if stored is None else f"revision {stored}"
+        wanted = "none" if expected is None else f"revision {expected}"
+        super().__init__(f"key {key!r} holds {held}, not the expected {wanted}")
+        self.key = key
+        self.expected = expected
+        self.stored = stored
 
 
 class KeyLocked(Exception):

@@ -36,7 +36,7 @@ import msgspec
 from .._format.envelope import decode_meta, decode_raw, envelope_chunks
 from .._text import oserror
 from .._values import Checkpoint, CheckpointError, Meta
-from .base import Staged, StateStore, Store
+from .base import Staged, StaleWrite, StateStore, Store, fences
 from .encoding import Transcript, state_pieces
 
 __all__ = ["KEEP_BYTES", "Envelopes", "state_store"]
@@ -109,11 +109,16 @@ class Envelopes:
         store: where the bytes go (``store.write``, ``store.read``).
         transcript: encode the messages one by one through its cache, and
             join the file in the worker thread; None encodes the state whole.
+        fenced: whether ``store.write`` takes ``revision`` and ``expected``
+            (``base.fences``); an unfenced store is written unconditionally.
     """
 
-    def __init__(self, store: Store, transcript: Transcript | None = None) -> None:
+    def __init__(
+        self, store: Store, transcript: Transcript | None = None, *, fenced: bool = True
+    ) -> None:
         self.store = store
         self.transcript = transcript
+        self._fenced = fenced
         self._encoder = msgspec.json.Encoder()
         self._prefix: _Prefix | None = None
         self._prefix_lock = threading.Lock()
@@ -178,11 +183,17 @@ class Envelopes:
         transcript.prune(messages)
         return chunks
 
-    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
+    def commit(self, key: str, meta: Meta, staged: Staged, *, expected: str | None) -> int:
         if not isinstance(staged, (_Whole, _Spliced)):
             raise TypeError(f"Envelopes cannot commit {type(staged).__name__}")
         head, meta_json, middle, _, tail = envelope_chunks(meta, b"")
-        return self.store.write(key, [head, meta_json, middle, *staged.pieces(), tail])
+        return self._write(key, [head, meta_json, middle, *staged.pieces(), tail], meta, expected)
+
+    def _write(self, key: str, chunks: list[bytes], meta: Meta, expected: str | None) -> int:
+        if not self._fenced:
+            write: Callable[..., int] = self.store.write  # the caller owns concurrency
+            return write(key, chunks)
+        return self.store.write(key, chunks, revision=meta.revision, expected=expected)
 
     def read_meta(self, key: str) -> Meta | None:
         data = self.store.read(key)
@@ -190,14 +201,13 @@ class Envelopes:
             return None
         return decode_meta(data, self.store.location(key))
 
-    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
+    def update_meta(self, key: str, meta: Meta, *, expected: str) -> None:
         data = self.store.read(key)
-        if data is None:
-            return None
-        old = decode_raw(data, self.store.location(key))
-        meta = update(old.meta)
-        self.store.write(key, envelope_chunks(meta, bytes(old.state)))
-        return meta
+        old = None if data is None else decode_raw(data, self.store.location(key))
+        if old is None or old.meta.revision != expected:  # refused before the write's check
+            stored = None if old is None else old.meta.revision
+            raise StaleWrite(key, expected=expected, stored=stored)
+        self._write(key, envelope_chunks(meta, bytes(old.state)), meta, expected)
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
         store = self.store
@@ -212,15 +222,31 @@ class Envelopes:
         return decode_raw(data, location)
 
 
-def state_store(store: Store) -> StateStore:
+def state_store(store: Store, *, unfenced: bool = False) -> StateStore:
     """The ``StateStore`` the writer uses for ``store``.
 
+    Args:
+        store: the writer's store.
+        unfenced: the caller owns concurrency: a store that cannot refuse a
+            stale write (``fences``) is accepted and written unconditionally.
+
     Raises:
-        TypeError: ``store.transcript`` is set but is not a ``Transcript``.
+        TypeError: ``store.transcript`` is set but is not a ``Transcript``;
+            the store cannot fence and ``unfenced`` was not given.
     """
+    fenced = fences(store)
     if isinstance(store, StateStore):
+        if not fenced:
+            raise TypeError(f"{store!r}: its commit() takes no `expected` revision")
         return store
+    if not fenced and not unfenced:
+        raise TypeError(
+            f"{store!r} cannot refuse a stale write: its write() takes no `expected` "
+            "revision, so two writers of one key could replace each other's work (see "
+            "'Writing a store' in the docs); implement it, or pass unfenced=True if your "
+            "program makes sure that one writer at a time writes each key"
+        )
     transcript = getattr(store, "transcript", None)
     if transcript is not None and not isinstance(transcript, Transcript):
         raise TypeError(f"store.transcript must be a Transcript or None, got {transcript!r}")
-    return Envelopes(store, transcript)
+    return Envelopes(store, transcript, fenced=fenced)

@@ -3,19 +3,24 @@
 ``FileStore`` implements ``Store`` (``base.py``) with the durable atomic
 replace of ``atomic.py``, the lock of ``flock.py`` and the checks of
 ``safefs.py``.  The writer reaches it through ``envelopes.Envelopes``.
+Every write and delete runs under the key's lock (``<root>/k.lock``): the
+writer's, held for its life, or taken for the call; so the revision check
+of a write and its rename are one step for every process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-from .atomic import fsync_dir, fsync_parents, sweep_temps, unlink_durable, write_atomic
-from .base import KEY_PATTERN, KeyLock, check_key
+from .._format.envelope import decode_meta, peek_meta
+from .atomic import fsync_dir, fsync_parents, sweep_temps, write_atomic
+from .base import KEY_PATTERN, KeyLock, check_key, landed
 from .encoding import Transcript
-from .flock import acquire_file_lock
+from .flock import FileKeyLock, acquire_file_lock
 from .safefs import check_root, read_checked
 
 __all__ = ["FileStore"]
@@ -29,6 +34,8 @@ SWEEP_EVERY = 300.0
 # Keyed by the directory itself, not its name: a relative root after
 # os.chdir, or a root deleted and made again, is another directory.
 _swept: dict[tuple[int, int, int], float] = {}
+
+_PEEK = 4096  # bytes read to find a file's meta: a meta is a few hundred
 
 
 class FileStore:
@@ -64,6 +71,7 @@ class FileStore:
         self.transcript = transcript
         self._root_synced = False
         self._synced_summaries: set[str] = set()  # keys whose sessions/<key>/ is durable
+        self._locks: dict[str, FileKeyLock] = {}  # the key locks taken through lock()
 
     def __repr__(self) -> str:
         return f"FileStore({self.root!r})"
@@ -101,11 +109,61 @@ class FileStore:
         if st is not None:
             _swept[swept] = now
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(
+        self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
+    ) -> int:
+        """Replace ``key``'s file if it holds revision ``expected``, under the key's lock.
+
+        See ``Store.write``.  The lock is the writer's when it holds it
+        through this store, else taken for the call (``KeyLocked`` if
+        another writer holds it).
+        """
         check_key(key)
-        nbytes = write_atomic(self.location(key), chunks)
+        with self._owned(key):
+            if landed(key, self.stored_revision(key), revision, expected):
+                return sum(map(len, chunks))
+            nbytes = write_atomic(self.location(key), chunks)
         self._sync_root()
         return nbytes
+
+    def stored_revision(self, key: str) -> str | None:
+        """The revision of ``key``'s checkpoint (None: there is none), read from its meta.
+
+        Raises:
+            CheckpointError: the file holds no checkpoint envelope.
+            OSError: it cannot be read.
+        """
+        path = self.location(key)
+        head = read_checked(path, limit=_PEEK)
+        if head is None:
+            return None
+        meta = peek_meta(head)
+        if meta is None:  # laid out by hand, or a meta past _PEEK: decode it all
+            data = read_checked(path)
+            if data is None:
+                return None
+            meta = decode_meta(data, path)
+        return meta.revision
+
+    @contextlib.contextmanager
+    def _owned(self, key: str) -> Iterator[None]:
+        """Hold ``key``'s lock for the block: the one taken through ``lock()``, or one for it.
+
+        Raises:
+            KeyLocked: another writer holds it (another process, or another
+                store object of this one).
+        """
+        held = self._locks.get(key)
+        if held is not None and held.held:  # a forked child's copy is not held
+            yield
+            return
+        lock = self._locks[key] = acquire_file_lock(os.path.join(self.root, key + ".lock"), key=key)
+        try:
+            yield
+        finally:
+            if self._locks.get(key) is lock:
+                del self._locks[key]
+            lock.release()
 
     def _sync_root(self) -> None:
         """Once per store object, after its first write: make the root's own entry durable.
@@ -147,19 +205,31 @@ class FileStore:
         return sorted(found)
 
     def delete(self, key: str) -> bool:
-        """Remove ``key``'s file, durably (its directory fsynced); False if there was none."""
+        """Remove ``key``'s file, durably (its directory fsynced); False if there was none.
+
+        Raises:
+            KeyLocked: a live writer of another process (or of another
+                store object) holds the key.
+        """
         check_key(key)
-        return unlink_durable(self.location(key))
+        with self._owned(key):
+            try:
+                os.unlink(self.location(key))
+            except FileNotFoundError:
+                return False
+        fsync_dir(self.root)  # after the lock's own unlink: one fsync makes both durable
+        return True
 
     def move_aside(self, key: str, suffix: str) -> str | None:
         check_key(key)
         source = self.location(key)
         target = os.path.join(self.root, f"{key}.{suffix}")
-        try:
-            # A rename moves and replaces names, never following a link at either.
-            os.replace(source, target)
-        except FileNotFoundError:
-            return None
+        with self._owned(key):
+            try:
+                # A rename moves and replaces names, never following a link at either.
+                os.replace(source, target)
+            except FileNotFoundError:
+                return None
         fsync_dir(self.root)
         return target
 
@@ -174,4 +244,5 @@ class FileStore:
         """
         check_key(key)
         path = os.path.join(self.root, key + ".lock")
-        return acquire_file_lock(path, key=key, timeout=timeout)
+        lock = self._locks[key] = acquire_file_lock(path, key=key, timeout=timeout)
+        return lock

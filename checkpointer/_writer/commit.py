@@ -8,13 +8,14 @@ when, and on which thread):
    compared, the prepare step run (``session.py``), and the store stages the
    state (``_stores/envelopes.py``; a journal encodes only what is new).
    msgspec holds the GIL while it encodes, so doing this in a worker thread
-   would not spare the loop (``../shared/FACTS.md``).
+   would not spare the loop.
 2. ``execute``, in one worker-thread hop (the final write of ``aclose``: a
    thread of its own) or directly for ``flush_sync``: under the I/O lock the
-   job is checked against what is on disk (generation, content digest, live
-   and pinned flags; the key's lock and window: ``keylocks.py``,
-   ``keystate.py``), the meta is built, and the store commits the staged
-   state durably.
+   key's lock is taken and the checkpoint to expect learnt (``keylocks.py``,
+   ``keystate.py``), the job skipped if the store holds it already
+   (generation, content, live and pinned flags), the meta built, and the
+   store commits the staged state durably if it holds the revision
+   expected (``StaleWrite`` otherwise: a conflict).
 
 Every job carries a generation number taken before ``source()`` runs; the
 I/O lock and a per-key "newest generation on disk" make sure an older
@@ -42,13 +43,13 @@ from collections.abc import Callable, Hashable
 from typing import Any, final
 
 from .. import _exit
-from .._stores.base import KeyLocked, Staged, StaleWrite, Store, commit_deadline
+from .._stores.base import KeyLocked, Staged, StaleWrite, Store, commit_deadline, new_revision
 from .._stores.envelopes import state_store
 from .._text import describe_error
 from .._values import Failed, Meta, NewerVersionError, Prepared, Result, Skipped, Snapshot, Written
 from .._version import VERSION
 from .keylocks import KeyLocks
-from .keystate import Keys, utcnow
+from .keystate import Keys, KeyState, Unknown, utcnow
 from .session import Prepare, run_prepare, writer_info
 
 __all__ = ["REFUSED", "Committer", "Job"]
@@ -119,10 +120,14 @@ class Committer:
         prepare: its ``prepare`` step, or None.
         state_version: its ``state_version``.
         lock_timeout: its ``lock_timeout``, in seconds.
-        resume_from: the meta its session was loaded from, or None.
+        resume_from: the meta its session was loaded from, None (its key
+            was absent), or ``UNKNOWN``.
+        unfenced: its ``unfenced``: a store that cannot fence is written
+            unconditionally.
 
     Raises:
-        TypeError: ``store.transcript`` is set but is not a ``Transcript``.
+        TypeError: ``store.transcript`` is set but is not a ``Transcript``,
+            or the store cannot fence and ``unfenced`` is False.
     """
 
     def __init__(
@@ -134,12 +139,13 @@ class Committer:
         prepare: Prepare | None,
         state_version: int,
         lock_timeout: float,
-        resume_from: Meta | None,
+        resume_from: Meta | Unknown | None,
+        unfenced: bool = False,
     ) -> None:
         self._source = source
         self._store = store
         self._fingerprint = fingerprint
-        self._states = state_store(store)
+        self._states = state_store(store, unfenced=unfenced)
         self._prepare_step = prepare
         self._state_version = state_version
         self._locks = KeyLocks(store, lock_timeout)
@@ -240,7 +246,8 @@ class Committer:
                 and not self.inflight
                 and not self.keys.to_finish
                 # turns come from prepare, not run yet: an equal state has equal turns
-                and state.holds(content, live, snapshot.parent, state.turns)
+                and state.base is not None
+                and state.holds(content, live, snapshot.parent, state.base.turns)
             ):
                 return Skipped("unchanged")
         prepared = run_prepare(self._prepare_step, snapshot)
@@ -301,116 +308,121 @@ class Committer:
             _exit.run_deferred()
 
     def _execute_locked(self, job: Job, locked: bool) -> Result:
+        """The steps of one write: check, build, commit, record."""
         if self.keys.to_finish:
             self.keys.finish(self._locks)
         state = self.keys.by_key[job.key]
         if job.gen < state.newest_gen:
-            return self.account(Skipped("unchanged"))  # a newer snapshot is on disk
-        location = self._store.location(job.key)
-        taken = self._locks.acquire(job.key, location, wait=False)
-        if isinstance(taken, Failed):
-            if not state.looked:  # the window starts now, before any wait for the lock
-                self.keys.look(job.key, state)
-            if taken.reason == "locked" and self._locks.waits:
-                taken = self._locks.acquire(job.key, location)  # up to lock_timeout
-        if isinstance(taken, Failed):
-            return self.account(taken)
-        if taken:  # others may have written the key since we last held it: re-read
-            state.resolved, state.content, state.live = False, None, None
+            return self.account(Skipped("unchanged"))  # a newer snapshot is stored
+        refused = self._check(job.key, state)
+        if refused is not None:
+            return self.account(refused)
         content = job.content
         if content is _NO_FINGERPRINT:
             content = job.staged.content()
-        try:
-            refused = None if state.resolved else self.keys.resolve(job.key, state)
-        except NewerVersionError as exc:  # kept, and the key left to the newer version
-            self._locks.release(job.key)
-            return self.account(Failed("newer-version", f"not writing {job.key!r}: {exc}"))
-        except Exception as exc:
-            return self.account(
-                Failed(
-                    "write-failed",
-                    f"cannot read {self._store.location(job.key)}: {describe_error(exc)}",
-                )
-            )
-        if refused is not None:
-            self._locks.release(job.key)  # the key is another writer's now
-            return self.account(refused)
         parent, turns = job.prepared.snapshot.parent, job.prepared.turns
         if not job.force and state.holds(content, job.live, parent, turns):
             state.newest_gen = job.gen
             return self.account(Skipped("unchanged"))
+        result = self._commit(job, state, locked)
+        if isinstance(result, tuple):
+            meta, nbytes = result
+            state.wrote(meta, content, job.gen)
+            return self.account(self._written(job, meta, nbytes))
+        return self.account(result)
+
+    def _check(self, key: str, state: KeyState) -> Failed | None:
+        """Take the key's lock and learn the checkpoint to expect; ``Failed`` if refused."""
+        location = self._store.location(key)
+        taken = self._locks.acquire(key, location, wait=False)
+        if isinstance(taken, Failed):
+            if not state.known:  # expect what is stored now, before any wait for the lock
+                self.keys.look(key, state)
+            if taken.reason == "locked" and self._locks.waits:
+                taken = self._locks.acquire(key, location)  # up to lock_timeout
+            if isinstance(taken, Failed):
+                return taken
+        try:
+            self.keys.resolve(key, state)
+        except NewerVersionError as exc:  # kept, and the key left to the newer version
+            self._locks.release(key)
+            state.base, state.known = None, False  # not this writer's base: it never wrote
+            return Failed("newer-version", f"not writing {key!r}: {exc}")
+        except Exception as exc:
+            return Failed("write-failed", f"cannot read {location}: {describe_error(exc)}")
+        return None
+
+    def _meta(self, job: Job, state: KeyState) -> Meta:
+        """The meta of the write of ``job`` over ``state.base``."""
+        base = state.base
         now = utcnow()
-        pinned = state.pin if state.pin is not None else bool(state.pinned)
         prepared = job.prepared
-        meta = Meta(  # the fields of session_meta(), spelled out: no dict per write
+        return Meta(  # the fields of session_meta(), spelled out: no dict per write
             key=job.key,
-            seq=state.seq + 1,
-            created_at=state.created_at or now,
+            seq=(0 if base is None else base.seq) + 1,
+            created_at=now if base is None else base.created_at,
             updated_at=now,
             live=job.live,
-            pinned=pinned,
+            pinned=state.pin if state.pin is not None else base is not None and base.pinned,
             turns=prepared.turns,
             parent=prepared.snapshot.parent,
             writer=writer_info(),
             library_version=VERSION,
             state_version=self._state_version,
+            revision=new_revision(),
         )
-        overtaken = self._overtaking.get(job.key)
-        if not locked:
-            # An exit flush overtaking a write stuck in a worker thread:
-            # leave our state where that write will find it when it ends.
-            self._overtaking[job.key] = (job.gen, meta, job.staged)
-        elif overtaken is not None and overtaken[0] > job.gen:
-            return self.account(Skipped("unchanged"))  # a newer flush is writing
-        try:
-            state.tried = meta
-            nbytes = self._states.commit(job.key, meta, job.staged)
-        except KeyLocked as exc:  # a networked store lost its lock and could not retake it
-            return self.account(Failed("locked", str(exc)))
-        except StaleWrite as exc:  # fenced: another writer stored the key meanwhile
-            state.resolved, state.content, state.tried = False, None, None
-            error = f"cannot write {self._store.location(job.key)}: {describe_error(exc)}"
-            if not state.conflicted:
-                state.conflicted = True
-                logger.warning("checkpointer: %s; not retrying until the session changes", error)
-            return self.account(Failed("conflict", error))
-        except Exception as exc:
-            # The bytes may have landed anyway (a directory fsync failing
-            # after the rename): re-read the key before the retry.
-            state.resolved = False
-            state.content = None
-            return self.account(
-                Failed(
-                    "write-failed",
-                    f"cannot write {self._store.location(job.key)}: {describe_error(exc)}",
-                )
-            )
+
+    def _commit(self, job: Job, state: KeyState, locked: bool) -> tuple[Meta, int] | Result:
+        """Commit ``job`` over ``state.base``: the meta and bytes written, or why not.
+
+        A store holding a revision this writer sent without an answer (its
+        write landed after all) takes that write as the base, once.  An
+        exit flush that overtook a stuck write (``locked`` False) leaves its
+        state where that write finds it when it ends.
+        """
+        key = job.key
+        for adopted in (False, True):
+            meta = self._meta(job, state)
+            overtaken = self._overtaking.get(key)
+            if not locked:
+                self._overtaking[key] = (job.gen, meta, job.staged)
+            elif overtaken is not None and overtaken[0] > job.gen:
+                return Skipped("unchanged")  # a newer flush is writing
+            state.sent[meta.revision] = meta
+            try:
+                nbytes = self._states.commit(key, meta, job.staged, expected=state.expected)
+            except StaleWrite as exc:
+                own = state.sent.get(exc.stored) if exc.stored is not None else None
+                if own is None or adopted:
+                    return self.keys.conflict(key, state, exc)
+                state.base, state.own, state.content = own, True, None
+                continue
+            except KeyLocked as exc:  # a networked store lost its lock and could not retake it
+                return Failed("locked", str(exc))
+            except Exception as exc:  # the bytes may have landed: meta stays in sent
+                state.content = None
+                location = self._store.location(key)
+                return Failed("write-failed", f"cannot write {location}: {describe_error(exc)}")
+            break
         if locked:
-            overtaken = self._overtaking.pop(job.key, None)
+            overtaken = self._overtaking.pop(key, None)
             if overtaken is not None and overtaken[0] > job.gen:
                 # The flush overtook us while we wrote: newer bytes go back on top.
-                self._rewrite(job.key, overtaken[1], overtaken[2])
-                return self.account(Skipped("unchanged"))
-        state.seq = meta.seq
-        state.created_at = meta.created_at
-        state.content = content
-        state.live = job.live
-        state.pinned = pinned
-        state.newest_gen = job.gen
-        state.parent, state.turns = meta.parent, meta.turns
-        state.looked, state.seen, state.tried = True, meta, None
+                self._rewrite(key, overtaken[1], overtaken[2], expected=meta.revision)
+                return Skipped("unchanged")
+        return meta, nbytes
+
+    def _written(self, job: Job, meta: Meta, nbytes: int) -> Written:
         self.repaired += job.prepared.repaired
         self.settled += job.prepared.settled
-        return self.account(
-            Written(
-                key=job.key,
-                location=location,
-                nbytes=nbytes,
-                seconds=time.perf_counter() - job.started,
-                seq=meta.seq,
-                repaired=job.prepared.repaired,
-                settled=job.prepared.settled,
-            )
+        return Written(
+            key=job.key,
+            location=self._store.location(job.key),
+            nbytes=nbytes,
+            seconds=time.perf_counter() - job.started,
+            seq=meta.seq,
+            repaired=job.prepared.repaired,
+            settled=job.prepared.settled,
         )
 
     def finish(self, timeout: float = -1) -> None:
@@ -432,9 +444,13 @@ class Committer:
             self.busy.discard(me)
             _exit.run_deferred()
 
-    def _rewrite(self, key: str, meta: Meta, staged: Staged) -> None:
+    def _rewrite(self, key: str, meta: Meta, staged: Staged, *, expected: str) -> None:
         try:
-            self._states.commit(key, meta, staged)
+            self._states.commit(key, meta, staged, expected=expected)
+        except StaleWrite as exc:
+            if exc.stored == meta.revision:
+                return  # the flush landed on top of us after all
+            logger.warning("checkpointer: not putting the newer checkpoint back: %s", exc)
         except Exception as exc:
             logger.warning(
                 "checkpointer: could not put the newer checkpoint back on %s: %s",

@@ -1,42 +1,46 @@
-"""What a writer knows of each key's checkpoint on disk, and how it learns it.
+"""What a writer knows of each key: the checkpoint it expects the store to hold.
 
-Per key (``KeyState``): the seq, creation time and flags of the checkpoint
-on disk, the generation and content of this writer's last write there, and
-the *window*: the checkpoint this writer may replace.  ``Keys`` holds them
-and learns them from the store:
+Per key (``KeyState``), ``base`` is that checkpoint's ``Meta``: the one the
+session resumed from (``resume_from``; None passed means "absent"), else
+the one found at the writer's first write, then each of its own writes.
+Every write hands the store ``base.revision`` as the revision it expects,
+and the store refuses the write if it holds another (``StaleWrite``): the
+writer infers nothing about other writers, the store decides.
 
-* ``resolve``: before the first write of a key (and after losing its lock
-  or a failed write), read the stored meta: seq, created_at, pinned.  A
-  checkpoint that cannot be trusted is moved aside; one of a newer state
-  version is refused (``NewerVersionError``), never replaced.
-* ``conflict``: the window is what was stored when this writer first
-  looked at the key (or ``resume_from``), then each of its own writes; any
-  other checkpoint is another writer's work since: ``Failed("conflict")``.
-* ``look``: a reader's look, without the lock, when another writer holds
-  it (before waiting for it with ``lock_timeout``), so the window starts at
-  the first attempt all the same.
-* ``finish``: the keys the source moved away from are marked not live.
-
-Called by the commit core (``commit.py``) under the writer's I/O lock, and
-by its prepare step under the snapshot lock (``select``).
+``Keys`` holds the states and learns a base from the store when it has
+none (``resolve``: a checkpoint that cannot be trusted is moved aside, one
+of a newer state version refused), and marks the keys the source moved
+away from not live (``finish``).  Called by the commit core
+(``commit.py``) under the writer's I/O lock, and by its prepare step
+under the snapshot lock (``select``).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from datetime import UTC, datetime
 
 import msgspec
 
 from .._format.versions import newer_state
-from .._stores.base import StateStore, Store
+from .._stores.base import StaleWrite, StateStore, Store, new_revision
 from .._text import describe_error
 from .._values import CheckpointError, Failed, Meta, NewerVersionError
 from .keylocks import KeyLocks
 
-__all__ = ["KeyState", "Keys", "same", "utcnow"]
+__all__ = ["UNKNOWN", "KeyState", "Keys", "Unknown", "utcnow"]
 
 logger = logging.getLogger("checkpointer")
+
+
+class Unknown(enum.Enum):
+    """``resume_from`` not given: the base is what the store holds at the first write."""
+
+    UNKNOWN = "unknown"
+
+
+UNKNOWN = Unknown.UNKNOWN
 
 
 def utcnow() -> datetime:
@@ -44,55 +48,48 @@ def utcnow() -> datetime:
 
 
 class KeyState:
-    """What this writer knows about one key's checkpoint on disk."""
+    """What this writer knows about one key: the checkpoint it expects stored."""
 
-    __slots__ = (
-        "conflicted",
-        "content",
-        "created_at",
-        "live",
-        "looked",
-        "newest_gen",
-        "parent",
-        "pin",
-        "pinned",
-        "resolved",
-        "seen",
-        "seq",
-        "tried",
-        "turns",
-    )
+    __slots__ = ("base", "conflicted", "content", "known", "newest_gen", "own", "pin", "sent")
 
-    def __init__(self) -> None:
-        self.resolved = False  # seq/created_at/pinned read from the store
-        self.seq = 0
-        self.created_at: datetime | None = None
-        self.content: object = None  # fingerprint or digest of the state on disk
-        self.live: bool | None = None  # live flag on disk (None: unknown)
-        self.pinned: bool | None = None  # pinned flag on disk (None: unknown)
+    def __init__(self, base: Meta | None = None, *, known: bool = False) -> None:
+        self.base = base  # the checkpoint expected stored (None: none)
+        self.known = known  # base was given (resume_from) or read from the store
+        self.own = False  # base is this writer's own write
+        self.content: object = None  # fingerprint or bytes of base's state, when own
         self.pin: bool | None = None  # requested by write_now(pin=...)
-        self.newest_gen = -1  # generation of the snapshot on disk
-        self.parent: str | None = None  # Meta.parent of our last write
-        self.turns: int | None = None  # Meta.turns of our last write
-        # The checkpoint this writer may replace: what was stored when it first
-        # looked at the key (or resume_from), then each of its own writes.  Any
-        # other is another writer's work since then (see _conflict).
-        self.looked = False
-        self.seen: Meta | None = None
-        self.tried: Meta | None = None  # a commit that failed, whose bytes may have landed
+        self.newest_gen = -1  # generation of the snapshot the store holds
+        # Writes sent whose answer never came (a failed commit, an overtaken
+        # one): the store may hold one of them, which is then this writer's.
+        self.sent: dict[str, Meta] = {}
         self.conflicted = False  # the conflict was logged
+
+    @property
+    def expected(self) -> str | None:
+        """The revision the store must hold for the next write: ``base``'s."""
+        return None if self.base is None else self.base.revision
 
     def holds(self, content: object, live: bool, parent: str | None, turns: int | None) -> bool:
         """Whether the store holds this state with the meta the caller controls."""
-        pinned = self.pin if self.pin is not None else self.pinned
+        base = self.base
+        if base is None or self.content is None:
+            return False
+        pinned = self.pin if self.pin is not None else base.pinned
         return (
-            self.content is not None
+            base.live == live
+            and base.pinned == pinned
+            and base.parent == parent
+            and base.turns == turns
             and _equal(self.content, content)
-            and self.live == live
-            and self.pinned == pinned
-            and self.parent == parent
-            and self.turns == turns
         )
+
+    def wrote(self, meta: Meta, content: object, gen: int) -> None:
+        """This writer's write of ``meta`` landed: it is the base now."""
+        self.base, self.own, self.known = meta, True, True
+        self.content = content
+        self.newest_gen = gen
+        self.sent.clear()
+        self.conflicted = False
 
 
 _TAIL = 4096
@@ -120,24 +117,25 @@ class Keys:
 
     Args:
         store: the writer's store (locations, ``move_aside``).
-        states: its ``StateStore`` (``read_meta``, ``read_checkpoint``,
-            ``update_meta``).
-        state_version: the writer's state version: a newer one on disk is
-            refused.
-        resume_from: the meta the session was loaded from: the window of
-            its key starts there.
+        states: its ``StateStore`` (``read_meta``, ``update_meta``).
+        state_version: the writer's state version: a newer one is refused.
+        resume_from: the meta the session was loaded from (the base of its
+            key), None (the session's first key was absent), or
+            ``UNKNOWN``.
     """
 
     def __init__(
-        self, store: Store, states: StateStore, state_version: int, resume_from: Meta | None
+        self,
+        store: Store,
+        states: StateStore,
+        state_version: int,
+        resume_from: Meta | Unknown | None,
     ) -> None:
         self._store = store
         self._states = states
         self._state_version = state_version
+        self._resume = resume_from
         self.by_key: dict[str, KeyState] = {}
-        if resume_from is not None:
-            resumed = self.by_key[resume_from.key] = KeyState()
-            resumed.looked, resumed.seen = True, resume_from
         self.current: str | None = None  # the key of the last snapshot
         self.to_finish: set[str] = set()  # keys the source moved away from, still live
 
@@ -145,86 +143,91 @@ class Keys:
         """The state of ``key``, now the current key; the one before it is to be finished."""
         state = self.by_key.get(key)
         if state is None:
-            state = self.by_key[key] = KeyState()
+            resume = self._resume
+            if isinstance(resume, Meta) and resume.key == key:
+                state = KeyState(resume, known=True)
+            elif resume is None and not self.by_key:  # absent: the session's first key
+                state = KeyState(None, known=True)
+            else:
+                state = KeyState()
+            self.by_key[key] = state
         if self.current is not None and self.current != key:
             self.to_finish.add(self.current)
         self.current = key
         self.to_finish.discard(key)
         return state
 
-    def resolve(self, key: str, state: KeyState) -> Failed | None:
-        """Learn seq, created_at and pinned from the checkpoint already stored.
+    def resolve(self, key: str, state: KeyState) -> None:
+        """Learn the base from the store if unknown; refuse a newer state version.
 
-        Returns:
-            ``Failed("conflict")`` if another writer stored it after this
-            writer first looked at the key (the key stays unresolved, so the
-            next attempt looks again); None otherwise.
+        Raises:
+            NewerVersionError: the base is of a newer state version than the
+                writer's (kept, never replaced).
+            OSError: the store cannot be read.
         """
-        meta: Meta | None = None
-        try:
-            meta = self._states.read_meta(key)
-        except NewerVersionError:
-            raise  # not damage: never moved aside
-        except CheckpointError as exc:
-            aside = self._store.move_aside(key, "corrupt-" + utcnow().strftime("%Y%m%dT%H%M%S.%fZ"))
-            logger.warning(
-                "checkpointer: %s; moved it aside to %s and starting afresh",
-                exc,
-                aside,
+        if not state.known:
+            try:
+                state.base = self._states.read_meta(key)
+            except NewerVersionError:
+                raise  # not damage: never moved aside
+            except CheckpointError as exc:
+                aside = self._store.move_aside(key, "corrupt-" + _stamp())
+                logger.warning(
+                    "checkpointer: %s; moved it aside to %s and starting afresh", exc, aside
+                )
+                state.base = None
+            state.known = True
+        base = state.base
+        if base is not None and base.state_version > self._state_version:
+            raise newer_state(
+                self._store.location(key),
+                base,
+                f"this writer's state version is {self._state_version}; not replacing "
+                "it (upgrade the program, or use another key)",
             )
-        else:
-            if meta is not None:
-                if meta.state_version > self._state_version:
-                    raise newer_state(
-                        self._store.location(key),
-                        meta,
-                        f"this writer's state version is {self._state_version}; not replacing "
-                        "it (upgrade the program, or use another key)",
-                    )
-                conflict = self.conflict(key, state, meta)
-                if conflict is not None:
-                    return conflict
-                state.seq = meta.seq
-                state.created_at = meta.created_at
-                state.pinned = meta.pinned
-        if not state.looked:
-            state.looked, state.seen = True, meta
-        state.resolved = True
-        return None
 
     def look(self, key: str, state: KeyState) -> None:
-        """Note what is stored for ``key`` now, without its lock (a reader's read).
+        """Learn the base without the key's lock (a reader's read), before waiting for it.
 
-        ``read_checkpoint`` is the read ``load()`` does: a file replaced
-        atomically, a journal's committed rows, a database row; it changes
-        nothing.  If it fails, the next attempt looks, under the lock.
+        So a writer that waits for another to let go expects what was stored
+        when it first tried, not what that writer stores meanwhile.  If the
+        read fails, the base is learnt under the lock.
         """
         try:
-            checkpoint = self._states.read_checkpoint(key)
+            state.base = self._states.read_meta(key)
         except Exception:
             return
-        state.looked = True
-        state.seen = None if checkpoint is None else checkpoint.meta
+        state.known = True
 
-    def conflict(self, key: str, state: KeyState, meta: Meta) -> Failed | None:
-        """``Failed("conflict")`` if ``meta`` is not a checkpoint this writer may replace."""
-        if not state.looked or same(meta, state.seen):
-            return None
-        if same(meta, state.tried):  # our failed commit landed after all
-            state.seen, state.tried = meta, None
-            return None
-        state.content = None  # whatever we wrote, it is not what the store holds
-        who = (
-            f"pid {meta.writer.pid} on {meta.writer.host}"
-            if meta.writer is not None
-            else "a writer that did not say who"
-        )
-        since = "when it had no checkpoint" if state.seen is None else f"at seq {state.seen.seq}"
+    def conflict(self, key: str, state: KeyState, exc: StaleWrite) -> Failed:
+        """``Failed("conflict")`` for a write the store refused, naming the other writer."""
+        state.content = None
+        state.sent.clear()
+        location = self._store.location(key)
+        since = "when it had no checkpoint" if state.base is None else f"at seq {state.base.seq}"
+        if exc.stored is None:
+            what = "was deleted"
+        else:
+            try:
+                meta = self._states.read_meta(key)
+            except Exception:
+                meta = None
+            if meta is None or meta.revision != exc.stored:
+                what = f"was written by another writer (revision {exc.stored})"
+            else:
+                who = (
+                    f"pid {meta.writer.pid} on {meta.writer.host}"
+                    if meta.writer is not None
+                    else "a writer that did not say who"
+                )
+                what = (
+                    f"was written by another writer ({who}, seq {meta.seq}, "
+                    f"{meta.updated_at:%Y-%m-%dT%H:%M:%SZ})"
+                )
         error = (
-            f"key {key!r} was written by another writer ({who}, seq {meta.seq}, "
-            f"{meta.updated_at:%Y-%m-%dT%H:%M:%SZ}) after this writer first saw it {since} "
-            f"({self._store.location(key)}); not replacing it: load the key again and start "
-            "a new writer from what it holds, or write to another key"
+            f"key {key!r} {what} after this writer first saw it {since} ({location}); "
+            "not replacing it: load the key again and start a new writer from what it "
+            "holds, or write to another key"
         )
         if not state.conflicted:
             state.conflicted = True
@@ -232,39 +235,35 @@ class Keys:
         return Failed("conflict", error)
 
     def finish(self, locks: KeyLocks) -> None:
-        """Mark the checkpoints of keys the source moved away from not live."""
+        """Mark this writer's live checkpoints of keys the source moved away from not live."""
         for key in list(self.to_finish):
             state = self.by_key.get(key)
-            if state is None or state.live is not True:
-                self.to_finish.discard(key)
-                locks.release(key)
-                continue
-            try:
-                meta = self._states.update_meta(key, finished)
-                if meta is not None:
-                    state.seq = meta.seq
-                    state.seen = meta
-                state.live = False
-                self.to_finish.discard(key)
-                locks.release(key)
-            except Exception as exc:
-                logger.warning(
-                    "checkpointer: could not mark %s not live: %s (will retry)",
-                    self._store.location(key),
-                    describe_error(exc),
-                )
+            base = None if state is None else state.base
+            if state is not None and base is not None and state.own and base.live:
+                meta = finished(base)
+                try:
+                    self._states.update_meta(key, meta, expected=base.revision)
+                except StaleWrite:
+                    state.own, state.content = False, None  # another writer's now
+                except Exception as exc:
+                    logger.warning(
+                        "checkpointer: could not mark %s not live: %s (will retry)",
+                        self._store.location(key),
+                        describe_error(exc),
+                    )
+                    continue
+                else:
+                    state.base = meta
+            self.to_finish.discard(key)
+            locks.release(key)
+
+
+def _stamp() -> str:
+    return utcnow().strftime("%Y%m%dT%H%M%S.%fZ")
 
 
 def finished(old: Meta) -> Meta:
     """``old`` as the final checkpoint of its key: one seq more, now, not live."""
-    return msgspec.structs.replace(old, seq=old.seq + 1, updated_at=utcnow(), live=False)
-
-
-def same(meta: Meta, other: Meta | None) -> bool:
-    """Whether two metas are of the same write (seq, time and writer: not merely equal seq)."""
-    return (
-        other is not None
-        and meta.seq == other.seq
-        and meta.updated_at == other.updated_at
-        and meta.writer == other.writer
+    return msgspec.structs.replace(
+        old, seq=old.seq + 1, updated_at=utcnow(), live=False, revision=new_revision()
     )

@@ -46,6 +46,7 @@ from .._text import describe_error
 from .._values import Checkpoint, Failed, Meta, Result, Skipped, Snapshot, WriterStatistics, Written
 from .clock import Clock, MonotonicClock
 from .commit import REFUSED, Committer, Job
+from .keystate import UNKNOWN, Unknown
 from .session import Prepare
 from .timer import Timer, spawn_system_task
 
@@ -113,15 +114,22 @@ class CheckpointWriter(Generic[S]):
             same key to let go of the key's lock; 0 (default) means
             ``Failed("locked")`` at once, retried with backoff.  Stores
             without the ``LockingStore`` capability are not locked.
-        resume_from: the ``Checkpoint`` (or its ``Meta``) your session was
-            loaded from.  The writer never replaces a checkpoint of that key
-            that another writer stored after it (``Failed("conflict")``).
-            Without it, the window starts at the writer's first look at the
-            key (its first write attempt).
+        resume_from: what ``load(store, key)`` returned when your session
+            was loaded: the ``Checkpoint`` (or its ``Meta``), or None (the
+            key had none).  The store then refuses every write of this
+            writer that would replace another revision than that one: a
+            checkpoint another writer stored, or deleted, after the load
+            (``Failed("conflict")``).  Not given, the writer expects what
+            the store holds at its first write.
+        unfenced: accept a store whose ``write`` cannot refuse a stale
+            write (it takes no ``expected`` revision) and write it
+            unconditionally: your program makes sure that one writer at a
+            time writes each key.  Without it such a store is a TypeError.
 
     Raises:
         ValueError: a duration is out of range (the message says which).
-        TypeError: ``source``, ``store`` or ``fingerprint`` is not usable.
+        TypeError: ``source``, ``store`` or ``fingerprint`` is not usable,
+            or the store cannot fence and ``unfenced`` is not set.
     """
 
     def __init__(
@@ -143,7 +151,8 @@ class CheckpointWriter(Generic[S]):
         prepare: Prepare | None = None,
         state_version: int = 0,
         lock_timeout: float = 0.0,
-        resume_from: Checkpoint[Any] | Meta | None = None,
+        resume_from: Checkpoint[Any] | Meta | Unknown | None = UNKNOWN,
+        unfenced: bool = False,
     ) -> None:
         if not callable(source):
             raise TypeError(f"source must be a callable returning a Snapshot, got {source!r}")
@@ -170,7 +179,7 @@ class CheckpointWriter(Generic[S]):
             )
         if isinstance(resume_from, Checkpoint):
             resume_from = resume_from.meta
-        if resume_from is not None and not isinstance(resume_from, Meta):
+        if resume_from is not None and not isinstance(resume_from, Meta | Unknown):
             raise TypeError(
                 "resume_from must be the Checkpoint load() returned, its Meta, or None, "
                 f"got {resume_from!r}"
@@ -198,6 +207,7 @@ class CheckpointWriter(Generic[S]):
             state_version=state_version,
             lock_timeout=float(lock_timeout),
             resume_from=resume_from,
+            unfenced=bool(unfenced),
         )
         probe = store.probe if isinstance(store, ProbingStore) else None
         self._timer = Timer(self._sched, self._clock, self._timed_write, probe, self._forked)

@@ -66,12 +66,12 @@ class HoldStore(FileStore):
         self.entered = threading.Event()
         self.hook: Callable[[], None] | None = None
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
         hook, self.hook = self.hook, None
         if hook is not None:
             self.entered.set()
             hook()
-        return super().write(key, chunks)
+        return super().write(key, chunks, **kw)
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -322,9 +322,9 @@ class _Reporting(ReportingStore):
 
     swallow = False  # the written-on-failure mutation: a commit's error is not raised
 
-    def commit(self, key: str, meta: Meta, staged: Staged) -> int:
+    def commit(self, key: str, meta: Meta, staged: Staged, **kw: Any) -> int:
         try:
-            return super().commit(key, meta, staged)
+            return super().commit(key, meta, staged, **kw)
         except Exception as exc:
             self._failed("commit", exc)
             if self.swallow:
@@ -338,9 +338,9 @@ class _Reporting(ReportingStore):
             self._failed("read_meta", exc)
             raise
 
-    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
+    def update_meta(self, key: str, meta: Meta, *, expected: str) -> None:
         try:
-            return super().update_meta(key, update)
+            super().update_meta(key, meta, expected=expected)
         except Exception as exc:
             self._failed("update_meta", exc)
             raise

@@ -33,7 +33,7 @@ import errno
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 
 import msgspec
@@ -42,7 +42,7 @@ from ..._format.journal import LINE_END, assemble, header_line, meta_row, scan_j
 from ..._text import oserror
 from ..._values import Checkpoint, CheckpointError, Meta
 from ..atomic import fsync_fd, write_all, write_atomic
-from ..base import check_key, time_left
+from ..base import check_key, landed, time_left
 from ..encoding import Transcript
 from ..files import FileStore
 from ..safefs import open_checked, read_checked, read_fd
@@ -164,20 +164,32 @@ class JournalStore(JournalCore, FileStore):
 
     # -- the Store protocol, with the track kept in step ---------------------
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
-        """Replace the journal of ``key`` with raw journal bytes, atomically."""
+    def write(
+        self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
+    ) -> int:
+        """Replace the journal of ``key`` with raw journal bytes, if it holds ``expected``."""
+        check_key(key)
+        with self._owned(key), self._locked(key):
+            if landed(key, self._revision(self._current(key)), revision, expected):
+                return sum(map(len, chunks))
+            self._forget(key)
+            nbytes = write_atomic(self.location(key), chunks)
+        self._sync_root()
+        return nbytes
+
+    def stored_revision(self, key: str) -> str | None:
+        check_key(key)
         with self._locked(key):
-            self._tracks.pop(key, None)
-            return super().write(key, chunks)
+            return self._revision(self._current(key))
 
     def delete(self, key: str) -> bool:
         with self._locked(key):
-            self._tracks.pop(key, None)
+            self._forget(key)
             return super().delete(key)
 
     def move_aside(self, key: str, suffix: str) -> str | None:
         with self._locked(key):
-            self._tracks.pop(key, None)
+            self._forget(key)
             return super().move_aside(key, suffix)
 
     # -- the StateStore protocol ---------------------------------------------
@@ -195,17 +207,22 @@ class JournalStore(JournalCore, FileStore):
         state = msgspec.Raw(assemble(scan, path))
         return Checkpoint(meta=scan.meta, state=state, torn=scan.torn)
 
-    def commit(self, key: str, meta: Meta, staged: object) -> int:
+    def commit(self, key: str, meta: Meta, staged: object, *, expected: str | None) -> int:
+        """Append or compact ``staged`` if the journal holds ``expected`` (see ``StateStore``)."""
         check_key(key)
         if not isinstance(staged, Full | Delta):
             raise TypeError(f"JournalStore cannot commit {type(staged).__name__}")
-        if not self._lock.acquire(timeout=time_left()):
-            nbytes = self._overtake(key, meta, staged)
-        else:
-            try:
-                nbytes = self._commit_on(key, self._current(key), meta, staged)
-            finally:
-                self._lock.release()
+        with self._owned(key):
+            if not self._lock.acquire(timeout=time_left()):
+                nbytes = self._overtake(key, meta, staged, expected)
+            else:
+                try:
+                    track = self._current(key)
+                    if landed(key, self._revision(track), meta.revision, expected):
+                        return 0
+                    nbytes = self._commit_on(key, track, meta, staged)
+                finally:
+                    self._lock.release()
         self._sync_root()
         return nbytes
 
@@ -229,13 +246,13 @@ class JournalStore(JournalCore, FileStore):
                         return track.meta
             return self._open(key).meta
 
-    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
+    def update_meta(self, key: str, meta: Meta, *, expected: str) -> None:
         check_key(key)
-        with self._locked(key):
+        with self._owned(key), self._locked(key):
             track = self._current(key)
-            if track.meta is None:
-                return None
-            meta = update(track.meta)
+            if landed(key, self._revision(track), meta.revision, expected):
+                return
+            assert track.meta is not None  # it holds the revision expected
             if track.broken:  # rewrite from memory, or from what the file says
                 self._compact(key, track, meta, self._remembered(key, track), rewrite=True)
             else:
@@ -245,7 +262,6 @@ class JournalStore(JournalCore, FileStore):
                 self._bytes += len(row)
                 self._tracks[key] = track._replace(meta=meta, size=track.size + len(row))
         self._sync_root()
-        return meta
 
     # -- the lock, bounded by a flush's deadline ---------------------------------
 
@@ -269,15 +285,16 @@ class JournalStore(JournalCore, FileStore):
         finally:
             self._lock.release()
 
-    def _overtake(self, key: str, meta: Meta, staged: object) -> int:
+    def _overtake(self, key: str, meta: Meta, staged: object, expected: str | None) -> int:
         """Commit without the lock, which a commit stuck past the flush's deadline holds.
 
-        The state is written as a fresh file (temp, fsync, rename), as
-        ``FileStore`` does.  A stuck append goes on into the file it opened,
-        which this rename replaced; a stuck rewrite may rename its older file
-        over this one, and the writer then commits the newer state again once
-        it returns.  Either way the key's tracks are dead: nothing is staged
-        on them again, and the next commit re-reads the file.
+        The revision is checked against the file itself, and the state
+        written as a fresh file (temp, fsync, rename), as ``FileStore``
+        does.  A stuck append goes on into the file it opened, which this
+        rename replaced; a stuck rewrite may rename its older file over this
+        one, and the writer then commits the newer state again once it
+        returns.  Either way the key's tracks are dead: nothing is staged on
+        them again, and the next commit re-reads the file.
         """
         full = self._settle(None, staged)
         assert isinstance(full, Full)
@@ -288,6 +305,10 @@ class JournalStore(JournalCore, FileStore):
             path,
         )
         self._forget(key)
+        data = read_checked(path)
+        stored = None if data is None else scan_journal(data, path).meta.revision
+        if landed(key, stored, meta.revision, expected):
+            return 0
         meta_json = _ENCODER.encode(meta)
         nbytes = write_atomic(
             path, [header_line(meta_json), *self._compaction_row(meta_json, full)]
@@ -296,6 +317,10 @@ class JournalStore(JournalCore, FileStore):
         self._rewrites += 1
         self._bytes += nbytes
         return nbytes
+
+    @staticmethod
+    def _revision(track: Track) -> str | None:
+        return None if track.meta is None else track.meta.revision
 
     def _forget(self, key: str) -> None:
         track = self._tracks.pop(key, None)

@@ -383,6 +383,9 @@ class SlowStore:
     def read(self, key: str) -> bytes | None:
         return self.inner.read(key)
 
+    def revision(self, key: str) -> str | None:
+        return self.inner.revision(key)
+
     def keys(self) -> list[str]:
         return self.inner.keys()
 

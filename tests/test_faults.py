@@ -381,7 +381,7 @@ class DirSyncFails(FileStore):
         self.failing = False
 
     def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
-        if landed(key, self.stored_revision(key), kw["revision"], kw["expected"]):
+        if landed(key, self.revision(key), kw["revision"], kw["expected"]):
             return 0
         calls = []
 

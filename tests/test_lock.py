@@ -195,6 +195,9 @@ class PlainStore:
     def read(self, key: str) -> bytes | None:
         return self._inner.read(key)
 
+    def revision(self, key: str) -> str | None:
+        return self._inner.revision(key)
+
     def keys(self) -> list[str]:
         return self._inner.keys()
 

@@ -72,7 +72,7 @@ def write_state(root: Path, state: object, seq: int) -> FileStore:
     meta = Meta(key=KEY, seq=seq, created_at=now, updated_at=now, live=True, revision=f"r{seq}")
     store = FileStore(root)
     chunks = envelope_chunks(meta, msgspec.json.encode(state))
-    store.write(KEY, chunks, revision=meta.revision, expected=store.stored_revision(KEY))
+    store.write(KEY, chunks, revision=meta.revision, expected=store.revision(KEY))
     return store
 
 

@@ -146,6 +146,13 @@ class Store(Protocol):
     def read(self, key: str) -> bytes | None:
         """The bytes of ``key``, or None if there is none."""
 
+    def revision(self, key: str) -> str | None:
+        """The revision ``key`` holds now (None: no checkpoint), without reading its state.
+
+        Cheap: a reader that keeps a key's state in memory (an adapter's
+        cache) compares it before answering from that copy.
+        """
+
     def keys(self) -> list[str]:
         """The keys that have a checkpoint, sorted."""
 

@@ -120,13 +120,13 @@ class FileStore:
         """
         check_key(key)
         with self._owned(key):
-            if landed(key, self.stored_revision(key), revision, expected):
+            if landed(key, self.revision(key), revision, expected):
                 return sum(map(len, chunks))
             nbytes = write_atomic(self.location(key), chunks)
         self._sync_root()
         return nbytes
 
-    def stored_revision(self, key: str) -> str | None:
+    def revision(self, key: str) -> str | None:
         """The revision of ``key``'s checkpoint (None: there is none), read from its meta.
 
         Raises:

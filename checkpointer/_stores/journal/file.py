@@ -177,7 +177,7 @@ class JournalStore(JournalCore, FileStore):
         self._sync_root()
         return nbytes
 
-    def stored_revision(self, key: str) -> str | None:
+    def revision(self, key: str) -> str | None:
         check_key(key)
         with self._locked(key):
             return self._revision(self._current(key))

@@ -1,9 +1,11 @@
 """The Python blocks of the README and of the pages under docs/, for the tests that run them.
 
 Every ```` ```python ```` block runs as written, in a fresh interpreter, the
-blocks of one page in order in one directory.  A block that cannot run on its
-own says so on the line just above its fence, with a reason the reader sees
-in the page's source::
+blocks of one page in order in one directory, each twice in a row (`run_twice`):
+readers run an example again in the directory its first run left state in, and
+what it asserts must hold when it resumes that state too.  A block that cannot
+run on its own says so on the line just above its fence, with a reason the
+reader sees in the page's source::
 
     <!-- docs-test: postgres -->          run by tests/test_postgres.py, with
                                           CHECKPOINTER_DSN naming its server
@@ -15,6 +17,8 @@ A marker without a reason, or of another kind, fails the collection.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +68,22 @@ def python_blocks(page: Path) -> list[Block]:
             blocks.append(Block(page, start + 1, code, mode, reason))
         i += 1
     return blocks
+
+
+def run_twice(block: Block, cwd: Path) -> None:
+    """Run the block twice in ``cwd``, each time in a fresh interpreter; both must succeed."""
+    for run in ("first", "second"):
+        proc = subprocess.run(
+            [sys.executable, "-c", block.code],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, (
+            f"{block.where}, {run} run in one directory\n{block.code}\n--- stderr:\n{proc.stderr}"
+        )
 
 
 def _marker(page: Path, lines: list[str], fence: int) -> tuple[str, str]:

@@ -8,23 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .docblocks import ROOT, python_blocks
+from .docblocks import ROOT, python_blocks, run_twice
 
 
 def test_readme_python_blocks_run(tmp_path: Path) -> None:
-    """Every python code block in the README runs in a fresh interpreter."""
+    """Every python code block in the README runs, twice in a row, in one directory."""
     blocks = [b for b in python_blocks(ROOT / "README.md") if b.mode == "run"]
     assert blocks, "the README has no python example"
     for block in blocks:
-        proc = subprocess.run(
-            [sys.executable, "-c", block.code],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert proc.returncode == 0, f"{block.where}\n{block.code}\n--- stderr:\n{proc.stderr}"
+        run_twice(block, tmp_path)
 
 
 def test_demo_command(tmp_path: Path) -> None:

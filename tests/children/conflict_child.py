@@ -100,8 +100,8 @@ async def main(spec: str, key: str, name: str, resume: bool, wait: bool) -> int:
         max_wait=0.05,
         backoff_initial=0.05,
         backoff_max=0.2,
-        resume_from=loaded if resume else None,
         lock_timeout=60.0 if wait else 0.0,
+        **({"resume_from": loaded} if resume else {}),
     )
     await writer.__aenter__()
     stats = writer.statistics()

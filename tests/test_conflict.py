@@ -403,21 +403,33 @@ def test_resume_from_none_is_absent_and_fenced(tmp_path: Path) -> None:
     assert cp is not None and cp.state == {"messages": ["other"]}
 
 
-@pytest.mark.parametrize("kind", [FileStore, JournalStore])
-def test_a_writer_whose_key_was_deleted_never_brings_it_back(
-    tmp_path: Path, kind: type[FileStore]
-) -> None:
-    """A delete under a live writer (through its own store) makes its next write a conflict."""
-    store = kind(tmp_path)
+def test_a_writer_whose_key_was_deleted_never_brings_it_back(tmp_path: Path) -> None:
+    """A delete under a live writer (a store without a lock lets it) makes its next write a
+    conflict, and nothing is recreated, by it or by its close."""
     state = {"messages": ["a"]}
-    writer = CheckpointWriter(lambda: Snapshot(KEY, state), store, exit_hooks=False).open()
-    assert store.delete(KEY) is True
+    writer = CheckpointWriter(
+        lambda: Snapshot(KEY, state), PlainStore(tmp_path), exit_hooks=False
+    ).open()
+    assert FileStore(tmp_path).delete(KEY) is True
     state["messages"].append("b")
     refused = writer.flush_sync()
     assert isinstance(refused, Failed) and refused.reason == "conflict", refused
     assert f"key {KEY!r} was deleted after this writer first saw it" in refused.error
     assert isinstance(writer.close(), Failed)
-    assert load(kind(tmp_path), KEY) is None
+    assert load(FileStore(tmp_path), KEY) is None
+
+
+@pytest.mark.parametrize("kind", [FileStore, JournalStore])
+def test_a_live_writers_key_cannot_be_deleted_even_through_its_own_store(
+    tmp_path: Path, kind: type[FileStore]
+) -> None:
+    """store.delete() of a key its own writer holds: KeyLocked (close the writer first)."""
+    store = kind(tmp_path)
+    with CheckpointWriter(lambda: Snapshot(KEY, {"n": 1}), store, exit_hooks=False):
+        with pytest.raises(KeyLocked, match=f"pid {os.getpid()}"):
+            store.delete(KEY)
+        assert load(store, KEY) is not None
+    assert store.delete(KEY) is True
 
 
 @pytest.mark.parametrize("kind", [FileStore, JournalStore])

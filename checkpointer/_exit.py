@@ -47,10 +47,11 @@ A ``multiprocessing`` worker idle in ``sem_wait`` on its task queue's lock is
 woken when another worker lets the lock go, loses it to ``Pool.terminate()``
 (which takes it and keeps it) and waits again inside libc: a SIGTERM landing
 in that window (wide on a loaded machine) is never handled, and
-``terminate()`` waits on the worker forever.  A writer the child opens
-itself registers as usual.  Each writer also checks its pid before any write
-(``CheckpointWriter._forked``), for a signal landing in the child before this
-hook has run.
+``terminate()`` waits on the worker forever.  The forking thread holds our
+signals pending across the fork (``_block_for_fork``), so one sent to the
+child before this hook has run waits for it, then kills.  A writer the child
+opens itself registers as usual.  Each writer also checks its pid before any
+write (``CheckpointWriter._forked``), for a fork that runs no Python hooks.
 
 The one answer to "what happens on SIGTERM?": ``_Handler``.  The hooks know
 a writer only as a ``Flushable`` and import nothing of the library, so a

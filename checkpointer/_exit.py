@@ -1,6 +1,6 @@
 """Exit hooks: flush every open writer from atexit and from SIGTERM/SIGHUP.
 
-Facts this module is built on (``../shared/FACTS.md``):
+What this module is built on:
 
 * atexit does not run when a signal Python does not handle kills the process
   (the default SIGTERM and SIGHUP), so we handle those two and write inside

@@ -308,6 +308,22 @@ class CheckpointWriter(Generic[S]):
     # -- async lifecycle -------------------------------------------------------
 
     async def __aenter__(self) -> CheckpointWriter[S]:
+        return await self.aopen()
+
+    async def aopen(self) -> CheckpointWriter[S]:
+        """Open on this event loop: the store, the exit hooks, a first write, the timer.
+
+        ``async with writer:`` calls it; call it yourself when the writer's
+        life is not one block (a framework's session object), and pair it
+        with ``aclose()``.  Cancellation: a cancel during the first write
+        closes the writer and propagates.
+
+        Returns:
+            The writer itself.
+
+        Raises:
+            RuntimeError: the writer is open already, or closed.
+        """
         self._claim_open()
         self._timer.bind()  # this event loop: notify() wakes the timer through it
         # Fast: no extra pass of the event loop per write (the hop yields anyway;

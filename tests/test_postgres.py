@@ -540,6 +540,42 @@ def test_writer_that_lost_its_session_is_refused(
     assert state_of(make_store(), "sess") == {"by": "b"}
 
 
+@pytest.mark.parametrize("journal", [False, True], ids=["PostgresStore", "PostgresJournalStore"])
+def test_a_writer_resumed_from_an_empty_load_never_replaces_a_later_write(
+    pg: Cluster, schema: str, journal: bool
+) -> None:
+    """load() found nothing; another writer then wrote three turns and closed; the writer
+    resumed from that empty load is refused (Failed("conflict")), and the other's turns
+    stay."""
+    from checkpointer import PostgresJournalStore
+
+    kind = PostgresJournalStore if journal else PostgresStore
+    mine, other = kind(pg.dsn(), schema=schema), kind(pg.dsn(), schema=schema)
+    try:
+        loaded = load(mine, "k")
+        assert loaded is None
+        theirs: list[str] = []
+        with CheckpointWriter(
+            lambda: Snapshot("k", {"messages": theirs}), other, exit_hooks=False
+        ) as writer:
+            for turn in range(3):
+                theirs.append(f"theirs {turn}")
+                assert isinstance(writer.flush_sync(), Written)
+        resumed = CheckpointWriter(
+            lambda: Snapshot("k", {"messages": ["mine"]}),
+            mine,
+            exit_hooks=False,
+            resume_from=loaded,
+        )
+        refused = resumed.open().flush_sync()
+        assert isinstance(refused, Failed) and refused.reason == "conflict", refused
+        assert isinstance(resumed.close(), Failed)
+        assert state_of(other, "k") == {"messages": theirs}
+    finally:
+        mine.close()
+        other.close()
+
+
 def test_lost_lock_held_elsewhere_is_locked_then_resumes(
     pg: Cluster, make_store: Callable[..., PostgresStore]
 ) -> None:

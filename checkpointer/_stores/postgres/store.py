@@ -262,25 +262,25 @@ class PostgresStore(LocksPart):
         is replaced and the write made again, for ``connect_timeout`` at
         most: if its COMMIT had landed, the row holds its revision and the
         retry is done.  A call cut off as a hang is not repeated, nor one that
-        found no connection (the server was lost before it: a flush then
-        fails at once, and the writer's backoff and ``probe`` take over).
+        never reached the server (it was lost before: the write fails at
+        once, and the writer's backoff and ``probe`` take over).
         """
         if not statement:
             statement = "insert" if params["expected"] is None else "update"
         budget = nbytes / SLOW_BYTES_PER_SECOND
         retry_until: float | None = None
-        connected = self._conn is not None and not self._conn.closed
+        reached: list[bool] = []  # [True] once an attempt had a connection
         while True:
             self._lost = False  # set again by a failure of this attempt to reach the server
             try:
-                self._write_once(key, statement, params, then, budget)
+                self._write_once(key, statement, params, then, budget, reached)
                 return
             except (KeyLockedError, StaleWriteError):
                 raise
             except PostgresStoreError as exc:
                 # The server went away (a restart, a failover, an idle loss), not
                 # a hang: again on a fresh connection, for connect_timeout at most.
-                if not (connected and self._lost) or self._watchdog.fired:
+                if not (reached and self._lost) or self._watchdog.fired:
                     raise
                 now = time.monotonic()
                 if retry_until is None:
@@ -297,9 +297,11 @@ class PostgresStore(LocksPart):
         params: dict[str, Any],
         then: Callable[[psycopg.Connection[Any]], None] | None,
         budget: float,
+        reached: list[bool],
     ) -> None:
-        """One try of ``_conditional_write``."""
+        """One try of ``_conditional_write``; ``reached`` gets True once it has a connection."""
         with self._session(budget=budget) as conn:
+            reached.append(True)
             refused = self._acquire(conn, key)
             if refused is not None:
                 raise refused

@@ -1,55 +1,26 @@
 """The PostgreSQL store: checkpoints as rows, one writer per key across a fleet.
 
-``PostgresStore`` implements the same ``Store`` protocol as ``FileStore``, so
-the writer, ``load()`` and the CLI work with it unchanged.  Every call is a
-synchronous psycopg call: the async path runs it in the writer's one
-worker-thread hop (psycopg's async connection is asyncio-only), and
-``flush_sync`` runs it directly.
+``PostgresStore`` implements the ``Store`` protocol as ``FileStore`` does, in
+synchronous psycopg calls (the writer makes them in its worker-thread hop).
+It is one object built of parts, one file each: ``schema.py`` (the tables),
+``connection.py`` (the one connection, bounded calls), ``locks.py`` (the
+advisory lock of each key) and this file (the protocol, conditional writes,
+forks).
 
-How it works
-------------
-``PostgresStore`` is one object built of parts, one file each, every
-attribute set in ``__init__`` here and declared by the part that uses it:
-
-* ``schema.py`` (``SchemaPart``): the tables and installing them;
-* ``connection.py`` (``ConnectionPart``): the one connection, bounded calls;
-* ``locks.py`` (``LocksPart``): the advisory lock of each key;
-* this file: the ``Store`` protocol over them, conditional writes, forks.
-
-* **Rows.**  ``<schema>.checkpoints`` holds per key: the ``revision`` it
-  holds, the envelope ``format``, ``meta`` (jsonb), the state's bytes
-  (bytea) and the server's ``updated_at``.  ``read()`` rebuilds the same
-  envelope a ``FileStore`` file holds.  A journal key
-  (``PostgresJournalStore``, ``journal.py``) has a head row there
-  (``journal`` true, no state) and its rows in ``<schema>.journal``;
-  ``read()``, ``delete()`` and ``move_aside()`` handle both kinds.
-* **Conditional writes.**  A write is one transaction whose first
-  statement writes only over the revision expected (``insert``: none;
-  ``update``: that one), so the check and the write are one step: no
-  other write or delete of the key lands between them, and two writers
-  that both expected the same revision cannot both land.  Not applied,
-  the key holds another revision: this very write's (its COMMIT landed
-  and the answer was lost; the retry is done), or another's
-  (``StaleWriteError``).  The advisory lock (``locks.py``) refuses a
-  second live writer early ("locked"); the revision makes it safe.
-* **Lost connections.**  A connection lost (after it sat idle, or
-  mid-write: a server restart) is replaced and the write made again, for
-  ``connect_timeout`` at most: the revision makes the retry safe, its own
-  landed write recognised.  A call cut off as a hang is not repeated.
-* **Writers sharing a store.**  ``lock()`` hands out one lock object per
-  key: a second writer of the key through the same store is refused, as
-  with ``FileStore``, until that object is released (``close()`` keeps it:
-  it drops the connection, not the writer).  A signal landing in a store
-  call on the main thread waits for its end (``_exit.busy``), since its
-  flush needs the mutex.
+* **Rows.**  ``<schema>.checkpoints`` holds per key the ``revision`` it holds,
+  the envelope ``format``, ``meta`` (jsonb) and the state (bytea); a journal
+  key (``journal.py``) has a head row there and its rows in ``journal``.
+* **Conditional writes.**  A write is one transaction whose first statement
+  writes only over the revision expected (``insert``: none; ``update``: that
+  one): nothing lands between the check and the write.  Not applied, the row
+  holds this very write's revision (its COMMIT landed, the answer was lost:
+  done) or another's (``StaleWriteError``).  The advisory lock refuses a
+  second live writer early; the revision makes a write safe.
 * **Forks.**  libpq connections must not be used or closed from a forked
-  child: ``close()`` sends Terminate on the socket both share, which ends
-  the parent's session and frees its locks.  Right after a fork the child's
-  copy of every store forgets its connection without a word to the server
-  (its descriptor closed, so a worker outliving its parent does not keep
-  the session and its locks; the object kept alive, as dropping it would
-  only warn: psycopg's finaliser checks the pid), its locks and watchdog:
-  in the child it is a fresh store that connects on first use.
+  child (``close()`` would end the parent's session and its locks): right
+  after a fork the child's copy of every store forgets its connection
+  without a word to the server (its descriptor closed; the object kept, as
+  dropping it would only warn), its locks and watchdog, and connects afresh.
 """
 
 from __future__ import annotations
@@ -250,20 +221,18 @@ class PostgresStore(LocksPart):
         statement: str = "",
         nbytes: int = 0,
     ) -> None:
-        """Write ``key``'s row over revision ``params["expected"]``, and ``then(conn)``.
+        """Write ``key``'s row over revision ``params["expected"]``, then ``then(conn)``.
 
         One transaction, under the key's lock (taken first if not held);
-        ``then`` runs only if the row was written (the journal's rows go
-        with their head, or not at all).  ``statement`` names the write
-        (default: ``insert`` when no revision is expected, else
-        ``update``).  ``nbytes`` (what the write sends) widens the call's
-        time budget, so a large session is not cut off as a hang.  A
-        connection lost (after it sat idle, or mid-write: a server restart)
-        is replaced and the write made again, for ``connect_timeout`` at
-        most: if its COMMIT had landed, the row holds its revision and the
-        retry is done.  A call cut off as a hang is not repeated, nor one that
-        never reached the server (it was lost before: the write fails at
-        once, and the writer's backoff and ``probe`` take over).
+        ``then`` runs only if the row was written.  ``statement``: the write
+        (default ``insert`` when no revision is expected, else ``update``).
+        ``nbytes`` widens the call's time budget, so a large session is not
+        cut off as a hang.  A write whose connection was lost once it reached
+        the server (idle, or mid-write: a restart) is made again on a new
+        one, for ``connect_timeout`` at most: if its COMMIT had landed, it
+        finds its own revision and is done.  One that never reached the
+        server fails at once (the writer's backoff and ``probe`` take over),
+        and one cut off as a hang is not repeated.
         """
         if not statement:
             statement = "insert" if params["expected"] is None else "update"

@@ -39,7 +39,15 @@ must be exactly as before (nothing of the parent's writer runs there).  In
 others (``--second-every``) a second process starts on the same key while
 the writer runs, loads it, appends its own message: its writes fail
 (``locked``), and after our close they must be ``Failed("conflict")`` and
-our file intact.
+our file intact.  In others (``--delete-every``) the key is deleted at a
+quiet point: first through another store object (as another process would:
+refused, ``KeyLocked``, the file intact), then through the writer's own
+store: from then on nothing may bring it back (every quiet point finds no
+file, the final write is ``Failed("conflict")``).  And every
+``--start-every``-th run, two processes open ``STARTS`` new keys at one
+moment the way the resuming guide says (``resume_from=load(...)``, None),
+three turns each (``tests/children/start_child.py``): for every key, a
+process told ``Written`` last finds all its messages stored.
 
 It prints a table per store and backend; the exit status is 1 if anything
 was lost.  The suite runs a small seeded version (``tests/test_stress.py``).
@@ -76,8 +84,10 @@ from checkpointer import (
     ChatMessage,
     Checkpoint,
     CheckpointWriter,
+    Failed,
     FileStore,
     JournalStore,
+    KeyLocked,
     Meta,
     Result,
     Skipped,
@@ -103,6 +113,25 @@ def _file_transcript(root: str) -> Store:
     return FileStore(root, transcript=Transcript())
 
 
+class Unlocked:
+    """A store of a user's own: a ``FileStore`` without the ``lock()`` capability.
+
+    Nothing keeps a second writer or a delete off a key while a writer is
+    live: the conditional write alone keeps what was written.
+    """
+
+    def __init__(self, root: str) -> None:
+        self._inner = inner = FileStore(root)
+        self.validate_key, self.location, self.open = inner.validate_key, inner.location, inner.open
+        self.read, self.revision, self.keys = inner.read, inner.revision, inner.keys
+        self.delete, self.move_aside = inner.delete, inner.move_aside
+
+    def write(
+        self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
+    ) -> int:
+        return self._inner.write(key, chunks, revision=revision, expected=expected)
+
+
 class LossyStore(FileStore):
     """A deliberately broken store: every third write reports success and writes nothing.
 
@@ -124,10 +153,25 @@ STORES: dict[str, Callable[[str], Store]] = {
     "file": FileStore,
     "file-transcript": _file_transcript,
     "journal": JournalStore,
+    "unlocked": Unlocked,
 }
 """The stores to stress: a new store is one more entry."""
 
-UNSAFE: dict[str, Callable[[str], Store]] = {"lossy": LossyStore}
+
+class BlindStore(Unlocked):
+    """A deliberately broken store: its write never refuses (it expects whatever is there).
+
+    Only here to show that the stress notices a deleted key brought back
+    (``--store blind``).
+    """
+
+    def write(
+        self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
+    ) -> int:
+        return super().write(key, chunks, revision=revision, expected=self.revision(key))
+
+
+UNSAFE: dict[str, Callable[[str], Store]] = {"lossy": LossyStore, "blind": BlindStore}
 """Stores that lose writes on purpose, to show the checks can fail."""
 
 BASE: tuple[str, ...] = ("append", "append-struct", "edit-last", "edit-earlier", "replace")
@@ -396,8 +440,14 @@ class SlowStore:
         return self.inner.move_aside(key, suffix)
 
     def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
-        assert isinstance(self.inner, LockingStore)
-        return self.inner.lock(key, timeout=timeout)
+        if isinstance(self.inner, LockingStore):
+            return self.inner.lock(key, timeout=timeout)
+        return _NoLock()  # the inner store has no lock: nothing is held
+
+
+class _NoLock:
+    def release(self) -> None:
+        pass
 
 
 class Probe:
@@ -476,6 +526,8 @@ class Summary:
     cancelled: int = 0
     forks: int = 0
     seconds_processes: int = 0
+    deletes: int = 0
+    starts: int = 0
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
 
@@ -503,6 +555,8 @@ class Summary:
         self.cancelled += other.cancelled
         self.forks += other.forks
         self.seconds_processes += other.seconds_processes
+        self.deletes += other.deletes
+        self.starts += other.starts
         self.seconds += other.seconds
         self.problems += other.problems
         self.lost_runs += other.lost_runs
@@ -520,6 +574,7 @@ class Spec:
     quiet_every: int = 25
     fork: bool = False
     second: bool = False
+    delete: bool = False
     fingerprint: bool | None = None  # an exact fingerprint; None: in half the runs
 
 
@@ -537,6 +592,7 @@ class _Run:
         self.pinned = False
         self.second: subprocess.Popen[str] | None = None
         self.root = root
+        self.deleted_at: int | None = None  # commits when the key was deleted
 
     def problem(self, text: str) -> None:
         with self.lock:
@@ -560,6 +616,9 @@ class _Run:
     def check_unchanged(self, result: Result, version: int | None, what: str) -> None:
         """A Skipped('unchanged') must leave the disk holding the state it was given, or newer."""
         if not (isinstance(result, Skipped) and result.reason == "unchanged"):
+            return
+        if self.deleted_at is not None:
+            self.problem(f"{what} returned Skipped('unchanged') for a deleted key")
             return
         with self.lock:
             self.summary.unchanged_checks += 1
@@ -590,6 +649,10 @@ class _Run:
             await anyio.sleep(0.001)
         self.summary.quiet_checks += 1
         disk = self.disk()
+        if self.deleted_at is not None:
+            if disk is not None or len(self.store.committed) > self.deleted_at:
+                self.problem(f"quiet point: a deleted key came back: {disk}")
+            return
         want = self.session.content()
         if disk is None:
             self.problem("quiet point: nothing on disk")
@@ -756,6 +819,28 @@ class _Run:
             who = meta[1].writer if meta is not None else None
             self.problem(f"a forked child ({how}) wrote the parent's checkpoint (writer {who})")
 
+    def delete(self) -> None:
+        """Delete the key as another process would: refused while our writer holds it.
+
+        A store without a lock lets it: from then on nothing may bring the key back.
+        """
+        before = self.inner.read(KEY)
+        others = [{**STORES, **UNSAFE}[self.spec.store](self.root), self.inner]
+        self.summary.deletes += 1
+        if not isinstance(self.inner, LockingStore):
+            others[0].delete(KEY)
+            self.deleted_at = len(self.store.committed)
+            return
+        for other in others:
+            try:
+                other.delete(KEY)
+            except KeyLocked:
+                pass
+            else:
+                self.problem("a delete went through while our writer held the key")
+        if self.inner.read(KEY) != before:
+            self.problem("a refused delete changed the file")
+
     def start_second(self) -> None:
         spec = "journal" if self.spec.store == "journal" else "file"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -843,7 +928,9 @@ class _Run:
         async with writer:
             done = 0
             fork_at = rng.randrange(max(1, spec.ops // spec.quiet_every)) if spec.fork else -1
-            second_at = rng.randrange(max(1, spec.ops // spec.quiet_every)) if spec.second else -1
+            points = max(1, spec.ops // spec.quiet_every)
+            second_at = rng.randrange(points) if spec.second else -1
+            delete_at = rng.randrange(points) if spec.delete else -1
             point = 0
             while done < spec.ops:
                 count = min(spec.quiet_every, spec.ops - done)
@@ -852,9 +939,12 @@ class _Run:
                 await self.quiet_point(writer, probe, live=True)
                 if point == fork_at:
                     self.fork_child()
-                if point == second_at:
+                if point == second_at and isinstance(self.inner, LockingStore):
                     self.start_second()
                     self.second_tries(after_close=False)
+                if point == delete_at and self.second is None and self.deleted_at is None:
+                    self.delete()
+                    await self.quiet_point(writer, probe, live=True)
                 if rng.random() < 0.2:  # the pin, asked while nothing else is in flight
                     self.pinned = rng.random() < 0.5
                     await writer.write_now(pin=self.pinned)
@@ -871,7 +961,10 @@ class _Run:
             final = await writer.aclose()
             for racer in racers:
                 racer.join(HANG_GUARD)
-            if not isinstance(final, Written) and final != Skipped("unchanged"):
+            if self.deleted_at is not None:
+                if not (isinstance(final, Failed) and final.reason == "conflict"):
+                    self.problem(f"the final write of a deleted key was {final}")
+            elif not isinstance(final, Written) and final != Skipped("unchanged"):
                 self.problem(f"the final write was {final}")
         await self.quiet_point(writer, probe, live=False)
         self.second_tries(after_close=True)
@@ -894,6 +987,9 @@ KINDS = {
     "a forked child": "a forked child ran the parent's writer",
     "a second process": "a second process wrote, or was not refused",
     "the second process": "a second process wrote, or was not refused",
+    "deleted": "a deleted key came back, or a delete was not refused",
+    "delete": "a deleted key came back, or a delete was not refused",
+    "simultaneous start": "two processes started at once, one told Written lost its work",
 }
 
 
@@ -959,6 +1055,8 @@ def run(
     seed: int | None = None,
     fork_every: int = 4,
     second_every: int = 4,
+    delete_every: int = 4,
+    start_every: int = 4,
     progress: Callable[[str], object] | None = None,
 ) -> list[Summary]:
     """``runs`` runs per store and backend; one summary per (store, backend).
@@ -972,6 +1070,8 @@ def run(
         seed: the first run's seed (the others follow it); random if None.
         fork_every: every n-th run forks a child (0: never).
         second_every: every n-th run starts a second process on the key (0: never).
+        delete_every: every n-th run deletes the key at a quiet point (0: never).
+        start_every: every n-th run also starts two processes on new keys at once.
         progress: called with a line after each run.
     """
     base = random.randrange(2**32) if seed is None else seed
@@ -988,8 +1088,13 @@ def run(
                     group=group,
                     fork=bool(fork_every) and i % fork_every == fork_every - 1,
                     second=bool(second_every) and i % second_every == 0,
+                    delete=bool(delete_every) and i % delete_every == delete_every // 2,
                 )
                 one = run_one(spec)
+                if start_every and i % start_every == start_every - 1:
+                    one.problems += run_starts(store, backend)
+                    one.starts += STARTS
+                    one.lost_runs = int(bool(one.problems))
                 total.add(one)
                 if progress is not None:
                     progress(
@@ -1002,18 +1107,77 @@ def run(
     return summaries
 
 
+STARTS = 10  # keys per simultaneous start
+START_CHILD = [sys.executable, "-m", "tests.children.start_child"]
+
+
+def run_starts(store: str, backend: str, turns: int = 3) -> list[str]:
+    """Two processes open ``STARTS`` new keys at one moment; the problems found.
+
+    Each process loads every key (None), opens a writer with
+    ``resume_from=`` that, and writes ``turns`` messages.  A process whose
+    last result is ``Written`` must find all its messages stored.
+    """
+    if store not in ("file", "journal"):
+        store = "file"  # the child knows the stores by their kind
+    root = tempfile.mkdtemp(prefix="checkpointer-starts-")
+    keys = [f"start-{i}" for i in range(STARTS)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    problems: list[str] = []
+    try:
+        procs = {
+            name: subprocess.Popen(
+                [*START_CHILD, f"{store}:{root}", name, str(turns), *keys],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=ROOT,
+            )
+            for name in ("a", "b")
+        }
+        for proc in procs.values():
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        ran: dict[str, dict[str, Any]] = {}
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=HANG_GUARD * 2)
+            if proc.returncode != 0:
+                return [f"{store}/{backend}: simultaneous start: a process failed: {err[-400:]}"]
+            ran[name] = json.loads(out)
+        reader = STORES[store](root)
+        for key in keys:
+            cp = load(reader, key)
+            stored = [] if cp is None else cp.state["messages"]
+            for name, runs in ran.items():
+                run = runs[key]
+                if (
+                    run["results"][-1] == "Written:"
+                    and stored[: len(run["messages"])] != run["messages"]
+                ):
+                    problems.append(
+                        f"{store}/{backend}: simultaneous start: {name} was told Written for "
+                        f"{run['messages']} but {key} holds {stored}"
+                    )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return problems
+
+
 def table(summaries: Sequence[Summary]) -> list[str]:
     lines = [
         "| store | backend | runs | operations | quiet-point checks | 'unchanged' checks "
         "| commits | write_now cancelled | forked children | second processes "
-        "| runs that lost something |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| deletes | simultaneous starts | runs that lost something |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lines.append(
             f"| {s.store} | {s.backend} | {s.runs} | {s.operations:,} | {s.quiet_checks:,} "
             f"| {s.unchanged_checks:,} | {s.commits:,} | {s.cancelled:,} | {s.forks} "
-            f"| {s.seconds_processes} | {s.lost_runs} |"
+            f"| {s.seconds_processes} | {s.deletes} | {s.starts} | {s.lost_runs} |"
         )
     return lines
 
@@ -1036,6 +1200,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None, help="first seed (default: random)")
     p.add_argument("--fork-every", type=int, default=4, help="fork a child every n-th run")
     p.add_argument("--second-every", type=int, default=4, help="a second process every n-th run")
+    p.add_argument("--delete-every", type=int, default=4, help="delete the key every n-th run")
+    p.add_argument(
+        "--start-every", type=int, default=4, help="two processes on new keys every n-th run"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print the table only")
     return p.parse_args(argv)
 
@@ -1058,6 +1226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         fork_every=args.fork_every,
         second_every=args.second_every,
+        delete_every=args.delete_every,
+        start_every=args.start_every,
         progress=None if args.quiet else lambda line: print(line, flush=True),
     )
     print("\n".join(table(summaries)))
@@ -1075,7 +1245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"stress: runs={total.runs} operations={total.operations} "
         f"quiet_checks={total.quiet_checks} unchanged_checks={total.unchanged_checks} "
         f"commits={total.commits} cancelled={total.cancelled} forks={total.forks} "
-        f"second={total.seconds_processes} lost_runs={total.lost_runs} losses={total.losses} "
+        f"second={total.seconds_processes} deletes={total.deletes} starts={total.starts} "
+        f"lost_runs={total.lost_runs} losses={total.losses} "
         f"seconds={time.monotonic() - started:.0f}",
         flush=True,
     )

@@ -12,6 +12,7 @@ started after A ended resumes and writes as usual.  Real processes
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from checkpointer import (
     Failed,
     FileStore,
     JournalStore,
+    KeyLocked,
     KeyLockedError,
     PostgresJournalStore,
     PostgresStore,
@@ -43,6 +45,7 @@ from checkpointer import (
 
 from .conftest import FakeClock
 from .pg import Cluster, find_binaries
+from .test_lock import PlainStore
 
 ROOT = Path(__file__).resolve().parent.parent
 CHILD = Path(__file__).parent / "children" / "conflict_child.py"
@@ -204,6 +207,78 @@ def contents(store: Store) -> list[str]:
     cp = load(store, KEY)
     assert cp is not None
     return [m["content"] for m in cp.state["messages"]]
+
+
+STARTS = 20  # keys, each opened by two terminals at one moment
+TURNS = 3
+
+
+def test_two_terminals_started_at_once_on_a_new_session_never_lose_a_written_state(
+    place: Place,
+) -> None:
+    """Two processes load a new key (None) and write it at once: what either saved stays.
+
+    The resuming guide's pattern, ``resume_from=load(store, key)``, run by two
+    processes at the same moment, each on ``STARTS`` keys at once (a loaded
+    machine).  For every key, a terminal whose last result was ``Written``
+    finds all its messages on disk (its state is a prefix of what is
+    stored); the other is refused (``conflict`` or ``locked``), never told
+    ``Written`` while its work is replaced.
+    """
+    keys = [f"new-{i}" for i in range(STARTS)]
+    child = [sys.executable, "-m", "tests.children.start_child", place.spec]
+    procs = {
+        name: subprocess.Popen(
+            [*child, name, str(TURNS), *keys],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=place.env,
+            cwd=ROOT,
+        )
+        for name in ("a", "b")
+    }
+    for proc in procs.values():  # both interpreters are up: go, both at once
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    ran: dict[tuple[str, str], Any] = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=TIMEOUT * 2)
+        assert proc.returncode == 0, err
+        for key, run in json.loads(out).items():
+            ran[key, name] = run
+    store = place.store()
+    refused = 0
+    for key in keys:
+        checkpoint = load(store, key)
+        assert checkpoint is not None
+        stored = checkpoint.state["messages"]
+        for name in ("a", "b"):
+            run = ran[key, name]
+            if run["results"][-1] == "Written:":
+                assert stored[: len(run["messages"])] == run["messages"], (key, name, run, stored)
+            else:
+                refused += 1
+                assert run["results"][-1] in ("Failed:conflict", "Failed:locked"), run
+    assert refused > 0  # the two did overlap somewhere: the case was exercised
+
+
+def test_a_delete_from_another_process_is_refused_while_a_writer_holds_the_key(
+    place: Place,
+) -> None:
+    """store.delete() while another process's writer holds the key: KeyLocked naming it."""
+    a = Agent(place, "A").start()
+    assert a.append("one")["result"] == "Written"
+    store = place.store()
+    with pytest.raises(KeyLocked, match=f"pid {a.proc.pid}"):
+        store.delete(KEY)
+    assert a.append("two")["result"] == "Written"
+    assert a.close()["result"] == "Written"
+    assert contents(place.store()) == ["A: one", "A: two"]
+    assert place.store().delete(KEY) is True  # nobody holds it now
+    assert load(place.store(), KEY) is None
 
 
 def test_a_stale_second_process_never_replaces_the_first_ones_work(place: Place) -> None:
@@ -412,9 +487,9 @@ def sync_writer(root: Path, state: dict[str, Any], **kw: Any) -> CheckpointWrite
     return CheckpointWriter(lambda: Snapshot(KEY, state), FileStore(root), exit_hooks=False, **kw)
 
 
-def test_resume_from_starts_the_window_at_the_load(tmp_path: Path) -> None:
-    """With resume_from, a write that landed between load() and the writer's first look
-    is not replaced (Failed('conflict')); without it, the window starts at that look."""
+def test_resume_from_refuses_what_another_writer_stored_since_the_load(tmp_path: Path) -> None:
+    """With resume_from, a write that landed between load() and the writer's first write
+    is not replaced (Failed('conflict')); without it, the writer expects what it finds."""
     first = sync_writer(tmp_path, {"messages": ["a1"]}).open()
     loaded = load(FileStore(tmp_path), KEY)
     assert loaded is not None
@@ -430,8 +505,107 @@ def test_resume_from_starts_the_window_at_the_load(tmp_path: Path) -> None:
     assert load(FileStore(tmp_path), KEY) == after
 
     plain = sync_writer(tmp_path, mine, write_on_start=False).open()
-    assert isinstance(plain.flush_sync(), Written)  # its window opened after first's close
+    assert isinstance(plain.flush_sync(), Written)  # it expects what it found: first's close
     plain.close()
+
+
+def test_resume_from_none_is_absent_and_fenced(tmp_path: Path) -> None:
+    """resume_from=None (load found nothing) refuses a checkpoint made since: a conflict."""
+    assert load(FileStore(tmp_path), KEY) is None
+    sync_writer(tmp_path, {"messages": ["other"]}).open().close()
+    late = sync_writer(tmp_path, {"messages": ["mine"]}, resume_from=None).open()
+    refused = late.statistics().last_result
+    assert isinstance(refused, Failed) and refused.reason == "conflict", refused
+    assert "when it had no checkpoint" in refused.error
+    late.close()
+    cp = load(FileStore(tmp_path), KEY)
+    assert cp is not None and cp.state == {"messages": ["other"]}
+
+
+def test_a_writer_whose_key_was_deleted_never_brings_it_back(tmp_path: Path) -> None:
+    """A delete under a live writer (a store without a lock lets it) makes its next write a
+    conflict, and nothing is recreated, by it or by its close."""
+    state = {"messages": ["a"]}
+    writer = CheckpointWriter(
+        lambda: Snapshot(KEY, state), PlainStore(tmp_path), exit_hooks=False
+    ).open()
+    assert FileStore(tmp_path).delete(KEY) is True
+    state["messages"].append("b")
+    refused = writer.flush_sync()
+    assert isinstance(refused, Failed) and refused.reason == "conflict", refused
+    assert f"key {KEY!r} was deleted after this writer first saw it" in refused.error
+    assert isinstance(writer.close(), Failed)
+    assert load(FileStore(tmp_path), KEY) is None
+
+
+@pytest.mark.parametrize("kind", [FileStore, JournalStore])
+def test_a_live_writers_key_cannot_be_deleted_even_through_its_own_store(
+    tmp_path: Path, kind: type[FileStore]
+) -> None:
+    """store.delete() of a key its own writer holds: KeyLocked (close the writer first)."""
+    store = kind(tmp_path)
+    with CheckpointWriter(lambda: Snapshot(KEY, {"n": 1}), store, exit_hooks=False):
+        with pytest.raises(KeyLocked, match=f"pid {os.getpid()}"):
+            store.delete(KEY)
+        assert load(store, KEY) is not None
+    assert store.delete(KEY) is True
+
+
+@pytest.mark.parametrize("kind", [FileStore, JournalStore])
+def test_a_delete_through_another_store_object_is_refused_while_held(
+    tmp_path: Path, kind: type[FileStore]
+) -> None:
+    """Another store object, even of this process, cannot delete a key a live writer holds."""
+    writer = CheckpointWriter(lambda: Snapshot(KEY, {"n": 1}), kind(tmp_path), exit_hooks=False)
+    with writer, pytest.raises(KeyLocked, match=f"pid {os.getpid()}"):
+        kind(tmp_path).delete(KEY)
+    assert kind(tmp_path).delete(KEY) is True
+
+
+def test_a_store_without_a_lock_still_refuses_the_stale_writer(tmp_path: Path) -> None:
+    """Two live writers of one key over a lock-less store: the one left behind is refused."""
+    states = {"one": {"n": 1}, "two": {"n": 10}}
+    one, two = (
+        CheckpointWriter(
+            functools.partial(Snapshot, KEY, s), PlainStore(tmp_path), exit_hooks=False
+        )
+        for s in states.values()
+    )
+    assert isinstance(one.open().statistics().last_result, Written)
+    assert isinstance(two.open().statistics().last_result, Written)  # it expected one's
+    states["one"]["n"] = 2
+    refused = one.flush_sync()
+    assert isinstance(refused, Failed) and refused.reason == "conflict", refused
+    states["two"]["n"] = 11
+    assert isinstance(two.flush_sync(), Written)
+    assert isinstance(one.close(), Failed)
+    assert isinstance(two.close(), Written)
+    cp = load(FileStore(tmp_path), KEY)
+    assert cp is not None and cp.state == {"n": 11} and cp.meta.seq == 4
+
+
+class NoFence(PlainStore):
+    """A store whose write takes no ``expected``: it cannot refuse a stale write."""
+
+    def write(self, key: str, chunks: Sequence[bytes]) -> int:  # type: ignore[override]
+        return self._inner.write(key, chunks, revision="", expected=self._inner.revision(key))
+
+
+def test_a_store_that_cannot_fence_is_refused_unless_the_caller_owns_concurrency(
+    tmp_path: Path,
+) -> None:
+    """A store whose write() takes no expected revision: TypeError, or unfenced=True."""
+    with pytest.raises(TypeError, match=r"cannot refuse a stale write.*unfenced=True"):
+        CheckpointWriter(lambda: Snapshot(KEY, {}), NoFence(tmp_path))  # type: ignore[arg-type]
+    writer = CheckpointWriter(
+        lambda: Snapshot(KEY, {"n": 1}),
+        NoFence(tmp_path),  # type: ignore[arg-type]
+        exit_hooks=False,
+        unfenced=True,
+    )
+    with writer:
+        pass
+    assert isinstance(writer.statistics().last_result, Written)
 
 
 def test_resume_from_the_current_checkpoint_writes(tmp_path: Path) -> None:

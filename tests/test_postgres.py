@@ -498,7 +498,8 @@ def test_a_delete_is_refused_while_another_session_holds_the_key(
     pg: Cluster, make_store: Callable[..., PostgresStore]
 ) -> None:
     """delete() and move_aside() by a store that does not hold the key raise KeyLockedError
-    naming the holder; the holder's own store deletes; a free key is deleted, rows and all."""
+    naming the holder, as delete() does while a writer holds it through the same store;
+    a store's own hold of the key (a bare write's) does not stop its delete."""
     holder, other = make_store(), make_store()
     put(holder, "k", 1, b'"kept"')  # the write took the key's lock, and keeps it
     for remove in (lambda: other.delete("k"), lambda: other.move_aside("k", "x")):
@@ -507,11 +508,15 @@ def test_a_delete_is_refused_while_another_session_holds_the_key(
         assert info.value.holder is not None and info.value.holder.pid == os.getpid()
         assert "held by PostgreSQL backend" in str(info.value)
     assert state_of(other, "k") == "kept" and other.held() == frozenset()
-    assert holder.delete("k") is True and holder.held() == {"k"}  # its own: still held
+    assert holder.delete("k") is True and holder.held() == {"k"}  # its own hold: still held
     put(holder, "k", 1, b'"again"')
     holder.release("k")
     assert other.delete("k") is True and other.held() == frozenset()  # held for the call only
-    assert holder.acquire("k") is None
+    writer_lock = holder.lock("k")  # a live writer's, even through the same store
+    with pytest.raises(KeyLockedError, match="through this same PostgresStore"):
+        holder.delete("k")
+    writer_lock.release()
+    assert holder.delete("k") is False and holder.acquire("k") is None
 
 
 def test_writer_that_lost_its_session_is_refused(

@@ -104,6 +104,25 @@ def test_a_second_process_on_the_key_changes_nothing(store: str, backend: str) -
     assert losses(Spec(store, backend, 7, ops=40, group="base", second=True)) == []
 
 
+@pytest.mark.parametrize(("store", "backend"), [("journal", "asyncio"), ("unlocked", "trio")])
+def test_a_delete_is_refused_while_held_or_never_undone(store: str, backend: str) -> None:
+    """A delete at a quiet point: refused while our writer holds the key (a locking store);
+    through a store without a lock it goes, and then nothing brings the key back."""
+    summary = run_one(Spec(store, backend, 3, ops=60, group="base", delete=True))
+    assert summary.problems == [] and summary.deletes == 1
+
+
+def test_the_stress_catches_a_deleted_key_brought_back() -> None:
+    """With a store whose write never refuses, the writer recreates a deleted key: caught."""
+    found = losses(Spec("blind", "asyncio", 3, ops=60, group="base", delete=True))
+    assert any("a deleted key came back" in p for p in found), found
+
+
+def test_two_processes_starting_one_session_at_once_lose_nothing() -> None:
+    """Two processes open new keys at one moment, resume_from=load(): what was Written stays."""
+    assert stress.run_starts("journal", "asyncio") == []
+
+
 def test_the_stress_catches_a_store_that_drops_writes() -> None:
     """With a store that drops every third write, a quiet point sees disk != memory.
 
@@ -123,7 +142,8 @@ def test_the_command_prints_the_table(capsys: pytest.CaptureFixture[str]) -> Non
     code = stress.main(
         [
             *("--runs", "1", "--ops", "30", "--store", "file", "--backend", "trio"),
-            *("--group", "base", "--fork-every", "0", "--second-every", "0", "-q"),
+            *("--group", "base", "--fork-every", "0", "--second-every", "0"),
+            *("--delete-every", "0", "--start-every", "0", "-q"),
         ]
     )
     out = capsys.readouterr().out

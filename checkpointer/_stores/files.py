@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 
 from .._format.envelope import decode_meta, peek_meta
 from .atomic import fsync_dir, fsync_parents, sweep_temps, write_atomic
-from .base import KEY_PATTERN, KeyLock, check_key, landed
+from .base import KEY_PATTERN, KeyLock, KeyLocked, check_key, landed
 from .encoding import Transcript
 from .flock import FileKeyLock, acquire_file_lock
 from .safefs import check_root, read_checked
@@ -208,10 +208,13 @@ class FileStore:
         """Remove ``key``'s file, durably (its directory fsynced); False if there was none.
 
         Raises:
-            KeyLocked: a live writer of another process (or of another
-                store object) holds the key.
+            KeyLocked: a live writer holds the key (of another process, or
+                of this one, through this store or another): close it first.
         """
         check_key(key)
+        held = self._locks.get(key)
+        if held is not None and held.held:
+            raise KeyLocked(key, held.path, held.holder)
         with self._owned(key):
             try:
                 os.unlink(self.location(key))

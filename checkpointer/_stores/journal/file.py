@@ -462,7 +462,7 @@ class JournalStore(JournalCore, FileStore):
                 write_all(fd, pieces)
                 fsync_fd(fd)
             except BaseException:
-                # Never fsync this file again (FACTS.md): the next commit rewrites it.
+                # Never fsync this file again (its dirty pages may be gone): rewrite it next.
                 self._tracks[key] = track._replace(broken=True)
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, track.size)

@@ -343,15 +343,20 @@ class PostgresStore(LocksPart):
     def delete(self, key: str) -> bool:
         """Remove ``key``'s row (a journal's rows too); False if there was none.
 
-        A write: done under the key's lock, taken for the call unless this
-        store holds it.  A writer that held the key finds it gone at its
-        next write (``StaleWriteError``: expected a revision, found none).
+        A write: done under the key's lock.  A writer that held the key
+        finds it gone at its next write (``StaleWriteError``: expected a
+        revision, found none).
 
         Raises:
-            KeyLockedError: another live writer (another session) holds the key.
+            KeyLockedError: a live writer holds the key (another session, or a
+                writer through this store): close it first.
             PostgresStoreError: the server failed or cannot be reached.
         """
         check_key(key)
+        handle = self._handles.get(key)
+        if handle is not None:
+            where = f"{self.location(key)}, held by a writer through this same PostgresStore"
+            raise KeyLockedError(key, where, handle.holder)
         return self._locked_run(key, "delete", {"key": key})
 
     def move_aside(self, key: str, suffix: str) -> str | None:

@@ -220,7 +220,7 @@ class JournalStore(JournalCore, FileStore):
                     track = self._current(key)
                     if landed(key, self._revision(track), meta.revision, expected):
                         return 0
-                    nbytes = self._commit_on(key, track, meta, staged)
+                    nbytes = self._commit_on(key, track, meta, staged, expected)
                 finally:
                     self._lock.release()
         self._sync_root()
@@ -254,7 +254,8 @@ class JournalStore(JournalCore, FileStore):
                 return
             assert track.meta is not None  # it holds the revision expected
             if track.broken:  # rewrite from memory, or from what the file says
-                self._compact(key, track, meta, self._remembered(key, track), rewrite=True)
+                remembered = self._remembered(key, track)
+                self._compact(key, track, meta, remembered, expected, rewrite=True)
             else:
                 row = meta_row(_ENCODER.encode(meta), LINE_END)
                 self._append(key, track, [row])
@@ -414,7 +415,14 @@ class JournalStore(JournalCore, FileStore):
     # -- what the core stores (under self._lock) ------------------------------------
 
     def _append_rows(
-        self, key: str, track: Track, meta: Meta, kinds: list[str], rows: list[bytes], nbytes: int
+        self,
+        key: str,
+        track: Track,
+        meta: Meta,
+        kinds: list[str],
+        rows: list[bytes],
+        nbytes: int,
+        expected: str | None,  # checked under the lock before the core was called
     ) -> None:
         data = b"".join(rows)  # one batch: one writev, one fsync
         self._append(key, track, [data])
@@ -422,7 +430,14 @@ class JournalStore(JournalCore, FileStore):
         self._bytes += nbytes
 
     def _compact(
-        self, key: str, track: Track | None, meta: Meta, full: Full, *, rewrite: bool = False
+        self,
+        key: str,
+        track: Track | None,
+        meta: Meta,
+        full: Full,
+        expected: str | None,  # checked under the lock before the core was called
+        *,
+        rewrite: bool = False,
     ) -> int:
         assert track is not None  # _current always knows the file's track
         meta_json = _ENCODER.encode(meta)

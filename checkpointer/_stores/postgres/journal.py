@@ -84,7 +84,6 @@ class PostgresJournalStore(JournalCore, PostgresStore):
             transcript = Transcript()
         super().__init__(dsn, transcript=transcript, **options)
         self._init_journal(transcript, rewrite_factor, rewrite_min_bytes)
-        self._expected = threading.local()  # the revision the commit on this thread expects
         self.appends = 0
         self.compactions = 0
 
@@ -144,8 +143,7 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         # The core takes the witness lock as it extends a track: a signal
         # landing then waits (its flush may stage on this store).
         with _exit.busy():
-            self._expected.value = expected  # for _insert, under the core's calls
-            return self._commit_on(key, track, meta, staged)
+            return self._commit_on(key, track, meta, staged, expected)
 
     def read_meta(self, key: str) -> Meta | None:
         """The meta of ``key``, after checking all of its rows (as ``JournalStore`` does).
@@ -197,7 +195,14 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         }
 
     def _insert(
-        self, key: str, meta: Meta, kinds: list[str], bodies: list[bytes], *, clear: bool
+        self,
+        key: str,
+        meta: Meta,
+        kinds: list[str],
+        bodies: list[bytes],
+        expected: str | None,
+        *,
+        clear: bool,
     ) -> None:
         def rows(conn: psycopg.Connection[Any]) -> None:
             if clear:  # a compaction: one row
@@ -208,7 +213,7 @@ class PostgresJournalStore(JournalCore, PostgresStore):
                     self._sql["journal_append"], {"key": key, "kinds": kinds, "bodies": bodies}
                 )
 
-        params = self._params(key, meta, self._expected.value)
+        params = self._params(key, meta, expected)
         try:
             self._conditional_write(key, params, rows, nbytes=sum(map(len, bodies)))
         except BaseException:
@@ -218,16 +223,30 @@ class PostgresJournalStore(JournalCore, PostgresStore):
     # -- what the core stores ------------------------------------------------------
 
     def _append_rows(
-        self, key: str, track: Track, meta: Meta, kinds: list[str], rows: list[bytes], nbytes: int
+        self,
+        key: str,
+        track: Track,
+        meta: Meta,
+        kinds: list[str],
+        rows: list[bytes],
+        nbytes: int,
+        expected: str | None,
     ) -> None:
-        self._insert(key, meta, kinds, rows, clear=False)
+        self._insert(key, meta, kinds, rows, expected, clear=False)
         self.appends += 1
 
     def _compact(
-        self, key: str, track: Track | None, meta: Meta, full: Full, *, rewrite: bool = False
+        self,
+        key: str,
+        track: Track | None,
+        meta: Meta,
+        full: Full,
+        expected: str | None,
+        *,
+        rewrite: bool = False,
     ) -> int:
         body = b"".join(self._compaction_row(_ENCODER.encode(meta), full))
-        self._insert(key, meta, ["compaction"], [body], clear=True)
+        self._insert(key, meta, ["compaction"], [body], expected, clear=True)
         self.compactions += 1
         self._tracks[key] = full.track(meta, size=len(body), ino=0, live=len(body))
         return len(body)

@@ -407,46 +407,6 @@ def stored_contents(place: Place, key: str) -> list[str] | None:
     return [m["content"] for m in messages]
 
 
-def test_two_processes_started_at_once_on_a_new_key_one_keeps_its_work(pg_place: Place) -> None:
-    """Two processes started at the same moment on a new key, each resuming from its own
-    load (None), three turns each, 20 starts: one's three turns are stored, whole; every
-    write of the other fails (locked while the first runs, then a conflict), never Written."""
-    place = pg_place
-    for start in range(STARTS):
-        key = f"race-{start}"
-        agents = {name: Agent(place, name, resume=True, ready=True, key=key) for name in "AB"}
-        for agent in agents.values():
-            agent.read("ready")
-        for agent in agents.values():  # both interpreters are up: now both agents at once
-            agent.send("go")
-        results: dict[str, list[dict[str, Any]]] = {name: [] for name in agents}
-        for name, agent in agents.items():
-            agent.read("loaded")  # None, or the other's first write if it was that quick
-            results[name].append(agent.read("open"))
-        for turn in (1, 2, 3):
-            for agent in agents.values():
-                agent.send(f"append t{turn}")
-            for name, agent in agents.items():
-                results[name].append(agent.read("append"))
-        winners = [
-            n for n, said in results.items() if any(r.get("result") == "Written" for r in said)
-        ]
-        assert len(winners) == 1, (start, results)
-        (winner,) = winners
-        (loser,) = set(agents) - {winner}
-        won = agents[winner].close()
-        lost = agents[loser].close()  # after the winner's close: its key is free now
-        assert won["result"] == "Written" and won["failures"] == 0, (start, won)
-        assert (lost["result"], lost["reason"], lost["writes"]) == ("Failed", "conflict", 0), (
-            start,
-            lost,
-            results[loser],
-        )
-        assert results[loser][0]["writes"] == 0, results
-        assert {r["reason"] for r in results[loser][1:]} <= {"locked", "conflict"}, results
-        assert stored_contents(place, key) == [f"{winner}: t{turn}" for turn in (1, 2, 3)]
-
-
 def test_a_key_deleted_under_a_live_writer_is_never_recreated(pg_place: Place) -> None:
     """A delete from another process while A holds the key is KeyLockedError naming A's pid;
     once A's session (and lock) is gone, the delete goes through, and A's next write and its

@@ -143,11 +143,9 @@ class Agent:
         *,
         resume: bool = False,
         wait: bool = False,
-        ready: bool = False,
-        key: str = KEY,
     ) -> None:
-        args = [sys.executable, str(CHILD), place.spec, key, name]
-        args += ["--resume"] * resume + ["--wait"] * wait + ["--ready"] * ready
+        args = [sys.executable, str(CHILD), place.spec, KEY, name]
+        args += ["--resume"] * resume + ["--wait"] * wait
         self.proc = subprocess.Popen(
             args,
             stdin=subprocess.PIPE,

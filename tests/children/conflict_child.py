@@ -1,6 +1,6 @@
 """A child program for ``tests/test_conflict.py``: an agent checkpointing one key.
 
-    python tests/children/conflict_child.py STORE KEY NAME [--resume] [--wait] [--ready]
+    python tests/children/conflict_child.py STORE KEY NAME [--resume] [--wait]
 
 ``STORE`` is ``file:ROOT``, ``journal:ROOT``, ``pg:SCHEMA`` or
 ``pgjournal:SCHEMA`` (PostgreSQL at ``$DSN``).  The program loads the key,
@@ -9,8 +9,7 @@ them; with ``--resume`` it passes ``resume_from=`` the loaded checkpoint;
 with ``--wait``, ``lock_timeout=60``, and it prints ``waiting`` when a
 write begins to wait for the key's lock), and then follows its stdin, one
 command a line (the first line, ``go``, starts it: a parent may start the
-interpreter early, then the agent; with ``--ready`` the program prints
-``ready`` first, so a parent can start two agents at the same moment):
+interpreter early, then the agent):
 
 * ``append TEXT``: append a message ``NAME: TEXT``, ``notify()``, then
   ``write_now()``; print the result.
@@ -82,10 +81,8 @@ def report_waits(store: Store) -> None:
     store.lock = waiting_lock  # type: ignore[attr-defined]
 
 
-async def main(spec: str, key: str, name: str, resume: bool, wait: bool, ready: bool) -> int:
+async def main(spec: str, key: str, name: str, resume: bool, wait: bool) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    if ready:
-        say(step="ready")
     if (await anyio.to_thread.run_sync(sys.stdin.readline)).strip() != "go":
         return 0
     store = make_store(spec)
@@ -132,6 +129,6 @@ async def main(spec: str, key: str, name: str, resume: bool, wait: bool, ready: 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    resume, wait, ready = "--resume" in args, "--wait" in args, "--ready" in args
+    resume, wait = "--resume" in args, "--wait" in args
     spec, key, name = [a for a in args if not a.startswith("--")][:3]
-    sys.exit(anyio.run(main, spec, key, name, resume, wait, ready))
+    sys.exit(anyio.run(main, spec, key, name, resume, wait))

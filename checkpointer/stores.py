@@ -2,7 +2,8 @@
 
 A store is any object with the methods of ``Store``; its ``write`` is
 conditional (``landed`` makes the decision, ``StaleWrite`` is the refusal).
-``LockingStore`` and ``ProbingStore`` are optional capabilities.  See the
+``LockingStore`` and ``ProbingStore`` are optional capabilities;
+``unfenced`` accepts a store that cannot refuse a stale write.  See the
 docs page "One writer per key", section "Writing a store of your own".
 """
 
@@ -17,6 +18,7 @@ from ._stores.base import (
     Store,
     check_key,
     landed,
+    unfenced,
 )
 
 __all__ = [
@@ -30,4 +32,5 @@ __all__ = [
     "Store",
     "check_key",
     "landed",
+    "unfenced",
 ]

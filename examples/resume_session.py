@@ -29,12 +29,11 @@ from checkpointer import (
     FileStore,
     Snapshot,
     SummaryFailed,
+    Transcript,
     collapse,
     load,
     load_summary,
     resume_context,
-    transcript_fingerprint,
-    transcript_prepare,
     validate_history,
 )
 
@@ -113,8 +112,7 @@ async def main(root: str, key: str) -> int:
     async with CheckpointWriter(
         session.snapshot,
         store,
-        prepare=transcript_prepare(),
-        fingerprint=transcript_fingerprint(),
+        transcript=Transcript(),  # repaired copies, validated histories, each message once
         debounce=0.05,
         exit_hooks=True,
     ) as writer:

@@ -88,6 +88,7 @@ from checkpointer import (
     FileStore,
     JournalStore,
     KeyLocked,
+    Limits,
     Meta,
     Result,
     Skipped,
@@ -110,7 +111,7 @@ CHILD = Path(__file__).parent / "children" / "conflict_child.py"
 
 
 def _file_transcript(root: str) -> Store:
-    return FileStore(root, transcript=Transcript())
+    return FileStore(root)  # its writes encoded through a Transcript: SlowStore.stage
 
 
 class Unlocked:
@@ -235,6 +236,7 @@ class Session:
         self.state: dict[str, Any] = {"title": "t0", "messages": []}
         self.parent: str | None = None
         self.version = 0
+        self.exact = False  # an exact fingerprint in each snapshot
         self.encoded: dict[int, bytes] = {}
         self.newest: dict[bytes, int] = {}  # content -> newest version with it
         self.counter = 0
@@ -257,7 +259,8 @@ class Session:
             self.local.held = True
         SOURCED.set(self.version)
         self.local.version = self.version
-        return Snapshot(KEY, self.state, parent=self.parent)
+        exact = msgspec.json.encode([self.state, self.parent]) if self.exact else None
+        return Snapshot(KEY, self.state, parent=self.parent, fingerprint=exact)
 
     def staged(self) -> int:
         """Called by the store once the snapshot is encoded: its version; lets go of the lock."""
@@ -371,18 +374,21 @@ class SlowStore:
     flight while the agent goes on.
     """
 
-    def __init__(self, inner: Store, session: Session, seed: int) -> None:
+    def __init__(
+        self, inner: Store, session: Session, seed: int, transcript: Transcript | None = None
+    ) -> None:
         self.inner = inner
         self.states = state_store(inner)
+        self.transcript = transcript  # the message cache, without the writer's other steps
         self.session = session
         self.rng = random.Random(seed)
         self.committed: list[int] = []
         self.mutex = threading.Lock()
         self.slow_next = False  # the next commit takes a while (a disk that stalls)
 
-    def stage(self, key: str, state: Any) -> _Tagged:
+    def stage(self, key: str, state: Any, transcript: Transcript | None = None) -> _Tagged:
         try:
-            staged = self.states.stage(key, state)
+            staged = self.states.stage(key, state, transcript or self.transcript)
         finally:
             version = self.session.staged()
         return _Tagged(staged, version)
@@ -584,7 +590,8 @@ class _Run:
         self.rng = random.Random(spec.seed)
         self.session = Session(random.Random(self.rng.random()))
         self.inner = {**STORES, **UNSAFE}[spec.store](root)
-        self.store = SlowStore(self.inner, self.session, self.rng.randrange(2**32))
+        cache = Transcript() if spec.store == "file-transcript" else None
+        self.store = SlowStore(self.inner, self.session, self.rng.randrange(2**32), cache)
         self.summary = Summary(spec.store, spec.backend, spec.group, runs=1)
         self.problems = self.summary.problems
         self.lock = threading.Lock()
@@ -908,19 +915,19 @@ class _Run:
         exact = rng.random() < 0.5  # an exact fingerprint: equal means the same state
         if self.spec.fingerprint is not None:
             exact = self.spec.fingerprint
+        self.session.exact = exact
         writer = CheckpointWriter(
             self.session.source,
             self.store,
-            fingerprint=(lambda snap: msgspec.json.encode([snap.state, snap.parent]))
-            if exact
-            else None,
             debounce=rng.choice([0.0, 0.001, 0.003]),
             min_interval=rng.choice([0.0, 0.002]),
             max_wait=rng.choice([0.01, 0.02]),
-            backoff_initial=0.01,
-            backoff_max=0.05,
-            exit_timeout=HANG_GUARD,
-            close_timeout=HANG_GUARD,
+            limits=Limits(
+                retry_initial=0.01,
+                retry_max=0.05,
+                exit_timeout=HANG_GUARD,
+                close_timeout=HANG_GUARD,
+            ),
         )
         probe = Probe(writer)
         self.session.loop_thread = threading.get_ident()

@@ -35,6 +35,7 @@ from checkpointer import (
     JournalStore,
     KeyLocked,
     KeyLockedError,
+    Limits,
     PostgresJournalStore,
     PostgresStore,
     Snapshot,
@@ -42,6 +43,7 @@ from checkpointer import (
     Written,
     load,
 )
+from checkpointer.stores import unfenced
 
 from .conftest import FakeClock
 from .pg import Cluster, find_binaries
@@ -552,14 +554,11 @@ class NoFence(PlainStore):
 def test_a_store_that_cannot_fence_is_refused_unless_the_caller_owns_concurrency(
     tmp_path: Path,
 ) -> None:
-    """A store whose write() takes no expected revision: TypeError, or unfenced=True."""
-    with pytest.raises(TypeError, match=r"cannot refuse a stale write.*unfenced=True"):
+    """A store whose write() takes no expected revision: TypeError, or stores.unfenced()."""
+    with pytest.raises(TypeError, match=r"cannot refuse a stale write.*stores\.unfenced\(\)"):
         CheckpointWriter(lambda: Snapshot(KEY, {}), NoFence(tmp_path))  # type: ignore[arg-type]
     writer = CheckpointWriter(
-        lambda: Snapshot(KEY, {"n": 1}),
-        NoFence(tmp_path),  # type: ignore[arg-type]
-        exit_hooks=False,
-        unfenced=True,
+        lambda: Snapshot(KEY, {"n": 1}), unfenced(NoFence(tmp_path)), exit_hooks=False
     )
     with writer:
         pass
@@ -602,7 +601,7 @@ async def test_a_conflict_waits_for_a_change_and_is_logged_once(
         exit_hooks=False,
         debounce=0.0,
         min_interval=0.0,
-        backoff_initial=1.0,
+        limits=Limits(retry_initial=1.0),
     ) as writer:
         assert writer.statistics().failures == 1  # locked
         other.close()

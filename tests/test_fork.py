@@ -34,6 +34,7 @@ from checkpointer import (
     FileStore,
     JournalStore,
     KeyLocked,
+    Limits,
     Snapshot,
     Store,
     _exit,
@@ -461,7 +462,11 @@ def test_journal_writer_opens_in_child_while_a_commit_was_in_flight(
         signal.alarm(10)  # hang guard: a deadlock on the inherited lock dies of SIGALRM
         assert store.statistics("k").size is None  # the parent's tracks are not trusted here
         state = {"messages": ["c1", os.getpid()]}
-        with CheckpointWriter(lambda: Snapshot("c", state), store, exit_timeout=1.0) as writer:
+        with CheckpointWriter(
+            lambda: Snapshot("c", state),
+            store,
+            limits=Limits(exit_timeout=1.0),
+        ) as writer:
             appends = store.statistics().appends
             state["messages"].append("c2")
             writer.notify()

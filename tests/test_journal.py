@@ -22,6 +22,7 @@ from checkpointer import (
     CheckpointWriter,
     FileStore,
     JournalStore,
+    Limits,
     Meta,
     Skipped,
     Snapshot,
@@ -277,9 +278,13 @@ async def test_state_without_a_transcript_is_compacted_each_change(
 async def test_custom_transcript_field(tmp_path: Path, clock: FakeClock) -> None:
     """Transcript('history') appends the messages found under another key."""
     state: dict[str, Any] = {"history": [{"role": "user", "content": "a"}]}
-    store = JournalStore(tmp_path, transcript=Transcript("history"))
+    store = JournalStore(tmp_path)
     async with CheckpointWriter(
-        lambda: Snapshot("s1", state), store, clock=clock, exit_hooks=False
+        lambda: Snapshot("s1", state),
+        store,
+        transcript=Transcript("history", repair=False),
+        clock=clock,
+        exit_hooks=False,
     ) as writer:
         state["history"].append({"role": "assistant", "content": "b"})
         await writer.write_now()
@@ -309,10 +314,16 @@ async def test_journal_and_snapshot_load_to_equal_states(tmp_path: Path, clock: 
     stores: list[Any] = [
         JournalStore(tmp_path / "journal", rewrite_min_bytes=600),
         FileStore(tmp_path / "snapshot"),
-        FileStore(tmp_path / "cached", transcript=Transcript()),
+        FileStore(tmp_path / "cached"),
     ]
+    cache = Transcript(repair=False, fingerprint=False)
     async with contextlib.AsyncExitStack() as stack:
-        writers = [await stack.enter_async_context(writer_for(session, s, clock)) for s in stores]
+        writers = [
+            await stack.enter_async_context(
+                writer_for(session, s, clock, transcript=cache if i == 2 else None)
+            )
+            for i, s in enumerate(stores)
+        ]
         steps: list[Callable[[], object]] = [
             lambda: session.add(3),
             lambda: session.state.update(title="renamed"),
@@ -666,7 +677,12 @@ async def test_writer_reports_a_failed_append_and_recovers(
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    async with writer_for(session, store, clock, backoff_initial=1.0) as writer:
+    async with writer_for(
+        session,
+        store,
+        clock,
+        limits=Limits(retry_initial=1.0),
+    ) as writer:
         failing["on"] = True
         session.add()
         result = await writer.write_now()

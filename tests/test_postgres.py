@@ -34,6 +34,7 @@ from checkpointer import (
     Failed,
     FileStore,
     KeyLockedError,
+    Limits,
     PostgresStore,
     PostgresStoreError,
     Skipped,
@@ -71,8 +72,7 @@ def fast_writer(source: Callable[[], Snapshot], store: PostgresStore) -> Checkpo
         debounce=0.01,
         min_interval=0.01,
         max_wait=0.05,
-        backoff_initial=0.05,
-        backoff_max=0.2,
+        limits=Limits(retry_initial=0.05, retry_max=0.2),
     )
 
 

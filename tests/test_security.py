@@ -48,7 +48,6 @@ from checkpointer import (
     Snapshot,
     SummaryCheckpoint,
     SummaryFailed,
-    Transcript,
     Written,
     collapse,
     load,
@@ -67,12 +66,10 @@ OLD = 1_000_000_000_000_000_000  # 2001-09-09, in ns: the mtime of everything ou
 StoreFactory = Callable[[Path], FileStore]
 STORES: dict[str, tuple[StoreFactory, str]] = {
     "FileStore": (FileStore, f"{KEY}.json"),
-    "FileStore(transcript)": (
-        lambda root: FileStore(root, transcript=Transcript()),
-        f"{KEY}.json",
-    ),
     "JournalStore": (JournalStore, f"{KEY}.jsonl"),
 }
+"""The stores whose files are opened here (a writer's transcript changes how a state is
+encoded, not how its file is opened, locked or replaced)."""
 
 
 # -- planting ---------------------------------------------------------------------------

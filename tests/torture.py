@@ -182,7 +182,7 @@ class StoreKind:
 
 
 def _file_transcript(root: str) -> Store:
-    return FileStore(root, transcript=Transcript())
+    return FileStore(root)  # its writes encoded through a Transcript: ReportingStore.stage
 
 
 STORES: dict[str, StoreKind] = {
@@ -229,14 +229,16 @@ class ReportingStore:
     the path a program's do; the bytes and lock calls go straight through.
     """
 
-    def __init__(self, inner: Store) -> None:
+    def __init__(self, inner: Store, transcript: Transcript | None = None) -> None:
         self.inner = inner
         self.states = state_store(inner)
+        self.transcript = transcript  # the message cache, without the writer's other steps
 
     # -- StateStore ----------------------------------------------------------------
 
-    def stage(self, key: str, state: Any) -> _Tagged:
-        return _Tagged(self.states.stage(key, state), int(state["n"]))
+    def stage(self, key: str, state: Any, transcript: Transcript | None = None) -> _Tagged:
+        staged = self.states.stage(key, state, transcript or self.transcript)
+        return _Tagged(staged, int(state["n"]))
 
     def commit(self, key: str, meta: Meta, staged: Staged, **kw: Any) -> int:
         assert isinstance(staged, _Tagged)
@@ -290,7 +292,8 @@ class ReportingStore:
 async def _child(spec: dict[str, Any]) -> int:
     """Checkpoint a session that changes without pause, until killed."""
     parent = os.getppid()
-    store = ReportingStore(STORES[spec["store"]].make(spec["root"]))
+    cache = Transcript() if spec["store"] == "file-transcript" else None
+    store = ReportingStore(STORES[spec["store"]].make(spec["root"]), cache)
     try:
         previous = load(store, KEY)
     except CheckpointError as exc:

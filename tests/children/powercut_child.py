@@ -132,7 +132,7 @@ class PowerStore:
 
 
 def _file_transcript(root: str) -> Store:
-    return FileStore(root, transcript=Transcript())
+    return FileStore(root)  # its writes encoded through a Transcript: ReportingStore.stage
 
 
 STORES: dict[str, PowerStore] = {
@@ -364,7 +364,8 @@ def _start(spec: dict[str, Any]) -> tuple[_Reporting, int] | int:
     """The child's store and the ``n`` to resume from, or an exit code."""
     if spec.get("mutate"):
         _mutate(spec["mutate"])
-    store = _Reporting(STORES[spec["store"]].make(spec["root"]))
+    cache = Transcript() if spec["store"] == "file-transcript" else None
+    store = _Reporting(STORES[spec["store"]].make(spec["root"]), cache)
     store.swallow = spec.get("mutate") == "written-on-failure"
     if spec.get("neighbour"):
         threading.Thread(

@@ -21,13 +21,8 @@ from .._version import VERSION
 from .envelope import FORMAT, check_format, newer_format
 
 __all__ = [
-    "COMPACTION_HEAD",
-    "HEADER_HEAD",
     "LINE_END",
-    "MESSAGE_HEAD",
-    "META_HEAD",
     "ROW_END",
-    "STATE_HEAD",
     "JournalScan",
     "assemble",
     "assemble_rows",
@@ -84,11 +79,11 @@ _ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 _ENCODER = msgspec.json.Encoder()
 
 
-MESSAGE_HEAD = b'{"kind":"message","message":'
-META_HEAD = b'{"kind":"meta","meta":'
-STATE_HEAD = b'{"kind":"state","meta":'
-COMPACTION_HEAD = b'{"kind":"compaction","meta":'
-HEADER_HEAD = b'{"kind":"header","format":%d,"meta":' % FORMAT
+_MESSAGE_HEAD = b'{"kind":"message","message":'
+_META_HEAD = b'{"kind":"meta","meta":'
+_STATE_HEAD = b'{"kind":"state","meta":'
+_COMPACTION_HEAD = b'{"kind":"compaction","meta":'
+_HEADER_HEAD = b'{"kind":"header","format":%d,"meta":' % FORMAT
 LINE_END = b"}\n"
 """How a row ends in a journal file: one line each."""
 ROW_END = b"}"
@@ -353,22 +348,22 @@ def assemble(scan: JournalScan, path: str) -> bytes:
 
 def header_line(meta_json: bytes) -> bytes:
     """The first line of a journal file: the format and the meta that created it."""
-    return b"".join([HEADER_HEAD, meta_json, LINE_END])
+    return b"".join([_HEADER_HEAD, meta_json, LINE_END])
 
 
 def message_rows(chunks: Sequence[bytes], end: bytes) -> list[bytes]:
     """A ``message`` row for each encoded message, ending in ``end``."""
-    return [b"".join([MESSAGE_HEAD, chunk, end]) for chunk in chunks]
+    return [b"".join([_MESSAGE_HEAD, chunk, end]) for chunk in chunks]
 
 
 def meta_row(meta_json: bytes, end: bytes) -> bytes:
     """A ``meta`` row: only the meta changed, or it closes an append of messages."""
-    return b"".join([META_HEAD, meta_json, end])
+    return b"".join([_META_HEAD, meta_json, end])
 
 
 def state_row(meta_json: bytes, head: bytes, tail: bytes, end: bytes) -> bytes:
     """A ``state`` row: the rest of the state (``head`` and ``tail`` around a null transcript)."""
-    return b"".join([STATE_HEAD, meta_json, b',"state":', head, b"null", tail, end])
+    return b"".join([_STATE_HEAD, meta_json, b',"state":', head, b"null", tail, end])
 
 
 def compaction_row(
@@ -380,7 +375,7 @@ def compaction_row(
     (``_stores/atomic.write_all``) and never joined in memory.
     """
     name = b"null" if transcript is None else _ENCODER.encode(transcript)
-    return [COMPACTION_HEAD, meta_json, b',"transcript":', name, b',"state":', *state, end]
+    return [_COMPACTION_HEAD, meta_json, b',"transcript":', name, b',"state":', *state, end]
 
 
 def assemble_rows(meta_json: bytes, bodies: Sequence[bytes | None], where: str) -> bytes:

@@ -7,24 +7,8 @@
 ``docs/concepts/dialects.md`` lists the shapes, their windows and their repairs.
 """
 
-from .base import Dialect, Reading, Window
-from .chat import ANTHROPIC, CHAT
+from .base import Dialect
+from .chat import CHAT
 from .detect import classify, describe_shape, detect, holds_results
-from .langchain import LANGCHAIN
-from .pydantic_ai import PYDANTIC_AI
-from .responses import RESPONSES
 
-__all__ = [
-    "ANTHROPIC",
-    "CHAT",
-    "LANGCHAIN",
-    "PYDANTIC_AI",
-    "RESPONSES",
-    "Dialect",
-    "Reading",
-    "Window",
-    "classify",
-    "describe_shape",
-    "detect",
-    "holds_results",
-]
+__all__ = ["CHAT", "Dialect", "classify", "describe_shape", "detect", "holds_results"]

@@ -37,7 +37,7 @@ def classify(message: Any) -> Classified:
             # Gemini's role messages have parts, not content: not ours, users' included.
             if "parts" in message and "content" not in message:
                 return NONE
-            if "type" not in message or not _langchain_type(message["type"]):
+            if _by_type(message.get("type")) is not LANGCHAIN:
                 calls, content = message.get("tool_calls"), message.get("content")
                 return read_role(role, calls, content, message)
             return LANGCHAIN, LANGCHAIN.read(message)  # a LangChain ChatMessage's dump
@@ -90,18 +90,15 @@ def describe_shape(message: Any) -> str:
 # -- by type, and objects by their class -----------------------------------------
 
 
-def _langchain_type(kind: Any) -> bool:
-    return isinstance(kind, str) and kind in TYPES
+_BY_TYPE: dict[str, Dialect] = {
+    **dict.fromkeys(ITEMS, RESPONSES),
+    **dict.fromkeys(TYPES, LANGCHAIN),
+}
+"""The dialects of a message without a role, by its ``type``."""
 
 
 def _by_type(kind: Any) -> Dialect | None:
-    if not isinstance(kind, str):
-        return None
-    if kind in TYPES:
-        return LANGCHAIN
-    if kind in ITEMS:
-        return RESPONSES
-    return None
+    return _BY_TYPE.get(kind) if isinstance(kind, str) else None
 
 
 def _read(dialect: Dialect | None, message: Any) -> Classified:

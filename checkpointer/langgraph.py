@@ -56,11 +56,21 @@ background thread, so the graph does not wait for them).
 durable when they return.  Each thread written in this process has one
 writer, opened at its first put and closed when the saver closes.
 
+One writer per thread, the store deciding.  A thread the saver has not
+changed is read as the store holds it: each read compares the stored
+revision and reads the thread again when it changed.  A put changes the
+thread as LangGraph read it, and its writer expects that revision (None for
+an empty thread): a write of another process since, or a delete, makes the
+store refuse it (``CheckpointFailed("conflict")``, from the put or the
+close); the saver then drops what it had not written of the thread.  A
+delete of a thread another live writer holds is refused (``"locked"``).
+
 Asyncio and sync: LangGraph runs on asyncio (or threads), not trio.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import threading
@@ -492,22 +502,33 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 self._unraised.append(failed)
 
     def _refused_sync(self, thread: _Thread, failed: Failed) -> CheckpointFailed:
-        self._refuse(thread, failed, raised=True)
-        if thread.writer is not None and thread.stop is None:
-            thread.writer.close()  # not held: no final write, the key let go
-            thread.writer = None
-        # A writer of the saver's task (a sync method of an async saver) writes
-        # nothing from now on and closes with the saver.
+        with self._lock:
+            self._refuse(thread, failed, raised=True)
+            # A writer of the saver's task (a sync method of an async saver)
+            # stays: it writes nothing from now on and closes with the saver.
+            writer = thread.writer if thread.stop is None else None
+            if writer is not None:
+                thread.writer = None
+        if writer is not None:
+            writer.close()  # not held: no final write, the key let go
         return CheckpointFailed(failed)
 
     async def _refused(self, thread: _Thread, failed: Failed, *, raised: bool) -> CheckpointFailed:
-        self._refuse(thread, failed, raised=raised)
-        await self._close_writer(thread)
-        thread.writer = thread.stop = thread.closed = None
+        # Under the opening lock: a new writer of the thread opens once this one let go.
+        async with self._opening or contextlib.nullcontext():
+            with self._lock:
+                self._refuse(thread, failed, raised=raised)
+                writer, stop, closed = thread.writer, thread.stop, thread.closed
+                thread.writer = thread.stop = thread.closed = None
+            if stop is not None and closed is not None:
+                stop.set()  # not held: no final write, the key let go
+                await closed.wait()
+            elif writer is not None:
+                await anyio.to_thread.run_sync(writer.close)
         return CheckpointFailed(failed)
 
-    async def _settle(self, thread_id: str, *, wait: bool) -> _Thread | None:
-        """The thread in memory; let go of if its writer met a conflict in the saver's task.
+    async def _settle(self, thread_id: str, *, wait: bool) -> None:
+        """Let go of the thread if its writer met a conflict in the saver's task.
 
         With ``wait``, a writer still opening is waited for (its first write
         tells); a put does not wait for it, the put after it finds out.
@@ -515,7 +536,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         with self._lock:
             thread = self._threads.get(thread_id)
         if thread is None:
-            return None
+            return
         if wait and thread.opening is not None:
             await thread.opening.wait()
         writer = thread.writer
@@ -523,7 +544,6 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             last = writer.statistics().last_result
             if isinstance(last, Failed) and last.reason == "conflict":
                 await self._refused(thread, last, raised=False)
-        return thread
 
     def _check_unlocked(self, thread: _Thread) -> None:
         """Raise ``CheckpointFailed`` if another writer holds the thread's key (blocking).

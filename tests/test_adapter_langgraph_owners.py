@@ -29,7 +29,6 @@ pytest.importorskip("langgraph.checkpoint.conformance")
 
 from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import Checkpoint, CheckpointMetadata
 
 from checkpointer import FileStore, JournalStore, Store, load
 from checkpointer.langgraph import CheckpointFailed, CheckpointSaver, thread_key
@@ -251,32 +250,30 @@ class _Pausing(CheckpointSaver):
 
     def __init__(self, store: Store, meanwhile: Callable[[], object]) -> None:
         super().__init__(store)
-        self._meanwhile = meanwhile
-        self._done: anyio.Event | None = None
+        self._meanwhile: Callable[[], object] | None = meanwhile
+        self._gate = threading.Lock()
 
-    async def _pause(self) -> None:
-        if self._done is not None:
-            await self._done.wait()
-            return
-        self._done = anyio.Event()
-        await anyio.to_thread.run_sync(self._meanwhile)
-        self._done.set()
+    def _pause(self) -> None:
+        with self._gate:
+            meanwhile, self._meanwhile = self._meanwhile, None
+            if meanwhile is not None:
+                meanwhile()
 
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: Any,
-    ) -> RunnableConfig:
-        await self._pause()
-        return await super().aput(config, checkpoint, metadata, new_versions)
+    def put(self, config: RunnableConfig, *args: Any) -> RunnableConfig:
+        self._pause()
+        return super().put(config, *args)
 
-    async def aput_writes(
-        self, config: RunnableConfig, writes: Any, task_id: str, task_path: str = ""
-    ) -> None:
-        await self._pause()
-        await super().aput_writes(config, writes, task_id, task_path)
+    def put_writes(self, config: RunnableConfig, *args: Any) -> None:
+        self._pause()
+        super().put_writes(config, *args)
+
+    async def aput(self, config: RunnableConfig, *args: Any) -> RunnableConfig:
+        await anyio.to_thread.run_sync(self._pause)
+        return await super().aput(config, *args)
+
+    async def aput_writes(self, config: RunnableConfig, *args: Any) -> None:
+        await anyio.to_thread.run_sync(self._pause)
+        await super().aput_writes(config, *args)
 
 
 @pytest.mark.parametrize("durability", ["sync", "async"])
@@ -288,16 +285,12 @@ async def test_another_process_writing_between_the_read_and_the_put_is_a_conflic
     its first put: "conflict" (from the run, or with "async" from the saver's close), their
     turns stay, the saver shows them, and a run from there goes on."""
     theirs: list[str] = []
-
-    def other_process_runs() -> None:
-        other = agents(kind, tmp_path)
-        theirs.extend(other.turns("b0", "b1", "b2"))
-        other.close()
-
     inputs = {"messages": [HumanMessage("a0")]}
     raised: list[CheckpointFailed] = []
     try:
-        async with _Pausing(_store(kind, tmp_path), other_process_runs) as saver:
+        async with _Pausing(
+            _store(kind, tmp_path), _other_process(kind, tmp_path, agents, theirs)
+        ) as saver:
             graph = langgraph_graph(saver)
             try:
                 await graph.ainvoke(inputs, CONFIG, durability=durability)
@@ -310,10 +303,46 @@ async def test_another_process_writing_between_the_read_and_the_put_is_a_conflic
             assert [m.content for m in result["messages"]] == [*theirs, *_turn("a0")]
     except CheckpointFailed as exc:
         raised.append(exc)
+    _one_conflict(raised)
+    assert await _stored(kind, tmp_path) == [*theirs, *_turn("a0")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_same_conflict_in_a_synchronous_program(
+    tmp_path: Path, kind: str, agents: Callable[[str, Path], Agent]
+) -> None:
+    """As above with ``with`` and ``graph.invoke``: the invoke raises, then goes on from there."""
+    theirs: list[str] = []
+    inputs = {"messages": [HumanMessage("a0")]}
+    raised: list[CheckpointFailed] = []
+    with _Pausing(_store(kind, tmp_path), _other_process(kind, tmp_path, agents, theirs)) as saver:
+        graph = langgraph_graph(saver)
+        try:
+            graph.invoke(inputs, CONFIG)
+        except CheckpointFailed as exc:
+            raised.append(exc)
+        assert _contents(graph.get_state(CONFIG)) == theirs and len(theirs) == 12
+        result = graph.invoke(inputs, CONFIG)
+        assert [m.content for m in result["messages"]] == [*theirs, *_turn("a0")]
+    _one_conflict(raised)
+    assert await _stored(kind, tmp_path) == [*theirs, *_turn("a0")]
+
+
+def _other_process(
+    kind: str, root: Path, agents: Callable[[str, Path], Agent], theirs: list[str]
+) -> Callable[[], None]:
+    def run() -> None:
+        other = agents(kind, root)
+        theirs.extend(other.turns("b0", "b1", "b2"))
+        other.close()
+
+    return run
+
+
+def _one_conflict(raised: list[CheckpointFailed]) -> None:
     assert len(raised) == 1
     assert raised[0].result.reason == "conflict"
     assert "was written by another writer" in str(raised[0])
-    assert await _stored(kind, tmp_path) == [*theirs, *_turn("a0")]
 
 
 # -- deleting a thread another process writes ----------------------------------------------

@@ -471,7 +471,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 
         Raises:
             CheckpointFailed: the store refused a write of this saver's since
-                the thread was last read (``"conflict"``).
+                the thread was last read (``"conflict"``), or another writer
+                held it (``"locked"``).
         """
         refusal = thread.refusal
         if refusal is not None:

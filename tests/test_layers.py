@@ -78,6 +78,12 @@ FORWARD: dict[str, tuple[str, ...]] = {
     "_format": ("envelope", "versions", "journal", "summary"),
     "_transcript": (
         "messages",
+        "dialects.base",
+        "dialects.chat",
+        "dialects.responses",
+        "dialects.pydantic_ai",
+        "dialects.langchain",
+        "dialects.detect",
         "dialects",
         "history",
         "repair",

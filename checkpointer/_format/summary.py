@@ -1,27 +1,11 @@
 """The summary checkpoint's file: Markdown with a YAML front matter, to and from bytes.
 
-A summary checkpoint (``_values.SummaryCheckpoint``) lives beside the
-session at ``<root>/sessions/<key>/checkpoint.md`` (``_stores/summaries.py``)
-as Markdown with a YAML front matter, so a memory indexer that reads
-front-matter files picks it up unchanged::
-
-    ---
-    name: "session-42 checkpoint"
-    description: "Summary of the first 120 messages of session session-42; ..."
-    metadata:
-      type: checkpoint
-      watermark: 120
-      createdAt: "2025-05-01T12:00:00.123456Z"
-      coveredMessages: 120
-    ---
-    <the summary, verbatim>
-
-No YAML library is needed to read what we write: the front matter has a
-fixed shape and strings are JSON strings (a JSON string is a valid YAML
-double-quoted scalar).  A file a YAML tool re-saved in another style is
-read by PyYAML, an optional extra (``frontmatter.py``).  The body is the
-summary byte for byte: it may hold ``---`` lines, since the front matter
-ends at its first ``---`` line and none of its own values can contain one.
+The front matter (``name``, ``description``, ``metadata``: type, watermark,
+createdAt, coveredMessages) is what a memory indexer of front-matter files
+reads.  Its strings are JSON strings, valid YAML double-quoted scalars, so what
+we write reads without a YAML library; a file a YAML tool re-saved in another
+style is read by PyYAML (``frontmatter``).  The body is the summary byte for
+byte, ``---`` lines included: the front matter ends at its first ``---`` line.
 """
 
 from __future__ import annotations

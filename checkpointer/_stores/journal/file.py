@@ -336,7 +336,9 @@ class JournalStore(JournalCore, FileStore):
         try:
             scan = scan_journal(read_fd(fd, st.st_size, path), path)
             linked = st.st_nlink > 1
-            if scan.torn is not None and not linked:
+            # Only the key's lock holder cuts an unfinished batch: to a reader it
+            # may be another process's append in flight.
+            if scan.torn is not None and not linked and self._holds(key):
                 os.ftruncate(fd, scan.end)
                 fsync_fd(fd)
                 logger.info(
@@ -393,10 +395,11 @@ class JournalStore(JournalCore, FileStore):
                     _warn_linked(self.location(key), st.st_nlink)
                     track = self._tracks[key] = track._replace(broken=True)
                 return track
-        logger.warning(
-            "checkpointer: %s changed behind this store (another writer?); re-reading it",
-            self.location(key),
-        )
+        if self._holds(key):  # to a reader, other processes' appends are the news it reads
+            logger.warning(
+                "checkpointer: %s changed behind this store (another writer?); re-reading it",
+                self.location(key),
+            )
         try:
             return self._open(key)
         except CheckpointError as exc:  # as the writer does on its first read

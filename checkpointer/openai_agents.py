@@ -36,7 +36,7 @@ the SDK's ``SQLiteSession`` has.
 
 One process per session.  Entering raises ``CheckpointFailed`` (reason
 ``"locked"``, naming the key, the holder and the way out) when another
-writer holds the key's lock; pass ``lock_timeout=`` to wait for it, or use
+writer holds the key's lock; pass ``limits=Limits(lock_timeout=...)`` to wait for it, or use
 another ``key``.  Leaving ``async with`` raises ``CheckpointFailed`` when the
 final write failed (``"conflict"``: another process wrote the key since
 this session loaded it), unless the block raised already; ``aclose()``
@@ -62,6 +62,7 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     KeyLocked,
+    Limits,
     LockingStore,
     Result,
     Snapshot,
@@ -142,7 +143,7 @@ class CheckpointSession:
             waits for its durable write.
         key: the checkpoint key, instead of one derived from the id.
         **writer_options: passed to ``CheckpointWriter`` (``debounce``,
-            ``max_wait``, ``lock_timeout``, ``exit_hooks``, ...).
+            ``max_wait``, ``limits``, ``exit_hooks``, ...).
 
     Raises:
         ValueError: ``durability`` is neither ``"async"`` nor ``"sync"``.
@@ -207,7 +208,7 @@ class CheckpointSession:
             _check_unlocked,
             self._store,
             self.key,
-            float(self._options.get("lock_timeout", 0.0)),
+            self._options.get("limits", Limits()).lock_timeout,
             f"or open session {self.session_id!r} under another key (key=)",
         )
         writer: CheckpointWriter[Snapshot] = CheckpointWriter(

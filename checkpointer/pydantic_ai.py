@@ -204,7 +204,7 @@ class CheckpointConversationStore(ConversationStore):
     Args:
         store: where the conversations go; a ``JournalStore(root)`` makes a
             save that only adds messages an append.
-        **writer_options: passed to each ``CheckpointWriter`` (``lock_timeout``
+        **writer_options: passed to each ``CheckpointWriter`` (``limits``
             to wait for another process's writer, ``max_wait`` and
             ``debounce`` for ``checkpoint_run``, ...).
 

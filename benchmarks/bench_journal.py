@@ -39,15 +39,8 @@ from typing import Any
 import anyio
 import msgspec
 
-from checkpointer import (
-    CheckpointWriter,
-    FileStore,
-    JournalStore,
-    Snapshot,
-    Store,
-    Transcript,
-    Written,
-)
+from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot, Transcript, Written
+from checkpointer.stores import Store
 
 from ._harness import Report, Table, ratio, scratch_dir, stat
 

@@ -64,12 +64,12 @@ from checkpointer import (
     PostgresJournalStore,
     PostgresStore,
     Snapshot,
-    Store,
     Transcript,
     Written,
 )
 from checkpointer._format.envelope import envelope_chunks
 from checkpointer._values import Meta
+from checkpointer.stores import Store
 
 from ._harness import Report, Table, ratio, scratch_dir, stat
 

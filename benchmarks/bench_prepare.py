@@ -32,18 +32,9 @@ from typing import Any
 import anyio
 import msgspec
 
-from checkpointer import (
-    ChatMessage,
-    CheckpointWriter,
-    JournalStore,
-    Snapshot,
-    ToolCall,
-    ToolFunction,
-    Transcript,
-    Written,
-    transcript_prepare,
-    validate_history,
-)
+from checkpointer import CheckpointWriter, JournalStore, Snapshot, Transcript, Written
+from checkpointer._transcript.prepare import transcript_prepare
+from checkpointer.messages import ChatMessage, ToolCall, ToolFunction, validate_history
 
 from ._harness import Report, Table, paired, ratio, scratch_dir, stat
 

@@ -101,15 +101,13 @@ from checkpointer import (
     CheckpointFailed,
     CheckpointWriter,
     Failed,
-    KeyLocked,
     Limits,
-    LockingStore,
     Meta,
     Result,
     Snapshot,
-    Store,
     load,
 )
+from checkpointer.stores import KeyLocked, LockingStore, Store
 
 __all__ = ["CheckpointFailed", "CheckpointSaver", "thread_key"]
 

@@ -61,15 +61,13 @@ from checkpointer import (
     CheckpointFailed,
     CheckpointWriter,
     Failed,
-    KeyLocked,
     Limits,
-    LockingStore,
     Result,
     Snapshot,
-    Store,
-    close_dangling_tool_calls,
     load,
 )
+from checkpointer.messages import close_dangling_tool_calls
+from checkpointer.stores import KeyLocked, LockingStore, Store
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem

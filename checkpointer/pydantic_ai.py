@@ -69,15 +69,8 @@ from pydantic_ai.conversation_store import (
 )
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, repair_messages
 
-from checkpointer import (
-    Checkpoint,
-    CheckpointFailed,
-    CheckpointWriter,
-    Failed,
-    Snapshot,
-    Store,
-    load,
-)
+from checkpointer import Checkpoint, CheckpointFailed, CheckpointWriter, Failed, Snapshot, load
+from checkpointer.stores import Store
 
 __all__ = [
     "CheckpointConversationStore",

@@ -24,18 +24,9 @@ from typing import Any
 
 import anyio
 
-from checkpointer import (
-    CheckpointWriter,
-    FileStore,
-    Snapshot,
-    SummaryFailed,
-    Transcript,
-    collapse,
-    load,
-    load_summary,
-    resume_context,
-    validate_history,
-)
+from checkpointer import CheckpointWriter, FileStore, Snapshot, Transcript, load
+from checkpointer.messages import validate_history
+from checkpointer.summaries import SummaryFailed, collapse, load_summary, resume_context
 
 
 class Session:

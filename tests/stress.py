@@ -81,26 +81,24 @@ import anyio.lowlevel
 import msgspec
 
 from checkpointer import (
-    ChatMessage,
     Checkpoint,
     CheckpointWriter,
     Failed,
     FileStore,
     JournalStore,
-    KeyLocked,
     Limits,
     Meta,
     Result,
     Skipped,
     Snapshot,
-    Staged,
-    Store,
     Transcript,
     Written,
     load,
 )
 from checkpointer._stores.base import KeyLock, LockingStore
 from checkpointer._stores.envelopes import state_store
+from checkpointer.messages import ChatMessage
+from checkpointer.stores import KeyLocked, Staged, Store
 
 __all__ = ["GROUPS", "STORES", "Summary", "main", "run", "run_one"]
 

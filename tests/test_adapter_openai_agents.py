@@ -22,7 +22,8 @@ os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 from agents import Runner
 from agents.memory import Session, SessionSettings
 
-from checkpointer import CLOSED_CALL_TEXT, JournalStore, close_dangling_tool_calls, load
+from checkpointer import JournalStore, load
+from checkpointer.messages import CLOSED_CALL_TEXT, close_dangling_tool_calls
 from checkpointer.openai_agents import CheckpointFailed, CheckpointSession, session_key
 from tests.children.adapter_child import crash_in_tool, openai_agent, responses_problems
 

@@ -33,17 +33,14 @@ from checkpointer import (
     Failed,
     FileStore,
     JournalStore,
-    KeyLocked,
-    KeyLockedError,
     Limits,
     PostgresJournalStore,
     PostgresStore,
     Snapshot,
-    Store,
     Written,
     load,
 )
-from checkpointer.stores import unfenced
+from checkpointer.stores import KeyLocked, KeyLockedError, Store, unfenced
 
 from .conftest import FakeClock
 from .pg import Cluster, find_binaries

@@ -23,7 +23,6 @@ pytest.importorskip("langchain_core")
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart
 
 from checkpointer import (
-    CLOSED_CALL_TEXT,
     CheckpointWriter,
     FileStore,
     JournalStore,
@@ -31,15 +30,18 @@ from checkpointer import (
     Snapshot,
     Transcript,
     Written,
-    close_dangling_tool_calls,
-    count_turns,
     load,
-    settle_running,
-    transcript_fingerprint,
-    validate_history,
 )
 from checkpointer._cli import main
 from checkpointer._transcript.dialects import detect
+from checkpointer._transcript.fingerprint import transcript_fingerprint
+from checkpointer.messages import (
+    CLOSED_CALL_TEXT,
+    close_dangling_tool_calls,
+    count_turns,
+    settle_running,
+    validate_history,
+)
 
 from .dialect_forms import FORMS, Form, LangChain
 

@@ -23,9 +23,9 @@ pytest.importorskip("agents")
 pytest.importorskip("langgraph")
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 
-from checkpointer import (
+from checkpointer import Transcript
+from checkpointer.messages import (
     CLOSED_CALL_TEXT,
-    Transcript,
     close_dangling_tool_calls,
     settle_running,
     validate_history,
@@ -137,9 +137,10 @@ async def test_pydantic_ai_approval_flow_is_sendable_and_stays_pending(
     from pydantic_ai import DeferredToolRequests, DeferredToolResults
     from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
 
-    from checkpointer import CheckpointWriter, FileStore, Prepared, Snapshot, load
-    from checkpointer import transcript_prepare as prepare
+    from checkpointer import CheckpointWriter, FileStore, Snapshot, load
     from checkpointer._cli import main
+    from checkpointer._transcript.prepare import transcript_prepare as prepare
+    from checkpointer._values import Prepared
 
     def form(messages: list[Any]) -> list[Any]:
         return (

@@ -21,16 +21,14 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     FileStore,
-    KeyLocked,
     Limits,
-    LockingStore,
     Result,
     Snapshot,
-    Store,
     Written,
     load,
 )
 from checkpointer._stores import flock as _lock
+from checkpointer.stores import KeyLocked, LockingStore, Store
 
 from .conftest import FakeClock
 

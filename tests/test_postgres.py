@@ -33,13 +33,10 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     FileStore,
-    KeyLockedError,
     Limits,
     PostgresStore,
-    PostgresStoreError,
     Skipped,
     Snapshot,
-    StaleWriteError,
     Transcript,
     Written,
     load,
@@ -49,6 +46,7 @@ from checkpointer._format.envelope import decode_checkpoint, envelope_chunks
 from checkpointer._stores.base import StaleWrite
 from checkpointer._stores.postgres.schema import SCHEMA_VERSION
 from checkpointer._values import Meta
+from checkpointer.stores import KeyLockedError, PostgresStoreError, StaleWriteError
 
 from .docblocks import pages, python_blocks
 from .pg import Cluster, find_binaries

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from checkpointer import CheckpointWriter, FileStore, Limits, ProbingStore, Snapshot, load
+from checkpointer import CheckpointWriter, FileStore, Limits, Snapshot, load
 from checkpointer._schedule import WRITE, Outcome, Scheduler, Wait
+from checkpointer.stores import ProbingStore
 
 from .conftest import FakeClock
 

@@ -46,17 +46,19 @@ from checkpointer import (
     JournalStore,
     Result,
     Snapshot,
-    SummaryCheckpoint,
-    SummaryFailed,
     Written,
-    collapse,
     load,
-    load_summary,
-    write_summary,
 )
 from checkpointer._cli import main as cli_main
 from checkpointer._stores import safefs as _safefs
 from checkpointer._stores.safefs import UnreadableFile, read_fd
+from checkpointer.summaries import (
+    SummaryCheckpoint,
+    SummaryFailed,
+    collapse,
+    load_summary,
+    write_summary,
+)
 
 KEY = "k"
 KINDS = ("symlink-to-file", "symlink-to-dir", "dangling-symlink", "fifo", "hard-link")

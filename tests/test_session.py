@@ -16,17 +16,16 @@ from checkpointer import (
     Failed,
     FileStore,
     Limits,
-    Prepared,
     Skipped,
     Snapshot,
     Transcript,
     Written,
     load,
-    transcript_prepare,
-    validate_history,
 )
+from checkpointer._values import Prepared
 from checkpointer._writer import commit as _commit
 from checkpointer._writer.session import run_prepare
+from checkpointer.messages import validate_history
 
 from .conftest import FakeClock
 from .transcripts import Chat, Messages

@@ -24,11 +24,11 @@ from checkpointer import (
     Limits,
     Skipped,
     Snapshot,
-    Store,
     Transcript,
     Written,
     load,
 )
+from checkpointer.stores import Store
 
 from .conftest import FakeClock
 

@@ -76,15 +76,13 @@ from checkpointer import (
     JournalStore,
     Meta,
     Snapshot,
-    Staged,
-    Store,
-    TornTail,
     Transcript,
     load,
 )
 from checkpointer._stores.atomic import _TEMP_RE
 from checkpointer._stores.base import KeyLock, KeyLocked, LockingStore
 from checkpointer._stores.envelopes import state_store
+from checkpointer.stores import Staged, Store, TornTail
 
 KEY = "torture"
 HANG_GUARD = 30.0  # seconds; a hang guard, never a timing assertion

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Literal, NamedTuple
 
-from checkpointer import TornTail
+from checkpointer.stores import TornTail
 
 from . import report
 from .look import History, history, read

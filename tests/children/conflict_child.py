@@ -38,9 +38,9 @@ from checkpointer import (
     PostgresStore,
     Result,
     Snapshot,
-    Store,
     load,
 )
+from checkpointer.stores import Store
 
 
 def say(**fields: object) -> None:

@@ -60,19 +60,15 @@ from checkpointer import (
     Meta,
     Result,
     Snapshot,
-    Staged,
-    Store,
-    SummaryCheckpoint,
     Transcript,
     Written,
-    collapse,
     load,
-    load_summary,
-    write_summary,
 )
 from checkpointer._stores.atomic import _TEMP_RE
 from checkpointer._stores.base import KeyLock
 from checkpointer._transcript.summary import safe_watermark
+from checkpointer.stores import Staged, Store
+from checkpointer.summaries import SummaryCheckpoint, collapse, load_summary, write_summary
 from tests.torture import KEY, ReportingStore, _say, file_leftovers, state_for
 
 __all__ = ["KEEP_LAST", "MUTATIONS", "STORES", "run_child", "summary_bytes", "summary_text"]

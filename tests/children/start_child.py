@@ -22,7 +22,8 @@ import sys
 
 import anyio
 
-from checkpointer import CheckpointWriter, Limits, Result, Snapshot, Store, load
+from checkpointer import CheckpointWriter, Limits, Result, Snapshot, load
+from checkpointer.stores import Store
 
 from .conflict_child import make_store
 

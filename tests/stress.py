@@ -6,7 +6,7 @@ Run it from the repository root::
 
 Each run opens a real ``CheckpointWriter`` (timers of a few milliseconds, on
 asyncio or trio, exit hooks on) over a real store in a fresh directory
-(``FileStore``, ``FileStore(transcript=Transcript())`` or ``JournalStore``,
+(``FileStore``, ``FileStore`` written through a ``Transcript``, or ``JournalStore``,
 wrapped so that some commits are slow), and plays a seeded random sequence
 of what an agent does: appends (dicts and frozen ``ChatMessage`` Structs),
 in-place edits of the last and of an earlier message, type-only changes

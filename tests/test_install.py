@@ -18,7 +18,8 @@ USER_PROGRAM = '''\
 
 import anyio
 
-from checkpointer import CheckpointWriter, Failed, FileStore, Limits, Result, Snapshot, Written, load
+from checkpointer import CheckpointWriter, Failed, FileStore, Limits, Result, Snapshot
+from checkpointer import Written, load
 
 messages: list[dict[str, object]] = []
 

@@ -332,11 +332,12 @@ def test_transcript_pieces_are_joined_in_the_store(
     make_store: Callable[..., PostgresStore],
 ) -> None:
     """With a Transcript, the writer hands the state in cached pieces; the row holds it whole."""
-    store = make_store(transcript=Transcript())
+    store = make_store()
     messages: list[dict[str, Any]] = []
     with CheckpointWriter(
         lambda: Snapshot("t-1", {"messages": messages, "n": len(messages)}),
         store,
+        transcript=Transcript(repair=False),
         exit_hooks=False,
     ) as writer:
         for n in range(50):
@@ -943,7 +944,8 @@ def test_probe_says_when_a_lost_server_answers_again(
 
 SIGNAL_IN_A_CALL = """
     import os, sys
-    from checkpointer import CheckpointWriter, PostgresStore, PostgresStoreError, Snapshot
+    from checkpointer import CheckpointWriter, PostgresStore, Snapshot
+    from checkpointer.stores import PostgresStoreError
 
     store = PostgresStore(
         os.environ["DSN"], schema=sys.argv[1], application_name=sys.argv[2],

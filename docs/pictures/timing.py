@@ -19,7 +19,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from checkpointer import CheckpointWriter
-from checkpointer._schedule import WRITE, Outcome, Scheduler, Wait
+from checkpointer._schedule import DEBOUNCE, MIN_INTERVAL, WRITE, Outcome, Scheduler, Wait
 
 OUT = Path(__file__).resolve().parent.parent / "concepts" / "timing.svg"
 _WRITER = inspect.signature(CheckpointWriter).parameters  # the pictures use its defaults
@@ -33,8 +33,8 @@ class Scenario:
     events: tuple[float, ...]
     write_takes: float
     horizon: float  # seconds shown
-    debounce: float = _WRITER["debounce"].default
-    min_interval: float = _WRITER["min_interval"].default
+    debounce: float = DEBOUNCE
+    min_interval: float = MIN_INTERVAL
     max_wait: float = _WRITER["max_wait"].default
 
 

@@ -8,7 +8,7 @@ otherwise)::
 
 The first run starts a session and stops in the middle of a tool call (the
 tool is still running, another call has no result yet).  The writer's
-``transcript_prepare`` step writes that history repaired, so the file is a
+``transcript=Transcript()`` writes that history repaired, so the file is a
 session a model API accepts.  Every later run loads it, checks it is
 sendable, collapses the older part into a summary checkpoint, builds the
 context to send (the summary, then the tail), and goes on for a few turns.
@@ -104,6 +104,7 @@ async def main(root: str, key: str) -> int:
         session.snapshot,
         store,
         transcript=Transcript(),  # repaired copies, validated histories, each message once
+        resume_from=previous,  # what load() found (None: a new session)
         debounce=0.05,
         exit_hooks=True,
     ) as writer:

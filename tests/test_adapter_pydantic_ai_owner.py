@@ -270,6 +270,33 @@ async def test_a_second_run_in_this_process_raises(tmp_path: Path, kind: str) ->
     assert resumed is not None and _prompts(resumed.messages) == ["mine"]
 
 
+async def test_runs_entering_at_once_let_one_in(tmp_path: Path, kind: str) -> None:
+    """Six runs of one conversation entering at the same moment, 20 times: one enters each time."""
+    import anyio
+
+    async with CheckpointConversationStore(_store(kind, tmp_path)) as store:
+        for round_ in range(20):
+            outcomes: list[str] = []
+            entered = anyio.Event()
+
+            async def run(outcomes: list[str] = outcomes, entered: anyio.Event = entered) -> None:
+                try:
+                    async with store.checkpoint_run(Conversation(conversation_id="c1")):
+                        outcomes.append("entered")
+                        if len(outcomes) < 6:
+                            await entered.wait()  # in until every other run has tried
+                except CheckpointFailed as exc:
+                    outcomes.append(exc.result.reason)
+                if len(outcomes) == 6:
+                    entered.set()
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(6):
+                    tg.start_soon(run)
+            assert sorted(outcomes).count("entered") == 1, (round_, outcomes)
+            assert set(outcomes) <= {"entered", "locked", "conflict"}
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_run_while_another_process_runs_raises(
     tmp_path: Path, kind: str, anyio_backend: str
@@ -324,3 +351,96 @@ async def test_a_conversation_deleted_under_its_writer_is_not_written_back(
         assert "deleted" in str(raised.value.__cause__)
         assert await store.load("c1") is None
     assert raw.keys() == []
+
+
+# -- an empty first look is fenced ------------------------------------------------------
+
+
+def _pausing(
+    kind: str, root: Path, paused: str, looked: threading.Event, go: threading.Event
+) -> Store:
+    """A store whose first read of key ``paused`` waits, once read, until ``go`` is set."""
+
+    def pause(key: str) -> None:
+        if key == paused and not looked.is_set():
+            looked.set()
+            go.wait(60)
+
+    class PausingFile(FileStore):
+        def read(self, key: str) -> bytes | None:
+            data = super().read(key)
+            pause(key)
+            return data
+
+    class PausingJournal(JournalStore):
+        def read_checkpoint(self, key: str) -> Any:
+            checkpoint = super().read_checkpoint(key)
+            pause(key)
+            return checkpoint
+
+    store: Store = PausingFile(root) if kind == "file" else PausingJournal(root)
+    return store
+
+
+async def test_a_new_conversation_saved_by_another_meanwhile_is_refused(
+    tmp_path: Path, kind: str
+) -> None:
+    """Looked, found nothing; another store saves it and lets go; this write is refused."""
+    import anyio
+    from pydantic_ai.conversation_store import ConversationEntry, ConversationRecord
+
+    looked, go = threading.Event(), threading.Event()
+    late = CheckpointConversationStore(_pausing(kind, tmp_path, conversation_key("c1"), looked, go))
+    entry = ConversationEntry(parent_id=None, message=ModelRequest(parts=[UserPromptPart("late")]))
+    record = ConversationRecord(conversation_id="c1", head_id=entry.id)
+    outcome: list[BaseException] = []
+
+    async def write_late() -> None:
+        try:
+            await late.write_record(record, new_entries=[entry], expected_revision=None)
+        except ConversationConflict as exc:
+            outcome.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(write_late)
+        await anyio.to_thread.run_sync(looked.wait)  # it found no c1: a new conversation
+        async with CheckpointConversationStore(_store(kind, tmp_path)) as first:
+            await first.save(Conversation(conversation_id="c1", messages=_turn_of("first")))
+        go.set()
+    await late.aclose()
+    assert len(outcome) == 1 and "another writer" in str(outcome[0].__cause__)
+    loaded = await CheckpointConversationStore(_store(kind, tmp_path)).load("c1")
+    assert loaded is not None and _prompts(loaded.messages) == ["first"]
+
+
+def _turn_of(text: str) -> list[Any]:
+    return [ModelRequest(parts=[UserPromptPart(text)])]
+
+
+async def test_a_run_whose_key_was_written_meanwhile_is_refused(tmp_path: Path, kind: str) -> None:
+    """A run read its key; another run of c1 wrote it and ended; this run raises on entry."""
+    import anyio
+
+    looked, go = threading.Event(), threading.Event()
+    late = CheckpointConversationStore(_pausing(kind, tmp_path, run_key("c1"), looked, go))
+    outcome: list[CheckpointFailed] = []
+
+    async def run_late() -> None:
+        try:
+            async with late.checkpoint_run(Conversation(conversation_id="c1")):
+                pytest.fail("a run entered over another run's messages")
+        except CheckpointFailed as exc:
+            outcome.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_late)
+        await anyio.to_thread.run_sync(looked.wait)
+        async with CheckpointConversationStore(_store(kind, tmp_path)) as first:
+            conversation = Conversation(conversation_id="c1")
+            async with first.checkpoint_run(conversation, durability="sync") as checkpoint:
+                await checkpoint.checkpoint(_turn_of("first"))
+        go.set()
+    await late.aclose()
+    assert len(outcome) == 1 and outcome[0].result.reason == "conflict"
+    resumed = await CheckpointConversationStore(_store(kind, tmp_path)).resume("c1")
+    assert resumed is not None and _prompts(resumed.messages) == ["first"]

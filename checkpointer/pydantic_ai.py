@@ -501,8 +501,10 @@ class CheckpointConversationStore(ConversationStore):
                     del self._where[entry_id]
 
     @contextlib.contextmanager
-    def _holding(self, *keys: str) -> Iterator[None]:
+    def _holding(self, *keys: str, wait: bool = True) -> Iterator[None]:
         """Hold these keys' locks (a ``LockingStore``'s) for the block: no other writer writes them.
+
+        Waits up to ``lock_timeout`` for each (``wait``), or not at all.
 
         Raises:
             KeyLocked: another writer (of another process, or of another
@@ -511,7 +513,7 @@ class CheckpointConversationStore(ConversationStore):
         store = self.store
         with contextlib.ExitStack() as held:
             if isinstance(store, LockingStore):  # else nothing to hold: a delete races writers
-                timeout = float(self._options.get("lock_timeout", 0.0))
+                timeout = float(self._options.get("lock_timeout", 0.0)) if wait else 0.0
                 for key in keys:
                     held.callback(store.lock(key, timeout=timeout).release)
             yield
@@ -561,9 +563,11 @@ class CheckpointConversationStore(ConversationStore):
                         ...
                 await store.save(run.result)
 
-        The run's messages go to ``run_key(conversation_id)``; once the
-        conversation is saved past the revision the run started from, the
-        run's key is deleted on exit.
+        The run's messages go to ``run_key(conversation_id)``, written on
+        entry and locked until exit, so a second run of the conversation
+        raises ``CheckpointFailed`` on entry; once the conversation is saved
+        past the revision the run started from, the run's key is deleted on
+        exit.
         """
         return RunCheckpoint(self, conversation, durability=durability)
 
@@ -592,7 +596,7 @@ class CheckpointConversationStore(ConversationStore):
         lock: a run holding it now is left alone.
         """
         key = run_key(conversation_id)
-        with contextlib.suppress(KeyLocked), self._holding(key):
+        with contextlib.suppress(KeyLocked), self._holding(key, wait=False):
             run = load(self.store, key, _RunState)
             if run is not None and run.state.revision != revision:
                 self.store.delete(key)

@@ -315,6 +315,8 @@ class Written(msgspec.Struct, frozen=True, kw_only=True):
             step closed with an error result in the file (not in memory).
         settled: items still running at snapshot time that ``prepare``
             settled as errors in the file (not in memory).
+        revision: the checkpoint's revision (``Meta.revision``): what a reader
+            that cached this state compares with ``store.revision(key)``.
     """
 
     key: str
@@ -324,6 +326,7 @@ class Written(msgspec.Struct, frozen=True, kw_only=True):
     seq: int = 0
     repaired: int = 0
     settled: int = 0
+    revision: str = ""
 
 
 class Skipped(msgspec.Struct, frozen=True):

@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -503,6 +504,43 @@ def test_a_reader_never_cuts_an_append_in_flight(
     with CheckpointWriter(session.snapshot, JournalStore(tmp_path), exit_hooks=False):
         assert path.read_bytes() != in_flight  # the next holder cut it
     assert loaded(JournalStore(tmp_path)).torn is None
+
+
+def test_a_reader_keeps_up_with_appends_in_flight(tmp_path: Path) -> None:
+    """revision() and read_meta() of a reader while a writer appends large batches: never
+    an error for the file growing under the read; each answer is a revision written."""
+    session = Session()
+    writer = CheckpointWriter(session.snapshot, JournalStore(tmp_path), exit_hooks=False).open()
+    reader = JournalStore(tmp_path)
+    written: set[str] = set()
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                seen = reader.revision("s1")
+                meta = reader.read_meta("s1")
+            except BaseException as exc:
+                errors.append(exc)
+                return
+            assert seen is not None and meta is not None
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    try:
+        for n in range(60):
+            session.messages.append({"role": "user", "content": f"{n}" + "x" * 200_000})
+            result = writer.flush_sync()
+            assert isinstance(result, Written), result
+            written.add(result.revision)
+    finally:
+        done.set()
+        thread.join(30.0)
+        writer.close()
+    assert errors == []
+    final = load(JournalStore(tmp_path), "s1")
+    assert final is not None and reader.revision("s1") == final.meta.revision
 
 
 # -- damage --------------------------------------------------------------------------

@@ -476,6 +476,7 @@ class Committer:
             seq=meta.seq,
             repaired=job.prepared.repaired,
             settled=job.prepared.settled,
+            revision=meta.revision,
         )
 
     def finish(self, timeout: float = -1) -> None:

@@ -334,11 +334,14 @@ class JournalStore(JournalCore, FileStore):
             track = self._tracks[key] = absent()
             return track
         try:
-            scan = scan_journal(read_fd(fd, st.st_size, path), path)
+            # A reader (not the key's holder) may see another process append
+            # meanwhile: it keeps what fstat saw, a batch or more behind.
+            holder = self._holds(key)
+            scan = scan_journal(read_fd(fd, st.st_size, path, growing=not holder), path)
             linked = st.st_nlink > 1
             # Only the key's lock holder cuts an unfinished batch: to a reader it
             # may be another process's append in flight.
-            if scan.torn is not None and not linked and self._holds(key):
+            if scan.torn is not None and not linked and holder:
                 os.ftruncate(fd, scan.end)
                 fsync_fd(fd)
                 logger.info(

@@ -76,7 +76,15 @@ from pydantic_ai.conversation_store import (
 )
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, repair_messages
 
-from checkpointer import Checkpoint, CheckpointFailed, CheckpointWriter, Failed, Snapshot, load
+from checkpointer import (
+    Checkpoint,
+    CheckpointFailed,
+    CheckpointWriter,
+    Failed,
+    Limits,
+    Snapshot,
+    load,
+)
 from checkpointer.stores import KeyLocked, LockingStore, Store
 
 __all__ = [
@@ -495,7 +503,7 @@ class CheckpointConversationStore(ConversationStore):
     def _holding(self, *keys: str, wait: bool = True) -> Iterator[None]:
         """Hold these keys' locks (a ``LockingStore``'s) for the block: no other writer writes them.
 
-        Waits up to ``lock_timeout`` for each (``wait``), or not at all.
+        Waits up to the writers' ``Limits.lock_timeout`` for each (``wait``), or not at all.
 
         Raises:
             KeyLocked: another writer (of another process, or of another
@@ -504,7 +512,7 @@ class CheckpointConversationStore(ConversationStore):
         store = self.store
         with contextlib.ExitStack() as held:
             if isinstance(store, LockingStore):  # else nothing to hold: a delete races writers
-                timeout = float(self._options.get("lock_timeout", 0.0)) if wait else 0.0
+                timeout = self._options.get("limits", Limits()).lock_timeout if wait else 0.0
                 for key in keys:
                     held.callback(store.lock(key, timeout=timeout).release)
             yield

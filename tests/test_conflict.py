@@ -496,19 +496,6 @@ def test_a_writer_whose_key_was_deleted_never_brings_it_back(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("kind", [FileStore, JournalStore])
-def test_a_live_writers_key_cannot_be_deleted_even_through_its_own_store(
-    tmp_path: Path, kind: type[FileStore]
-) -> None:
-    """store.delete() of a key its own writer holds: KeyLocked (close the writer first)."""
-    store = kind(tmp_path)
-    with CheckpointWriter(lambda: Snapshot(KEY, {"n": 1}), store, exit_hooks=False):
-        with pytest.raises(KeyLocked, match=f"pid {os.getpid()}"):
-            store.delete(KEY)
-        assert load(store, KEY) is not None
-    assert store.delete(KEY) is True
-
-
-@pytest.mark.parametrize("kind", [FileStore, JournalStore])
 def test_a_delete_through_another_store_object_is_refused_while_held(
     tmp_path: Path, kind: type[FileStore]
 ) -> None:

@@ -1,15 +1,9 @@
-"""``load()``: the one way a checkpoint is read back, forward only.
+"""``load()``: the one way a checkpoint is read back.
 
-store -> raw checkpoint -> state versions -> the caller's type:
-
-1. the store's ``StateStore`` reads the key's checkpoint with its state as
-   raw JSON (``read_checkpoint``): a ``JournalStore`` assembles its rows,
-   any other store is read through ``Envelopes`` (one envelope file);
-2. with ``state_version``, an older state is migrated and a newer one
-   refused (``_format/versions.py``);
-3. the state is decoded as ``type``, once (``_format/envelope.py``).
-
-Nothing here calls back into a store's reader, and no reader calls ``load``.
+Forward only: the store's ``StateStore`` reads the state as raw JSON (a
+``JournalStore`` assembles its rows; any other store holds envelopes), an
+older state version is migrated or a newer one refused
+(``_format/versions.py``), then the state is decoded as ``type``, once.
 """
 
 from __future__ import annotations
@@ -69,7 +63,6 @@ def load(
         raise ValueError("migrations need state_version=, the version they migrate to")
     store.validate_key(key)
     location = store.location(key)
-    # A JournalStore lays its states out itself; any other store holds envelopes.
     states = store if isinstance(store, StateStore) else Envelopes(store)
     raw = states.read_checkpoint(key)
     if raw is None:

@@ -2,8 +2,8 @@
 
 Nothing here reads a clock, sleeps, imports anyio or touches a file: every
 method takes ``now`` (seconds on any monotonic clock) and the writer that
-drives the scheduler carries out what it decides.  That keeps the contract
-testable with exact times in tables.
+drives the scheduler carries out what it decides, so the contract is tested
+with exact times in tables.
 
 Rules (the timing contract of the README)
 -----------------------------------------
@@ -19,29 +19,24 @@ of the previous write that reached the store.  The next write is due at::
   inside the store); a write skipped as unchanged or refused before the store
   does not count.
 * A failed write puts the changes it covered back (for a forced write with
-  nothing pending, the state as of its start) (the earliest ``first``
-  wins, so ``max_wait`` is measured from the oldest unsaved change) and the
-  next attempt waits a capped exponential backoff:
-  ``min(backoff_max, backoff_initial * 2 ** (failures - 1))`` after the
-  failure, on top of the rule above.
+  nothing pending, the state as of its start; the earliest ``first`` wins, so
+  ``max_wait`` is measured from the oldest unsaved change) and the next
+  attempt waits ``min(backoff_max, backoff_initial * 2 ** (failures - 1))``
+  after the failure, on top of the rule above.
 * A cancelled write (the driver stopped waiting for it) puts its changes
   back without backoff.
-* A refused write (one no retry can fix until the session changes: another
-  writer's checkpoint in the way, a history that cannot be sent) drops the
-  changes it covered, like a skipped one, and leaves ``prev`` and the
-  backoff as they were: nothing is retried until the next event.
-* Probing (for a store with the ``ProbingStore`` capability): after a write
-  that failed inside the store, when the backoff is longer than
-  ``probe_interval``, the driver asks the store every ``probe_interval``
-  (``next_probe``) whether it can be reached again; a yes (``probed``) ends
-  the backoff and forgets ``prev`` (the failed attempts reached nothing), so
-  the write is due by the rule above: at once, after an outage longer than
-  ``max_wait``.  A no waits one more interval.
+* A refused write (no retry can fix it until the session changes) drops the
+  changes it covered, like a skipped one, and leaves ``prev`` and the backoff
+  as they were: nothing is retried until the next event.
+* Probing (a store with the ``ProbingStore`` capability): after a write that
+  failed inside the store, while the backoff runs, the driver asks the store
+  every ``probe_interval`` (``next_probe``) whether it answers again; a yes
+  (``probed``) ends the backoff and forgets ``prev``, so the write is due by
+  the rule above: at once, after an outage longer than ``max_wait``.
 * One write at a time: while a write runs, ``decide`` says ``IDLE`` and the
   driver asks again when the write ends.
 * Forced writes (``write_now``, the final write) call ``begin_write`` and
-  ``end_write`` like any other; the scheduler does not police ``min_interval``
-  for them.
+  ``end_write`` like any other; ``min_interval`` does not hold them back.
 
 Thread-safety: ``event`` may run on any thread while the driver's thread is
 inside ``begin_write``.  It stores ``last`` before it tests ``first``, and the
@@ -64,27 +59,16 @@ MIN_INTERVAL: Final = 1.0
 """The default minimum interval, in seconds: capped by ``max_wait``."""
 
 
-@final
-class _Idle:
-    __slots__ = ()
+class _Act(enum.Enum):
+    IDLE = "idle"  # nothing is pending, or a write is running: wait to be woken
+    WRITE = "write"  # a write is due now
 
     def __repr__(self) -> str:
-        return "IDLE"
+        return self.name
 
 
-@final
-class _Write:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "WRITE"
-
-
-IDLE: Final = _Idle()
-"""Nothing is pending, or a write is running: wait to be woken."""
-
-WRITE: Final = _Write()
-"""A write is due now."""
+IDLE: Final = _Act.IDLE
+WRITE: Final = _Act.WRITE
 
 
 class Wait(NamedTuple):
@@ -93,25 +77,18 @@ class Wait(NamedTuple):
     until: float
 
 
-Decision = _Idle | _Write | Wait
+Decision = _Act | Wait
 
 
 class Outcome(enum.Enum):
     """How a write ended, as far as timing is concerned."""
 
-    WRITTEN = "written"
-    """The store took the bytes."""
-    SKIPPED = "skipped"
-    """Nothing to write (unchanged, no identity): the changes are settled."""
-    STORE_FAILED = "store-failed"
-    """The store was reached and failed: counts as a write start, retried."""
-    FAILED = "failed"
-    """Refused before the store (snapshot, encode, key): retried."""
-    CANCELLED = "cancelled"
-    """The driver stopped waiting (cancelled): the changes stay pending."""
-    REFUSED = "refused"
-    """Refused until the session changes (a conflict, a history that cannot be
-    sent): the changes are dropped, not retried; the next event starts over."""
+    WRITTEN = "written"  # the store took the bytes
+    SKIPPED = "skipped"  # nothing to write (unchanged, no identity): the changes are settled
+    STORE_FAILED = "store-failed"  # the store was reached and failed: a write start, retried
+    FAILED = "failed"  # refused before the store (snapshot, encode, key): retried
+    CANCELLED = "cancelled"  # the driver stopped waiting: the changes stay pending
+    REFUSED = "refused"  # refused until the session changes: dropped, not retried
 
 
 @final
@@ -127,12 +104,12 @@ class Scheduler:
         backoff_initial: wait before the first retry after a failure.
         backoff_max: cap of the doubling retry wait.
         probe_interval: time between two probes of a store during a backoff.
+            The three are trusted: ``Limits`` has checked the writer's.
 
     Raises:
-        ValueError: if the durations break
-            ``0 <= debounce <= max_wait`` or ``0 <= min_interval <= max_wait``,
-            or a backoff is not positive and finite.
-        TypeError: if a duration is not a number (a bool is not one).
+        ValueError: the durations break ``0 <= debounce <= max_wait`` or
+            ``0 <= min_interval <= max_wait``, or one is not finite.
+        TypeError: a duration is not a number (a bool is not one).
     """
 
     __slots__ = (
@@ -165,47 +142,28 @@ class Scheduler:
     ) -> None:
         # Defaults never contradict the max_wait given: they give way to it.
         cap = max_wait if isinstance(max_wait, (int, float)) and max_wait >= 0 else math.inf
-        if debounce is None:
-            debounce = min(DEBOUNCE, cap)
-        if min_interval is None:
-            min_interval = min(MIN_INTERVAL, cap)
+        debounce = min(DEBOUNCE, cap) if debounce is None else debounce
+        min_interval = min(MIN_INTERVAL, cap) if min_interval is None else min_interval
         for name, value in (
+            ("max_wait", max_wait),
             ("debounce", debounce),
             ("min_interval", min_interval),
-            ("max_wait", max_wait),
         ):
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-            if math.isnan(value) or value < 0 or math.isinf(value):
+            if not 0 <= value < math.inf:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-        if debounce > max_wait:
-            raise ValueError(
-                f"debounce ({debounce}) must not exceed max_wait ({max_wait}): "
-                "raise max_wait or lower debounce"
-            )
-        if min_interval > max_wait:
-            raise ValueError(
-                f"min_interval ({min_interval}) must not exceed max_wait ({max_wait}): "
-                "raise max_wait or lower min_interval"
-            )
-        for name, value in (
-            ("backoff_initial", backoff_initial),
-            ("backoff_max", backoff_max),
-            ("probe_interval", probe_interval),
-        ):
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-        if backoff_initial > backoff_max:
-            raise ValueError(
-                f"backoff_initial ({backoff_initial}) must not exceed backoff_max ({backoff_max})"
-            )
+            if value > max_wait:
+                raise ValueError(
+                    f"{name} ({value}) must not exceed max_wait ({max_wait}): "
+                    f"raise max_wait or lower {name}"
+                )
         self.debounce = float(debounce)
         self.min_interval = float(min_interval)
         self.max_wait = float(max_wait)
         self.backoff_initial = float(backoff_initial)
         self.backoff_max = float(backoff_max)
+        self.probe_interval = float(probe_interval)
         self.first: float | None = None
         self.last = -math.inf
         self.prev: float | None = None
@@ -214,18 +172,12 @@ class Scheduler:
         self._covered: tuple[float, float] | None = None
         self.failures = 0
         self.retry_at: float | None = None
-        self.probe_interval = float(probe_interval)
         self.probe_at: float | None = None
 
     # -- inputs -------------------------------------------------------------
 
     def event(self, now: float) -> bool:
-        """Record a change at ``now``.
-
-        Returns:
-            True when this event is the first pending change (the driver
-            should wake up and plan a write), False otherwise.
-        """
+        """Record a change at ``now``; True when it is the first pending one (wake the driver)."""
         self.last = now
         if self.first is None:
             self.first = now
@@ -263,12 +215,8 @@ class Scheduler:
                 self.probed(now, ready=False)
         if covered is not None:
             c_first, c_last = covered
-            if self.first is None:
-                self.last = max(self.last, c_last)
-                self.first = c_first
-            else:
-                self.first = min(self.first, c_first)
-                self.last = max(self.last, c_last)
+            self.first = c_first if self.first is None else min(self.first, c_first)
+            self.last = max(self.last, c_last)
 
     # -- outputs ------------------------------------------------------------
 
@@ -300,9 +248,7 @@ class Scheduler:
         if ready:
             # The failed attempts reached nothing: neither their backoff nor
             # min_interval after them holds the write back.
-            self.retry_at = None
-            self.probe_at = None
-            self.prev = None
+            self.retry_at = self.probe_at = self.prev = None
             return
         at = now + self.probe_interval
         self.probe_at = at if self.retry_at is not None and at < self.retry_at else None
@@ -314,6 +260,4 @@ class Scheduler:
         due = self.due()
         if due is None:
             return IDLE
-        if now >= due:
-            return WRITE
-        return Wait(due)
+        return WRITE if now >= due else Wait(due)

@@ -1,8 +1,4 @@
-"""Messages in one line: how errors are shown in ``Failed`` values, logs and exceptions.
-
-The one copy of each helper: a ``Failed.error``, a log line and a
-``CheckpointError.reason`` all say an error the same way.
-"""
+"""Errors in one line, said the same way in ``Failed`` values, logs and exceptions."""
 
 from __future__ import annotations
 
@@ -12,13 +8,7 @@ __all__ = ["describe_error", "one_line", "oserror"]
 
 
 def one_line(text: str, width: int | None = 300) -> str:
-    """``text`` with its white space folded to single spaces, cut at ``width`` characters.
-
-    Args:
-        text: any message (a server's, an exception's).
-        width: the longest result, its last three characters ``...`` when
-            cut; None never cuts.
-    """
+    """``text`` with its white space folded, cut to ``width`` characters (``...``); None: uncut."""
     text = " ".join(text.split())
     if width is None or len(text) <= width:
         return text

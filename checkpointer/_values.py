@@ -1,21 +1,9 @@
 """The values that cross the layers: what a checkpoint is, and what a write returns.
 
-Everything here is a frozen msgspec Struct or an exception, and imports
-nothing of the library but msgspec: the formats, the stores, the writer
-and the transcript helpers all speak in these values, so none of them has
-to import another for them.
-
-* What a checkpoint is: ``Snapshot`` (what the source hands the writer),
-  ``Meta`` (what a file says about itself), ``Checkpoint`` (a loaded one),
-  ``TornTail``, ``WriterInfo``; ``CheckpointError`` and
-  ``NewerVersionError`` for one that cannot be trusted.
-* What a prepare step makes of a snapshot: ``Prepared``.
-* What a summary checkpoint is: ``SummaryCheckpoint``, and ``SummaryFailed``
-  when ``collapse`` wrote none.
-* What a write returns: an expected outcome is a value, never an
-  exception: a write is ``Written``, ``Skipped`` or ``Failed``.  All are
-  cheap to build, compare and log.  ``WriterStatistics`` is what a writer
-  reports about itself.
+Frozen msgspec Structs and exceptions, importing nothing of the library, so
+the formats, the stores, the writer and the transcript helpers all speak in
+them without importing one another.  An expected outcome is a value, never
+an exception: a write is ``Written``, ``Skipped`` or ``Failed``.
 """
 
 from __future__ import annotations
@@ -49,9 +37,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-# -- checkpoints -----------------------------------------------------------------
 
 
 class CheckpointError(Exception):
@@ -140,8 +125,7 @@ class Meta(msgspec.Struct, frozen=True, kw_only=True):
             replaces the checkpoint (``Store.write``'s ``expected``), and
             what ``resume_from`` carries to the next writer.
 
-    Fields after ``pinned`` came later: files written before them load with
-    the defaults (msgspec's schema-evolution rules).
+    New fields get defaults (msgspec's schema-evolution rules).
     """
 
     key: str
@@ -219,17 +203,13 @@ class TornTail(msgspec.Struct, frozen=True, kw_only=True):
 class Checkpoint(msgspec.Struct, Generic[T], frozen=True):
     """A loaded checkpoint: its ``meta`` and its decoded ``state``.
 
-    ``torn`` is set when a journal ended in an append that never finished
-    (a crash mid-write): those bytes were ignored, everything before them
-    loaded.  A writer that opens the journal truncates them away.
+    ``torn`` is set when a journal ended in an append that never finished (a
+    crash mid-write): those bytes were ignored; a writer truncates them away.
     """
 
     meta: Meta
     state: T
     torn: TornTail | None = None
-
-
-# -- a prepare step's answer -----------------------------------------------------
 
 
 class Prepared(msgspec.Struct, frozen=True, kw_only=True):
@@ -247,9 +227,6 @@ class Prepared(msgspec.Struct, frozen=True, kw_only=True):
     repaired: int = 0
     settled: int = 0
     turns: int | None = None
-
-
-# -- summary checkpoints ---------------------------------------------------------
 
 
 class SummaryCheckpoint(msgspec.Struct, frozen=True):
@@ -283,9 +260,6 @@ class SummaryFailed(msgspec.Struct, frozen=True, kw_only=True):
     reason: Literal["summarize-failed", "write-failed"]
     error: str
     exception: BaseException
-
-
-# -- what a write returns ----------------------------------------------------------
 
 
 SkipReason: TypeAlias = Literal["unchanged", "no-identity", "closed"]
@@ -355,20 +329,17 @@ class Failed(msgspec.Struct, frozen=True):
       a model API accepts (the JSON paths are named).
     * ``"locked"``: another live writer holds the key's lock (named).
     * ``"conflict"``: the store holds another revision than the one this
-      writer expects (the checkpoint it resumed from, found at its first
-      write, or wrote last): another writer wrote or deleted the key since;
-      replacing that would lose its work.  The error names the other
-      writer (pid, host, seq) and the way out: load the key again and
-      start a new writer.
+      writer expects (resumed from, found at its first write, or wrote
+      last): another writer wrote or deleted the key since.  The error
+      names that writer and the way out (load again, start a new writer).
     * ``"write-failed"``: the store failed (the path and the error).
-    * ``"newer-version"``: the key holds a checkpoint written by a newer
-      version of this library or of the state's schema; it is kept as it
-      is, and the error names the version to upgrade to.
+    * ``"newer-version"``: the key holds a checkpoint of a newer library or
+      state version; it is kept, and the error names what to upgrade.
 
     The changes stay pending and are retried with backoff, except after
-    ``"conflict"``, ``"newer-version"`` and ``"not-sendable"``: no retry can succeed until the
-    session changes, so the writer waits for the next ``notify()`` (or
-    ``write_now()``, close, an exit flush) to try again.
+    ``"conflict"``, ``"newer-version"`` and ``"not-sendable"``: no retry can
+    succeed until the session changes, so the writer waits for the next
+    ``notify()`` (or ``write_now()``, close, an exit flush).
     """
 
     reason: FailReason

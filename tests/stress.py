@@ -472,12 +472,13 @@ class Probe:
         self.waiting: dict[int, float] = {}  # gen -> when prepared
         self.running = 0
         self.unrun = 0
-        prepare, execute = writer._prepare, writer._execute
+        core = writer._core
+        prepare, execute = core.prepare, core.execute
 
         def counted_prepare(*args: Any, **kwargs: Any) -> Any:
             job = prepare(*args, **kwargs)
             gen = getattr(job, "gen", None)
-            if gen is not None:  # a _Job: _execute may run for it
+            if gen is not None:  # a Job: execute may run for it
                 with self.lock:
                     self.waiting[gen] = time.monotonic()
             return job
@@ -492,8 +493,8 @@ class Probe:
                 with self.lock:
                     self.running -= 1
 
-        writer._prepare = counted_prepare  # type: ignore[method-assign]
-        writer._execute = counted_execute  # type: ignore[method-assign]
+        core.prepare = counted_prepare  # type: ignore[method-assign]
+        core.execute = counted_execute  # type: ignore[method-assign]
 
     async def wait_running(self, timeout: float) -> None:
         """Wait (at most ``timeout`` seconds) until a job runs in a thread."""

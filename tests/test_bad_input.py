@@ -343,6 +343,8 @@ def test_bad_configuration_raises_at_construction(
     [
         ({"retry_initial": 0}, "retry_initial must be a finite number of seconds > 0"),
         ({"retry_max": math.inf}, "retry_max must be a finite number of seconds > 0"),
+        ({"retry_max": math.nan}, "retry_max must be a finite number of seconds > 0"),
+        ({"retry_initial": True}, "retry_initial must be a finite number"),
         ({"retry_initial": 5.0, "retry_max": 1.0}, "must not exceed retry_max"),
         ({"close_timeout": math.nan}, "close_timeout must be a finite number"),
         ({"exit_timeout": -1}, "exit_timeout must be a finite number"),

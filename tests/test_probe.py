@@ -108,13 +108,6 @@ def test_nothing_pending_or_a_write_running_is_no_probe() -> None:
     assert sched.next_probe() is None
 
 
-@pytest.mark.parametrize("value", [0, -1.0, float("inf"), float("nan")])
-def test_probe_interval_must_be_positive(value: float) -> None:
-    """A probe interval that is not a positive finite time is a configuration error."""
-    with pytest.raises(ValueError, match="probe_interval"):
-        scheduler(probe_interval=value)
-
-
 class OutageStore(FileStore):
     """A real FileStore that is unreachable until ``back_at`` on the clock, and can say so."""
 

@@ -1,49 +1,37 @@
 """The commit core of a writer: one write, synchronously, from snapshot to store.
 
-How a write flows (one write at a time; the service, ``service.py``, says
-when, and on which thread):
+``prepare`` runs on the caller's thread (the event loop's, for the async
+path: msgspec holds the GIL while it encodes, so a worker thread would not
+spare the loop): ``source()``, the key, the fingerprint, the prepare step
+(``session.py``), and the store stages the state.  ``execute`` runs in one
+worker-thread hop (or on the caller's thread, for ``flush_sync``) under the
+I/O lock, one step each: check (the key's lock, the base: ``keylocks.py``,
+``keystate.py``), build (the meta), commit (conditional on the base's
+revision), record (the base, the counters).  The service (``service.py``)
+says when, and on which thread; nothing here calls it.
 
-1. ``prepare``, on the caller's thread (the event loop for the async path):
-   ``source()`` is called, the key is checked, the caller's fingerprint
-   compared, the prepare step run (``session.py``), and the store stages the
-   state (``_stores/envelopes.py``; a journal encodes only what is new).
-   msgspec holds the GIL while it encodes, so doing this in a worker thread
-   would not spare the loop.
-2. ``execute``, in one worker-thread hop (the final write of ``aclose``: a
-   thread of its own) or directly for ``flush_sync``: under the I/O lock the
-   key's lock is taken and the checkpoint to expect learnt (``keylocks.py``,
-   ``keystate.py``), the job skipped if the store holds it already
-   (generation, content, live and pinned flags), the meta built, and the
-   store commits the staged state durably if it holds the revision
-   expected (``StaleWrite`` otherwise: a conflict).
-
-Every job carries a generation number taken before ``source()`` runs; the
-I/O lock and a per-key "newest generation on disk" make sure an older
-snapshot never replaces a newer one, whichever thread writes it (a signal
-handler's flush can overtake a write in a worker thread: ``_overtaking``).
-A job counts as in flight (``inflight``) from its snapshot until its thread
-has really ended it (``end``), even if the task that waited for it was
-cancelled: only then may a later write be skipped as unchanged against what
-the writer believes is on disk.
-
-Forward only: the core never calls the service.  It returns results, and
-keeps the counters the service reports (``account``).
-
-(Past 500 lines on purpose: this is one concern, the life of one write from
-snapshot to store, and its steps read best in the order they run.)
+Every job carries a generation taken before ``source()`` runs, so an older
+snapshot never replaces a newer one, whichever thread writes it.  A job is
+in flight (``inflight``) from its snapshot until its thread has ended it,
+even if the task that waited for it was cancelled: only then may a later
+write be skipped as unchanged against what the writer believes is stored.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import enum
 import itertools
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any, final
 
 from .. import _exit
+from .._schedule import Outcome
 from .._stores.base import KeyLocked, Staged, StaleWrite, Store, commit_deadline, new_revision
 from .._stores.encoding import Transcript
 from .._stores.envelopes import state_store
@@ -56,13 +44,13 @@ from .keylocks import KeyLocks
 from .keystate import Keys, KeyState, Unknown, utcnow
 from .session import Prepare, run_prepare, writer_info
 
-__all__ = ["REFUSED", "Committer", "Job", "Phase"]
+__all__ = ["Committer", "Job", "Phase", "outcome"]
 
 logger = logging.getLogger("checkpointer")
 
 _NO_FINGERPRINT: Any = object()
 
-REFUSED = frozenset({"conflict", "newer-version", "not-sendable"})
+_REFUSED = frozenset({"conflict", "newer-version", "not-sendable"})
 """Failures no retry can fix until the session changes: not retried (``Outcome.REFUSED``)."""
 
 
@@ -82,65 +70,43 @@ class Phase(enum.IntEnum):
 
 
 @final
+@dataclasses.dataclass(slots=True, eq=False)
 class Job:
     """One write, prepared on the caller's thread, to be executed by the writing thread."""
 
-    __slots__ = (
-        "claim",
-        "content",
-        "force",
-        "gen",
-        "key",
-        "live",
-        "prepared",
-        "staged",
-        "started",
-    )
+    gen: int
+    key: str
+    staged: Staged
+    content: object  # what "unchanged" compares: a fingerprint, or _NO_FINGERPRINT
+    live: bool
+    force: bool
+    started: float
+    prepared: Prepared
+    # Taken by the thread that runs the job, or by a cancelled waiter before
+    # any thread began it: whoever takes it first decides.
+    claim: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
-    def __init__(
-        self,
-        *,
-        gen: int,
-        key: str,
-        staged: Staged,
-        content: object,
-        live: bool,
-        force: bool,
-        started: float,
-        prepared: Prepared,
-    ) -> None:
-        self.prepared = prepared
-        self.gen = gen
-        self.key = key
-        self.staged = staged
-        self.content = content
-        self.live = live
-        self.force = force
-        self.started = started
-        # Taken by the thread that runs the job, or by a cancelled waiter
-        # before any thread began it: whoever takes it first decides.
-        self.claim = threading.Lock()
+
+def outcome(result: Result) -> Outcome:
+    """What ``result`` means for the scheduler."""
+    if isinstance(result, Written):
+        return Outcome.WRITTEN
+    if isinstance(result, Skipped):
+        return Outcome.SKIPPED
+    if result.reason in _REFUSED:  # no retry can succeed: the next change tries again
+        return Outcome.REFUSED
+    return Outcome.STORE_FAILED if result.reason == "write-failed" else Outcome.FAILED
 
 
 @final
 class Committer:
     """The synchronous core of a ``CheckpointWriter``: prepares and executes its writes.
 
-    Owned by the writer service, which decides when a write runs and on
-    which thread; everything here is thread-safe as the module docstring
-    says.  ``phase`` is the writer's lifecycle (``Phase``), moved on by the
-    service and read here under the snapshot lock; ``busy`` holds the
-    threads inside ``prepare`` or the I/O lock, for the exit hooks.
-
-    Args:
-        source: the writer's ``source``.
-        store: its store.
-        transcript: its ``transcript``: where the messages are, and from
-            that the fingerprint, the prepare step and the message cache.
-        state_version: its ``state_version``.
-        lock_timeout: its ``Limits.lock_timeout``, in seconds.
-        resume_from: the meta its session was loaded from, None (its key
-            was absent), or ``UNKNOWN``.
+    Thread-safe as the module docstring says.  ``phase`` is the writer's
+    lifecycle (``Phase``), moved on by the service and read here under the
+    snapshot lock; ``busy`` holds the threads inside ``prepare`` or the I/O
+    lock, for the exit hooks; ``pid`` is the process that opened the writer.
+    The arguments are the writer's (``lock_timeout`` from its ``Limits``).
 
     Raises:
         TypeError: the store cannot refuse a stale write (``state_store``).
@@ -163,11 +129,10 @@ class Committer:
         self._fingerprint: Callable[[Snapshot], Hashable] | None = None
         self._prepare_step: Prepare | None = None
         if transcript is not None:
-            field = transcript.field
             if transcript.fingerprint:
-                self._fingerprint = transcript_fingerprint(field=field)
+                self._fingerprint = transcript_fingerprint(field=transcript.field)
             if transcript.repair:
-                self._prepare_step = transcript_prepare(field=field)
+                self._prepare_step = transcript_prepare(field=transcript.field)
         self._state_version = state_version
         self._locks = KeyLocks(store, lock_timeout)
         self.keys = Keys(store, self._states, state_version, resume_from)
@@ -175,102 +140,95 @@ class Committer:
         self._valid_key: object = None  # the last key validate_key() accepted
         self._io_lock = threading.Lock()
         self._snapshot_lock = threading.Lock()  # generation + source() + encode
-        self.busy: set[int] = set()  # threads inside prepare() or _io(), see _exit
-        # Threads executing a final write (live=False: close, exit, signal),
-        # whose failure note_final logs at ERROR: account() does not warn too.
-        self._final: set[int] = set()
-        # Generations of jobs prepared and not yet ended, on any thread; an
-        # abandoned worker write stays here until it has really ended.
-        self.inflight: set[int] = set()
-        # key -> (generation, meta, staged state) of an exit flush that wrote
-        # without the I/O lock because a worker's write hung past exit_timeout
-        # (see execute).
-        self._overtaking: dict[str, tuple[int, Meta, Staged]] = {}
+        self.busy: set[int] = set()  # threads inside prepare() or the I/O lock
+        self.inflight: set[int] = set()  # generations prepared and not yet ended
         self.phase = Phase.NEW
+        self.pid = os.getpid()
         # The counters of statistics().
-        self.writes = 0
-        self.skipped = 0
-        self.failures = 0
-        self.streak = 0
-        self.bytes_written = 0
+        self.writes = self.skipped = self.failures = self.streak = 0
+        self.bytes_written = self.repaired = self.settled = 0
         self.last_seconds: float | None = None
-        self.repaired = 0
-        self.settled = 0
         self.last_result: Result | None = None
         self.last_failure: Failed | None = None
+
+    def forked(self) -> bool:
+        """Whether this is a forked child's copy of a writer its parent opened.
+
+        Such a copy never writes (its state is the child's stale copy),
+        never releases a lock (``flock(LOCK_UN)`` on the inherited
+        descriptor would release the parent's) and never touches the
+        store's connection.
+        """
+        return self.pid != os.getpid()
+
+    @contextlib.contextmanager
+    def _holding(self, lock: threading.Lock, timeout: float = -1) -> Iterator[bool]:
+        """Hold ``lock`` (up to ``timeout``; negative: no bound); yield whether it was taken.
+
+        Marked ``_exit.busy``: a signal landing meanwhile on this thread is
+        handled after the block rather than deadlock on the lock.  The
+        store's own waits are bounded by the same timeout.
+        """
+        me = threading.get_ident()
+        with _exit.busy(), commit_deadline(timeout):
+            self.busy.add(me)
+            locked = False
+            try:
+                locked = lock.acquire(timeout=timeout)
+                yield locked
+            finally:
+                if locked:
+                    lock.release()
+                self.busy.discard(me)
 
     # -- on the caller's thread -------------------------------------------------
 
     def prepare(self, *, force: bool, pin: bool | None, live: bool) -> Job | Skipped | Failed:
         """Snapshot, check and encode, on the caller's thread.
 
-        The generation, ``source()`` and the encoding happen under one lock,
-        so generations order the states as they were encoded: two threads
-        flushing at once cannot give the older state the newer generation.
-        A signal landing while this thread holds the lock is deferred (see
-        ``_exit``) rather than deadlock on it.  (A forked child's copy of a
-        writer never gets here: the service checks first.)
+        Under one lock, so generations order the states as they were encoded.
+        In a forked child's copy of the writer: ``Skipped("closed")``.
         """
-        me = threading.get_ident()
-        self.busy.add(me)
-        try:
-            with self._snapshot_lock:
-                return self._prepare_locked(force=force, pin=pin, live=live)
-        finally:
-            self.busy.discard(me)
-            _exit.run_deferred()
-
-    def _prepare_locked(
-        self, *, force: bool, pin: bool | None, live: bool
-    ) -> Job | Skipped | Failed:
-        if live and self.phase >= Phase.CLOSING:
-            # Under the snapshot lock: a write that began before the close has
-            # an older generation than the final write, so it cannot follow it.
+        if self.forked():
             return Skipped("closed")
-        gen = next(self._gen)
-        started = time.perf_counter()
-        snapshot = self._snapshot(live)
-        if not isinstance(snapshot, Snapshot):
-            return snapshot
-        key = snapshot.key
-        state = self.keys.select(key)
-        if pin is not None:
-            state.pin = pin
-        content = self._content(snapshot)
-        if isinstance(content, Failed):
-            return content
-        if (
-            content is not _NO_FINGERPRINT
-            and not force
-            and not self.inflight
-            and not self.keys.to_finish
-            # turns come from prepare, not run yet: an equal state has equal turns
-            and state.base is not None
-            and state.holds(content, live, snapshot.parent, state.base.turns)
-        ):
-            return Skipped("unchanged")
-        prepared = run_prepare(self._prepare_step, snapshot)
-        if isinstance(prepared, Failed):
-            return prepared
-        try:
-            staged = self._states.stage(key, prepared.snapshot.state, self._transcript)
-        except Exception as exc:
-            return Failed(
-                "encode-failed",
-                f"the state of key {key!r} cannot be encoded: {describe_error(exc)}",
-            )
-        job = Job(
-            gen=gen,
-            key=key,
-            staged=staged,
-            content=content,
-            live=live,
-            force=force,
-            started=started,
-            prepared=prepared,
-        )
-        self.inflight.add(gen)  # until it ends: no skip before encoding meanwhile
-        return job
+        with self._holding(self._snapshot_lock):
+            if live and self.phase >= Phase.CLOSING:
+                # Under the snapshot lock: a write that began before the close has
+                # an older generation than the final write, so it cannot follow it.
+                return Skipped("closed")
+            gen = next(self._gen)
+            started = time.perf_counter()
+            snapshot = self._snapshot(live)
+            if not isinstance(snapshot, Snapshot):
+                return snapshot
+            state = self.keys.select(snapshot.key)
+            if pin is not None:
+                state.pin = pin
+            content = self._content(snapshot)
+            if isinstance(content, Failed):
+                return content
+            if (
+                content is not _NO_FINGERPRINT
+                and not force
+                and not self.inflight
+                and not self.keys.to_finish
+                # turns come from prepare, not run yet: an equal state has equal turns
+                and state.base is not None
+                and state.holds(content, live, snapshot.parent, state.base.turns)
+            ):
+                return Skipped("unchanged")
+            prepared = run_prepare(self._prepare_step, snapshot)
+            if isinstance(prepared, Failed):
+                return prepared
+            try:
+                staged = self._states.stage(snapshot.key, prepared.snapshot.state, self._transcript)
+            except Exception as exc:
+                error = (
+                    f"the state of key {snapshot.key!r} cannot be encoded: {describe_error(exc)}"
+                )
+                return Failed("encode-failed", error)
+            self.inflight.add(gen)  # until it ends: no skip before encoding meanwhile
+            return Job(gen, snapshot.key, staged, content, live, force, started, prepared)
 
     def _snapshot(self, live: bool) -> Snapshot | Skipped | Failed:
         """``source()``, checked: a snapshot with a valid key, or why there is none."""
@@ -290,13 +248,12 @@ class Committer:
                 f"source() returned {type(snapshot).__name__}, "
                 "expected Snapshot(key, state) or None",
             )
-        key = snapshot.key
-        if key != self._valid_key:  # a session keeps its key: checked once, not per write
+        if snapshot.key != self._valid_key:  # a session keeps its key: checked once
             try:
-                self._store.validate_key(key)
+                self._store.validate_key(snapshot.key)
             except (ValueError, TypeError) as exc:
                 return Failed("invalid-key", describe_error(exc))
-            self._valid_key = key
+            self._valid_key = snapshot.key
         return snapshot
 
     def _content(self, snapshot: Snapshot) -> object:
@@ -307,18 +264,14 @@ class Committer:
         earlier message, which the transcript's does not see, a write).
         ``Failed`` if one raises or cannot be hashed.
         """
-        own = snapshot.fingerprint
-        if self._fingerprint is None:
-            if own is None:
-                return _NO_FINGERPRINT
-            content = own
-        else:
+        content = snapshot.fingerprint
+        if self._fingerprint is not None:
             try:
-                content = self._fingerprint(snapshot)
+                content = (self._fingerprint(snapshot), content)
             except Exception as exc:
                 return Failed("snapshot-failed", f"the fingerprint raised {describe_error(exc)}")
-            if own is not None:
-                content = (content, own)
+        elif content is None:
+            return _NO_FINGERPRINT
         try:
             hash(content)
         except Exception as exc:
@@ -332,57 +285,48 @@ class Committer:
         """Write a prepared job; blocking, under the I/O lock.
 
         Waits up to ``timeout`` seconds (negative: no bound) for a write in
-        flight; past it, writes anyway (an exit flush overtaking a worker's
-        write stuck on the disk: see ``_overtaking``).  The lock handling is
-        written out rather than in context managers: this runs once per
-        write, and each layer costs microseconds next to a 1 KiB fsync.
+        flight; past it, writes anyway: an exit flush must not wait forever
+        for a write stuck on the disk (``KeyState.overtaking``).
         """
-        me = threading.get_ident()
-        busy = self.busy
-        busy.add(me)
-        if not job.live:
-            self._final.add(me)
-        try:
-            with commit_deadline(timeout):
-                locked = self._io_lock.acquire(timeout=timeout)
-                if not locked:
-                    logger.warning(
-                        "checkpointer: a write in flight did not finish within %ss; writing anyway",
-                        timeout,
-                    )
-                try:
-                    return self._execute_locked(job, locked)
-                finally:
-                    if locked:
-                        self._io_lock.release()
-        finally:
-            busy.discard(me)
-            self._final.discard(me)
-            _exit.run_deferred()
+        with self._holding(self._io_lock, timeout) as locked:
+            if not locked:
+                logger.warning(
+                    "checkpointer: a write in flight did not finish within %ss; writing anyway",
+                    timeout,
+                )
+            return self.account(self._execute_locked(job, locked), final=not job.live)
 
     def _execute_locked(self, job: Job, locked: bool) -> Result:
-        """The steps of one write: check, build, commit, record."""
+        """The steps of one write: check, build and commit, record."""
         if self.keys.to_finish:
             self.keys.finish(self._locks)
         state = self.keys.by_key[job.key]
         if job.gen < state.newest_gen:
-            return self.account(Skipped("unchanged"))  # a newer snapshot is stored
+            return Skipped("unchanged")  # a newer snapshot is stored
         refused = self._check(job.key, state)
         if refused is not None:
-            return self.account(refused)
-        content = job.content
-        if content is _NO_FINGERPRINT:
-            content = job.staged.content()
-        parent, turns = job.prepared.snapshot.parent, job.prepared.turns
-        if not job.force and state.holds(content, job.live, parent, turns):
+            return refused
+        content = job.staged.content() if job.content is _NO_FINGERPRINT else job.content
+        if not job.force and state.holds(
+            content, job.live, job.prepared.snapshot.parent, job.prepared.turns
+        ):
             state.newest_gen = job.gen
-            return self.account(Skipped("unchanged"))
-        result = self._commit(job, state, locked)
-        if isinstance(result, tuple):
-            meta, nbytes = result
-            state.wrote(meta, content, job.gen)
-            return self.account(self._written(job, meta, nbytes))
-        return self.account(result)
+            return Skipped("unchanged")
+        written = self._commit(job, state, locked)
+        if not isinstance(written, tuple):
+            return written
+        meta, nbytes = written
+        state.wrote(meta, content, job.gen)
+        return Written(
+            key=job.key,
+            location=self._store.location(job.key),
+            nbytes=nbytes,
+            seconds=time.perf_counter() - job.started,
+            seq=meta.seq,
+            repaired=job.prepared.repaired,
+            settled=job.prepared.settled,
+            revision=meta.revision,
+        )
 
     def _check(self, key: str, state: KeyState) -> Failed | None:
         """Take the key's lock and learn the checkpoint to expect; ``Failed`` if refused."""
@@ -405,20 +349,18 @@ class Committer:
             return Failed("write-failed", f"cannot read {location}: {describe_error(exc)}")
         return None
 
-    def _meta(self, job: Job, state: KeyState) -> Meta:
-        """The meta of the write of ``job`` over ``state.base``."""
-        base = state.base
+    def _meta(self, job: Job, state: KeyState, base: Meta | None) -> Meta:
+        """The meta of the write of ``job`` over ``base``."""
         now = utcnow()
-        prepared = job.prepared
-        return Meta(  # the fields of session_meta(), spelled out: no dict per write
+        return Meta(
             key=job.key,
             seq=(0 if base is None else base.seq) + 1,
             created_at=now if base is None else base.created_at,
             updated_at=now,
             live=job.live,
             pinned=state.pin if state.pin is not None else base is not None and base.pinned,
-            turns=prepared.turns,
-            parent=prepared.snapshot.parent,
+            turns=job.prepared.turns,
+            parent=job.prepared.snapshot.parent,
             writer=writer_info(),
             library_version=VERSION,
             state_version=self._state_version,
@@ -428,23 +370,32 @@ class Committer:
     def _commit(self, job: Job, state: KeyState, locked: bool) -> tuple[Meta, int] | Result:
         """Commit ``job`` over ``state.base``: the meta and bytes written, or why not.
 
-        A store holding a revision this writer sent without an answer (its
-        write landed after all) takes that write as the base, once.  An
-        exit flush that overtook a stuck write (``locked`` False) leaves its
-        state where that write finds it when it ends.
+        A store holding a revision this writer sent without an answer (that
+        write landed after all) takes it as the base, once.  An exit flush
+        that could not take the I/O lock (``locked`` False) writes past a
+        write stuck in a worker thread; the store refuses that write if it
+        was still before its check, and if it was past it (in the disk
+        write) it puts the flush's newer state back when it lands.
         """
         key = job.key
+
+        def overtaken() -> bool:
+            return locked and state.overtaking is not None and state.overtaking[0] > job.gen
+
         for adopted in (False, True):
-            meta = self._meta(job, state)
-            overtaken = self._overtaking.get(key)
+            base = state.base
+            meta = self._meta(job, state, base)
             if not locked:
-                self._overtaking[key] = (job.gen, meta, job.staged)
-            elif overtaken is not None and overtaken[0] > job.gen:
+                state.overtaking = (job.gen, meta, job.staged)
+            if overtaken():
                 return Skipped("unchanged")  # a newer flush is writing
             state.sent[meta.revision] = meta
+            expected = None if base is None else base.revision
             try:
-                nbytes = self._states.commit(key, meta, job.staged, expected=state.expected)
+                nbytes = self._states.commit(key, meta, job.staged, expected=expected)
             except StaleWrite as exc:
+                if overtaken():
+                    return Skipped("unchanged")  # the newer flush landed first
                 own = state.sent.get(exc.stored) if exc.stored is not None else None
                 if own is None or adopted:
                     return self.keys.conflict(key, state, exc)
@@ -457,54 +408,19 @@ class Committer:
                 location = self._store.location(key)
                 return Failed("write-failed", f"cannot write {location}: {describe_error(exc)}")
             break
-        if locked:
-            overtaken = self._overtaking.pop(key, None)
-            if overtaken is not None and overtaken[0] > job.gen:
-                # The flush overtook us while we wrote: newer bytes go back on top.
-                self._rewrite(key, overtaken[1], overtaken[2], expected=meta.revision)
+        if locked and state.overtaking is not None:
+            flush, state.overtaking = state.overtaking, None
+            if flush[0] > job.gen:  # the flush landed under this write: put it back on top
+                self._rewrite(key, flush[1], flush[2], expected=meta.revision)
                 return Skipped("unchanged")
         return meta, nbytes
-
-    def _written(self, job: Job, meta: Meta, nbytes: int) -> Written:
-        self.repaired += job.prepared.repaired
-        self.settled += job.prepared.settled
-        return Written(
-            key=job.key,
-            location=self._store.location(job.key),
-            nbytes=nbytes,
-            seconds=time.perf_counter() - job.started,
-            seq=meta.seq,
-            repaired=job.prepared.repaired,
-            settled=job.prepared.settled,
-            revision=meta.revision,
-        )
-
-    def finish(self, timeout: float = -1) -> None:
-        """Mark the keys the source moved away from not live; blocking, under the I/O lock.
-
-        For a final write whose ``source()`` returned None: there is no
-        state to write, but the last key's checkpoint must not stay live.
-        """
-        me = threading.get_ident()
-        self.busy.add(me)
-        try:
-            with commit_deadline(timeout):
-                if self._io_lock.acquire(timeout=timeout):
-                    try:
-                        self.keys.finish(self._locks)
-                    finally:
-                        self._io_lock.release()
-        finally:
-            self.busy.discard(me)
-            _exit.run_deferred()
 
     def _rewrite(self, key: str, meta: Meta, staged: Staged, *, expected: str) -> None:
         try:
             self._states.commit(key, meta, staged, expected=expected)
         except StaleWrite as exc:
-            if exc.stored == meta.revision:
-                return  # the flush landed on top of us after all
-            logger.warning("checkpointer: not putting the newer checkpoint back: %s", exc)
+            if exc.stored != meta.revision:  # else the flush landed on top after all
+                logger.warning("checkpointer: not putting the newer checkpoint back: %s", exc)
         except Exception as exc:
             logger.warning(
                 "checkpointer: could not put the newer checkpoint back on %s: %s",
@@ -512,29 +428,45 @@ class Committer:
                 describe_error(exc),
             )
 
+    def finish(self, timeout: float = -1) -> None:
+        """Mark the keys the source moved away from not live; blocking, under the I/O lock.
+
+        For a final write whose ``source()`` returned None: there is no
+        state to write, but the last key's checkpoint must not stay live.
+        """
+        with self._holding(self._io_lock, timeout) as locked:
+            if locked:
+                self.keys.finish(self._locks)
+
     def end(self, job: Job) -> None:
-        """``job`` has ended (written, skipped, failed or dropped): it is no longer in flight."""
+        """``job`` has ended (written, skipped, failed or dropped); after close, the key goes."""
         self.inflight.discard(job.gen)
+        if self.phase is Phase.CLOSED:
+            self.release_locks()  # the last write to end after close lets the key go
 
     def release_locks(self) -> bool:
         """Let go of every key's lock, unless a write holds the I/O lock (then False)."""
-        if self._io_lock.acquire(blocking=False):
-            try:
-                self._locks.release_all()
-            finally:
-                self._io_lock.release()
-            return True
-        return False
+        if self.forked():
+            return True  # the parent's locks: releasing one would release it for the parent
+        if not self._io_lock.acquire(blocking=False):
+            return False
+        try:
+            self._locks.release_all()
+        finally:
+            self._io_lock.release()
+        return True
 
-    def account(self, result: Result) -> Result:
-        """Update the counters and log once per failure streak (every result at DEBUG)."""
+    # -- the counters --------------------------------------------------------------
+
+    def account(self, result: Result, *, final: bool) -> Result:
+        """Update the counters; log a failure once per streak, unless ``final`` (see note_final)."""
         logger.debug("checkpointer: %r", result)
         self.last_result = result
-        if isinstance(result, Failed):
-            self.last_failure = result
         if isinstance(result, Written):
             self.writes += 1
             self.bytes_written += result.nbytes
+            self.repaired += result.repaired
+            self.settled += result.settled
             self.last_seconds = result.seconds
             if self.streak:
                 logger.info(
@@ -548,18 +480,19 @@ class Committer:
             if result.reason == "unchanged":
                 self.streak = 0
         else:
+            self.last_failure = result
             self.failures += 1
             self.streak += 1
-            # A conflict is logged by _conflict; a final write (close, exit,
-            # signal) by note_final.
-            final = self.phase >= Phase.CLOSING or threading.get_ident() in self._final
-            if self.streak == 1 and result.reason != "conflict" and not final:
+            # A conflict is logged by Keys.conflict; a write while closing is
+            # followed by the final write, whose failure note_final logs.
+            quiet = final or result.reason == "conflict" or self.phase >= Phase.CLOSING
+            if self.streak == 1 and not quiet:
                 logger.warning(
                     "checkpointer: checkpoint failed (%s): %s; %s",
                     result.reason,
                     result.error,
                     "waiting for the session to change"
-                    if result.reason in REFUSED
+                    if result.reason in _REFUSED
                     else "retrying with backoff",
                 )
         return result

@@ -1,22 +1,15 @@
 """What a writer knows of each key: the checkpoint it expects the store to hold.
 
-Per key (``KeyState``), ``base`` is that checkpoint's ``Meta``: the one the
-session resumed from (``resume_from``; None passed means "absent"), else
-the one found at the writer's first write, then each of its own writes.
-Every write hands the store ``base.revision`` as the revision it expects,
-and the store refuses the write if it holds another (``StaleWrite``): the
-writer infers nothing about other writers, the store decides.
-
-``Keys`` holds the states and learns a base from the store when it has
-none (``resolve``: a checkpoint that cannot be trusted is moved aside, one
-of a newer state version refused), and marks the keys the source moved
-away from not live (``finish``).  Called by the commit core
-(``commit.py``) under the writer's I/O lock, and by its prepare step
-under the snapshot lock (``select``).
+Per key, ``KeyState.base`` is that checkpoint's ``Meta``: the one the session
+resumed from (``resume_from``; None passed means "absent"), else the one found
+at the writer's first write, then each of its own writes.  Every write hands
+the store ``base.revision`` as the revision it expects; the store refuses the
+write if it holds another (``StaleWrite``): the store decides, not the writer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 from datetime import UTC, datetime
@@ -24,7 +17,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from .._format.versions import newer_state
-from .._stores.base import StaleWrite, StateStore, Store, new_revision
+from .._stores.base import Staged, StaleWrite, StateStore, Store, new_revision
 from .._text import describe_error
 from .._values import CheckpointError, Failed, Meta, NewerVersionError
 from .keylocks import KeyLocks
@@ -50,7 +43,17 @@ def utcnow() -> datetime:
 class KeyState:
     """What this writer knows about one key: the checkpoint it expects stored."""
 
-    __slots__ = ("base", "conflicted", "content", "known", "newest_gen", "own", "pin", "sent")
+    __slots__ = (
+        "base",
+        "conflicted",
+        "content",
+        "known",
+        "newest_gen",
+        "overtaking",
+        "own",
+        "pin",
+        "sent",
+    )
 
     def __init__(self, base: Meta | None = None, *, known: bool = False) -> None:
         self.base = base  # the checkpoint expected stored (None: none)
@@ -59,15 +62,12 @@ class KeyState:
         self.content: object = None  # fingerprint or bytes of base's state, when own
         self.pin: bool | None = None  # requested by write_now(pin=...)
         self.newest_gen = -1  # generation of the snapshot the store holds
-        # Writes sent whose answer never came (a failed commit, an overtaken
-        # one): the store may hold one of them, which is then this writer's.
+        # Writes sent whose answer never came: the store may hold one of them.
         self.sent: dict[str, Meta] = {}
+        # (generation, meta, staged) of an exit flush writing past a write
+        # stuck in a worker thread (see Committer._commit).
+        self.overtaking: tuple[int, Meta, Staged] | None = None
         self.conflicted = False  # the conflict was logged
-
-    @property
-    def expected(self) -> str | None:
-        """The revision the store must hold for the next write: ``base``'s."""
-        return None if self.base is None else self.base.revision
 
     def holds(self, content: object, live: bool, parent: str | None, turns: int | None) -> bool:
         """Whether the store holds this state with the meta the caller controls."""
@@ -80,7 +80,7 @@ class KeyState:
             and base.pinned == pinned
             and base.parent == parent
             and base.turns == turns
-            and _equal(self.content, content)
+            and self.content == content
         )
 
     def wrote(self, meta: Meta, content: object, gen: int) -> None:
@@ -92,36 +92,12 @@ class KeyState:
         self.conflicted = False
 
 
-_TAIL = 4096
-
-
-def _equal(held: object, content: object) -> bool:
-    """``held == content``, exactly; for large encoded states, the tails first.
-
-    A session changes at its end (a new message, the last one edited), and
-    a memcmp of two equal-length 10 MiB states takes about a millisecond:
-    comparing the last 4 KiB first says "changed" in a microsecond.
-    """
-    if (
-        type(held) is bytes
-        and type(content) is bytes
-        and len(held) == len(content) > 4 * _TAIL
-        and held[-_TAIL:] != content[-_TAIL:]
-    ):
-        return False
-    return held == content
-
-
 class Keys:
     """The ``KeyState`` of every key a writer has written or looked at, and the key now.
 
-    Args:
-        store: the writer's store (locations, ``move_aside``).
-        states: its ``StateStore`` (``read_meta``, ``update_meta``).
-        state_version: the writer's state version: a newer one is refused.
-        resume_from: the meta the session was loaded from (the base of its
-            key), None (the session's first key was absent), or
-            ``UNKNOWN``.
+    Used by the commit core under its I/O lock (``select`` under its
+    snapshot lock).  ``resume_from``: the meta the session was loaded from,
+    None (its first key was absent), or ``UNKNOWN``.
     """
 
     def __init__(
@@ -158,11 +134,10 @@ class Keys:
         return state
 
     def resolve(self, key: str, state: KeyState) -> None:
-        """Learn the base from the store if unknown; refuse a newer state version.
+        """Learn the base from the store if unknown (damage moved aside); refuse a newer one.
 
         Raises:
-            NewerVersionError: the base is of a newer state version than the
-                writer's (kept, never replaced).
+            NewerVersionError: the base is of a newer state version (kept).
             OSError: the store cannot be read.
         """
         if not state.known:
@@ -171,7 +146,8 @@ class Keys:
             except NewerVersionError:
                 raise  # not damage: never moved aside
             except CheckpointError as exc:
-                aside = self._store.move_aside(key, "corrupt-" + _stamp())
+                stamp = utcnow().strftime("%Y%m%dT%H%M%S.%fZ")
+                aside = self._store.move_aside(key, "corrupt-" + stamp)
                 logger.warning(
                     "checkpointer: %s; moved it aside to %s and starting afresh", exc, aside
                 )
@@ -187,47 +163,34 @@ class Keys:
             )
 
     def look(self, key: str, state: KeyState) -> None:
-        """Learn the base without the key's lock (a reader's read), before waiting for it.
+        """Learn the base without the key's lock, before waiting for it (else under it).
 
-        So a writer that waits for another to let go expects what was stored
-        when it first tried, not what that writer stores meanwhile.  If the
-        read fails, the base is learnt under the lock.
+        A writer that waits for another to let go then expects what was
+        stored when it first tried, not what that writer stores meanwhile.
         """
-        try:
-            state.base = self._states.read_meta(key)
-        except Exception:
-            return
-        state.known = True
+        with contextlib.suppress(Exception):
+            state.base, state.known = self._states.read_meta(key), True
 
     def conflict(self, key: str, state: KeyState, exc: StaleWrite) -> Failed:
         """``Failed("conflict")`` for a write the store refused, naming the other writer."""
         state.content = None
         state.sent.clear()
-        location = self._store.location(key)
-        since = "when it had no checkpoint" if state.base is None else f"at seq {state.base.seq}"
-        if exc.stored is None:
-            what = "was deleted"
-        else:
-            try:
+        what = "was deleted"
+        if exc.stored is not None:
+            what = f"was written by another writer (revision {exc.stored})"
+            with contextlib.suppress(Exception):
                 meta = self._states.read_meta(key)
-            except Exception:
-                meta = None
-            if meta is None or meta.revision != exc.stored:
-                what = f"was written by another writer (revision {exc.stored})"
-            else:
-                who = (
-                    f"pid {meta.writer.pid} on {meta.writer.host}"
-                    if meta.writer is not None
-                    else "a writer that did not say who"
-                )
-                what = (
-                    f"was written by another writer ({who}, seq {meta.seq}, "
-                    f"{meta.updated_at:%Y-%m-%dT%H:%M:%SZ})"
-                )
+                if meta is not None and meta.revision == exc.stored:
+                    who = "a writer that did not say who"
+                    if meta.writer is not None:
+                        who = f"pid {meta.writer.pid} on {meta.writer.host}"
+                    when = f"{meta.updated_at:%Y-%m-%dT%H:%M:%SZ}"
+                    what = f"was written by another writer ({who}, seq {meta.seq}, {when})"
+        since = "when it had no checkpoint" if state.base is None else f"at seq {state.base.seq}"
         error = (
-            f"key {key!r} {what} after this writer first saw it {since} ({location}); "
-            "not replacing it: load the key again and start a new writer from what it "
-            "holds, or write to another key"
+            f"key {key!r} {what} after this writer first saw it {since} "
+            f"({self._store.location(key)}); not replacing it: load the key again and start "
+            "a new writer from what it holds, or write to another key"
         )
         if not state.conflicted:
             state.conflicted = True
@@ -240,7 +203,9 @@ class Keys:
             state = self.by_key.get(key)
             base = None if state is None else state.base
             if state is not None and base is not None and state.own and base.live:
-                meta = finished(base)
+                meta = msgspec.structs.replace(
+                    base, seq=base.seq + 1, updated_at=utcnow(), live=False, revision=new_revision()
+                )
                 try:
                     self._states.update_meta(key, meta, expected=base.revision)
                 except StaleWrite:
@@ -256,14 +221,3 @@ class Keys:
                     state.base = meta
             self.to_finish.discard(key)
             locks.release(key)
-
-
-def _stamp() -> str:
-    return utcnow().strftime("%Y%m%dT%H%M%S.%fZ")
-
-
-def finished(old: Meta) -> Meta:
-    """``old`` as the final checkpoint of its key: one seq more, now, not live."""
-    return msgspec.structs.replace(
-        old, seq=old.seq + 1, updated_at=utcnow(), live=False, revision=new_revision()
-    )

@@ -1,33 +1,18 @@
-"""The checkpoint writer: a service object that carries out the scheduler.
+"""``CheckpointWriter``: the anyio service that carries out the scheduler's decisions.
 
-``CheckpointWriter`` is the anyio shell around two pure or synchronous
-cores: the timing policy (``_schedule.py``: when is the next write due?) and
-the commit core (``commit.py``: one write, from snapshot to store).  The
-data path goes forward only::
-
-    notify() -> Scheduler (due) -> the timer or write_now() -> Committer.prepare
-      (snapshot, fingerprint, prepare step, encode) -> one worker-thread hop
-      -> Committer.execute (the key's lock and window, the store's commit)
-
-Here: the configuration, ``notify`` and ``attach``, the two lifecycles
-(``async with`` and ``with``/``open``), the hops to a worker thread, the
-exit hooks (registered through ``_exit.Flushable``) and ``statistics``; the
-timer that starts the scheduled writes is ``timer.py``.
-
-The timer (``timer.py``) runs in a task of the event loop's own, not in a
-task group held across the caller's code, so ``aclose()`` may come from any
-task, under any cancel scope, in any order among writers.  A close claims the writer once
-(``_begin_close``); from then on live writes are ``Skipped("closed")``, and
-the last write to end after it lets the key's lock go (``_job_done``).
-
-(Past 500 lines on purpose: this is one concern, the lifecycle of a writer
-in both worlds, whose parts share the close claim, the write lock and the
-hand-off of a job to a thread; a third of it is the public API's docstrings.)
+Here: the public API, both lifecycles (``async with``/``aopen``/``aclose``
+and ``with``/``open``/``close``) and the hop of each write to a worker
+thread.  The timing policy is ``_schedule.py``, the timer task ``timer.py``,
+one write ``commit.py``; the exit hooks (``_exit.py``) call ``_flush_final``.
+The timer and the close run in tasks of the event loop's own, not in a task
+group held across the caller's code, so ``aclose()`` may come from any task,
+under any cancel scope, in any order among writers.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -44,19 +29,9 @@ from .._schedule import Outcome, Scheduler
 from .._stores.base import ProbingStore, Store
 from .._stores.encoding import Transcript
 from .._text import describe_error
-from .._values import (
-    Checkpoint,
-    Failed,
-    Limits,
-    Meta,
-    Result,
-    Skipped,
-    Snapshot,
-    WriterStatistics,
-    Written,
-)
+from .._values import Checkpoint, Failed, Limits, Meta, Result, Skipped, Snapshot, WriterStatistics
 from .clock import Clock, MonotonicClock
-from .commit import REFUSED, Committer, Job, Phase
+from .commit import Committer, Job, Phase, outcome
 from .keystate import UNKNOWN, Unknown
 from .timer import Timer, spawn_system_task
 
@@ -173,13 +148,11 @@ class CheckpointWriter(Generic[S]):
             backoff_max=limits.retry_max,
         )
         self._store = store
+        self._limits = limits
         self._write_on_start = write_on_start
         self._exit_hooks = exit_hooks
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._now = self._clock.now
-        self._close_timeout = float(limits.close_timeout)
-        self._exit_timeout = float(limits.exit_timeout)
-        # The synchronous core of every write: snapshot, encode, commit.
         self._core = Committer(
             source,
             store,
@@ -189,17 +162,12 @@ class CheckpointWriter(Generic[S]):
             resume_from=resume_from,
         )
         probe = store.probe if isinstance(store, ProbingStore) else None
-        self._timer = Timer(self._sched, self._clock, self._timed_write, probe, self._forked)
-        self._hooks = _ExitHooks(self)  # this writer as the exit hooks see it
-
-        self._pid = os.getpid()  # in a forked child this writer is the parent's: see _forked
-        self._hooked = False
+        self._timer = Timer(self._sched, self._clock, self._timed_write, probe, self._core.forked)
         self._events = 0
         self._unsubscribes: list[Callable[[], object]] = []
-        self._write_lock: anyio.Lock | None = None
-        # The lifecycle is self._core.phase; a move to CLOSING is claimed under
-        # this lock (close() may come from any thread).  _close is what an
-        # aclose() in progress is waiting on.
+        self._write_lock: anyio.Lock | None = None  # made on the writer's event loop
+        # The lifecycle is self._core.phase, moved on under this lock (a close
+        # may come from any thread); _close is what an aclose() waits on.
         self._phase_lock = threading.Lock()
         self._close: _Close | None = None
 
@@ -216,10 +184,9 @@ class CheckpointWriter(Generic[S]):
     def notify(self) -> None:
         """Record that the session changed; a write follows per the timing rules.
 
-        O(1) and non-blocking: one clock read and a few attribute stores in
-        a burst.  Safe from any thread.  A no-op after close.  Never raises:
-        after the writer's event loop has ended (the writer not closed) the
-        change is recorded and written by the exit hooks, ``flush_sync`` or
+        O(1), non-blocking, safe from any thread, a no-op after close; never
+        raises.  After the writer's event loop has ended (the writer not
+        closed) the change waits for the exit hooks, ``flush_sync`` or
         ``close()``, as in synchronous use.
         """
         if self._closed:
@@ -227,9 +194,6 @@ class CheckpointWriter(Generic[S]):
         self._events += 1
         if self._sched.event(self._now()):
             self._timer.wake_threadsafe()
-
-    def _on_event(self, *args: object, **kwargs: object) -> None:
-        self.notify()
 
     def attach(self, subscribe: Subscribe) -> Callable[[], None]:
         """Subscribe ``notify`` to an event source.
@@ -245,7 +209,7 @@ class CheckpointWriter(Generic[S]):
         """
         if not callable(subscribe):
             raise TypeError(f"subscribe must be callable, got {subscribe!r}")
-        undo = subscribe(self._on_event)
+        undo = subscribe(lambda *args, **kwargs: self.notify())
         if undo is not None and not callable(undo):
             raise TypeError(
                 f"subscribe() must return an unsubscribe callable or None, got {undo!r}"
@@ -254,13 +218,12 @@ class CheckpointWriter(Generic[S]):
 
         def unsubscribe() -> None:
             nonlocal done
-            if done:
-                return
-            done = True
-            with contextlib.suppress(ValueError):
-                self._unsubscribes.remove(unsubscribe)
-            if undo is not None:
-                undo()
+            if not done:
+                done = True
+                with contextlib.suppress(ValueError):
+                    self._unsubscribes.remove(unsubscribe)
+                if undo is not None:
+                    undo()
 
         self._unsubscribes.append(unsubscribe)
         return unsubscribe
@@ -289,6 +252,14 @@ class CheckpointWriter(Generic[S]):
     async def __aenter__(self) -> CheckpointWriter[S]:
         return await self.aopen()
 
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
     async def aopen(self) -> CheckpointWriter[S]:
         """Open on this event loop: the store, the exit hooks, a first write, the timer.
 
@@ -305,14 +276,15 @@ class CheckpointWriter(Generic[S]):
         """
         self._claim_open()
         self._timer.bind()  # this event loop: notify() wakes the timer through it
-        # Fast: no extra pass of the event loop per write (the hop yields anyway;
-        # a write that needs no hop yields in _write_async).
+        # Fast: no extra pass of the event loop per write (the hop yields anyway).
         self._write_lock = anyio.Lock(fast_acquire=True)
         await anyio.to_thread.run_sync(self._open_store)
         self._install_hooks()
         try:
             if self._write_on_start:
-                await self._start_write()
+                result = await self._write_async(force=False, pin=None, live=True)
+                if isinstance(result, Skipped) and result.reason == "no-identity":
+                    self._sched.event(self._now())  # one retry, through the timer
             if self._core.phase is Phase.OPEN:  # else aclose() came during the first write
                 self._timer.start()
         except BaseException:
@@ -321,26 +293,41 @@ class CheckpointWriter(Generic[S]):
             raise
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+    async def write_now(self, *, force: bool = False, pin: bool | None = None) -> Result:
+        """Write now, ignoring the debounce and interval timers; wait for a write in flight first.
+
+        Args:
+            force: write even if the fingerprint says nothing changed.
+            pin: True or False sets ``Meta.pinned`` (sticky, and part of
+                what "changed" means); None keeps it.
+
+        Returns:
+            ``Written``, ``Skipped`` or ``Failed``; never raises for a failed
+            write.  Cancelled while the store writes, the write goes on in
+            its thread and the changes stay pending; what the writer knows of
+            the disk changes only when that write has ended.
+        """
+        if self._closed:
+            return Skipped("closed")
+        return await self._write_async(force=force, pin=pin, live=True)
+
+    async def _timed_write(self) -> None:
+        """The write the timer starts when the scheduler says one is due."""
+        await self._write_async(force=False, pin=None, live=True)
 
     async def aclose(self) -> Result:
-        """Stop the timer, wait for a write in flight, write a final time.
+        """Stop the timer, wait for a write in flight, write a final time (``live=False``).
 
-        The final write marks the checkpoint ``live=False``; then the key's
-        lock is let go.  Call it from any task of the writer's event loop, in
-        any order among writers, under any cancel scope: it is shielded from
-        cancellation and bounded by ``close_timeout`` (see there).  From the
-        moment it begins, ``write_now()`` and ``flush_sync("manual")`` return
+        Then the key's lock is let go.  Call it from any task of the writer's
+        event loop, in any order among writers, under any cancel scope: it is
+        shielded from cancellation and bounded by ``Limits.close_timeout``
+        from the call (a final write still running then goes on in a thread
+        and lands unless the process ends first).  From the moment it begins,
+        ``write_now()`` and ``flush_sync("manual")`` return
         ``Skipped("closed")``.  A second call while the first runs waits for
         it and returns the same result; after that, ``Skipped("closed")``.
-        Called while ``async with``'s entry still writes, the entry then
-        returns a closed writer (no timer task starts).
+        Called while ``aopen`` still writes, ``aopen`` then returns a closed
+        writer.
 
         Returns:
             The result of the final write (``Skipped("closed")`` if the
@@ -360,22 +347,16 @@ class CheckpointWriter(Generic[S]):
         assert self._write_lock is not None, "enter the writer with 'async with' first"
         if not self._begin_close():
             return Skipped("closed")  # close() runs in another thread
-        # From the call: the time the close task waits for a busy loop counts
-        # (close returns about close_timeout after the call), though it never
-        # keeps the final write from being written.
-        close = self._close = _Close(anyio.current_time() + self._close_timeout)
-        # The close runs in a task of the loop's own (as the timer does), so
-        # what interrupts the caller cannot cut it short: asyncio's runner
-        # cancels the main task on Ctrl-C natively, through any anyio shield,
-        # and trio raises KeyboardInterrupt at the caller's next cancellation
-        # point.  The caller waits it out, then gets the interruption.
+        close = self._close = _Close(anyio.current_time() + self._limits.close_timeout)
+        # In a task of the loop's own, so what interrupts the caller cannot cut
+        # the close short: asyncio's runner cancels the main task on Ctrl-C
+        # natively, through any anyio shield, and trio raises KeyboardInterrupt
+        # at the caller's next cancellation point.  The caller waits it out.
         close.task = spawn_system_task(self._close_in_task, "checkpointer-close")
         interrupted = await _wait_through(close.done)
         if interrupted is not None:
             raise interrupted
-        crash, close.crash = close.crash, None
-        if crash is None:
-            crash = self._timer.take_crash()
+        crash = close.crash if close.crash is not None else self._timer.take_crash()
         if crash is not None:
             raise crash
         return close.result
@@ -397,9 +378,8 @@ class CheckpointWriter(Generic[S]):
     async def _final_write(self) -> Result:
         """Stop the timer, write ``live=False``, let the key go, shut.
 
-        If this is cut short (the event loop shutting down under it) the exit
-        hooks stay: at exit, or on SIGTERM, they write the final checkpoint
-        (waiting up to ``exit_timeout`` for a final write in its thread).
+        Cut short (the event loop shutting down under it), the exit hooks
+        stay: they write the final checkpoint at exit or on SIGTERM.
         """
         assert self._close is not None
         deadline = self._close.deadline
@@ -407,16 +387,12 @@ class CheckpointWriter(Generic[S]):
         try:
             # Cancelled, not waited for: a timer write in flight abandons its
             # hop and lets the write lock go when the timer task next runs.
-            # (Waiting here cost thousands of writers closed at once their
-            # close_timeout: each wait is a pass of a loop that is busy.)
             self._timer.cancel()
             result = await self._write_async(force=False, pin=None, live=False, deadline=deadline)
             ended = True
-            # From here a write still in flight lets the key go when it ends.
-            self._core.phase = Phase.CLOSED
-            # Releasing a lock may be I/O (a database round trip for a
-            # networked store): not on the event loop's thread.  Past the
-            # deadline, _shut releases them on the loop.
+            self._core.phase = Phase.CLOSED  # a write still in flight lets the key go as it ends
+            # Releasing a lock may be a network round trip: not on the loop's
+            # thread.  Past the deadline, _shut releases them on the loop.
             with anyio.move_on_at(deadline):
                 await anyio.to_thread.run_sync(self._release_locks, abandon_on_cancel=True)
             with anyio.move_on_at(deadline):  # for take_crash: what the timer task raised
@@ -428,86 +404,47 @@ class CheckpointWriter(Generic[S]):
                 self._unsubscribe_all()
         return result
 
-    async def write_now(self, *, force: bool = False, pin: bool | None = None) -> Result:
-        """Write now, ignoring the debounce and interval timers.
-
-        Args:
-            force: write even if the fingerprint says nothing changed.
-            pin: True or False sets ``Meta.pinned`` (sticky, and part of
-                what "changed" means); None keeps it.
-
-        Returns:
-            ``Written``, ``Skipped`` or ``Failed``; never raises for a failed
-            write.  Waits for a write in flight first.  If cancelled while
-            the store is writing, the write goes on in its thread and the
-            changes stay pending; what the writer knows of the disk changes
-            only when that write has ended.
-        """
-        if self._closed:
-            return Skipped("closed")
-        return await self._write_async(force=force, pin=pin, live=True)
-
-    async def _timed_write(self) -> None:
-        """The write the timer starts when the scheduler says one is due."""
-        await self._write_async(force=False, pin=None, live=True)
-
-    async def _start_write(self) -> None:
-        result = await self._write_async(force=False, pin=None, live=True)
-        if isinstance(result, Skipped) and result.reason == "no-identity":
-            self._sched.event(self._now())  # one retry, through the timer
-
     async def _write_async(
         self, *, force: bool, pin: bool | None, live: bool, deadline: float | None = None
     ) -> Result:
         """One write from the event loop; ``deadline`` is the final write's (see aclose)."""
         lock = self._write_lock
         assert lock is not None, "enter the writer with 'async with' first"
-        locked = True
-        if deadline is None:
-            await lock.acquire()
-        else:
-            locked = await _acquire_by(lock, deadline)
-            # Not locked: a write in flight (write_now(), or the timer's
-            # abandoned one whose task has not run since) held the writer
-            # until the deadline.  The final write goes on behind it all the
-            # same: the I/O lock orders the two in the writing threads, and
-            # the generations make the newer state win, as for flush_sync.
+        # Past the deadline a write in flight (write_now(), or the timer's
+        # abandoned one) still holds the writer: the final write goes on
+        # behind it, ordered by the I/O lock and the generations.
+        locked = await _acquire_by(lock, deadline)
         try:
             if locked:
                 self._sched.begin_write(self._now())
-            outcome = Outcome.CANCELLED
+            ended = Outcome.CANCELLED
             try:
-                started = anyio.current_time() if deadline is not None else 0.0
-                job = self._prepare(force=force, pin=pin, live=live)
+                started = anyio.current_time()
+                job = self._core.prepare(force=force, pin=pin, live=live)
+                # source(), prepare and the encoding ran on the loop, uninterruptible:
+                # their time does not count against the deadline.
+                until = math.inf if deadline is None else deadline + anyio.current_time() - started
                 result: Result
-                if not isinstance(job, Job):
-                    result = self._core.account(job)
-                    if not live and self._core.keys.to_finish:  # source() had no session
-                        # source() ran on the loop: its time does not count.
-                        until = math.inf if deadline is None else deadline
-                        with anyio.move_on_at(until + anyio.current_time() - started):
-                            await anyio.to_thread.run_sync(
-                                self._core.finish, abandon_on_cancel=True
-                            )
-                    else:
-                        # Still a cancellation point's pass of the loop, as with the
-                        # hop, but never raising: the result above stands.
-                        await anyio.lowlevel.cancel_shielded_checkpoint()
-                elif deadline is None:
-                    result = await self._hop(job)
-                else:
-                    # source(), prepare and the encoding ran on the loop and
-                    # could not be interrupted: they do not count.
-                    result = await self._final_hop(
-                        job, deadline + anyio.current_time() - started, behind=not locked
+                if isinstance(job, Job):
+                    result = await (
+                        self._hop(job)
+                        if deadline is None
+                        else self._final_hop(job, until, not locked)
                     )
-                outcome = _outcome(result)
+                else:
+                    result = self._core.account(job, final=not live)
+                    if not live and self._core.keys.to_finish:  # source() had no session
+                        with anyio.move_on_at(until):
+                            finish = self._core.finish
+                            await anyio.to_thread.run_sync(finish, abandon_on_cancel=True)
+                    else:  # a cancellation point's pass of the loop, as with a hop
+                        await anyio.lowlevel.cancel_shielded_checkpoint()
+                ended = outcome(result)
                 return result
             finally:
                 if locked:
-                    self._sched.end_write(self._now(), outcome)
-                    if self._sched.pending:
-                        # The timer saw this write in flight and sleeps until woken.
+                    self._sched.end_write(self._now(), ended)
+                    if self._sched.pending:  # the timer saw this write and sleeps until woken
                         self._timer.wake()
         finally:
             if locked:
@@ -518,29 +455,29 @@ class CheckpointWriter(Generic[S]):
 
         Cancelled, the hop abandons the thread: a job that thread has begun
         goes on and ends there (``_run_job``); one it has not begun never
-        runs.  Either way the writer's knowledge of the disk changes only when
-        a write has really ended.
+        runs.  Either way the writer's knowledge of the disk changes only
+        when a write has really ended.
         """
         try:
             return await anyio.to_thread.run_sync(self._run_job, job, abandon_on_cancel=True)
         except BaseException:
             if job.claim.acquire(blocking=False):  # no thread began it: none will
-                self._job_done(job)
+                self._core.end(job)
             raise
 
-    async def _final_hop(self, job: Job, deadline: float, *, behind: bool) -> Result:
+    async def _final_hop(self, job: Job, deadline: float, behind: bool) -> Result:
         """Commit the final write in a thread of its own, started now whatever the time.
 
         Waited for until ``deadline``.  Past it the write goes on: the key
-        stays locked until it ends (``_job_done``), and the process waits for
-        it at exit up to ``exit_timeout`` (the thread is a daemon, as trio's
-        worker threads are, so that a hung disk cannot hang the exit).  The
-        loop learns of its end from the thread itself: a worker thread
-        waiting in ``join`` would outlive the deadline, and asyncio's are not
-        daemons (the interpreter would wait for the hung write at exit).
-        ``behind``: a write in flight held the writer until the deadline (the
-        message says so).
+        stays locked and the writer registered with the exit hooks until it
+        ends (at exit and on a signal they wait up to ``exit_timeout`` for
+        it).  A daemon thread, as trio's workers are, so a hung disk cannot
+        hang the exit; it tells the loop of its end itself (a worker waiting
+        in ``join`` would outlive the deadline).  ``behind``: a write in
+        flight held the writer until the deadline (the message says so).
         """
+        close = self._close
+        assert close is not None
         results: list[Result] = []
         ended = anyio.Event()
         token = anyio.lowlevel.current_token()
@@ -548,79 +485,60 @@ class CheckpointWriter(Generic[S]):
         def run() -> None:
             try:
                 results.append(self._run_job(job))
-                # Let the key go here, off the loop (a close(2) of a lock file
-                # takes milliseconds while thousands of final writes fsync).
+                # Off the loop: a close(2) of a lock file takes milliseconds
+                # while thousands of final writes fsync.
                 self._core.release_locks()
             finally:
-                # Landed (or failed): nothing left for an exit or a signal to wait for.
-                _exit.forget_join(self._join_at_exit)
+                self._final_thread_ended()
                 with contextlib.suppress(Exception):  # the loop may be gone
                     token.backend_class.run_sync_soon(ended.set, (), token.native_token)
 
-        assert self._close is not None
-        thread = self._close.thread = threading.Thread(
-            target=run, name="checkpointer-final-write", daemon=True
-        )
-        # Before the start: a KeyboardInterrupt may land anywhere from here on
-        # (asyncio raises a second Ctrl-C wherever the loop's thread is).
-        # The O(1) registry, not atexit.register: atexit.unregister scans every
-        # callback, and thousands of closes made that quadratic.
-        _exit.join_at_exit(self._join_at_exit)
+        close.thread = threading.Thread(target=run, name="checkpointer-final-write", daemon=True)
+        if not self._exit_hooks:  # still, the process waits for it at exit
+            _exit.register(self._flush_final, signals=False)
         try:
-            thread.start()
+            close.thread.start()
         except RuntimeError as exc:  # no thread to be had
-            _exit.forget_join(self._join_at_exit)
+            close.thread = None
             if job.claim.acquire(blocking=False):
-                self._job_done(job)
-            failed = Failed(
+                self._core.end(job)
+            why = describe_error(exc)
+            return Failed(
                 "write-failed",
-                f"cannot start a thread for the final write: {describe_error(exc)}; "
-                "nothing was written at close",
+                f"cannot start a thread for the final write: {why}; nothing was written at close",
             )
-            return failed  # logged by aclose (note_final), at ERROR
         with anyio.move_on_at(deadline):
             await ended.wait()
-        if ended.is_set():  # else past the deadline: waited for at exit
-            _exit.forget_join(self._join_at_exit)
-            if not results:  # _execute raised: a bug, printed by the thread
-                return Failed("write-failed", "the final write raised an internal error")
         if results:
             return results[0]
-        why = " (a write in flight held the writer until then)" if behind else ""
-        failed = Failed(
+        if ended.is_set():  # _execute raised: a bug, printed by the thread
+            return Failed("write-failed", "the final write raised an internal error")
+        limits = self._limits
+        return Failed(  # logged by aclose (note_final), at ERROR
             "write-failed",
             f"the final write of {self._store.location(job.key)} did not finish within "
-            f"close_timeout={self._close_timeout}s{why}; it goes on in a thread of its own and "
-            "lands unless the process ends first (at exit the process waits up to "
-            f"exit_timeout={self._exit_timeout}s for it); the key stays locked until then",
+            f"close_timeout={limits.close_timeout}s"
+            f"{' (a write in flight held the writer until then)' if behind else ''}; it goes on "
+            "in a thread of its own and lands unless the process ends first (the exit hooks "
+            f"wait up to exit_timeout={limits.exit_timeout}s for it); the key stays locked "
+            "until then",
         )
-        return failed  # logged by aclose (note_final), at ERROR
 
-    def _join_at_exit(self) -> None:
-        """At exit: wait up to ``exit_timeout`` for a final write still in its thread.
-
-        Run by the one exit hook, and by our SIGTERM/SIGHUP handler, before the
-        flushes; while the writer's hooks stay (a close cut short), their flush
-        waits for that write itself.
-        """
-        thread = None if self._close is None else self._close.thread
-        if thread is not None and thread.is_alive() and not self._hooked:
-            thread.join(self._exit_timeout)
+    def _final_thread_ended(self) -> None:
+        with self._phase_lock:
+            assert self._close is not None
+            self._close.thread = None
+            if self._closed or not self._exit_hooks:  # else a close cut short keeps them
+                self._remove_hooks()
 
     def _run_job(self, job: Job) -> Result:
         """In the writing thread: execute ``job`` unless a cancelled waiter dropped it."""
         if not job.claim.acquire(blocking=False):
             return Skipped("unchanged")  # dropped before it began; nobody waits for it
         try:
-            return self._execute(job)
+            return self._core.execute(job)
         finally:
-            self._job_done(job)
-
-    def _job_done(self, job: Job) -> None:
-        """A prepared job has ended (written, skipped, failed or dropped)."""
-        self._core.end(job)
-        if self._closed:
-            self._release_locks()  # the last write to end after close lets the key go
+            self._core.end(job)
 
     # -- sync lifecycle --------------------------------------------------------
 
@@ -635,7 +553,7 @@ class CheckpointWriter(Generic[S]):
         self._open_store()
         self._install_hooks()
         if self._write_on_start:
-            self._flush(force=False, live=True)
+            self._flush(live=True)
         return self
 
     def close(self) -> Result:
@@ -646,7 +564,7 @@ class CheckpointWriter(Generic[S]):
         """
         if self._closed or not self._begin_close():
             return Skipped("closed")
-        result = self._core.note_final(self._flush(force=False, live=False), "at close")
+        result = self._core.note_final(self._flush(live=False), "at close")
         self._shut()
         return result
 
@@ -667,11 +585,11 @@ class CheckpointWriter(Generic[S]):
         Needs no event loop and never raises for a failed write: meant for
         atexit hooks, signal handlers and scripts.  ``"exit"`` and
         ``"signal"`` mark the checkpoint ``live=False``; ``"manual"`` keeps
-        it live.  Idempotent: a second call with nothing changed is
+        it live.  A second call with nothing changed is
         ``Skipped("unchanged")``.  Once a close has begun:
         ``Skipped("closed")`` (``"exit"`` and ``"signal"`` still write until
-        the close has ended); in a forked child, for a writer its parent
-        opened: ``Skipped("closed")``.
+        it has ended); in a forked child, for a writer its parent opened:
+        ``Skipped("closed")``.
 
         Raises:
             ValueError: ``reason`` is not one of the three above.
@@ -680,52 +598,40 @@ class CheckpointWriter(Generic[S]):
             raise ValueError(f"reason must be 'manual', 'exit' or 'signal', got {reason!r}")
         if self._closed:
             return Skipped("closed")
-        return self._flush(force=False, live=reason == "manual")
+        return self._flush(live=reason == "manual")
 
-    def _flush_at_exit(self) -> None:
-        self._core.note_final(self.flush_sync("exit"), "at exit")
-        self._release_locks()  # a later write takes them again
+    def _flush_final(self, reason: Literal["exit", "signal"]) -> None:
+        """The exit hooks' final write (``_exit.Flush``); at exit the key goes after it.
 
-    def _flush_at_signal(self) -> None:
-        self._core.note_final(self.flush_sync("signal"), "on a signal")
-
-    def _forked(self) -> bool:
-        """Whether this is a forked child's copy of a writer its parent opened.
-
-        Such a copy is closed: it never writes (its state is the child's
-        stale copy), never releases a lock (``flock(LOCK_UN)`` on the
-        inherited descriptor would release the parent's) and never touches
-        the store's connection.  One ``getpid`` call, under a microsecond.
+        While the final write of a close runs in its thread, waits up to
+        ``exit_timeout`` for it instead, if the writer is closed or has no
+        exit hooks (registered only for this wait).
         """
-        return self._pid != os.getpid()
+        thread = None if self._close is None else self._close.thread
+        if thread is not None and (self._closed or not self._exit_hooks):
+            thread.join(self._limits.exit_timeout)
+        elif self._exit_hooks:
+            when = "at exit" if reason == "exit" else "on a signal"
+            self._core.note_final(self.flush_sync(reason), when)
+            if reason == "exit":
+                self._release_locks()  # a later write takes them again
 
-    def _busy_on(self, thread_id: int) -> bool:
-        return thread_id in self._core.busy
-
-    def _flush(self, *, force: bool, live: bool) -> Result:
-        if self._busy_on(threading.get_ident()):
+    def _flush(self, *, live: bool) -> Result:
+        if threading.get_ident() in self._core.busy:
             # Re-entered from a signal handler on the thread that is writing:
             # the flush that follows that write (see _exit) covers this call.
             return Skipped("unchanged")
-        job = self._prepare(force=force, pin=None, live=live)
+        job = self._core.prepare(force=False, pin=None, live=live)
         if isinstance(job, Job):
             try:
-                return self._execute(job, timeout=self._exit_timeout)
+                return self._core.execute(job, timeout=self._limits.exit_timeout)
             finally:
-                self._job_done(job)
-        if not live and self._core.keys.to_finish:  # source() had no session: see finish
-            self._core.finish(self._exit_timeout)
-        return self._core.account(job)
+                self._core.end(job)
+        if not live and self._core.keys.to_finish and not self._core.forked():
+            self._core.finish(self._limits.exit_timeout)  # source() had no session
+        return self._core.account(job, final=not live)
 
     # -- open/close helpers ----------------------------------------------------
-
-    def _begin_close(self) -> bool:
-        """Claim the close (one, from any thread): ``CLOSING``, where live writes end."""
-        with self._phase_lock:
-            if self._core.phase >= Phase.CLOSING:
-                return False
-            self._core.phase = Phase.CLOSING
-            return True
 
     def _claim_open(self) -> None:
         with self._phase_lock:
@@ -735,7 +641,23 @@ class CheckpointWriter(Generic[S]):
             if phase is Phase.OPEN:
                 raise RuntimeError("this CheckpointWriter is open already")
             self._core.phase = Phase.OPEN
-        self._pid = os.getpid()
+            self._core.pid = os.getpid()
+
+    def _begin_close(self) -> bool:
+        """Claim the close (one, from any thread): ``CLOSING``, where live writes end."""
+        with self._phase_lock:
+            if self._core.phase >= Phase.CLOSING:
+                return False
+            self._core.phase = Phase.CLOSING
+            return True
+
+    def _shut(self) -> None:
+        with self._phase_lock:
+            self._core.phase = Phase.CLOSED
+            if self._close is None or self._close.thread is None:
+                self._remove_hooks()  # else the final write's thread does, as it ends
+        self._release_locks()
+        self._unsubscribe_all()
 
     def _open_store(self) -> None:
         try:
@@ -745,20 +667,11 @@ class CheckpointWriter(Generic[S]):
 
     def _install_hooks(self) -> None:
         if self._exit_hooks:
-            _exit.register(self._hooks)
-            self._hooked = True
+            _exit.register(self._flush_final)
 
     def _remove_hooks(self) -> None:
-        if self._hooked:
-            self._hooked = False
-            if not _exit.unregister(self._hooks):  # closed off the main thread
-                self._timer.call_on_main_loop(_exit.restore_pending)
-
-    def _shut(self) -> None:
-        self._core.phase = Phase.CLOSED
-        self._remove_hooks()
-        self._release_locks()
-        self._unsubscribe_all()
+        if not _exit.unregister(self._flush_final):  # off the main thread
+            self._timer.call_on_main_loop(_exit.restore_pending)
 
     def _unsubscribe_all(self) -> None:
         for unsubscribe in list(self._unsubscribes):
@@ -768,63 +681,28 @@ class CheckpointWriter(Generic[S]):
                 logger.warning("checkpointer: unsubscribe failed: %s", describe_error(exc))
 
     def _release_locks(self) -> None:
-        if self._forked():
-            return  # the parent's locks: releasing one would release it for the parent
         # Not while a write is in flight (a final write past close_timeout):
-        # the key stays locked rather than let another writer in under a
-        # write that may still land.  After close that write lets it go when
-        # it ends (_job_done); before, it stays locked until the process exits.
+        # the key stays locked rather than let another writer in under a write
+        # that may still land.  After close that write lets it go as it ends;
+        # before, it stays locked until the process exits.
         if not self._core.release_locks() and not self._closed:
             logger.warning("checkpointer: a write is still in flight; keeping its key locked")
 
-    # -- one write: the commit core --------------------------------------------
 
-    def _prepare(self, *, force: bool, pin: bool | None, live: bool) -> Job | Skipped | Failed:
-        """Snapshot, check and encode, on the caller's thread (``Committer.prepare``).
-
-        In a forked child this writer is its parent's: nothing is written.
-        """
-        if self._forked():
-            return Skipped("closed")
-        return self._core.prepare(force=force, pin=pin, live=live)
-
-    def _execute(self, job: Job, timeout: float = -1) -> Result:
-        """Write a prepared job; blocking, under the I/O lock (``Committer.execute``)."""
-        return self._core.execute(job, timeout)
+_CLOSED = Skipped("closed")
 
 
 @final
+@dataclasses.dataclass(eq=False)
 class _Close:
     """An ``aclose()`` in progress: what it waits on, and what it gives back."""
 
-    __slots__ = ("crash", "deadline", "done", "result", "task", "thread")
-
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline  # on anyio's clock: close_timeout from the call
-        self.done = anyio.Event()
-        self.result: Result = Skipped("closed")
-        self.crash: BaseException | None = None  # raised in the close task
-        self.task: object = None  # the running close task: keep a reference
-        self.thread: threading.Thread | None = None  # the final write's (_final_hop)
-
-
-@final
-class _ExitHooks:
-    """A writer as the exit hooks see it: ``_exit.Flushable``, kept by the registry."""
-
-    __slots__ = ("_writer",)
-
-    def __init__(self, writer: CheckpointWriter[Any]) -> None:
-        self._writer = writer
-
-    def flush_at_exit(self) -> None:
-        self._writer._flush_at_exit()
-
-    def flush_at_signal(self) -> None:
-        self._writer._flush_at_signal()
-
-    def busy_on(self, thread_id: int) -> bool:
-        return self._writer._busy_on(thread_id)
+    deadline: float  # on anyio's clock: close_timeout from the call
+    done: anyio.Event = dataclasses.field(default_factory=anyio.Event)
+    result: Result = _CLOSED
+    crash: BaseException | None = None  # raised in the close task
+    task: object = None  # the running close task: keep a reference
+    thread: threading.Thread | None = None  # the final write's, while it runs (_final_hop)
 
 
 async def _wait_through(done: anyio.Event) -> BaseException | None:
@@ -848,28 +726,19 @@ async def _wait_through(done: anyio.Event) -> BaseException | None:
     return interrupted
 
 
-async def _acquire_by(lock: anyio.Lock, deadline: float) -> bool:
-    """Take ``lock`` at once if it is free, whatever the time; else wait for it until ``deadline``.
+async def _acquire_by(lock: anyio.Lock, deadline: float | None) -> bool:
+    """Take ``lock`` at once if free, whatever the time; else wait until ``deadline`` (or ever).
 
     A free lock is never refused for the time the close spent waiting for a
     busy event loop: only a lock held by a write in flight returns False.
     """
-    try:
+    if deadline is None:
+        await lock.acquire()
+        return True
+    with contextlib.suppress(anyio.WouldBlock):
         lock.acquire_nowait()
         return True
-    except anyio.WouldBlock:
-        pass
     with anyio.move_on_at(deadline):
         await lock.acquire()
         return True
     return False
-
-
-def _outcome(result: Result) -> Outcome:
-    if isinstance(result, Written):
-        return Outcome.WRITTEN
-    if isinstance(result, Skipped):
-        return Outcome.SKIPPED
-    if result.reason in REFUSED:  # no retry can succeed: the next change tries again
-        return Outcome.REFUSED
-    return Outcome.STORE_FAILED if result.reason == "write-failed" else Outcome.FAILED

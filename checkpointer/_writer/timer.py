@@ -1,17 +1,10 @@
 """The timer of a writer: a task that carries out the scheduler's decisions.
 
-It asks the scheduler (``_schedule.py``) what is due, starts the write the
-writer hands it (``write``) when one is, sleeps until the next due time
-otherwise, and while a failed write's backoff runs asks the store, every
-``probe_interval``, whether it answers again (``ProbingStore``).  ``wake``
-cuts the sleep short when an event may have changed the answer.
-
-The task is one of the event loop's own (a trio system task, an asyncio
-task; ``spawn_system_task``), not one in a task group held across the
-caller's code, so the writer may be closed from any task, under any cancel
-scope, in any order among writers.  On trio a system task must not raise:
-what the timer task raised (from ``source()``, say) is kept (``take_crash``)
-and ``aclose()`` raises it again.
+It writes when the scheduler (``_schedule.py``) says a write is due, sleeps
+until the next due time otherwise (``wake`` cuts the sleep short), and
+during a failed write's backoff asks a ``ProbingStore`` every
+``probe_interval`` whether it answers again.  A task of the event loop's own
+(``spawn_system_task``), so the writer may be closed from any task.
 """
 
 from __future__ import annotations
@@ -42,14 +35,9 @@ logger = logging.getLogger("checkpointer")
 class Timer:
     """The timer task of one writer.
 
-    Args:
-        sched: the writer's scheduler.
-        clock: the writer's clock.
-        write: starts one scheduled write (the writer's; it waits for a
-            write in flight first).
-        probe: the store's ``probe``, or None for a store without it.
-        forked: whether this is a forked child's copy of the writer (then
-            nothing here runs: its copy of the loop is not running).
+    ``write`` starts one scheduled write (waiting for a write in flight
+    first); ``probe`` is the store's, or None; ``forked`` says whether this
+    is a forked child's copy of the writer (whose loop is not running).
     """
 
     def __init__(
@@ -86,7 +74,7 @@ class Timer:
         self._task_ref = spawn_system_task(self._task, "checkpointer-timer")
 
     def cancel(self) -> None:
-        """Cancel the timer task; it ends the next time it runs (see ``stop``)."""
+        """Cancel the timer task; it ends the next time it runs."""
         if self._scope is not None:
             self._scope.cancel()
 
@@ -115,9 +103,9 @@ class Timer:
         except BaseException as exc:
             if not _on_trio():
                 raise  # asyncio stops the loop with it, as for any task
-            # A trio system task must not raise (TrioInternalError).  Ctrl-C
-            # does not land here (trio keeps it out of system tasks and raises
-            # it in the program's code); this came from source() or the clock.
+            # A trio system task must not raise (TrioInternalError): kept for
+            # aclose() to raise.  Not Ctrl-C (trio raises it in the program's
+            # code): this came from source() or the clock.
             self._crash = exc
             logger.warning(
                 "checkpointer: the timer task stopped on %s; aclose() raises it again",
@@ -134,7 +122,7 @@ class Timer:
                 if decision is WRITE:
                     await self._write()
                     continue
-                delay = math.inf if decision is IDLE else decision.until - now  # type: ignore[union-attr]
+                delay = math.inf if decision is IDLE else decision.until - now
                 probe = self._sched.next_probe() if self._probe is not None else None
                 if probe is not None and probe <= now:  # in a backoff: the store back yet?
                     ok = await anyio.to_thread.run_sync(self._probe_store, abandon_on_cancel=True)
@@ -159,10 +147,9 @@ class Timer:
     def wake(self) -> None:
         """Cut the sleep short: the scheduler's answer may have changed.
 
-        A no-op once the timer task has ended (its event loop ended, the
-        writer not closed): the change stays pending, for the exit hooks,
-        ``flush_sync`` or a close to write.  (Cancelling the dead task's
-        scope would raise on asyncio: no running event loop.)
+        A no-op once the timer task has ended (its loop ended, the writer not
+        closed; cancelling the dead task's scope would raise on asyncio): the
+        change stays pending, for the exit hooks, ``flush_sync`` or a close.
         """
         scope, done = self._sleep_scope, self._done
         if scope is not None and done is not None and not done.is_set():

@@ -42,6 +42,7 @@ from .._values import Failed, Meta, NewerVersionError, Prepared, Result, Skipped
 from .._version import VERSION
 from .keylocks import KeyLocks
 from .keystate import Keys, KeyState, Unknown, utcnow
+from .record import REFUSED, Record
 from .session import Prepare, run_prepare, writer_info
 
 __all__ = ["Committer", "Job", "Phase", "outcome"]
@@ -49,9 +50,6 @@ __all__ = ["Committer", "Job", "Phase", "outcome"]
 logger = logging.getLogger("checkpointer")
 
 _NO_FINGERPRINT: Any = object()
-
-_REFUSED = frozenset({"conflict", "newer-version", "not-sendable"})
-"""Failures no retry can fix until the session changes: not retried (``Outcome.REFUSED``)."""
 
 
 class Phase(enum.IntEnum):
@@ -93,7 +91,7 @@ def outcome(result: Result) -> Outcome:
         return Outcome.WRITTEN
     if isinstance(result, Skipped):
         return Outcome.SKIPPED
-    if result.reason in _REFUSED:  # no retry can succeed: the next change tries again
+    if result.reason in REFUSED:  # no retry can succeed: the next change tries again
         return Outcome.REFUSED
     return Outcome.STORE_FAILED if result.reason == "write-failed" else Outcome.FAILED
 
@@ -144,12 +142,7 @@ class Committer:
         self.inflight: set[int] = set()  # generations prepared and not yet ended
         self.phase = Phase.NEW
         self.pid = os.getpid()
-        # The counters of statistics().
-        self.writes = self.skipped = self.failures = self.streak = 0
-        self.bytes_written = self.repaired = self.settled = 0
-        self.last_seconds: float | None = None
-        self.last_result: Result | None = None
-        self.last_failure: Failed | None = None
+        self.record = Record()
 
     def forked(self) -> bool:
         """Whether this is a forked child's copy of a writer its parent opened.
@@ -294,7 +287,9 @@ class Committer:
                     "checkpointer: a write in flight did not finish within %ss; writing anyway",
                     timeout,
                 )
-            return self.account(self._execute_locked(job, locked), final=not job.live)
+            result = self._execute_locked(job, locked)
+            # A live write that fails while closing is followed by the final write.
+            return self.record.account(result, quiet=not job.live or self.phase >= Phase.CLOSING)
 
     def _execute_locked(self, job: Job, locked: bool) -> Result:
         """The steps of one write: check, build and commit, record."""
@@ -438,6 +433,36 @@ class Committer:
             if locked:
                 self.keys.finish(self._locks)
 
+    def flush(self, *, live: bool, timeout: float) -> Result:
+        """One write on the caller's thread, start to end (``flush_sync``, ``close``, exit)."""
+        if threading.get_ident() in self.busy:
+            # Re-entered from a signal handler on the thread that is writing:
+            # the flush that follows that write (see _exit) covers this call.
+            return Skipped("unchanged")
+        job = self.prepare(force=False, pin=None, live=live)
+        if isinstance(job, Job):
+            try:
+                return self.execute(job, timeout)
+            finally:
+                self.end(job)
+        if not live and self.keys.to_finish and not self.forked():
+            self.finish(timeout)  # source() had no session
+        return self.record.account(job, quiet=not live)
+
+    def run(self, job: Job) -> Result:
+        """In the writing thread: execute ``job`` unless a cancelled waiter dropped it."""
+        if not job.claim.acquire(blocking=False):
+            return Skipped("unchanged")  # dropped before it began; nobody waits for it
+        try:
+            return self.execute(job)
+        finally:
+            self.end(job)
+
+    def drop(self, job: Job) -> None:
+        """A cancelled waiter's: ``job`` never runs if no thread has begun it."""
+        if job.claim.acquire(blocking=False):
+            self.end(job)
+
     def end(self, job: Job) -> None:
         """``job`` has ended (written, skipped, failed or dropped); after close, the key goes."""
         self.inflight.discard(job.gen)
@@ -455,64 +480,3 @@ class Committer:
         finally:
             self._io_lock.release()
         return True
-
-    # -- the counters --------------------------------------------------------------
-
-    def account(self, result: Result, *, final: bool) -> Result:
-        """Update the counters; log a failure once per streak, unless ``final`` (see note_final)."""
-        logger.debug("checkpointer: %r", result)
-        self.last_result = result
-        if isinstance(result, Written):
-            self.writes += 1
-            self.bytes_written += result.nbytes
-            self.repaired += result.repaired
-            self.settled += result.settled
-            self.last_seconds = result.seconds
-            if self.streak:
-                logger.info(
-                    "checkpointer: writing %s works again after %d failures",
-                    result.location,
-                    self.streak,
-                )
-            self.streak = 0
-        elif isinstance(result, Skipped):
-            self.skipped += 1
-            if result.reason == "unchanged":
-                self.streak = 0
-        else:
-            self.last_failure = result
-            self.failures += 1
-            self.streak += 1
-            # A conflict is logged by Keys.conflict; a write while closing is
-            # followed by the final write, whose failure note_final logs.
-            quiet = final or result.reason == "conflict" or self.phase >= Phase.CLOSING
-            if self.streak == 1 and not quiet:
-                logger.warning(
-                    "checkpointer: checkpoint failed (%s): %s; %s",
-                    result.reason,
-                    result.error,
-                    "waiting for the session to change"
-                    if result.reason in _REFUSED
-                    else "retrying with backoff",
-                )
-        return result
-
-    def note_final(self, result: Result, when: str) -> Result:
-        """The final write's result (``when``: "at close", "at exit", ...): a failure is an error.
-
-        Nothing retries it: the changes since the last checkpoint written are
-        not on disk.  Kept for ``statistics()`` like any result.
-        """
-        if isinstance(result, Skipped) and result.reason == "closed":
-            return result  # no final write happened here
-        self.last_result = result
-        if isinstance(result, Failed):
-            self.last_failure = result
-            logger.error(
-                "checkpointer: the final write %s failed (%s): %s; the store keeps the "
-                "checkpoint written before it, without the changes since",
-                when,
-                result.reason,
-                result.error,
-            )
-        return result

@@ -1,10 +1,13 @@
-"""The timer of a writer: a task that carries out the scheduler's decisions.
+"""The writer on its event loop: each write from the loop, and the timer task.
 
-It writes when the scheduler (``_schedule.py``) says a write is due, sleeps
-until the next due time otherwise (``wake`` cuts the sleep short), and
-during a failed write's backoff asks a ``ProbingStore`` every
-``probe_interval`` whether it answers again.  A task of the event loop's own
-(``spawn_system_task``), so the writer may be closed from any task.
+A write from the loop (``write``: the timer's, ``write_now``, the final one)
+takes the write lock, tells the scheduler (``_schedule.py``) it began and how
+it ended, and hops to a worker thread for the commit.  The timer task writes
+when the scheduler says a write is due, sleeps until the next due time
+otherwise (``wake`` cuts the sleep short), and during a failed write's
+backoff asks a ``ProbingStore`` every ``probe_interval`` whether it answers
+again.  A task of the event loop's own (``spawn_system_task``), so the
+writer may be closed from any task.
 """
 
 from __future__ import annotations
@@ -16,15 +19,20 @@ import logging
 import math
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, final
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, final
 
 import anyio
 import anyio.lowlevel
 
-from .._schedule import IDLE, WRITE, Scheduler
+from .._schedule import IDLE, WRITE, Outcome, Scheduler
 from .._text import describe_error
+from .._values import Result
 from .clock import Clock
+from .commit import Committer, Job, outcome
+
+if TYPE_CHECKING:
+    from .closing import Close
 
 __all__ = ["Timer", "spawn_system_task"]
 
@@ -33,27 +41,18 @@ logger = logging.getLogger("checkpointer")
 
 @final
 class Timer:
-    """The timer task of one writer.
-
-    ``write`` starts one scheduled write (waiting for a write in flight
-    first); ``probe`` is the store's, or None; ``forked`` says whether this
-    is a forked child's copy of the writer (whose loop is not running).
-    """
+    """The writes from the event loop of one writer, and its timer task (``probe``: the store's)."""
 
     def __init__(
-        self,
-        sched: Scheduler,
-        clock: Clock,
-        write: Callable[[], Awaitable[None]],
-        probe: Callable[[], bool] | None,
-        forked: Callable[[], bool],
+        self, sched: Scheduler, clock: Clock, core: Committer, probe: Callable[[], bool] | None
     ) -> None:
         self._sched = sched
         self._clock = clock
         self._now = clock.now
-        self._write = write
+        self._core = core
         self._probe = probe
-        self._forked = forked
+        self._forked = core.forked
+        self._lock: anyio.Lock | None = None  # the write lock, made on the writer's loop
         self._token: anyio.lowlevel.EventLoopToken | None = None
         self._loop_thread: int | None = None
         self._sleep_scope: anyio.CancelScope | None = None
@@ -63,9 +62,80 @@ class Timer:
         self._crash: BaseException | None = None  # raised in the timer task (trio)
 
     def bind(self) -> None:
-        """Note the running event loop (called on it): ``wake_threadsafe`` goes through it."""
+        """Bind to the running event loop: the write lock, and ``wake_threadsafe`` through it."""
         self._token = anyio.lowlevel.current_token()
         self._loop_thread = threading.get_ident()
+        # Fast: no extra pass of the event loop per write (the hop yields anyway).
+        self._lock = anyio.Lock(fast_acquire=True)
+
+    @property
+    def bound(self) -> bool:
+        return self._lock is not None
+
+    async def write(
+        self,
+        *,
+        force: bool = False,
+        pin: bool | None = None,
+        live: bool,
+        close: Close | None = None,
+    ) -> Result:
+        """One write from the event loop; the final one of ``close`` by its deadline."""
+        lock = self._lock
+        assert lock is not None, "enter the writer with 'async with' first"
+        deadline = None if close is None else close.deadline
+        # Past the deadline a write in flight (write_now(), or the timer's
+        # abandoned one) still holds the writer: the final write goes on
+        # behind it, ordered by the I/O lock and the generations.
+        locked = await _acquire_by(lock, deadline)
+        try:
+            if locked:
+                self._sched.begin_write(self._now())
+            ended = Outcome.CANCELLED
+            try:
+                started = anyio.current_time()
+                job = self._core.prepare(force=force, pin=pin, live=live)
+                # source(), prepare and the encoding ran on the loop, uninterruptible:
+                # their time does not count against the deadline.
+                until = math.inf if deadline is None else deadline + anyio.current_time() - started
+                result: Result
+                if isinstance(job, Job):
+                    if close is None:
+                        result = await self._hop(job)
+                    else:
+                        result = await close.commit(job, until, behind=not locked)
+                else:
+                    result = self._core.record.account(job, quiet=not live)
+                    if not live and self._core.keys.to_finish:  # source() had no session
+                        with anyio.move_on_at(until):
+                            finish = self._core.finish
+                            await anyio.to_thread.run_sync(finish, abandon_on_cancel=True)
+                    else:  # a cancellation point's pass of the loop, as with a hop
+                        await anyio.lowlevel.cancel_shielded_checkpoint()
+                ended = outcome(result)
+                return result
+            finally:
+                if locked:
+                    self._sched.end_write(self._now(), ended)
+                    if self._sched.pending:  # the timer saw this write and sleeps until woken
+                        self.wake()
+        finally:
+            if locked:
+                lock.release()
+
+    async def _hop(self, job: Job) -> Result:
+        """Commit ``job`` in one worker-thread hop.
+
+        Cancelled, the hop abandons the thread: a job that thread has begun
+        goes on and ends there (``Committer.run``); one it has not begun never
+        runs.  Either way the writer's knowledge of the disk changes only
+        when a write has really ended.
+        """
+        try:
+            return await anyio.to_thread.run_sync(self._core.run, job, abandon_on_cancel=True)
+        except BaseException:
+            self._core.drop(job)
+            raise
 
     def start(self) -> None:
         """Start the timer task on the running event loop."""
@@ -120,7 +190,7 @@ class Timer:
                 now = self._now()
                 decision = self._sched.decide(now)
                 if decision is WRITE:
-                    await self._write()
+                    await self.write(live=True)
                     continue
                 delay = math.inf if decision is IDLE else decision.until - now
                 probe = self._sched.next_probe() if self._probe is not None else None
@@ -196,3 +266,21 @@ def spawn_system_task(fn: Callable[[], Coroutine[Any, Any, None]], name: str) ->
 
         return trio.lowlevel.spawn_system_task(fn, name=name, context=contextvars.copy_context())
     return asyncio.get_running_loop().create_task(fn(), name=name)
+
+
+async def _acquire_by(lock: anyio.Lock, deadline: float | None) -> bool:
+    """Take ``lock`` at once if free, whatever the time; else wait until ``deadline`` (or ever).
+
+    A free lock is never refused for the time the close spent waiting for a
+    busy event loop: only a lock held by a write in flight returns False.
+    """
+    if deadline is None:
+        await lock.acquire()
+        return True
+    with contextlib.suppress(anyio.WouldBlock):
+        lock.acquire_nowait()
+        return True
+    with anyio.move_on_at(deadline):
+        await lock.acquire()
+        return True
+    return False

@@ -1,0 +1,105 @@
+"""What a writer reports about its writes: the counters of ``statistics()``, and the log.
+
+A failure is logged once per streak at WARNING (a conflict by ``Keys.conflict``
+instead), a recovery at INFO, every result at DEBUG; a failed final write
+(close, exit, signal) at ERROR, as nothing retries it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import final
+
+from .._values import Failed, Result, Skipped, WriterStatistics, Written
+
+__all__ = ["REFUSED", "Record"]
+
+logger = logging.getLogger("checkpointer")
+
+REFUSED = frozenset({"conflict", "newer-version", "not-sendable"})
+"""Failures no retry can fix until the session changes: not retried (``Outcome.REFUSED``)."""
+
+
+@final
+class Record:
+    """The counters of one writer."""
+
+    def __init__(self) -> None:
+        self.writes = self.skipped = self.failures = self.streak = 0
+        self.bytes_written = self.repaired = self.settled = 0
+        self.last_seconds: float | None = None
+        self.last_result: Result | None = None
+        self.last_failure: Failed | None = None
+
+    def account(self, result: Result, *, quiet: bool) -> Result:
+        """Count ``result``; a failure is logged if it starts a streak, unless ``quiet``."""
+        logger.debug("checkpointer: %r", result)
+        self.last_result = result
+        if isinstance(result, Written):
+            self.writes += 1
+            self.bytes_written += result.nbytes
+            self.repaired += result.repaired
+            self.settled += result.settled
+            self.last_seconds = result.seconds
+            if self.streak:
+                logger.info(
+                    "checkpointer: writing %s works again after %d failures",
+                    result.location,
+                    self.streak,
+                )
+            self.streak = 0
+        elif isinstance(result, Skipped):
+            self.skipped += 1
+            if result.reason == "unchanged":
+                self.streak = 0
+        else:
+            self.last_failure = result
+            self.failures += 1
+            self.streak += 1
+            if self.streak == 1 and not quiet and result.reason != "conflict":
+                logger.warning(
+                    "checkpointer: checkpoint failed (%s): %s; %s",
+                    result.reason,
+                    result.error,
+                    "waiting for the session to change"
+                    if result.reason in REFUSED
+                    else "retrying with backoff",
+                )
+        return result
+
+    def note_final(self, result: Result, when: str) -> Result:
+        """The final write's result (``when``: "at close", "at exit", ...): a failure is an error.
+
+        Nothing retries it: the changes since the last checkpoint written are
+        not on disk.  Kept for ``statistics()`` like any result.
+        """
+        if isinstance(result, Skipped) and result.reason == "closed":
+            return result  # no final write happened here
+        self.last_result = result
+        if isinstance(result, Failed):
+            self.last_failure = result
+            logger.error(
+                "checkpointer: the final write %s failed (%s): %s; the store keeps the "
+                "checkpoint written before it, without the changes since",
+                when,
+                result.reason,
+                result.error,
+            )
+        return result
+
+    def statistics(self, *, events: int, pending: bool, key: str | None) -> WriterStatistics:
+        return WriterStatistics(
+            events=events,
+            writes=self.writes,
+            skipped=self.skipped,
+            failures=self.failures,
+            failure_streak=self.streak,
+            bytes_written=self.bytes_written,
+            last_write_seconds=self.last_seconds,
+            pending=pending,
+            key=key,
+            repaired=self.repaired,
+            settled=self.settled,
+            last_result=self.last_result,
+            last_failure=self.last_failure,
+        )

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -36,14 +36,13 @@ from typing import Any, Literal
 import anyio
 import msgspec
 
-from checkpointer import CheckpointWriter, FileStore, Snapshot, Written
+from checkpointer import CheckpointWriter, FileStore, Snapshot, Written, _exit
 from checkpointer._format.envelope import envelope_chunks
 from checkpointer._stores.atomic import write_atomic
 from checkpointer._stores.base import commit_deadline, new_revision
 from checkpointer._stores.envelopes import KEEP_BYTES
-from checkpointer._values import Meta
+from checkpointer._values import Meta, WriterInfo
 from checkpointer._writer.keystate import KeyState, utcnow
-from checkpointer._writer.session import writer_info
 
 from ._harness import Report, Table, paired, ratio, scratch_dir, stat
 from ._recipes import transcript_of, write_floor
@@ -79,6 +78,7 @@ def state_of(nbytes: int) -> dict[str, Any]:
     return transcript_of(nbytes)
 
 
+HOST = socket.gethostname()
 HOPS_PER_PAIR = 3  # empty thread hops timed after each pair (cheap; a steadier median)
 
 
@@ -207,18 +207,16 @@ def _parts(root: str, state: dict[str, Any], data: bytes) -> dict[str, float]:
         state["rev"] = -1
         writer.flush_sync()
         core = writer._core
-        me = threading.get_ident()
         location = core._store.location("floor")
 
         def locks() -> None:
-            core.busy.add(me)
-            with core._snapshot_lock:
-                pass
-            with commit_deadline(5.0):
-                core._io_lock.acquire(timeout=5.0)
-                core._locks.acquire("floor", location)
-                core._io_lock.release()
-            core.busy.discard(me)
+            with _exit.busy():
+                with core._snapshot_lock:
+                    pass
+                with commit_deadline(5.0):
+                    core._io_lock.acquire(timeout=5.0)
+                    core._locks.acquire("floor", location)
+                    core._io_lock.release()
 
         parts["locks"] = _warm(locks, 300)
         seen = core.keys.by_key["floor"].base
@@ -233,7 +231,7 @@ def _parts(root: str, state: dict[str, Any], data: bytes) -> dict[str, float]:
                 updated_at=now,
                 live=True,
                 turns=None,
-                writer=writer_info(),
+                writer=WriterInfo(pid=os.getpid(), host=HOST),
                 library_version=seen.library_version,
                 revision=new_revision(),
             )

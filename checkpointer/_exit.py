@@ -44,7 +44,15 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, Literal
 
-__all__ = ["HANDLED_SIGNALS", "Flush", "busy", "register", "restore_pending", "unregister"]
+__all__ = [
+    "HANDLED_SIGNALS",
+    "Flush",
+    "busy",
+    "busy_here",
+    "register",
+    "restore_pending",
+    "unregister",
+]
 
 logger = logging.getLogger("checkpointer")
 
@@ -76,7 +84,7 @@ class _Handler:
         return f"<checkpointer exit handler over {self.previous!r}>"
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if threading.get_ident() in _busy:  # inside a write: handled as it ends
+        if busy_here():  # inside a write: handled as it ends
             _deferred.append((self, signum))
             return
         for flush in list(_writers):
@@ -199,6 +207,11 @@ def busy() -> Iterator[None]:
             while _deferred and threading.current_thread() is threading.main_thread():
                 handler, signum = _deferred.pop(0)
                 handler(signum, None)
+
+
+def busy_here() -> bool:
+    """Whether this thread is inside a write or a store call (``busy``)."""
+    return threading.get_ident() in _busy
 
 
 def _chain(previous: Any, signum: int, frame: FrameType | None) -> None:

@@ -112,24 +112,6 @@ class Scheduler:
         TypeError: a duration is not a number (a bool is not one).
     """
 
-    __slots__ = (
-        "_covered",
-        "backoff_initial",
-        "backoff_max",
-        "debounce",
-        "failures",
-        "first",
-        "last",
-        "max_wait",
-        "min_interval",
-        "prev",
-        "probe_at",
-        "probe_interval",
-        "retry_at",
-        "write_started",
-        "writing",
-    )
-
     def __init__(
         self,
         *,

@@ -30,11 +30,7 @@ class Clock(Protocol):
 
 
 class MonotonicClock:
-    """The default clock: ``time.monotonic`` and ``anyio.sleep``.
-
-    ``time.monotonic`` costs a few tens of nanoseconds; ``anyio.current_time``
-    costs about 20 times that, which would dominate ``notify()``.
-    """
+    """The default clock: ``time.monotonic`` (20 times cheaper than ``anyio.current_time``)."""
 
     now = staticmethod(time.monotonic)
 

@@ -25,31 +25,43 @@ import enum
 import itertools
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any, final
 
 from .. import _exit
-from .._schedule import Outcome
 from .._stores.base import KeyLocked, Staged, StaleWrite, Store, commit_deadline, new_revision
 from .._stores.encoding import Transcript
 from .._stores.envelopes import state_store
 from .._text import describe_error
 from .._transcript.fingerprint import transcript_fingerprint
 from .._transcript.prepare import transcript_prepare
-from .._values import Failed, Meta, NewerVersionError, Prepared, Result, Skipped, Snapshot, Written
+from .._values import (
+    Failed,
+    Limits,
+    Meta,
+    NewerVersionError,
+    Prepared,
+    Result,
+    Skipped,
+    Snapshot,
+    WriterInfo,
+    Written,
+)
 from .._version import VERSION
 from .keylocks import KeyLocks
 from .keystate import Keys, KeyState, Unknown, utcnow
-from .record import REFUSED, Record
-from .session import Prepare, run_prepare, writer_info
+from .record import Record
+from .session import Prepare, run_prepare
 
-__all__ = ["Committer", "Job", "Phase", "outcome"]
+__all__ = ["Committer", "Job", "Phase"]
 
 logger = logging.getLogger("checkpointer")
 
 _NO_FINGERPRINT: Any = object()
+_HOST = socket.gethostname()
 
 
 class Phase(enum.IntEnum):
@@ -85,26 +97,14 @@ class Job:
     claim: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
 
-def outcome(result: Result) -> Outcome:
-    """What ``result`` means for the scheduler."""
-    if isinstance(result, Written):
-        return Outcome.WRITTEN
-    if isinstance(result, Skipped):
-        return Outcome.SKIPPED
-    if result.reason in REFUSED:  # no retry can succeed: the next change tries again
-        return Outcome.REFUSED
-    return Outcome.STORE_FAILED if result.reason == "write-failed" else Outcome.FAILED
-
-
 @final
 class Committer:
     """The synchronous core of a ``CheckpointWriter``: prepares and executes its writes.
 
     Thread-safe as the module docstring says.  ``phase`` is the writer's
     lifecycle (``Phase``), moved on by the service and read here under the
-    snapshot lock; ``busy`` holds the threads inside ``prepare`` or the I/O
-    lock, for the exit hooks; ``pid`` is the process that opened the writer.
-    The arguments are the writer's (``lock_timeout`` from its ``Limits``).
+    snapshot lock; ``pid`` is the process that opened the writer.
+    The arguments are the writer's.
 
     Raises:
         TypeError: the store cannot refuse a stale write (``state_store``).
@@ -114,10 +114,9 @@ class Committer:
         self,
         source: Callable[[], Snapshot | None],
         store: Store,
-        *,
         transcript: Transcript | None,
         state_version: int,
-        lock_timeout: float,
+        limits: Limits,
         resume_from: Meta | Unknown | None,
     ) -> None:
         self._source = source
@@ -132,13 +131,12 @@ class Committer:
             if transcript.repair:
                 self._prepare_step = transcript_prepare(field=transcript.field)
         self._state_version = state_version
-        self._locks = KeyLocks(store, lock_timeout)
+        self._locks = KeyLocks(store, float(limits.lock_timeout))
+        self._exit_timeout = float(limits.exit_timeout)
         self.keys = Keys(store, self._states, state_version, resume_from)
         self._gen = itertools.count()
-        self._valid_key: object = None  # the last key validate_key() accepted
         self._io_lock = threading.Lock()
         self._snapshot_lock = threading.Lock()  # generation + source() + encode
-        self.busy: set[int] = set()  # threads inside prepare() or the I/O lock
         self.inflight: set[int] = set()  # generations prepared and not yet ended
         self.phase = Phase.NEW
         self.pid = os.getpid()
@@ -162,17 +160,13 @@ class Committer:
         handled after the block rather than deadlock on the lock.  The
         store's own waits are bounded by the same timeout.
         """
-        me = threading.get_ident()
         with _exit.busy(), commit_deadline(timeout):
-            self.busy.add(me)
-            locked = False
+            locked = lock.acquire(timeout=timeout)
             try:
-                locked = lock.acquire(timeout=timeout)
                 yield locked
             finally:
                 if locked:
                     lock.release()
-                self.busy.discard(me)
 
     # -- on the caller's thread -------------------------------------------------
 
@@ -241,12 +235,10 @@ class Committer:
                 f"source() returned {type(snapshot).__name__}, "
                 "expected Snapshot(key, state) or None",
             )
-        if snapshot.key != self._valid_key:  # a session keeps its key: checked once
-            try:
-                self._store.validate_key(snapshot.key)
-            except (ValueError, TypeError) as exc:
-                return Failed("invalid-key", describe_error(exc))
-            self._valid_key = snapshot.key
+        try:
+            self._store.validate_key(snapshot.key)
+        except (ValueError, TypeError) as exc:
+            return Failed("invalid-key", describe_error(exc))
         return snapshot
 
     def _content(self, snapshot: Snapshot) -> object:
@@ -356,7 +348,7 @@ class Committer:
             pinned=state.pin if state.pin is not None else base is not None and base.pinned,
             turns=job.prepared.turns,
             parent=job.prepared.snapshot.parent,
-            writer=writer_info(),
+            writer=WriterInfo(pid=os.getpid(), host=_HOST),
             library_version=VERSION,
             state_version=self._state_version,
             revision=new_revision(),
@@ -433,20 +425,20 @@ class Committer:
             if locked:
                 self.keys.finish(self._locks)
 
-    def flush(self, *, live: bool, timeout: float) -> Result:
+    def flush(self, *, live: bool) -> Result:
         """One write on the caller's thread, start to end (``flush_sync``, ``close``, exit)."""
-        if threading.get_ident() in self.busy:
+        if _exit.busy_here():
             # Re-entered from a signal handler on the thread that is writing:
             # the flush that follows that write (see _exit) covers this call.
             return Skipped("unchanged")
         job = self.prepare(force=False, pin=None, live=live)
         if isinstance(job, Job):
             try:
-                return self.execute(job, timeout)
+                return self.execute(job, self._exit_timeout)
             finally:
                 self.end(job)
         if not live and self.keys.to_finish and not self.forked():
-            self.finish(timeout)  # source() had no session
+            self.finish(self._exit_timeout)  # source() had no session
         return self.record.account(job, quiet=not live)
 
     def run(self, job: Job) -> Result:

@@ -10,14 +10,26 @@ from __future__ import annotations
 import logging
 from typing import final
 
+from .._schedule import Outcome
 from .._values import Failed, Result, Skipped, WriterStatistics, Written
 
-__all__ = ["REFUSED", "Record"]
+__all__ = ["REFUSED", "Record", "outcome"]
 
 logger = logging.getLogger("checkpointer")
 
 REFUSED = frozenset({"conflict", "newer-version", "not-sendable"})
 """Failures no retry can fix until the session changes: not retried (``Outcome.REFUSED``)."""
+
+
+def outcome(result: Result) -> Outcome:
+    """What ``result`` means for the scheduler."""
+    if isinstance(result, Written):
+        return Outcome.WRITTEN
+    if isinstance(result, Skipped):
+        return Outcome.SKIPPED
+    if result.reason in REFUSED:  # no retry can succeed: the next change tries again
+        return Outcome.REFUSED
+    return Outcome.STORE_FAILED if result.reason == "write-failed" else Outcome.FAILED
 
 
 @final

@@ -1,36 +1,28 @@
-"""``CheckpointWriter``: the anyio service that carries out the scheduler's decisions.
+"""``CheckpointWriter``: the public face of the writer, over its parts.
 
-Here: the public API, both lifecycles (``async with``/``aopen``/``aclose``
-and ``with``/``open``/``close``) and the hop of each write to a worker
-thread.  The timing policy is ``_schedule.py``, the timer task ``timer.py``,
-one write ``commit.py``; the exit hooks (``_exit.py``) call ``_flush_final``.
-The timer and the close run in tasks of the event loop's own, not in a task
-group held across the caller's code, so ``aclose()`` may come from any task,
-under any cancel scope, in any order among writers.
+The timing policy is ``_schedule.py``; the writes from the event loop and
+the timer task ``timer.py``; one write ``commit.py``; opening and closing
+(and the exit hooks) ``lifecycle.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import threading
 from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeVar, final
 
 import anyio
 import anyio.lowlevel
 
-from .. import _exit
 from .._schedule import Scheduler
 from .._stores.base import ProbingStore, Store
 from .._stores.encoding import Transcript
-from .._text import describe_error
 from .._values import Checkpoint, Limits, Meta, Result, Skipped, Snapshot, WriterStatistics
 from .clock import Clock, MonotonicClock
-from .closing import Close
 from .commit import Committer, Phase
 from .keystate import UNKNOWN, Unknown
+from .lifecycle import Lifecycle
 from .timer import Timer
 
 __all__ = ["CheckpointWriter"]
@@ -113,18 +105,12 @@ class CheckpointWriter(Generic[S]):
         if not callable(source):
             raise TypeError(f"source must be a callable returning a Snapshot, got {source!r}")
         if not isinstance(store, Store):
-            raise TypeError(
-                f"store must implement checkpointer.Store (FileStore(root), ...), got {store!r}"
-            )
+            raise TypeError(f"store must be a Store (FileStore(root), ...), got {store!r}")
         if transcript is not None and not isinstance(transcript, Transcript):
             raise TypeError(f"transcript must be a Transcript or None, got {transcript!r}")
         if not isinstance(limits, Limits):
             raise TypeError(f"limits must be a Limits(...), got {limits!r}")
-        if (
-            isinstance(state_version, bool)
-            or not isinstance(state_version, int)
-            or state_version < 0
-        ):
+        if type(state_version) is not int or state_version < 0:
             raise ValueError(f"state_version must be an int >= 0, got {state_version!r}")
         if isinstance(resume_from, Checkpoint):
             resume_from = resume_from.meta
@@ -141,31 +127,14 @@ class CheckpointWriter(Generic[S]):
             backoff_max=limits.retry_max,
         )
         self._store = store
-        self._limits = limits
         self._write_on_start = write_on_start
-        self._exit_hooks = exit_hooks
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._now = self._clock.now
-        self._core = Committer(
-            source,
-            store,
-            transcript=transcript,
-            state_version=state_version,
-            lock_timeout=float(limits.lock_timeout),
-            resume_from=resume_from,
-        )
+        self._core = Committer(source, store, transcript, state_version, limits, resume_from)
         probe = store.probe if isinstance(store, ProbingStore) else None
         self._timer = Timer(self._sched, self._clock, self._core, probe)
+        self._life = Lifecycle(self._core, self._timer, store, limits, exit_hooks=exit_hooks)
         self._events = 0
-        self._unsubscribes: list[Callable[[], object]] = []
-        # The lifecycle is self._core.phase, moved on under this lock (a close
-        # may come from any thread); _close is what an aclose() waits on.
-        self._phase_lock = threading.Lock()
-        self._close: Close | None = None
-
-    @property
-    def _closed(self) -> bool:
-        return self._core.phase is Phase.CLOSED
 
     def __repr__(self) -> str:
         phase = self._core.phase.name.lower()
@@ -181,7 +150,7 @@ class CheckpointWriter(Generic[S]):
         closed) the change waits for the exit hooks, ``flush_sync`` or
         ``close()``, as in synchronous use.
         """
-        if self._closed:
+        if self._life.closed:
             return
         self._events += 1
         if self._sched.event(self._now()):
@@ -213,11 +182,11 @@ class CheckpointWriter(Generic[S]):
             if not done:
                 done = True
                 with contextlib.suppress(ValueError):
-                    self._unsubscribes.remove(unsubscribe)
+                    self._life.unsubscribes.remove(unsubscribe)
                 if undo is not None:
                     undo()
 
-        self._unsubscribes.append(unsubscribe)
+        self._life.unsubscribes.append(unsubscribe)
         return unsubscribe
 
     def statistics(self) -> WriterStatistics:
@@ -249,10 +218,10 @@ class CheckpointWriter(Generic[S]):
         Raises:
             RuntimeError: the writer is open already, or closed.
         """
-        self._claim_open()
+        self._life.claim_open()
         self._timer.bind()  # this event loop: the writes, and notify() waking the timer
-        await anyio.to_thread.run_sync(self._open_store)
-        self._install_hooks()
+        await anyio.to_thread.run_sync(self._life.open_store)
+        self._life.install_hooks()
         try:
             if self._write_on_start:
                 result = await self._timer.write(live=True)
@@ -261,8 +230,7 @@ class CheckpointWriter(Generic[S]):
             if self._core.phase is Phase.OPEN:  # else aclose() came during the first write
                 self._timer.start()
         except BaseException:
-            self._remove_hooks()
-            self._core.phase = Phase.CLOSED
+            self._life.failed_open()
             raise
         return self
 
@@ -280,7 +248,7 @@ class CheckpointWriter(Generic[S]):
             its thread and the changes stay pending; what the writer knows of
             the disk changes only when that write has ended.
         """
-        if self._closed:
+        if self._life.closed:
             return Skipped("closed")
         return await self._timer.write(force=force, pin=pin, live=True)
 
@@ -306,17 +274,9 @@ class CheckpointWriter(Generic[S]):
             KeyboardInterrupt: or another ``BaseException`` that was raised
                 inside the timer task on trio (by ``source()``, say), again.
         """
-        if self._closed:
+        if self._life.closed:
             return Skipped("closed")
-        if self._close is not None:  # another task is closing the writer: its result is ours
-            with anyio.CancelScope(shield=True):
-                await self._close.done.wait()
-            return self._close.result
-        assert self._timer.bound, "enter the writer with 'async with' first"
-        if not self._begin_close():
-            return Skipped("closed")  # close() runs in another thread
-        self._close = Close(self, anyio.current_time() + self._limits.close_timeout)
-        return await self._close.run()
+        return await self._life.aclose()
 
     # -- sync lifecycle --------------------------------------------------------
 
@@ -327,11 +287,11 @@ class CheckpointWriter(Generic[S]):
         ``flush_sync``, at exit and on SIGTERM/SIGHUP.  ``notify`` still
         records changes.  Pair with ``close()``, or use ``with``.
         """
-        self._claim_open()
-        self._open_store()
-        self._install_hooks()
+        self._life.claim_open()
+        self._life.open_store()
+        self._life.install_hooks()
         if self._write_on_start:
-            self._core.flush(live=True, timeout=self._limits.exit_timeout)
+            self._core.flush(live=True)
         return self
 
     def close(self) -> Result:
@@ -340,13 +300,7 @@ class CheckpointWriter(Generic[S]):
         From the moment it begins, ``flush_sync("manual")`` from other threads
         returns ``Skipped("closed")``; a second close returns it too.
         """
-        if self._closed or not self._begin_close():
-            return Skipped("closed")
-        result = self._core.record.note_final(
-            self._core.flush(live=False, timeout=self._limits.exit_timeout), "at close"
-        )
-        self._shut()
-        return result
+        return self._life.close_sync()
 
     def __enter__(self) -> CheckpointWriter[S]:
         return self.open()
@@ -371,79 +325,6 @@ class CheckpointWriter(Generic[S]):
         """
         if reason not in ("manual", "exit", "signal"):
             raise ValueError(f"reason must be 'manual', 'exit' or 'signal', got {reason!r}")
-        if self._closed:
+        if self._life.closed:
             return Skipped("closed")
-        return self._core.flush(live=reason == "manual", timeout=self._limits.exit_timeout)
-
-    def _flush_final(self, reason: Literal["exit", "signal"]) -> None:
-        """The exit hooks' final write (``_exit.Flush``); at exit the key goes after it.
-
-        While the final write of a close runs in its thread, waits up to
-        ``exit_timeout`` for it instead, if the writer is closed or has no
-        exit hooks (registered only for this wait).
-        """
-        thread = None if self._close is None else self._close.thread
-        if thread is not None and (self._closed or not self._exit_hooks):
-            thread.join(self._limits.exit_timeout)
-        elif self._exit_hooks:
-            when = "at exit" if reason == "exit" else "on a signal"
-            self._core.record.note_final(self.flush_sync(reason), when)
-            if reason == "exit":
-                self._release_locks()  # a later write takes them again
-
-    # -- open/close helpers ----------------------------------------------------
-
-    def _claim_open(self) -> None:
-        with self._phase_lock:
-            phase = self._core.phase
-            if phase >= Phase.CLOSING:
-                raise RuntimeError("this CheckpointWriter is closed; create a new one")
-            if phase is Phase.OPEN:
-                raise RuntimeError("this CheckpointWriter is open already")
-            self._core.phase = Phase.OPEN
-            self._core.pid = os.getpid()
-
-    def _begin_close(self) -> bool:
-        """Claim the close (one, from any thread): ``CLOSING``, where live writes end."""
-        with self._phase_lock:
-            if self._core.phase >= Phase.CLOSING:
-                return False
-            self._core.phase = Phase.CLOSING
-            return True
-
-    def _shut(self) -> None:
-        with self._phase_lock:
-            self._core.phase = Phase.CLOSED
-            if self._close is None or self._close.thread is None:
-                self._remove_hooks()  # else the final write's thread does, as it ends
-        self._release_locks()
-        self._unsubscribe_all()
-
-    def _open_store(self) -> None:
-        try:
-            self._store.open()
-        except Exception as exc:  # a broken root fails the writes, loudly, later
-            logger.warning("checkpointer: could not open %r: %s", self._store, describe_error(exc))
-
-    def _install_hooks(self) -> None:
-        if self._exit_hooks:
-            _exit.register(self._flush_final)
-
-    def _remove_hooks(self) -> None:
-        if not _exit.unregister(self._flush_final):  # off the main thread
-            self._timer.call_on_main_loop(_exit.restore_pending)
-
-    def _unsubscribe_all(self) -> None:
-        for unsubscribe in list(self._unsubscribes):
-            try:
-                unsubscribe()
-            except Exception as exc:
-                logger.warning("checkpointer: unsubscribe failed: %s", describe_error(exc))
-
-    def _release_locks(self) -> None:
-        # Not while a write is in flight (a final write past close_timeout):
-        # the key stays locked rather than let another writer in under a write
-        # that may still land.  After close that write lets it go as it ends;
-        # before, it stays locked until the process exits.
-        if not self._core.release_locks() and not self._closed:
-            logger.warning("checkpointer: a write is still in flight; keeping its key locked")
+        return self._core.flush(live=reason == "manual")

@@ -1,4 +1,4 @@
-"""The writer's prepare step, and who a write says wrote it.
+"""The writer's prepare step.
 
 A prepare step (``transcript_prepare``, when the writer has a transcript)
 runs on each snapshot about to be encoded, after the fingerprint check: it
@@ -7,21 +7,16 @@ returns a repaired copy (``Prepared``) or refuses it (``Failed``).
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable
 from typing import Any
 
 from .._text import describe_error
-from .._values import Failed, Prepared, Snapshot, WriterInfo
+from .._values import Failed, Prepared, Snapshot
 
-__all__ = ["Prepare", "run_prepare", "writer_info"]
+__all__ = ["Prepare", "run_prepare"]
 
 Prepare = Callable[[Any], Prepared | Failed]
 """``(Snapshot) -> Prepared | Failed``."""
-
-_HOST = socket.gethostname()
-_me: WriterInfo | None = None
 
 
 def run_prepare(prepare: Prepare | None, snapshot: Snapshot) -> Prepared | Failed:
@@ -64,12 +59,3 @@ def run_prepare(prepare: Prepare | None, snapshot: Snapshot) -> Prepared | Faile
                 "decode the name with errors='replace', or give another key"
             )
     return Failed("snapshot-failed", f"Snapshot.parent of key {snapshot.key!r} {why}")
-
-
-def writer_info() -> WriterInfo:
-    """This process's ``WriterInfo``; made again in a forked child (a new pid)."""
-    global _me
-    pid = os.getpid()
-    if _me is None or _me.pid != pid:
-        _me = WriterInfo(pid=pid, host=_HOST)
-    return _me

@@ -19,8 +19,8 @@ import logging
 import math
 import sys
 import threading
-from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, final
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, final
 
 import anyio
 import anyio.lowlevel
@@ -29,10 +29,11 @@ from .._schedule import IDLE, WRITE, Outcome, Scheduler
 from .._text import describe_error
 from .._values import Result
 from .clock import Clock
-from .commit import Committer, Job, outcome
+from .commit import Committer, Job
+from .record import outcome
 
-if TYPE_CHECKING:
-    from .closing import Close
+FinalCommit = Callable[[Job, float, bool], Awaitable[Result]]
+"""Commits the final write by a deadline: ``(job, deadline, behind)`` (``Close.commit``)."""
 
 __all__ = ["Timer", "spawn_system_task"]
 
@@ -78,12 +79,12 @@ class Timer:
         force: bool = False,
         pin: bool | None = None,
         live: bool,
-        close: Close | None = None,
+        final: tuple[float, FinalCommit] | None = None,
     ) -> Result:
-        """One write from the event loop; the final one of ``close`` by its deadline."""
+        """One write from the event loop; ``final``: a close's, by its deadline."""
         lock = self._lock
         assert lock is not None, "enter the writer with 'async with' first"
-        deadline = None if close is None else close.deadline
+        deadline = None if final is None else final[0]
         # Past the deadline a write in flight (write_now(), or the timer's
         # abandoned one) still holds the writer: the final write goes on
         # behind it, ordered by the I/O lock and the generations.
@@ -100,10 +101,10 @@ class Timer:
                 until = math.inf if deadline is None else deadline + anyio.current_time() - started
                 result: Result
                 if isinstance(job, Job):
-                    if close is None:
+                    if final is None:
                         result = await self._hop(job)
                     else:
-                        result = await close.commit(job, until, behind=not locked)
+                        result = await final[1](job, until, not locked)
                 else:
                     result = self._core.record.account(job, quiet=not live)
                     if not live and self._core.keys.to_finish:  # source() had no session

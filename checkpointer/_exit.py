@@ -1,35 +1,24 @@
 """Exit hooks: flush every open writer from atexit and from SIGTERM/SIGHUP.
 
 * atexit does not run when a signal Python does not handle kills the process
-  (the default SIGTERM and SIGHUP), so we handle those two and write inside
-  the handler.  Then we chain so the exit status is what it would have been
-  without us: a previous Python handler is called; "ignore" (``nohup``) is
-  kept; else the default is restored and the signal raised again (-15).
-* SIGINT is left alone: asyncio's runner and trio install their Ctrl-C
-  handling only over Python's default handler.  KeyboardInterrupt unwinds
-  through ``async with`` (whose exit writes), then atexit runs.
-* A handler runs on the main thread between bytecodes, maybe while that
-  thread is inside a write (``busy()``: a writer's, or a store call holding
-  a lock of its own).  Waiting there for the lock would deadlock, so the
-  signal is deferred and handled (flush, then chain) as the write ends.
-
-Handlers are installed when the first writer with exit hooks opens on the
-main thread, and the ones they replaced are put back when the last one
-leaves, unless another was installed over ours meanwhile (ours then only
-chains).  Off the main thread, where ``signal.signal`` cannot be called, the
-restoration waits for the main thread (``restore_pending``).  Each
-installation remembers what it replaced, so a writer opened over an
-application handler that chains to ours adds a layer instead of a loop.
-
-A forked child inherits the atexit callbacks, the handlers and this registry,
-but none of those writers is its own: writing would put its stale copy of the
-state over the parent's, and releasing their locks would release the
-parent's.  Right after a fork the child forgets them and puts back the
-handlers ours replaced, so a child with no writer dies of SIGTERM in the
-kernel: a ``multiprocessing`` worker blocked in libc never runs a Python
-handler, and ``Pool.terminate()`` would wait on it forever.  The forking
-thread holds our signals pending across the fork (``_block_for_fork``), so
-one sent to the child before that hook has run waits for it, then kills.
+  (SIGTERM, SIGHUP), so we handle those two and write inside the handler,
+  then chain so the exit status stays what it was: a previous Python handler
+  is called, "ignore" kept, else the default restored and the signal raised
+  again.  SIGINT is left alone: asyncio's runner and trio install their
+  Ctrl-C handling only over Python's default handler.
+* A handler runs on the main thread between bytecodes, maybe inside a write
+  (``busy()``) whose lock the flush needs: the signal is deferred until the
+  write ends, rather than deadlock.
+* Handlers go in with the first writer opened on the main thread and the
+  ones they replaced come back with the last one gone (off the main thread:
+  at the main thread's next chance, ``restore_pending``), unless another was
+  installed over ours.  Each remembers what it replaced, so one opened over
+  an application handler that chains to ours adds a layer, not a loop.
+* A forked child inherits all this, but none of those writers is its own: it
+  forgets them and puts the old handlers back, so a child with no writer
+  dies of SIGTERM in the kernel (a ``multiprocessing`` worker blocked in libc
+  never runs a Python handler, and ``Pool.terminate()`` would wait forever).
+  The forking thread holds our signals pending across the fork meanwhile.
 """
 
 from __future__ import annotations
@@ -95,9 +84,8 @@ class _Handler:
 def _flush_all_at_exit() -> None:
     """The one atexit hook: flush every writer still registered, the newest first.
 
-    Each flush is isolated as atexit isolates its callbacks: an exception is
-    reported and the others flush; a KeyboardInterrupt (Ctrl-C during the
-    flush) lets the others flush too and is raised again at the end.
+    Isolated as atexit isolates its callbacks: an exception is reported; a
+    KeyboardInterrupt lets the others flush first, then is raised again.
     """
     interrupted: BaseException | None = None
     for flush in reversed(list(_writers)):
@@ -117,8 +105,7 @@ def _flush_all_at_exit() -> None:
 def register(flush: Flush, *, signals: bool = True) -> None:
     """Call ``flush`` at exit and on SIGTERM/SIGHUP until ``unregister``.
 
-    ``signals`` False installs no handler for it (a writer without exit
-    hooks whose final write still runs: see ``CheckpointWriter._flush_final``).
+    ``signals`` False installs no handler for it (``Lifecycle.flush_final``).
     """
     global _restore_wanted, _atexit_hooked
     with _registry_lock:
@@ -139,11 +126,9 @@ def register(flush: Flush, *, signals: bool = True) -> None:
 def unregister(flush: Flush) -> bool:
     """Undo ``register``; restore the signal handlers we replaced if we can.
 
-    Returns:
-        False if the handlers are still to be restored on the main thread
-        (the last writer left from another thread): the caller may arrange
-        a call of ``restore_pending`` there; otherwise the main thread's
-        next ``register``, ``unregister`` or write does it.  True otherwise.
+    False if they are still to be restored on the main thread (the last
+    writer left from another): the caller may have ``restore_pending`` run
+    there, else the main thread's next register, unregister or write does.
     """
     global _restore_wanted
     with _registry_lock:
@@ -161,8 +146,7 @@ def unregister(flush: Flush) -> bool:
 def restore_pending() -> None:
     """On the main thread: restore the handlers a last writer left off it could not.
 
-    A no-op elsewhere, when nothing is pending, or when the registry is busy
-    (it may be this thread's own, interrupted by a signal): a later call does it.
+    Not while the registry is busy (maybe this thread's, under a signal).
     """
     if not _restore_wanted or threading.current_thread() is not threading.main_thread():
         return
@@ -190,8 +174,8 @@ def _restore_handlers() -> None:
 def busy() -> Iterator[None]:
     """Mark a write or a store call on this thread: a signal landing meanwhile waits for its end.
 
-    For a call that holds a lock the flush of a signal needs; the deferred
-    signal is handled (flush, then chain) as the outermost call returns.
+    For a call holding a lock a flush needs; the signal is handled as the
+    outermost call returns.
     """
     me = threading.get_ident()
     _busy[me] = _busy.get(me, 0) + 1
@@ -233,10 +217,8 @@ _fork_mask = threading.local()  # the forking thread's mask of our signals befor
 def _block_for_fork() -> None:
     """Hold our signals pending in the forking thread until the hooks after the fork.
 
-    CPython drops a signal its C handler caught before the child's
-    interpreter reset its signal state: a SIGTERM sent to a worker that has
-    not run yet (a pool ended as soon as made) would be lost.  Blocked, it
-    waits in the kernel.
+    CPython drops a signal caught before the child reset its signal state: a
+    SIGTERM to a worker of a pool ended as soon as made would be lost.
     """
     _fork_mask.blocked = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
 
@@ -252,8 +234,7 @@ def _unblock_after_fork() -> None:
 def _after_fork_in_child() -> None:
     """Forget the parent's writers and take our handlers down (the child has no writer).
 
-    The forking thread is the child's main thread, so ``signal.signal`` works
-    here; a fresh registry lock, in case another thread held it at the fork.
+    A fresh registry lock, in case another thread held it at the fork.
     """
     global _registry_lock
     _registry_lock = threading.Lock()

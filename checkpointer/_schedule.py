@@ -1,9 +1,8 @@
 """The timing policy of a checkpoint writer, as a pure state machine.
 
-Nothing here reads a clock, sleeps, imports anyio or touches a file: every
-method takes ``now`` (seconds on any monotonic clock) and the writer that
-drives the scheduler carries out what it decides, so the contract is tested
-with exact times in tables.
+Nothing here reads a clock, sleeps or does I/O: every method takes ``now``
+and the writer carries out what it decides, so the contract is tested with
+exact times in tables.
 
 Rules (the timing contract of the README)
 -----------------------------------------
@@ -18,31 +17,25 @@ of the previous write that reached the store.  The next write is due at::
 * ``prev`` moves only for writes that reached the store (written, or failed
   inside the store); a write skipped as unchanged or refused before the store
   does not count.
-* A failed write puts the changes it covered back (for a forced write with
-  nothing pending, the state as of its start; the earliest ``first`` wins, so
-  ``max_wait`` is measured from the oldest unsaved change) and the next
+* A failed write puts the changes it covered back (the earliest ``first``
+  wins, so ``max_wait`` counts from the oldest unsaved change) and the next
   attempt waits ``min(backoff_max, backoff_initial * 2 ** (failures - 1))``
-  after the failure, on top of the rule above.
-* A cancelled write (the driver stopped waiting for it) puts its changes
-  back without backoff.
-* A refused write (no retry can fix it until the session changes) drops the
-  changes it covered, like a skipped one, and leaves ``prev`` and the backoff
-  as they were: nothing is retried until the next event.
-* Probing (a store with the ``ProbingStore`` capability): after a write that
-  failed inside the store, while the backoff runs, the driver asks the store
-  every ``probe_interval`` (``next_probe``) whether it answers again; a yes
-  (``probed``) ends the backoff and forgets ``prev``, so the write is due by
-  the rule above: at once, after an outage longer than ``max_wait``.
-* One write at a time: while a write runs, ``decide`` says ``IDLE`` and the
-  driver asks again when the write ends.
-* Forced writes (``write_now``, the final write) call ``begin_write`` and
+  after the failure, on top of the rule above.  A cancelled write puts them
+  back without backoff.  A refused write (no retry can fix it until the
+  session changes) drops them, as a skipped one does, and leaves ``prev``
+  and the backoff as they were.
+* Probing (a ``ProbingStore``): during the backoff after a failure inside
+  the store, the driver asks the store every ``probe_interval`` whether it
+  answers again; a yes ends the backoff and forgets ``prev``: the write is
+  due by the rule above, at once after an outage longer than ``max_wait``.
+* One write at a time: while one runs, ``decide`` says ``IDLE``.  Forced
+  writes (``write_now``, the final write) call ``begin_write`` and
   ``end_write`` like any other; ``min_interval`` does not hold them back.
 
-Thread-safety: ``event`` may run on any thread while the driver's thread is
-inside ``begin_write``.  It stores ``last`` before it tests ``first``, and the
-driver clears ``first`` before it takes its snapshot, so an event is either
-covered by the write that starts or left pending for the next one, never lost
-(at worst an extra write, which the fingerprint check turns into a skip).
+Thread-safety: ``event`` may run on any thread during ``begin_write``.  It
+stores ``last`` before it tests ``first``, and the driver clears ``first``
+before its snapshot, so an event is covered by the write that starts or left
+pending for the next, never lost (at worst an extra write, then skipped).
 """
 
 from __future__ import annotations
@@ -104,7 +97,7 @@ class Scheduler:
         backoff_initial: wait before the first retry after a failure.
         backoff_max: cap of the doubling retry wait.
         probe_interval: time between two probes of a store during a backoff.
-            The three are trusted: ``Limits`` has checked the writer's.
+            (These three are trusted: ``Limits`` has checked the writer's.)
 
     Raises:
         ValueError: the durations break ``0 <= debounce <= max_wait`` or

@@ -1,9 +1,6 @@
-"""Summary checkpoints: a long session collapsed to a summary and a tail (``collapse``).
+"""``collapse``: a long session summarized (on the event loop) and written (in a thread).
 
-The async step: the caller's summarizer runs on the event loop, the file is
-written in a worker thread.  Where the history is cut and how the context
-is resumed: ``_transcript/summary.py``; the file: ``_stores/summaries.py``;
-the value: ``_values.SummaryCheckpoint``.
+The cut: ``_transcript/summary.py``; the file: ``_stores/summaries.py``.
 """
 
 from __future__ import annotations

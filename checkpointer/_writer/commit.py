@@ -1,20 +1,14 @@
 """The commit core of a writer: one write, synchronously, from snapshot to store.
 
-``prepare`` runs on the caller's thread (the event loop's, for the async
-path: msgspec holds the GIL while it encodes, so a worker thread would not
-spare the loop): ``source()``, the key, the fingerprint, the prepare step
-(``session.py``), and the store stages the state.  ``execute`` runs in one
-worker-thread hop (or on the caller's thread, for ``flush_sync``) under the
-I/O lock, one step each: check (the key's lock, the base: ``keylocks.py``,
-``keystate.py``), build (the meta), commit (conditional on the base's
-revision), record (the base, the counters).  The service (``service.py``)
-says when, and on which thread; nothing here calls it.
-
-Every job carries a generation taken before ``source()`` runs, so an older
-snapshot never replaces a newer one, whichever thread writes it.  A job is
-in flight (``inflight``) from its snapshot until its thread has ended it,
-even if the task that waited for it was cancelled: only then may a later
-write be skipped as unchanged against what the writer believes is stored.
+``prepare`` runs on the caller's thread (msgspec holds the GIL while it
+encodes, so a worker thread would not spare the event loop): ``source()``,
+the fingerprint, the prepare step, the store stages the state.  ``execute``
+runs in a worker thread (or the caller's, for ``flush_sync``) under the I/O
+lock, a function per step: check, build (the meta), commit (conditional on
+the base's revision), record.  Every job carries a generation taken before
+``source()`` runs, so an older snapshot never replaces a newer one, whichever
+thread writes it; a job is in flight from its snapshot until its thread has
+ended it, and only then may a later write be skipped as unchanged.
 """
 
 from __future__ import annotations
@@ -101,13 +95,9 @@ class Job:
 class Committer:
     """The synchronous core of a ``CheckpointWriter``: prepares and executes its writes.
 
-    Thread-safe as the module docstring says.  ``phase`` is the writer's
-    lifecycle (``Phase``), moved on by the service and read here under the
-    snapshot lock; ``pid`` is the process that opened the writer.
-    The arguments are the writer's.
-
-    Raises:
-        TypeError: the store cannot refuse a stale write (``state_store``).
+    ``phase`` is the writer's (``lifecycle.py`` moves it on); ``pid`` the
+    process that opened it.  Raises TypeError for a store that cannot refuse
+    a stale write (``state_store``).
     """
 
     def __init__(
@@ -145,10 +135,9 @@ class Committer:
     def forked(self) -> bool:
         """Whether this is a forked child's copy of a writer its parent opened.
 
-        Such a copy never writes (its state is the child's stale copy),
-        never releases a lock (``flock(LOCK_UN)`` on the inherited
-        descriptor would release the parent's) and never touches the
-        store's connection.
+        Such a copy never writes (its state is a stale copy), never releases
+        a lock (``flock(LOCK_UN)`` would release the parent's) and never
+        touches the store's connection.
         """
         return self.pid != os.getpid()
 
@@ -156,9 +145,8 @@ class Committer:
     def _holding(self, lock: threading.Lock, timeout: float = -1) -> Iterator[bool]:
         """Hold ``lock`` (up to ``timeout``; negative: no bound); yield whether it was taken.
 
-        Marked ``_exit.busy``: a signal landing meanwhile on this thread is
-        handled after the block rather than deadlock on the lock.  The
-        store's own waits are bounded by the same timeout.
+        ``_exit.busy``: a signal landing meanwhile is handled after the block
+        rather than deadlock on the lock.  The store's waits get the timeout.
         """
         with _exit.busy(), commit_deadline(timeout):
             locked = lock.acquire(timeout=timeout)
@@ -167,8 +155,6 @@ class Committer:
             finally:
                 if locked:
                     lock.release()
-
-    # -- on the caller's thread -------------------------------------------------
 
     def prepare(self, *, force: bool, pin: bool | None, live: bool) -> Job | Skipped | Failed:
         """Snapshot, check and encode, on the caller's thread.
@@ -244,10 +230,8 @@ class Committer:
     def _content(self, snapshot: Snapshot) -> object:
         """What "unchanged" compares before encoding: the fingerprints, or ``_NO_FINGERPRINT``.
 
-        The snapshot's own and the transcript's, both when both are there
-        (a revision counter in the snapshot's makes an in-place edit of an
-        earlier message, which the transcript's does not see, a write).
-        ``Failed`` if one raises or cannot be hashed.
+        Both when both are there: a revision counter in the snapshot's makes
+        an in-place edit, which the transcript's does not see, a write.
         """
         content = snapshot.fingerprint
         if self._fingerprint is not None:
@@ -264,14 +248,11 @@ class Committer:
             return Failed("snapshot-failed", f"the fingerprint is not hashable: {why}")
         return content
 
-    # -- in the writing thread -----------------------------------------------------
-
     def execute(self, job: Job, timeout: float = -1) -> Result:
-        """Write a prepared job; blocking, under the I/O lock.
+        """Write a prepared job under the I/O lock, waited for up to ``timeout`` seconds.
 
-        Waits up to ``timeout`` seconds (negative: no bound) for a write in
-        flight; past it, writes anyway: an exit flush must not wait forever
-        for a write stuck on the disk (``KeyState.overtaking``).
+        Past it, writes anyway: an exit flush must not wait forever for a
+        write stuck on the disk (``KeyState.overtaking``).
         """
         with self._holding(self._io_lock, timeout) as locked:
             if not locked:
@@ -416,11 +397,7 @@ class Committer:
             )
 
     def finish(self, timeout: float = -1) -> None:
-        """Mark the keys the source moved away from not live; blocking, under the I/O lock.
-
-        For a final write whose ``source()`` returned None: there is no
-        state to write, but the last key's checkpoint must not stay live.
-        """
+        """Mark the keys the source moved away from (or ended at) not live, under the I/O lock."""
         with self._holding(self._io_lock, timeout) as locked:
             if locked:
                 self.keys.finish(self._locks)

@@ -1,10 +1,8 @@
 """What a writer knows of each key: the checkpoint it expects the store to hold.
 
-Per key, ``KeyState.base`` is that checkpoint's ``Meta``: the one the session
-resumed from (``resume_from``; None passed means "absent"), else the one found
-at the writer's first write, then each of its own writes.  Every write hands
-the store ``base.revision`` as the revision it expects; the store refuses the
-write if it holds another (``StaleWrite``): the store decides, not the writer.
+``KeyState.base`` is its ``Meta``: the one resumed from, else the one found at
+the first write, then each own write.  Every write hands the store
+``base.revision`` as expected; the store refuses it if it holds another.
 """
 
 from __future__ import annotations
@@ -82,10 +80,8 @@ class KeyState:
 
 
 def _equal(held: object, content: object) -> bool:
-    """``held == content``; for large encoded states, the last 4 KiB first.
-
-    A session changes at its end, and a memcmp of two equal-length 10 MiB
-    states takes about a millisecond: the tails say "changed" in a microsecond.
+    """``held == content``; for large encoded states the last 4 KiB first (a session
+    changes at its end: a microsecond to say "changed", not a 10 MiB memcmp's millisecond).
     """
     if type(held) is bytes and type(content) is bytes and len(held) == len(content) > 16384:
         return held[-4096:] == content[-4096:] and held == content
@@ -95,9 +91,7 @@ def _equal(held: object, content: object) -> bool:
 class Keys:
     """The ``KeyState`` of every key a writer has written or looked at, and the key now.
 
-    Used by the commit core under its I/O lock (``select`` under its
-    snapshot lock).  ``resume_from``: the meta the session was loaded from,
-    None (its first key was absent), or ``UNKNOWN``.
+    ``resume_from``: the meta loaded, None (the first key was absent), or ``UNKNOWN``.
     """
 
     def __init__(

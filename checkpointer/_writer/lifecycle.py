@@ -1,15 +1,12 @@
 """A writer's lifecycle: one ``Phase``, moved on under one lock, and what it waits on.
 
-``NEW`` -> ``OPEN`` -> ``CLOSING`` -> ``CLOSED`` (``commit.Phase``).  Each
-move claims or lets go of what follows it: the exit hooks, the key locks,
-the subscriptions.  A close on the event loop (``Close``) runs in a task of
-the loop's own, so what interrupts the caller cannot cut it short (asyncio's
-runner cancels the main task on Ctrl-C natively, through any anyio shield;
-trio raises KeyboardInterrupt at the caller's next cancellation point): the
-caller waits it out.  Its waits are bounded by ``close_timeout`` from the
-call; its commit runs in a daemon thread of its own that may outlive it: the
-key stays locked, and the writer registered with the exit hooks, until that
-write has ended.
+``NEW`` -> ``OPEN`` -> ``CLOSING`` -> ``CLOSED``; each move takes or lets go
+of the exit hooks, the key locks, the subscriptions.  A close on the event
+loop (``Close``) runs in a task of the loop's own, so what interrupts the
+caller (asyncio's runner cancels natively on Ctrl-C, through any shield;
+trio raises KeyboardInterrupt) cannot cut it short.  It is bounded by
+``close_timeout``; its commit runs in a daemon thread that may outlive it,
+the key locked and the exit hooks waiting until that write has ended.
 """
 
 from __future__ import annotations
@@ -126,9 +123,8 @@ class Lifecycle:
     def flush_final(self, reason: Literal["exit", "signal"]) -> None:
         """The exit hooks' final write (``_exit.Flush``); at exit the key goes after it.
 
-        While the final write of a close runs in its thread, waits up to
-        ``exit_timeout`` for it instead, if the writer is closed or has no
-        exit hooks (registered only for this wait).
+        While a close's final write runs in its thread, and the writer is
+        closed or without exit hooks: waits up to ``exit_timeout`` for it.
         """
         thread = None if self.close is None else self.close.thread
         if thread is not None and (self.closed or not self._exit_hooks):
@@ -140,10 +136,8 @@ class Lifecycle:
                 self.release_locks()  # a later write takes them again
 
     def release_locks(self) -> None:
-        # Not while a write is in flight (a final write past close_timeout):
-        # the key stays locked rather than let another writer in under a write
-        # that may still land.  After close that write lets it go as it ends;
-        # before, it stays locked until the process exits.
+        # Not under a write in flight, which may still land: after close it
+        # lets the key go as it ends; before, the key stays locked until exit.
         if not self._core.release_locks() and not self.closed:
             logger.warning("checkpointer: a write is still in flight; keeping its key locked")
 
@@ -206,8 +200,7 @@ class Close:
     async def _final_write(self) -> Result:
         """Stop the timer, write ``live=False``, let the key go, shut.
 
-        Cut short (the event loop shutting down under it), the exit hooks
-        stay: they write the final checkpoint at exit or on SIGTERM.
+        Cut short (the loop shutting down), the exit hooks stay and write it.
         """
         life, timer = self._life, self._life._timer
         ended = False
@@ -232,14 +225,12 @@ class Close:
         return result
 
     async def commit(self, job: Job, deadline: float, behind: bool) -> Result:
-        """Commit the final write in a thread of its own, started now whatever the time.
+        """Commit the final write in a thread of its own, waited for until ``deadline``.
 
-        Waited for until ``deadline``; past it the write goes on, and the
-        exit hooks wait up to ``exit_timeout`` for it.  A daemon thread, as
-        trio's workers are, so a hung disk cannot hang the exit; it tells the
-        loop of its end itself (a worker waiting in ``join`` would outlive the
-        deadline).  ``behind``: a write in flight held the writer until the
-        deadline (the message says so).
+        A daemon thread, as trio's workers are, so a hung disk cannot hang the
+        exit; it tells the loop of its end itself (a worker waiting in ``join``
+        would outlive the deadline).  ``behind``: a write in flight held the
+        writer until the deadline.
         """
         life = self._life
         core = life._core
@@ -287,11 +278,8 @@ class Close:
 
 
 async def _wait_through(done: anyio.Event) -> BaseException | None:
-    """Wait for ``done`` through one interruption of the waiting task; return it, or None.
-
-    The interruption is a native asyncio cancel (the runner's on Ctrl-C,
-    ``asyncio.timeout``), which passes any anyio shield, or trio's
-    KeyboardInterrupt.  A second one is raised at once.
+    """Wait for ``done`` through one interruption (a native asyncio cancel, which passes
+    any anyio shield, or trio's KeyboardInterrupt); return it, or None.  A second is raised.
     """
     interrupted: BaseException | None = None
     while not done.is_set():

@@ -36,10 +36,10 @@ def outcome(result: Result) -> Outcome:
 class Record:
     """The counters of one writer."""
 
-    def __init__(self) -> None:
-        self.writes = self.skipped = self.failures = self.streak = 0
+    def __init__(self) -> None:  # named as WriterStatistics names them
+        self.writes = self.skipped = self.failures = self.failure_streak = 0
         self.bytes_written = self.repaired = self.settled = 0
-        self.last_seconds: float | None = None
+        self.last_write_seconds: float | None = None
         self.last_result: Result | None = None
         self.last_failure: Failed | None = None
 
@@ -52,23 +52,23 @@ class Record:
             self.bytes_written += result.nbytes
             self.repaired += result.repaired
             self.settled += result.settled
-            self.last_seconds = result.seconds
-            if self.streak:
+            self.last_write_seconds = result.seconds
+            if self.failure_streak:
                 logger.info(
                     "checkpointer: writing %s works again after %d failures",
                     result.location,
-                    self.streak,
+                    self.failure_streak,
                 )
-            self.streak = 0
+            self.failure_streak = 0
         elif isinstance(result, Skipped):
             self.skipped += 1
             if result.reason == "unchanged":
-                self.streak = 0
+                self.failure_streak = 0
         else:
             self.last_failure = result
             self.failures += 1
-            self.streak += 1
-            if self.streak == 1 and not quiet and result.reason != "conflict":
+            self.failure_streak += 1
+            if self.failure_streak == 1 and not quiet and result.reason != "conflict":
                 logger.warning(
                     "checkpointer: checkpoint failed (%s): %s; %s",
                     result.reason,
@@ -100,18 +100,4 @@ class Record:
         return result
 
     def statistics(self, *, events: int, pending: bool, key: str | None) -> WriterStatistics:
-        return WriterStatistics(
-            events=events,
-            writes=self.writes,
-            skipped=self.skipped,
-            failures=self.failures,
-            failure_streak=self.streak,
-            bytes_written=self.bytes_written,
-            last_write_seconds=self.last_seconds,
-            pending=pending,
-            key=key,
-            repaired=self.repaired,
-            settled=self.settled,
-            last_result=self.last_result,
-            last_failure=self.last_failure,
-        )
+        return WriterStatistics(events=events, pending=pending, key=key, **vars(self))

@@ -7,8 +7,6 @@ the timer task ``timer.py``; one write ``commit.py``; opening and closing
 
 from __future__ import annotations
 
-import contextlib
-import logging
 from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeVar, final
 
@@ -27,7 +25,6 @@ from .timer import Timer
 
 __all__ = ["CheckpointWriter"]
 
-logger = logging.getLogger("checkpointer")
 
 DEFAULT_LIMITS = Limits()
 
@@ -140,8 +137,6 @@ class CheckpointWriter(Generic[S]):
         phase = self._core.phase.name.lower()
         return f"<CheckpointWriter {phase} store={self._store!r} key={self._core.keys.current!r}>"
 
-    # -- the hot path ----------------------------------------------------------
-
     def notify(self) -> None:
         """Record that the session changed; a write follows per the timing rules.
 
@@ -175,16 +170,14 @@ class CheckpointWriter(Generic[S]):
             raise TypeError(
                 f"subscribe() must return an unsubscribe callable or None, got {undo!r}"
             )
-        done = False
 
         def unsubscribe() -> None:
-            nonlocal done
-            if not done:
-                done = True
-                with contextlib.suppress(ValueError):
-                    self._life.unsubscribes.remove(unsubscribe)
-                if undo is not None:
-                    undo()
+            try:
+                self._life.unsubscribes.remove(unsubscribe)
+            except ValueError:
+                return  # done already
+            if undo is not None:
+                undo()
 
         self._life.unsubscribes.append(unsubscribe)
         return unsubscribe
@@ -195,8 +188,6 @@ class CheckpointWriter(Generic[S]):
         return core.record.statistics(
             events=self._events, pending=self._sched.pending, key=core.keys.current
         )
-
-    # -- async lifecycle -------------------------------------------------------
 
     async def __aenter__(self) -> CheckpointWriter[S]:
         return await self.aopen()
@@ -277,8 +268,6 @@ class CheckpointWriter(Generic[S]):
         if self._life.closed:
             return Skipped("closed")
         return await self._life.aclose()
-
-    # -- sync lifecycle --------------------------------------------------------
 
     def open(self) -> CheckpointWriter[S]:
         """Open for synchronous use: exit hooks, and a first write.

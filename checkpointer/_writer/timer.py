@@ -1,12 +1,10 @@
 """The writer on its event loop: each write from the loop, and the timer task.
 
-A write from the loop (``write``: the timer's, ``write_now``, the final one)
-takes the write lock, tells the scheduler (``_schedule.py``) it began and how
-it ended, and hops to a worker thread for the commit.  The timer task writes
-when the scheduler says a write is due, sleeps until the next due time
-otherwise (``wake`` cuts the sleep short), and during a failed write's
-backoff asks a ``ProbingStore`` every ``probe_interval`` whether it answers
-again.  A task of the event loop's own (``spawn_system_task``), so the
+A write from the loop (``write``) takes the write lock, tells the scheduler
+it began and how it ended, and hops to a worker thread.  The timer task
+writes when the scheduler says one is due, else sleeps (``wake`` cuts it
+short), and during a backoff asks a ``ProbingStore`` whether it answers
+again.  It is a task of the event loop's own (``spawn_system_task``), so the
 writer may be closed from any task.
 """
 
@@ -127,10 +125,8 @@ class Timer:
     async def _hop(self, job: Job) -> Result:
         """Commit ``job`` in one worker-thread hop.
 
-        Cancelled, the hop abandons the thread: a job that thread has begun
-        goes on and ends there (``Committer.run``); one it has not begun never
-        runs.  Either way the writer's knowledge of the disk changes only
-        when a write has really ended.
+        Cancelled, the hop abandons the thread: a job it has begun ends there
+        (``Committer.run``); one it has not begun never runs.
         """
         try:
             return await anyio.to_thread.run_sync(self._core.run, job, abandon_on_cancel=True)
@@ -218,20 +214,15 @@ class Timer:
     def wake(self) -> None:
         """Cut the sleep short: the scheduler's answer may have changed.
 
-        A no-op once the timer task has ended (its loop ended, the writer not
-        closed; cancelling the dead task's scope would raise on asyncio): the
-        change stays pending, for the exit hooks, ``flush_sync`` or a close.
+        A no-op once the task has ended (cancelling its scope would raise on
+        asyncio): the change waits for the exit hooks or a close.
         """
         scope, done = self._sleep_scope, self._done
         if scope is not None and done is not None and not done.is_set():
             scope.cancel()
 
     def call_on_main_loop(self, fn: Callable[[], object]) -> None:
-        """Run ``fn`` soon on the writer's event loop if that runs on the main thread.
-
-        A no-op otherwise (no loop bound, another thread's loop, a forked
-        child, a loop that has ended).
-        """
+        """Run ``fn`` soon on the writer's event loop if that runs on the main thread."""
         token = self._token
         if token is None or self._forked() or self._loop_thread != threading.main_thread().ident:
             return
@@ -256,11 +247,10 @@ def _on_trio() -> bool:
 
 
 def spawn_system_task(fn: Callable[[], Coroutine[Any, Any, None]], name: str) -> object:
-    """Run ``fn()`` in a task of the event loop's own, in no task group of the caller's.
+    """Run ``fn()`` in a task of the event loop's own, as anyio does for its own.
 
-    As anyio does for its own background tasks: a trio system task (trio
-    keeps Ctrl-C out of it and raises it in the program's own code), else a
-    task of the running asyncio loop.  Returns the task: keep a reference.
+    A trio system task (Ctrl-C is kept out of it), else an asyncio task.
+    Returns the task: keep a reference.
     """
     if _on_trio():
         import trio
@@ -272,8 +262,7 @@ def spawn_system_task(fn: Callable[[], Coroutine[Any, Any, None]], name: str) ->
 async def _acquire_by(lock: anyio.Lock, deadline: float | None) -> bool:
     """Take ``lock`` at once if free, whatever the time; else wait until ``deadline`` (or ever).
 
-    A free lock is never refused for the time the close spent waiting for a
-    busy event loop: only a lock held by a write in flight returns False.
+    So only a write in flight, not a busy event loop, makes a close give up.
     """
     if deadline is None:
         await lock.acquire()

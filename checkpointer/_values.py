@@ -75,16 +75,13 @@ class NewerVersionError(CheckpointError):
 class Snapshot(msgspec.Struct, frozen=True):
     """What the source hands the writer: the session's key and its state.
 
-    ``state`` is anything msgspec can encode (dicts, lists, Structs,
-    dataclasses, ...).  The writer encodes it at write time and does not keep
-    it.  ``parent`` is the key of the session this one branched from; the
-    writer copies it into ``Meta.parent`` at every write.  ``fingerprint``,
-    optional, is a cheap hashable value that changes whenever the state does
-    (a revision counter, ``len(messages)`` for a list that only grows): a
-    snapshot whose fingerprint equals the last one written, with the same
-    meta, is ``Skipped("unchanged")`` before it is encoded.  With a
-    transcript, it is compared together with the transcript's.  Without
-    either, the encoded bytes are compared.
+    ``state`` is anything msgspec can encode; the writer encodes it at write
+    time and does not keep it.  ``parent``: the key of the session this one
+    branched from (``Meta.parent``).  ``fingerprint``, optional: a cheap
+    hashable value that changes whenever the state does (a revision counter):
+    one equal to the last written, with the same meta, is
+    ``Skipped("unchanged")`` before encoding.  It is compared together with
+    a transcript's; without either, the encoded bytes are compared.
     """
 
     key: str
@@ -112,8 +109,8 @@ class Meta(msgspec.Struct, frozen=True, kw_only=True):
         live: True while a writer has the key open; False after its final
             write (close, exit flush, signal).
         pinned: a sticky flag set with ``write_now(pin=...)``.
-        turns: assistant messages in the file's transcript (set by the
-            writer's ``prepare`` step, e.g. ``transcript_prepare``), or None.
+        turns: assistant messages in the file's transcript (counted with a
+            ``transcript``), or None.
         parent: the key of the session this one branched from
             (``Snapshot.parent`` at the time of the write), or None.
         writer: the process that wrote the file (pid, host).
@@ -213,7 +210,7 @@ class Checkpoint(msgspec.Struct, Generic[T], frozen=True):
 
 
 class Prepared(msgspec.Struct, frozen=True, kw_only=True):
-    """What a ``prepare`` step made of a snapshot: the one to encode.
+    """What the transcript's repair step made of a snapshot: the one to encode.
 
     Attributes:
         snapshot: the snapshot to write (a repaired copy, or the original).
@@ -285,10 +282,10 @@ class Written(msgspec.Struct, frozen=True, kw_only=True):
             bytes appended for a journal (or the fresh file of a rewrite).
         seconds: time from the snapshot to the end of the durable write.
         seq: the sequence number now in the file's meta.
-        repaired: tool calls without a result that the writer's ``prepare``
-            step closed with an error result in the file (not in memory).
-        settled: items still running at snapshot time that ``prepare``
-            settled as errors in the file (not in memory).
+        repaired: tool calls without a result closed with an error result
+            in the file (not in memory) by the transcript's repair step.
+        settled: items still running at snapshot time settled as errors in
+            the file (not in memory).
         revision: the checkpoint's revision (``Meta.revision``): what a reader
             that cached this state compares with ``store.revision(key)``.
     """
@@ -321,12 +318,12 @@ class Failed(msgspec.Struct, frozen=True):
     ``reason`` says which step failed; ``error`` is a one-line message naming
     the thing (path, key, field) and, where there is one, the way out:
 
-    * ``"snapshot-failed"``: ``source()``, ``fingerprint()`` or ``prepare()``
-      raised or returned something unusable.
+    * ``"snapshot-failed"``: ``source()``, or the transcript's fingerprint or
+      repair step, raised or returned something unusable.
     * ``"encode-failed"``: the state cannot be encoded (the key is named).
     * ``"invalid-key"``: the key breaks the store's rule (the rule is named).
-    * ``"not-sendable"``: ``transcript_prepare`` cannot make the history one
-      a model API accepts (the JSON paths are named).
+    * ``"not-sendable"``: the transcript's repair step cannot make the history
+      one a model API accepts (the JSON paths are named).
     * ``"locked"``: another live writer holds the key's lock (named).
     * ``"conflict"``: the store holds another revision than the one this
       writer expects (resumed from, found at its first write, or wrote
@@ -362,8 +359,8 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
         last_write_seconds: duration of the last successful write, or None.
         pending: whether changes wait for a write that has not started.
         key: the key of the last snapshot, or None before the first.
-        repaired: tool calls closed by ``prepare`` in written files, in all.
-        settled: running items settled by ``prepare`` in written files, in all.
+        repaired: tool calls closed in written files, in all.
+        settled: running items settled in written files, in all.
         last_result: the result of the latest write (timer, ``write_now``,
             ``flush_sync``, the final write), or None before the first.
         last_failure: the latest ``Failed``, even after later successes, or None.

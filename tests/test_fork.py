@@ -31,7 +31,7 @@ import pytest
 
 from checkpointer import CheckpointWriter, FileStore, JournalStore, Limits, Snapshot, _exit, load
 from checkpointer._stores.flock import acquire_file_lock, probe_file_lock
-from checkpointer._writer.keylocks import KeyLocks
+from checkpointer._writer.keystate import KeyLocks
 from checkpointer.stores import KeyLocked, Store
 
 from .pg import Cluster, find_binaries

@@ -60,9 +60,19 @@ async def collapse(
     watermark = safe_watermark(messages, keep_last)
     if watermark == 0:
         return None
-    summary = await _summary(summarize, list(messages[:watermark]))
-    if isinstance(summary, SummaryFailed):
-        return summary
+    try:
+        summary = summarize(list(messages[:watermark]))
+        if inspect.isawaitable(summary):
+            summary = await summary
+    except Exception as exc:
+        return _refused(f"summarize() raised {describe_error(exc, width=None)}", exc)
+    if not isinstance(summary, str):
+        error = f"summarize() returned {type(summary).__name__}, expected str"
+        return _refused(error, TypeError(error))
+    problem = not_text(summary)
+    if problem is not None:
+        error = f"summarize() returned a str that cannot be stored: {problem}"
+        return _refused(error, ValueError(error))
     checkpoint = SummaryCheckpoint(watermark, summary, datetime.now(UTC), watermark)
     try:
         await anyio.to_thread.run_sync(write_summary, root, key, checkpoint)
@@ -75,25 +85,5 @@ async def collapse(
     return checkpoint
 
 
-async def _summary(
-    summarize: Callable[[list[Any]], Awaitable[str] | str], covered: list[Any]
-) -> str | SummaryFailed:
-    """What ``summarize`` made of ``covered``: text that can be stored, or why not."""
-    try:
-        summary = summarize(covered)
-        if inspect.isawaitable(summary):
-            summary = await summary
-    except Exception as exc:
-        return SummaryFailed(
-            reason="summarize-failed",
-            error=f"summarize() raised {describe_error(exc, width=None)}",
-            exception=exc,
-        )
-    if not isinstance(summary, str):
-        error = f"summarize() returned {type(summary).__name__}, expected str"
-        return SummaryFailed(reason="summarize-failed", error=error, exception=TypeError(error))
-    problem = not_text(summary)
-    if problem is not None:
-        error = f"summarize() returned a str that cannot be stored: {problem}"
-        return SummaryFailed(reason="summarize-failed", error=error, exception=ValueError(error))
-    return summary
+def _refused(error: str, exc: BaseException) -> SummaryFailed:
+    return SummaryFailed(reason="summarize-failed", error=error, exception=exc)

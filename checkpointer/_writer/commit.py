@@ -45,8 +45,7 @@ from .._values import (
     Written,
 )
 from .._version import VERSION
-from .keylocks import KeyLocks
-from .keystate import Keys, KeyState, Unknown, utcnow
+from .keystate import KeyLocks, Keys, KeyState, Unknown, utcnow
 from .record import Record
 from .session import Prepare, run_prepare
 
@@ -59,13 +58,8 @@ _HOST = socket.gethostname()
 
 
 class Phase(enum.IntEnum):
-    """A writer's lifecycle, in order: each phase is entered once, from the one before.
-
-    ``NEW`` -> ``OPEN`` (``open``, ``async with``) -> ``CLOSING`` (a close
-    claimed: live writes are ``Skipped("closed")`` from here) -> ``CLOSED``
-    (the final write ended).  A writer whose open failed goes from ``OPEN``
-    to ``CLOSED``.
-    """
+    """A writer's lifecycle, in order (``lifecycle.py``): from ``CLOSING`` on, a close is
+    claimed and live writes are ``Skipped("closed")``; ``CLOSED``: its final write ended."""
 
     NEW = 0
     OPEN = 1

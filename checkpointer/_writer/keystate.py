@@ -1,4 +1,4 @@
-"""What a writer knows of each key: the checkpoint it expects the store to hold.
+"""What a writer knows and holds of each key: the checkpoint it expects stored, its lock.
 
 ``KeyState.base`` is its ``Meta``: the one resumed from, else the one found at
 the first write, then each own write.  Every write hands the store
@@ -11,17 +11,26 @@ import contextlib
 import dataclasses
 import enum
 import logging
+import os
 from datetime import UTC, datetime
 
 import msgspec
 
 from .._format.versions import newer_state
-from .._stores.base import Staged, StaleWrite, StateStore, Store, new_revision
+from .._stores.base import (
+    KeyLock,
+    KeyLocked,
+    LockingStore,
+    Staged,
+    StaleWrite,
+    StateStore,
+    Store,
+    new_revision,
+)
 from .._text import describe_error
 from .._values import CheckpointError, Failed, Meta, NewerVersionError
-from .keylocks import KeyLocks
 
-__all__ = ["UNKNOWN", "KeyState", "Keys", "Unknown", "utcnow"]
+__all__ = ["UNKNOWN", "KeyLocks", "KeyState", "Keys", "Unknown", "utcnow"]
 
 logger = logging.getLogger("checkpointer")
 
@@ -86,6 +95,62 @@ def _equal(held: object, content: object) -> bool:
     if type(held) is bytes and type(content) is bytes and len(held) == len(content) > 16384:
         return held[-4096:] == content[-4096:] and held == content
     return held == content
+
+
+class KeyLocks:
+    """The writer locks one ``CheckpointWriter`` holds, one per key.
+
+    Over the ``LockingStore`` capability: a store without it is not locked,
+    and every ``acquire`` succeeds.
+    """
+
+    def __init__(self, store: object, timeout: float) -> None:
+        self._store = store if isinstance(store, LockingStore) else None
+        self._timeout = timeout
+        self._held: dict[str, KeyLock] = {}
+        self._pid = os.getpid()
+
+    @property
+    def waits(self) -> bool:
+        """Whether ``acquire`` may wait for another holder (``lock_timeout`` > 0)."""
+        return self._store is not None and self._timeout > 0
+
+    def acquire(self, key: str, location: str, *, wait: bool = True) -> Failed | bool:
+        """Take ``key``'s lock unless held, waiting up to ``lock_timeout`` if ``wait``.
+
+        True when taken now, False when held already or the store does not
+        lock, ``Failed`` (naming ``location``) when refused.
+        """
+        self._forget_if_forked()
+        if self._store is None or key in self._held:
+            return False
+        try:
+            self._held[key] = self._store.lock(key, timeout=self._timeout if wait else 0.0)
+        except KeyLocked as exc:
+            return Failed("locked", str(exc))
+        except Exception as exc:
+            return Failed("write-failed", f"cannot lock {location}: {type(exc).__name__}: {exc}")
+        return True
+
+    def release(self, key: str) -> None:
+        self._forget_if_forked()
+        lock = self._held.pop(key, None)
+        if lock is not None:
+            try:
+                lock.release()
+            except Exception as exc:  # closing must go on; the kernel frees it at exit
+                logger.warning("checkpointer: could not release the lock of %r: %s", key, exc)
+
+    def release_all(self) -> None:
+        for key in list(self._held):
+            self.release(key)
+
+    def _forget_if_forked(self) -> None:
+        # In a forked child the held locks are the parent's: releasing one
+        # (whatever the store) could release it for the parent.  Drop them.
+        if self._pid != os.getpid():
+            self._held.clear()
+            self._pid = os.getpid()
 
 
 class Keys:

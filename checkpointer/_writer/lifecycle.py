@@ -100,7 +100,11 @@ class Lifecycle:
         return result
 
     async def aclose(self) -> Result:
-        """The close on the event loop (``Close``), or the result of the one in progress."""
+        """The close on the event loop, in a task of its own (``Close``), waited out.
+
+        Or the result of the one in progress.  Raises what interrupted the
+        wait, once the close is done, or what the close or timer task raised.
+        """
         if self.close is not None:  # another task is closing the writer: its result is ours
             with anyio.CancelScope(shield=True):
                 await self.close.done.wait()
@@ -108,8 +112,15 @@ class Lifecycle:
         assert self._timer.bound, "enter the writer with 'async with' first"
         if not self.begin_close():
             return Skipped("closed")  # close() runs in another thread
-        self.close = Close(self, anyio.current_time() + self._limits.close_timeout)
-        return await self.close.run()
+        close = self.close = Close(self, anyio.current_time() + self._limits.close_timeout)
+        close.task = spawn_system_task(close.run, "checkpointer-close")
+        interrupted = await _wait_through(close.done)
+        if interrupted is not None:
+            raise interrupted
+        crash = close.crash if close.crash is not None else self._timer.take_crash()
+        if crash is not None:
+            raise crash
+        return close.result
 
     def shut(self) -> None:
         """``CLOSED``: let the exit hooks, the key locks and the subscriptions go."""
@@ -170,59 +181,41 @@ class Close:
         self.done = anyio.Event()
         self.result: Result = Skipped("closed")
         self.thread: threading.Thread | None = None  # the final write's, while it runs
-        self._crash: BaseException | None = None  # raised in the close task
-        self._task: object = None  # the running close task: keep a reference
+        self.crash: BaseException | None = None  # raised in the close task
+        self.task: object = None  # the running close task: keep a reference
 
-    async def run(self) -> Result:
-        """Start the close task and wait for it; raise what interrupted or crashed it."""
-        self._task = spawn_system_task(self._run, "checkpointer-close")
-        interrupted = await _wait_through(self.done)
-        if interrupted is not None:
-            raise interrupted
-        crash = self._crash if self._crash is not None else self._life._timer.take_crash()
-        if crash is not None:
-            raise crash
-        return self.result
-
-    async def _run(self) -> None:
-        """The close task: the final write, then ``done``."""
-        try:
-            with anyio.CancelScope(shield=True):  # trio: through the loop's shutdown too
-                result = await self._final_write()
-                self.result = self._life._core.record.note_final(result, "at close")
-        except anyio.get_cancelled_exc_class():
-            raise  # the event loop is shutting down (asyncio); the exit hooks write
-        except BaseException as exc:  # a task of the loop's own must not raise (trio)
-            self._crash = exc
-        finally:
-            self.done.set()
-
-    async def _final_write(self) -> Result:
-        """Stop the timer, write ``live=False``, let the key go, shut.
+    async def run(self) -> None:
+        """The close task: stop the timer, write ``live=False``, let the key go, shut.
 
         Cut short (the loop shutting down), the exit hooks stay and write it.
         """
         life, timer = self._life, self._life._timer
         ended = False
         try:
-            # Cancelled, not waited for: a timer write in flight abandons its
-            # hop and lets the write lock go when the timer task next runs.
-            timer.cancel()
-            result = await timer.write(live=False, final=(self.deadline, self.commit))
-            ended = True
-            life._core.phase = Phase.CLOSED  # a write in flight lets the key go as it ends
-            # Releasing a lock may be a network round trip: not on the loop's
-            # thread.  Past the deadline, shut() releases them on the loop.
-            with anyio.move_on_at(self.deadline):
-                await anyio.to_thread.run_sync(life.release_locks, abandon_on_cancel=True)
-            with anyio.move_on_at(self.deadline):  # for take_crash: what the timer task raised
-                await timer.stop()
+            with anyio.CancelScope(shield=True):  # trio: through the loop's shutdown too
+                # Cancelled, not waited for: a timer write in flight abandons its
+                # hop and lets the write lock go when the timer task next runs.
+                timer.cancel()
+                result = await timer.write(live=False, final=(self.deadline, self.commit))
+                ended = True
+                life._core.phase = Phase.CLOSED  # a write in flight lets the key go as it ends
+                # Releasing a lock may be a network round trip: not on the loop's
+                # thread.  Past the deadline, shut() releases them on the loop.
+                with anyio.move_on_at(self.deadline):
+                    await anyio.to_thread.run_sync(life.release_locks, abandon_on_cancel=True)
+                with anyio.move_on_at(self.deadline):  # for take_crash: what the timer raised
+                    await timer.stop()
+                self.result = life._core.record.note_final(result, "at close")
+        except anyio.get_cancelled_exc_class():
+            raise  # the event loop is shutting down (asyncio); the exit hooks write
+        except BaseException as exc:  # a task of the loop's own must not raise (trio)
+            self.crash = exc
         finally:
             if ended:
                 life.shut()
             else:
                 life.unsubscribe_all()
-        return result
+            self.done.set()
 
     async def commit(self, job: Job, deadline: float, behind: bool) -> Result:
         """Commit the final write in a thread of its own, waited for until ``deadline``.

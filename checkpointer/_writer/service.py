@@ -140,10 +140,8 @@ class CheckpointWriter(Generic[S]):
     def notify(self) -> None:
         """Record that the session changed; a write follows per the timing rules.
 
-        O(1), non-blocking, safe from any thread, a no-op after close; never
-        raises.  After the writer's event loop has ended (the writer not
-        closed) the change waits for the exit hooks, ``flush_sync`` or
-        ``close()``, as in synchronous use.
+        O(1), safe from any thread, never raises; a no-op after close.  Once
+        the event loop has ended, the change waits for an exit hook or close.
         """
         if self._life.closed:
             return
@@ -155,13 +153,11 @@ class CheckpointWriter(Generic[S]):
         """Subscribe ``notify`` to an event source.
 
         Args:
-            subscribe: called once with a callback that accepts any
-                arguments (the agent's "run ended" event, say); returns an
-                unsubscribe function (or None).
+            subscribe: called once with a callback taking any arguments;
+                returns an unsubscribe function, or None.
 
         Returns:
-            A function that unsubscribes; it also runs when the writer
-            closes, and running it twice is harmless.
+            A function that unsubscribes (at close too; twice is harmless).
         """
         if not callable(subscribe):
             raise TypeError(f"subscribe must be callable, got {subscribe!r}")
@@ -198,10 +194,9 @@ class CheckpointWriter(Generic[S]):
     async def aopen(self) -> CheckpointWriter[S]:
         """Open on this event loop: the store, the exit hooks, a first write, the timer.
 
-        ``async with writer:`` calls it; call it yourself when the writer's
-        life is not one block (a framework's session object), and pair it
-        with ``aclose()``.  Cancellation: a cancel during the first write
-        closes the writer and propagates.
+        ``async with`` calls it; pair it with ``aclose()`` when the writer's
+        life is not one block.  A cancel during the first write closes the
+        writer and propagates.
 
         Returns:
             The writer itself.
@@ -226,18 +221,17 @@ class CheckpointWriter(Generic[S]):
         return self
 
     async def write_now(self, *, force: bool = False, pin: bool | None = None) -> Result:
-        """Write now, ignoring the debounce and interval timers; wait for a write in flight first.
+        """Write now, ignoring the timers, after any write in flight.
+
+        Cancelled while the store writes, the write goes on in its thread and
+        the changes stay pending.
 
         Args:
             force: write even if the fingerprint says nothing changed.
-            pin: True or False sets ``Meta.pinned`` (sticky, and part of
-                what "changed" means); None keeps it.
+            pin: sets ``Meta.pinned`` (sticky, part of "changed"); None keeps it.
 
         Returns:
-            ``Written``, ``Skipped`` or ``Failed``; never raises for a failed
-            write.  Cancelled while the store writes, the write goes on in
-            its thread and the changes stay pending; what the writer knows of
-            the disk changes only when that write has ended.
+            ``Written``, ``Skipped`` or ``Failed``; a failed write never raises.
         """
         if self._life.closed:
             return Skipped("closed")
@@ -246,35 +240,27 @@ class CheckpointWriter(Generic[S]):
     async def aclose(self) -> Result:
         """Stop the timer, wait for a write in flight, write a final time (``live=False``).
 
-        Then the key's lock is let go.  Call it from any task of the writer's
-        event loop, in any order among writers, under any cancel scope: it is
-        shielded from cancellation and bounded by ``Limits.close_timeout``
-        from the call (a final write still running then goes on in a thread
-        and lands unless the process ends first).  From the moment it begins,
-        ``write_now()`` and ``flush_sync("manual")`` return
-        ``Skipped("closed")``.  A second call while the first runs waits for
-        it and returns the same result; after that, ``Skipped("closed")``.
-        Called while ``aopen`` still writes, ``aopen`` then returns a closed
-        writer.
+        Then the key's lock is let go.  From any task of the writer's loop, in
+        any order among writers: shielded from cancellation, bounded by
+        ``Limits.close_timeout`` (a final write still running then goes on in
+        a thread).  From its start live writes are ``Skipped("closed")``; a
+        second call waits for the first and returns its result.
 
         Returns:
-            The result of the final write (``Skipped("closed")`` if the
-            writer was closed already).
+            The final write's result; ``Skipped("closed")`` if closed already.
 
         Raises:
-            KeyboardInterrupt: or another ``BaseException`` that was raised
-                inside the timer task on trio (by ``source()``, say), again.
+            BaseException: a Ctrl-C that came during the close, once it is
+                done; or what the timer task raised on trio (``source()``'s).
         """
         if self._life.closed:
             return Skipped("closed")
         return await self._life.aclose()
 
     def open(self) -> CheckpointWriter[S]:
-        """Open for synchronous use: exit hooks, and a first write.
+        """Open for synchronous use (``with``, or pair with ``close()``): no timer.
 
-        Without an event loop there is no timer: the writer writes on
-        ``flush_sync``, at exit and on SIGTERM/SIGHUP.  ``notify`` still
-        records changes.  Pair with ``close()``, or use ``with``.
+        The writer writes on ``flush_sync``, at exit and on SIGTERM/SIGHUP.
         """
         self._life.claim_open()
         self._life.open_store()
@@ -286,8 +272,7 @@ class CheckpointWriter(Generic[S]):
     def close(self) -> Result:
         """Write a final time (``live=False``), let the key go, remove the exit hooks.
 
-        From the moment it begins, ``flush_sync("manual")`` from other threads
-        returns ``Skipped("closed")``; a second close returns it too.
+        From its start ``flush_sync("manual")`` and a second close are ``Skipped("closed")``.
         """
         return self._life.close_sync()
 
@@ -298,19 +283,15 @@ class CheckpointWriter(Generic[S]):
         self.close()
 
     def flush_sync(self, reason: Literal["manual", "exit", "signal"] = "manual") -> Result:
-        """Write the current state now, synchronously, from any thread.
+        """Write the current state now, synchronously, from any thread; never raises for a failure.
 
-        Needs no event loop and never raises for a failed write: meant for
-        atexit hooks, signal handlers and scripts.  ``"exit"`` and
-        ``"signal"`` mark the checkpoint ``live=False``; ``"manual"`` keeps
-        it live.  A second call with nothing changed is
-        ``Skipped("unchanged")``.  Once a close has begun:
-        ``Skipped("closed")`` (``"exit"`` and ``"signal"`` still write until
-        it has ended); in a forked child, for a writer its parent opened:
-        ``Skipped("closed")``.
+        For atexit hooks, signal handlers and scripts.  ``"exit"`` and
+        ``"signal"`` mark the checkpoint ``live=False``.  ``Skipped("closed")``
+        once a close has begun (``"exit"`` and ``"signal"`` still write until
+        it ends), and in a forked child for a writer its parent opened.
 
         Raises:
-            ValueError: ``reason`` is not one of the three above.
+            ValueError: ``reason`` is not ``"manual"``, ``"exit"`` or ``"signal"``.
         """
         if reason not in ("manual", "exit", "signal"):
             raise ValueError(f"reason must be 'manual', 'exit' or 'signal', got {reason!r}")

@@ -223,22 +223,23 @@ class Timer:
 
     def call_on_main_loop(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` soon on the writer's event loop if that runs on the main thread."""
-        token = self._token
-        if token is None or self._forked() or self._loop_thread != threading.main_thread().ident:
-            return
-        with contextlib.suppress(Exception):  # the loop may be gone
-            token.backend_class.run_sync_soon(fn, (), token.native_token)
+        if self._loop_thread == threading.main_thread().ident:
+            self._soon(fn)
 
     def wake_threadsafe(self) -> None:
         """``wake`` from any thread (``notify()``), through the event loop."""
-        token = self._token
-        if token is None or self._done is None or self._forked():
-            return  # a forked child: its copy of the loop is not running (asyncio raises)
+        if self._done is None or self._forked():
+            return  # no timer task; or a forked child's, whose loop is not running
         if threading.get_ident() == self._loop_thread:
             self.wake()
-            return
-        with contextlib.suppress(Exception):  # the loop may be gone
-            token.backend_class.run_sync_soon(self.wake, (), token.native_token)
+        else:
+            self._soon(self.wake)
+
+    def _soon(self, fn: Callable[[], object]) -> None:
+        token = self._token
+        if token is not None and not self._forked():
+            with contextlib.suppress(Exception):  # the loop may be gone
+                token.backend_class.run_sync_soon(fn, (), token.native_token)
 
 
 def _on_trio() -> bool:

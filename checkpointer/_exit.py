@@ -34,7 +34,6 @@ from types import FrameType
 from typing import Any, Literal
 
 __all__ = [
-    "HANDLED_SIGNALS",
     "Flush",
     "busy",
     "busy_here",
@@ -68,9 +67,6 @@ class _Handler:
 
     def __init__(self, previous: Any) -> None:
         self.previous = previous
-
-    def __repr__(self) -> str:
-        return f"<checkpointer exit handler over {self.previous!r}>"
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if busy_here():  # inside a write: handled as it ends

@@ -335,8 +335,7 @@ class Failed(msgspec.Struct, frozen=True):
 
     The changes stay pending and are retried with backoff, except after
     ``"conflict"``, ``"newer-version"`` and ``"not-sendable"``: no retry can
-    succeed until the session changes, so the writer waits for the next
-    ``notify()`` (or ``write_now()``, close, an exit flush).
+    succeed until the session changes (the next ``notify()``).
     """
 
     reason: FailReason
@@ -361,11 +360,9 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
         key: the key of the last snapshot, or None before the first.
         repaired: tool calls closed in written files, in all.
         settled: running items settled in written files, in all.
-        last_result: the result of the latest write (timer, ``write_now``,
-            ``flush_sync``, the final write), or None before the first.
-        last_failure: the latest ``Failed``, even after later successes, or None.
-            A final write (close, exit, signal) that failed is here, and was
-            logged at ERROR on the ``"checkpointer"`` logger.
+        last_result: the result of the latest write, or None before the first.
+        last_failure: the latest ``Failed``, even after later successes (a
+            failed final write too, logged at ERROR), or None.
     """
 
     events: int
@@ -384,11 +381,8 @@ class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CheckpointFailed(RuntimeError):
-    """A write a caller waits for was not written (raised by the framework adapters).
-
-    Where the framework's interface has no place for a result value (a
-    ``durability="sync"`` put, a session opened on a locked key, a final
-    write at ``async with`` exit), the adapters raise this instead.
+    """A write a caller waits for was not written: the framework adapters raise it where
+    the framework has no place for a result value (a ``durability="sync"`` put, say).
 
     Attributes:
         result: the writer's ``Failed`` value (its ``reason`` and ``error``).

@@ -115,7 +115,6 @@ FORWARD: dict[str, tuple[str, ...]] = {
     ),
     "_writer": (
         "clock",
-        "session",
         "keystate",
         "record",
         "commit",

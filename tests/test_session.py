@@ -24,7 +24,7 @@ from checkpointer import (
 )
 from checkpointer._values import Prepared
 from checkpointer._writer import commit as _commit
-from checkpointer._writer.session import run_prepare
+from checkpointer._writer.commit import run_prepare
 from checkpointer.messages import validate_history
 
 from .conftest import FakeClock

@@ -2,13 +2,13 @@
 
 ``prepare`` runs on the caller's thread (msgspec holds the GIL while it
 encodes, so a worker thread would not spare the event loop): ``source()``,
-the fingerprint, the prepare step, the store stages the state.  ``execute``
-runs in a worker thread (or the caller's, for ``flush_sync``) under the I/O
-lock, a function per step: check, build (the meta), commit (conditional on
-the base's revision), record.  Every job carries a generation taken before
-``source()`` runs, so an older snapshot never replaces a newer one, whichever
-thread writes it; a job is in flight from its snapshot until its thread has
-ended it, and only then may a later write be skipped as unchanged.
+the fingerprint, the transcript's repair step (``run_prepare``), the store
+stages the state.  ``execute`` runs in a worker thread (or the caller's, for
+``flush_sync``) under the I/O lock, a function per step: check, build (the
+meta), commit (conditional on the base's revision), record.  Every job
+carries a generation taken before ``source()`` runs, so an older snapshot
+never replaces a newer one, whichever thread writes it; a job is in flight
+until its thread has ended it, and only then may a later write be skipped.
 """
 
 from __future__ import annotations
@@ -47,9 +47,8 @@ from .._values import (
 from .._version import VERSION
 from .keystate import KeyLocks, Keys, KeyState, Unknown, utcnow
 from .record import Record
-from .session import Prepare, run_prepare
 
-__all__ = ["Committer", "Job", "Phase"]
+__all__ = ["Committer", "Job", "Phase", "run_prepare"]
 
 logger = logging.getLogger("checkpointer")
 
@@ -108,7 +107,7 @@ class Committer:
         self._transcript = transcript
         self._states = state_store(store, transcript)
         self._fingerprint: Callable[[Snapshot], Hashable] | None = None
-        self._prepare_step: Prepare | None = None
+        self._prepare_step: Callable[[Snapshot], Prepared | Failed] | None = None
         if transcript is not None:
             if transcript.fingerprint:
                 self._fingerprint = transcript_fingerprint(field=transcript.field)
@@ -127,20 +126,16 @@ class Committer:
         self.record = Record()
 
     def forked(self) -> bool:
-        """Whether this is a forked child's copy of a writer its parent opened.
-
-        Such a copy never writes (its state is a stale copy), never releases
-        a lock (``flock(LOCK_UN)`` would release the parent's) and never
-        touches the store's connection.
-        """
+        """Whether this is a forked child's copy of a writer its parent opened: such a copy
+        never writes (its state is stale) nor releases a lock (it would be the parent's)."""
         return self.pid != os.getpid()
 
     @contextlib.contextmanager
     def _holding(self, lock: threading.Lock, timeout: float = -1) -> Iterator[bool]:
         """Hold ``lock`` (up to ``timeout``; negative: no bound); yield whether it was taken.
 
-        ``_exit.busy``: a signal landing meanwhile is handled after the block
-        rather than deadlock on the lock.  The store's waits get the timeout.
+        ``_exit.busy``: a signal landing meanwhile waits for the block's end
+        rather than deadlock on the lock.
         """
         with _exit.busy(), commit_deadline(timeout):
             locked = lock.acquire(timeout=timeout)
@@ -190,10 +185,8 @@ class Committer:
             try:
                 staged = self._states.stage(snapshot.key, prepared.snapshot.state, self._transcript)
             except Exception as exc:
-                error = (
-                    f"the state of key {snapshot.key!r} cannot be encoded: {describe_error(exc)}"
-                )
-                return Failed("encode-failed", error)
+                why = f"key {snapshot.key!r} cannot be encoded: {describe_error(exc)}"
+                return Failed("encode-failed", f"the state of {why}")
             self.inflight.add(gen)  # until it ends: no skip before encoding meanwhile
             return Job(gen, snapshot.key, staged, content, live, force, started, prepared)
 
@@ -443,3 +436,47 @@ class Committer:
         finally:
             self._io_lock.release()
         return True
+
+
+def run_prepare(
+    prepare: Callable[[Snapshot], Prepared | Failed] | None, snapshot: Snapshot
+) -> Prepared | Failed:
+    """Run ``prepare`` on ``snapshot``; an exception or a bad return is ``Failed``.
+
+    Also refuses, before anything is encoded, a ``parent`` that not every
+    store can keep, so a session written to one store can move to any other.
+    """
+    prepared: object = Prepared(snapshot=snapshot)
+    if prepare is not None:
+        try:
+            prepared = prepare(snapshot)
+        except Exception as exc:
+            return Failed("snapshot-failed", f"prepare() raised {describe_error(exc)}")
+    if isinstance(prepared, Failed):
+        return prepared
+    if not isinstance(prepared, Prepared):
+        return Failed(
+            "snapshot-failed",
+            f"prepare() returned {type(prepared).__name__}, expected Prepared(...) or Failed(...)",
+        )
+    parent = prepared.snapshot.parent
+    if parent is None:
+        return prepared
+    if not isinstance(parent, str):
+        why = f"is of type {type(parent).__name__}; give the parent session's key (a str) or None"
+    elif "\x00" in parent:
+        why = (
+            f"contains a NUL character ('\\x00') at index {parent.index(chr(0))}, which "
+            "PostgreSQL cannot store (so no store takes it); remove it"
+        )
+    else:
+        try:
+            parent.encode("utf-8")
+            return prepared
+        except UnicodeEncodeError as exc:
+            why = (
+                f"contains a lone surrogate ({parent[exc.start]!r}) at index {exc.start}, which "
+                "is not valid Unicode and cannot be encoded as UTF-8 (so no store takes it); "
+                "decode the name with errors='replace', or give another key"
+            )
+    return Failed("snapshot-failed", f"Snapshot.parent of key {snapshot.key!r} {why}")

@@ -181,10 +181,8 @@ class Keys:
             resume = self._resume
             if isinstance(resume, Meta) and resume.key == key:
                 state = KeyState(resume, known=True)
-            elif resume is None and not self.by_key:  # absent: the session's first key
-                state = KeyState(None, known=True)
-            else:
-                state = KeyState()
+            else:  # resume_from=None: the session's first key is known to be absent
+                state = KeyState(None, known=resume is None and not self.by_key)
             self.by_key[key] = state
         if self.current is not None and self.current != key:
             self.to_finish.add(self.current)

@@ -54,11 +54,7 @@ class Lifecycle:
         return self._core.phase is Phase.CLOSED
 
     def claim_open(self) -> None:
-        """``NEW`` -> ``OPEN``.
-
-        Raises:
-            RuntimeError: the writer is open already, or closed.
-        """
+        """``NEW`` -> ``OPEN``; RuntimeError if the writer is open already, or closed."""
         with self._lock:
             phase = self._core.phase
             if phase >= Phase.CLOSING:
@@ -204,7 +200,7 @@ class Close:
                 with anyio.move_on_at(self.deadline):
                     await anyio.to_thread.run_sync(life.release_locks, abandon_on_cancel=True)
                 with anyio.move_on_at(self.deadline):  # for take_crash: what the timer raised
-                    await timer.stop()
+                    await timer.ended()
                 self.result = life._core.record.note_final(result, "at close")
         except anyio.get_cancelled_exc_class():
             raise  # the event loop is shutting down (asyncio); the exit hooks write

@@ -82,7 +82,7 @@ class Timer:
         """One write from the event loop; ``final``: a close's, by its deadline."""
         lock = self._lock
         assert lock is not None, "enter the writer with 'async with' first"
-        deadline = None if final is None else final[0]
+        deadline = math.inf if final is None else final[0]
         # Past the deadline a write in flight (write_now(), or the timer's
         # abandoned one) still holds the writer: the final write goes on
         # behind it, ordered by the I/O lock and the generations.
@@ -96,7 +96,7 @@ class Timer:
                 job = self._core.prepare(force=force, pin=pin, live=live)
                 # source(), prepare and the encoding ran on the loop, uninterruptible:
                 # their time does not count against the deadline.
-                until = math.inf if deadline is None else deadline + anyio.current_time() - started
+                until = deadline + anyio.current_time() - started
                 result: Result
                 if isinstance(job, Job):
                     if final is None:
@@ -141,16 +141,13 @@ class Timer:
         self._task_ref = spawn_system_task(self._task, "checkpointer-timer")
 
     def cancel(self) -> None:
-        """Cancel the timer task; it ends the next time it runs."""
+        """Cancel the timer task; it ends the next time it runs (``ended``)."""
         if self._scope is not None:
             self._scope.cancel()
 
-    async def stop(self) -> None:
-        """Cancel the timer task and wait until it has ended."""
-        scope, done = self._scope, self._done
-        if scope is not None and done is not None:
-            scope.cancel()
-            await done.wait()
+    async def ended(self) -> None:
+        if self._done is not None:
+            await self._done.wait()
 
     def take_crash(self) -> BaseException | None:
         """What the timer task raised on trio (it stopped then), once; None if nothing."""
@@ -260,14 +257,11 @@ def spawn_system_task(fn: Callable[[], Coroutine[Any, Any, None]], name: str) ->
     return asyncio.get_running_loop().create_task(fn(), name=name)
 
 
-async def _acquire_by(lock: anyio.Lock, deadline: float | None) -> bool:
-    """Take ``lock`` at once if free, whatever the time; else wait until ``deadline`` (or ever).
+async def _acquire_by(lock: anyio.Lock, deadline: float) -> bool:
+    """Take ``lock`` at once if free, whatever the time; else wait until ``deadline``.
 
     So only a write in flight, not a busy event loop, makes a close give up.
     """
-    if deadline is None:
-        await lock.acquire()
-        return True
     with contextlib.suppress(anyio.WouldBlock):
         lock.acquire_nowait()
         return True

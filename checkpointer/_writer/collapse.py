@@ -45,11 +45,10 @@ async def collapse(
         keep_last: how many recent messages stay verbatim (at least).
 
     Returns:
-        The ``SummaryCheckpoint`` written; ``SummaryFailed`` when
-        ``summarize`` failed (raised, or returned something other than a str
-        of Unicode text) or the write did (nothing is written then, and the
-        exception is in it); None when there is nothing to collapse.
-        Cancellation propagates, and nothing is written then either.
+        The ``SummaryCheckpoint`` written; ``SummaryFailed`` (nothing written,
+        the exception in it) when ``summarize`` raised or returned no str of
+        Unicode text, or the write failed; None when there is nothing to
+        collapse.  Cancellation propagates, and nothing is written then.
 
     Raises:
         ValueError: a bad key or a negative ``keep_last``.

@@ -18,6 +18,8 @@ from ._stores.journal.file import JournalStatistics, JournalStore
 from ._stores.postgres.errors import KeyLockedError, PostgresStoreError, StaleWriteError
 from ._stores.postgres.journal import PostgresJournalStore
 from ._stores.postgres.store import PostgresStore
+from ._stores.s3.journal import S3JournalStore
+from ._stores.s3.store import S3Store
 from ._stores.summaries import load_summary, summary_path, write_summary
 from ._transcript.fingerprint import transcript_fingerprint
 from ._transcript.history import count_turns, validate_history
@@ -91,6 +93,8 @@ __all__ = [
     "Prepared",
     "ProbingStore",
     "Result",
+    "S3JournalStore",
+    "S3Store",
     "Skipped",
     "Snapshot",
     "Staged",

@@ -127,6 +127,10 @@ class JournalCore:
         self._tracks = {}
         self._witness_lock = threading.Lock()
 
+    def _outgrown(self, key: str, track: Track, nbytes: int) -> bool:
+        """Whether appending ``nbytes`` to ``key`` would outgrow its bound: compact instead."""
+        return track.size + nbytes > self._threshold(track.live)
+
     def _threshold(self, live: int) -> int:
         """The size past which a journal whose live content is ``live`` bytes is compacted."""
         return max(self.rewrite_min_bytes, int(self.rewrite_factor * live))
@@ -302,7 +306,7 @@ class JournalCore:
             rows.append(meta_row(meta_json, end))
             kinds.append("meta")
         nbytes = sum(map(len, rows))
-        if track.broken or track.size + nbytes > self._threshold(track.live):
+        if track.broken or self._outgrown(key, track, nbytes):
             return self._compact(key, track, meta, delta.as_full(), rewrite=True)
         self._append_rows(key, track, meta, kinds, rows, nbytes)
         self._appended(key, track, meta, delta, nbytes)

@@ -217,7 +217,7 @@ class S3Client:
         if isinstance(exc, TimeoutError):
             return exc
         exceptions = self.botocore.exceptions
-        where = self.url(name) if name else self.where
+        where = f"s3://{self.bucket}/{name}" if name else self.where
         code = error_code(exc)
         if code in _CONDITION:
             return exc

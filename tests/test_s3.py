@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from checkpointer import (
     CheckpointError,
     CheckpointWriter,
     Failed,
+    Meta,
     S3Store,
     Skipped,
     Snapshot,
@@ -30,6 +31,7 @@ from checkpointer import (
     load,
 )
 from checkpointer._stores.base import StaleWrite, new_revision
+from checkpointer._stores.envelopes import state_store
 from checkpointer._stores.s3 import journal as s3journal
 from checkpointer._stores.s3.client import S3StoreError
 
@@ -158,47 +160,40 @@ def test_conditional_puts_decide_every_case_of_the_contract(place: Place) -> Non
     assert fresh.revision("k") == r2
 
 
+def _meta(key: str, seq: int) -> Meta:
+    now = datetime.now(UTC)
+    return Meta(
+        key=key, seq=seq, created_at=now, updated_at=now, live=True, revision=new_revision()
+    )
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_put_whose_answer_was_lost_is_recognised_as_this_writes_own(
     place: Place, kind: str
 ) -> None:
-    """The server stores the PUT but the answer never arrives; botocore retries and meets
-    412 against the store's own new ETag: the write is Written, not a conflict."""
-    state = {"messages": messages(2)}
+    """The server stores the PUT but its answer never arrives; botocore's retry meets 412
+    against the store's own new ETag: the commit returns as written, no StaleWrite."""
     store = place.store(kind)
-    lost = threading.Event()
-    original = store.s3.client
+    states = state_store(store)
+    first, second = _meta("k", 1), _meta("k", 2)
+    states.commit("k", first, states.stage("k", {"messages": messages(2)}), expected=None)
+    client = store.s3.client()
+    put = client.put_object
+    lost: list[str] = []
 
-    def losing_client() -> Any:
-        client = original()
-        put = client.put_object
-        if getattr(put, "_losing", False):
-            return client
+    def put_object(**params: Any) -> Any:
+        answer = put(**params)
+        if "IfMatch" in params and not lost:  # landed; the answer lost on the way back
+            lost.append(params["Key"])
+            return put(**params)  # botocore's retry of the same request: 412
+        return answer
 
-        def put_object(**params: Any) -> Any:
-            answer = put(**params)
-            if "IfMatch" in params and not lost.is_set():  # landed; the answer lost
-                lost.set()
-                return put(**params)  # botocore's retry of the same request
-            return answer
-
-        put_object._losing = True  # type: ignore[attr-defined]
-        client.put_object = put_object
-        return client
-
-    store.s3.client = losing_client
-
-    async def run() -> None:
-        async with writer(store, "k", state) as w:
-            await saved(w)
-            state["messages"].append({"role": "user", "content": "again"})
-            result = await w.write_now()
-            assert isinstance(result, Written), result
-
-    anyio.run(run)
-    assert lost.is_set()
-    stored = load(place.store(kind), "k")
-    assert stored is not None and stored.state == state
+    client.put_object = put_object
+    staged = states.stage("k", {"messages": messages(3)})
+    states.commit("k", second, staged, expected=first.revision)
+    assert lost and store.revision("k") == second.revision
+    loaded = load(place.store(kind), "k")
+    assert loaded is not None and loaded.state == {"messages": messages(3)}
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -35,6 +35,7 @@ __all__ = [
     "Server",
     "make_s3_store",
     "new_bucket",
+    "serve_for_children",
     "shared_server",
     "start_error",
     "unconditional",
@@ -318,7 +319,7 @@ class Place:
         self.proxy.close()
 
 
-def make_s3_store(spec: str) -> Any:
+def make_s3_store(spec: str, prefix: str = "agents") -> Any:
     """The store a child's spec names: ``s3:BUCKET@URL`` or ``s3journal:BUCKET@URL``.
 
     With ``CHECKPOINTER_S3_MUTANT=unconditional`` in the environment, a store
@@ -329,10 +330,27 @@ def make_s3_store(spec: str) -> Any:
     kind, _, where = spec.partition(":")
     bucket, _, url = where.partition("@")
     cls = S3JournalStore if kind == "s3journal" else S3Store
-    store = cls(bucket, "agents", endpoint_url=url, connect_timeout=2.0, read_timeout=5.0)
+    store = cls(bucket, prefix, endpoint_url=url, connect_timeout=2.0, read_timeout=5.0)
     if os.environ.get("CHECKPOINTER_S3_MUTANT") == "unconditional":
         unconditional(store)
     return store
+
+
+PLACE_ENV = "CHECKPOINTER_TEST_S3"
+"""For the long runs' children: ``BUCKET@URL`` of the server their parent started."""
+
+
+def serve_for_children() -> str:
+    """Start a server and a bucket for this process's children (once); ``BUCKET@URL``."""
+    import atexit
+
+    if PLACE_ENV not in os.environ:
+        server = Server()
+        server.start()
+        atexit.register(server.stop)
+        os.environ.update(ENV)
+        os.environ[PLACE_ENV] = f"{new_bucket(server)}@{server.url}"
+    return os.environ[PLACE_ENV]
 
 
 def unconditional(store: Any) -> None:

@@ -57,6 +57,11 @@ def make_store(spec: str) -> Store:
         return PostgresStore(os.environ["DSN"], schema=where)
     if kind == "pgjournal":
         return PostgresJournalStore(os.environ["DSN"], schema=where)
+    if kind in ("s3", "s3journal"):  # s3:BUCKET@URL, the tests' local server
+        from tests.s3 import make_s3_store
+
+        store: Store = make_s3_store(spec)
+        return store
     raise SystemExit(f"unknown store {spec!r}")
 
 

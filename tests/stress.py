@@ -149,13 +149,28 @@ class LossyStore(FileStore):
         return super().write(key, chunks, **kw)
 
 
+def _s3(kind: str) -> Callable[[str], Store]:
+    """An S3 store on a local moto server (started once), the run's directory name its prefix."""
+
+    def make(root: str) -> Store:
+        from .s3 import make_s3_store, serve_for_children
+
+        store: Store = make_s3_store(f"{kind}:{serve_for_children()}", os.path.basename(root))
+        return store
+
+    return make
+
+
 STORES: dict[str, Callable[[str], Store]] = {
     "file": FileStore,
     "file-transcript": _file_transcript,
     "journal": JournalStore,
     "unlocked": Unlocked,
+    "s3": _s3("s3"),
+    "s3journal": _s3("s3journal"),
 }
-"""The stores to stress: a new store is one more entry."""
+"""The stores to stress: a new store is one more entry (``s3``, ``s3journal``: moto's
+S3 server on 127.0.0.1, started for the run)."""
 
 
 class BlindStore(Unlocked):

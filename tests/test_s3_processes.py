@@ -23,7 +23,7 @@ import pytest
 
 from checkpointer import load
 
-from . import torture
+from . import stress, torture
 from .s3 import Place
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,3 +186,11 @@ def test_kills_at_random_moments_lose_nothing(kind: str) -> None:
     summary = torture.run(6, store=kind, max_bytes=1 << 20)
     assert summary.losses == 0, "\n".join(summary.lines())
     assert summary.kills == 6 and summary.writes >= 6
+
+
+@pytest.mark.parametrize(("kind", "backend"), [("s3", "asyncio"), ("s3journal", "trio")])
+def test_the_stress_model_holds_on_s3(kind: str, backend: str) -> None:
+    """The stress suite's model, smoke size: appends, edits, reverts, writes at random;
+    at every quiet point the stored checkpoint is the session; nothing older replaces newer."""
+    summary = stress.run_one(stress.Spec(kind, backend, 11, ops=60, group="base"))
+    assert summary.problems == [] and summary.quiet_checks >= 1

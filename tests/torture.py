@@ -313,7 +313,6 @@ class ReportingStore:
         return self.inner.move_aside(key, suffix)
 
 
-
 class LockingReportingStore(ReportingStore):
     """A ``ReportingStore`` over a store that locks keys: it locks them too."""
 

@@ -19,8 +19,8 @@ one message is added:
 
 Figures per checkpoint: requests and bytes sent (headers and bodies, at
 the proxy; the median, and the mean over 40 checkpoints, which counts the
-journal's compaction every ``max_segments`` = 32 checkpoints), the wall time, and the worst lateness of a 1 ms ticker task
-(the event-loop stall).  The two peers are not fenced: they are the cost
+journal's compaction every ``max_segments`` = 32 checkpoints), the wall
+time, and the worst lateness of a 1 ms ticker task (the event-loop stall).  The two peers are not fenced: they are the cost
 floor of their layouts, not a safe alternative.  Ratios are against
 ``S3Store`` measured in the same run; the proxy and moto run on this
 machine, so times are loopback times (a real endpoint adds its round
@@ -158,7 +158,7 @@ def main(quick: bool) -> dict[str, Any]:
         report.notes.append(f"skipped: {why}")
         return _builtins(report)
     found = measure(quick=quick)
-    rows = []
+    rows: list[list[Cell]] = []
     for (name, n), got in found.items():
         rows.append(
             [

@@ -21,10 +21,11 @@ Figures per checkpoint: requests and bytes sent (headers and bodies, at
 the proxy; the median, and the mean over 40 checkpoints, which counts the
 journal's compaction every ``max_segments`` = 32 checkpoints), the wall
 time, and the worst lateness of a 1 ms ticker task (the event-loop stall).
-The two peers are not fenced: they are the cost floor of their layouts, not a safe alternative.  Ratios are against
-``S3Store`` measured in the same run; the proxy and moto run on this
-machine, so times are loopback times (a real endpoint adds its round
-trips: the request counts say how many).
+The two peers are not fenced: they are the cost floor of their layouts,
+not a safe alternative.  Ratios are against ``S3Store`` or a peer
+measured in the same run; the proxy and moto run on this machine, so
+times are loopback times (a real endpoint adds its round trips: the
+request counts say how many).
 """
 
 from __future__ import annotations

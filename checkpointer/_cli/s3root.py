@@ -71,6 +71,7 @@ class S3Root:
 
     def scan(self) -> Scan:
         entries = []
+        self._asides = []
         for name, size, modified in self.stores["snapshot"].listing():
             if sidefiles.ASIDE.search(name):
                 self._asides.append(self.stores["snapshot"].s3.url(name))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import weakref
 from typing import Any
 
 from ..._text import one_line
@@ -125,6 +126,7 @@ class S3Client:
         self._probe_client: Any = None
         self._pid = -1
         self.lost = False  # the last call could not reach the endpoint (for probe())
+        _clients.add(self)
 
     @property
     def where(self) -> str:
@@ -271,3 +273,15 @@ class S3Client:
         except Exception:
             return False
         return True
+
+
+_clients: weakref.WeakSet[S3Client] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # Another thread of the parent may have held a lock at the fork (making a client).
+    for client in list(_clients):
+        client._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

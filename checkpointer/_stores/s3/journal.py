@@ -35,7 +35,6 @@ them)::
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -140,7 +139,6 @@ class S3JournalStore(JournalCore, S3Store):
         super()._journal_after_fork()
         self._known = {}
         self._etags = {}
-        self._etags_lock = threading.Lock()
 
     def _outgrown(self, key: str, track: Track, nbytes: int) -> bool:
         known = self._known.get(key)
@@ -185,11 +183,12 @@ class S3JournalStore(JournalCore, S3Store):
         data = b"".join(chunks)
         scan = scan_journal(data, self.location(key))
         rows = data[data.index(b"\n") + 1 : scan.end]
+        meta = msgspec.structs.replace(scan.meta, revision=revision)  # the head's meta closes them
         with _exit.busy():
             self._drop_track(key)
             started = time.time()
-            name = self._put_segment(key, scan.meta, [rows])
-            self._put_head(key, scan.meta, ((name, len(rows)),), expected, [name], started)
+            name = self._put_segment(key, meta, [rows])
+            self._put_head(key, meta, ((name, len(rows)),), expected, [name], started)
             self._drop_track(key)  # the rows are not staged: the next commit compacts
         return len(data)
 

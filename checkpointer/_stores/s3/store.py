@@ -27,7 +27,6 @@ The connection, its timeouts, forks and errors: ``client.py``.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -88,8 +87,9 @@ class S3Store:
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
         )
-        self._etags: dict[str, tuple[str, str]] = {}  # key -> (revision, ETag) last seen
-        self._etags_lock = threading.Lock()
+        # object name -> (revision, ETag) last seen; each update is one dict operation,
+        # atomic without a lock (none to be left held in a forked child)
+        self._etags: dict[str, tuple[str, str]] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.s3.where!r})"
@@ -172,11 +172,10 @@ class S3Store:
         return etag
 
     def _remember(self, name: str, revision: str | None, etag: str | None) -> None:
-        with self._etags_lock:
-            if revision is None or etag is None:
-                self._etags.pop(name, None)
-            else:
-                self._etags[name] = (revision, etag)
+        if revision is None or etag is None:
+            self._etags.pop(name, None)
+        else:
+            self._etags[name] = (revision, etag)
 
     def _forget(self, name: str) -> None:
         self._remember(name, None, None)

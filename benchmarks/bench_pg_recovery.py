@@ -58,7 +58,7 @@ _CHILD = """
 """
 
 _COMPACTION = """
-    import os, sys, time
+    import inspect, os, sys, time
     import checkpointer  # from --code: before this checkout's directory joins the path
 
     print(checkpointer.__file__, flush=True)
@@ -81,13 +81,17 @@ _COMPACTION = """
                                               transcript=Transcript())),
     ):
         states = state_store(store)
+        # A copy from before revisions (--code) commits without one.
+        fenced = "expected" in inspect.signature(states.commit).parameters
         for seq in (1, 2):
             key = name.split()[0]
             staged = states.stage(key, state)
-            meta = Meta(key=key, seq=seq, created_at=now, updated_at=now, live=True)
+            revision = {"revision": f"r{seq}"} if fenced else {}
+            expected = {"expected": None if seq == 1 else "r1"} if fenced else {}
+            meta = Meta(key=key, seq=seq, created_at=now, updated_at=now, live=True, **revision)
             t0 = time.perf_counter()
             try:
-                n = states.commit(key, meta, staged)
+                n = states.commit(key, meta, staged, **expected)
                 print(f"{mib} MiB {name} #{seq}: {time.perf_counter() - t0:.2f} s "
                       f"({n / 2**20:.0f} MiB sent)", flush=True)
             except Exception as exc:

@@ -344,6 +344,8 @@ def _worker(
     ready: multiprocessing.synchronize.Barrier,
     out: Any,
 ) -> None:
+    from checkpointer._stores.base import new_revision  # not at the top: bench_pg_recovery --code
+
     keys = [f"w{wid}-s{i}" for i in range(8)]
     if kind == "langgraph":
         out.put(anyio.run(_langgraph_worker, target, keys, seconds, ready))
@@ -353,12 +355,17 @@ def _worker(
     state = b'{"messages":[' + b",".join([b'"' + b"x" * 1000 + b'"'] * 4) + b"]}"
     now = datetime.now(UTC)
     count = 0
+    stored: dict[str, str | None] = dict.fromkeys(keys)  # the revision each key holds
     ready.wait()
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         key = keys[count % len(keys)]
-        meta = Meta(key=key, seq=count + 1, created_at=now, updated_at=now, live=True)
-        store.write(key, envelope_chunks(meta, state))
+        revision = new_revision()
+        meta = Meta(
+            key=key, seq=count + 1, created_at=now, updated_at=now, live=True, revision=revision
+        )
+        store.write(key, envelope_chunks(meta, state), revision=revision, expected=stored[key])
+        stored[key] = revision
         count += 1
     out.put(count)
     if isinstance(store, PostgresStore):

@@ -1,6 +1,6 @@
 """Exit hooks: flush every open writer from atexit and from SIGTERM/SIGHUP.
 
-Facts this module is built on (``../shared/FACTS.md``):
+What this module is built on:
 
 * atexit does not run when a signal Python does not handle kills the process
   (the default SIGTERM and SIGHUP), so we handle those two and write inside
@@ -37,12 +37,21 @@ atexit callbacks, the signal handlers and this registry, but none of those
 writers is its own: writing would put the child's stale copy of the state
 over the parent's file, and releasing their locks would release the
 parent's.  So right after a fork the child forgets them (the registry and the
-deferred signals emptied, a fresh registry
-lock in case another thread held it at the fork).  Our handlers stay and
-only chain, the way they do with no writer open; a writer the child opens
-itself registers as usual.  Each writer also checks its pid before any
-write (``CheckpointWriter._forked``), for a signal landing in the child
-before this hook has run.
+deferred signals emptied, a fresh registry lock in case another thread held
+it at the fork) and puts back the handlers ours replaced, as the last
+writer's close would: a child with no writer must die of SIGTERM in the
+kernel, not in a Python handler.  A Python handler runs when the main thread
+next checks for signals; a signal landing while that thread is in user space
+on its way into a blocking call is checked for only when the call returns.
+A ``multiprocessing`` worker idle in ``sem_wait`` on its task queue's lock is
+woken when another worker lets the lock go, loses it to ``Pool.terminate()``
+(which takes it and keeps it) and waits again inside libc: a SIGTERM landing
+in that window (wide on a loaded machine) is never handled, and
+``terminate()`` waits on the worker forever.  The forking thread holds our
+signals pending across the fork (``_block_for_fork``), so one sent to the
+child before this hook has run waits for it, then kills.  A writer the child
+opens itself registers as usual.  Each writer also checks its pid before any
+write (``CheckpointWriter._forked``), for a fork that runs no Python hooks.
 
 The one answer to "what happens on SIGTERM?": ``_Handler``.  The hooks know
 a writer only as a ``Flushable`` and import nothing of the library, so a
@@ -287,16 +296,49 @@ def run_deferred() -> None:
         handler(signum, None)
 
 
+# The forking thread's mask of our signals before the fork (see _block_for_fork).
+_fork_mask = threading.local()
+
+
+def _block_for_fork() -> None:
+    """Hold our signals pending in the forking thread until the hooks after the fork.
+
+    The child starts with the parent's handlers, and CPython drops a signal
+    its C handler caught before the child's interpreter reset its signal
+    state: a SIGTERM sent to a worker that has not run yet (a pool ended as
+    soon as made) would be lost.  Blocked, it waits in the kernel.
+    """
+    _fork_mask.blocked = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED_SIGNALS)
+
+
+def _unblock_after_fork() -> None:
+    """Undo ``_block_for_fork``: a signal held meanwhile is delivered now."""
+    blocked = getattr(_fork_mask, "blocked", None)
+    if blocked is not None:
+        del _fork_mask.blocked
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(HANDLED_SIGNALS) - blocked)
+
+
 def _after_fork_in_child() -> None:
-    """Forget the parent's writers: nothing of theirs may run in a forked child."""
+    """Forget the parent's writers and take our handlers down (the child has no writer).
+
+    The forking thread is the child's main thread, so ``signal.signal`` works
+    here.  A SIGTERM sent to the child since the fork then kills it.
+    """
     global _registry_lock
     _registry_lock = threading.Lock()
     _writers.clear()  # the one atexit hook stays: with no writer it does nothing
     _joins.clear()
     _deferred.clear()
+    _restore_handlers()
+    _unblock_after_fork()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(
+    before=_block_for_fork,
+    after_in_parent=_unblock_after_fork,
+    after_in_child=_after_fork_in_child,
+)
 
 
 @contextlib.contextmanager

@@ -56,11 +56,21 @@ background thread, so the graph does not wait for them).
 durable when they return.  Each thread written in this process has one
 writer, opened at its first put and closed when the saver closes.
 
+One writer per thread, the store deciding.  A thread the saver has not
+changed is read as the store holds it: each read compares the stored
+revision and reads the thread again when it changed.  A put changes the
+thread as LangGraph read it, and its writer expects that revision (None for
+an empty thread): a write of another process since, or a delete, makes the
+store refuse it (``CheckpointFailed("conflict")``, from the put or the
+close); the saver then drops what it had not written of the thread.  A
+delete of a thread another live writer holds is refused (``"locked"``).
+
 Asyncio and sync: LangGraph runs on asyncio (or threads), not trio.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import threading
@@ -86,12 +96,14 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from checkpointer import Checkpoint as Loaded
 from checkpointer import (
     CheckpointFailed,
     CheckpointWriter,
     Failed,
     KeyLocked,
     LockingStore,
+    Meta,
     Result,
     Snapshot,
     Store,
@@ -195,13 +207,15 @@ class _Thread:
     """One thread in memory: its log and the indexes over it."""
 
     __slots__ = (
+        "base",
         "blobs",
-        "checkpoint",
         "checkpoints",
         "closed",
+        "held",
         "key",
         "last",
         "opening",
+        "refusal",
         "result",
         "rows",
         "stop",
@@ -223,7 +237,15 @@ class _Thread:
         self.writer: CheckpointWriter[Snapshot] | None = None
         self.stop: anyio.Event | None = None
         self.closed: anyio.Event | None = None
-        self.checkpoint: Any = None  # the Checkpoint loaded (resume_from)
+        # Ownership: ``base`` is the stored checkpoint the rows were read from
+        # (None: there was none), what the thread's writer expects to replace.
+        # ``held``: this saver changed the rows since (its writer writes them),
+        # so they are never read again.  ``refusal``: the store refused this
+        # saver's write (another writer's, or deleted): the rows were dropped,
+        # and a put raises it until the thread is read again.
+        self.base: Meta | None = None
+        self.held = False
+        self.refusal: Failed | None = None
         self.result: Result | None = None  # the final write's, or its opening's failure
         self.opening: anyio.Event | None = None  # set once its writer opened in the saver's task
 
@@ -245,6 +267,13 @@ class _Thread:
         self.checkpoints, self.blobs, self.writes, self.last = {}, {}, {}, {}
         for row in rows:
             self.add(row)
+
+    def read(self, checkpoint: Loaded[_State] | None) -> None:
+        """Take what the store holds (``load``'s answer) as the thread, unless it is held."""
+        if not self.held:
+            self.base = None if checkpoint is None else checkpoint.meta
+            self.refusal = None
+            self.reset([] if checkpoint is None else checkpoint.state.messages)
 
     def blob_bytes(self, ns: str, channel: str, version: Version) -> tuple[str, bytes] | None:
         """The serialized value of a channel version, a tail chain joined up."""
@@ -296,7 +325,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         self._mode: Literal["new", "sync", "async", "closed"] = "new"
         self._task_group: anyio.abc.TaskGroup | None = None
         self._opening: anyio.Lock | None = None
-        self._scanned = False
+        self._unraised: list[Failed] = []  # refusals found by a read: raised at close
 
     def __repr__(self) -> str:
         return f"<CheckpointSaver {self._mode} store={self.store!r} threads={len(self._threads)}>"
@@ -335,7 +364,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             if thread.writer is not None:
                 thread.result = thread.writer.close()
         self._mode = "closed"
-        return _failures(threads)
+        return self._failures(threads)
 
     async def __aenter__(self) -> CheckpointSaver:
         self._claim("async")
@@ -365,9 +394,17 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         if task_group is not None:
             await task_group.__aexit__(None, None, None)
         self._mode = "closed"
-        failed = _failures(threads)
+        failed = self._failures(threads)
         if failed is not None and exc is None:
             raise CheckpointFailed(failed)
+
+    def _failures(self, threads: Sequence[_Thread]) -> Failed | None:
+        """What the close raises: the failed final writes of ``threads`` and the refusals no
+        put raised, as one ``Failed`` (the first reason), or None."""
+        failed = [*self._unraised, *(t.result for t in threads if isinstance(t.result, Failed))]
+        if not failed:
+            return None
+        return Failed(failed[0].reason, "; ".join(f.error for f in failed))
 
     def _claim(self, mode: Literal["sync", "async"]) -> None:
         if self._mode != "new":
@@ -382,55 +419,139 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 
     # -- threads in memory ----------------------------------------------------
 
-    def _thread(self, thread_id: str) -> _Thread:
-        """The thread, loaded from the store on first use (blocking)."""
+    def _thread(self, thread_id: str, *, look: bool = True) -> _Thread:
+        """The thread (blocking): read from the store at first use, and at each ``look``.
+
+        A thread this saver does not hold may have been written or deleted
+        by another process since it was read: ``look`` compares the revision
+        stored (a read of its meta) and reads the thread again only if it
+        changed.  A put does not look: it changes the thread as LangGraph
+        last read it, and its writer expects that revision (a write of
+        another process meanwhile is then a conflict, not replaced).
+        """
         with self._lock:
             thread = self._threads.get(thread_id)
-        if thread is not None:
-            return thread
         key = thread_key(thread_id)
-        checkpoint = load(self.store, key, _State)
+        if thread is not None:
+            if thread.held or not look:
+                return thread
+            base = None if thread.base is None else thread.base.revision
+            if thread.refusal is None and self.store.revision(key) == base:
+                return thread
+        return self._install(thread_id, load(self.store, key, _State))
+
+    def _install(self, thread_id: str, checkpoint: Loaded[_State] | None) -> _Thread:
         with self._lock:
             thread = self._threads.get(thread_id)
             if thread is None:
-                thread = self._threads[thread_id] = _Thread(thread_id, key)
-                if checkpoint is not None:
-                    thread.checkpoint = checkpoint
-                    thread.reset(checkpoint.state.messages)
+                thread = self._threads[thread_id] = _Thread(thread_id, thread_key(thread_id))
+            thread.read(checkpoint)
             return thread
 
-    async def _athread(self, thread_id: str) -> _Thread:
+    async def _athread(self, thread_id: str, *, look: bool = True) -> _Thread:
         with self._lock:
             thread = self._threads.get(thread_id)
-        if thread is not None:
+        if thread is not None and (thread.held or not look):
             return thread
-        return await anyio.to_thread.run_sync(self._thread, thread_id)
+        return await anyio.to_thread.run_sync(lambda: self._thread(thread_id, look=look))
 
     def _all_threads(self) -> list[_Thread]:
-        """Every thread: those in memory and those in the store (loaded)."""
-        if not self._scanned:
-            for key in _store_keys(self.store):
-                if key.startswith((_PLAIN, _HASHED)):
-                    with self._lock:
-                        known = any(t.key == key for t in self._threads.values())
-                    if not known:
-                        checkpoint = load(self.store, key, _State)
-                        if checkpoint is not None:
-                            self._thread(checkpoint.state.thread_id)
-            self._scanned = True
+        """Every thread of the store and of this saver, each looked at (blocking)."""
         with self._lock:
-            return list(self._threads.values())
+            ids = {t.key: t.thread_id for t in self._threads.values()}
+        for key in _store_keys(self.store):
+            if key.startswith((_PLAIN, _HASHED)) and key not in ids:
+                checkpoint = load(self.store, key, _State)  # a digest key names no thread
+                if checkpoint is not None:
+                    ids[key] = self._install(checkpoint.state.thread_id, checkpoint).thread_id
+        return [self._thread(thread_id) for thread_id in ids.values()]
 
-    def _source(self, thread: _Thread) -> Snapshot:
+    def _hold(self, thread: _Thread) -> None:
+        """This saver changes the thread (under ``self._lock``): it holds it from now on.
+
+        Raises:
+            CheckpointFailed: the store refused a write of this saver's since
+                the thread was last read (``"conflict"``), or another writer
+                held it (``"locked"``).
+        """
+        refusal = thread.refusal
+        if refusal is not None:
+            self._unraised = [f for f in self._unraised if f is not refusal]
+            raise CheckpointFailed(refusal)
+        thread.held = True
+
+    def _source(self, thread: _Thread) -> Snapshot | None:
         with self._lock:
+            if not thread.held:
+                return None  # deleted, or refused: nothing of this saver's to write
             rows = list(thread.rows)
         return Snapshot(thread.key, {"thread_id": thread.thread_id, "messages": rows})
+
+    def _refuse(self, thread: _Thread, failed: Failed, *, raised: bool) -> None:
+        """The store refused the thread's write: its rows go (its writer is closed after).
+
+        Another writer wrote the thread, or deleted it, after this saver read
+        it: that work stays, and what this saver had not written of the
+        thread is dropped.  The next read shows what the store holds; until
+        then a put raises the refusal, and the saver's close raises it if
+        nothing did (``raised``).
+        """
+        with self._lock:
+            thread.held, thread.refusal = False, failed
+            thread.reset([])
+            if not raised:
+                self._unraised.append(failed)
+
+    def _refused_sync(self, thread: _Thread, failed: Failed) -> CheckpointFailed:
+        with self._lock:
+            self._refuse(thread, failed, raised=True)
+            # A writer of the saver's task (a sync method of an async saver)
+            # stays: it writes nothing from now on and closes with the saver.
+            writer = thread.writer if thread.stop is None else None
+            if writer is not None:
+                thread.writer = None
+        if writer is not None:
+            writer.close()  # not held: no final write, the key let go
+        return CheckpointFailed(failed)
+
+    async def _refused(self, thread: _Thread, failed: Failed, *, raised: bool) -> CheckpointFailed:
+        # Under the opening lock: a new writer of the thread opens once this one let go.
+        async with self._opening or contextlib.nullcontext():
+            with self._lock:
+                self._refuse(thread, failed, raised=raised)
+                writer, stop, closed = thread.writer, thread.stop, thread.closed
+                thread.writer = thread.stop = thread.closed = None
+            if stop is not None and closed is not None:
+                stop.set()  # not held: no final write, the key let go
+                await closed.wait()
+            elif writer is not None:
+                await anyio.to_thread.run_sync(writer.close)
+        return CheckpointFailed(failed)
+
+    async def _settle(self, thread_id: str, *, wait: bool) -> None:
+        """Let go of the thread if its writer met a conflict in the saver's task.
+
+        With ``wait``, a writer still opening is waited for (its first write
+        tells); a put does not wait for it, the put after it finds out.
+        """
+        with self._lock:
+            thread = self._threads.get(thread_id)
+        if thread is None:
+            return
+        if wait and thread.opening is not None:
+            await thread.opening.wait()
+        writer = thread.writer
+        if writer is not None and thread.held:
+            last = writer.statistics().last_result
+            if isinstance(last, Failed) and last.reason == "conflict":
+                await self._refused(thread, last, raised=False)
 
     def _check_unlocked(self, thread: _Thread) -> None:
         """Raise ``CheckpointFailed`` if another writer holds the thread's key (blocking).
 
         A probe, before the thread's writer opens (it takes the lock at its
-        first write): LangGraph raises it from ``invoke``/``ainvoke``.
+        first write): LangGraph raises it from ``invoke``/``ainvoke``.  What
+        this saver changed of the thread is refused: the holder's work stands.
         """
         if not isinstance(self.store, LockingStore):
             return
@@ -438,14 +559,16 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             lock = self.store.lock(thread.key, timeout=float(self._options.get("lock_timeout", 0)))
         except KeyLocked as exc:
             way_out = f"or run thread {thread.thread_id!r} under another thread_id"
-            raise CheckpointFailed(Failed("locked", f"{exc}; {way_out}")) from None
+            failed = Failed("locked", f"{exc}; {way_out}")
+            self._refuse(thread, failed, raised=True)
+            raise CheckpointFailed(failed) from None
         lock.release()
 
     def _new_writer(self, thread: _Thread) -> CheckpointWriter[Snapshot]:
         return CheckpointWriter(
             lambda: self._source(thread),
             self.store,
-            resume_from=thread.checkpoint,
+            resume_from=thread.base,  # None: absent when read, fenced too
             **self._options,
         )
 
@@ -499,6 +622,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             return
         writer = self._sync_writer(thread) if thread.writer is None else thread.writer
         result = writer.flush_sync()
+        if isinstance(result, Failed) and _refusal(result, durability):
+            raise self._refused_sync(thread, result)
         if isinstance(result, Failed) and durability in _DURABLE:
             raise CheckpointFailed(result)
 
@@ -520,6 +645,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             return
         writer = await self._async_writer(thread)
         result = await writer.write_now()
+        if isinstance(result, Failed) and _refusal(result, durability):
+            raise await self._refused(thread, result, raised=True)
         if isinstance(result, Failed):
             raise CheckpointFailed(result)
 
@@ -606,10 +733,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Async ``get_tuple``."""
         self._check_open()
-        thread = await self._athread(config["configurable"]["thread_id"])
+        await self._settle(config["configurable"]["thread_id"], wait=True)
         # Decoding the channels builds Python objects (LangChain messages): in a
         # worker thread the loop gets the GIL back between them.
-        return await anyio.to_thread.run_sync(self._get_tuple, thread, config)
+        return await anyio.to_thread.run_sync(self.get_tuple, config)
 
     def _list(
         self,
@@ -668,8 +795,12 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     ) -> AsyncIterator[CheckpointTuple]:
         """Async ``list``."""
         self._check_open()
+        with self._lock:
+            ids = [config["configurable"]["thread_id"]] if config else list(self._threads)
+        for thread_id in ids:
+            await self._settle(thread_id, wait=True)
         if config:
-            threads = [await self._athread(config["configurable"]["thread_id"])]
+            threads = [await self._athread(ids[0])]
         else:
             threads = await anyio.to_thread.run_sync(self._all_threads)
         found = await anyio.to_thread.run_sync(self._list, threads, config, filter, before, limit)
@@ -708,6 +839,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             meta_kind, meta_data = dumps(get_checkpoint_metadata(config, metadata))
             parent = config["configurable"].get("checkpoint_id")
             rows.append(_Put(ns, checkpoint["id"], parent, kind, data, meta_kind, meta_data))
+            self._hold(thread)
             for row in rows:
                 thread.add(row)
             for where, entry in last.items():  # after add(), which marks them unknown
@@ -756,7 +888,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             CheckpointFailed: a durable put (``"sync"``/``"exit"``) was not written.
         """
         self._check_open()
-        thread = self._thread(config["configurable"]["thread_id"])
+        thread = self._thread(config["configurable"]["thread_id"], look=False)
         stored = self._put(thread, config, checkpoint, metadata, new_versions)
         self._changed(thread, _durability(config))
         return stored
@@ -774,7 +906,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         from the call on, before the worker thread that encodes it has run.
         """
         self._check_open()
-        thread = await self._athread(config["configurable"]["thread_id"])
+        await self._settle(config["configurable"]["thread_id"], wait=False)
+        thread = await self._athread(config["configurable"]["thread_id"], look=False)
         self._raise_failed_open(thread)
         # Encoded here, on the loop's thread, before returning: the next node may
         # change the channel values in place once aput returns (or while a worker
@@ -802,6 +935,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 if index >= 0 and (task_id, index) in stored:
                     continue
                 kind, data = self.serde.dumps_typed(value)
+                self._hold(thread)
                 thread.add(
                     _Write(ns, checkpoint_id, task_id, index, channel, kind, data, task_path)
                 )
@@ -817,7 +951,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """Store a task's pending writes for the checkpoint of ``config``."""
         self._check_open()
-        thread = self._thread(config["configurable"]["thread_id"])
+        thread = self._thread(config["configurable"]["thread_id"], look=False)
         if self._put_writes(thread, config, writes, task_id, task_path):
             self._changed(thread, _durability(config))
 
@@ -830,34 +964,57 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """Async ``put_writes``."""
         self._check_open()
-        thread = await self._athread(config["configurable"]["thread_id"])
+        await self._settle(config["configurable"]["thread_id"], wait=False)
+        thread = await self._athread(config["configurable"]["thread_id"], look=False)
         self._raise_failed_open(thread)
         if self._put_writes(thread, config, writes, task_id, task_path):
             await self._achanged(thread, _durability(config))
 
     # -- deleting, copying, pruning ----------------------------------------------
 
-    def _forget(self, thread: _Thread) -> None:
+    def _let_go(self, thread_id: str) -> _Thread | None:
+        """Forget the thread: its writer, closed after this, writes nothing more."""
         with self._lock:
-            if self._threads.get(thread.thread_id) is thread:
-                del self._threads[thread.thread_id]
+            thread = self._threads.pop(thread_id, None)
+            if thread is not None:
+                thread.held = False
+            return thread
+
+    def _delete(self, thread_id: str) -> None:
+        try:
+            self.store.delete(thread_key(thread_id))
+        except KeyLocked as exc:
+            who = "a writer that has not said who" if exc.holder is None else exc.holder.describe()
+            error = (
+                f"thread {thread_id!r} (key {exc.key!r}) is held by a live writer ({who}; "
+                f"{exc.location}): not deleted; delete it once that process has closed its saver"
+            )
+            raise CheckpointFailed(Failed("locked", error)) from exc
 
     def delete_thread(self, thread_id: str) -> None:
-        """Delete the thread's checkpoints and writes (its key), durably."""
+        """Delete the thread's checkpoints and writes (its key), durably.
+
+        A thread this saver writes is let go first: its writer closed, what
+        it had not written dropped.
+
+        Raises:
+            CheckpointFailed: ``"locked"``: a live writer of another process
+                (or of another store object) holds the thread; nothing was
+                deleted.  The message names it.
+        """
         self._check_open()
-        thread = self._thread(thread_id)
-        if thread.writer is not None:
+        thread = self._let_go(thread_id)
+        if thread is not None and thread.writer is not None:
             thread.writer.close()
-        self._forget(thread)
-        self.store.delete(thread.key)
+        self._delete(thread_id)
 
     async def adelete_thread(self, thread_id: str) -> None:
         """Async ``delete_thread``."""
         self._check_open()
-        thread = await self._athread(thread_id)
-        await self._close_writer(thread)
-        self._forget(thread)
-        await anyio.to_thread.run_sync(self.store.delete, thread.key)
+        thread = self._let_go(thread_id)
+        if thread is not None:
+            await self._close_writer(thread)
+        await anyio.to_thread.run_sync(self._delete, thread_id)
 
     async def _close_writer(self, thread: _Thread) -> None:
         if thread.opening is not None:  # opening in the saver's task: close what it opens
@@ -873,6 +1030,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     def _copy_thread(self, source: _Thread, target: _Thread) -> bool:
         with self._lock:
             rows = list(source.rows)
+            if rows:
+                self._hold(target)
             for row in rows:
                 target.add(row)
             target.last.clear()  # the source's last values are not the target's
@@ -918,6 +1077,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                         rows.append(_Blob(row.ns, row.channel, row.version, *typed))
                     else:
                         rows.append(row)
+            self._hold(thread)
             thread.reset(rows)
             return True
 
@@ -999,14 +1159,6 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         return f"{current_v + 1:032}.{random.random():016}"
 
 
-def _failures(threads: Sequence[_Thread]) -> Failed | None:
-    """The failed final writes of ``threads`` as one ``Failed`` (the first reason), or None."""
-    failed = [t.result for t in threads if isinstance(t.result, Failed)]
-    if not failed:
-        return None
-    return Failed(failed[0].reason, "; ".join(f.error for f in failed))
-
-
 def _stored_config(
     thread: _Thread, config: RunnableConfig, checkpoint: Checkpoint
 ) -> RunnableConfig:
@@ -1018,6 +1170,12 @@ def _stored_config(
             "checkpoint_id": checkpoint["id"],
         }
     }
+
+
+def _refusal(failed: Failed, durability: str | None) -> bool:
+    """Whether the thread is another writer's: it wrote the thread after this saver read it,
+    or a durable put found it holding the thread (a timed write retries: it may let go)."""
+    return failed.reason == "conflict" or (failed.reason == "locked" and durability in _DURABLE)
 
 
 def _durability(config: RunnableConfig) -> str | None:

@@ -146,7 +146,7 @@ class FaultyStore(FileStore):
         if self.fail_at == "write":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.location(key))
 
-        def eio(*args: object) -> None:
+        def eio(*args: object, **kwargs: object) -> None:
             raise OSError(errno.EIO, os.strerror(errno.EIO))
 
         if self.fail_at == "fsync":

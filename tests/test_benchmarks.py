@@ -249,8 +249,9 @@ def test_the_s3_case_measures_every_layout_at_the_wire() -> None:
     from benchmarks import bench_s3
     from tests.s3 import start_error
 
-    if start_error() is not None:
-        pytest.skip(start_error())
+    why = start_error()
+    if why is not None:
+        pytest.skip(why)
     report = bench_s3.main(quick=True)
     (table,) = report["tables"]
     layouts = {row[0]: row for row in table["rows"]}

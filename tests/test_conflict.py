@@ -19,11 +19,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from checkpointer import (
@@ -32,6 +34,7 @@ from checkpointer import (
     FileStore,
     JournalStore,
     KeyLocked,
+    KeyLockedError,
     PostgresJournalStore,
     PostgresStore,
     Snapshot,
@@ -123,11 +126,23 @@ def place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
     p.close()
 
 
+@pytest.fixture(params=["pg", "pgjournal"])
+def pg_place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
+    p = Place(str(request.param), tmp_path)
+    yield p
+    p.close()
+
+
 class Agent:
     """A conflict_child.py process: send it commands, read its JSON lines."""
 
     def __init__(
-        self, place: Place, name: str, *, resume: bool = False, wait: bool = False
+        self,
+        place: Place,
+        name: str,
+        *,
+        resume: bool = False,
+        wait: bool = False,
     ) -> None:
         args = [sys.executable, str(CHILD), place.spec, KEY, name]
         args += ["--resume"] * resume + ["--wait"] * wait
@@ -359,6 +374,68 @@ def test_a_second_process_waiting_for_the_lock_never_replaces_what_was_written_m
     assert b.close()["writes"] == 0
     assert load(place.store(), KEY) == a_final
     assert contents(place.store()) == ["A: one", "A: two", "A: three"]
+
+
+# -- PostgreSQL: simultaneous starts, deletes under a writer ---------------------------
+
+STARTS = 20  # a race test: enough starts to catch a 1-in-20 loss
+
+
+def stored_contents(place: Place, key: str) -> list[str] | None:
+    """The key's messages as the database holds them, read with SQL (not the library)."""
+    with psycopg.connect(place.cluster.dsn(), autocommit=True) as conn:
+        head = conn.execute(
+            f'SELECT journal, state FROM "{place.schema}".checkpoints WHERE key = %s', [key]
+        ).fetchone()
+        if head is None:
+            return None
+        if not head[0]:
+            messages = json.loads(bytes(head[1]))["messages"]
+        else:  # a journal: its last compaction row, then the message rows after it
+            rows = conn.execute(
+                f'SELECT kind, body FROM "{place.schema}".journal WHERE key = %s ORDER BY n', [key]
+            ).fetchall()
+            messages = []
+            for kind, body in rows:
+                row = json.loads(bytes(body))
+                if kind == "compaction":
+                    messages = list(row["state"]["messages"])
+                elif kind == "message":
+                    messages.append(row["message"])
+    return [m["content"] for m in messages]
+
+
+def test_a_key_deleted_under_a_live_writer_is_never_recreated(pg_place: Place) -> None:
+    """A delete from another process while A holds the key is KeyLockedError naming A's pid;
+    once A's session (and lock) is gone, the delete goes through, and A's next write and its
+    close are Failed("conflict", ... was deleted ...): the key stays deleted."""
+    place = pg_place
+    a = Agent(place, "A").start()
+    assert a.append("one")["result"] == "Written"
+    deleter = place.store()
+    with pytest.raises(KeyLockedError) as info:
+        deleter.delete(KEY)
+    assert info.value.holder is not None and info.value.holder.pid == a.proc.pid
+    assert stored_contents(place, KEY) == ["A: one"]
+    with psycopg.connect(place.cluster.dsn(), autocommit=True) as conn:  # A's session ends
+        conn.execute(
+            f'SELECT pg_terminate_backend(backend_pid, 5000) FROM "{place.schema}".holders '
+            "WHERE key = %s",
+            [KEY],
+        )
+    for _ in range(200):  # the server frees the lock as the backend exits
+        try:
+            assert deleter.delete(KEY) is True
+            break
+        except KeyLockedError:
+            time.sleep(0.02)
+    assert stored_contents(place, KEY) is None
+    refused = a.append("two")
+    assert (refused["result"], refused["reason"]) == ("Failed", "conflict"), refused
+    assert "was deleted" in refused["error"]
+    closed = a.close()
+    assert (closed["result"], closed["reason"]) == ("Failed", "conflict"), closed
+    assert stored_contents(place, KEY) is None and load(place.store(), KEY) is None
 
 
 # -- resume_from, in this process ----------------------------------------------------

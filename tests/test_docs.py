@@ -32,7 +32,13 @@ def test_site_builds_strict(tmp_path: Path) -> None:
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (tmp_path / "site" / "reference" / "api" / "index.html").is_file()
+    site = tmp_path / "site"
+    assert (site / "reference" / "api" / "index.html").is_file()
+    # The timing page's picture is served beside the page and shown by it; its script is not.
+    picture = ROOT / "docs" / "concepts" / "timing.svg"
+    assert (site / "concepts" / "timing.svg").read_bytes() == picture.read_bytes()
+    assert 'src="../timing.svg"' in (site / "concepts" / "timing" / "index.html").read_text("utf-8")
+    assert not (site / "pictures").exists()
 
 
 @pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: str(p.relative_to(ROOT / "docs")))

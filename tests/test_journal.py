@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import errno
+import logging
 import os
 import stat
 import subprocess
@@ -462,6 +463,35 @@ async def test_torn_tail_is_truncated_when_a_writer_opens(tmp_path: Path, clock:
     checkpoint = loaded(reopened)
     assert checkpoint.torn is None
     assert checkpoint.state == as_json(session.state)
+
+
+def test_a_reader_never_cuts_an_append_in_flight(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While another writer holds the key, its unfinished batch is left to it by a reader's
+    revision() and read_meta() (no cut, no warning); the holder's lock decides."""
+    store = JournalStore(tmp_path)
+    session = Session()
+    session.add(2)
+    with CheckpointWriter(session.snapshot, store, exit_hooks=False):
+        pass
+    path = Path(store.location("s1"))
+    path.write_bytes(path.read_bytes() + b'{"kind":"message","message":{"ro')  # in flight
+    in_flight = path.read_bytes()
+    holder = JournalStore(tmp_path).lock("s1")  # the appending writer (another store object)
+    try:
+        reader = JournalStore(tmp_path)
+        with caplog.at_level(logging.WARNING, logger="checkpointer"):
+            assert reader.revision("s1") is not None
+            assert reader.read_meta("s1") is not None
+            assert loaded(reader).torn is not None
+        assert path.read_bytes() == in_flight
+        assert not [r for r in caplog.records if "changed behind" in r.getMessage()]
+    finally:
+        holder.release()
+    with CheckpointWriter(session.snapshot, JournalStore(tmp_path), exit_hooks=False):
+        assert path.read_bytes() != in_flight  # the next holder cut it
+    assert loaded(JournalStore(tmp_path)).torn is None
 
 
 # -- damage --------------------------------------------------------------------------

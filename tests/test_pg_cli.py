@@ -30,7 +30,21 @@ OLD = NOW - timedelta(days=30)
 
 
 def meta(key: str, seq: int, *, when: datetime = NOW, pinned: bool = False) -> Meta:
-    return Meta(key=key, seq=seq, created_at=when, updated_at=when, live=False, pinned=pinned)
+    return Meta(
+        key=key,
+        seq=seq,
+        created_at=when,
+        updated_at=when,
+        live=False,
+        pinned=pinned,
+        revision=f"r{seq}",
+    )
+
+
+def put(store: Any, meta: Meta, state: bytes, *, expected: str | None = None) -> None:
+    """Write ``state`` as ``meta``'s checkpoint, over revision ``expected``."""
+    chunks = envelope_chunks(meta, state)
+    store.write(meta.key, chunks, revision=meta.revision, expected=expected)
 
 
 def chat(n: int) -> dict[str, Any]:
@@ -45,14 +59,14 @@ def fleet(pg: Cluster, schema: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("PGPASSWORD", PASSWORD)
     journal = PostgresJournalStore(pg.dsn(), schema=schema)
     state = chat(2)
-    journal.commit("alpha", meta("alpha", 1), journal.stage("alpha", state))
+    journal.commit("alpha", meta("alpha", 1), journal.stage("alpha", state), expected=None)
     state["messages"].append({"role": "assistant", "content": "the last word"})
-    journal.commit("alpha", meta("alpha", 2), journal.stage("alpha", state))
+    journal.commit("alpha", meta("alpha", 2), journal.stage("alpha", state), expected="r1")
     plain = PostgresStore(pg.dsn(), schema=schema)
     for key, pinned in [("old", False), ("pinned", True), ("held", False)]:
-        plain.write(key, envelope_chunks(meta(key, 1, when=OLD, pinned=pinned), b'{"v":1}'))
+        put(plain, meta(key, 1, when=OLD, pinned=pinned), b'{"v":1}')
     bad = {"messages": [{"role": "tool", "content": "no call", "tool_call_id": "c1"}]}
-    plain.write("bad", envelope_chunks(meta("bad", 1), json.dumps(bad).encode()))
+    put(plain, meta("bad", 1), json.dumps(bad).encode())
     plain.close()  # its writes took the keys' locks: give them back
     holder = PostgresStore(pg.dsn(), schema=schema)
     assert holder.acquire("held") is None  # a live writer's key
@@ -155,7 +169,8 @@ def test_a_row_with_timestamps_without_a_zone(fleet: str, schema: str, pg: Clust
     naive = (OLD.replace(tzinfo=None)).isoformat()
     meta = {"key": "naive", "seq": 1, "created_at": naive, "updated_at": naive, "live": False}
     store = PostgresStore(pg.dsn(), schema=schema)
-    store.write("naive", [json.dumps({"format": 1, "meta": meta, "state": {}}).encode()])
+    envelope = json.dumps({"format": 1, "meta": meta, "state": {}}).encode()
+    store.write("naive", [envelope], revision="r1", expected=None)
     store.close()
     ls, prune = cli_all(
         ["ls", fleet, "--schema", schema, "--sort", "updated"],
@@ -186,7 +201,7 @@ def test_a_damaged_journal_key_is_reported_not_a_traceback(
     damage(pg, schema, "alpha")
     plain = PostgresStore(pg.dsn(), schema=schema)
     for n in range(10):  # more old keys after the damaged one, all to be pruned
-        plain.write(f"z{n}", envelope_chunks(meta(f"z{n}", 1, when=OLD), b'{"v":1}'))
+        put(plain, meta(f"z{n}", 1, when=OLD), b'{"v":1}')
     plain.close()
     ls, js, show, raw = cli_all(
         ["ls", fleet, "--schema", schema],
@@ -222,7 +237,7 @@ def test_prune_keeps_a_key_written_after_it_was_listed(
         if key == "old":  # a writer resumes it just before prune takes its lock
             with PostgresStore(pg.dsn(), schema=schema) as writer:
                 assert acquire(writer, key) is None
-                writer.write(key, envelope_chunks(meta(key, 2), b'{"v":2}'))
+                put(writer, meta(key, 2), b'{"v":2}', expected="r1")
                 # Given back on the server now: a closed connection's backend may
                 # hold its advisory locks a moment longer ("its lock holder is alive").
                 writer.release(key)
@@ -248,8 +263,7 @@ def the_same_keys(store: FileStore | PostgresStore) -> None:
         ("old", OLD, False, chat(1)),
         ("pinned", OLD, True, {"v": 1}),
     ]:
-        chunks = envelope_chunks(meta(key, 4, when=when, pinned=pinned), json.dumps(state).encode())
-        store.write(key, chunks)
+        put(store, meta(key, 4, when=when, pinned=pinned), json.dumps(state).encode())
 
 
 def test_a_directory_and_a_server_say_the_same(
@@ -323,8 +337,8 @@ def test_rows_whose_key_breaks_the_key_rule_are_reported_escaped(
     with psycopg.connect(pg.dsn(), autocommit=True) as conn:
         for key in bad_keys:
             conn.execute(
-                f'INSERT INTO "{schema}".checkpoints (key, seq, format, meta, state, writer) '
-                "VALUES (%s, 1, 1, %s, '{}', 'sql')",
+                f'INSERT INTO "{schema}".checkpoints (key, revision, format, meta, state) '
+                "VALUES (%s, 'sql', 1, %s, '{}')",
                 [key, msgspec.json.encode(meta("x", 1, when=OLD)).decode()],
             )
     ls, js, show, verify = cli_all(

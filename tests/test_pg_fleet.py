@@ -1,5 +1,5 @@
 """What a fleet meets on PostgreSQL: lost commit answers, signals inside store calls,
-forks, shared stores, rolling upgrades, grants, odd keys, server restarts.
+forks, shared stores, the schema as an administrator installs it, server restarts.
 
 On a real throwaway cluster (``tests/pg.py``), each test in its own schema, as in
 ``test_postgres.py``; process tests run real children and look at the rows.
@@ -12,13 +12,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
-import psycopg
 import pytest
 
 from checkpointer import (
@@ -135,8 +132,9 @@ def _through(pg: Cluster, port: int) -> str:
 def test_a_commit_whose_answer_was_lost_is_the_writers_own(
     pg: Cluster, schema: str, eater: CommitEater, store_type: type[PostgresStore], resumed: bool
 ) -> None:
-    """A write the server committed but whose answer was lost does not fence its writer:
-    later writes and the close land (fresh key and resumed key, both stores)."""
+    """A write the server committed but whose answer was lost is tried again on a new
+    connection, which finds its own revision there: Written, once, not a conflict; later
+    writes and the close land (fresh key and resumed key, both stores)."""
     direct = store_type(pg.dsn(), schema=schema)
     loaded = None
     if resumed:  # another process wrote the key before; this writer resumes it
@@ -155,10 +153,12 @@ def test_a_commit_whose_answer_was_lost_is_the_writers_own(
     writer.open()
     try:
         eater.arm()
-        writer.flush_sync()  # Written (the plain store retries at once) or Failed
+        first = writer.flush_sync()
         assert eater.eaten.wait(10)
+        assert isinstance(first, Written), first
         landed = load(direct, "k")
-        assert landed is not None and landed.state == state  # the server committed it
+        assert landed is not None and landed.state == state  # the server committed it once
+        assert landed.meta.seq == first.seq == (1 if loaded is None else loaded.meta.seq + 1)
         results = []
         for n in (2, 3):
             state["messages"].append(f"mine-{n}")
@@ -170,6 +170,37 @@ def test_a_commit_whose_answer_was_lost_is_the_writers_own(
         store.close()
     final = load(direct, "k")
     assert final is not None and final.state == state and final.meta.live is False
+    direct.close()
+
+
+def test_the_store_recognises_its_own_write_whose_answer_was_lost(
+    pg: Cluster, schema: str, eater: CommitEater
+) -> None:
+    """write() and a journal commit whose COMMIT answer was lost: the store reconnects,
+    finds its own revision stored, and returns as written (no StaleWriteError)."""
+    plain = PostgresStore(_through(pg, eater.port), schema=schema, statement_timeout=3)
+    journal = PostgresJournalStore(_through(pg, eater.port), schema=schema, statement_timeout=3)
+    try:
+        _pg.put(plain, "p", 1, b'"one"')
+        eater.arm()
+        assert _pg.put(plain, "p", 2, b'"two"') > 0
+        assert eater.eaten.is_set()
+        eater.eaten.clear()
+        state: dict[str, list[str]] = {"messages": ["a"]}
+        journal.commit("j", _pg.meta("j", 1), journal.stage("j", state), expected=None)
+        state["messages"].append("b")
+        eater.arm()
+        journal.commit("j", _pg.meta("j", 2), journal.stage("j", state), expected="r1")
+        assert eater.eaten.is_set()
+    finally:
+        plain.close()
+        journal.close()
+    direct = PostgresStore(pg.dsn(), schema=schema)
+    assert _pg.state_of(direct, "p") == "two" and direct.revision("p") == "r2"
+    assert _pg.state_of(direct, "j") == state and direct.revision("j") == "r2"
+    with _pg.admin(pg) as conn:
+        rows = conn.execute(f'SELECT kind FROM "{schema}".journal ORDER BY n').fetchall()
+    assert rows == [("compaction",), ("message",)]  # the append's row, once
     direct.close()
 
 
@@ -235,7 +266,6 @@ print("the signal was lost", flush=True)
         ("plain", "_handles_lock", "release"),
         ("journal", "_handles_lock", "release"),
         ("plain", "_handles_lock", "take"),
-        ("plain", "_handles_lock", "close"),
         ("plain", "_mutex", "keys"),
         ("journal", "_mutex", "close"),
     ],
@@ -346,15 +376,15 @@ def test_the_stores_own_cut_off_backend_is_never_another_writer(pg: Cluster, sch
     store = PostgresStore(
         pg.dsn(), schema=schema, statement_timeout=1, lock_timeout=0.3, application_name="orph"
     )
-    store.write("k", _pg.chunks("k", 1, b'"one"'))
+    _pg.put(store, "k", 1, b'"one"')
     (backend,) = _pg.backends(pg, "orph")
     os.kill(backend, signal.SIGSTOP)  # a server process that stopped answering
     try:
         with pytest.raises(PostgresStoreError, match="no answer within"):
-            store.write("k", _pg.chunks("k", 2, b'"two"'))  # the watchdog cuts it off
+            _pg.put(store, "k", 2, b'"two"')  # the watchdog cuts it off
         for _ in range(2):
             with pytest.raises(PostgresStoreError) as refused:
-                store.write("k", _pg.chunks("k", 2, b'"two"'))
+                _pg.put(store, "k", 2, b'"two"')
             assert not isinstance(refused.value, KeyLockedError), refused.value
             assert f"own earlier connection (PostgreSQL backend {backend}" in str(refused.value)
     finally:
@@ -363,7 +393,7 @@ def test_the_stores_own_cut_off_backend_is_never_another_writer(pg: Cluster, sch
     while backend in _pg.backends(pg, "orph"):  # the server reaps it a moment later
         assert time.monotonic() < deadline, f"backend {backend} never ended"
         time.sleep(0.02)
-    store.write("k", _pg.chunks("k", 2, b'"two"'))
+    _pg.put(store, "k", 2, b'"two"')
     assert _pg.state_of(store, "k") == "two"
     store.close()
 
@@ -375,43 +405,17 @@ def test_the_printed_schema_sql_runs_again_and_over_what_the_library_made(
     pg: Cluster, schema: str
 ) -> None:
     """`pg-schema --sql`'s SQL, run as one script, succeeds on an empty database, a second
-    time, and over tables the library made on first use: version 3 each time."""
-    from checkpointer._stores.postgres.schema import schema_sql
+    time, and over tables the library made on first use: the one version each time."""
+    from checkpointer._stores.postgres.schema import SCHEMA_VERSION, schema_sql
 
     other = schema + "_lib"
     PostgresStore(pg.dsn(), schema=other).create_schema()  # made on first use
     for target in (schema, schema, other):
         with _pg.admin(pg) as conn, conn.transaction():
             conn.execute(schema_sql(target).encode())
-        assert PostgresStore(pg.dsn(), schema=target, create_schema=False).schema_version() == 3
-
-
-def test_a_fleet_granted_at_schema_1_keeps_working_after_the_upgrade(
-    pg: Cluster, schema: str
-) -> None:
-    """A role given grants_sql()'s grants on schema 1, upgraded by `pg-schema` (the
-    admin's create_schema), writes and reads journal keys without a second round of
-    grants; a create_schema by that role (not the owner) changes nothing and succeeds."""
-    from checkpointer._stores.postgres.schema import _SCHEMA_SQL, grants_sql
-
-    role = "app_" + schema[-8:]
-    with _pg.admin(pg) as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
-        conn.execute(_SCHEMA_SQL.format(s=f'"{schema}"').encode())  # a fleet of version 1
-        conn.execute(grants_sql(schema, role))
-    assert PostgresStore(pg.dsn(), schema=schema).create_schema() == 3  # `pg-schema`
-    dsn = pg.dsn(user=role, password="pw")
-    with PostgresJournalStore(dsn, schema=schema, create_schema=False) as journal:
-        messages: list[dict[str, int]] = []
-        with CheckpointWriter(
-            lambda: Snapshot("j", {"messages": messages}), journal, exit_hooks=False
-        ) as writer:
-            for n in range(3):
-                messages.append({"n": n})
-                assert isinstance(writer.flush_sync(), Written)  # a compaction, then appends
-        assert _pg.state_of(journal, "j") == {"messages": messages}
-        assert journal.create_schema() == 3
-        assert journal.move_aside("j", "old") is not None
+        store = PostgresStore(pg.dsn(), schema=target, create_schema=False)
+        assert store.schema_version() == SCHEMA_VERSION
+        store.close()
 
 
 # -- 12. the server restarted during the final write ---------------------------------
@@ -430,8 +434,8 @@ def test_a_write_whose_connection_was_lost_midway_is_made_again(
         lambda: Snapshot("k", state), store, exit_hooks=False, write_on_start=False
     )
     writer.open()
-    # The fenced upsert's text (the first write sends it), then a server not up yet.
-    eater.cut(b".checkpoints AS c", then_refuse=3)
+    # The insert's text (the first write of a key sends it), then a server not up yet.
+    eater.cut(b".checkpoints (key, revision", then_refuse=3)
     assert isinstance(writer.flush_sync(), Written)
     assert eater.was_cut.is_set()
     state["messages"].append("final")
@@ -448,191 +452,3 @@ def test_a_restarting_server_is_named_as_such() -> None:
     for answer in ("the database system is shutting down", "the database system is starting up"):
         why = store._connect_failure(Exception(f"FATAL:  {answer}"))
         assert why.endswith("the server is restarting (or failing over); the next try reconnects")
-
-
-# -- 13. a rolling upgrade from schema 2, with the released code still writing -------
-
-RELEASE_2 = "b5182af^"  # the last commit of the release that installs schema 2
-
-# A worker of that release: a journal store's writer that committed before the upgrade
-# (a compaction, then an append) and is told what to do next, one line at a time.
-_OLD_WORKER = r"""
-import os, sys
-import checkpointer
-from checkpointer import CheckpointWriter, PostgresJournalStore, Snapshot
-store = PostgresJournalStore(os.environ["DSN"], schema=sys.argv[1], statement_timeout=5)
-sessions = {"old": [{"role": "user", "content": "m0"}], "new": []}
-writers = {}
-def writer(key):
-    if key not in writers:
-        writers[key] = CheckpointWriter(
-            lambda: Snapshot(key, {"messages": list(sessions[key])}), store, exit_hooks=False)
-        writers[key].open()
-    return writers[key]
-writer("old")  # its first checkpoint: a compaction
-print("ready", checkpointer.__file__, flush=True)
-for line in sys.stdin:
-    what, key, content = line.split()
-    if what == "load":  # a key this release wrote
-        got = checkpointer.load(store, key)
-        print([m["content"] for m in got.state["messages"]], flush=True)
-        continue
-    if what == "edit":  # an earlier message: the next commit is a compaction
-        sessions[key][0] = {"role": "user", "content": content}
-    else:
-        sessions[key].append({"role": "user", "content": content})
-    print(repr(writer(key).flush_sync()), flush=True)
-for w in writers.values():
-    print(repr(w.close()), flush=True)
-"""
-
-
-@pytest.fixture(scope="module")
-def release_2(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The code of the release of schema 2, unpacked from this repository's history."""
-    root = Path(__file__).resolve().parent.parent
-    found = subprocess.run(
-        ["git", "-C", str(root), "rev-parse", "--verify", "--quiet", RELEASE_2 + "^{commit}"],
-        capture_output=True,
-    )
-    if found.returncode != 0:
-        pytest.skip(f"no git history with {RELEASE_2} (the schema-2 release) here")
-    where = tmp_path_factory.mktemp("release_2")
-    archive = subprocess.run(
-        ["git", "-C", str(root), "archive", RELEASE_2, "checkpointer"],
-        capture_output=True,
-        check=True,
-    )
-    subprocess.run(["tar", "-x", "-C", str(where)], input=archive.stdout, check=True)
-    return where
-
-
-def test_a_schema_2_worker_keeps_writing_through_the_upgrade_to_3(
-    pg: Cluster, schema: str, release_2: Path
-) -> None:
-    """A running worker of the schema-2 release (its real code) appends, compacts and
-    starts a key after `pg-schema` installed 3: every write lands, each row once,
-    numbered in order; this release loads all of it and writes on from there, and
-    the old worker loads a key this release wrote."""
-    env = {**os.environ, "PYTHONPATH": str(release_2), "DSN": pg.dsn()}
-    with subprocess.Popen(
-        [sys.executable, "-c", _OLD_WORKER, schema],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=str(release_2),
-    ) as old:
-        stdin, stdout = old.stdin, old.stdout
-        assert stdin is not None and stdout is not None
-
-        def tell(*lines: str) -> list[str]:
-            said = []
-            for line in lines:
-                stdin.write(line + "\n")
-                stdin.flush()
-                said.append(stdout.readline().strip())
-            return said
-
-        try:
-            first = stdout.readline()  # it created schema 2 and wrote "old" there
-            assert first.startswith("ready " + str(release_2)), first
-            said = tell("add old m1")  # an append, at schema 2
-            assert PostgresStore(pg.dsn(), schema=schema).schema_version() == 2
-            assert PostgresStore(pg.dsn(), schema=schema).create_schema() == 3  # `pg-schema`
-            said += tell("add old m2", "edit old m0-edited", "add old m3")  # schema 3 now
-            said += tell("add new n0", "add new n1")  # a key it starts after the upgrade
-            ours = ["t0", "t1"]
-            with PostgresJournalStore(pg.dsn(), schema=schema) as journal, CheckpointWriter(
-                lambda: Snapshot("ours", {"messages": [{"content": c} for c in ours]}),
-                journal, exit_hooks=False,
-            ) as writer:  # fmt: skip
-                ours.append("t2")
-                assert isinstance(writer.flush_sync(), Written)  # a compaction, an append
-            assert tell("load ours -") == [str(ours)]  # the old worker reads what we wrote
-            out, err = old.communicate(timeout=60)
-        finally:
-            if old.poll() is None:
-                old.kill()
-    said[4:5] = []  # n0: written by the writer's open, so this flush was "unchanged"
-    assert all(s.startswith("Written(") for s in said + out.split("\n")[:-1]), (said, out, err)
-    expect = {"old": ["m0-edited", "m1", "m2", "m3"], "new": ["n0", "n1"]}
-    with _pg.admin(pg) as conn:
-        rows = conn.execute(
-            f'SELECT key, n, kind FROM "{schema}".journal ORDER BY key, n'
-        ).fetchall()
-        heads = conn.execute(f'SELECT key, format FROM "{schema}".checkpoints').fetchall()
-    assert rows == [
-        ("new", 1, "compaction"),
-        ("new", 2, "message"),
-        ("old", 1, "compaction"),  # the edit: m0-edited, m1, m2
-        ("old", 2, "message"),
-        ("ours", 1, "compaction"),
-        ("ours", 2, "message"),
-    ], rows
-    assert sorted(heads) == [("new", 1), ("old", 1), ("ours", 1)]  # both releases' heads
-    journal = PostgresJournalStore(pg.dsn(), schema=schema)
-    for key, contents in expect.items():
-        got = load(journal, key)
-        assert got is not None and [m["content"] for m in got.state["messages"]] == contents
-    prev = load(journal, "old")
-    assert prev is not None
-    messages = list(prev.state["messages"])
-    with CheckpointWriter(
-        lambda: Snapshot("old", {"messages": messages}), journal, exit_hooks=False,
-        resume_from=prev,
-    ) as writer:  # fmt: skip
-        messages.append({"role": "user", "content": "m4"})
-        assert isinstance(writer.flush_sync(), Written)
-    journal.close()
-    got = load(PostgresStore(pg.dsn(), schema=schema), "old")
-    assert got is not None
-    assert [m["content"] for m in got.state["messages"]] == [*expect["old"], "m4"]
-
-
-def test_the_upgrade_waits_for_a_schema_2_writer_between_its_head_and_its_rows(
-    pg: Cluster, schema: str
-) -> None:
-    """`pg-schema` run while a writer of the running release has written a head and not
-    yet its rows waits for that writer, which commits: no deadlock, nothing refused."""
-    from checkpointer._stores.postgres.schema import _MIGRATE_2_SQL, _SCHEMA_SQL
-
-    q = f'"{schema}"'
-    with _pg.admin(pg) as conn:
-        conn.execute(_SCHEMA_SQL.format(s=q).encode())
-        conn.execute(_MIGRATE_2_SQL.format(s=q).encode())
-    outcome: list[object] = []
-
-    def upgrade() -> None:
-        try:
-            outcome.append(PostgresStore(pg.dsn(), schema=schema).create_schema())
-        except Exception as exc:  # reported below
-            outcome.append(exc)
-
-    with psycopg.connect(pg.dsn(), application_name="v2-writer") as writer:
-        writer.execute(  # what a schema-2 journal commit does first: the head
-            f"INSERT INTO {q}.checkpoints (key, seq, format, meta, state, writer, journal) "
-            "VALUES ('k', 1, 1, '{}'::jsonb, '', 'v2', true)"
-        )
-        thread = threading.Thread(target=upgrade)
-        thread.start()
-        waiting: list[tuple[int]] = []
-        deadline = time.monotonic() + 60
-        while not waiting and time.monotonic() < deadline and thread.is_alive():
-            with _pg.admin(pg) as conn:
-                waiting = conn.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                ).fetchall()
-            time.sleep(0.01)
-        assert waiting, ("the upgrade never waited for the writer", outcome)
-        writer.execute(  # ... then its rows, numbered by the sequence of schema 2
-            f"INSERT INTO {q}.journal (key, kind, body) VALUES ('k', 'compaction', 'x')"
-        )
-        writer.commit()
-    thread.join(60)
-    assert outcome == [3]
-    with _pg.admin(pg) as conn:
-        assert conn.execute(f"SELECT key, kind FROM {q}.journal").fetchall() == [
-            ("k", "compaction")
-        ]

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import psycopg
 import pytest
 
 from checkpointer import (
@@ -23,18 +22,25 @@ from checkpointer import (
     NewerVersionError,
     PostgresJournalStore,
     PostgresStore,
-    PostgresStoreError,
     Snapshot,
     StaleWriteError,
     Written,
     load,
 )
-from checkpointer._stores.postgres.schema import _SCHEMA_SQL, SCHEMA_VERSION
 
 from . import test_postgres as _pg
 from .conftest import FakeClock
 from .pg import Cluster
-from .test_journal import Msg, Session, _agent_compaction, _truncate, as_json, meta, writer_for
+from .test_journal import (
+    Msg,
+    Session,
+    _agent_compaction,
+    _truncate,
+    as_json,
+    meta,
+    prev,
+    writer_for,
+)
 from .test_postgres import admin, spawn, terminate
 
 pytestmark = _pg.pytestmark
@@ -87,19 +93,19 @@ def test_appends_insert_one_row_per_new_message(
     store = make_journal()
     session = Session()
     session.add(3)
-    store.commit("s1", meta(1), store.stage("s1", session.state))
+    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
     assert kinds(pg, schema) == ["compaction"]
     for seq, added in [(2, 1), (3, 5), (4, 2)]:
         before = rows(pg, schema)
         session.add(added)
-        store.commit("s1", meta(seq), store.stage("s1", session.state))
+        store.commit("s1", meta(seq), store.stage("s1", session.state), expected=prev(seq))
         after = rows(pg, schema)
         assert after[: len(before)] == before  # nothing rewritten
         assert [kind for _, kind in after[len(before) :]] == ["message"] * added
         assert state_of(store) == as_json(session.state)
     session.state["title"] = "renamed"
     session.add(1)
-    store.commit("s1", meta(5), store.stage("s1", session.state))
+    store.commit("s1", meta(5), store.stage("s1", session.state), expected=prev(5))
     assert kinds(pg, schema)[-2:] == ["message", "state"]
     assert store.compactions == 1 and store.appends == 4
     assert state_of(make_journal()) == as_json(session.state)
@@ -113,18 +119,19 @@ def test_changed_history_replaces_the_rows_with_one_compaction(
     store = make_journal()
     session = Session()
     session.add(3)
-    store.commit("s1", meta(1), store.stage("s1", session.state))
+    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
     session.add(4)
-    store.commit("s1", meta(2), store.stage("s1", session.state))
+    store.commit("s1", meta(2), store.stage("s1", session.state), expected=prev(2))
     assert len(rows(pg, schema)) == 5
     session.messages[1] = Msg("user", "edited")
-    store.commit("s1", meta(3), store.stage("s1", session.state))
+    store.commit("s1", meta(3), store.stage("s1", session.state), expected=prev(3))
     assert kinds(pg, schema) == ["compaction"]
     assert state_of(store)["messages"][1]["content"] == "edited"
     older = store.stage("s1", session.state)
     session.add()
-    store.commit("s1", meta(4), store.stage("s1", session.state))
-    store.commit("s1", meta(5), older)  # staged before the last commit: never duplicated
+    store.commit("s1", meta(4), store.stage("s1", session.state), expected=prev(4))
+    # Staged before the last commit: never duplicated.
+    store.commit("s1", meta(5), older, expected=prev(5))
     assert kinds(pg, schema) == ["compaction"]
     assert state_of(store) == as_json(session.state) | {"messages": as_json(session.messages[:-1])}
 
@@ -137,26 +144,26 @@ def test_a_change_that_encodes_differently_is_a_compaction_and_tuples_append(
     store = make_journal()
     messages: list[Any] = [{"role": "tool", "n": 2}, {"role": "user", "n": 0}]
     state: dict[str, Any] = {"title": "t", "messages": messages}
-    store.commit("s1", meta(1), store.stage("s1", state))
+    store.commit("s1", meta(1), store.stage("s1", state), expected=prev(1))
     messages.append({"role": "assistant", "content": "draft"})
     in_flight = store.stage("s1", state)
     messages[-1]["content"] = "FINAL ANSWER"
     flush = store.stage("s1", state)  # staged while in_flight was not yet committed
-    store.commit("s1", meta(2), in_flight)
+    store.commit("s1", meta(2), in_flight, expected=prev(2))
     assert flush.content() != in_flight.content()
-    store.commit("s1", meta(3), flush)
+    store.commit("s1", meta(3), flush, expected=prev(3))
     assert kinds(pg, schema) == ["compaction"]
     assert state_of(store)["messages"][-1]["content"] == "FINAL ANSWER"
     messages[0]["n"] = 2.0
-    store.commit("s1", meta(4), store.stage("s1", state))
+    store.commit("s1", meta(4), store.stage("s1", state), expected=prev(4))
     assert kinds(pg, schema) == ["compaction"]
     assert state_of(store)["messages"][0]["n"] == 2.0
     state["messages"] = tuple(messages)
-    store.commit("s1", meta(5), store.stage("s1", state))
+    store.commit("s1", meta(5), store.stage("s1", state), expected=prev(5))
     state["messages"] = (*messages, {"role": "user", "n": 1})
     staged = store.stage("s1", state)
     assert staged.content() == store.stage("s1", state).content()  # idle: unchanged
-    store.commit("s1", meta(6), staged)
+    store.commit("s1", meta(6), staged, expected=prev(6))
     assert kinds(pg, schema) == ["compaction", "message"]
     assert state_of(store) == as_json(state)
 
@@ -170,7 +177,7 @@ def test_rows_are_compacted_past_the_rewrite_threshold(
     for seq in range(1, 60):
         session.state["title"] = f"t{seq}"  # a state row every time
         session.add()
-        store.commit("s1", meta(seq), store.stage("s1", session.state))
+        store.commit("s1", meta(seq), store.stage("s1", session.state), expected=prev(seq))
         assert state_of(store) == as_json(session.state)
     with admin(pg) as conn:
         row = conn.execute(
@@ -210,34 +217,52 @@ async def test_journal_loads_equal_to_a_filestore_snapshot(
     assert (closed[0].meta.seq, closed[0].meta.live) == (closed[1].meta.seq, False)
 
 
-def test_fencing_and_the_lock_hold_for_journal_commits(
+def test_a_journal_commit_lands_only_over_the_revision_it_expects(
     pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
 ) -> None:
-    """A second store is locked out; one that lost its session is refused, its rows not added."""
+    """The ownership table, on journal commits: a stale commit (another store wrote since,
+    or the key was deleted) raises StaleWriteError and adds no row; its own landed commit
+    returns as written; update_meta is conditional the same way."""
     first = make_journal(application_name="journal-first")
     second = make_journal()
     session = Session()
     session.add(2)
-    assert first.acquire("s1") is None
-    first.commit("s1", meta(1), first.stage("s1", session.state))
+    first.commit("s1", meta(1), first.stage("s1", session.state), expected=None)
+    landed = as_json(session.state)
+    session.add(1)
+    first.commit("s1", meta(1), first.stage("s1", session.state), expected=None)  # its own r1
+    assert kinds(pg, schema) == ["compaction"] and state_of(first) == landed  # not written again
+    del session.messages[-1]
     assert "held by PostgreSQL backend" in (second.acquire("s1") or "")
     assert terminate(pg, "journal-first") == 1  # first loses its connection and lock
     assert second.acquire("s1") is None
-    assert state_of(second) == as_json(session.state)
     session.add(1)
-    second.commit("s1", meta(2), second.stage("s1", session.state))
+    second.commit("s1", meta(2), second.stage("s1", session.state), expected="r1")
     written = rows(pg, schema)
     late = Session()
     late.messages.extend(session.messages[:2])
     late.add(3)
     staged = first.stage("s1", late.state)
     with pytest.raises(KeyLockedError):
-        first.commit("s1", meta(5), staged)  # at once on a new connection: locked
+        first.commit("s1", meta(9), staged, expected="r1")  # at once, on a new connection
     second.release("s1")
-    with pytest.raises(StaleWriteError, match="lost the session"):
-        first.commit("s1", meta(5), staged)
-    assert rows(pg, schema) == written
-    assert state_of(second) == as_json(session.state)
+    with pytest.raises(StaleWriteError) as info:
+        first.commit("s1", meta(9), staged, expected="r1")
+    assert (info.value.expected, info.value.stored) == ("r1", "r2")
+    with pytest.raises(StaleWriteError):
+        first.update_meta("s1", meta(9), expected="r1")
+    first.release("s1")
+    assert rows(pg, schema) == written and state_of(second) == as_json(session.state)
+    second.update_meta("s1", meta(3, live=False), expected="r2")
+    second.update_meta("s1", meta(3, live=False), expected="r2")  # its own: landed already
+    checkpoint = load(second, "s1")
+    assert checkpoint is not None and checkpoint.meta.revision == "r3"
+    assert checkpoint.meta.live is False and checkpoint.state == as_json(session.state)
+    assert second.delete("s1") is True
+    with pytest.raises(StaleWriteError) as info:
+        second.commit("s1", meta(4), second.stage("s1", session.state), expected="r3")
+    assert (info.value.expected, info.value.stored) == ("r3", None)  # deleted: not recreated
+    assert second.keys() == [] and rows(pg, schema) == []
 
 
 STALLER = """
@@ -249,8 +274,8 @@ STALLER = """
     class Stalling(PostgresJournalStore):
         stall = False
 
-        def _upsert(self, conn, params):
-            applied = super()._upsert(conn, params)
+        def _apply(self, conn, key, statement, params):
+            applied = super()._apply(conn, key, statement, params)
             if self.stall:
                 conn.execute(self._sql["journal_append"], {
                     "key": params["key"], "kinds": ["message"],
@@ -261,14 +286,16 @@ STALLER = """
 
     def meta(seq):
         now = datetime.now(UTC)
-        return Meta(key="kill9", seq=seq, created_at=now, updated_at=now, live=True)
+        return Meta(
+            key="kill9", seq=seq, created_at=now, updated_at=now, live=True, revision=f"r{seq}"
+        )
 
     store = Stalling(os.environ["DSN"], schema=sys.argv[1])
     state = {"messages": [{"v": "committed"}]}
-    store.commit("kill9", meta(1), store.stage("kill9", state))
+    store.commit("kill9", meta(1), store.stage("kill9", state), expected=None)
     state["messages"].append({"v": "never committed"})
     store.stall = True
-    store.commit("kill9", meta(2), store.stage("kill9", state))
+    store.commit("kill9", meta(2), store.stage("kill9", state), expected="r1")
 """
 
 
@@ -295,33 +322,6 @@ def test_sigkill_mid_transaction_leaves_the_last_commit(
     assert kinds(pg, schema, "kill9") == ["compaction"]
 
 
-def test_version_1_schema_is_migrated_and_its_rows_kept(
-    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
-) -> None:
-    """A version-1 schema gains the journal table; its snapshot rows load and become journals."""
-    old: dict[str, Any] = {"title": "v1", "messages": [{"c": 0}]}
-    with admin(pg) as conn:
-        conn.execute(_SCHEMA_SQL.format(s=f'"{schema}"').encode())
-        conn.execute(
-            f'INSERT INTO "{schema}".checkpoints (key, seq, format, meta, state, writer) '
-            "VALUES ('s1', 1, 1, %s::jsonb, %s, 'someone')",
-            [msgspec.json.encode(meta(1)).decode(), msgspec.json.encode(old)],
-        )
-    with pytest.raises(PostgresStoreError, match=r"version 1, older .* `checkpointer pg-schema`"):
-        make_journal(create_schema=False).open()
-    store = make_journal()
-    assert state_of(store) == old
-    assert store.schema_version() == SCHEMA_VERSION == 3
-    assert store.acquire("s1") is None
-    old["messages"].append({"c": 1})
-    store.commit("s1", meta(2), store.stage("s1", old))
-    assert kinds(pg, schema) == ["compaction"]
-    assert state_of(store) == old
-    assert state_of(PostgresStore(pg.dsn(), schema=schema)) == old
-    with pytest.raises(psycopg.errors.DuplicateTable), admin(pg) as conn:
-        conn.execute(f'CREATE TABLE "{schema}".journal (x int)')
-
-
 def test_delete_removes_the_rows(
     pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
 ) -> None:
@@ -329,9 +329,9 @@ def test_delete_removes_the_rows(
     store = make_journal()
     session = Session()
     session.add(2)
-    store.commit("s1", meta(1), store.stage("s1", session.state))
+    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
     session.add(2)
-    store.commit("s1", meta(2), store.stage("s1", session.state))
+    store.commit("s1", meta(2), store.stage("s1", session.state), expected=prev(2))
     assert store.keys() == ["s1"] and len(rows(pg, schema)) == 3
     assert store.delete("s1")
     assert store.keys() == [] and rows(pg, schema) == []
@@ -361,9 +361,9 @@ def test_move_aside_keeps_a_journal_rows(
     store = make_journal()
     session = Session()
     session.add(2)
-    store.commit("s1", meta(1), store.stage("s1", session.state))
+    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
     session.add(1)
-    store.commit("s1", meta(2), store.stage("s1", session.state))
+    store.commit("s1", meta(2), store.stage("s1", session.state), expected=prev(2))
     assert store.move_aside("s1", "corrupt-x") is not None
     assert rows(pg, schema) == [] and load(store, "s1") is None
     with admin(pg) as conn:
@@ -374,7 +374,7 @@ def test_move_aside_keeps_a_journal_rows(
     assert lines[1]["message"]["content"] == "m2"
 
 
-# -- idle losses, damage, rolling upgrades, large sessions ---------------------------
+# -- idle losses, damage, large sessions ---------------------------------------------
 
 
 def test_a_commit_after_an_idle_connection_loss_lands_at_once(
@@ -406,9 +406,9 @@ def test_a_damaged_row_moves_the_key_aside_not_away(
     first = make_journal()
     session = Session()
     session.add(2)
-    first.commit("s1", meta(1), first.stage("s1", session.state))
+    first.commit("s1", meta(1), first.stage("s1", session.state), expected=prev(1))
     session.add(1)
-    first.commit("s1", meta(2), first.stage("s1", session.state))
+    first.commit("s1", meta(2), first.stage("s1", session.state), expected=prev(2))
     first.close()
     with admin(pg) as conn:
         garble = "UPDATE {}.journal SET body = 'garbled' WHERE key = 's1' AND kind = 'message'"
@@ -431,115 +431,6 @@ def test_a_damaged_row_moves_the_key_aside_not_away(
     assert state_of(store) == as_json(fresh.state)
 
 
-# The statements of version 1 (schema 1, before journals), as released.
-V1_READ = "SELECT format, meta::text, state FROM {s}.checkpoints WHERE key = %(key)s"
-V1_DELETE = "DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING 1"
-V1_MOVE_ASIDE = """
-    WITH moved AS (DELETE FROM {s}.checkpoints WHERE key = %(key)s RETURNING *)
-    INSERT INTO {s}.aside AS a (key, suffix, seq, format, meta, state, writer, updated_at)
-    SELECT key, %(suffix)s, seq, format, meta, state, writer, updated_at FROM moved
-    ON CONFLICT (key, suffix) DO UPDATE SET seq = EXCLUDED.seq, format = EXCLUDED.format,
-        meta = EXCLUDED.meta, state = EXCLUDED.state, writer = EXCLUDED.writer,
-        updated_at = EXCLUDED.updated_at, moved_at = now()
-    RETURNING 1"""
-V1_UPSERT = """
-    INSERT INTO {s}.checkpoints AS c (key, seq, format, meta, state, writer, updated_at)
-    VALUES (%(key)s, %(seq)s, %(format)s, %(meta)s::jsonb, %(state)b, %(writer)s, now())
-    ON CONFLICT (key) DO UPDATE SET seq = EXCLUDED.seq, format = EXCLUDED.format,
-        meta = EXCLUDED.meta, state = EXCLUDED.state, writer = EXCLUDED.writer,
-        updated_at = EXCLUDED.updated_at
-    WHERE (c.seq < EXCLUDED.seq AND c.writer IS NOT DISTINCT FROM %(base)s::text)
-       OR (c.seq = EXCLUDED.seq AND c.writer = EXCLUDED.writer)
-    RETURNING c.seq"""
-
-
-def test_a_version_1_worker_refuses_a_journal_key(
-    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
-) -> None:
-    """Version 1's read finds no state in the head; its move-aside, delete and upsert fail;
-    key intact."""
-    from checkpointer._format.envelope import MIDDLE, SUFFIX, decode_checkpoint
-    from checkpointer._values import CheckpointError
-
-    store = make_journal()
-    session = Session()
-    session.add(2)
-    store.commit("s1", meta(1), store.stage("s1", session.state))
-    session.add(1)
-    store.commit("s1", meta(2), store.stage("s1", session.state))
-    q = f'"{schema}"'
-    with admin(pg) as conn:
-        found = conn.execute(V1_READ.format(s=q), {"key": "s1"}, binary=True).fetchone()
-        assert found is not None
-        fmt, meta_json, state = found
-        envelope = b"".join([b'{"format":%d,"meta":' % fmt, meta_json.encode(), MIDDLE, state])
-        with pytest.raises(CheckpointError):
-            decode_checkpoint(envelope + SUFFIX, "v1")  # what load() of version 1 raised
-        # ... and what its writer did next (it moves a key it cannot read aside):
-        for sql, params in (
-            (V1_MOVE_ASIDE, {"key": "s1", "suffix": "corrupt-x"}),
-            (V1_DELETE, {"key": "s1"}),
-        ):
-            with pytest.raises(psycopg.errors.ForeignKeyViolation, match="newer_checkpointer"):
-                conn.execute(sql.format(s=q), params)
-        writer = conn.execute(f"SELECT writer FROM {q}.checkpoints").fetchone()
-        with pytest.raises(psycopg.errors.CheckViolation, match="newer_checkpointer"):
-            conn.execute(
-                V1_UPSERT.format(s=q),
-                {"key": "s1", "seq": 3, "format": 1, "meta": msgspec.json.encode(meta(3)).decode(),
-                 "state": b"{}", "writer": "v1", "base": writer[0] if writer else None},
-            )  # fmt: skip
-    checkpoint = load(make_journal(), "s1")
-    assert checkpoint is not None and checkpoint.meta.seq == 2
-    assert checkpoint.state == as_json(session.state)
-
-
-def test_an_early_version_2_schema_is_migrated_to_3(
-    pg: Cluster, schema: str, make_journal: Callable[..., PostgresJournalStore]
-) -> None:
-    """Schema 2 as first made (a row sequence, heads of format 1): rows kept, appends go on."""
-    from checkpointer._stores.postgres.schema import _MIGRATE_2_SQL
-
-    q = f'"{schema}"'
-    old = make_journal()
-    with admin(pg) as conn:
-        conn.execute(_SCHEMA_SQL.format(s=q).encode())
-        conn.execute(_MIGRATE_2_SQL.format(s=q).encode())
-        head = msgspec.json.encode(meta(1)).decode()
-        conn.execute(
-            f"INSERT INTO {q}.checkpoints (key, seq, format, meta, state, writer, journal) "
-            "VALUES ('s1', 1, 1, %s::jsonb, '', 'early', true)",
-            [head],
-        )
-        body = b'{"kind":"compaction","meta":%s,"transcript":"messages","state":{"messages":[]}}'
-        conn.execute(f"SELECT nextval('{q}.journal_n_seq') FROM generate_series(1, 5)")
-        conn.execute(
-            f"INSERT INTO {q}.journal (key, kind, body) VALUES ('s1', 'compaction', %s)",
-            [body % head.encode()],
-        )
-    assert old.schema_version() == 2
-    store = make_journal()
-    assert state_of(store) == {"messages": []}
-    assert store.schema_version() == 3
-    with admin(pg) as conn:
-        assert conn.execute(f"SELECT format FROM {q}.checkpoints").fetchone() == (1,)
-        assert conn.execute("SELECT to_regclass(%s)", [f"{q}.journal_n_seq"]).fetchone() == (None,)
-        compression = conn.execute(
-            "SELECT attrelid::regclass::text, attcompression FROM pg_attribute "
-            "WHERE attname IN ('state', 'body') AND attrelid = ANY(%s::regclass[])",
-            [[f"{q}.checkpoints", f"{q}.journal"]],
-        ).fetchall()
-    assert len({c for _, c in compression}) == 1, compression  # lz4 on both, or on neither
-    assert store.acquire("s1") is None
-    session = Session()
-    session.add(1)
-    store.commit("s1", meta(2), store.stage("s1", session.state))  # a compaction
-    session.add(2)
-    store.commit("s1", meta(3), store.stage("s1", session.state))  # an append
-    assert rows(pg, schema) == [(1, "compaction"), (2, "message"), (3, "message")]
-    assert state_of(make_journal()) == as_json(session.state)
-
-
 @pytest.mark.skipif(
     os.environ.get("CHECKPOINTER_LONG_TESTS") != "1",
     reason="a 200 MB compaction: set CHECKPOINTER_LONG_TESTS=1",
@@ -556,7 +447,7 @@ def test_a_200_mb_compaction_is_stored(
     for seq in (1, 2):
         staged = store.stage("big", state)
         t0 = time.perf_counter()
-        assert store.commit("big", meta(seq, key="big"), staged) > 150 << 20
+        assert store.commit("big", meta(seq, key="big"), staged, expected=prev(seq)) > 150 << 20
         times.append(time.perf_counter() - t0)
         store._tracks.clear()  # the second is a compaction again, over the first
     with capsys.disabled():
@@ -570,7 +461,8 @@ def test_a_200_mb_compaction_is_stored(
 def _stored(pg: Cluster, schema: str) -> list[list[Any]]:
     """Every row of the schema's checkpoints, journal and aside tables."""
     queries = [
-        "SELECT key, seq, format, meta::text, state, journal FROM {s}.checkpoints ORDER BY key",
+        "SELECT key, revision, format, meta::text, state, journal FROM {s}.checkpoints"
+        " ORDER BY key",
         "SELECT key, n, kind, body FROM {s}.journal ORDER BY key, n",
         "SELECT key, suffix FROM {s}.aside ORDER BY key, suffix",
     ]

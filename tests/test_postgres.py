@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import EllipsisType
 from typing import Any
 
 import anyio
@@ -44,6 +45,7 @@ from checkpointer import (
 )
 from checkpointer._cli import main as cli_main
 from checkpointer._format.envelope import decode_checkpoint, envelope_chunks
+from checkpointer._stores.base import StaleWrite
 from checkpointer._stores.postgres.schema import SCHEMA_VERSION
 from checkpointer._values import Meta
 
@@ -144,11 +146,30 @@ def meta(key: str, seq: int, **kwargs: Any) -> Meta:
     from datetime import UTC, datetime
 
     now = datetime.now(UTC)
-    return Meta(key=key, seq=seq, created_at=now, updated_at=now, live=True, **kwargs)
+    fields: dict[str, Any] = {"revision": f"r{seq}"} | kwargs
+    return Meta(key=key, seq=seq, created_at=now, updated_at=now, live=True, **fields)
 
 
-def chunks(key: str, seq: int, state: bytes) -> list[bytes]:
-    return envelope_chunks(meta(key, seq), state)
+def chunks(key: str, seq: int, state: bytes, revision: str | None = None) -> list[bytes]:
+    return envelope_chunks(meta(key, seq, revision=revision or f"r{seq}"), state)
+
+
+def put(
+    store: Any,
+    key: str,
+    seq: int,
+    state: bytes,
+    *,
+    revision: str | None = None,
+    expected: str | EllipsisType | None = ...,
+) -> int:
+    """Write ``meta(key, seq)`` as revision ``r<seq>`` (or ``revision``) over ``r<seq-1>``
+    (or ``expected``)."""
+    revision = revision or f"r{seq}"
+    if isinstance(expected, EllipsisType):
+        expected = None if seq == 1 else f"r{seq - 1}"
+    data = chunks(key, seq, state, revision)
+    return int(store.write(key, data, revision=revision, expected=expected))
 
 
 def state_of(store: PostgresStore, key: str) -> Any:
@@ -198,10 +219,8 @@ def test_store_keeps_what_filestore_keeps(
     store, files = make_store(), FileStore(tmp_path)
     state = b'{"messages":[{"role":"user","content":"h\\u00e9llo"}],"n":3}'
     for s in (store, files):
-        assert s.write("b-key", chunks("b-key", 1, state)) == len(
-            b"".join(chunks("b-key", 1, state))
-        )
-        s.write("a-key", chunks("a-key", 1, b"[]"))
+        assert put(s, "b-key", 1, state) == len(b"".join(chunks("b-key", 1, state)))
+        put(s, "a-key", 1, b"[]")
     ours = decode_checkpoint(store.read("b-key") or b"", "pg")
     theirs = decode_checkpoint(files.read("b-key") or b"", "file")
     assert (
@@ -219,7 +238,7 @@ def test_store_keeps_what_filestore_keeps(
     assert store.delete("b-key") is False
     assert store.keys() == []
     with pytest.raises(ValueError, match="invalid key"):
-        store.write("../etc", chunks("x", 1, b"1"))
+        put(store, "../etc", 1, b"1")
     loc = store.location("b-key")
     assert loc.startswith("postgresql://postgres@127.0.0.1:") and loc.endswith("/b-key")
     assert "s3cret" not in loc
@@ -265,7 +284,8 @@ def test_schema_is_created_once_versioned_and_checked(
     with admin(pg) as conn:
         conn.execute(f'UPDATE "{schema}".schema_version SET version = 99')
     with pytest.raises(
-        PostgresStoreError, match=r"version 99, newer .* upgrade agent-checkpointer"
+        PostgresStoreError,
+        match=r"tables of version 99, this agent-checkpointer uses version 1: upgrade",
     ):
         make_store().open()
 
@@ -419,43 +439,87 @@ def test_lock_object_waits_and_releases(make_store: Callable[..., PostgresStore]
     held.release()  # idempotent
 
 
-# -- fencing -------------------------------------------------------------------
+# -- the revision each write expects ---------------------------------------------
 
 
-def test_late_write_is_refused_not_applied(
+def test_a_write_lands_only_over_the_revision_it_expects(
     pg: Cluster, make_store: Callable[..., PostgresStore]
 ) -> None:
-    """A store that lost its session cannot overwrite what its successor wrote, at any seq."""
+    """The ownership table, on the store: expected absent/absent and R/R write; absent/R,
+    R/R' and R/absent (deleted) raise StaleWriteError naming both revisions; R/its own
+    landed write returns as written, changing nothing."""
+    store, other = make_store(), make_store()
+    assert put(store, "k", 1, b'"one"') > 0  # absent / absent
+    with pytest.raises(StaleWriteError) as info:
+        put(store, "k", 9, b'"nine"', expected=None)  # absent / r1
+    assert (info.value.key, info.value.expected, info.value.stored) == ("k", None, "r1")
+    assert isinstance(info.value, StaleWrite) and isinstance(info.value, PostgresStoreError)
+    put(store, "k", 2, b'"two"')  # r1 / r1
+    assert put(store, "k", 2, b'"two, again"') > 0  # r1 / r2, its own: landed already
+    assert state_of(store, "k") == "two" and store.revision("k") == "r2"
+    with pytest.raises(StaleWriteError, match=r"holds revision r2, not the expected revision r1"):
+        put(store, "k", 3, b'"three"', expected="r1")  # r1 / r2, another's
+    store.release("k")
+    assert put(other, "k", 3, b'"other"', revision="o3") > 0  # another store, the key free
+    other.release("k")
+    with pytest.raises(StaleWriteError):
+        put(store, "k", 3, b'"mine"')  # r2 / o3 (the same seq, another writer's)
+    store.release("k")
+    assert other.delete("k") is True
+    with pytest.raises(StaleWriteError) as info:
+        put(other, "k", 4, b'"four"', revision="o4", expected="o3")  # o3 / absent: deleted
+    assert (info.value.expected, info.value.stored) == ("o3", None)
+    assert store.revision("k") is None and store.keys() == []
+
+
+def test_a_store_that_lost_its_session_cannot_replace_its_successors_write(
+    pg: Cluster, make_store: Callable[..., PostgresStore]
+) -> None:
+    """A store whose connection (and lock) went, and whose key another store took and
+    wrote: locked out while that one holds it, refused (StaleWriteError) after."""
     a = make_store(application_name="late-a")
     b = make_store(application_name="late-b")
-    a.write("k", chunks("k", 1, b'"a1"'))
-    a.write("k", chunks("k", 2, b'"a2"'))
+    put(a, "k", 1, b'"a1"')
+    put(a, "k", 2, b'"a2"')
     with pytest.raises(KeyLockedError, match=r"locked by another writer"):
-        b.write("k", chunks("k", 3, b'"b3"'))
+        put(b, "k", 3, b'"b3"')
     assert terminate(pg, "late-a") == 1  # a loses its session (and its lock) ...
-    b.write("k", chunks("k", 3, b'"b3"'))  # ... b takes it over and writes
+    put(b, "k", 3, b'"b3"', revision="b3")  # ... b takes the key over and writes
+    with pytest.raises(KeyLockedError):
+        put(a, "k", 3, b'"a3-late"')  # a reconnects at once: b holds the key
     b.release("k")
-    stale = r"refused a late write .*\(seq 3\): the store holds seq 3, written by another"
-    with pytest.raises(StaleWriteError, match=stale):
-        a.write("k", chunks("k", 3, b'"a3-late"'))  # a finds its connection lost, relocks: refused
-    with pytest.raises(StaleWriteError):
-        a.write("k", chunks("k", 9, b'"a9-late"'))  # a newer seq does not help: fenced
-    assert a.held() == frozenset()  # a fenced store lets go of the key
+    with pytest.raises(StaleWriteError) as info:
+        put(a, "k", 3, b'"a3-late"')  # the key is free: the revision refuses it
+    assert (info.value.expected, info.value.stored) == ("r2", "b3")
     assert state_of(b, "k") == "b3"
-    a.release("k")  # a new session of a: it takes the key fresh, so it may write
-    assert a.acquire("k") is None
-    a.write("k", chunks("k", 4, b'"a4"'))
-    a.write("k", chunks("k", 4, b'"a4-retry"'))  # a retry of its own seq (lost commit answer)
-    assert state_of(b, "k") == "a4-retry"
-    a.release("k")
-    with pytest.raises(StaleWriteError):
-        b.write("k", chunks("k", 4, b'"b4"'))  # the same seq from another writer is not a retry
-    with pytest.raises(StaleWriteError):
-        b.write("k", chunks("k", 2, b'"b2"'))
-    assert state_of(b, "k") == "a4-retry"
 
 
-def test_writer_that_lost_its_session_is_fenced(
+def test_a_delete_is_refused_while_another_session_holds_the_key(
+    pg: Cluster, make_store: Callable[..., PostgresStore]
+) -> None:
+    """delete() and move_aside() by a store that does not hold the key raise KeyLockedError
+    naming the holder, as delete() does while a writer holds it through the same store;
+    a store's own hold of the key (a bare write's) does not stop its delete."""
+    holder, other = make_store(), make_store()
+    put(holder, "k", 1, b'"kept"')  # the write took the key's lock, and keeps it
+    for remove in (lambda: other.delete("k"), lambda: other.move_aside("k", "x")):
+        with pytest.raises(KeyLockedError) as info:
+            remove()
+        assert info.value.holder is not None and info.value.holder.pid == os.getpid()
+        assert "held by PostgreSQL backend" in str(info.value)
+    assert state_of(other, "k") == "kept" and other.held() == frozenset()
+    assert holder.delete("k") is True and holder.held() == {"k"}  # its own hold: still held
+    put(holder, "k", 1, b'"again"')
+    holder.release("k")
+    assert other.delete("k") is True and other.held() == frozenset()  # held for the call only
+    writer_lock = holder.lock("k")  # a live writer's, even through the same store
+    with pytest.raises(KeyLockedError, match="through this same PostgresStore"):
+        holder.delete("k")
+    writer_lock.release()
+    assert holder.delete("k") is False and holder.acquire("k") is None
+
+
+def test_writer_that_lost_its_session_is_refused(
     pg: Cluster, make_store: Callable[..., PostgresStore]
 ) -> None:
     """The writer's late write is refused (Failed("conflict"): its successor wrote since);
@@ -471,14 +535,50 @@ def test_writer_that_lost_its_session_is_fenced(
     ) as b:
         assert isinstance(b.flush_sync(), Skipped)  # written on open already
     a_state["n"] = 2
-    late = a.flush_sync()  # a reconnects and relocks; the store's fencing refuses the late write
+    late = a.flush_sync()  # a reconnects and relocks; the revision refuses the late write
     assert isinstance(late, Failed) and late.reason == "conflict", late
-    assert "refused a late write" in late.error and "load()" in late.error
+    assert "was written by another writer" in late.error and "load the key" in late.error
     again = a.flush_sync()  # re-reading the key again does not get it through
     assert isinstance(again, Failed) and again.reason == "conflict"
     assert state_of(make_store(), "sess") == {"by": "b"}
     a.close()
     assert state_of(make_store(), "sess") == {"by": "b"}
+
+
+@pytest.mark.parametrize("journal", [False, True], ids=["PostgresStore", "PostgresJournalStore"])
+def test_a_writer_resumed_from_an_empty_load_never_replaces_a_later_write(
+    pg: Cluster, schema: str, journal: bool
+) -> None:
+    """load() found nothing; another writer then wrote three turns and closed; the writer
+    resumed from that empty load is refused (Failed("conflict")), and the other's turns
+    stay."""
+    from checkpointer import PostgresJournalStore
+
+    kind = PostgresJournalStore if journal else PostgresStore
+    mine, other = kind(pg.dsn(), schema=schema), kind(pg.dsn(), schema=schema)
+    try:
+        loaded = load(mine, "k")
+        assert loaded is None
+        theirs: list[str] = []
+        with CheckpointWriter(
+            lambda: Snapshot("k", {"messages": theirs}), other, exit_hooks=False
+        ) as writer:
+            for turn in range(3):
+                theirs.append(f"theirs {turn}")
+                assert isinstance(writer.flush_sync(), Written)
+        resumed = CheckpointWriter(
+            lambda: Snapshot("k", {"messages": ["mine"]}),
+            mine,
+            exit_hooks=False,
+            resume_from=loaded,
+        )
+        refused = resumed.open().flush_sync()
+        assert isinstance(refused, Failed) and refused.reason == "conflict", refused
+        assert isinstance(resumed.close(), Failed)
+        assert state_of(other, "k") == {"messages": theirs}
+    finally:
+        mine.close()
+        other.close()
 
 
 def test_lost_lock_held_elsewhere_is_locked_then_resumes(
@@ -602,8 +702,8 @@ STALLER = """
     class Stalling(PostgresStore):
         stall = False
 
-        def _upsert(self, conn, params):
-            applied = super()._upsert(conn, params)
+        def _apply(self, conn, key, statement, params):
+            applied = super()._apply(conn, key, statement, params)
             if self.stall:  # the row is written, the transaction not committed
                 print("in-transaction", flush=True)
                 time.sleep(60)
@@ -828,18 +928,18 @@ def test_probe_says_when_a_lost_server_answers_again(
     """probe(): False while never lost or still down; True once the server is back, then False."""
     store = make_store()
     assert store.probe() is False  # nothing lost: a backoff of another kind stands
-    store.write("k", chunks("k", 1, b"1"))
+    put(store, "k", 1, b"1")
     assert store.probe() is False
     pg.stop()
     try:
         with pytest.raises(PostgresStoreError, match="cannot connect"):
-            store.write("k", chunks("k", 2, b"2"))
+            put(store, "k", 2, b"2")
         assert store.probe() is False  # still down
     finally:
         pg.start()
     assert store.probe() is True
     assert store.probe() is False  # answered: not lost any more
-    store.write("k", chunks("k", 2, b"2"))
+    put(store, "k", 2, b"2")
     assert state_of(store, "k") == 2
 
 
@@ -965,9 +1065,9 @@ def test_large_write_gets_the_time_it_needs(
                 FOR EACH ROW EXECUTE FUNCTION "{schema}".slow()"""
         )
     big = b'"' + b"x" * (16 << 20) + b'"'
-    assert store.write("k", chunks("k", 1, big)) > 16 << 20  # budget: 2 s more for 16 MiB
+    assert put(store, "k", 1, big) > 16 << 20  # budget: 2 s more for 16 MiB
     with pytest.raises(PostgresStoreError, match="statement_timeout"):
-        store.write("k", chunks("k", 2, b'"' + b"x" * 1_100_000 + b'"'))  # 1 MiB: no such budget
+        put(store, "k", 2, b'"' + b"x" * 1_100_000 + b'"')  # 1 MiB: no such budget
 
 
 def test_a_write_ends_its_own_cut_off_backend(
@@ -976,7 +1076,7 @@ def test_a_write_ends_its_own_cut_off_backend(
     """Our old session, dropped mid-call and still holding the key, is ended; the write lands."""
     app = "orphan-" + uuid.uuid4().hex[:8]
     store = make_store(application_name=app)
-    store.write("k", chunks("k", 1, b"1"))
+    put(store, "k", 1, b"1")
     # What a cut-off call leaves behind: the client gave the connection up (and
     # noted its backend), while the server still runs it, holding the lock.
     old, old_backend = store._conn, store._backend
@@ -985,7 +1085,7 @@ def test_a_write_ends_its_own_cut_off_backend(
     store._held.clear()
     store._orphans.append(old_backend)
     try:
-        store.write("k", chunks("k", 2, b"2"))
+        put(store, "k", 2, b"2")
         assert backends(pg, app) != [] and old_backend not in backends(pg, app)
     finally:
         old.close()
@@ -993,7 +1093,7 @@ def test_a_write_ends_its_own_cut_off_backend(
     other = make_store()  # a holder that is not an orphan of ours is never ended
     assert other.acquire("j") is None
     with pytest.raises(KeyLockedError):
-        store.write("j", chunks("j", 1, b"1"))
+        put(store, "j", 1, b"1")
     assert other.held() == {"j"} and other.locked_by("j") is not None
 
 
@@ -1037,7 +1137,8 @@ def test_the_documented_grants_are_enough(
                 assert isinstance(writer.flush_sync(), Written)  # a compaction, then appends
         assert state_of(journal, "j") == {"messages": messages}
         assert journal.move_aside("j", "old") is not None
-        plain.write("p", chunks("p", 1, b"1"))
+        assert journal.create_schema() == SCHEMA_VERSION  # not the owner: nothing to do
+        put(plain, "p", 1, b"1")
         assert plain.delete("p") and journal.keys() == []
     finally:
         journal.close()

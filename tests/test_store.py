@@ -46,7 +46,7 @@ def dead_pid() -> int:
     return child.pid
 
 
-def eio(*args: object) -> None:
+def eio(*args: object, **kwargs: object) -> None:
     raise OSError(errno.EIO, os.strerror(errno.EIO))
 
 

@@ -22,7 +22,7 @@ from checkpointer import (
     validate_history,
     write_summary,
 )
-from checkpointer._format import summary as _summary_format
+from checkpointer._format.frontmatter import front_matter
 from checkpointer._stores.atomic import write_atomic
 from checkpointer._transcript.summary import SUMMARY_PREFIX
 
@@ -154,7 +154,7 @@ def test_the_reader_folds_flow_scalars_as_pyyaml_reads_them(width: int) -> None:
     values = {f"v{i}": text for i, text in enumerate(AWKWARD)}
     dumped = yaml.safe_dump({**values, "metadata": values}, width=width)
     assert yaml.safe_load(dumped) == {**values, "metadata": values}
-    assert _summary_format._front_matter(dumped.splitlines(), "front matter") == {
+    assert front_matter(dumped.splitlines(), "front matter") == {
         **values,
         "metadata": values,
     }

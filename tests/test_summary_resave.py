@@ -1,7 +1,8 @@
 """Summary checkpoints re-saved by the real YAML libraries, in every style they write, load.
 
-The README promises that a summary edited by hand or re-saved by a YAML
-tool still loads.  Each test writes a summary with ``write_summary``, loads
+The docs promise that a summary edited by hand or re-saved by a YAML tool
+still loads, with PyYAML installed (the ``yaml`` extra), and that without it
+the error says so.  Each test writes a summary with ``write_summary``, loads
 its front matter with PyYAML or ruamel.yaml, dumps it again in one of the
 library's styles (flow mappings, quoted keys and values, literal and folded
 block scalars, tags, directives, document markers, lines wrapped narrow),
@@ -11,6 +12,7 @@ and checks that ``load_summary`` gives back what was written.
 from __future__ import annotations
 
 import io
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from ruamel.yaml.scalarstring import (
     SingleQuotedScalarString,
 )
 
-from checkpointer import SummaryCheckpoint, load_summary, write_summary
+from checkpointer import CheckpointError, SummaryCheckpoint, load_summary, write_summary
 
 WHEN = datetime(2025, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
 BODY = "Body: with: colons # and hash\n- a dash\n'quotes' \"dq\"\n---\nZürich 🚀\n"
@@ -133,9 +135,9 @@ def test_a_hand_edit_in_block_scalars_and_flow_reads_as_yaml_does(tmp_path: Path
         "  createdAt: 2025-05-01T12:30:15.123456+00:00,   # a comment\n"
         "  coveredMessages: 3 }\n"
     )
-    from checkpointer._format import summary as _summary_format
+    from checkpointer._format.frontmatter import front_matter
 
-    ours = _summary_format._front_matter(front.splitlines(), "front matter")
+    ours = front_matter(front.splitlines(), "front matter")
     theirs = yaml.safe_load(front)
     assert {k: ours[k] for k in ("name", "description", "extra")} == {
         k: theirs[k] for k in ("name", "description", "extra")
@@ -159,8 +161,22 @@ BLOCKS = [
 
 
 @pytest.mark.parametrize("text", BLOCKS)
-def test_block_scalars_and_flow_read_as_pyyaml_reads_them(text: str) -> None:
-    """The reader gives the values yaml.safe_load gives for block scalars and flow nodes."""
-    from checkpointer._format import summary as _summary_format
+def test_a_front_matter_with_block_scalars_and_flow_nodes_loads(tmp_path: Path, text: str) -> None:
+    """Extra fields a person added in any YAML style (block scalars, flow nodes) still load."""
+    path = Path(write_summary(tmp_path, "s", SummaryCheckpoint(4, "body\n", WHEN, 3)))
+    front, body = front_and_body(path)
+    path.write_text("---\n" + text + front + "\n---\n" + body, encoding="utf-8")
+    assert load_summary(tmp_path, "s") == SummaryCheckpoint(4, "body\n", WHEN, 3)
 
-    assert _summary_format._front_matter(text.splitlines(), "f") == yaml.safe_load(text)
+
+def test_another_style_without_pyyaml_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No PyYAML: our own shape loads; a re-saved style is a CheckpointError naming the extra."""
+    monkeypatch.setitem(sys.modules, "yaml", None)
+    path, checkpoint = written(tmp_path, "s")
+    assert load_summary(tmp_path, "s") == checkpoint
+    front, body = front_and_body(path)
+    path.write_text("---\n" + front.replace("metadata:", "metadata:  ") + "\n---\n" + body)
+    with pytest.raises(CheckpointError, match=r"agent-checkpointer\[yaml\]"):
+        load_summary(tmp_path, "s")

@@ -1,4 +1,4 @@
-"""``checkpointer pg-schema``: create or upgrade the tables a PostgresStore uses."""
+"""``checkpointer pg-schema``: create the tables a PostgresStore uses."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def add_command(commands: Any) -> None:
     """Add ``pg-schema`` to the parser's subcommands (psycopg is not imported)."""
     cmd = commands.add_parser(
         "pg-schema",
-        help="create or upgrade the PostgresStore tables",
-        description="Create (or upgrade) the tables PostgresStore uses, in one "
+        help="create the PostgresStore tables",
+        description="Create the tables PostgresStore uses (if they are not there), in one "
         "transaction, and print the schema version; or print the SQL with --sql.",
     )
     cmd.add_argument(

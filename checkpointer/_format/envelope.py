@@ -1,25 +1,12 @@
 """The envelope: the format of a checkpoint file, and of a PostgreSQL row's bytes.
 
-A checkpoint file is one JSON object::
-
-    {"format": 1, "meta": {...}, "state": ...}
-
-``format`` is the version of this envelope; ``meta`` is a ``Meta`` (in
-``_values``); ``state``
-is whatever the source returned, encoded by msgspec.  The writer builds the
-file from separately encoded pieces (see ``envelope_chunks``) so the state is
-encoded once and joined in the worker thread, off the event loop.
-
-Schema evolution follows msgspec's rules: a new field gets a default, an
-existing field's type never changes, and ``FORMAT`` moves only when an old
-reader could not read the new file correctly.
-
-A file of a newer format (or a newer state version, ``versions``) was
-written by a newer version: ``load`` refuses it with ``NewerVersionError``
-and a writer refuses its key, neither moves it aside as corrupt.  So that an
-old reader can say which version to upgrade to, every future format keeps
-``format`` at the top (a journal: in its first line) and the writing
-library's version at ``meta.library_version``.
+One JSON object, ``{"format": 1, "meta": {...}, "state": ...}``, built from
+separately encoded pieces (``envelope_chunks``) so that the state is encoded
+once and joined off the event loop.  Fields evolve by msgspec's rules, and
+``FORMAT`` moves only when an old reader could not read the new file.  Every
+format keeps ``format`` first and ``meta.library_version``, so that an older
+reader refuses a newer file (``NewerVersionError``) naming the version to
+upgrade to, rather than take it for a corrupt one.
 """
 
 from __future__ import annotations

@@ -1,46 +1,11 @@
 """The journal format: its rows, how they are read back, and how they are built.
 
-The one answer to "where is the journal format?": ``JournalStore`` writes
-these rows as the lines of a file, ``PostgresJournalStore`` as the rows of
-a table (``ROW_END``: no newline), and both read them back with
-``scan_journal`` and ``assemble``.
-
-Key ``k`` lives at ``<root>/k.jsonl``.  Every line is one JSON object whose
-``kind`` comes first::
-
-    {"kind":"header","format":1,"meta":{...}}
-    {"kind":"compaction","meta":{...},"transcript":"messages","state":{...}}
-    {"kind":"message","message":{...}}
-    {"kind":"state","meta":{...},"state":{..."messages":null...}}
-    {"kind":"meta","meta":{...}}
-
-* ``header``: the first line, once: the format version and the meta of the
-  checkpoint that created the file.
-* ``compaction``: the whole state, its transcript included (``transcript``
-  names its JSON key, null when the state has none).
-* ``message``: one message appended to the transcript.
-* ``state``: the rest of the state changed; its transcript key is null (the
-  transcript is the rows).
-* ``meta``: only the meta changed, or it closes an append of messages.
-
-A checkpoint is one *batch*: zero or more ``message`` rows and exactly one
-row that carries the meta (``meta``, ``state`` or ``compaction``), written
-with one ``write`` and one ``fsync``.  A new file (a header and a
-compaction) is made by temp file + fsync + rename + directory fsync.  So a
-crash leaves at most one unfinished batch at the end of the file: ``load``
-ignores it and reports it (``Checkpoint.torn``); a writer opening the
-journal truncates it away.  A damaged line that is not the last one cannot
-come from a crash: that is a ``CheckpointError`` naming the line.
-
-A complete line that is valid JSON but a row this version does not know (a
-``kind`` it has never heard of, a ``format`` above its own, a second header
-of a newer format) cannot come from a crash either, nor is it damage: a
-newer version wrote it.  Wherever it is, the last line included, that is a
-``NewerVersionError`` (the writer then leaves the key alone), never a torn
-tail dropped or a journal moved aside.
-
-Loading takes the last compaction row and applies the committed rows after
-it.  Older rows stay in the file, for audit, until a rewrite.
+``JournalStore`` writes the rows as the lines of a file, ``PostgresJournalStore``
+as the rows of a table (``ROW_END``: no newline); both read them back with
+``scan_journal`` and ``assemble``.  A checkpoint is one *batch*: zero or more
+``message`` rows, then one row that carries the meta, written with one ``write``
+and one ``fsync``.  So a crash can leave only an unfinished last batch (a
+``TornTail``, ignored); damage anywhere else cannot be trusted.
 """
 
 from __future__ import annotations
@@ -56,13 +21,8 @@ from .._version import VERSION
 from .envelope import FORMAT, check_format, newer_format
 
 __all__ = [
-    "COMPACTION_HEAD",
-    "HEADER_HEAD",
     "LINE_END",
-    "MESSAGE_HEAD",
-    "META_HEAD",
     "ROW_END",
-    "STATE_HEAD",
     "JournalScan",
     "assemble",
     "assemble_rows",
@@ -79,24 +39,34 @@ __all__ = [
 
 
 class _Header(msgspec.Struct, tag="header", tag_field="kind"):
+    """The first line, once: the format and the meta of the checkpoint that made the file."""
+
     format: int
     meta: Meta
 
 
 class _Message(msgspec.Struct, tag="message", tag_field="kind"):
+    """One message appended to the transcript."""
+
     message: msgspec.Raw
 
 
 class _MetaRow(msgspec.Struct, tag="meta", tag_field="kind"):
+    """Only the meta changed, or it closes an append of messages."""
+
     meta: Meta
 
 
 class _StateRow(msgspec.Struct, tag="state", tag_field="kind"):
+    """The rest of the state changed; its transcript is null (the transcript is the rows)."""
+
     meta: Meta
     state: msgspec.Raw
 
 
 class _Compaction(msgspec.Struct, tag="compaction", tag_field="kind"):
+    """The whole state; ``transcript`` names its transcript's key (None: it has none)."""
+
     meta: Meta
     state: msgspec.Raw
     transcript: str | None = None
@@ -109,11 +79,11 @@ _ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 _ENCODER = msgspec.json.Encoder()
 
 
-MESSAGE_HEAD = b'{"kind":"message","message":'
-META_HEAD = b'{"kind":"meta","meta":'
-STATE_HEAD = b'{"kind":"state","meta":'
-COMPACTION_HEAD = b'{"kind":"compaction","meta":'
-HEADER_HEAD = b'{"kind":"header","format":%d,"meta":' % FORMAT
+_MESSAGE_HEAD = b'{"kind":"message","message":'
+_META_HEAD = b'{"kind":"meta","meta":'
+_STATE_HEAD = b'{"kind":"state","meta":'
+_COMPACTION_HEAD = b'{"kind":"compaction","meta":'
+_HEADER_HEAD = b'{"kind":"header","format":%d,"meta":' % FORMAT
 LINE_END = b"}\n"
 """How a row ends in a journal file: one line each."""
 ROW_END = b"}"
@@ -140,18 +110,56 @@ class JournalScan(NamedTuple):
 
 
 def scan_journal(data: bytes, path: str) -> JournalScan:
-    """Parse a journal; ignore an unfinished last batch; reject any other damage."""
+    """Parse a journal; ignore an unfinished last batch; reject any other damage.
+
+    Raises:
+        CheckpointError: damage a crash cannot leave (not in the last batch).
+        NewerVersionError: a row or a format that a newer version wrote.
+    """
     if not data:
         raise CheckpointError(path, "the journal is empty (its creation never finished?)")
     size, hole = len(data), ""
     if (nul := data.find(b"\0")) >= 0:  # JSON never holds a raw NUL: a hole of a crash
         data, hole = _cut_hole(data, nul, path)
+    rows, ends, partial, unparsable = _parse_rows(data, path)
+    compaction, last_commit = _check_rows(rows, path)
+    end = ends[last_commit]
+    torn = None
+    if end < size:
+        pending = len(rows) - 1 - last_commit
+        reasons = [
+            f"{pending} message row(s) without the row that closes their append" if pending else "",
+            unparsable,
+            f"a last line of {len(partial)} bytes with no newline" if partial else "",
+            hole,
+        ]
+        torn = TornTail(
+            line=last_commit + 2,
+            offset=end,
+            nbytes=size - end,
+            reason="an append that never finished: " + "; ".join(r for r in reasons if r),
+        )
+    last = rows[last_commit]
+    assert not isinstance(last, _Message)
+    return JournalScan(
+        meta=last.meta,
+        end=end,
+        live=ends[0] + ends[compaction] - ends[compaction - 1],
+        compaction=_compaction(rows, compaction),
+        compaction_line=compaction + 1,
+        after=rows[compaction + 1 : last_commit + 1],
+        torn=torn,
+    )
+
+
+def _parse_rows(data: bytes, path: str) -> tuple[list[_Row], list[int], bytes, str]:
+    """The rows of the complete lines, the offset after each, the bytes after the last
+    newline, and why the last complete line is no row ("" if it is one)."""
     lines = data.split(b"\n")
     partial = lines.pop()  # b"" when the file ends with a newline, as it should
     rows: list[_Row] = []
     ends: list[int] = []
     offset = 0
-    unparsable = ""
     for number, line in enumerate(lines, 1):
         try:
             row = _ROWS.decode(line)
@@ -161,8 +169,7 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
             else:
                 _check_newer_row(line, number, lines[number:], path)
             if number == len(lines) and not partial:
-                unparsable = f"line {number} is not a journal row ({exc})"
-                break
+                return rows, ends, partial, f"line {number} is not a journal row ({exc})"
             raise CheckpointError(
                 path,
                 f"line {number} is not a journal row ({exc}); a crash can only damage "
@@ -171,6 +178,11 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
         rows.append(row)
         offset += len(line) + 1
         ends.append(offset)
+    return rows, ends, partial, ""
+
+
+def _check_rows(rows: list[_Row], path: str) -> tuple[int, int]:
+    """The indices of the last compaction and of the last row that closes a batch."""
     if not rows or not isinstance(rows[0], _Header):
         raise CheckpointError(path, "line 1 is not a journal header: not a journal file")
     header = rows[0]
@@ -178,10 +190,8 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
         raise newer_format(path, header.format, header.meta.library_version)
     if header.format < 1:
         raise CheckpointError(path, f"unknown journal format version {header.format}")
-    last_commit = -1
-    compaction = -1
-    for index in range(1, len(rows)):
-        row = rows[index]
+    last_commit = compaction = -1
+    for index, row in enumerate(rows[1:], 1):
         number = index + 1
         if isinstance(row, _Header):
             if row.format > FORMAT:
@@ -204,36 +214,7 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
             last_commit = index
     if last_commit < 0:
         raise CheckpointError(path, "no complete checkpoint after the header")
-    end = ends[last_commit]
-    torn = None
-    if end < size:
-        reasons = []
-        pending = len(rows) - 1 - last_commit
-        if pending:
-            reasons.append(f"{pending} message row(s) without the row that closes their append")
-        if unparsable:
-            reasons.append(unparsable)
-        if partial:
-            reasons.append(f"a last line of {len(partial)} bytes with no newline")
-        if hole:
-            reasons.append(hole)
-        torn = TornTail(
-            line=last_commit + 2,
-            offset=end,
-            nbytes=size - end,
-            reason="an append that never finished: " + "; ".join(reasons),
-        )
-    last = rows[last_commit]
-    assert not isinstance(last, _Message)
-    return JournalScan(
-        meta=last.meta,
-        end=end,
-        live=ends[0] + ends[compaction] - ends[compaction - 1],
-        compaction=_compaction(rows, compaction),
-        compaction_line=compaction + 1,
-        after=rows[compaction + 1 : last_commit + 1],
-        torn=torn,
-    )
+    return compaction, last_commit
 
 
 _KINDS = frozenset({"header", "compaction", "message", "state", "meta"})
@@ -251,7 +232,12 @@ _ANY_ROW = msgspec.json.Decoder(_AnyRow)
 
 
 def _check_newer_row(line: bytes, number: int, later: list[bytes], path: str) -> None:
-    """Raise ``NewerVersionError`` if ``line`` is a whole row that a newer version wrote."""
+    """Raise ``NewerVersionError`` if ``line`` is a whole row that a newer version wrote.
+
+    A valid JSON row of a kind or format this version does not know is neither
+    a crash's nor damage, wherever it is (the last line included): the writer
+    then leaves the key alone rather than drop a torn tail or move the journal.
+    """
     try:
         row = _ANY_ROW.decode(line)
     except (msgspec.DecodeError, RecursionError):
@@ -333,7 +319,8 @@ def _compaction(rows: list[_Row], index: int) -> _Compaction:
 
 
 def assemble(scan: JournalScan, path: str) -> bytes:
-    """The state as of the last committed row, as JSON."""
+    """The state as of the last committed row, as JSON: the last compaction's state with
+    the rows after it applied (older rows stay in the file until a rewrite)."""
     compaction = scan.compaction
     messages = [row.message for row in scan.after if isinstance(row, _Message)]
     states = [row.state for row in scan.after if isinstance(row, _StateRow)]
@@ -361,22 +348,22 @@ def assemble(scan: JournalScan, path: str) -> bytes:
 
 def header_line(meta_json: bytes) -> bytes:
     """The first line of a journal file: the format and the meta that created it."""
-    return b"".join([HEADER_HEAD, meta_json, LINE_END])
+    return b"".join([_HEADER_HEAD, meta_json, LINE_END])
 
 
 def message_rows(chunks: Sequence[bytes], end: bytes) -> list[bytes]:
     """A ``message`` row for each encoded message, ending in ``end``."""
-    return [b"".join([MESSAGE_HEAD, chunk, end]) for chunk in chunks]
+    return [b"".join([_MESSAGE_HEAD, chunk, end]) for chunk in chunks]
 
 
 def meta_row(meta_json: bytes, end: bytes) -> bytes:
     """A ``meta`` row: only the meta changed, or it closes an append of messages."""
-    return b"".join([META_HEAD, meta_json, end])
+    return b"".join([_META_HEAD, meta_json, end])
 
 
 def state_row(meta_json: bytes, head: bytes, tail: bytes, end: bytes) -> bytes:
     """A ``state`` row: the rest of the state (``head`` and ``tail`` around a null transcript)."""
-    return b"".join([STATE_HEAD, meta_json, b',"state":', head, b"null", tail, end])
+    return b"".join([_STATE_HEAD, meta_json, b',"state":', head, b"null", tail, end])
 
 
 def compaction_row(
@@ -388,7 +375,7 @@ def compaction_row(
     (``_stores/atomic.write_all``) and never joined in memory.
     """
     name = b"null" if transcript is None else _ENCODER.encode(transcript)
-    return [COMPACTION_HEAD, meta_json, b',"transcript":', name, b',"state":', *state, end]
+    return [_COMPACTION_HEAD, meta_json, b',"transcript":', name, b',"state":', *state, end]
 
 
 def assemble_rows(meta_json: bytes, bodies: Sequence[bytes | None], where: str) -> bytes:

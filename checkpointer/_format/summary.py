@@ -1,32 +1,11 @@
 """The summary checkpoint's file: Markdown with a YAML front matter, to and from bytes.
 
-A summary checkpoint (``_values.SummaryCheckpoint``) lives beside the
-session at ``<root>/sessions/<key>/checkpoint.md`` (``_stores/summaries.py``)
-as Markdown with a YAML front matter, so a memory indexer that reads
-front-matter files picks it up unchanged::
-
-    ---
-    name: "session-42 checkpoint"
-    description: "Summary of the first 120 messages of session session-42; ..."
-    metadata:
-      type: checkpoint
-      watermark: 120
-      createdAt: "2025-05-01T12:00:00.123456Z"
-      coveredMessages: 120
-    ---
-    <the summary, verbatim>
-
-No YAML library is needed: the front matter has a fixed shape, strings are
-written as JSON strings (a JSON string is a valid YAML double-quoted
-scalar), and the reader (``frontmatter.py``) reads the YAML that tools write for
-that shape, in any of their styles: block and flow mappings, quoted keys,
-plain and quoted scalars over several lines (folded as YAML folds them),
-literal and folded block scalars, tags, anchors, comments, directives and
-document markers (not aliases).  So a file re-saved by PyYAML or
-ruamel.yaml still loads (``tests/test_summary_resave.py``).  The body is
-the summary byte for byte: it may hold ``---`` lines, since the front
-matter ends at its first ``---`` line and none of its own values can
-contain one.
+The front matter (``name``, ``description``, ``metadata``: type, watermark,
+createdAt, coveredMessages) is what a memory indexer of front-matter files
+reads.  Its strings are JSON strings, valid YAML double-quoted scalars, so what
+we write reads without a YAML library; a file a YAML tool re-saved in another
+style is read by PyYAML (``frontmatter``).  The body is the summary byte for
+byte, ``---`` lines included: the front matter ends at its first ``---`` line.
 """
 
 from __future__ import annotations
@@ -130,7 +109,7 @@ def _parse(text: str, path: str) -> SummaryCheckpoint:
     first, end = _front_lines(lines)
     if end is None:
         raise CheckpointError(path, "the front matter has no closing '---' line")
-    top = front_matter([line.rstrip("\r") for line in lines[first:end]], path, first + 1)
+    top = front_matter([line.rstrip("\r") for line in lines[first:end]], path)
     if end < len(lines) and lines[end].rstrip("\r") == "...":  # a YAML document end
         end += int(end + 1 < len(lines) and lines[end + 1].rstrip("\r") == "---")
     if not isinstance(top, dict):
@@ -147,10 +126,12 @@ def _parse(text: str, path: str) -> SummaryCheckpoint:
             raise CheckpointError(path, f"metadata.{name} must be an integer >= 0, got {value!r}")
         numbers[name] = value
     created = meta.get("createdAt")
-    try:
-        moment = datetime.fromisoformat(created) if isinstance(created, str) else None
-    except ValueError:
-        moment = None
+    moment = created if isinstance(created, datetime) else None  # YAML's plain timestamp
+    if isinstance(created, str):
+        try:
+            moment = datetime.fromisoformat(created)
+        except ValueError:
+            moment = None
     if moment is None or moment.utcoffset() is None:
         raise CheckpointError(
             path, f"metadata.createdAt must be an ISO 8601 time with a zone, got {created!r}"
@@ -183,6 +164,3 @@ def _front_lines(lines: list[str]) -> tuple[int, int | None]:
         if lines[end].rstrip("\r") in ("---", "..."):
             return first, end
     return first, None
-
-
-_front_matter = front_matter  # the reader's entry, as the tests name it

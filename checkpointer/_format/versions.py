@@ -1,19 +1,10 @@
 """The caller's state versions: refuse newer files, migrate older ones.
 
-The envelope's ``format`` is this library's business; ``Meta.state_version``
-is the caller's.  A writer stamps its ``state_version`` on every file.  A
-reader says which version it understands and registers migrations
-``{old_version: function}``, each taking the state of ``old_version`` as
-plain JSON values and returning it at ``old_version + 1``.  A file at an
-older version goes through them in order; a file at a newer version was
-written by a newer version of the program: a ``NewerVersionError`` (a
-``CheckpointError``), never a silent downgrade, and a writer refuses its key
-(``Failed("newer-version")``) rather than replace it.
-
-A migration works on plain values, not on the caller's types: the types of
-the old version may no longer exist in the program.  The migrated state is
-encoded once more and decoded as the caller's type by the same code as any
-other load, so it is checked the same way (a bad field names its JSON path).
+``Meta.state_version`` is the caller's (the envelope's ``format`` is ours).  A
+file at an older version goes through the registered migrations, each from
+``v`` to ``v + 1`` on plain JSON values (the old version's types may no longer
+exist), and is then decoded as any load is, so a bad field names its JSON path.
+A file at a newer version is a ``NewerVersionError``, never a silent downgrade.
 """
 
 from __future__ import annotations
@@ -82,7 +73,7 @@ def decode_versioned(
             raise CheckpointError(
                 path,
                 f"migration from state version {version} to {version + 1} raised "
-                f"{_type_name(exc)}: {exc}",
+                f"{exc.__class__.__name__}: {exc}",  # ``type`` is the parameter here
             ) from exc
     try:
         state_json = _ENCODER.encode(state)
@@ -104,7 +95,3 @@ def newer_state(path: str, meta: Meta, detail: str) -> NewerVersionError:
         + detail,
         meta.library_version,
     )
-
-
-def _type_name(exc: BaseException) -> str:
-    return type(exc).__name__

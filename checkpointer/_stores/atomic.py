@@ -9,7 +9,7 @@ fsynced),
 and ``fsync_fd`` for what other modules write in place (a journal's append
 and its torn-tail truncation, a directory ``safefs.open_subdir`` made).
 
-The recipe (``../shared/FACTS.md``, "Durable atomic replace on Linux"):
+The recipe, written once (``_write_at``, in a directory's descriptor):
 
 1. a temp file in the target's own directory (``mkstemp``: O_EXCL, 0600);
 2. set the intended mode, write everything, ``fsync`` the file;
@@ -41,9 +41,6 @@ another that had the same pid: a hash of the boot id and the process's
 start time (``/proc/<pid>/stat``); or, where ``/proc`` cannot be read, a
 random one that only the process itself knows.  Names without a tag (from
 versions before it) are still swept, by the same lock and age.
-
-(Past 500 lines on purpose: this is the one module that calls fsync, and the
-write, its temp files and their sweep are one protocol, best read together.)
 """
 
 from __future__ import annotations
@@ -84,7 +81,8 @@ def fsync_fd(fd: int) -> None:
 
     ``os.fsync`` is looked up at each call, so a test that replaces it sees
     every fsync of the library.  After it fails, never call it again on the
-    same file (FACTS.md): rewrite the file from memory instead.
+    same file (the kernel may have dropped its dirty pages, so a second
+    fsync can "succeed" with data lost): rewrite the file from memory.
     """
     os.fsync(fd)
 
@@ -213,31 +211,18 @@ def write_atomic(
             fsync failed (then the new content is in place, maybe not durably).
     """
     directory, name = os.path.split(path)
-    directory = directory or "."
     if dir_fd is not None:
-        return _write_atomic_at(dir_fd, name, chunks, mode, fsync, replace)
-    pid, tag = _me()
-    prefix = os.path.join(directory, f".{name}.{pid}.{tag}")
+        return _write_at(dir_fd, name, chunks, mode, fsync, replace)
+    directory = directory or "."
     try:
-        fd, tmp = _create_temp(prefix)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:  # first write: make the directory (a syscall saved per write)
         makedirs_durable(directory, dir_mode)
-        fd, tmp = _create_temp(prefix)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        try:
-            _hold(fd)
-            os.fchmod(fd, mode)
-            size = write_all(fd, chunks)
-            fsync(fd)
-            replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        return _write_at(fd, name, chunks, mode, fsync, replace)
     finally:
-        os.close(fd)  # the lock goes with it, after the rename: the sweep's proof of a live write
-    fsync_dir(directory, fsync)
-    return size
+        os.close(fd)
 
 
 def _hold(fd: int) -> None:
@@ -253,7 +238,7 @@ def _hold(fd: int) -> None:
 _TEMP_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _write_atomic_at(
+def _write_at(
     dir_fd: int,
     name: str,
     chunks: Sequence[bytes],
@@ -261,7 +246,7 @@ def _write_atomic_at(
     fsync: Callable[[int], None],
     replace: Callable[..., None],
 ) -> int:
-    """``write_atomic`` relative to a directory descriptor (``openat``, ``renameat``)."""
+    """The recipe, in the directory ``dir_fd``: temp, lock, write, fsync, rename, dir fsync."""
     pid, tag = _me()
     fd, tmp = _create_temp(f".{name}.{pid}.{tag}", dir_fd)
     try:
@@ -276,7 +261,7 @@ def _write_atomic_at(
                 os.unlink(tmp, dir_fd=dir_fd)
             raise
     finally:
-        os.close(fd)
+        os.close(fd)  # the lock goes with it, after the rename: the sweep's proof of a live write
     fsync(dir_fd)
     return size
 

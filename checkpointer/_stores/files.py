@@ -145,6 +145,11 @@ class FileStore:
             meta = decode_meta(data, path)
         return meta.revision
 
+    def _holds(self, key: str) -> bool:
+        """Whether this store holds ``key``'s lock now (a writer's, or one taken for a call)."""
+        held = self._locks.get(key)
+        return held is not None and held.held  # a forked child's copy is not held
+
     @contextlib.contextmanager
     def _owned(self, key: str) -> Iterator[None]:
         """Hold ``key``'s lock for the block: the one taken through ``lock()``, or one for it.
@@ -153,8 +158,7 @@ class FileStore:
             KeyLocked: another writer holds it (another process, or another
                 store object of this one).
         """
-        held = self._locks.get(key)
-        if held is not None and held.held:  # a forked child's copy is not held
+        if self._holds(key):
             yield
             return
         lock = self._locks[key] = acquire_file_lock(os.path.join(self.root, key + ".lock"), key=key)

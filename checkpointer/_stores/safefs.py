@@ -1,84 +1,31 @@
 """Opening files under a store's root so that nothing planted there redirects a write.
 
-A checkpoint root is often a directory other processes can write to (a
-shared project folder, a mounted volume, a path under ``/tmp``).  Whatever
-someone puts in place of a file the library uses, no write, truncation,
-append, lock or creation may reach a file outside the root.  The rules, and
-where each is kept:
+A root is often a directory others can write to (a shared folder, ``/tmp``).
+Whatever is put in place of a file the library uses, nothing is written,
+truncated, locked or created outside the root:
 
-* **Written in place** (a lock file, a journal's append and its torn-tail
-  truncation): opened with ``O_NOFOLLOW | O_NOCTTY | O_NONBLOCK`` and
-  checked with ``fstat`` before a byte is written (``open_checked``): a
-  regular file, one link, of a trusted owner (below).  Anything else (a
-  symbolic link, dangling or not, a FIFO, a socket, a device, a directory,
-  a file with a second hard link that may lie outside the root, a file of
-  an untrusted user) is refused with ``UnsafeFile`` naming the path and
-  what is there, and left as it is.  When the open fails (even with
-  ENOENT: a device may say that) the path is looked at with ``lstat``, so
-  what is there is named, never taken for "no file".  ``O_NONBLOCK``:
-  opening a FIFO never waits for a peer (it has no effect on the regular
-  file that passes the check).  A lock file holds only a lock holder's
-  JSON, so one holding anything else (a file renamed in from elsewhere) is
-  refused rather than truncated (``flock``).
-* **Replaced by rename** (a snapshot, a journal rewrite, a summary, a file
-  moved aside): the rename replaces the *name*, never following it, so a
-  link there is not written through and a hard link's other name keeps its
-  old bytes.  Where the library reads the file first (a writer learning its
-  ``seq``), the read refuses what it would not write in place.
-* **Read** (``load``, the CLI, a writer's first look at a key):
-  ``read_checked`` opens without following a symbolic link and without
-  blocking on a FIFO, reads only a regular file of a trusted owner (so a
-  state forged by another user is not loaded), and reads exactly the
-  ``st_size`` that ``fstat`` gave, never more (``read_fd``): a file that
-  grows while it is read is an error naming both sizes (a journal read
-  without its lock may grow by an append: that read keeps what ``fstat``
-  saw), a file larger than this machine's memory is not read at all, and a
-  ``MemoryError`` while reading is an error naming the path and the size.
-  All three are ``UnreadableFile``, an ``OSError``.
-* **Directories below the root** (``sessions/<key>/``): ``open_subdir``
-  opens (or creates, 0700) each level with ``O_DIRECTORY | O_NOFOLLOW``
-  relative to its parent's descriptor; writes go through that descriptor
-  (``dir_fd=``), so a level swapped for a link after the check still
-  cannot redirect them.
-* **The root itself** may be a symbolic link: people link their checkpoint
-  directory elsewhere on purpose.  A root that someone other than this
-  user and root can change gets one warning per process (``check_root``):
-  one owned by another user (a ``/tmp/<name>`` someone made first, or a
-  user's directory a root process works in), one writable by every user,
-  or by a group with members besides its owner, without the sticky bit.
-  (A group is taken as its owner's alone when it has the owner's name and
-  lists no one else: the private group of a user whose umask is 002.)
+* written in place (a lock file, a journal append): ``open_checked`` opens
+  with ``O_NOFOLLOW`` and refuses (``UnsafeFile``, left as it is) anything but
+  a regular file with one link and a trusted owner;
+* replaced by rename (snapshots, summaries): the rename replaces the name,
+  never following it; directories below the root are opened relative to
+  their parent's descriptor (``open_subdir``), without following links;
+* read (``load``, the CLI): ``read_checked`` follows no link, waits on no
+  FIFO, reads only a regular file of a trusted owner, and exactly the size
+  ``fstat`` gave (``UnreadableFile`` if it grows while read);
+* the root itself may be a link; one that others can change is named once
+  in a warning (``check_root``).
 
-"A trusted owner": the effective user, root (uid 0), or the owner of the
-file's directory when that directory is theirs: it, and each directory
-above it up to the first that they do not own, belongs to them, and that
-first one belongs to root or to this user and is writable by no one else
-(a home directory under ``/home``, a container's bind mount under ``/``).
-That is the case of a root process working in a user's own directory: the
-user's files there are theirs, and they could change anything in it
-anyway.  A directory another user made in a shared place (``/tmp``, a group
-folder) may have been made there first to catch this process's files, so
-their files in it are refused: their forged state is not loaded, their
-``<key>.lock`` is not taken.  A file of a third user is always refused.
-What no check can stop in a directory others can change: the removal or
-renaming of the store's own files, and a file of this user or root that
-they rename in from elsewhere on the same filesystem.  Such a file is read
-as a checkpoint (one that is not is moved aside by name, its bytes
-untouched), and a lock file is refused unless it is empty or holds a lock
-holder's JSON.
-
-(Past 500 lines on purpose: these rules are one concern, and a reader
-checking one of them should find every check of it in this file.)
+A trusted owner: this user or root (run as the files' owner to read
+another user's store).
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import grp
 import logging
 import os
-import pwd
 import stat
 import threading
 
@@ -191,57 +138,15 @@ def _refusal(exc: OSError, path: str, dir_fd: int | None) -> OSError:
 def _check_owner(
     st: os.stat_result, path: str, dir_fd: int | None, *, expected: str = "a file"
 ) -> None:
-    """Raise ``UnsafeFile`` unless ``st`` (of ``path``) has a trusted owner (module docstring)."""
-    if st.st_uid in (os.geteuid(), 0):
-        return  # most files are our own: no syscall then
-    why = _untrusted(st.st_uid, path, dir_fd)
-    if why is not None:
-        raise UnsafeFile(path, f"owned by uid {st.st_uid}, {why}", expected=expected)
-
-
-def _untrusted(uid: int, path: str, dir_fd: int | None) -> str | None:
-    """Why a file of ``uid`` (not us, not root) in ``path``'s directory is refused; None if not."""
-    me = f"not by this process (uid {os.geteuid()}) or root"
-    try:
-        fd = os.dup(dir_fd) if dir_fd is not None else os.open(_parent(path), _DIRECTORY)
-    except OSError:
-        return f"{me}, and its directory cannot be looked at"
-    try:
-        owner = os.fstat(fd).st_uid
-        if owner != uid:
-            return f"{me}, or the owner of its directory (uid {owner})"
-        anchor = _anchor(fd, uid)
-    except OSError:
-        return f"{me}, and the directories above its own cannot be looked at"
-    finally:
-        os.close(fd)
-    if anchor is None or (anchor.st_uid in (os.geteuid(), 0) and not anchor.st_mode & _SHARED):
-        return None  # their own directory, in a place only root (or we) could give them
-    return (
-        f"{me}; its directory {_parent(path)} is theirs, but lies in a directory others "
-        f"can write (uid {anchor.st_uid}, mode {stat.S_IMODE(anchor.st_mode):o}), where "
-        f"uid {uid} may have made it first (use a directory of this user's own)"
-    )
-
-
-def _anchor(fd: int, uid: int) -> os.stat_result | None:
-    """The first directory above ``fd`` that ``uid`` does not own; None if they own up to ``/``."""
-    current = os.dup(fd)
-    try:
-        here = os.fstat(current)
-        for _ in range(1024):  # a bound, not a depth anyone has
-            parent = os.open("..", _DIRECTORY, dir_fd=current)
-            os.close(current)
-            current = parent
-            above = os.fstat(current)
-            if (above.st_dev, above.st_ino) == (here.st_dev, here.st_ino):
-                return None  # "/" is its own parent
-            if above.st_uid != uid:
-                return above
-            here = above
-        return here
-    finally:
-        os.close(current)
+    """Raise ``UnsafeFile`` unless ``st`` (of ``path``) belongs to this user or root."""
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        raise UnsafeFile(
+            path,
+            f"owned by uid {st.st_uid}, not by this process (uid {me}) or root, who may have "
+            "planted it (run as that user, or use a directory of this user's own)",
+            expected=expected,
+        )
 
 
 def _parent(path: str) -> str:
@@ -354,20 +259,10 @@ def read_fd(fd: int, size: int, path: str, *, growing: bool = False) -> bytes:
         ``size`` bytes, or fewer if it shrank while being read.
 
     Raises:
-        UnreadableFile: ``size`` is more than this machine's memory, a
-            ``MemoryError`` came while reading, or the file grew while
-            being read (unless ``growing``).
+        UnreadableFile: a ``MemoryError`` came while reading, or the file
+            grew while being read (unless ``growing``).
         OSError: a read failed.
     """
-    memory = _memory()
-    if memory is not None and size > memory:
-        raise UnreadableFile(
-            path,
-            size,
-            f"{path} is {_bytes(size)}, more than this machine's memory ({_human(memory)}), "
-            "so not a checkpoint it could load; not reading it (a sparse or planted file? "
-            "remove it to go on)",
-        )
     try:
         # O_NONBLOCK does not apply to regular files: reads return what is there.
         parts: list[bytes] = []
@@ -396,16 +291,6 @@ def read_fd(fd: int, size: int, path: str, *, growing: bool = False) -> bytes:
             "this library never does; not using what was read (try again, or find that writer)",
         )
     return data
-
-
-@functools.cache
-def _memory() -> int | None:
-    """This machine's physical memory in bytes; None if it cannot be told."""
-    try:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return None
-    return memory if memory > 0 else None
 
 
 def _bytes(n: int) -> str:
@@ -561,20 +446,10 @@ def _shared_by(st: os.stat_result, root: str) -> tuple[list[str], list[str]]:
         if st.st_mode & stat.S_IWOTH:
             reasons.append("writable by every user without the sticky bit")
             fixes.append(f"or chmod o-w {root}")
-        if st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid, st.st_uid):
+        if st.st_mode & stat.S_IWGRP:
             reasons.append(f"writable by group {_group(st.st_gid)} without the sticky bit")
             fixes.append(f"or chmod g-w {root}")
     return reasons, fixes
-
-
-def _private_group(gid: int, owner: int) -> bool:
-    """Whether group ``gid`` is the private group of user ``owner`` (its name, no other member)."""
-    try:
-        name = pwd.getpwuid(owner).pw_name
-        group = grp.getgrgid(gid)
-    except KeyError:
-        return False
-    return group.gr_name == name and set(group.gr_mem) <= {name}
 
 
 def _group(gid: int) -> str:

@@ -1,7 +1,8 @@
 """Agent transcripts: sendable histories, repairs on a copy, fingerprints, the prepare step.
 
-* ``messages``: the message shapes (chat-completions and messages style),
+* ``messages``: our own message Structs (chat-completions and messages style),
   the fixed texts, reading a message's fields;
+* ``dialects``: the frameworks' message shapes, as data, and detecting them;
 * ``history``: the one-pass scan: is a history sendable? (``validate_history``);
 * ``repair``: running results settled, dangling calls closed, on a copy;
 * ``fingerprint``: the last message's fingerprint (``transcript_fingerprint``);

@@ -1,40 +1,9 @@
 """Agent transcripts: is a history sendable?  One pass over it says.
 
-A history is *sendable* when a model API would accept it: every result
-answers a call that is still open (no orphan), every call is answered before
-the conversation moves on (none unclosed), and no id is used twice.
-
-The rules of the one-pass scan (``scan_history``), over messages of any
-dialect (``dialects.py``; each message's own, detected as it is read): a
-call opens when its message is seen.  Results close open calls.  Any
-message that does not keep the window open (a chat or LangChain ``tool``
-message does) ends the *window* of the calls still open (after its own
-results are taken), and those calls are unclosed; a result that comes
-later is an orphan.  So for the Anthropic and pydantic-ai dialects the
-window is the one message after the call, and for chat and LangChain it is
-the run of ``tool`` messages after it, as the APIs require.  A Responses
-call's window never ends (its output may come anywhere after it): it is
-unclosed only if the history ends without its output.  A pydantic-ai
-request keeps the window (consecutive requests are one turn there), and a
-pydantic-ai call still open at the end of a history whose window already
-answered others of its response's calls is *pending*, not unclosed: that is
-how pydantic-ai persists a deferred tool (``requires_approval``, external),
-and it answers it from ``deferred_tool_results`` on the next run.  So is a
-Responses call still open at the end with only Responses items after it
-(no user or assistant message): the Agents SDK's pause for a
-``needs_approval`` tool, which its ``RunState`` answers on resume.
-Closing either in a stored copy would lose the approval (and the answer
-the framework adds on resume would then be a second one), so
-``transcript_prepare`` keeps them open (``HistoryScan.pending``);
-``validate_history`` still reports them (``unclosed-call``, saying
-pending: the history is not sendable as it is, only resumable), and
-``close_dangling_tool_calls`` closes them, for a caller who abandons the
-paused run.  A message of a
-shape no dialect recognises is reported (``unrecognised``) and otherwise
-left out: it answers nothing and ends no window.
-
-The scan is a left fold (``ScanState``, fed with ``feed``): the prepare
-step's cache (``prepare.py``) keeps it for a history's settled prefix.
+A history is *sendable* when a model API would accept it: every result answers
+a call still open, every call is answered within its window (``Window``), and
+no id is used twice.  The scan is a left fold (``ScanState``, fed with
+``feed``), so the prepare step can keep its state for a history's settled prefix.
 """
 
 from __future__ import annotations
@@ -174,40 +143,45 @@ class ScanState:
         self.answered_log.clear()
 
     def result(self) -> HistoryScan:
-        """The scan of the ``count`` messages fed, as if they were the whole history."""
+        """The scan of the ``count`` messages fed, as if they were the whole history.
+
+        A call still open at the end is *pending*, not unclosed, when its
+        dialect defers and the run paused on it: a pydantic-ai call whose
+        window already answered others of its response (a deferred tool,
+        answered from ``deferred_tool_results`` on the next run), or a
+        Responses call with only Responses items after it (an Agents SDK
+        approval, answered from its ``RunState``).  Closing either in a stored
+        copy would lose the approval, so ``transcript_prepare`` stores it
+        open; it is still a problem (``unclosed-call``, saying pending).
+        """
         end = self.count
         unclosed, pending = list(self.unclosed), list[Unclosed]()
-        deferring, moved = self.deferring, self.moved
         for call_id, (at, of) in self.open_calls.items():
-            (pending if deferring and of.defers else unclosed).append(
+            (pending if self.deferring and of.defers else unclosed).append(
                 Unclosed(at, end, call_id, of)
             )
         for call_id, (at, of) in self.free_calls.items():
-            (pending if at > moved and of.defers else unclosed).append(
+            (pending if at > self.moved and of.defers else unclosed).append(
                 Unclosed(at, end, call_id, of)
             )
-        problems = self.problems + [
-            HistoryProblem(
-                kind="unclosed-call",
-                index=u.call_index,
-                call_id=u.call_id,
-                detail=f"tool call {clipped(u.call_id)} has no result before the conversation "
-                "goes on",
-            )
-            for u in unclosed
-        ]
-        problems += [
-            HistoryProblem(
-                kind="unclosed-call",
-                index=u.call_index,
-                call_id=u.call_id,
-                detail=f"tool call {clipped(u.call_id)} is pending (a paused run: a deferred "
-                "tool or an approval), answered when the framework resumes the run",
-            )
-            for u in pending
-        ]
+        problems = self.problems + [_unclosed(u, _NO_RESULT) for u in unclosed]
+        problems += [_unclosed(u, _PENDING) for u in pending]
         problems.sort(key=lambda p: p.index)  # stable: per message, in the order found
         return HistoryScan(problems, unclosed, pending, list(self.running), self.turns)
+
+
+_NO_RESULT = "has no result before the conversation goes on"
+_PENDING = (
+    "is pending (a paused run: a deferred tool or an approval), answered when the "
+    "framework resumes the run"
+)
+
+
+def _unclosed(u: Unclosed, what: str) -> HistoryProblem:
+    detail = f"tool call {clipped(u.call_id)} {what}"
+    return HistoryProblem(
+        kind="unclosed-call", index=u.call_index, call_id=u.call_id, detail=detail
+    )
 
 
 def scan_history(messages: Sequence[Any]) -> HistoryScan:
@@ -217,26 +191,24 @@ def scan_history(messages: Sequence[Any]) -> HistoryScan:
 
 
 def feed(state: ScanState, items: Sequence[Any]) -> None:
-    """Scan ``items``, the messages after the first ``state.count``, on top of ``state``."""
-    # The hot loop of every transcript write: a message costs its dialect's
-    # detection (a few dict lookups) and reading, and a few more lookups
-    # unless it carries calls or results.
+    """Scan ``items``, the messages after the first ``state.count``, on top of ``state``.
+
+    A call opens when its message is seen, and results close open calls.  A
+    message that does not keep the window (a chat or LangChain ``tool``
+    message keeps it) ends the window of the calls still open, after its own
+    results are taken: those calls are unclosed, and a result that comes
+    later is an orphan.  A *free* call (Responses) stays open until answered.
+    """
+    # The hot loop of every transcript write: state in locals, and a message
+    # without calls or results costs its classification and a few lookups.
     start = state.count
-    problems = state.problems
-    unclosed = state.unclosed
-    running = state.running
-    open_calls = state.open_calls
-    free_calls = state.free_calls
-    answered = state.answered
-    answered_log = state.answered_log
-    called = state.called
-    called_log = state.called_log
-    turns = state.turns
-    deferring = state.deferring
-    moved = state.moved
-    read = classify
+    problems, unclosed, running = state.problems, state.unclosed, state.running
+    open_calls, free_calls = state.open_calls, state.free_calls
+    answered, answered_log = state.answered, state.answered_log
+    called, called_log = state.called, state.called_log
+    turns, deferring, moved = state.turns, state.deferring, state.moved
     for i, message in enumerate(items, start):
-        dialect, (results, calls, turn, keeps, is_running) = read(message)
+        dialect, (results, calls, turn, keeps, is_running) = classify(message)
         if dialect is None:  # left alone: answers nothing, ends no window
             problems.append(_unrecognised(i, message))
             continue
@@ -255,12 +227,10 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
             deferring = True
         if is_running:
             running.append(i)
-        if keeps:  # a chat "tool" message: the window of its calls stays open
+        if keeps:
             continue
-        # Any other message ends the window of the calls still open.
         if open_calls:
-            for call_id, (at, of) in open_calls.items():
-                unclosed.append(Unclosed(at, i, call_id, of))
+            unclosed.extend(Unclosed(at, i, c, of) for c, (at, of) in open_calls.items())
             open_calls.clear()
         deferring = False
         if turn:
@@ -268,15 +238,15 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
         if calls:
             into = free_calls if dialect.window == "free" else open_calls
             for call_id in calls:
-                if type(call_id) is str and call_id not in called:
-                    called.add(call_id)
-                    called_log.append(call_id)
-                    into[call_id] = (i, dialect)
-                else:
-                    _call(call_id, i, dialect, state)
-    state.turns = turns
-    state.deferring = deferring
-    state.moved = moved
+                if not isinstance(call_id, str):
+                    continue  # an id-less call cannot be answered or checked
+                if call_id in called:
+                    problems.append(_duplicate_call(call_id, i))
+                    continue
+                called.add(call_id)
+                called_log.append(call_id)
+                into[call_id] = (i, dialect)
+    state.turns, state.deferring, state.moved = turns, deferring, moved
     state.count = start + len(items)
 
 
@@ -289,22 +259,9 @@ def _unrecognised(index: int, message: Any) -> HistoryProblem:
     )
 
 
-def _call(call_id: Any, index: int, dialect: Dialect, state: ScanState) -> None:
-    if not isinstance(call_id, str):
-        return  # an id-less call cannot be answered or checked
-    if call_id in state.called:
-        state.problems.append(
-            HistoryProblem(
-                kind="duplicate-id",
-                index=index,
-                call_id=call_id,
-                detail=f"tool call id {clipped(call_id)} is used by an earlier call too",
-            )
-        )
-        return
-    state.called.add(call_id)
-    state.called_log.append(call_id)
-    (state.free_calls if dialect.window == "free" else state.open_calls)[call_id] = (index, dialect)
+def _duplicate_call(call_id: str, index: int) -> HistoryProblem:
+    detail = f"tool call id {clipped(call_id)} is used by an earlier call too"
+    return HistoryProblem(kind="duplicate-id", index=index, call_id=call_id, detail=detail)
 
 
 def _stray(call_id: Any, index: int, answered: set[str], problems: list[HistoryProblem]) -> None:

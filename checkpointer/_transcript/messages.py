@@ -2,7 +2,7 @@
 
 The Structs below are the two role-message shapes (chat-completions and
 Anthropic-style messages) as frozen msgspec Structs; the shapes the
-helpers understand, these and the frameworks' (``dialects.py``), may be
+helpers understand, these and the frameworks' (``dialects``), may be
 plain dicts, these Structs, or any object with the same attribute names
 (``get_field``, ``block_type``); ``replaced`` copies a message of any of
 those kinds with some fields changed.

@@ -4,7 +4,7 @@ Repairs never mutate: ``settle_running`` and ``close_dangling_tool_calls``
 return a new list in which only the messages they change are new objects,
 built with ``dict`` copies, ``msgspec.structs.replace``,
 ``dataclasses.replace`` or a pydantic model's ``model_copy``.  What an
-answer is, and where it goes, is the call's dialect's (``dialects.py``).
+answer is, and where it goes, is the call's dialect's (``dialects``).
 """
 
 from __future__ import annotations

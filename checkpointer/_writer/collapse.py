@@ -63,8 +63,27 @@ async def collapse(
     watermark = safe_watermark(messages, keep_last)
     if watermark == 0:
         return None
+    summary = await _summary(summarize, list(messages[:watermark]))
+    if isinstance(summary, SummaryFailed):
+        return summary
+    checkpoint = SummaryCheckpoint(watermark, summary, datetime.now(UTC), watermark)
     try:
-        summary = summarize(list(messages[:watermark]))
+        await anyio.to_thread.run_sync(write_summary, root, key, checkpoint)
+    except OSError as exc:
+        return SummaryFailed(
+            reason="write-failed",
+            error=f"cannot write {summary_path(root, key)}: {describe_error(exc, width=None)}",
+            exception=exc,
+        )
+    return checkpoint
+
+
+async def _summary(
+    summarize: Callable[[list[Any]], Awaitable[str] | str], covered: list[Any]
+) -> str | SummaryFailed:
+    """What ``summarize`` made of ``covered``: text that can be stored, or why not."""
+    try:
+        summary = summarize(covered)
         if inspect.isawaitable(summary):
             summary = await summary
     except Exception as exc:
@@ -80,13 +99,4 @@ async def collapse(
     if problem is not None:
         error = f"summarize() returned a str that cannot be stored: {problem}"
         return SummaryFailed(reason="summarize-failed", error=error, exception=ValueError(error))
-    checkpoint = SummaryCheckpoint(watermark, summary, datetime.now(UTC), watermark)
-    try:
-        await anyio.to_thread.run_sync(write_summary, root, key, checkpoint)
-    except OSError as exc:
-        return SummaryFailed(
-            reason="write-failed",
-            error=f"cannot write {summary_path(root, key)}: {describe_error(exc, width=None)}",
-            exception=exc,
-        )
-    return checkpoint
+    return summary

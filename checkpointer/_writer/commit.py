@@ -35,6 +35,7 @@ snapshot to store, and its steps read best in the order they run.)
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import threading
@@ -52,7 +53,7 @@ from .keylocks import KeyLocks
 from .keystate import Keys, KeyState, Unknown, utcnow
 from .session import Prepare, run_prepare, writer_info
 
-__all__ = ["REFUSED", "Committer", "Job"]
+__all__ = ["REFUSED", "Committer", "Job", "Phase"]
 
 logger = logging.getLogger("checkpointer")
 
@@ -60,6 +61,21 @@ _NO_FINGERPRINT: Any = object()
 
 REFUSED = frozenset({"conflict", "newer-version", "not-sendable"})
 """Failures no retry can fix until the session changes: not retried (``Outcome.REFUSED``)."""
+
+
+class Phase(enum.IntEnum):
+    """A writer's lifecycle, in order: each phase is entered once, from the one before.
+
+    ``NEW`` -> ``OPEN`` (``open``, ``async with``) -> ``CLOSING`` (a close
+    claimed: live writes are ``Skipped("closed")`` from here) -> ``CLOSED``
+    (the final write ended).  A writer whose open failed goes from ``OPEN``
+    to ``CLOSED``.
+    """
+
+    NEW = 0
+    OPEN = 1
+    CLOSING = 2
+    CLOSED = 3
 
 
 @final
@@ -109,9 +125,9 @@ class Committer:
 
     Owned by the writer service, which decides when a write runs and on
     which thread; everything here is thread-safe as the module docstring
-    says.  ``closing`` is set by the service when a close begins (read under
-    the snapshot lock); ``busy`` holds the threads inside ``prepare`` or the
-    I/O lock, for the exit hooks.
+    says.  ``phase`` is the writer's lifecycle (``Phase``), moved on by the
+    service and read here under the snapshot lock; ``busy`` holds the
+    threads inside ``prepare`` or the I/O lock, for the exit hooks.
 
     Args:
         source: the writer's ``source``.
@@ -165,7 +181,7 @@ class Committer:
         # without the I/O lock because a worker's write hung past exit_timeout
         # (see execute).
         self._overtaking: dict[str, tuple[int, Meta, Staged]] = {}
-        self.closing = False  # a close began: live writes are Skipped("closed")
+        self.phase = Phase.NEW
         # The counters of statistics().
         self.writes = 0
         self.skipped = 0
@@ -202,7 +218,7 @@ class Committer:
     def _prepare_locked(
         self, *, force: bool, pin: bool | None, live: bool
     ) -> Job | Skipped | Failed:
-        if live and self.closing:
+        if live and self.phase >= Phase.CLOSING:
             # Under the snapshot lock: a write that began before the close has
             # an older generation than the final write, so it cannot follow it.
             return Skipped("closed")
@@ -498,7 +514,7 @@ class Committer:
             self.streak += 1
             # A conflict is logged by _conflict; a final write (close, exit,
             # signal) by note_final.
-            final = self.closing or threading.get_ident() in self._final
+            final = self.phase >= Phase.CLOSING or threading.get_ident() in self._final
             if self.streak == 1 and result.reason != "conflict" and not final:
                 logger.warning(
                     "checkpointer: checkpoint failed (%s): %s; %s",

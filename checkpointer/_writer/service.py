@@ -45,7 +45,7 @@ from .._stores.base import ProbingStore, Store
 from .._text import describe_error
 from .._values import Checkpoint, Failed, Meta, Result, Skipped, Snapshot, WriterStatistics, Written
 from .clock import Clock, MonotonicClock
-from .commit import REFUSED, Committer, Job
+from .commit import REFUSED, Committer, Job, Phase
 from .keystate import UNKNOWN, Unknown
 from .session import Prepare
 from .timer import Timer, spawn_system_task
@@ -213,25 +213,24 @@ class CheckpointWriter(Generic[S]):
         self._timer = Timer(self._sched, self._clock, self._timed_write, probe, self._forked)
         self._hooks = _ExitHooks(self)  # this writer as the exit hooks see it
 
-        self._opened = False
-        self._closed = False
         self._pid = os.getpid()  # in a forked child this writer is the parent's: see _forked
         self._hooked = False
         self._events = 0
         self._unsubscribes: list[Callable[[], object]] = []
-
         self._write_lock: anyio.Lock | None = None
-        self._close_claim = threading.Lock()  # taken by the one close that runs
-        self._close_done: anyio.Event | None = None
-        self._close_result: Result = Skipped("closed")
-        self._close_deadline = math.inf  # set by aclose
-        self._close_crash: BaseException | None = None  # raised in the close task
-        self._close_task: object = None  # the running close task: keep a reference
-        self._final_thread: threading.Thread | None = None  # see _final_hop
+        # The lifecycle is self._core.phase; a move to CLOSING is claimed under
+        # this lock (close() may come from any thread).  _close is what an
+        # aclose() in progress is waiting on.
+        self._phase_lock = threading.Lock()
+        self._close: _Close | None = None
+
+    @property
+    def _closed(self) -> bool:
+        return self._core.phase is Phase.CLOSED
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "open" if self._opened else "new"
-        return f"<CheckpointWriter {state} store={self._store!r} key={self._core.keys.current!r}>"
+        phase = self._core.phase.name.lower()
+        return f"<CheckpointWriter {phase} store={self._store!r} key={self._core.keys.current!r}>"
 
     # -- the hot path ----------------------------------------------------------
 
@@ -309,6 +308,22 @@ class CheckpointWriter(Generic[S]):
     # -- async lifecycle -------------------------------------------------------
 
     async def __aenter__(self) -> CheckpointWriter[S]:
+        return await self.aopen()
+
+    async def aopen(self) -> CheckpointWriter[S]:
+        """Open on this event loop: the store, the exit hooks, a first write, the timer.
+
+        ``async with writer:`` calls it; call it yourself when the writer's
+        life is not one block (a framework's session object), and pair it
+        with ``aclose()``.  Cancellation: a cancel during the first write
+        closes the writer and propagates.
+
+        Returns:
+            The writer itself.
+
+        Raises:
+            RuntimeError: the writer is open already, or closed.
+        """
         self._claim_open()
         self._timer.bind()  # this event loop: notify() wakes the timer through it
         # Fast: no extra pass of the event loop per write (the hop yields anyway;
@@ -319,11 +334,11 @@ class CheckpointWriter(Generic[S]):
         try:
             if self._write_on_start:
                 await self._start_write()
-            if not self._core.closing:  # else aclose() came during the first write
+            if self._core.phase is Phase.OPEN:  # else aclose() came during the first write
                 self._timer.start()
         except BaseException:
             self._remove_hooks()
-            self._closed = True
+            self._core.phase = Phase.CLOSED
             raise
         return self
 
@@ -358,48 +373,47 @@ class CheckpointWriter(Generic[S]):
         """
         if self._closed:
             return Skipped("closed")
-        done = self._close_done
-        if done is not None:  # another task is closing the writer: its result is ours
+        close = self._close
+        if close is not None:  # another task is closing the writer: its result is ours
             with anyio.CancelScope(shield=True):
-                await done.wait()
-            return self._close_result
+                await close.done.wait()
+            return close.result
         assert self._write_lock is not None, "enter the writer with 'async with' first"
         if not self._begin_close():
             return Skipped("closed")  # close() runs in another thread
-        done = self._close_done = anyio.Event()
         # From the call: the time the close task waits for a busy loop counts
         # (close returns about close_timeout after the call), though it never
         # keeps the final write from being written.
-        self._close_deadline = anyio.current_time() + self._close_timeout
+        close = self._close = _Close(anyio.current_time() + self._close_timeout)
         # The close runs in a task of the loop's own (as the timer does), so
         # what interrupts the caller cannot cut it short: asyncio's runner
         # cancels the main task on Ctrl-C natively, through any anyio shield,
         # and trio raises KeyboardInterrupt at the caller's next cancellation
         # point.  The caller waits it out, then gets the interruption.
-        self._close_task = spawn_system_task(self._close_in_task, "checkpointer-close")
-        interrupted = await _wait_through(done)
+        close.task = spawn_system_task(self._close_in_task, "checkpointer-close")
+        interrupted = await _wait_through(close.done)
         if interrupted is not None:
             raise interrupted
-        crash, self._close_crash = self._close_crash, None
+        crash, close.crash = close.crash, None
         if crash is None:
             crash = self._timer.take_crash()
         if crash is not None:
             raise crash
-        return self._close_result
+        return close.result
 
     async def _close_in_task(self) -> None:
-        """The close, in its own task: the final write, then ``_close_done``."""
-        done = self._close_done
-        assert done is not None
+        """The close, in its own task: the final write, then ``close.done``."""
+        close = self._close
+        assert close is not None
         try:
             with anyio.CancelScope(shield=True):  # trio: through the loop's shutdown too
-                self._close_result = self._core.note_final(await self._final_write(), "at close")
+                close.result = self._core.note_final(await self._final_write(), "at close")
         except anyio.get_cancelled_exc_class():
             raise  # the event loop is shutting down (asyncio); the exit hooks write
         except BaseException as exc:  # a task of the loop's own must not raise (trio)
-            self._close_crash = exc
+            close.crash = exc
         finally:
-            done.set()
+            close.done.set()
 
     async def _final_write(self) -> Result:
         """Stop the timer, write ``live=False``, let the key go, shut.
@@ -408,7 +422,8 @@ class CheckpointWriter(Generic[S]):
         hooks stay: at exit, or on SIGTERM, they write the final checkpoint
         (waiting up to ``exit_timeout`` for a final write in its thread).
         """
-        deadline = self._close_deadline
+        assert self._close is not None
+        deadline = self._close.deadline
         ended = False
         try:
             # Cancelled, not waited for: a timer write in flight abandons its
@@ -419,7 +434,7 @@ class CheckpointWriter(Generic[S]):
             result = await self._write_async(force=False, pin=None, live=False, deadline=deadline)
             ended = True
             # From here a write still in flight lets the key go when it ends.
-            self._closed = True
+            self._core.phase = Phase.CLOSED
             # Releasing a lock may be I/O (a database round trip for a
             # networked store): not on the event loop's thread.  Past the
             # deadline, _shut releases them on the loop.
@@ -563,7 +578,8 @@ class CheckpointWriter(Generic[S]):
                 with contextlib.suppress(Exception):  # the loop may be gone
                     token.backend_class.run_sync_soon(ended.set, (), token.native_token)
 
-        thread = self._final_thread = threading.Thread(
+        assert self._close is not None
+        thread = self._close.thread = threading.Thread(
             target=run, name="checkpointer-final-write", daemon=True
         )
         # Before the start: a KeyboardInterrupt may land anywhere from here on
@@ -608,7 +624,7 @@ class CheckpointWriter(Generic[S]):
         flushes; while the writer's hooks stay (a close cut short), their flush
         waits for that write itself.
         """
-        thread = self._final_thread
+        thread = None if self._close is None else self._close.thread
         if thread is not None and thread.is_alive() and not self._hooked:
             thread.join(self._exit_timeout)
 
@@ -725,18 +741,21 @@ class CheckpointWriter(Generic[S]):
     # -- open/close helpers ----------------------------------------------------
 
     def _begin_close(self) -> bool:
-        """Claim the close (one, from any thread); live writes end here."""
-        if not self._close_claim.acquire(blocking=False):
-            return False
-        self._core.closing = True
-        return True
+        """Claim the close (one, from any thread): ``CLOSING``, where live writes end."""
+        with self._phase_lock:
+            if self._core.phase >= Phase.CLOSING:
+                return False
+            self._core.phase = Phase.CLOSING
+            return True
 
     def _claim_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("this CheckpointWriter is closed; create a new one")
-        if self._opened:
-            raise RuntimeError("this CheckpointWriter is open already")
-        self._opened = True
+        with self._phase_lock:
+            phase = self._core.phase
+            if phase >= Phase.CLOSING:
+                raise RuntimeError("this CheckpointWriter is closed; create a new one")
+            if phase is Phase.OPEN:
+                raise RuntimeError("this CheckpointWriter is open already")
+            self._core.phase = Phase.OPEN
         self._pid = os.getpid()
 
     def _open_store(self) -> None:
@@ -757,7 +776,7 @@ class CheckpointWriter(Generic[S]):
                 self._timer.call_on_main_loop(_exit.restore_pending)
 
     def _shut(self) -> None:
-        self._closed = True
+        self._core.phase = Phase.CLOSED
         self._remove_hooks()
         self._release_locks()
         self._unsubscribe_all()
@@ -793,6 +812,21 @@ class CheckpointWriter(Generic[S]):
     def _execute(self, job: Job, timeout: float = -1) -> Result:
         """Write a prepared job; blocking, under the I/O lock (``Committer.execute``)."""
         return self._core.execute(job, timeout)
+
+
+@final
+class _Close:
+    """An ``aclose()`` in progress: what it waits on, and what it gives back."""
+
+    __slots__ = ("crash", "deadline", "done", "result", "task", "thread")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline  # on anyio's clock: close_timeout from the call
+        self.done = anyio.Event()
+        self.result: Result = Skipped("closed")
+        self.crash: BaseException | None = None  # raised in the close task
+        self.task: object = None  # the running close task: keep a reference
+        self.thread: threading.Thread | None = None  # the final write's (_final_hop)
 
 
 @final

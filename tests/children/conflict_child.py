@@ -97,6 +97,7 @@ async def main(spec: str, key: str, name: str, resume: bool, wait: bool) -> int:
     messages: list[dict[str, str]] = [] if loaded is None else loaded.state["messages"]
     say(step="loaded", seq=None if loaded is None else loaded.meta.seq, n=len(messages))
     state = {"messages": messages}
+    resumed: dict[str, Any] = {"resume_from": loaded} if resume else {}  # else: not given
     writer = CheckpointWriter(
         lambda: Snapshot(key, state),
         store,
@@ -106,7 +107,7 @@ async def main(spec: str, key: str, name: str, resume: bool, wait: bool) -> int:
         backoff_initial=0.05,
         backoff_max=0.2,
         lock_timeout=60.0 if wait else 0.0,
-        **({"resume_from": loaded} if resume else {}),
+        **resumed,
     )
     await writer.__aenter__()
     stats = writer.statistics()

@@ -108,9 +108,9 @@ def _arm(phase: str, at: int) -> None:
         return 0  # pragma: no cover - dead
 
     def die_on_call(real: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             _die()
-            return real(*args)  # pragma: no cover - dead
+            return real(*args, **kwargs)  # pragma: no cover - dead
 
         return call
 

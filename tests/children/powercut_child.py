@@ -73,7 +73,7 @@ from checkpointer import (
 from checkpointer._stores.atomic import _TEMP_RE
 from checkpointer._stores.base import KeyLock
 from checkpointer._transcript.summary import safe_watermark
-from tests.torture import KEY, ReportingStore, _say, file_leftovers, state_for
+from tests.torture import KEY, LockingReportingStore, _say, file_leftovers, state_for
 
 __all__ = ["KEEP_LAST", "MUTATIONS", "STORES", "run_child", "summary_bytes", "summary_text"]
 
@@ -295,7 +295,7 @@ def _eio(exc: BaseException) -> bool:
     return getattr(exc, "errno", None) == errno.EIO or "Input/output error" in str(exc)
 
 
-class _Reporting(ReportingStore):
+class _Reporting(LockingReportingStore):
     """The torture's reporting store, which also says what failed and what ``open()`` left.
 
     ``E <call> eio|other <error>`` for every store call that raised (EIO is

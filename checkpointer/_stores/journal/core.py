@@ -274,13 +274,19 @@ class JournalCore:
 
     # -- committing, in the worker ------------------------------------------------
 
-    def _commit_on(self, key: str, track: Track | None, meta: Meta, staged: object) -> int:
-        """Commit ``staged`` over ``track``, the key's current one: an append or a compaction."""
+    def _commit_on(
+        self, key: str, track: Track | None, meta: Meta, staged: object, expected: str | None
+    ) -> int:
+        """Commit ``staged`` over ``track``, the key's current one: an append or a compaction.
+
+        ``expected`` is the revision the key must hold: a sink whose write
+        checks it itself (a database row) gets it with the rows.
+        """
         staged = self._settle(track, staged)
         if isinstance(staged, Delta):
             assert track is not None  # a delta settles on a track of the key only
-            return self._append_delta(key, track, meta, staged)
-        return self._compact(key, track, meta, staged)
+            return self._append_delta(key, track, meta, staged, expected)
+        return self._compact(key, track, meta, staged, expected)
 
     def _settle(self, track: Track | None, staged: object) -> Full | Delta:
         """What to commit for ``staged`` on top of ``track``, the key's current track."""
@@ -293,7 +299,9 @@ class JournalCore:
             raise TypeError(f"{type(self).__name__} cannot commit {type(staged).__name__}")
         return staged
 
-    def _append_delta(self, key: str, track: Track, meta: Meta, delta: Delta) -> int:
+    def _append_delta(
+        self, key: str, track: Track, meta: Meta, delta: Delta, expected: str | None
+    ) -> int:
         """Append ``delta``'s rows, or compact when the key would outgrow its threshold."""
         meta_json = _ENCODER.encode(meta)
         end = self._row_end
@@ -307,8 +315,8 @@ class JournalCore:
             kinds.append("meta")
         nbytes = sum(map(len, rows))
         if track.broken or self._outgrown(key, track, nbytes):
-            return self._compact(key, track, meta, delta.as_full(), rewrite=True)
-        self._append_rows(key, track, meta, kinds, rows, nbytes)
+            return self._compact(key, track, meta, delta.as_full(), expected, rewrite=True)
+        self._append_rows(key, track, meta, kinds, rows, nbytes, expected)
         self._appended(key, track, meta, delta, nbytes)
         return nbytes
 
@@ -343,13 +351,27 @@ class JournalCore:
     # -- what a sink stores ---------------------------------------------------------
 
     def _append_rows(
-        self, key: str, track: Track, meta: Meta, kinds: list[str], rows: list[bytes], nbytes: int
+        self,
+        key: str,
+        track: Track,
+        meta: Meta,
+        kinds: list[str],
+        rows: list[bytes],
+        nbytes: int,
+        expected: str | None,
     ) -> None:
         """Store an append: ``rows`` (of ``kinds``), ``nbytes`` in all, after ``track``."""
         raise NotImplementedError
 
     def _compact(
-        self, key: str, track: Track | None, meta: Meta, full: Full, *, rewrite: bool = False
+        self,
+        key: str,
+        track: Track | None,
+        meta: Meta,
+        full: Full,
+        expected: str | None,
+        *,
+        rewrite: bool = False,
     ) -> int:
         """Store ``full`` as a compaction (``rewrite``: a fresh start); set the key's track."""
         raise NotImplementedError

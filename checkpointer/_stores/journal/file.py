@@ -220,7 +220,7 @@ class JournalStore(JournalCore, FileStore):
                     track = self._current(key)
                     if landed(key, self._revision(track), meta.revision, expected):
                         return 0
-                    nbytes = self._commit_on(key, track, meta, staged)
+                    nbytes = self._commit_on(key, track, meta, staged, expected)
                 finally:
                     self._lock.release()
         self._sync_root()
@@ -254,7 +254,8 @@ class JournalStore(JournalCore, FileStore):
                 return
             assert track.meta is not None  # it holds the revision expected
             if track.broken:  # rewrite from memory, or from what the file says
-                self._compact(key, track, meta, self._remembered(key, track), rewrite=True)
+                remembered = self._remembered(key, track)
+                self._compact(key, track, meta, remembered, expected, rewrite=True)
             else:
                 row = meta_row(_ENCODER.encode(meta), LINE_END)
                 self._append(key, track, [row])
@@ -341,7 +342,9 @@ class JournalStore(JournalCore, FileStore):
         try:
             scan = scan_journal(read_fd(fd, st.st_size, path), path)
             linked = st.st_nlink > 1
-            if scan.torn is not None and not linked:
+            # Only the key's lock holder cuts an unfinished batch: to a reader it
+            # may be another process's append in flight.
+            if scan.torn is not None and not linked and self._holds(key):
                 os.ftruncate(fd, scan.end)
                 fsync_fd(fd)
                 logger.info(
@@ -398,10 +401,11 @@ class JournalStore(JournalCore, FileStore):
                     _warn_linked(self.location(key), st.st_nlink)
                     track = self._tracks[key] = track._replace(broken=True)
                 return track
-        logger.warning(
-            "checkpointer: %s changed behind this store (another writer?); re-reading it",
-            self.location(key),
-        )
+        if self._holds(key):  # to a reader, other processes' appends are the news it reads
+            logger.warning(
+                "checkpointer: %s changed behind this store (another writer?); re-reading it",
+                self.location(key),
+            )
         try:
             return self._open(key)
         except CheckpointError as exc:  # as the writer does on its first read
@@ -414,7 +418,14 @@ class JournalStore(JournalCore, FileStore):
     # -- what the core stores (under self._lock) ------------------------------------
 
     def _append_rows(
-        self, key: str, track: Track, meta: Meta, kinds: list[str], rows: list[bytes], nbytes: int
+        self,
+        key: str,
+        track: Track,
+        meta: Meta,
+        kinds: list[str],
+        rows: list[bytes],
+        nbytes: int,
+        expected: str | None,  # checked under the lock before the core was called
     ) -> None:
         data = b"".join(rows)  # one batch: one writev, one fsync
         self._append(key, track, [data])
@@ -422,7 +433,14 @@ class JournalStore(JournalCore, FileStore):
         self._bytes += nbytes
 
     def _compact(
-        self, key: str, track: Track | None, meta: Meta, full: Full, *, rewrite: bool = False
+        self,
+        key: str,
+        track: Track | None,
+        meta: Meta,
+        full: Full,
+        expected: str | None,  # checked under the lock before the core was called
+        *,
+        rewrite: bool = False,
     ) -> int:
         assert track is not None  # _current always knows the file's track
         meta_json = _ENCODER.encode(meta)
@@ -462,7 +480,7 @@ class JournalStore(JournalCore, FileStore):
                 write_all(fd, pieces)
                 fsync_fd(fd)
             except BaseException:
-                # Never fsync this file again (FACTS.md): the next commit rewrites it.
+                # Never fsync this file again (its dirty pages may be gone): rewrite it next.
                 self._tracks[key] = track._replace(broken=True)
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, track.size)

@@ -31,10 +31,17 @@ class KeyLockedError(KeyLocked, PostgresStoreError):
 
 
 class StaleWriteError(StaleWrite, PostgresStoreError):
-    """A write was refused: the store holds a newer checkpoint of the key.
+    """A write was refused: the key's row does not hold the revision the writer expected.
 
-    The writer that sent it lost the session to another writer, which wrote
-    since; applying the late write would lose that writer's work.
+    Another writer wrote the key (or deleted it) since this writer looked;
+    applying the write would lose that writer's work.  A ``StaleWrite``
+    (what every store raises, and what the writer turns into
+    ``Failed("conflict")``) and a ``PostgresStoreError``.
+
+    Attributes:
+        key: the key.
+        expected: the revision the write expected (None: no checkpoint).
+        stored: the revision the row holds (None: no row).
     """
 
 

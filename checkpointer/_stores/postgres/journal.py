@@ -1,21 +1,19 @@
 """The PostgreSQL journal: a checkpoint inserts only the rows of what changed.
 
 ``PostgresJournalStore`` is a ``PostgresStore`` (same connection, lock,
-fencing and timeouts) that implements the ``StateStore`` protocol the way
-``JournalStore`` does for files, and decides append or compaction with the
-same journal core (``_stores/journal/core.py``):
+conditional writes and timeouts) that implements the ``StateStore``
+protocol the way ``JournalStore`` does for files, and decides append or
+compaction with the same journal core (``_stores/journal/core.py``):
 
-* A key's ``<schema>.checkpoints`` row is its *head*: seq, meta, the
-  fencing writer id, ``journal = true``, ``format = 1`` and an empty state
-  (the rows hold it), as version 2 of this library wrote it, so a worker of
-  version 2 reads it during a rolling upgrade.  A reader of version 1, which
-  knows no journal, builds ``{"format":1,...,"state":}`` from it and refuses
-  it; the schema's constraints keep its writer off (``schema.py``).
-* ``<schema>.journal`` holds the key's rows, ordered by ``n``: the file
-  journal's lines (``compaction``, ``message``, ``state``), one per row.
+* A key's ``<schema>.checkpoints`` row is its *head*: the revision, the
+  meta, ``journal = true``, ``format = 1`` and an empty state (the rows
+  hold it).  ``<schema>.journal`` holds the key's rows, ordered by ``n``:
+  the file journal's lines (``compaction``, ``message``, ``state``), one
+  per row.
 * **Append**: the new messages are inserted as rows, with a ``state`` row
   when the rest of the state changed, and the head is updated: one
-  transaction, fenced like every ``PostgresStore`` write.
+  transaction, whose head write is conditional on the revision expected
+  (``commit(..., expected=)``): refused, no row is added.
 * **Compaction** (the prefix changed, the store has not written the key
   yet, or the rows outgrew ``rewrite_factor`` times the last compaction):
   one transaction updates the head, deletes the key's rows and inserts one
@@ -31,7 +29,7 @@ so does a forked child, for every key (``_after_fork``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -42,7 +40,6 @@ from ..._format.journal import ROW_END
 from ..._values import Checkpoint, CheckpointError, Meta
 from ..base import check_key
 from ..encoding import Transcript
-from ..envelopes import Envelopes
 from ..journal.core import JournalCore
 from ..journal.staging import Full, Track
 from .schema import HEAD_FORMAT
@@ -54,7 +51,6 @@ if TYPE_CHECKING:
 __all__ = ["PostgresJournalStore"]
 
 _ENCODER = msgspec.json.Encoder()
-_META = msgspec.json.Decoder(Meta)
 
 
 class PostgresJournalStore(JournalCore, PostgresStore):
@@ -96,10 +92,12 @@ class PostgresJournalStore(JournalCore, PostgresStore):
 
     # -- the Store protocol, with the tracks kept in step -----------------------
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
+    def write(
+        self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
+    ) -> int:
         """Store an envelope as a plain (snapshot) row, as ``PostgresStore`` does."""
         self._tracks.pop(key, None)
-        return super().write(key, chunks)
+        return super().write(key, chunks, revision=revision, expected=expected)
 
     def delete(self, key: str) -> bool:
         self._tracks.pop(key, None)
@@ -131,12 +129,21 @@ class PostgresJournalStore(JournalCore, PostgresStore):
 
     # -- the StateStore protocol ---------------------------------------------------
 
-    def commit(self, key: str, meta: Meta, staged: object) -> int:
+    def commit(self, key: str, meta: Meta, staged: object, *, expected: str | None) -> int:
+        """Append or compact ``staged`` if the head holds ``expected`` (see ``StateStore``).
+
+        The head's conditional write and the rows are one transaction.
+        """
         check_key(key)
+        track = self._tracks.get(key)
+        if track is not None and (track.meta is None or track.meta.revision != expected):
+            # The track is of the rows stored under its revision: under another
+            # one they are not what it says (revisions are never repeated).
+            track = None
         # The core takes the witness lock as it extends a track: a signal
         # landing then waits (its flush may stage on this store).
         with _exit.busy():
-            return self._commit_on(key, self._tracks.get(key), meta, staged)
+            return self._commit_on(key, track, meta, staged, expected)
 
     def read_meta(self, key: str) -> Meta | None:
         """The meta of ``key``, after checking all of its rows (as ``JournalStore`` does).
@@ -152,24 +159,17 @@ class PostgresJournalStore(JournalCore, PostgresStore):
             return None
         return decode_raw(data, self.location(key)).meta
 
-    def update_meta(self, key: str, update: Callable[[Meta], Meta]) -> Meta | None:
+    def update_meta(self, key: str, meta: Meta, *, expected: str) -> None:
+        """Store ``meta`` if the row holds ``expected``: one conditional update of its meta.
+
+        A head or a snapshot row alike (``read`` joins the meta column with
+        the state).
+        """
         check_key(key)
-        rows = self._head(key)
-        if rows is None:
-            return None
-        old, journal = rows
-        if not journal:  # a snapshot row: rewrite it whole
-            return Envelopes(self).update_meta(key, update)
-        meta = update(old)
-        track = self._tracks.get(key)
-        try:
-            self._fenced_write(key, self._params(key, meta))
-        except BaseException:
-            self._tracks.pop(key, None)
-            raise
-        if track is not None:
+        track = self._tracks.pop(key, None)
+        self._conditional_write(key, self._params(key, meta, expected), statement="update_meta")
+        if track is not None and track.meta is not None and track.meta.revision == expected:
             self._tracks[key] = track._replace(meta=meta)
-        return meta
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
         check_key(key)
@@ -183,29 +183,26 @@ class PostgresJournalStore(JournalCore, PostgresStore):
 
     # -- internals ---------------------------------------------------------------
 
-    def _head(self, key: str) -> tuple[Meta, bool] | None:
-        params = {"key": key}
-        row = self._run(lambda c: c.execute(self._sql["head"], params).fetchone())
-        if row is None:
-            return None
-        try:
-            return _META.decode(row[0]), bool(row[1])
-        except msgspec.DecodeError as exc:
-            raise CheckpointError(self.location(key), f"bad meta: {exc}") from None
-
-    def _params(self, key: str, meta: Meta) -> dict[str, Any]:
+    def _params(self, key: str, meta: Meta, expected: str | None) -> dict[str, Any]:
         return {
             "key": key,
-            "seq": meta.seq,
+            "revision": meta.revision,
+            "expected": expected,
             "format": HEAD_FORMAT,
             "meta": _ENCODER.encode(meta).decode(),
-            "state": b"",  # a version-2 reader assembles the rows; a version-1 one refuses it
-            "writer": self._writer_id,
+            "state": b"",  # the rows hold it
             "journal": True,
         }
 
     def _insert(
-        self, key: str, meta: Meta, kinds: list[str], bodies: list[bytes], *, clear: bool
+        self,
+        key: str,
+        meta: Meta,
+        kinds: list[str],
+        bodies: list[bytes],
+        expected: str | None,
+        *,
+        clear: bool,
     ) -> None:
         def rows(conn: psycopg.Connection[Any]) -> None:
             if clear:  # a compaction: one row
@@ -216,8 +213,9 @@ class PostgresJournalStore(JournalCore, PostgresStore):
                     self._sql["journal_append"], {"key": key, "kinds": kinds, "bodies": bodies}
                 )
 
+        params = self._params(key, meta, expected)
         try:
-            self._fenced_write(key, self._params(key, meta), rows, nbytes=sum(map(len, bodies)))
+            self._conditional_write(key, params, rows, nbytes=sum(map(len, bodies)))
         except BaseException:
             self._tracks.pop(key, None)  # the server may have committed it: compact next
             raise
@@ -225,16 +223,30 @@ class PostgresJournalStore(JournalCore, PostgresStore):
     # -- what the core stores ------------------------------------------------------
 
     def _append_rows(
-        self, key: str, track: Track, meta: Meta, kinds: list[str], rows: list[bytes], nbytes: int
+        self,
+        key: str,
+        track: Track,
+        meta: Meta,
+        kinds: list[str],
+        rows: list[bytes],
+        nbytes: int,
+        expected: str | None,
     ) -> None:
-        self._insert(key, meta, kinds, rows, clear=False)
+        self._insert(key, meta, kinds, rows, expected, clear=False)
         self.appends += 1
 
     def _compact(
-        self, key: str, track: Track | None, meta: Meta, full: Full, *, rewrite: bool = False
+        self,
+        key: str,
+        track: Track | None,
+        meta: Meta,
+        full: Full,
+        expected: str | None,
+        *,
+        rewrite: bool = False,
     ) -> int:
         body = b"".join(self._compaction_row(_ENCODER.encode(meta), full))
-        self._insert(key, meta, ["compaction"], [body], clear=True)
+        self._insert(key, meta, ["compaction"], [body], expected, clear=True)
         self.compactions += 1
         self._tracks[key] = full.track(meta, size=len(body), ino=0, live=len(body))
         return len(body)

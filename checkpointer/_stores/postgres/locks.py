@@ -1,16 +1,18 @@
-"""The writer lock of the PostgreSQL store: an advisory lock per key, and fencing.
+"""The writer lock of the PostgreSQL store: an advisory lock per key.
 
 * **One writer per key** (``acquire``/``release``): a session-level advisory
   lock on a 64-bit hash of (schema, key), held by the store's connection.
   The server releases it when that connection ends, however the process
   died.  ``<schema>.holders`` records who holds it (host, pid, backend pid),
   so a refused writer is told whose lock it met.  ``write()`` takes the lock
-  itself when it does not hold it: a write is never made without it.
+  itself when it does not hold it, and a delete holds it for its
+  transaction: a second live writer is refused early ("locked"), while the
+  revision each write checks (``store.py``) keeps a writer that lost the
+  lock from replacing what was written since.
 
 ``LocksPart`` is the part of ``PostgresStore`` that takes and gives back
-the locks and notes the fencing base of each key (``store.py`` says how
-the parts fit; its ``_fenced_write`` applies the fence); ``PostgresKeyLock``
-is the held lock ``lock()`` hands out (the ``LockingStore`` capability).
+the locks (``store.py`` says how the parts fit); ``PostgresKeyLock`` is the
+held lock ``lock()`` hands out (the ``LockingStore`` capability).
 """
 
 from __future__ import annotations
@@ -65,16 +67,9 @@ class PostgresKeyLock:
 
 
 class LocksPart(ConnectionPart):
-    """The part of ``PostgresStore`` that holds the writer locks of its keys.
-
-    ``_base`` and ``_fenced`` are the fencing of each key: the writer id of
-    the row when this store took the key (then its own, once it wrote), and
-    why its writes are refused once it lost the key to a writer that wrote.
-    """
+    """The part of ``PostgresStore`` that holds the writer locks of its keys."""
 
     _host: str
-    _base: dict[str, str | None]
-    _fenced: dict[str, str]
     _handles: dict[str, PostgresKeyLock]  # key -> its holder (lock())
     _handles_lock: threading.Lock
 
@@ -99,7 +94,7 @@ class LocksPart(ConnectionPart):
         check_key(key)
         if key in self._held:  # held on the live connection: no round trip
             return None
-        return self._run(lambda conn: self._acquire(conn, key, fresh=True))
+        return self._run(lambda conn: self._acquire(conn, key))
 
     def lock(self, key: str, *, timeout: float = 0.0) -> PostgresKeyLock:
         """Take the writer lock of ``key``, waiting at most ``timeout`` seconds.
@@ -172,8 +167,6 @@ class LocksPart(ConnectionPart):
             if not self._mutex.acquire(timeout=self._busy_wait):
                 return
             try:
-                self._base.pop(key, None)
-                self._fenced.pop(key, None)
                 if key not in self._held:
                     return
                 conn = self._conn
@@ -213,17 +206,8 @@ class LocksPart(ConnectionPart):
     def _lock_id(self, key: str) -> int:
         return int64(self._quoted.encode() + b"\0" + key.encode())
 
-    def _acquire(
-        self, conn: psycopg.Connection[Any], key: str, *, fresh: bool
-    ) -> KeyLockedError | None:
-        """Take the key's lock on ``conn`` unless held; a refusal is returned.
-
-        ``fresh``: a writer starts on the key now (``acquire``/``lock``) and
-        will read it first, so whatever is stored becomes the base it may
-        write over.  Otherwise (``write`` taking the lock again after a lost
-        connection) the base stays what it was: a store that lost the key
-        to a writer that wrote since is refused.
-        """
+    def _acquire(self, conn: psycopg.Connection[Any], key: str) -> KeyLockedError | None:
+        """Take the key's lock on ``conn`` unless held; a refusal is returned."""
         if key in self._held:
             return None
         lock_id = self._lock_id(key)
@@ -232,17 +216,12 @@ class LocksPart(ConnectionPart):
                 self._sql["acquire"],
                 {"id": lock_id, "key": key, "host": self._host, "pid": os.getpid()},
             ).fetchone()
-            taken = row is not None and bool(row[0])
-            if taken and (fresh or key not in self._base):
-                # A statement of its own: its snapshot is taken after the lock.
-                last = conn.execute(self._sql["last_writer"], {"key": key}).fetchone()
-                self._base[key] = None if last is None else last[0]
-                self._fenced.pop(key, None)
         except self._pg.Error:
             # The lock may be held now although we could not finish: only
             # closing the connection makes sure it is not kept unknowingly.
             self._suspect = True
             raise
+        taken = row is not None and bool(row[0])
         if taken:
             self._held.add(key)
             return None
@@ -254,7 +233,7 @@ class LocksPart(ConnectionPart):
             # (never "another writer"): a failure to retry, not a refusal.
             if self._end_backend(conn, backend):
                 self._orphans.remove(backend)
-                return self._acquire(conn, key, fresh=fresh)
+                return self._acquire(conn, key)
             raise PostgresStoreError(
                 f"{self.location(key)}: held by this store's own earlier connection "
                 f"(PostgreSQL backend {backend}, cut off mid-call), asked to end but not "

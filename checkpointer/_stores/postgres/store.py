@@ -1,55 +1,26 @@
 """The PostgreSQL store: checkpoints as rows, one writer per key across a fleet.
 
-``PostgresStore`` implements the same ``Store`` protocol as ``FileStore``, so
-the writer, ``load()`` and the CLI work with it unchanged.  Every call is a
-synchronous psycopg call: the async path runs it in the writer's one
-worker-thread hop (psycopg's async connection is asyncio-only), and
-``flush_sync`` runs it directly.
+``PostgresStore`` implements the ``Store`` protocol as ``FileStore`` does, in
+synchronous psycopg calls (the writer makes them in its worker-thread hop).
+It is one object built of parts, one file each: ``schema.py`` (the tables),
+``connection.py`` (the one connection, bounded calls), ``locks.py`` (the
+advisory lock of each key) and this file (the protocol, conditional writes,
+forks).
 
-How it works
-------------
-``PostgresStore`` is one object built of parts, one file each, every
-attribute set in ``__init__`` here and declared by the part that uses it:
-
-* ``schema.py`` (``SchemaPart``): the tables, their versions, installing them;
-* ``connection.py`` (``ConnectionPart``): the one connection, bounded calls;
-* ``locks.py`` (``LocksPart``): the advisory lock of each key, fencing's base;
-* this file: the ``Store`` protocol over them, fenced writes, forks.
-
-* **Rows.**  ``<schema>.checkpoints`` holds per key: ``seq``, the envelope
-  ``format``, ``meta`` (jsonb), the state's bytes (bytea), the id of the store
-  instance that wrote it (``writer``) and the server's ``updated_at``.
-  ``read()`` rebuilds the same envelope a ``FileStore`` file holds.
-* **Journal keys** (``PostgresJournalStore``, ``journal.py``; schema
-  versions 2 and 3): the key's ``checkpoints`` row is its head (``journal``
-  true, format 1, no state) and ``<schema>.journal`` holds its rows.
-  ``read()``, ``delete()`` and ``move_aside()`` handle both kinds, so any
-  store (and the CLI) reads either.  Version 3 keeps workers of version 1
-  off journal keys (see ``schema._MIGRATE_3_SQL``): they refuse them, rather than
-  read them as empty and start over.
-* **Fencing.**  A write is one transaction: an upsert that applies only if
-  the stored ``seq`` is lower and the row was last written by the writer
-  this store found there when it took the key or by this store itself (its
-  own row, even one whose commit answer was lost, so the store never notes
-  it), or if it is this store's own ``seq`` again (a retry of that
-  commit).  So a worker that lost its session (its connection, and with it
-  the lock), whose successor wrote since, is refused whatever seq it sends,
-  even after re-reading the key (``StaleWriteError``).  It stays fenced for that
-  key (refused without a round trip, its lock given back) until ``release``.
-* **Writers sharing a store.**  ``lock()`` hands out one lock object per
-  key: a second writer of the key through the same store is refused, as
-  with ``FileStore``, until that object is released (``close()`` keeps it:
-  it drops the connection, not the writer).  A signal landing in a store call on the main thread
-  waits for its end (``_exit.busy``), since its flush needs the mutex.
+* **Rows.**  ``<schema>.checkpoints`` holds per key the ``revision`` it holds,
+  the envelope ``format``, ``meta`` (jsonb) and the state (bytea); a journal
+  key (``journal.py``) has a head row there and its rows in ``journal``.
+* **Conditional writes.**  A write is one transaction whose first statement
+  writes only over the revision expected (``insert``: none; ``update``: that
+  one): nothing lands between the check and the write.  Not applied, the row
+  holds this very write's revision (its COMMIT landed, the answer was lost:
+  done) or another's (``StaleWriteError``).  The advisory lock refuses a
+  second live writer early; the revision makes a write safe.
 * **Forks.**  libpq connections must not be used or closed from a forked
-  child: ``close()`` sends Terminate on the socket both share, which ends
-  the parent's session and frees its locks.  Right after a fork the child's
-  copy of every store forgets its connection without a word to the server
-  (its descriptor closed, so a worker outliving its parent does not keep
-  the session and its locks; the object kept alive, as dropping it would
-  only warn: psycopg's finaliser checks the pid), its locks, fencing and
-  watchdog, and takes a new writer id: in the child it is a fresh store
-  that connects on first use.
+  child (``close()`` would end the parent's session and its locks): right
+  after a fork the child's copy of every store forgets its connection
+  without a word to the server (its descriptor closed; the object kept, as
+  dropping it would only warn), its locks and watchdog, and connects afresh.
 """
 
 from __future__ import annotations
@@ -59,7 +30,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -76,7 +46,7 @@ from ..encoding import Transcript
 from .connection import SLOW_BYTES_PER_SECOND, Watchdog, describe_dsn, import_psycopg, seconds
 from .errors import IdleLoss, KeyLockedError, PostgresStoreError, StaleWriteError
 from .locks import LocksPart
-from .schema import JOURNAL_FORMAT, QUERIES, SCHEMA_VERSION, quote_schema
+from .schema import HEAD_FORMAT, QUERIES, SCHEMA_VERSION, quote_schema
 
 if TYPE_CHECKING:
     import psycopg
@@ -107,8 +77,8 @@ class PostgresStore(LocksPart):
             ``PG*`` environment variables.  A password may come from the DSN,
             ``PGPASSWORD`` or ``~/.pgpass``.
         schema: the PostgreSQL schema that holds the tables.
-        create_schema: create (or upgrade) the tables on first use; with
-            False a missing schema is an error that says how to create it.
+        create_schema: create the tables on first use; with False a
+            missing schema is an error that says how to create it.
         connect_timeout: seconds to connect (libpq waits at least 2).
         statement_timeout: seconds the server may spend on one statement; a
             call that gets no answer a second after that is cut off.
@@ -156,16 +126,11 @@ class PostgresStore(LocksPart):
         self._application_name = str(application_name)
         self._where = describe_dsn(params)
         self._sql = {name: q.format(s=self._quoted).encode() for name, q in QUERIES.items()}
-        self._writer_id = uuid.uuid4().hex
         self._host = socket.gethostname()
         self._mutex = threading.Lock()
         self._conn = None
         self._schema_ok = False
         self._held = set()
-        # Fencing, per key: the writer id of the row when this store took the
-        # key (then its own, once it wrote); a write applies only over that.
-        self._base = {}
-        self._fenced = {}  # key -> why its writes are refused
         self._suspect = False  # the connection may hold a lock we do not know of
         self._handles = {}  # key -> its holder (lock())
         self._handles_lock = threading.Lock()
@@ -206,72 +171,85 @@ class PostgresStore(LocksPart):
         """
         self._run(lambda conn: None)
 
-    def write(self, key: str, chunks: Sequence[bytes]) -> int:
-        """Store the checkpoint in ``chunks`` (an envelope) in one transaction.
+    def write(
+        self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
+    ) -> int:
+        """Store the checkpoint in ``chunks`` (an envelope) if the row holds ``expected``.
 
-        Takes the key's writer lock first if this store does not hold it.
+        See ``Store.write``: one transaction whose write is conditional on
+        the revision (``expected`` None: no row).  Takes the key's writer
+        lock first if this store does not hold it.
 
         Returns:
-            The envelope's size in bytes.
+            The envelope's size in bytes (also when this very write had
+            landed already: a retry whose answer was lost).
 
         Raises:
+            StaleWriteError: the row holds another revision, or none when
+                one was expected (deleted), or one when none was.
             KeyLockedError: another writer holds the key.
-            StaleWriteError: another writer wrote the key since this store took it
-                (or the store holds a newer seq); the store is fenced for the key.
             PostgresStoreError: the server failed or cannot be reached.
             ValueError: ``chunks`` is not a checkpoint envelope.
         """
         check_key(key)
         fmt, meta_json, state = self._split(key, chunks)
-        seq = _META_DECODER.decode(meta_json).seq
         params = {
             "key": key,
-            "seq": seq,
+            "revision": revision,
+            "expected": expected,
             "format": fmt,
             "meta": meta_json.decode(),
             "state": state,
-            "writer": self._writer_id,
             "journal": False,
         }
         nbytes = sum(len(chunk) for chunk in chunks)
-        self._fenced_write(key, params, nbytes=nbytes)
+        self._conditional_write(key, params, nbytes=nbytes)
         return nbytes
 
-    def _fenced_write(
+    def revision(self, key: str) -> str | None:
+        """The revision ``key``'s row holds (None: no row): one small SELECT."""
+        check_key(key)
+        row = self._run(lambda c: c.execute(self._sql["revision"], {"key": key}).fetchone())
+        return None if row is None else str(row[0])
+
+    def _conditional_write(
         self,
         key: str,
         params: dict[str, Any],
         then: Callable[[psycopg.Connection[Any]], None] | None = None,
         *,
+        statement: str = "",
         nbytes: int = 0,
     ) -> None:
-        """The fenced upsert of ``key``'s row, and ``then(conn)``, in one transaction.
+        """Write ``key``'s row over revision ``params["expected"]``, then ``then(conn)``.
 
-        Takes the key's lock first if not held; ``then`` runs only if the
-        upsert applied (the journal's rows go with their head, or not at all).
-        ``nbytes`` (what the write sends) widens the call's time budget, so a
-        large session is not cut off as a hang.  A connection lost (after it
-        sat idle, or mid-write: a server restart) is replaced and the write
-        made again, for ``connect_timeout`` at most: fencing makes a repeated
-        upsert safe, and ``then`` is repeated only if its commit was never sent.
-        A call cut off as a hang is not repeated.
+        One transaction, under the key's lock (taken first if not held);
+        ``then`` runs only if the row was written.  ``statement``: the write
+        (default ``insert`` when no revision is expected, else ``update``).
+        ``nbytes`` widens the call's time budget, so a large session is not
+        cut off as a hang.  A write whose connection was lost once it reached
+        the server (idle, or mid-write: a restart) is made again on a new
+        one, for ``connect_timeout`` at most: if its COMMIT had landed, it
+        finds its own revision and is done.  One that never reached the
+        server fails at once (the writer's backoff and ``probe`` take over),
+        and one cut off as a hang is not repeated.
         """
+        if not statement:
+            statement = "insert" if params["expected"] is None else "update"
         budget = nbytes / SLOW_BYTES_PER_SECOND
         retry_until: float | None = None
+        reached: list[bool] = []  # [True] once an attempt had a connection
         while True:
-            if key in self._fenced:
-                raise StaleWriteError(self._fenced[key])
-            sent: list[bool] = []  # [True] once the COMMIT may have gone out
             self._lost = False  # set again by a failure of this attempt to reach the server
             try:
-                self._write_once(key, params, then, budget, sent)
+                self._write_once(key, statement, params, then, budget, reached)
                 return
             except (KeyLockedError, StaleWriteError):
                 raise
             except PostgresStoreError as exc:
                 # The server went away (a restart, a failover, an idle loss), not
                 # a hang: again on a fresh connection, for connect_timeout at most.
-                if not self._lost or self._watchdog.fired or (sent and then is not None):
+                if not (reached and self._lost) or self._watchdog.fired:
                     raise
                 now = time.monotonic()
                 if retry_until is None:
@@ -284,32 +262,49 @@ class PostgresStore(LocksPart):
     def _write_once(
         self,
         key: str,
+        statement: str,
         params: dict[str, Any],
         then: Callable[[psycopg.Connection[Any]], None] | None,
         budget: float,
-        sent: list[bool],
+        reached: list[bool],
     ) -> None:
-        """One try of ``_fenced_write``; ``sent`` gets True as its COMMIT may go out."""
+        """One try of ``_conditional_write``; ``reached`` gets True once it has a connection."""
         with self._session(budget=budget) as conn:
-            refused = self._acquire(conn, key, fresh=False)
+            reached.append(True)
+            refused = self._acquire(conn, key)
             if refused is not None:
                 raise refused
-            params["base"] = self._base.get(key)
             with conn.transaction():
                 if budget >= 1:
                     conn.execute(
                         b"SET LOCAL statement_timeout = %d"
                         % round((self.statement_timeout + budget) * 1000)
                     )
-                applied = self._upsert(conn, params)
-                if applied and then is not None:
+                if self._apply(conn, key, statement, params) and then is not None:
                     then(conn)
-                sent.append(True)
-            if not applied:
-                why = self._fenced[key] = self._stale(conn, key, params["seq"])
-                self._unlock(conn, key)  # a fenced store lets go of the key
-                raise StaleWriteError(why)
-            self._base[key] = self._writer_id
+
+    def _apply(
+        self, conn: psycopg.Connection[Any], key: str, statement: str, params: dict[str, Any]
+    ) -> bool:
+        """The conditional write, in the caller's transaction: True if it wrote the row.
+
+        False: the row holds this write's revision already (its COMMIT
+        landed on an earlier try).
+
+        Raises:
+            StaleWriteError: the row holds another revision, or none.
+        """
+        revision, expected = params["revision"], params["expected"]
+        while conn.execute(self._sql[statement], params).fetchone() is None:
+            row = conn.execute(self._sql["revision"], {"key": key}).fetchone()
+            stored = None if row is None else str(row[0])
+            if stored == revision:
+                return False
+            if stored != expected:
+                raise StaleWriteError(key, expected=expected, stored=stored)
+            # Changed back between the two statements (a row that stopped an
+            # insert, deleted by hand since): the write may go ahead after all.
+        return True
 
     def read(self, key: str) -> bytes | None:
         """The checkpoint of ``key`` as an envelope (a journal's rows assembled).
@@ -326,7 +321,7 @@ class PostgresStore(LocksPart):
         fmt, meta, state, journal, _ = rows[0]
         meta_json = meta.encode()
         if journal:
-            if fmt > JOURNAL_FORMAT:  # kept, and the key left to the newer version
+            if fmt > HEAD_FORMAT:  # kept, and the key left to the newer version
                 written_by = None
                 with contextlib.suppress(msgspec.DecodeError):
                     written_by = _META_DECODER.decode(meta_json).library_version
@@ -334,7 +329,7 @@ class PostgresStore(LocksPart):
                 raise NewerVersionError(
                     self.location(key),
                     f"a journal head of format {fmt}, written by {by}; this agent-checkpointer "
-                    f"reads journal format {JOURNAL_FORMAT}: upgrade it to load the key",
+                    f"reads journal format {HEAD_FORMAT}: upgrade it to load the key",
                     written_by,
                 )
             state = assemble_rows(meta_json, [row[4] for row in rows], self.location(key))
@@ -346,25 +341,60 @@ class PostgresStore(LocksPart):
         return sorted(row[0] for row in rows)
 
     def delete(self, key: str) -> bool:
+        """Remove ``key``'s row (a journal's rows too); False if there was none.
+
+        A write: done under the key's lock.  A writer that held the key
+        finds it gone at its next write (``StaleWriteError``: expected a
+        revision, found none).
+
+        Raises:
+            KeyLockedError: a live writer holds the key (another session, or a
+                writer through this store): close it first.
+            PostgresStoreError: the server failed or cannot be reached.
+        """
         check_key(key)
-        row = self._run(lambda c: c.execute(self._sql["delete"], {"key": key}).fetchone())
-        return row is not None
+        handle = self._handles.get(key)
+        if handle is not None:
+            where = f"{self.location(key)}, held by a writer through this same PostgresStore"
+            raise KeyLockedError(key, where, handle.holder)
+        return self._locked_run(key, "delete", {"key": key})
 
     def move_aside(self, key: str, suffix: str) -> str | None:
+        """Move ``key``'s row (and a journal's rows, as lines) to ``<schema>.aside``.
+
+        Under the key's lock, as ``delete``.
+        """
         check_key(key)
-        params = {"key": key, "suffix": suffix}
-        if self._run(lambda c: c.execute(self._sql["move_aside"], params).fetchone()) is None:
+        if not self._locked_run(key, "move_aside", {"key": key, "suffix": suffix}):
             return None
         return f"{self._where}/{self.schema}.aside/{key}.{suffix}"
+
+    def _locked_run(self, key: str, statement: str, params: dict[str, Any]) -> bool:
+        """Run ``statement`` in a transaction that holds the key's lock; whether it returned a row.
+
+        The transaction's own hold of the advisory lock: granted if no
+        other session holds it (this store's own hold counts as free), and
+        given back by the commit.
+        """
+        lock_id = self._lock_id(key)
+
+        def run(conn: psycopg.Connection[Any]) -> bool:
+            with conn.transaction():
+                row = conn.execute(self._sql["lock_for_call"], {"id": lock_id}).fetchone()
+                if row is None or not row[0]:
+                    raise self._holder(conn, key, lock_id)[1]
+                return conn.execute(self._sql[statement], params).fetchone() is not None
+
+        return self._run(run)
 
     # -- schema -------------------------------------------------------------
 
     def create_schema(self) -> int:
-        """Create or upgrade the tables; return the schema version now in place.
+        """Create the tables if they are not there; return the schema version in place.
 
         Raises:
             PostgresStoreError: the server cannot be reached, the user may not
-                create the schema, or the schema is newer than this library.
+                create the schema, or its tables are of another version.
         """
         with self._session(ensure=False) as conn:
             self._install(conn)
@@ -383,18 +413,12 @@ class PostgresStore(LocksPart):
 
         The store stays usable: a later call connects again.  A lock object
         from ``lock()`` not released yet stays its writer's (its ``held`` is
-        False until that writer's next write takes the key again, fenced from
-        where it was): another writer of the key through this store is still
-        refused, and a writer that wrote the key meanwhile is not overwritten.
-        Every other key is let go as by ``release``.
+        False until that writer's next write takes the key again, and that
+        write lands only over the revision it expects): another writer of
+        the key through this store is still refused.
         """
-        with self._handles_held():
-            owned = set(self._handles)
         with _exit.busy(), self._mutex:
             self._drop()
-            for fencing in (self._base, self._fenced):
-                for key in fencing.keys() - owned:
-                    del fencing[key]
             self._watchdog.close()
 
     def __del__(self) -> None:
@@ -422,10 +446,7 @@ class PostgresStore(LocksPart):
         self._pid = os.getpid()
         self._mutex = threading.Lock()  # another thread of the parent may have held it
         self._watchdog = Watchdog(f"checkpointer-pg-watchdog {self._where}")
-        self._writer_id = uuid.uuid4().hex
         self._held.clear()
-        self._base.clear()
-        self._fenced.clear()
         self._suspect = False
         self._handles_lock = threading.Lock()
         self._handles.clear()  # the parent's lock objects: none of them is held here
@@ -434,19 +455,6 @@ class PostgresStore(LocksPart):
         self._orphans = []  # the parent's backends: never ours to terminate
 
     # -- internals ----------------------------------------------------------
-
-    def _upsert(self, conn: psycopg.Connection[Any], params: dict[str, Any]) -> bool:
-        """Run the fenced upsert inside the caller's transaction; True if applied."""
-        return conn.execute(self._sql["upsert"], params).fetchone() is not None
-
-    def _stale(self, conn: psycopg.Connection[Any], key: str, seq: int) -> str:
-        row = conn.execute(self._sql["stored"], {"key": key}).fetchone()
-        stored = "a newer checkpoint" if row is None else f"seq {row[0]}"
-        return (
-            f"refused a late write of {self.location(key)} (seq {seq}): the store holds "
-            f"{stored}, written by another writer since this one last held the key; "
-            "this writer lost the session: reload it with load() in a new writer"
-        )
 
     def _split(self, key: str, chunks: Sequence[bytes]) -> tuple[int, bytes, bytes]:
         """The format, the meta JSON and the state JSON of an envelope."""

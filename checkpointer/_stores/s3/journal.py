@@ -244,7 +244,7 @@ class S3JournalStore(JournalCore, S3Store):
             track = self._current(key, expected)
             if landed(key, _revision(track), meta.revision, expected):
                 return 0
-            return self._commit_on(key, track, meta, staged)
+            return self._commit_on(key, track, meta, staged, expected)
 
     def update_meta(self, key: str, meta: Meta, *, expected: str) -> None:
         """PUT the head with ``meta`` and the same segments, if it holds ``expected``."""
@@ -260,25 +260,37 @@ class S3JournalStore(JournalCore, S3Store):
     # -- what the core stores ------------------------------------------------------
 
     def _append_rows(
-        self, key: str, track: Track, meta: Meta, kinds: list[str], rows: list[bytes], nbytes: int
+        self,
+        key: str,
+        track: Track,
+        meta: Meta,
+        kinds: list[str],
+        rows: list[bytes],
+        nbytes: int,
+        expected: str | None,
     ) -> None:
         known = self._known[key]
         started = time.time()
         name = self._put_segment(key, meta, rows)
         segments = (*known.segments, (name, nbytes))
-        self._put_head(key, meta, segments, known.revision, [name], started)
+        self._put_head(key, meta, segments, expected, [name], started)
         self.appends += 1
 
     def _compact(
-        self, key: str, track: Track | None, meta: Meta, full: Full, *, rewrite: bool = False
+        self,
+        key: str,
+        track: Track | None,
+        meta: Meta,
+        full: Full,
+        expected: str | None,
+        *,
+        rewrite: bool = False,
     ) -> int:
-        assert track is not None  # _current always knows the key's track
         known = self._known.get(key)
         pieces = self._compaction_row(_ENCODER.encode(meta), full)
         nbytes = sum(map(len, pieces))
         started = time.time()
         name = self._put_segment(key, meta, pieces)
-        expected = None if track.meta is None else track.meta.revision
         self._put_head(key, meta, ((name, nbytes),), expected, [name], started)
         self.compactions += 1
         self._tracks[key] = full.track(meta, size=nbytes, ino=0, live=nbytes)

@@ -1,0 +1,180 @@
+"""Agent transcripts: what a message shape (a *dialect*) tells the helpers.
+
+A dialect reads a message of its shape for the scan (``Reading``), says where
+its calls must be answered (``Window``), answers and settles them on a copy,
+and shows a message to the CLI.  One module per framework family holds one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from typing import Any, Literal, TypeAlias
+
+from ..messages import get_field
+
+__all__ = [
+    "NONE",
+    "PLAIN",
+    "TURN",
+    "Classified",
+    "Dialect",
+    "Reading",
+    "Window",
+    "build",
+    "first_by_id",
+    "framework_class",
+    "seq",
+    "short",
+    "text_of",
+    "tool_name",
+]
+
+Window: TypeAlias = Literal["run", "next", "turn", "free"]
+"""Where a call must be answered: *run*, in the results right after its message (a run
+of tool messages); *next*, in the message right after it; *turn*, in the requests of
+results after it (pydantic-ai sends consecutive requests as one); *free*, anywhere
+after it (the Responses API pairs a call and its output by id)."""
+
+Reading: TypeAlias = tuple[Sequence[Any], Sequence[Any], bool, bool, bool]
+"""What the scan reads of a message: (result ids, call ids, is a turn, keeps
+the window of open calls, holds a running result)."""
+
+PLAIN: Reading = ((), (), False, False, False)
+TURN: Reading = ((), (), True, False, False)
+
+
+class Dialect:
+    """One message shape: how the helpers read it, answer its calls, settle and show it.
+
+    Attributes:
+        name: as the docs and ``HistoryProblem`` texts say it.
+        window: where a call's result must come (``Window``).
+        defers: the framework leaves a call open on purpose (a deferred tool,
+            one awaiting approval) and persists it so: such a call, still open
+            at the end of a paused run, is *pending*, not unclosed
+            (``history.ScanState.result`` says when).
+    """
+
+    name: str = ""
+    window: Window = "run"
+    defers: bool = False
+
+    def __repr__(self) -> str:
+        return f"<dialect {self.name}>"
+
+    def read(self, message: Any) -> Reading:
+        """What the scan needs of ``message``: see ``Reading``."""
+        raise NotImplementedError
+
+    # -- repairs ---------------------------------------------------------------
+
+    def answer(self, call_message: Any, call_id: str) -> Any:
+        """The result (a message, or a part for a *next* window) that closes ``call_id``."""
+        raise NotImplementedError
+
+    def answers(self, call_message: Any, call_ids: list[str]) -> list[Any]:
+        """``answer`` for each of ``call_ids``, all calls of ``call_message``."""
+        return [self.answer(call_message, call_id) for call_id in call_ids]
+
+    def merge(self, follower: Any, answers: list[Any]) -> Any:
+        """*next* windows: ``follower`` with ``answers`` added, or None if it cannot take them."""
+        return None
+
+    def carrier(self, call_message: Any, answers: list[Any]) -> Any:
+        """*next* windows: a new message holding ``answers``."""
+        raise NotImplementedError
+
+    def settle(self, message: Any, reason: str) -> tuple[Any, int]:
+        """``message`` with its running results settled as errors, and how many."""
+        return message, 0
+
+    # -- display (the CLI) -----------------------------------------------------
+
+    def label(self, message: Any) -> str:
+        """Who speaks, for one line of ``show``: a role, an item type, a result's call id."""
+        return self.name
+
+    def text(self, message: Any) -> str:
+        """What the message says."""
+        return ""
+
+    def call_names(self, message: Any) -> list[str]:
+        """The names of the tools it calls (``?`` for a call without one)."""
+        return []
+
+    def user_text(self, message: Any) -> str | None:
+        """The text of a user's message (the ``ls`` title), None for any other message."""
+        return None
+
+
+Classified: TypeAlias = tuple[Dialect | None, Reading]
+"""A message's dialect (None: no dialect recognises it) and what the scan reads of it."""
+
+NONE: Classified = (None, PLAIN)
+
+
+# -- reading fields of any dialect --------------------------------------------
+
+
+def seq(value: Any) -> Sequence[Any]:
+    return value if isinstance(value, (list, tuple)) else ()
+
+
+def text_of(content: Any) -> str:
+    """The text of a content: a string, or the strings and ``text`` of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, (list, tuple)):
+        parts = (p if isinstance(p, str) else get_field(p, "text") for p in content)
+        return " ".join(p for p in parts if isinstance(p, str))
+    return ""
+
+
+def short(value: Any, width: int = 40) -> str:
+    """An id or a name as a label shows it: cut to ``width`` with ``...``, as texts are."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def tool_name(value: Any) -> str:
+    """A tool's name as the CLI shows it: ``?`` for a call without one."""
+    return short(value) if isinstance(value, str) and value else "?"
+
+
+def first_by_id(calls: Sequence[Any], field: str) -> dict[Any, Any]:
+    """The calls by their id, the first of each id (as a search in order finds it)."""
+    found: dict[Any, Any] = {}
+    for call in calls:
+        key = call.get(field) if type(call) is dict else get_field(call, field)
+        if isinstance(key, str):
+            found.setdefault(key, call)
+    return found
+
+
+# -- building answers as the framework's own objects ---------------------------
+
+
+def framework_class(obj: Any, name: str) -> Any:
+    """The class ``name`` of ``obj``'s framework, if loaded: its module or a parent package.
+
+    Only ``sys.modules`` is searched: the framework is loaded, since its
+    objects are in hand, and nothing is imported.
+    """
+    module = type(obj).__module__
+    while module:
+        found = getattr(sys.modules.get(module), name, None)
+        if isinstance(found, type):
+            return found
+        module = module.rpartition(".")[0]
+    return None
+
+
+def build(cls: Any, fields: dict[str, Any]) -> Any:
+    """``cls(**fields)``, but the fields it does not have (a dataclass, a pydantic model)."""
+    if dataclasses.is_dataclass(cls):
+        names = {f.name for f in dataclasses.fields(cls)}
+    else:
+        names = set(getattr(cls, "model_fields", fields))
+    return cls(**{k: v for k, v in fields.items() if k in names})

@@ -1,0 +1,205 @@
+"""Agent transcripts: role messages, chat-completions style and Anthropic style.
+
+A role message is chat's unless its content holds ``tool_use`` / ``tool_result``
+blocks, which make it Anthropic's; ``read_role`` decides both in one pass.
+Answers are our Structs for our Structs and dicts for anything else (the openai
+package's objects included: the dicts are the input shapes its SDK takes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..messages import (
+    CLOSED_CALL_TEXT,
+    ChatMessage,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    block_type,
+    get_field,
+    replaced,
+)
+from .base import (
+    NONE,
+    PLAIN,
+    TURN,
+    Classified,
+    Dialect,
+    Reading,
+    Window,
+    seq,
+    short,
+    text_of,
+    tool_name,
+)
+
+__all__ = ["ANTHROPIC", "CHAT", "read_role"]
+
+
+class _Chat(Dialect):
+    name: str = "chat"
+    window: Window = "run"
+
+    def read(self, message: Any) -> Reading:
+        role, calls = get_field(message, "role"), get_field(message, "tool_calls")
+        return read_role(role, calls, get_field(message, "content"), message)[1]
+
+    def answer(self, call_message: Any, call_id: str) -> Any:
+        if isinstance(call_message, ChatMessage):
+            return ChatMessage(role="tool", tool_call_id=call_id, content=CLOSED_CALL_TEXT)
+        return {"role": "tool", "tool_call_id": call_id, "content": CLOSED_CALL_TEXT}
+
+    def settle(self, message: Any, reason: str) -> tuple[Any, int]:
+        if get_field(message, "status") != "running":
+            return message, 0
+        return replaced(message, status="error", content=reason), 1
+
+    def label(self, message: Any) -> str:
+        role = str(get_field(message, "role"))
+        call_id = get_field(message, "tool_call_id")
+        return f"tool[{short(call_id)}]" if role == "tool" and call_id is not None else role
+
+    def text(self, message: Any) -> str:
+        return text_of(get_field(message, "content"))
+
+    def call_names(self, message: Any) -> list[str]:
+        names = []
+        for call in seq(get_field(message, "tool_calls")):
+            function = get_field(call, "function")
+            name = get_field(function, "name") if function is not None else None
+            names.append(tool_name(name or get_field(call, "name")))
+        return names
+
+    def user_text(self, message: Any) -> str | None:
+        return self.text(message) if get_field(message, "role") == "user" else None
+
+
+class _Anthropic(_Chat):
+    """Reads as chat does (``read_role``); answers with ``tool_result`` blocks in the next
+    user message."""
+
+    name: str = "anthropic"
+    window: Window = "next"
+
+    def answer(self, call_message: Any, call_id: str) -> Any:
+        if isinstance(call_message, Message):
+            return ToolResultBlock(tool_use_id=call_id, content=CLOSED_CALL_TEXT, is_error=True)
+        return {
+            "type": "tool_result",
+            "tool_use_id": call_id,
+            "content": CLOSED_CALL_TEXT,
+            "is_error": True,
+        }
+
+    def merge(self, follower: Any, answers: list[Any]) -> Any:
+        if get_field(follower, "role") != "user":
+            return None
+        content = get_field(follower, "content")
+        struct = isinstance(follower, Message)
+        if isinstance(content, str):
+            text: Any = TextBlock(content) if struct else {"type": "text", "text": content}
+            existing: list[Any] = [text] if content else []
+        else:
+            existing = list(content or ())
+        merged = answers + existing
+        as_tuple = isinstance(content, tuple) or struct
+        return replaced(follower, content=tuple(merged) if as_tuple else merged)
+
+    def carrier(self, call_message: Any, answers: list[Any]) -> Any:
+        if isinstance(call_message, Message):
+            return Message(role="user", content=tuple(answers))
+        return {"role": "user", "content": answers}
+
+    def settle(self, message: Any, reason: str) -> tuple[Any, int]:
+        content = get_field(message, "content")
+        blocks, count = [], 0
+        for block in seq(content):
+            if block_type(block) == "tool_result" and get_field(block, "status") == "running":
+                block = replaced(block, status="error", is_error=True, content=reason)
+                count += 1
+            blocks.append(block)
+        if not count:
+            return message, 0
+        return replaced(message, content=type(content)(blocks)), count
+
+    def label(self, message: Any) -> str:
+        return str(get_field(message, "role"))
+
+    def text(self, message: Any) -> str:
+        content = get_field(message, "content")
+        said = [text_of(content)]
+        said.extend(
+            f"[{short(get_field(block, 'tool_use_id'))}] {text_of(get_field(block, 'content'))}"
+            for block in seq(content)
+            if block_type(block) == "tool_result"
+        )
+        return " ".join(s for s in said if s)
+
+    def call_names(self, message: Any) -> list[str]:
+        blocks = seq(get_field(message, "content"))
+        return [tool_name(get_field(b, "name")) for b in blocks if block_type(b) == "tool_use"]
+
+
+CHAT = _Chat()
+ANTHROPIC = _Anthropic()
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_CHAT_PLAIN: Classified = (CHAT, PLAIN)
+_CHAT_TURN: Classified = (CHAT, TURN)
+
+
+def read_role(role: Any, calls: Any, content: Any, message: Any) -> Classified:
+    """A role message's dialect (chat, or Anthropic when its content holds tool blocks) and
+    reading, in one pass: the hot path of the scan (dicts read inline, shared results)."""
+    if role == "assistant":
+        if calls:
+            if type(calls) is list or isinstance(calls, (list, tuple)):
+                ids = [c.get("id") if type(c) is dict else get_field(c, "id") for c in calls]
+                return CHAT, ((), ids, True, False, False)
+            return _CHAT_TURN
+        if content is None or type(content) is str:
+            return _CHAT_TURN
+    elif role == "tool":
+        if type(message) is dict:
+            call_id, status = message.get("tool_call_id"), message.get("status")
+        else:
+            call_id = getattr(message, "tool_call_id", None)
+            status = getattr(message, "status", None)
+        return CHAT, ((call_id,), (), False, True, status == "running")
+    elif not isinstance(role, str) or role not in _ROLES:
+        return NONE
+    elif calls or content is None or type(content) is str:
+        return _CHAT_PLAIN
+    assistant = role == "assistant"
+    if not content or not isinstance(content, (list, tuple)):
+        return _CHAT_TURN if assistant else _CHAT_PLAIN
+    return _read_blocks(content, assistant)
+
+
+def _read_blocks(content: Any, assistant: bool) -> Classified:
+    """A role message with a list of content blocks: Anthropic's if any is a tool block."""
+    ids = []
+    blocks = False
+    running = False
+    for block in content:
+        fields = block if type(block) is dict else None
+        kind = block_type(block) if fields is None else fields.get("type")
+        if kind == "tool_use":
+            blocks = True
+            if assistant:
+                ids.append(get_field(block, "id") if fields is None else fields.get("id"))
+        elif kind == "tool_result":
+            blocks = True
+            if not assistant:
+                if fields is None:
+                    ids.append(get_field(block, "tool_use_id"))
+                    running = running or get_field(block, "status") == "running"
+                else:
+                    ids.append(fields.get("tool_use_id"))
+                    running = running or fields.get("status") == "running"
+    if not blocks:
+        return _CHAT_TURN if assistant else _CHAT_PLAIN
+    if assistant:
+        return ANTHROPIC, ((), ids, True, False, False)
+    return ANTHROPIC, (ids, (), False, False, running)

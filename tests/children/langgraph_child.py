@@ -1,0 +1,171 @@
+"""LangGraph agents in processes of their own, for ``tests/test_adapter_langgraph_owners.py``.
+
+    python -m tests.children.langgraph_child serve STORE THREAD
+    python -m tests.children.langgraph_child race STORE ROOT REPEATS
+
+``STORE`` is ``file``, ``journal``, ``unlocked-file`` or ``unlocked-journal``
+(a store of one's own that forwards every method but ``lock()``: it fences
+its writes, and a live writer does not keep a delete out); with ``serve``
+it is followed by ``:ROOT``.  The graph is ``adapter_child.langgraph_graph``:
+plain LangGraph nodes, no network; a turn adds four messages.
+
+``serve`` keeps one ``CheckpointSaver`` open (``async with``) on thread
+``THREAD``, prints ``{"step": "ready", "pid": ...}``, then follows its
+stdin, one command a line, and answers each with one JSON line:
+
+* ``turn TEXT``: one turn (``durability="sync"``): the messages after it,
+  or the ``CheckpointFailed`` it raised (``reason``, ``error``);
+* ``state``: the messages ``aget_state`` shows;
+* ``delete``: ``adelete_thread``;
+* ``close``: leave the ``async with`` (what its exit raised, if anything).
+
+``race`` imports LangGraph once, then for each repetition forks two agents,
+``a`` and ``b``, on thread ``chat`` of ``ROOT/<n>``, released at the same
+moment.  Each reads the thread (a UI showing it), waits 0 to 0.2 s, plus
+1 s half of the time (at random), runs three turns (``"a-0"``...) and
+closes its saver, then prints ``{"rep": n, "name": ..., "turns": [...],
+"failed": ..., "started": t0, "closed": t1}``: the turns that returned,
+the first ``CheckpointFailed`` (or None), and when its first turn began
+and its saver had closed (``time.monotonic()``: one clock for every
+process of the machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from typing import Any
+
+from checkpointer import CheckpointFailed, FileStore, JournalStore, Store
+
+CONFIG: Any = {"configurable": {"thread_id": "chat"}}
+
+
+class Unlocked:
+    """A store of one's own around a FileStore or JournalStore, without ``lock()``."""
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "lock":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def make_store(kind: str, root: str) -> Any:
+    inner = JournalStore(root) if kind.endswith("journal") else FileStore(root)
+    return Unlocked(inner) if kind.startswith("unlocked-") else inner
+
+
+def say(**fields: object) -> None:
+    sys.stdout.write(json.dumps({"pid": os.getpid(), **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def failure(exc: CheckpointFailed) -> dict[str, str]:
+    return {"reason": exc.result.reason, "error": exc.result.error}
+
+
+async def serve(spec: str, thread_id: str) -> None:
+    from langchain_core.messages import HumanMessage
+
+    from checkpointer.langgraph import CheckpointSaver
+    from tests.children.adapter_child import langgraph_graph
+
+    kind, _, root = spec.partition(":")
+    config: Any = {"configurable": {"thread_id": thread_id}}
+    saver = CheckpointSaver(make_store(kind, root))
+    await saver.__aenter__()
+    graph = langgraph_graph(saver)
+    say(step="ready")
+    loop = asyncio.get_running_loop()
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        command, _, text = line.strip().partition(" ")
+        try:
+            if command == "turn":
+                inputs = {"messages": [HumanMessage(text)]}
+                result = await graph.ainvoke(inputs, config, durability="sync")
+                say(step="turn", messages=[m.content for m in result["messages"]])
+            elif command == "state":
+                state = await graph.aget_state(config)
+                say(step="state", messages=[m.content for m in state.values.get("messages", [])])
+            elif command == "delete":
+                await saver.adelete_thread(thread_id)
+                say(step="delete")
+            elif command == "close":
+                await saver.__aexit__(None, None, None)
+                say(step="close")
+                return
+        except CheckpointFailed as exc:
+            say(step=command, failed=failure(exc))
+            if command == "close":
+                return
+
+
+async def race_agent(kind: str, root: str, name: str) -> dict[str, Any]:
+    from langchain_core.messages import HumanMessage
+
+    from checkpointer.langgraph import CheckpointSaver
+    from tests.children.adapter_child import langgraph_graph
+
+    turns: list[str] = []
+    failed: dict[str, str] | None = None
+    started = None
+    try:
+        async with CheckpointSaver(make_store(kind, root)) as saver:
+            graph = langgraph_graph(saver)
+            await graph.aget_state(CONFIG)
+            # Often at once, often past the other's whole run (its close).
+            await asyncio.sleep(random.uniform(0, 0.2) + random.choice((0.0, 1.0)))
+            started = time.monotonic()
+            for i in range(3):
+                text = f"{name}-{i}"
+                inputs = {"messages": [HumanMessage(text)]}
+                await graph.ainvoke(inputs, CONFIG, durability="sync")
+                turns.append(text)
+    except CheckpointFailed as exc:
+        failed = failure(exc)
+    return {"turns": turns, "failed": failed, "started": started, "closed": time.monotonic()}
+
+
+def race(kind: str, base: str, repeats: int) -> None:
+    import langgraph.graph  # noqa: F401 -- imported once, before the forks
+
+    for rep in range(repeats):
+        root = os.path.join(base, str(rep))
+        start_r, start_w = os.pipe()
+        pids = {}
+        for name in ("a", "b"):
+            pid = os.fork()
+            if pid == 0:
+                os.close(start_w)
+                random.seed()  # not the parent's sequence: each agent waits its own time
+                try:
+                    os.read(start_r, 1)  # both released by one write
+                    say(rep=rep, name=name, **asyncio.run(race_agent(kind, root, name)))
+                finally:
+                    os._exit(0)
+            pids[name] = pid
+        os.close(start_r)
+        os.write(start_w, b"go")
+        os.close(start_w)
+        for pid in pids.values():
+            _, status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                raise SystemExit(f"agent {pid} of repetition {rep} exited with {status}")
+
+
+def main() -> None:
+    if sys.argv[1] == "serve":
+        asyncio.run(serve(sys.argv[2], sys.argv[3]))
+    else:
+        race(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+
+
+if __name__ == "__main__":
+    main()

@@ -109,6 +109,9 @@ FORWARD: dict[str, tuple[str, ...]] = {
         "postgres.locks",
         "postgres.store",
         "postgres.journal",
+        "s3.client",
+        "s3.store",
+        "s3.journal",
     ),
     "_writer": (
         "clock",

@@ -29,6 +29,7 @@ from .. import __version__ as VERSION
 from . import demo, ls, pg_schema, prune, report, show, verify
 from .prune import parse_duration
 from .roots import Root, RootError, open_root
+from .s3root import S3Root, is_s3
 
 __all__ = ["main", "parse_duration"]
 
@@ -63,9 +64,10 @@ def _on_a_root(args: argparse.Namespace) -> int:
     """Open ROOT and run the command over it: a root that cannot be used is status 1."""
     command = args.command
     try:
-        root = open_root(
-            args.root, dsn=args.dsn, schema=args.schema, endpoint_url=args.endpoint_url
-        )
+        if is_s3(args.root):
+            root: Root = S3Root(args.root, args.endpoint_url)
+        else:
+            root = open_root(args.root, dsn=args.dsn, schema=args.schema)
     except RootError as exc:  # no psycopg, a bad DSN
         report.error(command, str(exc))
         return report.PROBLEM

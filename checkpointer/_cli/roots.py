@@ -593,14 +593,10 @@ def _escaped(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def open_root(root: str, *, dsn: str | None, schema: str, endpoint_url: str | None = None) -> Root:
+def open_root(root: str, *, dsn: str | None, schema: str) -> Root:
     """The root ROOT (or ``--dsn``) names.  Raises RootError: it cannot be used."""
     if dsn is not None or is_dsn(root):
         return PostgresRoot(root, schema)
-    from .s3root import S3Root, is_s3  # it builds on this module
-
-    if is_s3(root):
-        return S3Root(root, endpoint_url)
     return DirectoryRoot(root)
 
 

@@ -32,7 +32,6 @@ import weakref
 from typing import Any
 
 from ..._text import one_line
-from ..._version import VERSION
 from ..base import time_left
 
 __all__ = ["S3Client", "S3StoreError", "condition_failed", "error_code", "import_botocore"]
@@ -153,7 +152,7 @@ class S3Client:
             "connect_timeout": connect,
             "read_timeout": read,
             "tcp_keepalive": True,
-            "user_agent_extra": f"agent-checkpointer/{VERSION}",
+            "user_agent_extra": "agent-checkpointer",
         }
         if attempts is not None:
             options["retries"] = {"total_max_attempts": attempts, "mode": "standard"}

@@ -165,23 +165,20 @@ def main() -> None:
         bucket = new_bucket(server)
         print("python -m benchmarks.bench_s3_client")
         print(f"{_REPEATS} conditional PUTs of 1 KiB against moto's S3 server on 127.0.0.1\n")
-        header = (
-            "library   | import  | client  | PUT median | PUT p90  | distributions (size) | fork"
-        )
-        print(header)
-        print("-" * len(header))
+        print("| library | import | client | PUT median | PUT p90 | distributions (size) | fork |")
+        print("|---|---|---|---|---|---|---|")
         for library in ("botocore", "obstore"):
             try:
                 seen, size = closure(_DISTRIBUTIONS[library])
             except importlib.metadata.PackageNotFoundError:
-                print(f"{library:9} | not installed")
+                print(f"| {library} | not installed |")
                 continue
             imported = import_seconds(library)
             got = measure(library, server.url, bucket)
             print(
-                f"{library} | {imported * 1e3:5.0f} ms | {got['client'] * 1e3:5.1f} ms | "
-                f"{got['put_median'] * 1e3:7.2f} ms | {got['put_p90'] * 1e3:5.2f} ms | "
-                f"{len(seen)}: {', '.join(seen)} ({size / 2**20:.1f} MiB) | {got['fork']}"
+                f"| {library} | {imported * 1e3:.0f} ms | {got['client'] * 1e3:.0f} ms | "
+                f"{got['put_median'] * 1e3:.1f} ms | {got['put_p90'] * 1e3:.1f} ms | "
+                f"{len(seen)}: {', '.join(seen)} ({size / 2**20:.1f} MiB) | {got['fork']} |"
             )
     finally:
         server.stop()

@@ -3,6 +3,7 @@ command line lists, shows, verifies and prunes an ``s3://bucket/prefix``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -135,3 +136,26 @@ def test_the_commands_list_show_verify_and_prune_an_s3_prefix(place: Place) -> N
     missing = _cli(place, "ls", "s3://no-such-bucket-here/x")
     assert missing.returncode == 1
     assert "no bucket 'no-such-bucket-here'" in missing.stderr, missing.stderr
+
+
+def test_the_docs_s3_examples_run_twice(place: Place, tmp_path: Path) -> None:
+    """The docs' S3 examples (docs-test: s3), against moto's server through
+    AWS_ENDPOINT_URL_S3, each run twice in one directory (the second resumes the first)."""
+    from .docblocks import pages, python_blocks, run_twice
+
+    blocks = [b for page in pages() for b in python_blocks(page) if b.mode == "s3"]
+    assert blocks, "the docs have no S3 example"
+    client = place.server.client()
+    for bucket in ("agent-sessions",):
+        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+            client.create_bucket(Bucket=bucket)
+    old = os.environ.get("AWS_ENDPOINT_URL_S3")
+    os.environ["AWS_ENDPOINT_URL_S3"] = place.proxy.url
+    try:
+        for block in blocks:
+            run_twice(block, tmp_path)
+    finally:
+        if old is None:
+            del os.environ["AWS_ENDPOINT_URL_S3"]
+        else:
+            os.environ["AWS_ENDPOINT_URL_S3"] = old

@@ -260,6 +260,6 @@ def test_the_s3_case_measures_every_layout_at_the_wire() -> None:
     assert layouts["S3Store"][2]["median"] == 1
     names = [r["name"] for r in report["ratios"]]
     assert names == [
-        "@1,000 messages: bytes S3JournalStore / S3Store",
+        "@1,000 messages: mean bytes sent S3JournalStore / S3Store",
         "@1,000 messages: worst stall S3JournalStore / object per turn",
     ]

@@ -87,7 +87,8 @@ class S3Client:
         prefix: a folder in it ("" or ending in "/": one is added).
         endpoint_url: an S3-compatible endpoint; None for AWS.
         region: the region; None reads it as the SDKs do.
-        connect_timeout, read_timeout: seconds per attempt.
+        connect_timeout: seconds to connect, per attempt.
+        read_timeout: seconds to wait for data, per attempt.
 
     Raises:
         ValueError: a bucket name S3 would refuse, a prefix starting with

@@ -54,7 +54,8 @@ class S3Store:
         endpoint_url: an S3-compatible service (MinIO, R2, ...); None for AWS.
         region: the region; None reads it as the AWS SDKs do (``AWS_REGION``,
             the profile).  Credentials and retries are always read that way.
-        connect_timeout, read_timeout: seconds per attempt of each request.
+        connect_timeout: seconds to connect, per attempt of each request.
+        read_timeout: seconds to wait for data, per attempt of each request.
         transcript: where states keep their messages; given, each settled
             message is encoded once and its bytes cached (as ``FileStore``).
 

@@ -63,15 +63,18 @@ def start_error() -> str | None:
 class Server:
     """moto's S3 server as a child process on 127.0.0.1: ``start()``, ``stop()``, ``url``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, checks_credentials: bool = False) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.env = {**os.environ, **ENV}
+        if checks_credentials:  # moto then checks every request against its IAM users
+            self.env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
 
     def start(self) -> None:
         args = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
         self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **ENV}
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

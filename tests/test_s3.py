@@ -400,6 +400,25 @@ def test_bad_bucket_endpoint_and_credentials_say_so(place: Place) -> None:
     assert "no AWS credentials found: set AWS_ACCESS_KEY_ID" in proc.stderr, proc.stderr
 
 
+def test_refused_credentials_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that checks credentials (moto with INITIAL_NO_AUTH_ACTION_COUNT=0) refuses
+    an unknown key: S3StoreError 'access denied ... check the credentials'."""
+    from .s3 import ENV, Server, start_error
+
+    if start_error() is not None:
+        pytest.skip(start_error() or "")
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    server = Server(checks_credentials=True)
+    server.start()
+    try:
+        store = S3Store("any-bucket", endpoint_url=server.url, connect_timeout=2)
+        with pytest.raises(S3StoreError, match=r"access denied \(InvalidAccessKeyId\)"):
+            store.keys()
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_hung_endpoint_never_hangs_the_signal_flush(place: Place, kind: str) -> None:
     """A child whose endpoint accepts and never answers (read_timeout=300 s) gets SIGTERM:
@@ -465,6 +484,8 @@ def test_a_forked_child_writes_through_the_store_it_inherited(place: Place, kind
         try:
             anyio.run(write, "child")
             code = 0 if store.s3.client() is not parent_client else 3
+            store = place.store(kind)  # and a store made in the child
+            anyio.run(write, "child2")
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
@@ -472,4 +493,4 @@ def test_a_forked_child_writes_through_the_store_it_inherited(place: Place, kind
     assert store.s3.client() is parent_client
     state["messages"].append({"role": "user", "content": "parent again"})
     anyio.run(write, "parent2")
-    assert store.keys() == ["child", "parent", "parent2"]
+    assert store.keys() == ["child", "child2", "parent", "parent2"]

@@ -18,6 +18,7 @@ from ._stores.journal.file import JournalStatistics, JournalStore
 from ._stores.postgres.errors import KeyLockedError, PostgresStoreError, StaleWriteError
 from ._stores.postgres.journal import PostgresJournalStore
 from ._stores.postgres.store import PostgresStore
+from ._stores.s3.client import S3StoreError
 from ._stores.s3.journal import S3JournalStore
 from ._stores.s3.store import S3Store
 from ._stores.summaries import load_summary, summary_path, write_summary
@@ -95,6 +96,7 @@ __all__ = [
     "Result",
     "S3JournalStore",
     "S3Store",
+    "S3StoreError",
     "Skipped",
     "Snapshot",
     "Staged",

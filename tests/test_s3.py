@@ -25,6 +25,7 @@ from checkpointer import (
     Failed,
     Meta,
     S3Store,
+    S3StoreError,
     Skipped,
     Snapshot,
     Written,
@@ -33,7 +34,6 @@ from checkpointer import (
 from checkpointer._stores.base import StaleWrite, new_revision
 from checkpointer._stores.envelopes import state_store
 from checkpointer._stores.s3 import journal as s3journal
-from checkpointer._stores.s3.client import S3StoreError
 
 from .s3 import Place, unconditional
 

@@ -325,6 +325,8 @@ class Place:
 def make_s3_store(spec: str, prefix: str = "agents") -> Any:
     """The store a child's spec names: ``s3:BUCKET@URL`` or ``s3journal:BUCKET@URL``.
 
+    ``BUCKET/PREFIX@URL`` names the prefix (else ``prefix``).
+
     With ``CHECKPOINTER_S3_MUTANT=unconditional`` in the environment, a store
     whose PUTs carry no condition: the tests of fencing must fail with it.
     """
@@ -332,6 +334,8 @@ def make_s3_store(spec: str, prefix: str = "agents") -> Any:
 
     kind, _, where = spec.partition(":")
     bucket, _, url = where.partition("@")
+    bucket, _, named = bucket.partition("/")  # s3:BUCKET/PREFIX@URL names the prefix
+    prefix = named or prefix
     cls = S3JournalStore if kind == "s3journal" else S3Store
     store = cls(bucket, prefix, endpoint_url=url, connect_timeout=2.0, read_timeout=5.0)
     if os.environ.get("CHECKPOINTER_S3_MUTANT") == "unconditional":

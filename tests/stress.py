@@ -1133,16 +1133,22 @@ def run_starts(store: str, backend: str, turns: int = 3) -> list[str]:
     ``resume_from=`` that, and writes ``turns`` messages.  A process whose
     last result is ``Written`` must find all its messages stored.
     """
-    if store not in ("file", "journal"):
+    if store not in ("file", "journal", "s3", "s3journal"):
         store = "file"  # the child knows the stores by their kind
     root = tempfile.mkdtemp(prefix="checkpointer-starts-")
+    where = root
+    if store.startswith("s3"):  # the run's own prefix in the bucket STORES uses
+        from .s3 import serve_for_children
+
+        bucket, _, url = serve_for_children().partition("@")
+        where = f"{bucket}/{os.path.basename(root)}@{url}"
     keys = [f"start-{i}" for i in range(STARTS)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     problems: list[str] = []
     try:
         procs = {
             name: subprocess.Popen(
-                [*START_CHILD, f"{store}:{root}", name, str(turns), *keys],
+                [*START_CHILD, f"{store}:{where}", name, str(turns), *keys],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
@@ -62,6 +63,7 @@ GRACE = 3600.0
 
 _ENCODER = msgspec.json.Encoder()
 _READS = 3  # heads read when a segment is gone (a compaction moved the head meanwhile)
+_FETCHES = 8  # segments fetched at once by a read
 
 
 class _Head(msgspec.Struct, frozen=True):
@@ -158,22 +160,34 @@ class S3JournalStore(JournalCore, S3Store):
             S3StoreError: the endpoint, bucket or credentials failed.
         """
         check_key(key)
+        missing = ""
         for _ in range(_READS):
             head = self._get_head(key)
             if head is None:
                 return None
-            parts = [header_line(_ENCODER.encode(head.meta))]
-            for name, _ in head.segments:
-                data = self.get(self._segment(key, name))
-                if data is None:
-                    break  # a compaction moved the head on: read it again
-                parts.append(data)
-            else:
-                parts.append(meta_row(_ENCODER.encode(head.meta), LINE_END))
-                return b"".join(parts)
+            segments = self._segments(key, [name for name, _ in head.segments])
+            missing = next((name for name, data in segments if data is None), "")
+            if not missing:
+                meta_json = _ENCODER.encode(head.meta)
+                parts = [header_line(meta_json), *(data or b"" for _, data in segments)]
+                return b"".join([*parts, meta_row(meta_json, LINE_END)])
+            # A compaction moved the head on meanwhile: read it again.
         raise CheckpointError(
-            self.location(key), f"segment {self._segment(key, name)} that the head names is missing"
+            self.location(key),
+            f"segment {self._segment(key, missing)} that the head names is missing",
         )
+
+    def _segments(self, key: str, names: list[str]) -> list[tuple[str, bytes | None]]:
+        """The bytes of ``key``'s segments ``names`` (None: gone), fetched a few at a time.
+
+        In parallel: a load of a long session on a real endpoint is then a
+        few round trips, not one per segment (the client is thread-safe).
+        """
+        if len(names) <= 1:
+            return [(name, self.get(self._segment(key, name))) for name in names]
+        with ThreadPoolExecutor(min(_FETCHES, len(names))) as pool:
+            fetched = pool.map(lambda name: self.get(self._segment(key, name)), names)
+            return list(zip(names, fetched, strict=True))
 
     def write(
         self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None

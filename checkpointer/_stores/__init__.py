@@ -10,7 +10,8 @@
 * ``files``: ``FileStore``;
 * ``summaries``: summary checkpoints on disk;
 * ``journal/``: the journal core and ``JournalStore``;
-* ``postgres/``: ``PostgresStore`` and ``PostgresJournalStore``.
+* ``postgres/``: ``PostgresStore`` and ``PostgresJournalStore``;
+* ``s3/``: ``S3Store`` and ``S3JournalStore`` (object storage).
 
 Stores are synchronous: none imports anyio, the writer or the CLI, and none
 prints (``tests/test_layers.py``).

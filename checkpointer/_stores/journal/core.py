@@ -1,10 +1,11 @@
-"""The journal core: staging by prefix and the commit bookkeeping both journals share.
+"""The journal core: staging by prefix and the commit bookkeeping every journal shares.
 
-``JournalStore`` (``file.py``) and ``PostgresJournalStore``
-(``_stores/postgres/journal.py``) stage a state the same way, decide append
-or compaction the same way, and keep their tracks the same way
-(``JournalCore``); they differ only in how they store rows (the rows
-themselves: ``_format/journal.py``).
+``JournalStore`` (``file.py``), ``PostgresJournalStore``
+(``_stores/postgres/journal.py``) and ``S3JournalStore``
+(``_stores/s3/journal.py``) stage a state the same way, decide append or
+compaction the same way (a sink may bound a key further: ``_outgrown``),
+and keep their tracks the same way (``JournalCore``); they differ only in
+how they store rows (the rows themselves: ``_format/journal.py``).
 
 The store remembers, per key, the messages it has written (``Track`` and
 its ``Known``, ``staging.py``): their bytes, and the objects staged.  A new
@@ -57,17 +58,19 @@ _ENCODER = msgspec.json.Encoder()
 
 
 class JournalCore:
-    """Staging by prefix, and the bookkeeping of a commit, for both journals.
+    """Staging by prefix, and the bookkeeping of a commit, for every journal.
 
-    A mixin of ``JournalStore`` and ``PostgresJournalStore``: what they
-    share, so they differ only in how they store rows.  The sink calls
+    A mixin of ``JournalStore``, ``PostgresJournalStore`` and
+    ``S3JournalStore``: what they share, so they differ only in how they
+    store rows.  The sink calls
     ``_init_journal`` in its constructor and, to commit, ``_commit_on`` with
     the key's current track (under whatever lock it holds); the core decides
     append or compaction and keeps the tracks, and calls back the sink's
     ``_append_rows`` and ``_compact`` to store the rows.  ``_row_end`` says
     how a row ends (a file's line, a table's row), ``_closing_meta`` whether
     an append whose rest of the state is unchanged is closed by a ``meta``
-    row (a file; a PostgreSQL head row carries the meta itself).
+    row (a file; a PostgreSQL head row and an S3 head object carry the meta
+    themselves).
 
     Staging: only the messages after what a key's track holds are new.
 

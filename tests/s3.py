@@ -6,8 +6,9 @@ says why it cannot start (moto not installed), and only then do the S3
 tests skip.  ``Proxy`` is a TCP proxy of our own between a store and the
 server: it counts the requests and bytes that cross it, and makes the
 network faults of the tests (``cut``: connections refused and open ones
-reset; ``hang``: accepted and never answered; ``drop_after``: a request
-cut after that many bytes of its upload).
+reset; ``hang``: accepted and never answered; ``delay``: every answer
+late by that many seconds; ``drop_after``: a request cut after that many
+bytes of its upload).
 
 The store under test gets ``proxy.url`` as its ``endpoint_url`` and any
 credentials (moto accepts all): ``ENV`` holds them for child processes.
@@ -131,6 +132,7 @@ class Proxy:
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
         self.mode = "pass"  # "pass", "cut", "hang"
         self.drop_after: int | None = None  # cut after forwarding this many more bytes up
+        self.delay = 0.0  # seconds each answer waits before it is passed on (slow)
         self.requests = 0
         self.sent = 0
         self.received = 0
@@ -224,6 +226,8 @@ class Proxy:
             while data := upstream.recv(65536):
                 with self._lock:
                     self.received += len(data)
+                if self.delay:
+                    time.sleep(self.delay)
                 client.sendall(data)
         except OSError:
             pass

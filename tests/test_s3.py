@@ -369,6 +369,34 @@ def test_a_drop_mid_upload_keeps_the_old_checkpoint_whole(place: Place, kind: st
     assert stored is not None and stored.state == state
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_slow_endpoint_is_waited_for_and_a_flush_deadline_is_kept(
+    place: Place, kind: str
+) -> None:
+    """Answers 0.3 s late: a write waits and lands; flush_sync under exit_timeout=0.1 s is
+    Failed within its deadline (its request lands later, fenced); the next write lands."""
+    state = {"messages": messages(2)}
+
+    async def run() -> None:
+        w = writer(place.store(kind), "k", state, exit_timeout=0.1)
+        async with w:
+            await saved(w)
+            place.proxy.delay = 0.3
+            state["messages"].append({"role": "user", "content": "slow"})
+            assert isinstance(await w.write_now(), Written)
+            state["messages"].append({"role": "user", "content": "flushed"})
+            flushed = w.flush_sync("signal")
+            assert isinstance(flushed, Failed) and "exit_timeout" in flushed.error, flushed
+            place.proxy.delay = 0.0
+            await anyio.sleep(1.0)  # the abandoned request lands meanwhile
+            state["messages"].append({"role": "user", "content": "after"})
+            assert isinstance(await w.write_now(), Written)
+
+    anyio.run(run)
+    stored = load(place.store(kind), "k")
+    assert stored is not None and stored.state == state
+
+
 def test_bad_bucket_endpoint_and_credentials_say_so(place: Place) -> None:
     """A bucket that does not exist, an endpoint nothing listens on, no credentials at all:
     S3StoreError naming the bucket or endpoint and the way out."""

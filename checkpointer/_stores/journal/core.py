@@ -285,11 +285,14 @@ class JournalCore:
         ``expected`` is the revision the key must hold: a sink whose write
         checks it itself (a database row) gets it with the rows.
         """
-        staged = self._settle(track, staged)
-        if isinstance(staged, Delta):
+        settled = self._settle(track, staged)
+        if isinstance(settled, Delta):
             assert track is not None  # a delta settles on a track of the key only
-            return self._append_delta(key, track, meta, staged, expected)
-        return self._compact(key, track, meta, staged, expected)
+            return self._append_delta(key, track, meta, settled, expected)
+        nbytes = self._compact(key, track, meta, settled, expected)
+        if isinstance(staged, Delta):
+            _stored_whole(staged)
+        return nbytes
 
     def _settle(self, track: Track | None, staged: object) -> Full | Delta:
         """What to commit for ``staged`` on top of ``track``, the key's current track."""
@@ -318,7 +321,9 @@ class JournalCore:
             kinds.append("meta")
         nbytes = sum(map(len, rows))
         if track.broken or self._outgrown(key, track, nbytes):
-            return self._compact(key, track, meta, delta.as_full(), expected, rewrite=True)
+            nbytes = self._compact(key, track, meta, delta.as_full(), expected, rewrite=True)
+            _stored_whole(delta)
+            return nbytes
         self._append_rows(key, track, meta, kinds, rows, nbytes, expected)
         self._appended(key, track, meta, delta, nbytes)
         return nbytes
@@ -378,6 +383,20 @@ class JournalCore:
     ) -> int:
         """Store ``full`` as a compaction (``rewrite``: a fresh start); set the key's track."""
         raise NotImplementedError
+
+
+def _stored_whole(delta: Delta) -> None:
+    """``delta`` was stored as a compaction: nothing is staged on its base's epoch any more.
+
+    Its content claims "the first n positions of its epoch", which stands for
+    its bytes only while those positions are taken by appends.  Stored as a
+    compaction, they are not: another delta staged on the same base with
+    other bytes there (a message edited in place while this one was in
+    flight) would claim the same content and be skipped as unchanged.
+    """
+    known = delta.base.known
+    if known is not None:
+        known.dead = True
 
 
 _journals: weakref.WeakSet[JournalCore] = weakref.WeakSet()

@@ -197,7 +197,8 @@ class Checkpointer(Approach):
 
         def source() -> Snapshot:
             taken.append((time.perf_counter(), len(agent.messages)))
-            return agent.snapshot()
+            snapshot = agent.snapshot()
+            return msgspec.structs.replace(snapshot, fingerprint=len(agent.messages))
 
         def written(nbytes: int) -> None:
             snapshot_at, n = taken[-1]  # one write at a time: the latest snapshot
@@ -209,7 +210,6 @@ class Checkpointer(Approach):
             debounce=DEBOUNCE,
             min_interval=MIN_INTERVAL,
             max_wait=MAX_WAIT,
-            fingerprint=lambda s: len(s.state["messages"]),
             exit_hooks=False,
         ) as writer:
             writer.attach(bus.subscribe)

@@ -17,7 +17,8 @@ from typing import Any
 
 import msgspec
 
-from checkpointer import Snapshot, transcript_fingerprint
+from checkpointer import Snapshot
+from checkpointer._transcript.fingerprint import transcript_fingerprint
 
 from ._harness import Report, Table, ratio, stat
 

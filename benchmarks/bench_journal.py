@@ -39,15 +39,8 @@ from typing import Any
 import anyio
 import msgspec
 
-from checkpointer import (
-    CheckpointWriter,
-    FileStore,
-    JournalStore,
-    Snapshot,
-    Store,
-    Transcript,
-    Written,
-)
+from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot, Transcript, Written
+from checkpointer.stores import Store
 
 from ._harness import Report, Table, ratio, scratch_dir, stat
 
@@ -91,8 +84,10 @@ class _DictSession(_Session):
         self.messages.append({"role": m.role, "content": m.content})  # type: ignore[arg-type]
 
 
-def _writer(session: _Session, store: Store) -> CheckpointWriter[Snapshot]:
-    return CheckpointWriter(session.snapshot, store, exit_hooks=False)
+def _writer(session: _Session, store: Store, *, cached: bool = False) -> CheckpointWriter[Snapshot]:
+    """The writer of a case; ``cached``: messages encoded once each (a transcript, nothing else)."""
+    transcript = Transcript(repair=False, fingerprint=False) if cached else None
+    return CheckpointWriter(session.snapshot, store, transcript=transcript, exit_hooks=False)
 
 
 async def _timed_write(writer: CheckpointWriter[Snapshot]) -> float:
@@ -116,7 +111,7 @@ def append_cost(root: str, *, quick: bool) -> dict[str, Any]:
         ("journal", JournalStore, 100_000, journal_repeats),
         ("snapshot", FileStore, 100, snapshot_repeats),
         ("snapshot", FileStore, 100_000, snapshot_repeats),
-        ("cached", lambda r: FileStore(r, transcript=Transcript()), 100_000, snapshot_repeats),
+        ("cached", FileStore, 100_000, snapshot_repeats),
         ("dicts", JournalStore, 100_000, 3 if quick else 21),
     ]
     times: dict[str, list[float]] = {}
@@ -129,8 +124,9 @@ def append_cost(root: str, *, quick: bool) -> dict[str, Any]:
                 name = f"{kind}_{n}"
                 kind_of = _DictSession if kind == "dicts" else _Session
                 session = kind_of(name, n, 300, history)
+                store = make(os.path.join(root, kind))
                 writer = await stack.enter_async_context(
-                    _writer(session, make(os.path.join(root, kind)))
+                    _writer(session, store, cached=kind == "cached")
                 )
                 session.add()
                 await _timed_write(writer)  # warm-up (the entry wrote the whole session)
@@ -199,7 +195,7 @@ def loop_stall(root: str, *, quick: bool, megabytes: int | None = None) -> dict[
     n = megabytes * 1_000_000 // (size + 40)
     modes: list[tuple[str, Callable[[str], Store]]] = [
         ("naive", FileStore),
-        ("cached", lambda r: FileStore(r, transcript=Transcript())),
+        ("cached", FileStore),
         ("journal", JournalStore),
     ]
     session = _Session("big", n, size)
@@ -208,7 +204,8 @@ def loop_stall(root: str, *, quick: bool, megabytes: int | None = None) -> dict[
     async def run() -> None:
         worst["idle"] = [await _worst_lateness(lambda: anyio.sleep(0.05)) for _ in range(3)]
         for mode, make in modes:
-            async with _writer(session, make(os.path.join(root, mode))) as writer:
+            store = make(os.path.join(root, mode))
+            async with _writer(session, store, cached=mode == "cached") as writer:
                 session.add()
                 await writer.write_now()  # warm-up: caches filled, journal compacted
                 worst[mode] = []

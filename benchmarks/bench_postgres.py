@@ -64,12 +64,12 @@ from checkpointer import (
     PostgresJournalStore,
     PostgresStore,
     Snapshot,
-    Store,
     Transcript,
     Written,
 )
 from checkpointer._format.envelope import envelope_chunks
 from checkpointer._values import Meta
+from checkpointer.stores import Store
 
 from ._harness import Report, Table, ratio, scratch_dir, stat
 
@@ -275,7 +275,12 @@ async def _add_one(store: Store, key: str, length: int, repeats: int) -> list[fl
     ]
     state = {"title": "growth", "messages": messages}
     latencies: list[float] = []
-    async with CheckpointWriter(lambda: Snapshot(key, state), store, exit_hooks=False) as w:
+    async with CheckpointWriter(
+        lambda: Snapshot(key, state),
+        store,
+        transcript=Transcript(repair=False, fingerprint=False),  # the message cache
+        exit_hooks=False,
+    ) as w:
         for n in range(repeats + 2):  # two warm-up writes
             messages.append(Message("assistant", f"reply {n}"))
             t0 = time.perf_counter()
@@ -296,7 +301,7 @@ def _growth(dsn: str, lengths: list[int], repeats: int, report: Report) -> None:
     )
     schema = "bench_" + uuid.uuid4().hex[:8]
     journal = PostgresJournalStore(dsn, schema=schema)
-    snapshot = PostgresStore(dsn, schema=schema, transcript=Transcript())
+    snapshot = PostgresStore(dsn, schema=schema)
     medians: dict[tuple[str, int], float] = {}
     try:
         journal.open()  # the schema, before counting its rows

@@ -13,7 +13,7 @@ message.  Measured at 100 and 100,000 messages of a tool-using agent
    and an append that leaves a tool call open (closed on a copy, which
    copies the list).
 2. **a journal checkpoint with prepare** (``await write_now()`` with
-   ``JournalStore`` and ``prepare=transcript_prepare()``, fsync included)
+   ``JournalStore`` and ``transcript=Transcript()``, fsync included)
    after appending one message: the issue-4 promise, within 2x from 100 to
    100,000 messages.
 
@@ -32,17 +32,9 @@ from typing import Any
 import anyio
 import msgspec
 
-from checkpointer import (
-    ChatMessage,
-    CheckpointWriter,
-    JournalStore,
-    Snapshot,
-    ToolCall,
-    ToolFunction,
-    Written,
-    transcript_prepare,
-    validate_history,
-)
+from checkpointer import CheckpointWriter, JournalStore, Snapshot, Transcript, Written
+from checkpointer._transcript.prepare import transcript_prepare
+from checkpointer.messages import ChatMessage, ToolCall, ToolFunction, validate_history
 
 from ._harness import Report, Table, paired, ratio, scratch_dir, stat
 
@@ -155,7 +147,7 @@ async def _checkpoints(root: str, repeats: int) -> dict[int, list[float]]:
             writer = CheckpointWriter(
                 lambda s=snapshot: s,  # type: ignore[misc]
                 JournalStore(root),
-                prepare=transcript_prepare(),
+                transcript=Transcript(fingerprint=False),  # the prepare step, every write
                 exit_hooks=False,
             )
             await stack.enter_async_context(writer)

@@ -93,7 +93,8 @@ async def _measure(
         cached_writer = await stack.enter_async_context(
             CheckpointWriter(
                 functools.partial(Snapshot, "stall-cached", frozen),
-                FileStore(root, transcript=Transcript()),
+                FileStore(root),
+                transcript=Transcript(repair=False, fingerprint=False),
                 write_on_start=False,
                 exit_hooks=False,
             )

@@ -56,7 +56,12 @@ import enum
 import math
 from typing import Final, NamedTuple, final
 
-__all__ = ["IDLE", "WRITE", "Decision", "Outcome", "Scheduler", "Wait"]
+__all__ = ["DEBOUNCE", "IDLE", "MIN_INTERVAL", "WRITE", "Decision", "Outcome", "Scheduler", "Wait"]
+
+DEBOUNCE: Final = 0.5
+"""The default debounce, in seconds: capped by ``max_wait``."""
+MIN_INTERVAL: Final = 1.0
+"""The default minimum interval, in seconds: capped by ``max_wait``."""
 
 
 @final
@@ -114,8 +119,10 @@ class Scheduler:
     """Decides when the next checkpoint write is due.
 
     Args:
-        debounce: quiet time after the latest event before a write.
-        min_interval: least time between the starts of two scheduled writes.
+        debounce: quiet time after the latest event before a write; None:
+            ``DEBOUNCE``, or ``max_wait`` if that is less.
+        min_interval: least time between the starts of two scheduled writes;
+            None: ``MIN_INTERVAL``, or ``max_wait`` if that is less.
         max_wait: most time the oldest unsaved change waits for a write.
         backoff_initial: wait before the first retry after a failure.
         backoff_max: cap of the doubling retry wait.
@@ -149,13 +156,19 @@ class Scheduler:
     def __init__(
         self,
         *,
-        debounce: float,
-        min_interval: float,
+        debounce: float | None,
+        min_interval: float | None,
         max_wait: float,
         backoff_initial: float = 1.0,
         backoff_max: float = 60.0,
         probe_interval: float = 0.25,
     ) -> None:
+        # Defaults never contradict the max_wait given: they give way to it.
+        cap = max_wait if isinstance(max_wait, (int, float)) and max_wait >= 0 else math.inf
+        if debounce is None:
+            debounce = min(DEBOUNCE, cap)
+        if min_interval is None:
+            min_interval = min(MIN_INTERVAL, cap)
         for name, value in (
             ("debounce", debounce),
             ("min_interval", min_interval),

@@ -20,6 +20,7 @@ to import another for them.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
@@ -31,6 +32,7 @@ __all__ = [
     "CheckpointFailed",
     "FailReason",
     "Failed",
+    "Limits",
     "Meta",
     "NewerVersionError",
     "Prepared",
@@ -91,12 +93,19 @@ class Snapshot(msgspec.Struct, frozen=True):
     ``state`` is anything msgspec can encode (dicts, lists, Structs,
     dataclasses, ...).  The writer encodes it at write time and does not keep
     it.  ``parent`` is the key of the session this one branched from; the
-    writer copies it into ``Meta.parent`` at every write.
+    writer copies it into ``Meta.parent`` at every write.  ``fingerprint``,
+    optional, is a cheap hashable value that changes whenever the state does
+    (a revision counter, ``len(messages)`` for a list that only grows): a
+    snapshot whose fingerprint equals the last one written, with the same
+    meta, is ``Skipped("unchanged")`` before it is encoded.  With a
+    transcript, it is compared together with the transcript's.  Without
+    either, the encoded bytes are compared.
     """
 
     key: str
     state: Any
     parent: str | None = None
+    fingerprint: Any = None
 
 
 class WriterInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -147,6 +156,48 @@ class Meta(msgspec.Struct, frozen=True, kw_only=True):
     library_version: str | None = None
     state_version: int = 0
     revision: str = ""
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """How long a writer waits, and how it retries (``CheckpointWriter(limits=)``).
+
+    Attributes:
+        retry_initial: the wait before the first retry after a failed write.
+        retry_max: the cap of the doubling retry wait.
+        close_timeout: bound, in seconds from the ``aclose()`` call, on the
+            waits of a close: for a write in flight, then for the store to
+            take the final write (see ``CheckpointWriter.aclose``).
+        exit_timeout: how long an exit or signal flush waits for a write in
+            flight in a worker thread before it writes anyway.
+        lock_timeout: how long a write waits for another live writer of the
+            key to let go of its lock; 0 means ``Failed("locked")`` at once,
+            retried with backoff.
+
+    Raises:
+        ValueError: a value out of range (the message names it).
+    """
+
+    retry_initial: float = 0.5
+    retry_max: float = 30.0
+    close_timeout: float = 10.0
+    exit_timeout: float = 5.0
+    lock_timeout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("retry_initial", "retry_max", "close_timeout", "exit_timeout"):
+            _seconds(name, getattr(self, name), above_zero=True)
+        _seconds("lock_timeout", self.lock_timeout, above_zero=False)
+        if self.retry_initial > self.retry_max:
+            raise ValueError(
+                f"retry_initial ({self.retry_initial}) must not exceed retry_max ({self.retry_max})"
+            )
+
+
+def _seconds(name: str, value: object, *, above_zero: bool) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < 0 or (above_zero and value == 0):  # type: ignore[operator]
+        bound = "> 0" if above_zero else ">= 0"
+        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
 
 
 class TornTail(msgspec.Struct, frozen=True, kw_only=True):
@@ -264,6 +315,8 @@ class Written(msgspec.Struct, frozen=True, kw_only=True):
             step closed with an error result in the file (not in memory).
         settled: items still running at snapshot time that ``prepare``
             settled as errors in the file (not in memory).
+        revision: the checkpoint's revision (``Meta.revision``): what a reader
+            that cached this state compares with ``store.revision(key)``.
     """
 
     key: str
@@ -273,6 +326,7 @@ class Written(msgspec.Struct, frozen=True, kw_only=True):
     seq: int = 0
     repaired: int = 0
     settled: int = 0
+    revision: str = ""
 
 
 class Skipped(msgspec.Struct, frozen=True):

@@ -101,14 +101,13 @@ from checkpointer import (
     CheckpointFailed,
     CheckpointWriter,
     Failed,
-    KeyLocked,
-    LockingStore,
+    Limits,
     Meta,
     Result,
     Snapshot,
-    Store,
     load,
 )
+from checkpointer.stores import KeyLocked, LockingStore, Store
 
 __all__ = ["CheckpointFailed", "CheckpointSaver", "thread_key"]
 
@@ -306,7 +305,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             checkpoint cost its new rows only.
         serde: LangGraph's serializer (default: its ``JsonPlusSerializer``).
         **writer_options: passed to each thread's ``CheckpointWriter``
-            (``debounce``, ``max_wait``, ``lock_timeout``, ``exit_hooks``...).
+            (``debounce``, ``max_wait``, ``limits``, ``exit_hooks``...).
 
     Use it as ``with`` (synchronous graphs) or ``async with`` (asyncio).
     """
@@ -556,7 +555,9 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         if not isinstance(self.store, LockingStore):
             return
         try:
-            lock = self.store.lock(thread.key, timeout=float(self._options.get("lock_timeout", 0)))
+            lock = self.store.lock(
+                thread.key, timeout=self._options.get("limits", Limits()).lock_timeout
+            )
         except KeyLocked as exc:
             way_out = f"or run thread {thread.thread_id!r} under another thread_id"
             failed = Failed("locked", f"{exc}; {way_out}")

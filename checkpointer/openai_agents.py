@@ -36,11 +36,14 @@ the SDK's ``SQLiteSession`` has.
 
 One process per session.  Entering raises ``CheckpointFailed`` (reason
 ``"locked"``, naming the key, the holder and the way out) when another
-writer holds the key's lock; pass ``lock_timeout=`` to wait for it, or use
+writer holds the key's lock; pass ``limits=Limits(lock_timeout=...)`` to wait for it, or use
 another ``key``.  Leaving ``async with`` raises ``CheckpointFailed`` when the
 final write failed (``"conflict"``: another process wrote the key since
 this session loaded it), unless the block raised already; ``aclose()``
-returns that ``Failed`` instead.
+returns that ``Failed`` instead.  The writer is fenced on what was loaded
+(``resume_from``, "absent" too).  Until its first write the session does
+not hold the key, so ``get_items`` checks the stored revision first; after
+a write refused as a conflict, the next change raises it.
 
 Asyncio only: the Agents SDK runs on asyncio.
 """
@@ -61,14 +64,13 @@ from checkpointer import (
     CheckpointFailed,
     CheckpointWriter,
     Failed,
-    KeyLocked,
-    LockingStore,
+    Limits,
     Result,
     Snapshot,
-    Store,
-    close_dangling_tool_calls,
     load,
 )
+from checkpointer.messages import close_dangling_tool_calls
+from checkpointer.stores import KeyLocked, LockingStore, Store
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -142,7 +144,7 @@ class CheckpointSession:
             waits for its durable write.
         key: the checkpoint key, instead of one derived from the id.
         **writer_options: passed to ``CheckpointWriter`` (``debounce``,
-            ``max_wait``, ``lock_timeout``, ``exit_hooks``, ...).
+            ``max_wait``, ``limits``, ``exit_hooks``, ...).
 
     Raises:
         ValueError: ``durability`` is neither ``"async"`` nor ``"sync"``.
@@ -207,7 +209,7 @@ class CheckpointSession:
             _check_unlocked,
             self._store,
             self.key,
-            float(self._options.get("lock_timeout", 0.0)),
+            self._options.get("limits", Limits()).lock_timeout,
             f"or open session {self.session_id!r} under another key (key=)",
         )
         writer: CheckpointWriter[Snapshot] = CheckpointWriter(
@@ -273,6 +275,9 @@ class CheckpointSession:
     async def _changed(self) -> None:
         writer = self.writer
         if self._durability == "async":
+            last = writer.statistics().last_result
+            if isinstance(last, Failed) and last.reason == "conflict":
+                raise CheckpointFailed(last)  # refused for good: no later change is stored either
             writer.notify()
             return
         result = await writer.write_now()
@@ -287,7 +292,8 @@ class CheckpointSession:
         Without ``limit``, ``session_settings.limit`` applies when set.
         Returns copies: changing them does not change the session.
         """
-        self.writer  # noqa: B018 -- raises when not open
+        if self.writer.statistics().writes == 0:  # the key is not held yet: is it as loaded?
+            await anyio.to_thread.run_sync(self._check_as_loaded)
         if limit is None and self.session_settings is not None:
             limit = self.session_settings.limit
         if limit is None:
@@ -295,6 +301,23 @@ class CheckpointSession:
         if limit <= 0:
             return []
         return _copy(self._items[-limit:])
+
+    def _check_as_loaded(self) -> None:
+        """Raise if another writer wrote (or deleted) the key since this session loaded it.
+
+        Then the items here are stale, and this session's writes would be
+        refused (``resume_from``): better said before the agent runs on them.
+        """
+        loaded = None if self.resumed_from is None else self.resumed_from.meta.revision
+        stored = self._store.revision(self.key)
+        if stored != loaded:
+            what = "deleted" if stored is None else "written by another writer"
+            error = (
+                f"session {self.session_id!r} (key {self.key!r}, {self._store.location(self.key)}) "
+                f"was {what} since this session loaded it; it cannot be written from here: "
+                "open the session again"
+            )
+            raise CheckpointFailed(Failed("conflict", error))
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append items (copied), then checkpoint per ``durability``.
@@ -324,7 +347,11 @@ class CheckpointSession:
         return item  # type: ignore[no-any-return]
 
     async def clear_session(self) -> None:
-        """Remove every item; the checkpoint keeps the key with an empty history."""
+        """Remove every item; the checkpoint keeps the key with an empty history.
+
+        A write by this session's writer: another process cannot clear a
+        session one holds (it cannot enter it, ``"locked"``).
+        """
         self.writer  # noqa: B018
         self._items = []
         self._synthetic = {}

@@ -19,7 +19,7 @@ branches it left, and the entries a fork copied from the conversation it
 forked), in the order they were stored, each encoded with msgspec from the
 framework's dataclasses (no ``dump_python`` round trip).  Entries are only
 ever added, so on a ``JournalStore`` a save appends the run's new messages
-and the record; ``delete`` removes the key.
+and the record.
 
 Durability and conflicts.  ``write_record`` returns once the write is
 durable (so these writers need no exit hooks: nothing of theirs is ever
@@ -30,7 +30,10 @@ from another process meanwhile, or of a copy loaded before another
 process's save, raises ``ConversationConflict`` (the writer's
 ``Failed("locked")`` and ``Failed("conflict")``), as does an
 ``expected_revision`` that is not the stored one.  Any other failed write
-raises ``CheckpointFailed``.
+raises ``CheckpointFailed``.  ``delete`` removes both keys of the
+conversation (its own and its run's), under both keys' locks: while another
+writer holds either (a save, a run) it raises ``CheckpointFailed("locked")``
+naming the holder, and a writer whose key was deleted never writes it back.
 
 Runs in flight.  ``checkpoint_run(conversation)`` checkpoints an
 ``agent.iter`` run after each node, under a key of its own
@@ -39,7 +42,10 @@ Runs in flight.  ``checkpoint_run(conversation)`` checkpoints an
 ``resume(id)`` loads the conversation with the messages of a run that
 never reached ``save``, repaired with pydantic-ai's own ``repair_messages``
 (a tool call the kill interrupted gets a synthesized return), ready for the
-next run, whose ``save`` stores them.
+next run, whose ``save`` stores them; that run's key starts where the
+stored messages end, so a resumed run killed again keeps both runs.  A run
+writes its key on entry and holds its lock to the end: a second run of the
+conversation raises ``CheckpointFailed`` at once.
 
 asyncio and trio: pydantic-ai's agents run on asyncio; the store itself is
 anyio (its tests run on both).
@@ -47,11 +53,12 @@ anyio (its tests run on both).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
@@ -74,10 +81,11 @@ from checkpointer import (
     CheckpointFailed,
     CheckpointWriter,
     Failed,
+    Limits,
     Snapshot,
-    Store,
     load,
 )
+from checkpointer.stores import KeyLocked, LockingStore, Store
 
 __all__ = [
     "CheckpointConversationStore",
@@ -87,6 +95,8 @@ __all__ = [
     "run_key",
 ]
 
+# A run's first write failing so: another run holds its key, or wrote it since it was read.
+_REFUSED = ("locked", "conflict", "newer-version")
 _KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 logger = logging.getLogger("checkpointer")
 
@@ -204,7 +214,7 @@ class CheckpointConversationStore(ConversationStore):
     Args:
         store: where the conversations go; a ``JournalStore(root)`` makes a
             save that only adds messages an append.
-        **writer_options: passed to each ``CheckpointWriter`` (``lock_timeout``
+        **writer_options: passed to each ``CheckpointWriter`` (``limits``
             to wait for another process's writer, ``max_wait`` and
             ``debounce`` for ``checkpoint_run``, ...).
 
@@ -423,14 +433,15 @@ class CheckpointConversationStore(ConversationStore):
         result = current.writer.flush_sync()
         if isinstance(result, Failed):
             current.state = previous  # what this process stores stays what is stored
-            if opened:
+            lost = result.reason in ("conflict", "locked")  # another writer has the key
+            if opened or lost:
                 current.state = None  # nothing for the final write to write
                 current.writer.close()
                 current.writer = None
-            if result.reason in ("conflict", "locked"):
                 with self._lock:
                     self._open.pop(conversation_id, None)  # read it afresh next time
-                raise ConversationConflict(conversation_id)
+            if lost:
+                raise ConversationConflict(conversation_id) from CheckpointFailed(result)
             raise CheckpointFailed(result)
         current.raws, current.index, current.record = raws, index, record
         with self._lock:
@@ -462,33 +473,76 @@ class CheckpointConversationStore(ConversationStore):
         with self._writing:
             step(*args)
 
-    def _delete(self, conversation_id: str, expected_revision: str) -> None:
-        current = self._fetch(conversation_id)
-        if (
-            current is None
-            or current.record is None
-            or current.record.revision != expected_revision
-        ):
-            raise ConversationConflict(conversation_id)
-        with self._lock:
-            held = self._open.pop(conversation_id, None)
-        if held is not None and held.writer is not None:
-            held.writer.close()
-        self.store.delete(current.key)
+    def _delete(self, conversation_id: str, expected_revision: str | None) -> None:
+        """Delete the conversation's key and its run's, if its record is ``expected_revision``.
+
+        This object's writer of it is closed first; then both keys are
+        locked, so no save or run lands between the check and the deletes.
+        """
+        self._release(conversation_id)
+        keys = (conversation_key(conversation_id), run_key(conversation_id))
+        try:
+            with self._holding(*keys):
+                current = self._fetch(conversation_id)
+                record = None if current is None else current.record
+                if (None if record is None else record.revision) != expected_revision:
+                    raise ConversationConflict(conversation_id)
+                for key in keys:
+                    self.store.delete(key)
+        except KeyLocked as exc:
+            error = f"not deleting conversation {conversation_id!r}: {exc}"
+            raise CheckpointFailed(Failed("locked", error)) from None
+        if current is None:
+            return
         with self._lock:
             for entry_id in current.index:
                 if self._where.get(entry_id) == conversation_id:
                     del self._where[entry_id]
 
+    @contextlib.contextmanager
+    def _holding(self, *keys: str, wait: bool = True) -> Iterator[None]:
+        """Hold these keys' locks (a ``LockingStore``'s) for the block: no other writer writes them.
+
+        Waits up to the writers' ``Limits.lock_timeout`` for each (``wait``), or not at all.
+
+        Raises:
+            KeyLocked: another writer (of another process, or of another
+                store object) holds one.
+        """
+        store = self.store
+        with contextlib.ExitStack() as held:
+            if isinstance(store, LockingStore):  # else nothing to hold: a delete races writers
+                timeout = self._options.get("limits", Limits()).lock_timeout if wait else 0.0
+                for key in keys:
+                    held.callback(store.lock(key, timeout=timeout).release)
+            yield
+
     async def delete_record(self, conversation_id: str, *, expected_revision: str) -> None:
-        """Delete the conversation's key (every entry it stored goes with it).
+        """Delete the conversation's key and its run's (every entry it stored goes with it).
 
         Raises:
             ConversationConflict: no record with ``expected_revision`` is stored.
+            CheckpointFailed: ``Failed("locked")``, naming the holder: another
+                writer holds the conversation (a save or a run in flight).
         """
         await anyio.to_thread.run_sync(
             self._locked, self._delete, conversation_id, expected_revision
         )
+
+    async def delete(self, conversation_id: str, *, scope: str | None = None) -> None:
+        """Delete a conversation: its key and its run's (``run_key``); it neither loads nor resumes.
+
+        The framework's ``delete``; without ``scope``, the run of a
+        conversation that was never saved is deleted too.
+
+        Raises:
+            CheckpointFailed: ``Failed("locked")``, naming the holder: another
+                writer holds the conversation (a save or a run in flight).
+        """
+        await super().delete(conversation_id, scope=scope)
+        if scope is None:
+            with contextlib.suppress(ConversationConflict):  # saved again since: not ours
+                await anyio.to_thread.run_sync(self._locked, self._delete, conversation_id, None)
 
     # -- runs in flight -----------------------------------------------------------
 
@@ -508,11 +562,43 @@ class CheckpointConversationStore(ConversationStore):
                         ...
                 await store.save(run.result)
 
-        The run's messages go to ``run_key(conversation_id)``; once the
-        conversation is saved past the revision the run started from, the
-        run's key is deleted on exit.
+        The run's messages go to ``run_key(conversation_id)``, written on
+        entry and locked until exit, so a second run of the conversation
+        raises ``CheckpointFailed`` on entry; once the conversation is saved
+        past the revision the run started from, the run's key is deleted on
+        exit.
         """
         return RunCheckpoint(self, conversation, durability=durability)
+
+    def _run_start(self, conversation: Conversation) -> tuple[int, Checkpoint[Any] | None]:
+        """Where a run of ``conversation`` starts (its messages the store has), and its run key now.
+
+        A resumed conversation's messages past that point (a killed run's)
+        are the new run's too, so a run killed again keeps both.
+        """
+        base, revision = conversation.new_message_index, conversation.revision
+        if base is None and revision is not None:
+            # Not known (serialized since it was loaded): count what its revision stores.
+            current = self._fetch(conversation.conversation_id)
+            record = None if current is None else current.record
+            if current is not None and record is not None and record.revision == revision:
+                base = len(current.chain(record.head_id))
+            else:
+                base = len(conversation.messages)  # moved on: resume() will not take this run
+        run = load(self.store, run_key(conversation.conversation_id), _RunState)
+        return base or 0, run
+
+    def _drop_run(self, conversation_id: str, revision: str | None) -> None:
+        """Delete the conversation's run key if it holds a run that did not start from ``revision``.
+
+        Such a run is history (``resume`` never takes it).  Under the key's
+        lock: a run holding it now is left alone.
+        """
+        key = run_key(conversation_id)
+        with contextlib.suppress(KeyLocked), self._holding(key, wait=False):
+            run = load(self.store, key, _RunState)
+            if run is not None and run.state.revision != revision:
+                self.store.delete(key)
 
     def _resume(self, conversation_id: str) -> tuple[Checkpoint[Any] | None, Any]:
         return load(self.store, run_key(conversation_id), _RunState), None
@@ -564,24 +650,52 @@ class RunCheckpoint:
         self._id = conversation.conversation_id
         self._key = run_key(self._id)
         self._revision = conversation.revision
-        self._base = len(conversation.messages)
+        self._base = 0  # the conversation's messages the store has: set on entry
         self._messages: list[msgspec.Raw] = []
         self._writer: CheckpointWriter[Snapshot] | None = None
+        self._refused = False
 
-    def _source(self) -> Snapshot:
+    def _source(self) -> Snapshot | None:
+        if self._refused:
+            return None  # the store refused the run's key: nothing to write at close
         state = _RunState(self._id, self._revision, self._base, self._messages)
         return Snapshot(self._key, state)
 
     async def __aenter__(self) -> RunCheckpoint:
+        """Write the run's key once, which takes its lock for the run.
+
+        Raises:
+            CheckpointFailed: another run of the conversation holds its run
+                key (``"locked"``, naming the holder) or wrote it since it was
+                read here (``"conflict"``).
+        """
+        conversations = self._conversations
+        self._base, stored = await anyio.to_thread.run_sync(
+            conversations._run_start, self._conversation
+        )
+        self.update(self._conversation.messages)  # a resumed run's messages: kept
         writer: CheckpointWriter[Snapshot] = CheckpointWriter(
             self._source,
-            self._conversations.store,
+            conversations.store,
             write_on_start=False,
-            **self._conversations._options,
+            resume_from=stored,
+            **conversations._options,
         )
         await writer.__aenter__()
+        try:
+            result = await writer.write_now()
+        except BaseException:  # cancelled: the writer is closed, writing nothing more
+            await self._refuse(writer)
+            raise
+        if isinstance(result, Failed) and result.reason in _REFUSED:
+            await self._refuse(writer)
+            raise CheckpointFailed(result)
         self._writer = writer
         return self
+
+    async def _refuse(self, writer: CheckpointWriter[Snapshot]) -> None:
+        self._refused = True
+        await writer.aclose()
 
     async def __aexit__(
         self,
@@ -589,14 +703,23 @@ class RunCheckpoint:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        """Write a final time; drop the run's key if the conversation was saved since.
+
+        Raises:
+            CheckpointFailed: the final write failed and the conversation was
+                not saved since (the run is not on disk), unless the block raised.
+        """
         writer, self._writer = self._writer, None
         if writer is None:
             return
-        await writer.aclose()
+        result = await writer.aclose()
         record = await self._conversations.read_record(self._id)
-        if record is not None and record.revision != self._revision:
-            # Saved since the run began: the conversation holds its messages now.
-            await anyio.to_thread.run_sync(self._conversations.store.delete, self._key)
+        revision = None if record is None else record.revision
+        if revision != self._revision:
+            # Saved (or deleted) since the run began: its messages are history.
+            await anyio.to_thread.run_sync(self._conversations._drop_run, self._id, revision)
+        elif isinstance(result, Failed) and exc is None:
+            raise CheckpointFailed(result)
 
     def update(self, run: Any) -> Failed | None:
         """Take the run's messages now (``run.all_messages()``, or a list of messages).

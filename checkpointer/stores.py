@@ -2,8 +2,11 @@
 
 A store is any object with the methods of ``Store``; its ``write`` is
 conditional (``landed`` makes the decision, ``StaleWrite`` is the refusal).
-``LockingStore`` and ``ProbingStore`` are optional capabilities.  See the
-docs page "One writer per key", section "Writing a store of your own".
+``LockingStore`` and ``ProbingStore`` are optional capabilities;
+``unfenced`` accepts a store that cannot refuse a stale write.  Also here:
+the errors the built-in stores raise, and the values a checkpoint's meta
+and a journal report carry.  See the docs page "One writer per key",
+section "Writing a store of your own".
 """
 
 from ._stores.base import (
@@ -13,21 +16,38 @@ from ._stores.base import (
     LockHolder,
     LockingStore,
     ProbingStore,
+    Staged,
     StaleWrite,
+    StateStore,
     Store,
     check_key,
     landed,
+    unfenced,
 )
+from ._stores.journal.file import JournalStatistics
+from ._stores.postgres.errors import KeyLockedError, PostgresStoreError, StaleWriteError
+from ._stores.s3.client import S3StoreError
+from ._values import TornTail, WriterInfo
 
 __all__ = [
     "KEY_PATTERN",
+    "JournalStatistics",
     "KeyLock",
     "KeyLocked",
+    "KeyLockedError",
     "LockHolder",
     "LockingStore",
+    "PostgresStoreError",
     "ProbingStore",
+    "S3StoreError",
+    "Staged",
     "StaleWrite",
+    "StaleWriteError",
+    "StateStore",
     "Store",
+    "TornTail",
+    "WriterInfo",
     "check_key",
     "landed",
+    "unfenced",
 ]

@@ -43,7 +43,11 @@ def main() -> None:
     if previous is not None:
         print(f"resumed {args.key!r} at item {len(done)} from {store.location(args.key)}")
 
-    writer = CheckpointWriter(lambda: Snapshot(args.key, {"done": done}), store)
+    writer = CheckpointWriter(
+        lambda: Snapshot(args.key, {"done": done}),
+        store,
+        resume_from=previous,  # what load() found (None: a new session): never replace a newer one
+    )
     writer.open()  # never closed: the exit flush writes the last state
 
     for item in range(len(done), args.items):

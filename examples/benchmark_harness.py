@@ -113,6 +113,7 @@ async def main(args: argparse.Namespace) -> int:
         debounce=args.debounce,
         min_interval=args.min_interval,
         max_wait=args.max_wait,
+        resume_from=previous,  # what load() found (None: a new session): never replace a newer one
     ) as writer:
         for number, name in enumerate(args.cases, 1):
             if name in run.results:

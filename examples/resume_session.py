@@ -8,7 +8,7 @@ otherwise)::
 
 The first run starts a session and stops in the middle of a tool call (the
 tool is still running, another call has no result yet).  The writer's
-``transcript_prepare`` step writes that history repaired, so the file is a
+``transcript=Transcript()`` writes that history repaired, so the file is a
 session a model API accepts.  Every later run loads it, checks it is
 sendable, collapses the older part into a summary checkpoint, builds the
 context to send (the summary, then the tail), and goes on for a few turns.
@@ -24,19 +24,9 @@ from typing import Any
 
 import anyio
 
-from checkpointer import (
-    CheckpointWriter,
-    FileStore,
-    Snapshot,
-    SummaryFailed,
-    collapse,
-    load,
-    load_summary,
-    resume_context,
-    transcript_fingerprint,
-    transcript_prepare,
-    validate_history,
-)
+from checkpointer import CheckpointWriter, FileStore, Snapshot, Transcript, load
+from checkpointer.messages import validate_history
+from checkpointer.summaries import SummaryFailed, collapse, load_summary, resume_context
 
 
 class Session:
@@ -113,8 +103,8 @@ async def main(root: str, key: str) -> int:
     async with CheckpointWriter(
         session.snapshot,
         store,
-        prepare=transcript_prepare(),
-        fingerprint=transcript_fingerprint(),
+        transcript=Transcript(),  # repaired copies, validated histories, each message once
+        resume_from=previous,  # what load() found (None: a new session)
         debounce=0.05,
         exit_hooks=True,
     ) as writer:

@@ -75,14 +75,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from checkpointer import (
-    CheckpointError,
-    TornTail,
-    load_summary,
-    summary_path,
-)
+from checkpointer import CheckpointError
 from checkpointer._stores.flock import probe_file_lock
 from checkpointer._transcript.summary import safe_watermark
+from checkpointer.stores import TornTail
+from checkpointer.summaries import load_summary, summary_path
 from tests._powerfs import HANG_GUARD, MODELS, PowerFS
 from tests.children.powercut_child import (
     KEEP_LAST,

@@ -6,7 +6,7 @@ Run it from the repository root::
 
 Each run opens a real ``CheckpointWriter`` (timers of a few milliseconds, on
 asyncio or trio, exit hooks on) over a real store in a fresh directory
-(``FileStore``, ``FileStore(transcript=Transcript())`` or ``JournalStore``,
+(``FileStore``, ``FileStore`` written through a ``Transcript``, or ``JournalStore``,
 wrapped so that some commits are slow), and plays a seeded random sequence
 of what an agent does: appends (dicts and frozen ``ChatMessage`` Structs),
 in-place edits of the last and of an earlier message, type-only changes
@@ -81,25 +81,24 @@ import anyio.lowlevel
 import msgspec
 
 from checkpointer import (
-    ChatMessage,
     Checkpoint,
     CheckpointWriter,
     Failed,
     FileStore,
     JournalStore,
-    KeyLocked,
+    Limits,
     Meta,
     Result,
     Skipped,
     Snapshot,
-    Staged,
-    Store,
     Transcript,
     Written,
     load,
 )
 from checkpointer._stores.base import KeyLock, LockingStore
 from checkpointer._stores.envelopes import state_store
+from checkpointer.messages import ChatMessage
+from checkpointer.stores import KeyLocked, Staged, Store
 
 __all__ = ["GROUPS", "STORES", "Summary", "main", "run", "run_one"]
 
@@ -110,7 +109,7 @@ CHILD = Path(__file__).parent / "children" / "conflict_child.py"
 
 
 def _file_transcript(root: str) -> Store:
-    return FileStore(root, transcript=Transcript())
+    return FileStore(root)  # its writes encoded through a Transcript: SlowStore.stage
 
 
 class Unlocked:
@@ -250,6 +249,7 @@ class Session:
         self.state: dict[str, Any] = {"title": "t0", "messages": []}
         self.parent: str | None = None
         self.version = 0
+        self.exact = False  # an exact fingerprint in each snapshot
         self.encoded: dict[int, bytes] = {}
         self.newest: dict[bytes, int] = {}  # content -> newest version with it
         self.counter = 0
@@ -272,7 +272,8 @@ class Session:
             self.local.held = True
         SOURCED.set(self.version)
         self.local.version = self.version
-        return Snapshot(KEY, self.state, parent=self.parent)
+        exact = msgspec.json.encode([self.state, self.parent]) if self.exact else None
+        return Snapshot(KEY, self.state, parent=self.parent, fingerprint=exact)
 
     def staged(self) -> int:
         """Called by the store once the snapshot is encoded: its version; lets go of the lock."""
@@ -386,18 +387,21 @@ class SlowStore:
     flight while the agent goes on.
     """
 
-    def __init__(self, inner: Store, session: Session, seed: int) -> None:
+    def __init__(
+        self, inner: Store, session: Session, seed: int, transcript: Transcript | None = None
+    ) -> None:
         self.inner = inner
         self.states = state_store(inner)
+        self.transcript = transcript  # the message cache, without the writer's other steps
         self.session = session
         self.rng = random.Random(seed)
         self.committed: list[int] = []
         self.mutex = threading.Lock()
         self.slow_next = False  # the next commit takes a while (a disk that stalls)
 
-    def stage(self, key: str, state: Any) -> _Tagged:
+    def stage(self, key: str, state: Any, transcript: Transcript | None = None) -> _Tagged:
         try:
-            staged = self.states.stage(key, state)
+            staged = self.states.stage(key, state, transcript or self.transcript)
         finally:
             version = self.session.staged()
         return _Tagged(staged, version)
@@ -599,7 +603,8 @@ class _Run:
         self.rng = random.Random(spec.seed)
         self.session = Session(random.Random(self.rng.random()))
         self.inner = {**STORES, **UNSAFE}[spec.store](root)
-        self.store = SlowStore(self.inner, self.session, self.rng.randrange(2**32))
+        cache = Transcript() if spec.store == "file-transcript" else None
+        self.store = SlowStore(self.inner, self.session, self.rng.randrange(2**32), cache)
         self.summary = Summary(spec.store, spec.backend, spec.group, runs=1)
         self.problems = self.summary.problems
         self.lock = threading.Lock()
@@ -633,7 +638,8 @@ class _Run:
         if not (isinstance(result, Skipped) and result.reason == "unchanged"):
             return
         if self.deleted_at is not None:
-            self.problem(f"{what} returned Skipped('unchanged') for a deleted key")
+            # Without a lock the writer learns of a delete at its next write, which is
+            # then a conflict: until then it may skip as unchanged (nothing is written).
             return
         with self.lock:
             self.summary.unchanged_checks += 1
@@ -840,19 +846,18 @@ class _Run:
         A store without a lock lets it: from then on nothing may bring the key back.
         """
         before = self.inner.read(KEY)
-        others = [{**STORES, **UNSAFE}[self.spec.store](self.root), self.inner]
+        other = {**STORES, **UNSAFE}[self.spec.store](self.root)
         self.summary.deletes += 1
         if not isinstance(self.inner, LockingStore):
-            others[0].delete(KEY)
+            other.delete(KEY)
             self.deleted_at = len(self.store.committed)
             return
-        for other in others:
-            try:
-                other.delete(KEY)
-            except KeyLocked:
-                pass
-            else:
-                self.problem("a delete went through while our writer held the key")
+        try:
+            other.delete(KEY)
+        except KeyLocked:
+            pass
+        else:
+            self.problem("a delete went through while our writer held the key")
         if self.inner.read(KEY) != before:
             self.problem("a refused delete changed the file")
 
@@ -923,19 +928,19 @@ class _Run:
         exact = rng.random() < 0.5  # an exact fingerprint: equal means the same state
         if self.spec.fingerprint is not None:
             exact = self.spec.fingerprint
+        self.session.exact = exact
         writer = CheckpointWriter(
             self.session.source,
             self.store,
-            fingerprint=(lambda snap: msgspec.json.encode([snap.state, snap.parent]))
-            if exact
-            else None,
             debounce=rng.choice([0.0, 0.001, 0.003]),
             min_interval=rng.choice([0.0, 0.002]),
             max_wait=rng.choice([0.01, 0.02]),
-            backoff_initial=0.01,
-            backoff_max=0.05,
-            exit_timeout=HANG_GUARD,
-            close_timeout=HANG_GUARD,
+            limits=Limits(
+                retry_initial=0.01,
+                retry_max=0.05,
+                exit_timeout=HANG_GUARD,
+                close_timeout=HANG_GUARD,
+            ),
         )
         probe = Probe(writer)
         self.session.loop_thread = threading.get_ident()

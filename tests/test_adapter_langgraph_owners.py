@@ -30,8 +30,9 @@ pytest.importorskip("langgraph.checkpoint.conformance")
 from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableConfig
 
-from checkpointer import FileStore, JournalStore, Store, load
+from checkpointer import FileStore, JournalStore, load
 from checkpointer.langgraph import CheckpointFailed, CheckpointSaver, thread_key
+from checkpointer.stores import Store
 from tests.children.adapter_child import CONFIG, langgraph_graph
 
 pytestmark = pytest.mark.anyio

@@ -22,7 +22,8 @@ os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 from agents import Runner
 from agents.memory import Session, SessionSettings
 
-from checkpointer import CLOSED_CALL_TEXT, JournalStore, close_dangling_tool_calls, load
+from checkpointer import Failed, FileStore, JournalStore, load
+from checkpointer.messages import CLOSED_CALL_TEXT, close_dangling_tool_calls
 from checkpointer.openai_agents import CheckpointFailed, CheckpointSession, session_key
 from tests.children.adapter_child import crash_in_tool, openai_agent, responses_problems
 
@@ -205,32 +206,25 @@ async def test_resume_after_sigterm_inside_a_tool(crashed: Path) -> None:
 
 # -- a second process on the key; an approval resumed after a restart ----------------
 
-_HOLDER = """
-import asyncio, sys
-from checkpointer import JournalStore
-from checkpointer.openai_agents import CheckpointSession
-async def main():
-    async with CheckpointSession("chat", JournalStore(sys.argv[1]), durability="sync") as s:
-        await s.add_items([{"role": "user", "content": "from-holder"}])
-        print("open", flush=True)
-        sys.stdin.readline()
-asyncio.run(main())
-"""
 
-
-def _holder(root: Path) -> Any:
+def _child(command: str, store: str) -> Any:
+    """``tests/children/session_child.py COMMAND STORE`` (``file:ROOT`` or ``journal:ROOT``)."""
     import subprocess
     import sys
 
     repo = Path(__file__).resolve().parent.parent
     return subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(root)],
+        [sys.executable, "-m", "tests.children.session_child", command, store],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         cwd=repo,
         env={**os.environ, "PYTHONPATH": str(repo)},
     )
+
+
+def _holder(root: Path) -> Any:
+    return _child("hold", f"journal:{root}")
 
 
 async def test_opening_a_locked_session_raises(tmp_path: Path) -> None:
@@ -320,3 +314,86 @@ async def test_an_approval_resumed_after_a_restart_stores_one_output(tmp_path: P
     outputs = [i["output"] for i in stored if i.get("type") == "function_call_output"]
     assert outputs == ["deleted:/tmp/x"]
     assert not responses_problems(stored)
+
+
+# -- the ownership contract: deletes, stale views, two processes on a new session -------
+
+STORES = {"file": FileStore, "journal": JournalStore}
+
+
+@pytest.fixture(params=sorted(STORES))
+def kind(request: pytest.FixtureRequest) -> str:
+    """Each test of the contract runs on FileStore and JournalStore."""
+    return str(request.param)
+
+
+def _stored(kind: str, root: Path) -> list[Any] | None:
+    checkpoint = load(STORES[kind](root), "chat")
+    return None if checkpoint is None else list(checkpoint.state["messages"])
+
+
+def _answer(child: Any) -> str:
+    out, _ = child.communicate("\n", timeout=120)
+    assert child.returncode == 0
+    return str(out).strip()
+
+
+async def test_clear_or_delete_from_another_process_is_refused(tmp_path: Path, kind: str) -> None:
+    """This session holds the key: another process's clear_session and Store.delete name us."""
+    store = STORES[kind](tmp_path)
+    async with CheckpointSession("chat", store, durability="sync") as session:
+        await session.add_items([{"role": "user", "content": "mine"}])
+        cleared = _answer(_child("clear", f"{kind}:{tmp_path}"))
+        assert cleared.startswith("failed locked: ") and f"pid {os.getpid()}" in cleared
+        deleted = _answer(_child("delete", f"{kind}:{tmp_path}"))
+        assert deleted.startswith("refused: ") and f"pid {os.getpid()}" in deleted
+        await session.add_items([{"role": "user", "content": "still mine"}])
+    assert _stored(kind, tmp_path) == [
+        {"role": "user", "content": "mine"},
+        {"role": "user", "content": "still mine"},
+    ]
+
+
+@pytest.mark.parametrize("other", ["delete", "hold"])
+async def test_a_session_changed_under_it_is_not_written(
+    tmp_path: Path, kind: str, other: str
+) -> None:
+    """Deleted or written by another process before this session held it: refused, not undone."""
+    store = STORES[kind](tmp_path)
+    async with CheckpointSession("chat", store, durability="sync") as first:
+        await first.add_items([{"role": "user", "content": "first"}])
+    session = CheckpointSession("chat", store, write_on_start=False)  # loads, holds nothing yet
+    with pytest.raises(CheckpointFailed) as at_close:
+        async with session:
+            assert _answer(_child(other, f"{kind}:{tmp_path}")) in ("deleted", "open")
+            with pytest.raises(CheckpointFailed) as stale:
+                await session.get_items()  # the items here are not what is stored
+            assert stale.value.result.reason == "conflict"
+            await session.add_items([{"role": "user", "content": "late"}])
+            refused = await session.writer.write_now()
+            assert isinstance(refused, Failed) and refused.reason == "conflict"
+            with pytest.raises(CheckpointFailed):  # durability="async": the next change says so
+                await session.add_items([{"role": "user", "content": "later"}])
+    assert at_close.value.result.reason == "conflict"
+    if other == "delete":
+        assert "deleted" in str(stale.value) and "deleted" in str(at_close.value)
+        assert _stored(kind, tmp_path) is None  # never written back
+    else:
+        assert _stored(kind, tmp_path) == [
+            {"role": "user", "content": "first"},
+            {"role": "user", "content": "from-holder"},
+        ]
+
+
+def test_two_processes_on_a_new_session(tmp_path: Path, kind: str) -> None:
+    """Both load a new session (nothing there); the one that writes second is refused."""
+    spec = f"{kind}:{tmp_path}"
+    first, second = _child("late", spec), _child("late", spec)
+    assert first.stdout.readline() == "ready\n"
+    assert second.stdout.readline() == "ready\n"
+    assert _answer(first) == "written"
+    refused = _answer(second)
+    assert refused.startswith("failed conflict: "), refused
+    stored = _stored(kind, tmp_path)
+    assert stored is not None and stored[0] == {"role": "user", "content": f"from-{first.pid}"}
+    assert len(stored) == 4 and not responses_problems(stored)

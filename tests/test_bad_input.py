@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,11 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     FileStore,
+    Limits,
     Result,
     Skipped,
     Snapshot,
+    Transcript,
     Written,
     load,
 )
@@ -267,46 +269,48 @@ async def test_bad_source_is_failed_and_the_writer_goes_on(
         await expect_then_recover(writer, source, tmp_path, ("snapshot-failed", error))
 
 
-def fingerprint_raises(snapshot: Snapshot) -> Hashable:
-    raise Boom("no fingerprint today")
-
-
-def fingerprint_unhashable(snapshot: Snapshot) -> Hashable:
-    return [len(snapshot.state["messages"])]  # type: ignore[return-value]
-
-
 @pytest.mark.anyio
 @pytest.mark.parametrize(
-    ("fingerprint", "error"),
+    ("bad", "error"),
     [
-        (fingerprint_raises, "fingerprint() raised Boom: no fingerprint today"),
-        (fingerprint_unhashable, "fingerprint() raised TypeError: unhashable type: 'list'"),
+        (
+            lambda: Snapshot(KEY, GOOD, fingerprint=[1]),
+            "the fingerprint is not hashable: TypeError: unhashable type: 'list'",
+        ),
+        (
+            lambda: Snapshot(KEY, {"messages": [{"role": "user", "content": "x"}, Unreprable()]}),
+            "the fingerprint raised",
+        ),
     ],
-    ids=["raises", "unhashable"],
+    ids=["unhashable", "raises"],
 )
 async def test_bad_fingerprint_is_failed_and_the_writer_goes_on(
-    tmp_path: Path, fingerprint: Callable[[Snapshot], Hashable], error: str
+    tmp_path: Path, bad: Callable[[], Snapshot], error: str
 ) -> None:
     """A fingerprint that raises or is unhashable: Failed, old file kept; a fixed one writes."""
-    calls = {"bad": True}
-
-    def fp(snapshot: Snapshot) -> Hashable:
-        if calls["bad"]:
-            return fingerprint(snapshot)
-        return len(snapshot.state["messages"])
-
     source = Source()
+    source.make = bad
     store = FileStore(tmp_path)
-    async with CheckpointWriter(source, store, fingerprint=fp, exit_hooks=False) as writer:
+    transcript = Transcript(repair=False)
+    async with CheckpointWriter(source, store, transcript=transcript, exit_hooks=False) as writer:
         assert load(store, KEY) is None  # the start write failed too
-        source.good()
         result = await writer.write_now()
-        assert result == Failed("snapshot-failed", error)
+        assert isinstance(result, Failed) and result.reason == "snapshot-failed", result
+        assert error in result.error
         assert load(store, KEY) is None
-        calls["bad"] = False
+        source.good()
         assert isinstance(await writer.write_now(), Written)
     cp = load(store, KEY)
     assert cp is not None and cp.state["messages"][-1]["content"] == "ok 1"
+
+
+class Unreprable:
+    """A last message the transcript fingerprint cannot take: neither encoded nor shown."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        raise Boom("no fingerprint today")
 
 
 # -- configuration --------------------------------------------------------------------------
@@ -320,12 +324,8 @@ async def test_bad_fingerprint_is_failed_and_the_writer_goes_on(
         ({"min_interval": -0.1}, ValueError, "min_interval must be a finite number >= 0"),
         ({"debounce": "0.5"}, TypeError, "debounce must be a number of seconds"),
         ({"max_wait": True}, TypeError, "max_wait must be a number of seconds"),
-        ({"backoff_initial": 0}, ValueError, "backoff_initial must be a finite number > 0"),
-        ({"backoff_max": math.inf}, ValueError, "backoff_max must be a finite number > 0"),
-        ({"backoff_initial": 5.0, "backoff_max": 1.0}, ValueError, "must not exceed backoff_max"),
-        ({"close_timeout": math.nan}, ValueError, "close_timeout must be a finite number"),
-        ({"exit_timeout": -1}, ValueError, "exit_timeout must be a finite number"),
-        ({"fingerprint": 42}, TypeError, "fingerprint must be callable or None"),
+        ({"transcript": 42}, TypeError, "transcript must be a Transcript or None"),
+        ({"limits": 42}, TypeError, r"limits must be a Limits\(...\)"),
     ],
     ids=lambda v: str(v)[:40] if isinstance(v, dict) else "",
 )
@@ -336,6 +336,33 @@ def test_bad_configuration_raises_at_construction(
     with pytest.raises(error, match=match):
         CheckpointWriter(Source(), FileStore(tmp_path), **kwargs)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"retry_initial": 0}, "retry_initial must be a finite number of seconds > 0"),
+        ({"retry_max": math.inf}, "retry_max must be a finite number of seconds > 0"),
+        ({"retry_initial": 5.0, "retry_max": 1.0}, "must not exceed retry_max"),
+        ({"close_timeout": math.nan}, "close_timeout must be a finite number"),
+        ({"exit_timeout": -1}, "exit_timeout must be a finite number"),
+        ({"lock_timeout": math.inf}, "lock_timeout must be a finite number of seconds >= 0"),
+        ({"lock_timeout": True}, "lock_timeout must be a finite number"),
+    ],
+    ids=lambda v: str(v)[:40] if isinstance(v, dict) else "",
+)
+def test_bad_limits_raise_naming_the_limit(kwargs: dict[str, Any], match: str) -> None:
+    """A retry wait or a timeout out of range is a ValueError naming it."""
+    with pytest.raises(ValueError, match=match):
+        Limits(**kwargs)
+
+
+def test_max_wait_alone_below_the_default_interval_works(tmp_path: Path) -> None:
+    """max_wait=0.5 alone: the defaults give way (min_interval and debounce capped by it)."""
+    with CheckpointWriter(Source(), FileStore(tmp_path), max_wait=0.2, exit_hooks=False):
+        pass
+    with pytest.raises(ValueError, match=r"min_interval \(1.0\) must not exceed max_wait"):
+        CheckpointWriter(Source(), FileStore(tmp_path), min_interval=1.0, max_wait=0.2)
 
 
 def test_a_path_is_not_a_store(tmp_path: Path) -> None:
@@ -469,16 +496,14 @@ def test_concurrent_flush_sync_never_puts_an_older_snapshot_on_top(tmp_path: Pat
         if threading.current_thread().name == "A":
             a_in_source.set()
             go_a.wait(10.0)
-        return Snapshot(KEY, {"n": state["n"]})
-
-    def fingerprint(snapshot: Snapshot) -> Hashable:
+        n = state["n"]
         if threading.current_thread().name == "B":
             b_snapped.set()
             a_done.wait(10.0)  # B is slow to go on: A writes first
-        return int(snapshot.state["n"])
+        return Snapshot(KEY, {"n": n}, fingerprint=n)
 
     writer = CheckpointWriter(
-        source, FileStore(tmp_path), fingerprint=fingerprint, write_on_start=False, exit_hooks=False
+        source, FileStore(tmp_path), write_on_start=False, exit_hooks=False
     ).open()
     outcome: dict[str, Result] = {}
 

@@ -637,7 +637,7 @@ def test_verify_checks_histories_with_validate_history(
     assert status == (1 if line.startswith("BAD") else 0)
     if line.startswith("warn"):
         assert out[-1] == "1 checkpoint(s): 1 ok (1 with tool calls open at the end), 0 bad"
-        assert "prepare=transcript_prepare() closes them as it writes" in out[0]
+        assert "transcript=Transcript() closes them as it writes" in out[0]
     if line.startswith("note"):
         assert out[-1] == "1 checkpoint(s): 1 ok (1 with messages not checked), 0 bad"
 

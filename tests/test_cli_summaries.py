@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from checkpointer import FileStore, SummaryCheckpoint, summary_path, write_summary
+from checkpointer import FileStore
 from checkpointer._cli import main
+from checkpointer.summaries import SummaryCheckpoint, summary_path, write_summary
 
 from .test_cli import NOW, age_file, hold_lock, put
 from .test_security import KINDS, Planted, snapshot

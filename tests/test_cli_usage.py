@@ -7,16 +7,9 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
-from checkpointer import (
-    CheckpointWriter,
-    JournalStore,
-    Snapshot,
-    SummaryCheckpoint,
-    load,
-    summary_path,
-    write_summary,
-)
+from checkpointer import CheckpointWriter, JournalStore, Snapshot, load
 from checkpointer import __version__ as VERSION
+from checkpointer.summaries import SummaryCheckpoint, summary_path, write_summary
 
 from .test_cli import NOW, agent, cli, cli_all, put
 

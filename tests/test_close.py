@@ -28,8 +28,8 @@ from checkpointer import (
     Failed,
     FileStore,
     JournalStore,
+    Limits,
     Meta,
-    Prepared,
     Skipped,
     Snapshot,
     Written,
@@ -45,14 +45,15 @@ KEY = "s1"
 class State:
     """A session whose state is ``{"n": n}``; ``source`` may run a hook first."""
 
-    def __init__(self, n: int = 0) -> None:
+    def __init__(self, n: int = 0, *, fingerprinted: bool = False) -> None:
         self.n = n
         self.hook: Callable[[], None] | None = None
+        self.fingerprinted = fingerprinted  # each snapshot says n as its fingerprint
 
     def source(self) -> Snapshot:
         if self.hook is not None:
             self.hook()
-        return Snapshot(KEY, {"n": self.n})
+        return Snapshot(KEY, {"n": self.n}, fingerprint=self.n if self.fingerprinted else None)
 
 
 def writer_of(state: State, store: Any, clock: FakeClock, **kw: Any) -> CheckpointWriter[Any]:
@@ -199,18 +200,14 @@ class GateStore(FileStore):
             self.landed.set()
 
 
-def fingerprint(snap: Snapshot) -> int:
-    return int(snap.state["n"])
-
-
 @pytest.mark.anyio
 async def test_cancelled_write_now_then_revert_is_not_skipped(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     """write_now() cancelled mid-write, state reverted to the disk's: the revert is written."""
-    state = State(1)
+    state = State(1, fingerprinted=True)
     store = GateStore(tmp_path)
-    async with writer_of(state, store, clock, fingerprint=fingerprint) as writer:
+    async with writer_of(state, store, clock) as writer:
         state.n = 2
         store.hold = True
         with anyio.CancelScope() as scope:
@@ -242,14 +239,18 @@ async def test_write_cancelled_before_its_thread_began_never_runs(
 ) -> None:
     """A write_now() cancelled while it waits for a worker thread never writes; skips still work."""
     encodes: list[int] = []
-    state = State(1)
+    state = State(1, fingerprinted=True)
     store = RecordingStore(tmp_path, clock)
+    writer = writer_of(state, store, clock)
+    states = writer._core._states
+    stage = states.stage
 
-    def prepare(snap: Snapshot) -> Prepared:
-        encodes.append(snap.state["n"])
-        return Prepared(snapshot=snap)
+    def counted(key: str, staged: Any, transcript: Any = None) -> Any:
+        encodes.append(staged["n"])
+        return stage(key, staged, transcript)
 
-    async with writer_of(state, store, clock, fingerprint=fingerprint, prepare=prepare) as writer:
+    states.stage = counted  # type: ignore[method-assign,assignment]
+    async with writer:
         limiter = anyio.to_thread.current_default_thread_limiter()
         tokens = limiter.total_tokens
         limiter.total_tokens = 1
@@ -466,7 +467,12 @@ async def test_final_snapshot_slower_than_close_timeout_is_written(
     """source() takes 10 s of the loop's time at close, close_timeout=0.1: the state is written."""
     state = State(1)
     store = FileStore(tmp_path)
-    writer = await writer_of(state, store, clock, close_timeout=0.1).__aenter__()
+    writer = await writer_of(
+        state,
+        store,
+        clock,
+        limits=Limits(close_timeout=0.1),
+    ).__aenter__()
     state.n = 2
     move_on = jump(10.0)
     state.hook = move_on  # the loop's clock moves on while source() runs on it
@@ -497,7 +503,12 @@ async def test_final_write_past_close_timeout_says_so_and_lands(
     """A final write stuck past close_timeout: a plain Failed, then it lands and frees the key."""
     state = State(1)
     store = HungStore(tmp_path)
-    writer = await writer_of(state, store, clock, close_timeout=1.0).__aenter__()
+    writer = await writer_of(
+        state,
+        store,
+        clock,
+        limits=Limits(close_timeout=1.0),
+    ).__aenter__()
     state.n = 2
     store.on_enter = jump(10.0)
     store.hold = True
@@ -694,7 +705,7 @@ HUNG_AT_CLOSE_CHILD = textwrap.dedent(
     """
     import sys, threading
     import anyio
-    from checkpointer import CheckpointWriter, FileStore, Snapshot
+    from checkpointer import CheckpointWriter, FileStore, Limits, Snapshot
 
     root, backend = sys.argv[1], sys.argv[2]
     closing = False
@@ -713,8 +724,7 @@ HUNG_AT_CLOSE_CHILD = textwrap.dedent(
         async with CheckpointWriter(
             lambda: Snapshot("s1", dict(state)),
             HungStore(root),
-            close_timeout=0.2,
-            exit_timeout=0.2,
+            limits=Limits(close_timeout=0.2, exit_timeout=0.2),
         ):
             state["n"], closing = 1, True
         print("CLOSED", flush=True)

@@ -33,15 +33,14 @@ from checkpointer import (
     Failed,
     FileStore,
     JournalStore,
-    KeyLocked,
-    KeyLockedError,
+    Limits,
     PostgresJournalStore,
     PostgresStore,
     Snapshot,
-    Store,
     Written,
     load,
 )
+from checkpointer.stores import KeyLocked, KeyLockedError, Store, unfenced
 
 from .conftest import FakeClock
 from .pg import Cluster, find_binaries
@@ -497,19 +496,6 @@ def test_a_writer_whose_key_was_deleted_never_brings_it_back(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("kind", [FileStore, JournalStore])
-def test_a_live_writers_key_cannot_be_deleted_even_through_its_own_store(
-    tmp_path: Path, kind: type[FileStore]
-) -> None:
-    """store.delete() of a key its own writer holds: KeyLocked (close the writer first)."""
-    store = kind(tmp_path)
-    with CheckpointWriter(lambda: Snapshot(KEY, {"n": 1}), store, exit_hooks=False):
-        with pytest.raises(KeyLocked, match=f"pid {os.getpid()}"):
-            store.delete(KEY)
-        assert load(store, KEY) is not None
-    assert store.delete(KEY) is True
-
-
-@pytest.mark.parametrize("kind", [FileStore, JournalStore])
 def test_a_delete_through_another_store_object_is_refused_while_held(
     tmp_path: Path, kind: type[FileStore]
 ) -> None:
@@ -552,14 +538,11 @@ class NoFence(PlainStore):
 def test_a_store_that_cannot_fence_is_refused_unless_the_caller_owns_concurrency(
     tmp_path: Path,
 ) -> None:
-    """A store whose write() takes no expected revision: TypeError, or unfenced=True."""
-    with pytest.raises(TypeError, match=r"cannot refuse a stale write.*unfenced=True"):
+    """A store whose write() takes no expected revision: TypeError, or stores.unfenced()."""
+    with pytest.raises(TypeError, match=r"cannot refuse a stale write.*stores\.unfenced\(\)"):
         CheckpointWriter(lambda: Snapshot(KEY, {}), NoFence(tmp_path))  # type: ignore[arg-type]
     writer = CheckpointWriter(
-        lambda: Snapshot(KEY, {"n": 1}),
-        NoFence(tmp_path),  # type: ignore[arg-type]
-        exit_hooks=False,
-        unfenced=True,
+        lambda: Snapshot(KEY, {"n": 1}), unfenced(NoFence(tmp_path)), exit_hooks=False
     )
     with writer:
         pass
@@ -602,7 +585,7 @@ async def test_a_conflict_waits_for_a_change_and_is_logged_once(
         exit_hooks=False,
         debounce=0.0,
         min_interval=0.0,
-        backoff_initial=1.0,
+        limits=Limits(retry_initial=1.0),
     ) as writer:
         assert writer.statistics().failures == 1  # locked
         other.close()

@@ -23,23 +23,25 @@ pytest.importorskip("langchain_core")
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart
 
 from checkpointer import (
-    CLOSED_CALL_TEXT,
     CheckpointWriter,
     FileStore,
     JournalStore,
     Skipped,
     Snapshot,
+    Transcript,
     Written,
-    close_dangling_tool_calls,
-    count_turns,
     load,
-    settle_running,
-    transcript_fingerprint,
-    transcript_prepare,
-    validate_history,
 )
 from checkpointer._cli import main
 from checkpointer._transcript.dialects import detect
+from checkpointer._transcript.fingerprint import transcript_fingerprint
+from checkpointer.messages import (
+    CLOSED_CALL_TEXT,
+    close_dangling_tool_calls,
+    count_turns,
+    settle_running,
+    validate_history,
+)
 
 from .dialect_forms import FORMS, Form, LangChain
 
@@ -268,23 +270,22 @@ def test_fingerprint_sees_an_edit_of_an_earlier_part_of_the_last_message(form: F
 async def test_an_edit_of_an_earlier_message_is_written_with_the_next_change(
     tmp_path: Path, form: Form
 ) -> None:
-    """transcript_fingerprint's one blind spot (an earlier message edited in place, count and
-    last message as they were) is skipped, never lost: the next change writes it, and
-    ``extra=`` a revision counter makes the edit itself a write."""
+    """The transcript fingerprint's one blind spot (an earlier message edited in place, count
+    and last message as they were) is skipped, never lost: the next change writes it, and
+    a revision counter in the snapshot's fingerprint makes the edit itself a write."""
     messages = [*form.user("hi"), *form.answer("done")]
     state: dict[str, Any] = {"messages": messages, "rev": 0}
     store = JournalStore(tmp_path)
     writer = CheckpointWriter(
-        lambda: Snapshot("k", state),
+        lambda: Snapshot("k", state, fingerprint=state["rev"]),
         store,
         exit_hooks=False,
-        fingerprint=transcript_fingerprint(extra=("rev",)),
-        prepare=transcript_prepare(),
+        transcript=Transcript(),
     )
     async with writer:
         _edit_earlier(form, messages)
         assert isinstance(await writer.write_now(), Skipped)
-        state["rev"] += 1  # the way out the docs give: a revision in extra=
+        state["rev"] += 1  # the way out the docs give: a revision in the snapshot's fingerprint
         assert isinstance(await writer.write_now(), Written)
         _edit_earlier(form, messages)
         set_text(text_of(form, messages[0]), "edited twice")
@@ -319,8 +320,7 @@ async def test_journal_of_pydantic_ai_dataclasses_appends(tmp_path: Path) -> Non
         lambda: Snapshot("k", {"messages": messages}),
         store,
         exit_hooks=False,
-        fingerprint=transcript_fingerprint(),
-        prepare=transcript_prepare(),
+        transcript=Transcript(),
     )
     async with writer:
         for i in range(6):
@@ -359,8 +359,7 @@ async def test_an_unrecognised_shape_never_blocks_a_write_and_is_said_once(
         lambda: Snapshot("k", {"messages": messages}),
         FileStore(tmp_path),
         exit_hooks=False,
-        fingerprint=transcript_fingerprint(),
-        prepare=transcript_prepare(),
+        transcript=Transcript(),
     )
     async with writer:
         for text in ("a", "b", "c"):
@@ -391,7 +390,7 @@ def test_an_unrecognised_shape_does_not_hide_real_problems() -> None:
 async def test_prepare_writes_the_repaired_history_in_every_dialect(
     tmp_path: Path, form: Form
 ) -> None:
-    """A writer with transcript_prepare closes a dangling call of any dialect in the file
+    """A writer with a transcript closes a dangling call of any dialect in the file
     (the messages in memory untouched) and counts the turns."""
     messages = [*form.user("hi"), *form.call("a", "b")]  # killed while the tools ran
     if form.dialect == "responses":  # else the Agents SDK's approval pause: stored open
@@ -401,7 +400,7 @@ async def test_prepare_writes_the_repaired_history_in_every_dialect(
         lambda: Snapshot("k", {"messages": messages}),
         FileStore(tmp_path),
         exit_hooks=False,
-        prepare=transcript_prepare(),
+        transcript=Transcript(fingerprint=False),
     )
     async with writer:
         result = await writer.write_now(force=True)

@@ -23,7 +23,8 @@ pytest.importorskip("agents")
 pytest.importorskip("langgraph")
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
 
-from checkpointer import (
+from checkpointer import Transcript
+from checkpointer.messages import (
     CLOSED_CALL_TEXT,
     close_dangling_tool_calls,
     settle_running,
@@ -136,9 +137,10 @@ async def test_pydantic_ai_approval_flow_is_sendable_and_stays_pending(
     from pydantic_ai import DeferredToolRequests, DeferredToolResults
     from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
 
-    from checkpointer import CheckpointWriter, FileStore, Prepared, Snapshot, load
-    from checkpointer import transcript_prepare as prepare
+    from checkpointer import CheckpointWriter, FileStore, Snapshot, load
     from checkpointer._cli import main
+    from checkpointer._transcript.prepare import transcript_prepare as prepare
+    from checkpointer._values import Prepared
 
     def form(messages: list[Any]) -> list[Any]:
         return (
@@ -156,7 +158,10 @@ async def test_pydantic_ai_approval_flow_is_sendable_and_stays_pending(
     assert isinstance(prepared, Prepared) and prepared.repaired == 0
     store = FileStore(tmp_path)
     async with CheckpointWriter(
-        lambda: Snapshot("k", {"messages": pending}), store, exit_hooks=False, prepare=prepare()
+        lambda: Snapshot("k", {"messages": pending}),
+        store,
+        exit_hooks=False,
+        transcript=Transcript(fingerprint=False),
     ) as writer:
         await writer.write_now()
     checkpoint = load(store, "k")  # what a killed process comes back with
@@ -262,7 +267,7 @@ async def test_agents_sdk_approval_pause_is_stored_open_and_resumes(
     from agents.memory import SQLiteSession
     from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 
-    from checkpointer import CheckpointWriter, FileStore, Snapshot, load, transcript_prepare
+    from checkpointer import CheckpointWriter, FileStore, Snapshot, load
 
     @function_tool(needs_approval=True)
     def delete(path: str) -> str:
@@ -285,7 +290,7 @@ async def test_agents_sdk_approval_pause_is_stored_open_and_resumes(
         lambda: Snapshot("k", {"messages": items}),
         store,
         exit_hooks=False,
-        prepare=transcript_prepare(),
+        transcript=Transcript(fingerprint=False),
     ) as writer:
         written = await writer.write_now(force=True)
     assert getattr(written, "repaired", None) == 0

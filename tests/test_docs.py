@@ -103,7 +103,7 @@ def test_messages_page_says_which_structs_write_their_defaults() -> None:
     """messages.md names the Structs that leave defaults out and those that write them, truly."""
     import msgspec
 
-    from checkpointer import (
+    from checkpointer.messages import (
         ChatMessage,
         Message,
         ToolCall,

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
-from checkpointer import Checkpoint, FileStore, JournalStore, load, load_summary, validate_history
+from checkpointer import Checkpoint, FileStore, JournalStore, load
+from checkpointer.messages import validate_history
+from checkpointer.summaries import load_summary
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TIMEOUT = 30.0

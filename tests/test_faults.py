@@ -32,6 +32,7 @@ from checkpointer import (
     Failed,
     FileStore,
     JournalStore,
+    Limits,
     Snapshot,
     Written,
     load,
@@ -189,8 +190,7 @@ async def test_fault_fails_backs_off_and_recovers(
         debounce=0.0,
         min_interval=0.0,
         max_wait=1.0,
-        backoff_initial=1.0,
-        backoff_max=8.0,
+        limits=Limits(retry_initial=1.0, retry_max=8.0),
         exit_hooks=False,
     )
     async with writer:
@@ -292,7 +292,7 @@ async def test_root_that_is_a_regular_file_fails_until_it_is_a_directory(
     session = Session()
     store = FaultyStore(root, clock=clock)
     async with CheckpointWriter(
-        session.snapshot, store, clock=clock, backoff_initial=1.0, exit_hooks=False
+        session.snapshot, store, clock=clock, limits=Limits(retry_initial=1.0), exit_hooks=False
     ) as writer:
         session.add()
         result = await writer.write_now()
@@ -338,7 +338,7 @@ async def test_file_replaced_by_a_directory_fails_cleanly(tmp_path: Path, clock:
     store = FaultyStore(tmp_path, clock=clock)
     path = Path(store.location(KEY))
     async with CheckpointWriter(
-        session.snapshot, store, clock=clock, backoff_initial=1.0, exit_hooks=False
+        session.snapshot, store, clock=clock, limits=Limits(retry_initial=1.0), exit_hooks=False
     ) as writer:
         path.unlink()
         path.mkdir()
@@ -482,7 +482,7 @@ async def test_failed_write_now_is_retried_without_notify(tmp_path: Path, clock:
     session = Session()
     store = FaultyStore(tmp_path, clock=clock)
     async with CheckpointWriter(
-        session.snapshot, store, clock=clock, backoff_initial=1.0, exit_hooks=False
+        session.snapshot, store, clock=clock, limits=Limits(retry_initial=1.0), exit_hooks=False
     ) as writer:
         await clock.settle()
         store.failing = True

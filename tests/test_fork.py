@@ -29,18 +29,10 @@ from typing import IO, Any
 
 import pytest
 
-from checkpointer import (
-    CheckpointWriter,
-    FileStore,
-    JournalStore,
-    KeyLocked,
-    Snapshot,
-    Store,
-    _exit,
-    load,
-)
+from checkpointer import CheckpointWriter, FileStore, JournalStore, Limits, Snapshot, _exit, load
 from checkpointer._stores.flock import acquire_file_lock, probe_file_lock
 from checkpointer._writer.keylocks import KeyLocks
+from checkpointer.stores import KeyLocked, Store
 
 from .pg import Cluster, find_binaries
 
@@ -461,7 +453,11 @@ def test_journal_writer_opens_in_child_while_a_commit_was_in_flight(
         signal.alarm(10)  # hang guard: a deadlock on the inherited lock dies of SIGALRM
         assert store.statistics("k").size is None  # the parent's tracks are not trusted here
         state = {"messages": ["c1", os.getpid()]}
-        with CheckpointWriter(lambda: Snapshot("c", state), store, exit_timeout=1.0) as writer:
+        with CheckpointWriter(
+            lambda: Snapshot("c", state),
+            store,
+            limits=Limits(exit_timeout=1.0),
+        ) as writer:
             appends = store.statistics().appends
             state["messages"].append("c2")
             writer.notify()

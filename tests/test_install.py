@@ -16,17 +16,12 @@ PACKAGE = ROOT / "checkpointer"
 USER_PROGRAM = '''\
 """A user's typed program: checked with mypy --strict from outside the clone."""
 
-from collections.abc import Hashable
-
 import anyio
 
-from checkpointer import CheckpointWriter, Failed, FileStore, Result, Snapshot, Written, load
+from checkpointer import CheckpointWriter, Failed, FileStore, Limits, Result, Snapshot
+from checkpointer import Written, load
 
 messages: list[dict[str, object]] = []
-
-
-def fingerprint(snapshot: Snapshot) -> Hashable:
-    return len(messages)
 
 
 def describe(result: Result) -> str:
@@ -40,7 +35,9 @@ def describe(result: Result) -> str:
 async def main() -> None:
     store = FileStore(".checkpoints")
     writer: CheckpointWriter[Snapshot] = CheckpointWriter(
-        lambda: Snapshot("s", {"messages": messages}), store, fingerprint=fingerprint
+        lambda: Snapshot("s", {"messages": messages}, fingerprint=len(messages)),
+        store,
+        limits=Limits(lock_timeout=1.0),
     )
     async with writer:
         messages.append({"role": "user", "content": "hello"})

@@ -10,6 +10,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from checkpointer import (
     CheckpointWriter,
     FileStore,
     JournalStore,
+    Limits,
     Meta,
     Skipped,
     Snapshot,
@@ -278,9 +280,13 @@ async def test_state_without_a_transcript_is_compacted_each_change(
 async def test_custom_transcript_field(tmp_path: Path, clock: FakeClock) -> None:
     """Transcript('history') appends the messages found under another key."""
     state: dict[str, Any] = {"history": [{"role": "user", "content": "a"}]}
-    store = JournalStore(tmp_path, transcript=Transcript("history"))
+    store = JournalStore(tmp_path)
     async with CheckpointWriter(
-        lambda: Snapshot("s1", state), store, clock=clock, exit_hooks=False
+        lambda: Snapshot("s1", state),
+        store,
+        transcript=Transcript("history", repair=False),
+        clock=clock,
+        exit_hooks=False,
     ) as writer:
         state["history"].append({"role": "assistant", "content": "b"})
         await writer.write_now()
@@ -310,10 +316,16 @@ async def test_journal_and_snapshot_load_to_equal_states(tmp_path: Path, clock: 
     stores: list[Any] = [
         JournalStore(tmp_path / "journal", rewrite_min_bytes=600),
         FileStore(tmp_path / "snapshot"),
-        FileStore(tmp_path / "cached", transcript=Transcript()),
+        FileStore(tmp_path / "cached"),
     ]
+    cache = Transcript(repair=False, fingerprint=False)
     async with contextlib.AsyncExitStack() as stack:
-        writers = [await stack.enter_async_context(writer_for(session, s, clock)) for s in stores]
+        writers = [
+            await stack.enter_async_context(
+                writer_for(session, s, clock, transcript=cache if i == 2 else None)
+            )
+            for i, s in enumerate(stores)
+        ]
         steps: list[Callable[[], object]] = [
             lambda: session.add(3),
             lambda: session.state.update(title="renamed"),
@@ -492,6 +504,43 @@ def test_a_reader_never_cuts_an_append_in_flight(
     with CheckpointWriter(session.snapshot, JournalStore(tmp_path), exit_hooks=False):
         assert path.read_bytes() != in_flight  # the next holder cut it
     assert loaded(JournalStore(tmp_path)).torn is None
+
+
+def test_a_reader_keeps_up_with_appends_in_flight(tmp_path: Path) -> None:
+    """revision() and read_meta() of a reader while a writer appends large batches: never
+    an error for the file growing under the read; each answer is a revision written."""
+    session = Session()
+    writer = CheckpointWriter(session.snapshot, JournalStore(tmp_path), exit_hooks=False).open()
+    reader = JournalStore(tmp_path)
+    written: set[str] = set()
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                seen = reader.revision("s1")
+                meta = reader.read_meta("s1")
+            except BaseException as exc:
+                errors.append(exc)
+                return
+            assert seen is not None and meta is not None
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    try:
+        for n in range(60):
+            session.messages.append({"role": "user", "content": f"{n}" + "x" * 200_000})
+            result = writer.flush_sync()
+            assert isinstance(result, Written), result
+            written.add(result.revision)
+    finally:
+        done.set()
+        thread.join(30.0)
+        writer.close()
+    assert errors == []
+    final = load(JournalStore(tmp_path), "s1")
+    assert final is not None and reader.revision("s1") == final.meta.revision
 
 
 # -- damage --------------------------------------------------------------------------
@@ -696,7 +745,12 @@ async def test_writer_reports_a_failed_append_and_recovers(
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    async with writer_for(session, store, clock, backoff_initial=1.0) as writer:
+    async with writer_for(
+        session,
+        store,
+        clock,
+        limits=Limits(retry_initial=1.0),
+    ) as writer:
         failing["on"] = True
         session.add()
         result = await writer.write_now()

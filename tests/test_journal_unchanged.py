@@ -20,6 +20,7 @@ import pytest
 from checkpointer import (
     CheckpointWriter,
     JournalStore,
+    Limits,
     Skipped,
     Snapshot,
     Written,
@@ -50,8 +51,8 @@ class Gate(JournalStore):
         self.release = threading.Event()
         self.staged = threading.Event()
 
-    def stage(self, key: str, state: Any) -> Any:
-        staged = super().stage(key, state)
+    def stage(self, key: str, state: Any, transcript: Any = None) -> Any:
+        staged = super().stage(key, state, transcript)
         if self.entered.is_set():
             self.staged.set()
         return staged
@@ -91,7 +92,10 @@ async def test_a_flush_staged_while_a_write_is_in_flight_is_judged_on_its_bytes(
     state = {"title": "t", "messages": messages}
     store = Gate(tmp_path)
     async with CheckpointWriter(
-        lambda: Snapshot("s1", state), store, exit_hooks=False, exit_timeout=WAIT
+        lambda: Snapshot("s1", state),
+        store,
+        exit_hooks=False,
+        limits=Limits(exit_timeout=WAIT),
     ) as writer:
         messages.append({"role": "assistant", "content": "draft"})
         store.hold = True
@@ -376,7 +380,7 @@ async def test_a_signal_flush_does_not_wait_past_exit_timeout_for_a_stuck_commit
     messages: list[Any] = [Msg("user", "question")]
     state = {"title": "t", "messages": messages}
     store = JournalStore(tmp_path)
-    async with writer_for_state(state, store, clock, exit_timeout=0.2) as writer:
+    async with writer_for_state(state, store, clock, limits=Limits(exit_timeout=0.2)) as writer:
         messages.append(Msg("assistant", "a1"))
         stuck_writes["arm"].set()
         done: list[Any] = []

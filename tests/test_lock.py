@@ -21,15 +21,14 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     FileStore,
-    KeyLocked,
-    LockingStore,
+    Limits,
     Result,
     Snapshot,
-    Store,
     Written,
     load,
 )
 from checkpointer._stores import flock as _lock
+from checkpointer.stores import KeyLocked, LockingStore, Store
 
 from .conftest import FakeClock
 
@@ -238,7 +237,7 @@ async def test_a_locked_out_async_writer_retries_and_takes_over(
         write_on_start=False,
         debounce=0.0,
         min_interval=0.0,
-        backoff_initial=1.0,
+        limits=Limits(retry_initial=1.0),
     ) as writer:
         writer.notify()
         await clock.advance(0.5)
@@ -380,7 +379,10 @@ def test_a_writer_that_asked_to_wait_gets_the_key(tmp_path: Path, children: list
     holder's final write during the wait is not replaced (conflict), and a writer
     resumed from it gets the key."""
     child = hold(tmp_path, children)
-    writer = sync_writer(tmp_path, lock_timeout=20.0).open()
+    writer = sync_writer(
+        tmp_path,
+        limits=Limits(lock_timeout=20.0),
+    ).open()
     results: list[Result] = []
     waiter = threading.Thread(target=lambda: results.append(writer.flush_sync()))
     waiter.start()
@@ -393,6 +395,6 @@ def test_a_writer_that_asked_to_wait_gets_the_key(tmp_path: Path, children: list
     writer.close()
     final = load(FileStore(tmp_path), "k")
     assert final is not None and final.state == {"writer": child.pid} and not final.meta.live
-    resumed = sync_writer(tmp_path, lock_timeout=20.0, resume_from=final).open()
+    resumed = sync_writer(tmp_path, limits=Limits(lock_timeout=20.0), resume_from=final).open()
     assert isinstance(resumed.flush_sync(), Written)
     resumed.close()

@@ -15,7 +15,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from checkpointer import CheckpointWriter, Failed, FileStore, Snapshot, Written, load
+from checkpointer import CheckpointWriter, Failed, FileStore, Limits, Snapshot, Written, load
 
 from .conftest import FakeClock
 from .test_close import GateStore, final_threads_end, jump, virtual_backends
@@ -55,7 +55,13 @@ async def test_writers_closed_at_once_on_a_busy_loop_all_land(
     store = FileStore(tmp_path)
     states = sessions(N)
     writers = [
-        await writer_for(st, store, clock, write_on_start=False, close_timeout=1.0).__aenter__()
+        await writer_for(
+            st,
+            store,
+            clock,
+            write_on_start=False,
+            limits=Limits(close_timeout=1.0),
+        ).__aenter__()
         for st in states
     ]
     busy = jump(10.0)
@@ -94,7 +100,12 @@ async def test_final_write_behind_a_write_now_past_close_timeout_lands(
     """A write_now() stuck past close_timeout: aclose() says so, and its final state lands after."""
     store = GateStore(tmp_path)
     st = {"key": "s0", "n": 1}
-    writer = await writer_for(st, store, clock, close_timeout=1.0).__aenter__()
+    writer = await writer_for(
+        st,
+        store,
+        clock,
+        limits=Limits(close_timeout=1.0),
+    ).__aenter__()
     st["n"] = 2
     store.hold = True
     move_on = jump(10.0)

@@ -21,14 +21,13 @@ import pytest
 from checkpointer import (
     CheckpointWriter,
     Failed,
-    KeyLockedError,
     PostgresJournalStore,
     PostgresStore,
-    PostgresStoreError,
     Snapshot,
     Written,
     load,
 )
+from checkpointer.stores import KeyLockedError, PostgresStoreError
 
 from . import test_postgres as _pg
 from .pg import Cluster

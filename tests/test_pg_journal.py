@@ -18,15 +18,14 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     FileStore,
-    KeyLockedError,
     NewerVersionError,
     PostgresJournalStore,
     PostgresStore,
     Snapshot,
-    StaleWriteError,
     Written,
     load,
 )
+from checkpointer.stores import KeyLockedError, StaleWriteError
 
 from . import test_postgres as _pg
 from .conftest import FakeClock

@@ -33,12 +33,10 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     FileStore,
-    KeyLockedError,
+    Limits,
     PostgresStore,
-    PostgresStoreError,
     Skipped,
     Snapshot,
-    StaleWriteError,
     Transcript,
     Written,
     load,
@@ -48,6 +46,7 @@ from checkpointer._format.envelope import decode_checkpoint, envelope_chunks
 from checkpointer._stores.base import StaleWrite
 from checkpointer._stores.postgres.schema import SCHEMA_VERSION
 from checkpointer._values import Meta
+from checkpointer.stores import KeyLockedError, PostgresStoreError, StaleWriteError
 
 from .docblocks import pages, python_blocks
 from .pg import Cluster, find_binaries
@@ -71,8 +70,7 @@ def fast_writer(source: Callable[[], Snapshot], store: PostgresStore) -> Checkpo
         debounce=0.01,
         min_interval=0.01,
         max_wait=0.05,
-        backoff_initial=0.05,
-        backoff_max=0.2,
+        limits=Limits(retry_initial=0.05, retry_max=0.2),
     )
 
 
@@ -334,11 +332,12 @@ def test_transcript_pieces_are_joined_in_the_store(
     make_store: Callable[..., PostgresStore],
 ) -> None:
     """With a Transcript, the writer hands the state in cached pieces; the row holds it whole."""
-    store = make_store(transcript=Transcript())
+    store = make_store()
     messages: list[dict[str, Any]] = []
     with CheckpointWriter(
         lambda: Snapshot("t-1", {"messages": messages, "n": len(messages)}),
         store,
+        transcript=Transcript(repair=False),
         exit_hooks=False,
     ) as writer:
         for n in range(50):
@@ -945,7 +944,8 @@ def test_probe_says_when_a_lost_server_answers_again(
 
 SIGNAL_IN_A_CALL = """
     import os, sys
-    from checkpointer import CheckpointWriter, PostgresStore, PostgresStoreError, Snapshot
+    from checkpointer import CheckpointWriter, PostgresStore, Snapshot
+    from checkpointer.stores import PostgresStoreError
 
     store = PostgresStore(
         os.environ["DSN"], schema=sys.argv[1], application_name=sys.argv[2],

@@ -26,20 +26,12 @@ from typing import Any
 
 import pytest
 
-from checkpointer import (
-    CheckpointWriter,
-    FileStore,
-    JournalStore,
-    Snapshot,
-    SummaryCheckpoint,
-    Written,
-    load,
-    load_summary,
-)
-from checkpointer import write_summary as write_summary_checkpoint
+from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot, Written, load
 from checkpointer._cli.roots import DirectoryRoot, Entry
 from checkpointer._stores.atomic import makedirs_durable
 from checkpointer._transcript.summary import safe_watermark
+from checkpointer.summaries import SummaryCheckpoint, load_summary
+from checkpointer.summaries import write_summary as write_summary_checkpoint
 
 from . import powercut
 from ._powerfs import HANG_GUARD, PowerDisk, PowerFS, label_kind, unavailable

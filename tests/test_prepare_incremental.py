@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpointer import (
+from checkpointer import Failed, Snapshot
+from checkpointer._transcript.prepare import _Prefixes, transcript_prepare
+from checkpointer._values import Prepared
+from checkpointer.messages import (
     ChatMessage,
-    Failed,
     Message,
-    Prepared,
-    Snapshot,
     TextBlock,
     ToolCall,
     ToolFunction,
@@ -24,10 +24,8 @@ from checkpointer import (
     close_dangling_tool_calls,
     count_turns,
     settle_running,
-    transcript_prepare,
     validate_history,
 )
-from checkpointer._transcript.prepare import _Prefixes
 
 from .transcripts import STYLES, Chat, Messages
 

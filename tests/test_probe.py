@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from checkpointer import CheckpointWriter, FileStore, ProbingStore, Snapshot, load
+from checkpointer import CheckpointWriter, FileStore, Limits, Snapshot, load
 from checkpointer._schedule import WRITE, Outcome, Scheduler, Wait
+from checkpointer.stores import ProbingStore
 
 from .conftest import FakeClock
 
@@ -152,8 +153,7 @@ async def test_writer_retries_within_a_probe_interval_of_recovery(
         debounce=0.0,
         min_interval=0.0,
         max_wait=1.0,
-        backoff_initial=0.5,
-        backoff_max=64.0,
+        limits=Limits(retry_initial=0.5, retry_max=64.0),
     )
     async with writer:
         writer.notify()

@@ -23,9 +23,9 @@ from checkpointer import (
     CheckpointError,
     CheckpointWriter,
     Failed,
+    Limits,
     Meta,
     S3Store,
-    S3StoreError,
     Skipped,
     Snapshot,
     Written,
@@ -34,6 +34,7 @@ from checkpointer import (
 from checkpointer._stores.base import StaleWrite, new_revision
 from checkpointer._stores.envelopes import state_store
 from checkpointer._stores.s3 import journal as s3journal
+from checkpointer.stores import S3StoreError
 
 from .s3 import Place, unconditional
 
@@ -176,7 +177,7 @@ def test_a_put_whose_answer_was_lost_is_recognised_as_this_writes_own(
     store = place.store(kind)
     states = state_store(store)
     first, second = _meta("k", 1), _meta("k", 2)
-    states.commit("k", first, states.stage("k", {"messages": messages(2)}), expected=None)
+    states.commit("k", first, states.stage("k", {"messages": messages(2)}, None), expected=None)
     client = store.s3.client()
     put = client.put_object
     lost: list[str] = []
@@ -189,7 +190,7 @@ def test_a_put_whose_answer_was_lost_is_recognised_as_this_writes_own(
         return answer
 
     client.put_object = put_object
-    staged = states.stage("k", {"messages": messages(3)})
+    staged = states.stage("k", {"messages": messages(3)}, None)
     states.commit("k", second, staged, expected=first.revision)
     assert lost and store.revision("k") == second.revision
     loaded = load(place.store(kind), "k")
@@ -320,11 +321,11 @@ def test_an_outage_fails_writes_then_the_last_state_lands_once_the_endpoint_answ
     place: Place, kind: str
 ) -> None:
     """The endpoint cut mid-session: writes are Failed (write-failed), the writer backs off
-    (backoff_initial=600 s) and the probe ends the wait once the proxy passes again."""
+    (retry_initial=600 s) and the probe ends the wait once the proxy passes again."""
     state = {"messages": messages(2)}
 
     async def run() -> None:
-        w = writer(place.store(kind), "k", state, backoff_initial=600.0, backoff_max=600.0)
+        w = writer(place.store(kind), "k", state, limits=Limits(retry_initial=600, retry_max=600))
         async with w:
             await saved(w)
             place.proxy.cut()
@@ -378,7 +379,7 @@ def test_a_slow_endpoint_is_waited_for_and_a_flush_deadline_is_kept(
     state = {"messages": messages(2)}
 
     async def run() -> None:
-        w = writer(place.store(kind), "k", state, exit_timeout=0.1)
+        w = writer(place.store(kind), "k", state, limits=Limits(exit_timeout=0.1))
         async with w:
             await saved(w)
             place.proxy.delay = 0.3
@@ -453,14 +454,14 @@ def test_a_hung_endpoint_never_hangs_the_signal_flush(place: Place, kind: str) -
     its exit flush gives up after exit_timeout and the process dies of the signal."""
     child = (
         "import os, sys, time, anyio\n"
-        "from checkpointer import CheckpointWriter, Snapshot\n"
+        "from checkpointer import CheckpointWriter, Limits, Snapshot\n"
         "from tests.s3 import make_s3_store\n"
         "store = make_s3_store(sys.argv[1])\n"
         "store.s3.read_timeout = 300.0\n"
         "state = {'messages': [{'role': 'user', 'content': 'hello'}]}\n"
         "async def main():\n"
         "    w = CheckpointWriter(lambda: Snapshot('k', state), store, debounce=60,\n"
-        "                         max_wait=60, exit_timeout=1.0)\n"
+        "                         max_wait=60, limits=Limits(exit_timeout=1.0))\n"
         "    async with w:\n"
         "        await w.write_now()\n"
         "        state['messages'].append({'role': 'user', 'content': 'unsaved'})\n"

@@ -46,18 +46,19 @@ from checkpointer import (
     JournalStore,
     Result,
     Snapshot,
-    SummaryCheckpoint,
-    SummaryFailed,
-    Transcript,
     Written,
-    collapse,
     load,
-    load_summary,
-    write_summary,
 )
 from checkpointer._cli import main as cli_main
 from checkpointer._stores import safefs as _safefs
 from checkpointer._stores.safefs import UnreadableFile, read_fd
+from checkpointer.summaries import (
+    SummaryCheckpoint,
+    SummaryFailed,
+    collapse,
+    load_summary,
+    write_summary,
+)
 
 KEY = "k"
 KINDS = ("symlink-to-file", "symlink-to-dir", "dangling-symlink", "fifo", "hard-link")
@@ -67,12 +68,10 @@ OLD = 1_000_000_000_000_000_000  # 2001-09-09, in ns: the mtime of everything ou
 StoreFactory = Callable[[Path], FileStore]
 STORES: dict[str, tuple[StoreFactory, str]] = {
     "FileStore": (FileStore, f"{KEY}.json"),
-    "FileStore(transcript)": (
-        lambda root: FileStore(root, transcript=Transcript()),
-        f"{KEY}.json",
-    ),
     "JournalStore": (JournalStore, f"{KEY}.jsonl"),
 }
+"""The stores whose files are opened here (a writer's transcript changes how a state is
+encoded, not how its file is opened, locked or replaced)."""
 
 
 # -- planting ---------------------------------------------------------------------------

@@ -15,15 +15,17 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     FileStore,
-    Prepared,
+    Limits,
     Skipped,
     Snapshot,
+    Transcript,
     Written,
     load,
-    transcript_fingerprint,
-    transcript_prepare,
-    validate_history,
 )
+from checkpointer._values import Prepared
+from checkpointer._writer import commit as _commit
+from checkpointer._writer.session import run_prepare
+from checkpointer.messages import validate_history
 
 from .conftest import FakeClock
 from .transcripts import Chat, Messages
@@ -46,7 +48,7 @@ class Agent:
 
 def writer_for(agent: Agent, store: Any, clock: FakeClock, **kw: Any) -> CheckpointWriter[Any]:
     kw.setdefault("exit_hooks", False)
-    kw.setdefault("prepare", transcript_prepare())
+    kw.setdefault("transcript", Transcript(fingerprint=False))
     return CheckpointWriter(agent.snapshot, store, clock=clock, **kw)
 
 
@@ -133,42 +135,46 @@ async def test_session_meta(tmp_path: Path, clock: FakeClock) -> None:
     assert cp3.meta.turns == 3
 
 
-async def test_prepare_runs_after_the_fingerprint(tmp_path: Path, clock: FakeClock) -> None:
+async def test_prepare_runs_after_the_fingerprint(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An unchanged fingerprint skips the write before prepare runs (no O(n) work)."""
     style = Chat(False)
     agent = Agent(style)
     agent.messages += style.user("hi")
     calls: list[int] = []
-    inner = transcript_prepare()
+    real = _commit.transcript_prepare  # type: ignore[attr-defined]
 
-    def prepare(snapshot: Snapshot) -> Prepared | Failed:
-        calls.append(1)
-        return inner(snapshot)
+    def counting(**kw: Any) -> Any:
+        inner = real(**kw)
 
+        def prepare(snapshot: Snapshot) -> Prepared | Failed:
+            calls.append(1)
+            return inner(snapshot)
+
+        return prepare
+
+    monkeypatch.setattr(_commit, "transcript_prepare", counting)
     store = FileStore(tmp_path)
-    async with writer_for(
-        agent, store, clock, prepare=prepare, fingerprint=transcript_fingerprint()
-    ) as writer:
+    async with writer_for(agent, store, clock, transcript=Transcript()) as writer:
         assert len(calls) == 1
         assert await writer.write_now() == Skipped("unchanged")
         assert len(calls) == 1
 
 
-async def test_a_raising_prepare_is_a_failed_value(tmp_path: Path, clock: FakeClock) -> None:
-    """prepare raising, or returning the wrong type, is Failed('snapshot-failed')."""
+def test_a_raising_prepare_is_a_failed_value() -> None:
+    """A prepare step raising, or returning the wrong type, is Failed('snapshot-failed')."""
 
     def boom(snapshot: Snapshot) -> Prepared:
         raise RuntimeError("nope")
 
-    agent = Agent(Chat(False))
-    async with writer_for(agent, FileStore(tmp_path), clock, prepare=boom) as writer:
-        result = await writer.write_now()
-        assert isinstance(result, Failed) and result.reason == "snapshot-failed"
-        assert "prepare() raised RuntimeError: nope" in result.error
+    snapshot = Agent(Chat(False)).snapshot()
+    result = run_prepare(boom, snapshot)
+    assert isinstance(result, Failed) and result.reason == "snapshot-failed"
+    assert "prepare() raised RuntimeError: nope" in result.error
     wrong: Any = lambda snapshot: snapshot  # noqa: E731
-    async with writer_for(agent, FileStore(tmp_path), clock, prepare=wrong) as writer:
-        result = await writer.write_now()
-        assert isinstance(result, Failed) and "expected Prepared" in result.error
+    result = run_prepare(wrong, snapshot)
+    assert isinstance(result, Failed) and "expected Prepared" in result.error
 
 
 def test_old_meta_without_new_fields_loads(tmp_path: Path) -> None:
@@ -192,11 +198,11 @@ def test_version_is_the_package_version() -> None:
 
 
 def test_bad_new_arguments() -> None:
-    """prepare must be callable; state_version and lock_timeout must be in range."""
+    """transcript must be a Transcript; state_version and lock_timeout must be in range."""
     store = FileStore("unused")
-    with pytest.raises(TypeError, match="prepare"):
-        CheckpointWriter(lambda: None, store, prepare=42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="transcript"):
+        CheckpointWriter(lambda: None, store, transcript=42)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="state_version"):
         CheckpointWriter(lambda: None, store, state_version=-1)
     with pytest.raises(ValueError, match="lock_timeout"):
-        CheckpointWriter(lambda: None, store, lock_timeout=float("inf"))
+        Limits(lock_timeout=float("inf"))

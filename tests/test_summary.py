@@ -10,21 +10,20 @@ from typing import Any
 import pytest
 import yaml
 
-from checkpointer import (
-    CheckpointError,
-    FileStore,
+from checkpointer import CheckpointError, FileStore
+from checkpointer._format.frontmatter import front_matter
+from checkpointer._stores.atomic import write_atomic
+from checkpointer._transcript.summary import SUMMARY_PREFIX
+from checkpointer.messages import validate_history
+from checkpointer.summaries import (
     SummaryCheckpoint,
     SummaryFailed,
     collapse,
     load_summary,
     resume_context,
     summary_path,
-    validate_history,
     write_summary,
 )
-from checkpointer._format.frontmatter import front_matter
-from checkpointer._stores.atomic import write_atomic
-from checkpointer._transcript.summary import SUMMARY_PREFIX
 
 from .transcripts import Chat, Messages
 

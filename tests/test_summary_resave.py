@@ -27,7 +27,8 @@ from ruamel.yaml.scalarstring import (
     SingleQuotedScalarString,
 )
 
-from checkpointer import CheckpointError, SummaryCheckpoint, load_summary, write_summary
+from checkpointer import CheckpointError
+from checkpointer.summaries import SummaryCheckpoint, load_summary, write_summary
 
 WHEN = datetime(2025, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
 BODY = "Body: with: colons # and hash\n- a dash\n'quotes' \"dq\"\n---\nZürich 🚀\n"

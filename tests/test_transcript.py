@@ -10,14 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from checkpointer import (
+from checkpointer import Failed, Snapshot
+from checkpointer._transcript.fingerprint import transcript_fingerprint
+from checkpointer._transcript.prepare import transcript_prepare
+from checkpointer._values import Prepared
+from checkpointer.messages import (
     CLOSED_CALL_TEXT,
     INTERRUPTED_TEXT,
     ChatMessage,
-    Failed,
     Message,
-    Prepared,
-    Snapshot,
     TextBlock,
     ToolCall,
     ToolFunction,
@@ -25,8 +26,6 @@ from checkpointer import (
     close_dangling_tool_calls,
     count_turns,
     settle_running,
-    transcript_fingerprint,
-    transcript_prepare,
     validate_history,
 )
 

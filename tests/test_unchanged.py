@@ -21,14 +21,14 @@ from checkpointer import (
     Failed,
     FileStore,
     JournalStore,
-    Prepared,
+    Limits,
     Skipped,
     Snapshot,
-    Store,
+    Transcript,
     Written,
     load,
-    transcript_prepare,
 )
+from checkpointer.stores import Store
 
 from .conftest import FakeClock
 
@@ -51,7 +51,7 @@ def test_a_new_parent_with_the_same_state_is_written(
         lambda: Snapshot("s", state, parent=parent[0]),
         store,
         exit_hooks=False,
-        fingerprint=(lambda snap: len(snap.state["messages"])) if fingerprint else None,
+        transcript=Transcript(repair=False) if fingerprint else None,
     ).open()
     assert isinstance(writer.flush_sync(), Skipped)  # written on open
     parent[0] = "origin"
@@ -64,26 +64,6 @@ def test_a_new_parent_with_the_same_state_is_written(
     writer.close()
     cp = load(store, "s")
     assert cp is not None and cp.meta.parent is None and cp.meta.live is False
-
-
-def test_new_turns_from_prepare_with_the_same_state_are_written(tmp_path: Path) -> None:
-    """prepare's Meta.turns changed, state equal: written, so the file's meta is true."""
-    turns = [1]
-
-    def prepare(snapshot: Snapshot) -> Prepared:
-        return Prepared(snapshot=snapshot, turns=turns[0])
-
-    state: dict[str, Any] = {"n": 1}
-    store = FileStore(tmp_path)
-    writer = CheckpointWriter(
-        lambda: Snapshot("s", state), store, exit_hooks=False, prepare=prepare
-    ).open()
-    assert isinstance(writer.flush_sync(), Skipped)
-    turns[0] = 2
-    assert isinstance(writer.flush_sync(), Written)
-    cp = load(store, "s")
-    assert cp is not None and cp.meta.turns == 2
-    writer.close()
 
 
 def orphan_history() -> dict[str, Any]:
@@ -109,11 +89,10 @@ async def test_an_unsendable_history_waits_for_a_change(
             store,
             clock=clock,
             exit_hooks=False,
-            prepare=transcript_prepare(),
+            transcript=Transcript(),
             debounce=0.0,
             min_interval=0.0,
-            backoff_initial=1.0,
-            backoff_max=2.0,
+            limits=Limits(retry_initial=1.0, retry_max=2.0),
         ) as writer:
             assert writer.statistics().failures == 1  # the write on start
             writer.notify()
@@ -140,7 +119,7 @@ def test_an_unsendable_final_write_fails_and_keeps_the_file(tmp_path: Path) -> N
     state = {"messages": [{"role": "user", "content": "hi"}]}
     store = FileStore(tmp_path)
     writer = CheckpointWriter(
-        lambda: Snapshot("s", state), store, exit_hooks=False, prepare=transcript_prepare()
+        lambda: Snapshot("s", state), store, exit_hooks=False, transcript=Transcript()
     ).open()
     good = load(store, "s")
     state.update(orphan_history())

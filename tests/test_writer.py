@@ -5,9 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
-from checkpointer import CheckpointWriter, Failed, FileStore, Skipped, Snapshot, Written, load
+from checkpointer import (
+    CheckpointWriter,
+    Failed,
+    FileStore,
+    Limits,
+    Skipped,
+    Snapshot,
+    Written,
+    load,
+)
 
 from .conftest import FakeClock, RecordingStore
 
@@ -116,12 +126,16 @@ async def test_fingerprint_skips_before_encoding(tmp_path: Path, clock: FakeCloc
     session = Session()
     store = RecordingStore(tmp_path, clock)
     calls: list[int] = []
+    snapshot = session.snapshot
 
-    def fp(snap: Snapshot) -> int:
+    def source() -> Snapshot:
         calls.append(1)
-        return len(snap.state["messages"])
+        snap = snapshot()
+        assert snap is not None
+        return msgspec.structs.replace(snap, fingerprint=len(snap.state["messages"]))
 
-    async with writer_for(session, store, clock, fingerprint=fp) as writer:
+    session.snapshot = source  # type: ignore[method-assign]
+    async with writer_for(session, store, clock) as writer:
         session.messages.append({"role": "user", "content": "x"})
         assert isinstance(await writer.write_now(), Written)
         session.messages[0]["content"] = "changed but same length"
@@ -200,7 +214,13 @@ async def test_failures_are_values_with_backoff_and_recovery(
     session.add()
     store = FaultyStore(tmp_path, fail_at="fsync", clock=clock)
     async with writer_for(
-        session, store, clock, debounce=0.0, min_interval=0.0, max_wait=1.0, backoff_initial=1.0
+        session,
+        store,
+        clock,
+        debounce=0.0,
+        min_interval=0.0,
+        max_wait=1.0,
+        limits=Limits(retry_initial=1.0),
     ) as writer:
         good = Path(store.location("s1")).read_bytes()
         store.failing = True
@@ -379,7 +399,6 @@ async def test_corrupt_file_is_moved_aside(tmp_path: Path, clock: FakeClock) -> 
         ({"debounce": 6.0, "max_wait": 5.0}, "debounce"),
         ({"min_interval": 6.0, "max_wait": 5.0}, "min_interval"),
         ({"debounce": -1.0}, "debounce"),
-        ({"close_timeout": 0}, "close_timeout"),
     ],
 )
 def test_bad_configuration_is_a_value_error(

@@ -258,7 +258,7 @@ SIGTERM_AFTER_A_CUT_CLOSE_CHILD = textwrap.dedent(
     """
     import os, signal, sys, threading
     import anyio
-    from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot
+    from checkpointer import CheckpointWriter, FileStore, JournalStore, Limits, Snapshot
 
     root, backend, kind = sys.argv[1:4]
     entered = threading.Event()
@@ -285,7 +285,9 @@ SIGTERM_AFTER_A_CUT_CLOSE_CHILD = textwrap.dedent(
 
     async def main():
         writer = CheckpointWriter(
-            lambda: Snapshot("k", dict(state)), Slow(root), close_timeout=0.1, exit_timeout=30
+            lambda: Snapshot("k", dict(state)),
+            Slow(root),
+            limits=Limits(close_timeout=0.1, exit_timeout=30),
         )
         await writer.__aenter__()
         state["n"] = 1

@@ -76,15 +76,13 @@ from checkpointer import (
     JournalStore,
     Meta,
     Snapshot,
-    Staged,
-    Store,
-    TornTail,
     Transcript,
     load,
 )
 from checkpointer._stores.atomic import _TEMP_RE
 from checkpointer._stores.base import KeyLock, KeyLocked, LockingStore
 from checkpointer._stores.envelopes import state_store
+from checkpointer.stores import Staged, Store, TornTail
 
 KEY = "torture"
 HANG_GUARD = 30.0  # seconds; a hang guard, never a timing assertion
@@ -183,7 +181,7 @@ class StoreKind:
 
 
 def _file_transcript(root: str) -> Store:
-    return FileStore(root, transcript=Transcript())
+    return FileStore(root)  # its writes encoded through a Transcript: ReportingStore.stage
 
 
 def _s3(kind: str) -> Callable[[str], Store]:
@@ -259,14 +257,16 @@ class ReportingStore:
     the path a program's do; the bytes and lock calls go straight through.
     """
 
-    def __init__(self, inner: Store) -> None:
+    def __init__(self, inner: Store, transcript: Transcript | None = None) -> None:
         self.inner = inner
         self.states = state_store(inner)
+        self.transcript = transcript  # the message cache, without the writer's other steps
 
     # -- StateStore ----------------------------------------------------------------
 
-    def stage(self, key: str, state: Any) -> _Tagged:
-        return _Tagged(self.states.stage(key, state), int(state["n"]))
+    def stage(self, key: str, state: Any, transcript: Transcript | None = None) -> _Tagged:
+        staged = self.states.stage(key, state, transcript or self.transcript)
+        return _Tagged(staged, int(state["n"]))
 
     def commit(self, key: str, meta: Meta, staged: Staged, **kw: Any) -> int:
         assert isinstance(staged, _Tagged)
@@ -324,9 +324,10 @@ class LockingReportingStore(ReportingStore):
 async def _child(spec: dict[str, Any]) -> int:
     """Checkpoint a session that changes without pause, until killed."""
     parent = os.getppid()
+    cache = Transcript() if spec["store"] == "file-transcript" else None
     inner = STORES[spec["store"]].make(spec["root"])
     reporting = LockingReportingStore if isinstance(inner, LockingStore) else ReportingStore
-    store = reporting(inner)
+    store = reporting(inner, cache)
     try:
         previous = load(store, KEY)
     except CheckpointError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from checkpointer import (
+from checkpointer.messages import (
     ChatMessage,
     Message,
     TextBlock,

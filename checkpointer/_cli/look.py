@@ -22,7 +22,8 @@ from typing import Any, Literal, NamedTuple
 
 import msgspec
 
-from checkpointer import CheckpointError, count_turns
+from checkpointer import CheckpointError
+from checkpointer.messages import count_turns
 
 from . import report
 from .roots import EPOCH, Entry, Loaded, LockView, Root, detect, why

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from checkpointer import PostgresStore, PostgresStoreError
+from checkpointer import PostgresStore
+from checkpointer.stores import PostgresStoreError
 
 from . import report
 from .roots import schema_sql

@@ -37,17 +37,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, Protocol
 
-from checkpointer import (
-    Checkpoint,
-    CheckpointError,
-    FileStore,
-    JournalStore,
-    KeyLocked,
-    PostgresStore,
-    PostgresStoreError,
-    TornTail,
-    load,
-)
+from checkpointer import Checkpoint, CheckpointError, FileStore, JournalStore, PostgresStore, load
 from checkpointer._stores.atomic import fsync_dir
 from checkpointer._stores.base import KEY_PATTERN, check_key
 from checkpointer._stores.flock import probe_file_lock
@@ -60,6 +50,7 @@ from checkpointer._transcript.dialects import describe_shape as describe_shape
 from checkpointer._transcript.dialects import detect as detect
 from checkpointer._transcript.history import scan_history as scan_history
 from checkpointer._transcript.messages import clipped as clipped
+from checkpointer.stores import KeyLocked, PostgresStoreError, TornTail
 
 from . import sidefiles
 

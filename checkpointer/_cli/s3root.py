@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from checkpointer import S3JournalStore, S3Store, S3StoreError, load
-from checkpointer.stores import KEY_PATTERN, check_key
+from checkpointer import S3JournalStore, S3Store, load
+from checkpointer.stores import KEY_PATTERN, S3StoreError, check_key
 
 from . import sidefiles
 from .roots import Entry, Extra, Extras, Loaded, LockView, Recheck, Removal, RootError, Scan, Words

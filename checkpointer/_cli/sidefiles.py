@@ -23,10 +23,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import NamedTuple
 
-from checkpointer import CheckpointError, load_summary
+from checkpointer import CheckpointError
 from checkpointer._stores.atomic import fsync_fd
 from checkpointer._stores.base import KEY_PATTERN
 from checkpointer._stores.safefs import UnsafeFile, describe, open_dir, open_subdir
+from checkpointer.summaries import load_summary
 
 __all__ = [
     "ASIDE",

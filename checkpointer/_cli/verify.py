@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Literal, NamedTuple
 
-from checkpointer import TornTail
+from checkpointer.stores import TornTail
 
 from . import report
 from .look import History, history, read
@@ -160,7 +160,7 @@ def _check(found: History, summary: str) -> Verdict:
         warnings.append(
             f"{len(open_calls)} tool call(s) open at the end, saved while the tool ran: {ids}; "
             "run them again or close them before sending the history "
-            "(a writer with prepare=transcript_prepare() closes them as it writes)"
+            "(a writer with transcript=Transcript() closes them as it writes)"
         )
     if pending:
         ids = ", ".join(f"{clipped(p.call_id)} ({at(p.index)})" for p in pending[:3])

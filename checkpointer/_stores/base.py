@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from .._values import Checkpoint, Meta
+from .encoding import Transcript
 
 __all__ = [
     "KEY_PATTERN",
@@ -50,6 +51,7 @@ __all__ = [
     "landed",
     "new_revision",
     "time_left",
+    "unfenced",
 ]
 
 # -- keys ----------------------------------------------------------------------
@@ -201,6 +203,33 @@ def landed(key: str, stored: str | None, revision: str, expected: str | None) ->
     raise StaleWrite(key, expected=expected, stored=stored)
 
 
+def unfenced(store: Any) -> Store:
+    """``store``, whose ``write`` cannot refuse a stale write, accepted as it is.
+
+    For a store that takes no ``expected`` revision: its writes go through
+    unconditionally, so your program must make sure that one writer at a
+    time writes each key (nothing else will).  Every other attribute is
+    the store's own (``lock``, ``probe``, ...).
+    """
+    return _Unfenced(store)
+
+
+class _Unfenced:
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __repr__(self) -> str:
+        return f"unfenced({self._store!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def write(
+        self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
+    ) -> int:
+        return int(self._store.write(key, chunks))
+
+
 def new_revision() -> str:
     """A revision no other write repeats: 64 random bits, in hex."""
     return secrets.token_hex(8)
@@ -287,8 +316,11 @@ class StateStore(Protocol):
     per writer, under its I/O lock.
     """
 
-    def stage(self, key: str, state: Any) -> Staged:
-        """Encode what must be read from ``state`` now (caller's thread)."""
+    def stage(self, key: str, state: Any, transcript: Transcript | None) -> Staged:
+        """Encode what must be read from ``state`` now (caller's thread).
+
+        ``transcript``, the writer's, says where the state keeps its messages.
+        """
         ...
 
     def commit(self, key: str, meta: Meta, staged: Staged, *, expected: str | None) -> int:
@@ -375,7 +407,7 @@ class KeyLocked(Exception):
         who = holder.describe() if holder is not None else "a writer that has not said who"
         super().__init__(
             f"key {key!r} is locked by another writer ({who}; {location}): close that "
-            "writer, or pass lock_timeout= to wait for it"
+            "writer, or give yours limits=Limits(lock_timeout=...) to wait for it"
         )
         self.key = key
         self.location = location

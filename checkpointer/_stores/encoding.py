@@ -164,30 +164,47 @@ class Split(NamedTuple):
 
 
 class Transcript:
-    """Where a state keeps its messages, so they can be encoded once each.
+    """Where an agent state keeps its messages: the writer's one transcript setting.
 
-    Give one to a store: ``JournalStore(root)`` uses ``Transcript()`` by
-    default; ``FileStore(root, transcript=Transcript())`` turns on the
-    message cache for whole-file snapshots.
+    ``CheckpointWriter(source, store, transcript=Transcript("messages"))``
+    then, on every store:
+
+    * encodes the messages one by one, each settled message (deeply
+      immutable, e.g. a frozen msgspec Struct) once in its life, and joins
+      the file in the worker thread; a journal appends only the new ones;
+    * skips a write whose transcript fingerprint (the count, the last
+      message whole, the parent and pin) is unchanged (``fingerprint``);
+      an in-place edit of an earlier message is written with the next
+      change, or at once with ``write_now(force=True)``;
+    * closes tool calls left without a result and settles running ones, on
+      the copy it writes, and refuses a history a model API would reject
+      (``Failed("not-sendable")``); it counts the turns (``Meta.turns``)
+      (``repair``).
 
     The state must be a dict with a list (or tuple) of messages under
-    ``field``, or a msgspec Struct with such an attribute.  Any other state
-    is encoded whole, as without a transcript.  Messages that are settled
-    (deeply immutable, e.g. frozen msgspec Structs of strings and numbers)
-    are encoded once and their bytes cached; others are encoded at every
-    checkpoint.  See the module docstring for why the cache is never stale.
+    ``field``, or a msgspec Struct with such an attribute; any other state
+    is encoded whole.  See the module docstring for why the cache is never
+    stale.
 
     Args:
         field: the dict key or Struct attribute holding the messages.
+        repair: close dangling tool calls and settle running results in
+            the written copy, refuse a history that stays unsendable, count
+            the turns; False writes the messages as they are.
+        fingerprint: skip unchanged writes by the transcript fingerprint.
 
     Raises:
         ValueError: ``field`` is not a non-empty string.
     """
 
-    def __init__(self, field: str = "messages") -> None:
+    def __init__(
+        self, field: str = "messages", *, repair: bool = True, fingerprint: bool = True
+    ) -> None:
         if not isinstance(field, str) or not field:
             raise ValueError(f"Transcript field must be a non-empty str, got {field!r}")
         self.field = field
+        self.repair = bool(repair)
+        self.fingerprint = bool(fingerprint)
         self.encoder = msgspec.json.Encoder()
         # A marker no message or state can contain: a NUL and a random hex.
         self._marker = f"\x00checkpointer-transcript-{uuid.uuid4().hex}"

@@ -13,10 +13,9 @@ staged state with its ``Meta``.
   new since its last commit and appends it.
 * Any other ``Store`` (``FileStore``, your own) is wrapped in
   ``Envelopes``: the whole-file format of ``_format/envelope.py``, written with
-  ``store.write``.  When the store has a ``transcript`` attribute (a
-  ``Transcript``, e.g. ``FileStore(root, transcript=Transcript())``), the
-  state is encoded message by message through its cache, and the file is
-  joined in the worker thread.
+  ``store.write``.  With the writer's ``Transcript``, the state is encoded
+  message by message through its cache, and the file is joined in the
+  worker thread.
 
 A flush with a timeout (``flush_sync``, the exit and signal hooks) runs the
 store's calls under ``commit_deadline``: a store that waits on a lock of its
@@ -28,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -109,16 +108,11 @@ class Envelopes:
         store: where the bytes go (``store.write``, ``store.read``).
         transcript: encode the messages one by one through its cache, and
             join the file in the worker thread; None encodes the state whole.
-        fenced: whether ``store.write`` takes ``revision`` and ``expected``
-            (``base.fences``); an unfenced store is written unconditionally.
     """
 
-    def __init__(
-        self, store: Store, transcript: Transcript | None = None, *, fenced: bool = True
-    ) -> None:
+    def __init__(self, store: Store, transcript: Transcript | None = None) -> None:
         self.store = store
         self.transcript = transcript
-        self._fenced = fenced
         self._encoder = msgspec.json.Encoder()
         self._prefix: _Prefix | None = None
         self._prefix_lock = threading.Lock()
@@ -126,8 +120,10 @@ class Envelopes:
     def __repr__(self) -> str:
         return f"Envelopes({self.store!r}, transcript={self.transcript!r})"
 
-    def stage(self, key: str, state: Any) -> _Whole | _Spliced:
-        transcript = self.transcript
+    def stage(
+        self, key: str, state: Any, transcript: Transcript | None = None
+    ) -> _Whole | _Spliced:
+        transcript = transcript or self.transcript
         if transcript is not None:
             split = transcript.split(state)
             if split is not None:
@@ -190,9 +186,6 @@ class Envelopes:
         return self._write(key, [head, meta_json, middle, *staged.pieces(), tail], meta, expected)
 
     def _write(self, key: str, chunks: list[bytes], meta: Meta, expected: str | None) -> int:
-        if not self._fenced:
-            write: Callable[..., int] = self.store.write  # the caller owns concurrency
-            return write(key, chunks)
         return self.store.write(key, chunks, revision=meta.revision, expected=expected)
 
     def read_meta(self, key: str) -> Meta | None:
@@ -222,31 +215,23 @@ class Envelopes:
         return decode_raw(data, location)
 
 
-def state_store(store: Store, *, unfenced: bool = False) -> StateStore:
-    """The ``StateStore`` the writer uses for ``store``.
-
-    Args:
-        store: the writer's store.
-        unfenced: the caller owns concurrency: a store that cannot refuse a
-            stale write (``fences``) is accepted and written unconditionally.
+def state_store(store: Store, transcript: Transcript | None = None) -> StateStore:
+    """The ``StateStore`` a writer uses for ``store`` (and its ``transcript``).
 
     Raises:
-        TypeError: ``store.transcript`` is set but is not a ``Transcript``;
-            the store cannot fence and ``unfenced`` was not given.
+        TypeError: the store cannot refuse a stale write (``fences``): its
+            ``write`` takes no ``expected`` revision.
     """
-    fenced = fences(store)
     if isinstance(store, StateStore):
-        if not fenced:
+        if not fences(store):
             raise TypeError(f"{store!r}: its commit() takes no `expected` revision")
         return store
-    if not fenced and not unfenced:
+    if not fences(store):
         raise TypeError(
             f"{store!r} cannot refuse a stale write: its write() takes no `expected` "
             "revision, so two writers of one key could replace each other's work (see "
-            "'Writing a store' in the docs); implement it, or pass unfenced=True if your "
-            "program makes sure that one writer at a time writes each key"
+            "'Writing a store' in the docs); implement it, or wrap it in "
+            "checkpointer.stores.unfenced() if your program makes sure that one writer at "
+            "a time writes each key"
         )
-    transcript = getattr(store, "transcript", None)
-    if transcript is not None and not isinstance(transcript, Transcript):
-        raise TypeError(f"store.transcript must be a Transcript or None, got {transcript!r}")
-    return Envelopes(store, transcript, fenced=fenced)
+    return Envelopes(store, transcript)

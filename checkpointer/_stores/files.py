@@ -18,8 +18,7 @@ from collections.abc import Iterator, Sequence
 
 from .._format.envelope import decode_meta, peek_meta
 from .atomic import fsync_dir, fsync_parents, sweep_temps, write_atomic
-from .base import KEY_PATTERN, KeyLock, KeyLocked, check_key, landed
-from .encoding import Transcript
+from .base import KEY_PATTERN, KeyLock, check_key, landed
 from .flock import FileKeyLock, acquire_file_lock
 from .safefs import check_root, read_checked
 
@@ -52,23 +51,15 @@ class FileStore:
 
     Args:
         root: the directory that holds the checkpoint files.
-        transcript: where states keep their messages; given, each settled
-            message is encoded once and its bytes cached, and the file is
-            joined in the worker thread (no loop stall for large sessions).
     """
 
     suffix = ".json"
     _grows = False  # JournalStore: appended in place, so a read without the lock sees it grow
 
-    def __init__(
-        self, root: str | os.PathLike[str], *, transcript: Transcript | None = None
-    ) -> None:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.fspath(root)
         if not isinstance(self.root, str) or not self.root:
             raise ValueError(f"FileStore root must be a non-empty path, got {root!r}")
-        if transcript is not None and not isinstance(transcript, Transcript):
-            raise TypeError(f"transcript must be a Transcript or None, got {transcript!r}")
-        self.transcript = transcript
         self._root_synced = False
         self._synced_summaries: set[str] = set()  # keys whose sessions/<key>/ is durable
         self._locks: dict[str, FileKeyLock] = {}  # the key locks taken through lock()
@@ -211,14 +202,15 @@ class FileStore:
     def delete(self, key: str) -> bool:
         """Remove ``key``'s file, durably (its directory fsynced); False if there was none.
 
+        Under the key's lock: this store's, if it holds it (a writer of this
+        process, whose next write is then a conflict, or a caller that locked
+        the key to delete it), else one taken for the call.
+
         Raises:
-            KeyLocked: a live writer holds the key (of another process, or
-                of this one, through this store or another): close it first.
+            KeyLocked: a live writer of another process, or of another store
+                object of this one, holds the key.
         """
         check_key(key)
-        held = self._locks.get(key)
-        if held is not None and held.held:
-            raise KeyLocked(key, held.path, held.holder)
         with self._owned(key):
             try:
                 os.unlink(self.location(key))

@@ -17,7 +17,7 @@ __all__ = ["transcript_fingerprint"]
 def transcript_fingerprint(
     *, field: str = "messages", pin: str = "pinned", extra: Sequence[str] = ()
 ) -> Callable[[Snapshot], Hashable]:
-    """A structural fingerprint of a transcript, for ``CheckpointWriter(fingerprint=)``.
+    """A structural fingerprint of a transcript: the one ``Transcript`` gives the writer.
 
     It is made of the key, the parent, the message count, the whole last
     message (its JSON, as the writer would encode it), the state's pin flag,

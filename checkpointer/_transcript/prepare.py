@@ -68,7 +68,7 @@ def transcript_prepare(
         repair: close dangling tool calls.
 
     Returns:
-        ``(Snapshot) -> Prepared | Failed``, for ``CheckpointWriter(prepare=)``.
+        ``(Snapshot) -> Prepared | Failed``: the step ``Transcript`` gives the writer.
     """
     prefixes = _Prefixes()
     said: list[bool] = []  # the unrecognised shape is logged once per step

@@ -45,8 +45,11 @@ from typing import Any, final
 
 from .. import _exit
 from .._stores.base import KeyLocked, Staged, StaleWrite, Store, commit_deadline, new_revision
+from .._stores.encoding import Transcript
 from .._stores.envelopes import state_store
 from .._text import describe_error
+from .._transcript.fingerprint import transcript_fingerprint
+from .._transcript.prepare import transcript_prepare
 from .._values import Failed, Meta, NewerVersionError, Prepared, Result, Skipped, Snapshot, Written
 from .._version import VERSION
 from .keylocks import KeyLocks
@@ -132,18 +135,15 @@ class Committer:
     Args:
         source: the writer's ``source``.
         store: its store.
-        fingerprint: its ``fingerprint``, or None.
-        prepare: its ``prepare`` step, or None.
+        transcript: its ``transcript``: where the messages are, and from
+            that the fingerprint, the prepare step and the message cache.
         state_version: its ``state_version``.
-        lock_timeout: its ``lock_timeout``, in seconds.
+        lock_timeout: its ``Limits.lock_timeout``, in seconds.
         resume_from: the meta its session was loaded from, None (its key
             was absent), or ``UNKNOWN``.
-        unfenced: its ``unfenced``: a store that cannot fence is written
-            unconditionally.
 
     Raises:
-        TypeError: ``store.transcript`` is set but is not a ``Transcript``,
-            or the store cannot fence and ``unfenced`` is False.
+        TypeError: the store cannot refuse a stale write (``state_store``).
     """
 
     def __init__(
@@ -151,18 +151,23 @@ class Committer:
         source: Callable[[], Snapshot | None],
         store: Store,
         *,
-        fingerprint: Callable[[Any], Hashable] | None,
-        prepare: Prepare | None,
+        transcript: Transcript | None,
         state_version: int,
         lock_timeout: float,
         resume_from: Meta | Unknown | None,
-        unfenced: bool = False,
     ) -> None:
         self._source = source
         self._store = store
-        self._fingerprint = fingerprint
-        self._states = state_store(store, unfenced=unfenced)
-        self._prepare_step = prepare
+        self._transcript = transcript
+        self._states = state_store(store, transcript)
+        self._fingerprint: Callable[[Snapshot], Hashable] | None = None
+        self._prepare_step: Prepare | None = None
+        if transcript is not None:
+            field = transcript.field
+            if transcript.fingerprint:
+                self._fingerprint = transcript_fingerprint(field=field)
+            if transcript.repair:
+                self._prepare_step = transcript_prepare(field=field)
         self._state_version = state_version
         self._locks = KeyLocks(store, lock_timeout)
         self.keys = Keys(store, self._states, state_version, resume_from)
@@ -224,6 +229,51 @@ class Committer:
             return Skipped("closed")
         gen = next(self._gen)
         started = time.perf_counter()
+        snapshot = self._snapshot(live)
+        if not isinstance(snapshot, Snapshot):
+            return snapshot
+        key = snapshot.key
+        state = self.keys.select(key)
+        if pin is not None:
+            state.pin = pin
+        content = self._content(snapshot)
+        if isinstance(content, Failed):
+            return content
+        if (
+            content is not _NO_FINGERPRINT
+            and not force
+            and not self.inflight
+            and not self.keys.to_finish
+            # turns come from prepare, not run yet: an equal state has equal turns
+            and state.base is not None
+            and state.holds(content, live, snapshot.parent, state.base.turns)
+        ):
+            return Skipped("unchanged")
+        prepared = run_prepare(self._prepare_step, snapshot)
+        if isinstance(prepared, Failed):
+            return prepared
+        try:
+            staged = self._states.stage(key, prepared.snapshot.state, self._transcript)
+        except Exception as exc:
+            return Failed(
+                "encode-failed",
+                f"the state of key {key!r} cannot be encoded: {describe_error(exc)}",
+            )
+        job = Job(
+            gen=gen,
+            key=key,
+            staged=staged,
+            content=content,
+            live=live,
+            force=force,
+            started=started,
+            prepared=prepared,
+        )
+        self.inflight.add(gen)  # until it ends: no skip before encoding meanwhile
+        return job
+
+    def _snapshot(self, live: bool) -> Snapshot | Skipped | Failed:
+        """``source()``, checked: a snapshot with a valid key, or why there is none."""
         try:
             snapshot = self._source()
         except Exception as exc:
@@ -247,47 +297,34 @@ class Committer:
             except (ValueError, TypeError) as exc:
                 return Failed("invalid-key", describe_error(exc))
             self._valid_key = key
-        state = self.keys.select(key)
-        if pin is not None:
-            state.pin = pin
-        content: object = _NO_FINGERPRINT
-        if self._fingerprint is not None:
+        return snapshot
+
+    def _content(self, snapshot: Snapshot) -> object:
+        """What "unchanged" compares before encoding: the fingerprints, or ``_NO_FINGERPRINT``.
+
+        The snapshot's own and the transcript's, both when both are there
+        (a revision counter in the snapshot's makes an in-place edit of an
+        earlier message, which the transcript's does not see, a write).
+        ``Failed`` if one raises or cannot be hashed.
+        """
+        own = snapshot.fingerprint
+        if self._fingerprint is None:
+            if own is None:
+                return _NO_FINGERPRINT
+            content = own
+        else:
             try:
                 content = self._fingerprint(snapshot)
-                hash(content)
             except Exception as exc:
-                return Failed("snapshot-failed", f"fingerprint() raised {describe_error(exc)}")
-            if (
-                not force
-                and not self.inflight
-                and not self.keys.to_finish
-                # turns come from prepare, not run yet: an equal state has equal turns
-                and state.base is not None
-                and state.holds(content, live, snapshot.parent, state.base.turns)
-            ):
-                return Skipped("unchanged")
-        prepared = run_prepare(self._prepare_step, snapshot)
-        if isinstance(prepared, Failed):
-            return prepared
+                return Failed("snapshot-failed", f"the fingerprint raised {describe_error(exc)}")
+            if own is not None:
+                content = (content, own)
         try:
-            staged = self._states.stage(key, prepared.snapshot.state)
+            hash(content)
         except Exception as exc:
-            return Failed(
-                "encode-failed",
-                f"the state of key {key!r} cannot be encoded: {describe_error(exc)}",
-            )
-        job = Job(
-            gen=gen,
-            key=key,
-            staged=staged,
-            content=content,
-            live=live,
-            force=force,
-            started=started,
-            prepared=prepared,
-        )
-        self.inflight.add(gen)  # until it ends: no skip before encoding meanwhile
-        return job
+            why = describe_error(exc)
+            return Failed("snapshot-failed", f"the fingerprint is not hashable: {why}")
+        return content
 
     # -- in the writing thread -----------------------------------------------------
 
@@ -439,6 +476,7 @@ class Committer:
             seq=meta.seq,
             repaired=job.prepared.repaired,
             settled=job.prepared.settled,
+            revision=meta.revision,
         )
 
     def finish(self, timeout: float = -1) -> None:

@@ -32,7 +32,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Generic, Literal, TypeVar, final
 
@@ -42,17 +42,29 @@ import anyio.lowlevel
 from .. import _exit
 from .._schedule import Outcome, Scheduler
 from .._stores.base import ProbingStore, Store
+from .._stores.encoding import Transcript
 from .._text import describe_error
-from .._values import Checkpoint, Failed, Meta, Result, Skipped, Snapshot, WriterStatistics, Written
+from .._values import (
+    Checkpoint,
+    Failed,
+    Limits,
+    Meta,
+    Result,
+    Skipped,
+    Snapshot,
+    WriterStatistics,
+    Written,
+)
 from .clock import Clock, MonotonicClock
 from .commit import REFUSED, Committer, Job, Phase
 from .keystate import UNKNOWN, Unknown
-from .session import Prepare
 from .timer import Timer, spawn_system_task
 
 __all__ = ["CheckpointWriter"]
 
 logger = logging.getLogger("checkpointer")
+
+DEFAULT_LIMITS = Limits()
 
 S = TypeVar("S", bound=Snapshot)
 
@@ -71,49 +83,22 @@ class CheckpointWriter(Generic[S]):
         source: called at write time; returns a ``Snapshot(key, state)`` or
             None when the session has no identity (yet, or any more: at
             close, the last key's checkpoint is then marked ``live=False``
-            and the close returns ``Skipped("no-identity")``).  Called on the event
-            loop's thread for the async path, on the calling thread for
-            ``flush_sync``.
-        store: where checkpoints go (``FileStore(root)``).
-        debounce: quiet seconds after the latest event before a write.
+            and the close returns ``Skipped("no-identity")``).  Called on the
+            event loop's thread for the async path, on the calling thread
+            for ``flush_sync``.
+        store: where checkpoints go (``FileStore(root)``, ...).
+        debounce: quiet seconds after the latest event before a write
+            (default 0.5, or ``max_wait`` if less).
         min_interval: least seconds between the starts of two scheduled
-            writes (``write_now``, ``flush_sync`` and the final write are
-            exempt).
+            writes (default 1.0, or ``max_wait`` if less); ``write_now``,
+            ``flush_sync`` and the final write are exempt.
         max_wait: most seconds the oldest unsaved change waits, however
             steady the stream of events.
-        fingerprint: optional cheap structural fingerprint of a snapshot; a
-            write whose fingerprint equals the last written one is skipped
-            before encoding.  Without it, an identical encoded state counts
-            as unchanged.
-        write_on_start: write once on entry so a new session is resumable
-            at once.
-        exit_hooks: flush at interpreter exit and on SIGTERM/SIGHUP while
-            open (signal handlers only when opened on the main thread).
-        clock: the clock to read and sleep on (tests inject a fake one).
-        backoff_initial: first retry delay after a failed write.
-        backoff_max: cap of the doubling retry delay.
-        close_timeout: bound, in seconds from the ``aclose()`` call, on the
-            waits of a close: for a write in flight, then for the store to
-            take the final write.  The final ``source()`` call and encoding
-            run on the event loop and are not counted (nothing can interrupt
-            them); what was encoded is always written (behind a write still
-            in flight at the bound, if need be), and a write still going at
-            the bound goes on in a thread of its own while ``aclose()``
-            returns a ``Failed`` that says so.
-        exit_timeout: how long an exit or signal flush waits for a write in
-            flight in a worker thread before it writes anyway.
-        prepare: optional step run on each snapshot after the fingerprint
-            check and before encoding, e.g. ``transcript_prepare()``: returns
-            ``Prepared`` (a repaired copy to write) or ``Failed`` (nothing is
-            written, the previous file stays).
-        state_version: the version of your state's schema, stamped on every
-            file (``Meta.state_version``); ``load(..., state_version=,
-            migrations=)`` migrates older files.  The writer never replaces
-            a file of a newer state version.
-        lock_timeout: how long a write waits for another live writer of the
-            same key to let go of the key's lock; 0 (default) means
-            ``Failed("locked")`` at once, retried with backoff.  Stores
-            without the ``LockingStore`` capability are not locked.
+        transcript: where an agent state keeps its messages
+            (``Transcript("messages")``): each message encoded once, unchanged
+            writes skipped by the transcript's fingerprint, dangling tool calls
+            closed in the written copy, a history a model API would reject
+            refused (see ``Transcript``).
         resume_from: what ``load(store, key)`` returned when your session
             was loaded: the ``Checkpoint`` (or its ``Meta``), or None (the
             key had none).  The store then refuses every write of this
@@ -121,15 +106,24 @@ class CheckpointWriter(Generic[S]):
             checkpoint another writer stored, or deleted, after the load
             (``Failed("conflict")``).  Not given, the writer expects what
             the store holds at its first write.
-        unfenced: accept a store whose ``write`` cannot refuse a stale
-            write (it takes no ``expected`` revision) and write it
-            unconditionally: your program makes sure that one writer at a
-            time writes each key.  Without it such a store is a TypeError.
+        state_version: the version of your state's schema, stamped on every
+            checkpoint (``Meta.state_version``); ``load(..., state_version=,
+            migrations=)`` migrates older ones.  The writer never replaces
+            a checkpoint of a newer state version.
+        write_on_start: write once on entry so a new session is resumable
+            (and claimed) at once.
+        exit_hooks: flush at interpreter exit and on SIGTERM/SIGHUP while
+            open (signal handlers only when opened on the main thread).
+        limits: retry backoff and the close, exit and lock timeouts
+            (``Limits``).
+        clock: the clock to read and sleep on (tests inject a fake one).
 
     Raises:
         ValueError: a duration is out of range (the message says which).
-        TypeError: ``source``, ``store`` or ``fingerprint`` is not usable,
-            or the store cannot fence and ``unfenced`` is not set.
+        TypeError: ``source`` or ``store`` is not usable, or the store
+            cannot refuse a stale write (its ``write`` takes no ``expected``
+            revision: wrap it in ``checkpointer.stores.unfenced`` if your
+            program keeps one writer per key itself).
     """
 
     def __init__(
@@ -137,22 +131,16 @@ class CheckpointWriter(Generic[S]):
         source: Callable[[], S | None],
         store: Store,
         *,
-        debounce: float = 0.5,
-        min_interval: float = 1.0,
+        debounce: float | None = None,
+        min_interval: float | None = None,
         max_wait: float = 5.0,
-        fingerprint: Callable[[S], Hashable] | None = None,
+        transcript: Transcript | None = None,
+        resume_from: Checkpoint[Any] | Meta | Unknown | None = UNKNOWN,
+        state_version: int = 0,
         write_on_start: bool = True,
         exit_hooks: bool = True,
+        limits: Limits = DEFAULT_LIMITS,
         clock: Clock | None = None,
-        backoff_initial: float = 0.5,
-        backoff_max: float = 30.0,
-        close_timeout: float = 10.0,
-        exit_timeout: float = 5.0,
-        prepare: Prepare | None = None,
-        state_version: int = 0,
-        lock_timeout: float = 0.0,
-        resume_from: Checkpoint[Any] | Meta | Unknown | None = UNKNOWN,
-        unfenced: bool = False,
     ) -> None:
         if not callable(source):
             raise TypeError(f"source must be a callable returning a Snapshot, got {source!r}")
@@ -160,23 +148,16 @@ class CheckpointWriter(Generic[S]):
             raise TypeError(
                 f"store must implement checkpointer.Store (FileStore(root), ...), got {store!r}"
             )
-        if fingerprint is not None and not callable(fingerprint):
-            raise TypeError(f"fingerprint must be callable or None, got {fingerprint!r}")
-        for name, value in (("close_timeout", close_timeout), ("exit_timeout", exit_timeout)):
-            if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-        if prepare is not None and not callable(prepare):
-            raise TypeError(f"prepare must be callable or None, got {prepare!r}")
+        if transcript is not None and not isinstance(transcript, Transcript):
+            raise TypeError(f"transcript must be a Transcript or None, got {transcript!r}")
+        if not isinstance(limits, Limits):
+            raise TypeError(f"limits must be a Limits(...), got {limits!r}")
         if (
             isinstance(state_version, bool)
             or not isinstance(state_version, int)
             or state_version < 0
         ):
             raise ValueError(f"state_version must be an int >= 0, got {state_version!r}")
-        if not (isinstance(lock_timeout, (int, float)) and 0 <= lock_timeout < math.inf):
-            raise ValueError(
-                f"lock_timeout must be a finite number of seconds >= 0, got {lock_timeout!r}"
-            )
         if isinstance(resume_from, Checkpoint):
             resume_from = resume_from.meta
         if resume_from is not None and not isinstance(resume_from, Meta | Unknown):
@@ -188,26 +169,24 @@ class CheckpointWriter(Generic[S]):
             debounce=debounce,
             min_interval=min_interval,
             max_wait=max_wait,
-            backoff_initial=backoff_initial,
-            backoff_max=backoff_max,
+            backoff_initial=limits.retry_initial,
+            backoff_max=limits.retry_max,
         )
         self._store = store
         self._write_on_start = write_on_start
         self._exit_hooks = exit_hooks
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._now = self._clock.now
-        self._close_timeout = float(close_timeout)
-        self._exit_timeout = float(exit_timeout)
+        self._close_timeout = float(limits.close_timeout)
+        self._exit_timeout = float(limits.exit_timeout)
         # The synchronous core of every write: snapshot, encode, commit.
         self._core = Committer(
             source,
             store,
-            fingerprint=fingerprint,
-            prepare=prepare,
+            transcript=transcript,
             state_version=state_version,
-            lock_timeout=float(lock_timeout),
+            lock_timeout=float(limits.lock_timeout),
             resume_from=resume_from,
-            unfenced=bool(unfenced),
         )
         probe = store.probe if isinstance(store, ProbingStore) else None
         self._timer = Timer(self._sched, self._clock, self._timed_write, probe, self._forked)

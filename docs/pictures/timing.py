@@ -22,7 +22,14 @@ from checkpointer import CheckpointWriter
 from checkpointer._schedule import WRITE, Outcome, Scheduler, Wait
 
 OUT = Path(__file__).resolve().parent.parent / "concepts" / "timing.svg"
-_WRITER = inspect.signature(CheckpointWriter).parameters  # the pictures use its defaults
+# The pictures use the writer's defaults, resolved by the scheduler's own rule
+# (a default debounce or min_interval gives way to a smaller max_wait).
+_WRITER = inspect.signature(CheckpointWriter).parameters
+_DEFAULTS = Scheduler(
+    debounce=_WRITER["debounce"].default,
+    min_interval=_WRITER["min_interval"].default,
+    max_wait=_WRITER["max_wait"].default,
+)
 
 
 @dataclass(frozen=True)
@@ -33,9 +40,9 @@ class Scenario:
     events: tuple[float, ...]
     write_takes: float
     horizon: float  # seconds shown
-    debounce: float = _WRITER["debounce"].default
-    min_interval: float = _WRITER["min_interval"].default
-    max_wait: float = _WRITER["max_wait"].default
+    debounce: float = _DEFAULTS.debounce
+    min_interval: float = _DEFAULTS.min_interval
+    max_wait: float = _DEFAULTS.max_wait
 
 
 @dataclass(frozen=True)

@@ -33,13 +33,14 @@ from checkpointer import (
     CheckpointWriter,
     FileStore,
     JournalStore,
+    Limits,
     PostgresJournalStore,
     PostgresStore,
     Result,
     Snapshot,
-    Store,
     load,
 )
+from checkpointer.stores import Store
 
 
 def say(**fields: object) -> None:
@@ -104,9 +105,7 @@ async def main(spec: str, key: str, name: str, resume: bool, wait: bool) -> int:
         debounce=0.01,
         min_interval=0.0,
         max_wait=0.05,
-        backoff_initial=0.05,
-        backoff_max=0.2,
-        lock_timeout=60.0 if wait else 0.0,
+        limits=Limits(retry_initial=0.05, retry_max=0.2, lock_timeout=60.0 if wait else 0.0),
         **resumed,
     )
     await writer.__aenter__()

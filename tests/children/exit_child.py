@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from checkpointer import CheckpointWriter, FileStore, Snapshot, load
+from checkpointer import CheckpointWriter, FileStore, Limits, Snapshot, load
 
 KEY = "s1"
 GO_TIMEOUT = 30.0
@@ -194,7 +194,7 @@ def new_writer(
         debounce=60.0,
         min_interval=60.0,
         max_wait=120.0,
-        exit_timeout=args.exit_timeout,
+        limits=Limits(exit_timeout=args.exit_timeout),
     )
 
 

@@ -48,8 +48,9 @@ from typing import Any
 
 import anyio
 
-from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot, Store
+from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot
 from checkpointer._stores.postgres.store import PostgresStore
+from checkpointer.stores import Store
 
 KEY = "k"
 HANG = 30.0  # hang guard of every wait; the test kills us before

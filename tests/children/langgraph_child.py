@@ -40,7 +40,8 @@ import sys
 import time
 from typing import Any
 
-from checkpointer import CheckpointFailed, FileStore, JournalStore, Store
+from checkpointer import CheckpointFailed, FileStore, JournalStore
+from checkpointer.stores import Store
 
 CONFIG: Any = {"configurable": {"thread_id": "chat"}}
 

@@ -60,19 +60,15 @@ from checkpointer import (
     Meta,
     Result,
     Snapshot,
-    Staged,
-    Store,
-    SummaryCheckpoint,
     Transcript,
     Written,
-    collapse,
     load,
-    load_summary,
-    write_summary,
 )
 from checkpointer._stores.atomic import _TEMP_RE
 from checkpointer._stores.base import KeyLock
 from checkpointer._transcript.summary import safe_watermark
+from checkpointer.stores import Staged, Store
+from checkpointer.summaries import SummaryCheckpoint, collapse, load_summary, write_summary
 from tests.torture import KEY, LockingReportingStore, _say, file_leftovers, state_for
 
 __all__ = ["KEEP_LAST", "MUTATIONS", "STORES", "run_child", "summary_bytes", "summary_text"]
@@ -132,7 +128,7 @@ class PowerStore:
 
 
 def _file_transcript(root: str) -> Store:
-    return FileStore(root, transcript=Transcript())
+    return FileStore(root)  # its writes encoded through a Transcript: ReportingStore.stage
 
 
 STORES: dict[str, PowerStore] = {
@@ -364,7 +360,8 @@ def _start(spec: dict[str, Any]) -> tuple[_Reporting, int] | int:
     """The child's store and the ``n`` to resume from, or an exit code."""
     if spec.get("mutate"):
         _mutate(spec["mutate"])
-    store = _Reporting(STORES[spec["store"]].make(spec["root"]))
+    cache = Transcript() if spec["store"] == "file-transcript" else None
+    store = _Reporting(STORES[spec["store"]].make(spec["root"]), cache)
     store.swallow = spec.get("mutate") == "written-on-failure"
     if spec.get("neighbour"):
         threading.Thread(

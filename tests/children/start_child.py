@@ -22,7 +22,8 @@ import sys
 
 import anyio
 
-from checkpointer import CheckpointWriter, Result, Snapshot, Store, load
+from checkpointer import CheckpointWriter, Limits, Result, Snapshot, load
+from checkpointer.stores import Store
 
 from .conflict_child import make_store
 
@@ -56,8 +57,7 @@ async def session(store: Store, key: str, name: str, turns: int, ran: dict[str, 
         debounce=0.01,
         min_interval=0.0,
         max_wait=0.05,
-        backoff_initial=0.01,
-        backoff_max=0.05,
+        limits=Limits(retry_initial=0.01, retry_max=0.05),
         resume_from=loaded,
     )
     async with writer:

@@ -96,9 +96,7 @@ class JournalCore:
     rewrite_factor: float
     rewrite_min_bytes: int
 
-    def _init_journal(
-        self, transcript: Transcript, rewrite_factor: float, rewrite_min_bytes: int
-    ) -> None:
+    def _init_journal(self, rewrite_factor: float, rewrite_min_bytes: int) -> None:
         """Check the growth bounds and start with no tracks.
 
         Raises:
@@ -109,7 +107,7 @@ class JournalCore:
             raise ValueError(f"rewrite_factor must be a finite number > 1, got {rewrite_factor!r}")
         if not (isinstance(rewrite_min_bytes, int) and rewrite_min_bytes >= 0):
             raise ValueError(f"rewrite_min_bytes must be an int >= 0, got {rewrite_min_bytes!r}")
-        self._transcript = transcript
+        self._transcript = Transcript()  # for a writer that gives none; its encoder
         self.rewrite_factor = float(rewrite_factor)
         self.rewrite_min_bytes = rewrite_min_bytes
         self._tracks = {}
@@ -140,8 +138,14 @@ class JournalCore:
 
     # -- staging, on the caller's thread -------------------------------------------
 
-    def stage(self, key: str, state: Any) -> Full | Delta:
-        transcript = self._transcript
+    def stage(self, key: str, state: Any, transcript: Transcript | None = None) -> Full | Delta:
+        """Stage ``state`` for ``key``: only its new messages when the prefix is unchanged.
+
+        ``transcript`` is the writer's (where the messages are); without one,
+        the journal looks for them under ``"messages"``.
+        """
+        if transcript is None:
+            transcript = self._transcript
         split = transcript.split(state)
         if split is None:
             return Full(whole=transcript.encoder.encode(state))
@@ -153,7 +157,7 @@ class JournalCore:
             and not track.broken
             and track.name == split.name
         ):
-            new = self._new_messages(track, split.messages)
+            new = self._new_messages(track, split.messages, transcript)
             if new is not None:
                 chunks, unsettled = transcript.encode_messages(new)
                 loose = transcript.any_loose(new)
@@ -174,7 +178,7 @@ class JournalCore:
         )
 
     def _new_messages(
-        self, track: Track, messages: list[Any] | tuple[Any, ...]
+        self, track: Track, messages: list[Any] | tuple[Any, ...], transcript: Transcript
     ) -> list[Any] | None:
         """The messages after the track's prefix, or None if the prefix changed.
 
@@ -216,7 +220,7 @@ class JournalCore:
         if same:
             if track.u and not self._unsettled_unchanged(track, messages):
                 return None
-        elif not self._prefix_unchanged(track, messages):
+        elif not self._prefix_unchanged(track, messages, transcript):
             return None
         return list(messages[n:])
 
@@ -245,7 +249,9 @@ class JournalCore:
         finally:
             self._scratch_lock.release()
 
-    def _prefix_unchanged(self, track: Track, messages: Sequence[Any]) -> bool:
+    def _prefix_unchanged(
+        self, track: Track, messages: Sequence[Any], transcript: Transcript
+    ) -> bool:
         """The slow path: encode the whole prefix (through the cache) and compare.
 
         When it encodes the same, the new objects become the witnesses of
@@ -255,7 +261,6 @@ class JournalCore:
         known = track.known
         assert known is not None
         n = track.n
-        transcript = self._transcript
         prefix = list(messages[:n])
         chunks, unsettled = transcript.encode_messages(prefix)
         if chunks != known.chunks[:n]:

@@ -43,7 +43,6 @@ from ..._text import oserror
 from ..._values import Checkpoint, CheckpointError, Meta
 from ..atomic import fsync_fd, write_all, write_atomic
 from ..base import check_key, landed, time_left
-from ..encoding import Transcript
 from ..files import FileStore
 from ..safefs import open_checked, read_checked, read_fd
 from .core import JournalCore
@@ -100,8 +99,6 @@ class JournalStore(JournalCore, FileStore):
 
     Args:
         root: the directory that holds the journals.
-        transcript: where states keep their messages; the default,
-            ``Transcript()``, is a list under ``"messages"``.
         rewrite_factor: rewrite the journal into a fresh file when it would
             grow past this many times its size at the last compaction (> 1).
         rewrite_min_bytes: ... but never below this size.
@@ -119,14 +116,11 @@ class JournalStore(JournalCore, FileStore):
         self,
         root: str | os.PathLike[str],
         *,
-        transcript: Transcript | None = None,
         rewrite_factor: float = 2.0,
         rewrite_min_bytes: int = 1 << 20,
     ) -> None:
-        if transcript is None:
-            transcript = Transcript()
-        super().__init__(root, transcript=transcript)
-        self._init_journal(transcript, rewrite_factor, rewrite_min_bytes)
+        super().__init__(root)
+        self._init_journal(rewrite_factor, rewrite_min_bytes)
         self._lock = threading.Lock()
         self._appends = 0
         self._compactions = 0
@@ -340,11 +334,14 @@ class JournalStore(JournalCore, FileStore):
             track = self._tracks[key] = absent()
             return track
         try:
-            scan = scan_journal(read_fd(fd, st.st_size, path), path)
+            # A reader (not the key's holder) may see another process append
+            # meanwhile: it keeps what fstat saw, a batch or more behind.
+            holder = self._holds(key)
+            scan = scan_journal(read_fd(fd, st.st_size, path, growing=not holder), path)
             linked = st.st_nlink > 1
             # Only the key's lock holder cuts an unfinished batch: to a reader it
             # may be another process's append in flight.
-            if scan.torn is not None and not linked and self._holds(key):
+            if scan.torn is not None and not linked and holder:
                 os.ftruncate(fd, scan.end)
                 fsync_fd(fd)
                 logger.info(

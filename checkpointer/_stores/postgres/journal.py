@@ -39,7 +39,6 @@ from ..._format.envelope import decode_raw
 from ..._format.journal import ROW_END
 from ..._values import Checkpoint, CheckpointError, Meta
 from ..base import check_key
-from ..encoding import Transcript
 from ..journal.core import JournalCore
 from ..journal.staging import Full, Track
 from .schema import HEAD_FORMAT
@@ -56,8 +55,7 @@ _ENCODER = msgspec.json.Encoder()
 class PostgresJournalStore(JournalCore, PostgresStore):
     """A ``PostgresStore`` whose checkpoints cost what changed: rows per message.
 
-    Takes the arguments of ``PostgresStore`` (``transcript`` defaults to
-    ``Transcript()``), plus:
+    Takes the arguments of ``PostgresStore``, plus:
 
     Args:
         rewrite_factor: compact a key when its rows would grow past this
@@ -77,13 +75,10 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         *,
         rewrite_factor: float = 2.0,
         rewrite_min_bytes: int = 1 << 20,
-        transcript: Transcript | None = None,
         **options: Any,
     ) -> None:
-        if transcript is None:
-            transcript = Transcript()
-        super().__init__(dsn, transcript=transcript, **options)
-        self._init_journal(transcript, rewrite_factor, rewrite_min_bytes)
+        super().__init__(dsn, **options)
+        self._init_journal(rewrite_factor, rewrite_min_bytes)
         self.appends = 0
         self.compactions = 0
 

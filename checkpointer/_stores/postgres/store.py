@@ -42,7 +42,6 @@ from ..._format.journal import assemble_rows
 from ..._text import one_line
 from ..._values import Meta, NewerVersionError
 from ..base import check_key
-from ..encoding import Transcript
 from .connection import SLOW_BYTES_PER_SECOND, Watchdog, describe_dsn, import_psycopg, seconds
 from .errors import IdleLoss, KeyLockedError, PostgresStoreError, StaleWriteError
 from .locks import LocksPart
@@ -84,10 +83,6 @@ class PostgresStore(LocksPart):
             call that gets no answer a second after that is cut off.
         lock_timeout: seconds a statement may wait for a table or row lock.
         application_name: shown in ``pg_stat_activity``.
-        transcript: where states keep their messages; given, each settled
-            message is encoded once and its bytes cached, and the state is
-            joined in the worker thread (no loop stall for large sessions),
-            as with ``FileStore``.
 
     Raises:
         ImportError: psycopg is not installed (the message names the extra).
@@ -104,12 +99,8 @@ class PostgresStore(LocksPart):
         statement_timeout: float = 10.0,
         lock_timeout: float = 2.0,
         application_name: str = "checkpointer",
-        transcript: Transcript | None = None,
     ) -> None:
         self._pg = import_psycopg()
-        if transcript is not None and not isinstance(transcript, Transcript):
-            raise TypeError(f"transcript must be a Transcript or None, got {transcript!r}")
-        self.transcript = transcript
         if not isinstance(dsn, str):
             raise TypeError(f"dsn must be a str (a libpq connection string), got {dsn!r:.80}")
         try:

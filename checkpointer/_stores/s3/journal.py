@@ -49,7 +49,6 @@ from ..._format.journal import LINE_END, assemble, header_line, meta_row, scan_j
 from ..._text import oserror
 from ..._values import Checkpoint, CheckpointError, Meta
 from ..base import StaleWrite, check_key, landed
-from ..encoding import Transcript
 from ..journal.core import JournalCore
 from ..journal.staging import Delta, Full, Track, absent
 from .store import S3Store
@@ -90,8 +89,7 @@ class _Known(NamedTuple):
 class S3JournalStore(JournalCore, S3Store):
     """An ``S3Store`` whose checkpoints upload what changed: segments named by a head object.
 
-    Takes the arguments of ``S3Store`` (``transcript`` defaults to
-    ``Transcript()``), plus:
+    Takes the arguments of ``S3Store``, plus:
 
     Args:
         rewrite_factor: compact a key when its segments would grow past
@@ -113,15 +111,12 @@ class S3JournalStore(JournalCore, S3Store):
         region: str | None = None,
         connect_timeout: float = 5.0,
         read_timeout: float = 10.0,
-        transcript: Transcript | None = None,
         rewrite_factor: float = 2.0,
         rewrite_min_bytes: int = 1 << 20,
         max_segments: int = 32,
     ) -> None:
         if not (isinstance(max_segments, int) and max_segments >= 1):
             raise ValueError(f"max_segments must be an int >= 1, got {max_segments!r}")
-        if transcript is None:
-            transcript = Transcript()
         super().__init__(
             bucket,
             prefix,
@@ -129,9 +124,8 @@ class S3JournalStore(JournalCore, S3Store):
             region=region,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
-            transcript=transcript,
         )
-        self._init_journal(transcript, rewrite_factor, rewrite_min_bytes)
+        self._init_journal(rewrite_factor, rewrite_min_bytes)
         self.max_segments = max_segments
         self._known: dict[str, _Known] = {}
         self.appends = 0

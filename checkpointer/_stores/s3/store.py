@@ -32,7 +32,6 @@ from typing import Any
 
 from ..._format.envelope import decode_meta
 from ..base import KEY_PATTERN, check_key, landed
-from ..encoding import Transcript
 from .client import S3Client, condition_failed, error_code
 
 __all__ = ["S3Store"]
@@ -56,8 +55,6 @@ class S3Store:
             the profile).  Credentials and retries are always read that way.
         connect_timeout: seconds to connect, per attempt of each request.
         read_timeout: seconds to wait for data, per attempt of each request.
-        transcript: where states keep their messages; given, each settled
-            message is encoded once and its bytes cached (as ``FileStore``).
 
     Raises:
         ImportError: botocore is not installed (the ``s3`` extra).
@@ -75,11 +72,7 @@ class S3Store:
         region: str | None = None,
         connect_timeout: float = 5.0,
         read_timeout: float = 10.0,
-        transcript: Transcript | None = None,
     ) -> None:
-        if transcript is not None and not isinstance(transcript, Transcript):
-            raise TypeError(f"transcript must be a Transcript or None, got {transcript!r}")
-        self.transcript = transcript
         self.s3 = S3Client(
             bucket,
             prefix,

@@ -247,6 +247,25 @@ def test_a_journal_checkpoint_uploads_one_segment_and_the_head(place: Place) -> 
     assert sent["s3journal"][1] * 10 < sent["s3"][1], sent
 
 
+def test_a_meta_only_change_of_a_journal_is_one_put_of_the_head(place: Place) -> None:
+    """write_now(pin=True) with the messages unchanged: the head alone (no empty segment)."""
+    store = place.store("s3journal")
+    state = {"messages": messages(3)}
+
+    async def run() -> None:
+        async with writer(store, "k", state) as w:
+            await saved(w)
+            state["messages"].append({"role": "user", "content": "one more"})
+            assert isinstance(await w.write_now(), Written)  # the track is known
+            place.proxy.reset_counts()
+            assert isinstance(await w.write_now(pin=True), Written)
+            assert place.proxy.counts()[0] == 1
+
+    anyio.run(run)
+    loaded = load(place.store("s3journal"), "k")
+    assert loaded is not None and loaded.meta.pinned and loaded.state == state
+
+
 def test_a_journal_compacts_at_max_segments_and_removes_what_it_replaced(place: Place) -> None:
     """With max_segments=3 the head never names more than 3 segments; replaced ones are
     deleted; every state loads whole."""

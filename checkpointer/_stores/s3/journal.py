@@ -278,6 +278,9 @@ class S3JournalStore(JournalCore, S3Store):
         expected: str | None,
     ) -> None:
         known = self._known[key]
+        if not rows:  # only the meta changed: the head alone
+            self._put_head(key, meta, known.segments, expected, [])
+            return
         started = time.time()
         name = self._put_segment(key, meta, rows)
         segments = (*known.segments, (name, nbytes))

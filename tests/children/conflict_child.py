@@ -3,8 +3,9 @@
     python tests/children/conflict_child.py STORE KEY NAME [--resume] [--wait]
 
 ``STORE`` is ``file:ROOT``, ``journal:ROOT``, ``pg:SCHEMA`` or
-``pgjournal:SCHEMA`` (PostgreSQL at ``$DSN``).  The program loads the key,
-opens a ``CheckpointWriter`` on asyncio (exit hooks on, as a program has
+``pgjournal:SCHEMA`` (PostgreSQL at ``$DSN``), ``s3:BUCKET@URL`` or
+``s3journal:BUCKET@URL`` (the tests' S3 server: ``tests/s3.py``).  The
+program loads the key, opens a ``CheckpointWriter`` on asyncio (exit hooks on, as a program has
 them; with ``--resume`` it passes ``resume_from=`` the loaded checkpoint;
 with ``--wait``, ``lock_timeout=60``, and it prints ``waiting`` when a
 write begins to wait for the key's lock), and then follows its stdin, one

@@ -7,6 +7,7 @@ shapes and history checks), ``checkpointer.summaries`` (summary checkpoints),
 ``checkpointer.clock`` (the clock a writer reads, for tests).
 """
 
+from ._committer import KeyCommitter
 from ._load import load
 from ._stores.encoding import Transcript
 from ._stores.files import FileStore
@@ -38,6 +39,7 @@ __all__ = [
     "Failed",
     "FileStore",
     "JournalStore",
+    "KeyCommitter",
     "Limits",
     "Meta",
     "NewerVersionError",

@@ -1,77 +1,25 @@
-"""LangGraph's ``BaseCheckpointSaver``, kept by ``CheckpointWriter`` s.
+"""LangGraph's ``BaseCheckpointSaver``, kept by checkpointer.
 
 ``CheckpointSaver(store)`` is a LangGraph checkpointer over checkpointer's
-public API only, with the sync and async methods (``get_tuple``, ``list``,
-``put``, ``put_writes``, ``delete_thread``, ``delete_for_runs``,
-``copy_thread``, ``prune``, each with its ``a*`` twin)::
+public API, with the sync and async methods (``delete_for_runs``,
+``copy_thread`` and ``prune`` included)::
 
     async with CheckpointSaver(JournalStore("threads")) as saver:
         graph = builder.compile(checkpointer=saver)
         await graph.ainvoke(inputs, {"configurable": {"thread_id": "t1"}})
 
-Layout.  A thread is one key (``thread_key(thread_id)``) whose state is
-``{"thread_id": ..., "messages": [rows]}``: an append-only log of frozen
-rows, one per checkpoint (without its channel values), per channel value
-(only the channels in ``new_versions``, as LangGraph's own Postgres saver
-stores them) and per pending write.  A list channel that grew (a messages
-channel with ``operator.add`` or ``add_messages``) is stored as a ``tail``
-row: the serialized items after the previous version's, whose serialized
-bytes the new value starts with, so a step that adds one message stores
-that message, not the whole list again.  On a ``JournalStore`` a checkpoint
-then costs its new rows only; ``prune``, ``delete_for_runs`` and a
-``tail`` chain cut by them rewrite the thread's log (a compaction).
-
-Durability.  LangGraph passes its ``durability`` in the config of each
-``put`` / ``put_writes``:
-
-* ``"sync"`` (and ``"exit"``, whose one put comes at the end of a run): the
-  call returns once the write is durable; a failed write raises
-  ``CheckpointFailed``;
-* ``"async"`` (LangGraph's default): the change is a ``notify()`` and the
-  thread's writer writes it within its timing rules (``max_wait``), so a
-  SIGKILL loses at most the last ``max_wait`` seconds of checkpoints and a
-  SIGTERM, SIGHUP or normal exit loses none that LangGraph has handed over.
-
-What SIGTERM keeps.  Every ``put`` and ``put_writes`` called before the
-signal, once the thread's writer is open (the thread's first ``put`` or
-``put_writes`` in this process opens it).  ``aput`` encodes in a worker
-thread, but the put is the thread's from the call on: a write, the flush in
-the signal handler among them, stores a put whose worker has not run yet.
-What LangGraph has not called is not kept, and with ``"async"`` that can be
-the last step's checkpoint: LangGraph puts it from a background task that
-waits for the previous put, while the next step's nodes already run.  A
-signal in such a node leaves the thread at the last checkpoint put, with
-the writes of its tasks that finished: ``aget_state`` shows them applied
-and ``next == ()``, and ``ainvoke(None, config)`` goes on from there, to
-the interrupted node, without running those tasks again (a task whose
-writes were put for a checkpoint not put yet runs again).  With ``"sync"``
-each step's checkpoint is durable before the next step runs.
-
-In a synchronous program (``with CheckpointSaver(...)``, ``graph.invoke``)
-there is no event loop to run a timer, so every put is written before it
-returns, whatever the durability (LangGraph runs ``"async"`` puts in its
-background thread, so the graph does not wait for them).
-
-``delete_thread``, ``copy_thread``, ``prune`` and ``delete_for_runs`` are
-durable when they return.  Each thread written in this process has one
-writer, opened at its first put and closed when the saver closes.
-
-One writer per thread, the store deciding.  A thread the saver has not
-changed is read as the store holds it: each read compares the stored
-revision and reads the thread again when it changed.  A put changes the
-thread as LangGraph read it, and its writer expects that revision (None for
-an empty thread): a write of another process since, or a delete, makes the
-store refuse it (``CheckpointFailed("conflict")``, from the put or the
-close); the saver then drops what it had not written of the thread.  A
-delete of a thread another live writer holds is refused (``"locked"``).
-
-Asyncio and sync: LangGraph runs on asyncio (or threads), not trio.
+A thread is one key (``thread_key(thread_id)``) holding an append-only log
+of rows: one per checkpoint, per new channel value (a list channel that grew
+as its new items only) and per pending write.  In an async saver a thread's
+``CheckpointWriter`` writes ``"async"`` puts at its timing and durable ones
+at once; a synchronous saver commits every put through the thread's
+``KeyCommitter``.  Durability, conflicts and what SIGTERM keeps:
+docs/frameworks/langgraph.md.  asyncio and sync, as LangGraph's API.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import random
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -101,17 +49,25 @@ from checkpointer import (
     CheckpointFailed,
     CheckpointWriter,
     Failed,
-    Limits,
+    KeyCommitter,
     Meta,
     Result,
     Snapshot,
     load,
 )
-from checkpointer.stores import KeyLocked, LockingStore, Store
+from checkpointer._adapters import (
+    check_options,
+    committer_options,
+    framework_key,
+    lock_timeout,
+    locked,
+    probe_lock,
+    store_keys,
+)
+from checkpointer.stores import KeyLocked, Store
 
 __all__ = ["CheckpointFailed", "CheckpointSaver", "thread_key"]
 
-_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 _PLAIN, _HASHED = "lg-", "lg."
 _DURABLE = ("sync", "exit")
 
@@ -120,10 +76,7 @@ Version = str | int | float
 
 def thread_key(thread_id: str) -> str:
     """The checkpoint key of a thread: ``lg-<id>``, or ``lg.<sha256 prefix>`` for other ids."""
-    key = _PLAIN + thread_id
-    if len(key) <= 200 and all(c in _KEY_CHARS for c in thread_id):
-        return key
-    return _HASHED + hashlib.sha256(thread_id.encode()).hexdigest()[:40]
+    return framework_key(thread_id, plain=_PLAIN, hashed=_HASHED)
 
 
 # -- the rows of a thread's log ------------------------------------------------
@@ -210,6 +163,7 @@ class _Thread:
         "blobs",
         "checkpoints",
         "closed",
+        "committer",
         "held",
         "key",
         "last",
@@ -233,7 +187,10 @@ class _Thread:
         # (ns, channel) -> (version, item count, items' bytes) of the last list value
         # stored, or (version, -1, b"") until it is needed (after a load).
         self.last: dict[tuple[str, str], tuple[Version, int, bytes]] = {}
+        # Who writes the thread: in an async saver a writer (its timer for
+        # "async" puts) in the saver's task, else a committer (every put at once).
         self.writer: CheckpointWriter[Snapshot] | None = None
+        self.committer: KeyCommitter | None = None
         self.stop: anyio.Event | None = None
         self.closed: anyio.Event | None = None
         # Ownership: ``base`` is the stored checkpoint the rows were read from
@@ -305,7 +262,9 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             checkpoint cost its new rows only.
         serde: LangGraph's serializer (default: its ``JsonPlusSerializer``).
         **writer_options: passed to each thread's ``CheckpointWriter``
-            (``debounce``, ``max_wait``, ``limits``, ``exit_hooks``...).
+            (``debounce``, ``max_wait``, ``limits``, ``exit_hooks``...);
+            ``limits``, ``transcript`` and ``state_version`` to its
+            ``KeyCommitter`` too.
 
     Use it as ``with`` (synchronous graphs) or ``async with`` (asyncio).
     """
@@ -314,11 +273,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         self, store: Store, *, serde: SerializerProtocol | None = None, **writer_options: Any
     ) -> None:
         super().__init__(serde=serde)
-        for reserved in ("source", "store", "resume_from"):
-            if reserved in writer_options:
-                raise TypeError(f"CheckpointSaver sets {reserved!r} itself")
         self.store = store
-        self._options = writer_options
+        self._options = check_options("CheckpointSaver", writer_options)
         self._lock = threading.RLock()
         self._threads: dict[str, _Thread] = {}
         self._mode: Literal["new", "sync", "async", "closed"] = "new"
@@ -362,6 +318,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         for thread in threads:
             if thread.writer is not None:
                 thread.result = thread.writer.close()
+            self._end_committer(thread)
         self._mode = "closed"
         return self._failures(threads)
 
@@ -388,8 +345,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         for thread in threads:
             if thread.stop is not None:
                 thread.stop.set()
-            elif thread.writer is not None:  # opened by a sync method
-                thread.result = await anyio.to_thread.run_sync(thread.writer.close)
+            elif thread.committer is not None:  # opened by a sync method
+                await anyio.to_thread.run_sync(self._end_committer, thread)
         if task_group is not None:
             await task_group.__aexit__(None, None, None)
         self._mode = "closed"
@@ -458,7 +415,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         """Every thread of the store and of this saver, each looked at (blocking)."""
         with self._lock:
             ids = {t.key: t.thread_id for t in self._threads.values()}
-        for key in _store_keys(self.store):
+        for key in store_keys(self.store):
             if key.startswith((_PLAIN, _HASHED)) and key not in ids:
                 checkpoint = load(self.store, key, _State)  # a digest key names no thread
                 if checkpoint is not None:
@@ -479,12 +436,15 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             raise CheckpointFailed(refusal)
         thread.held = True
 
-    def _source(self, thread: _Thread) -> Snapshot | None:
+    def _state(self, thread: _Thread) -> dict[str, Any] | None:
         with self._lock:
             if not thread.held:
                 return None  # deleted, or refused: nothing of this saver's to write
-            rows = list(thread.rows)
-        return Snapshot(thread.key, {"thread_id": thread.thread_id, "messages": rows})
+            return {"thread_id": thread.thread_id, "messages": list(thread.rows)}
+
+    def _source(self, thread: _Thread) -> Snapshot | None:
+        state = self._state(thread)
+        return None if state is None else Snapshot(thread.key, state)
 
     def _refuse(self, thread: _Thread, failed: Failed, *, raised: bool) -> None:
         """The store refused the thread's write: its rows go (its writer is closed after).
@@ -502,29 +462,32 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 self._unraised.append(failed)
 
     def _refused_sync(self, thread: _Thread, failed: Failed) -> CheckpointFailed:
-        with self._lock:
-            self._refuse(thread, failed, raised=True)
-            # A writer of the saver's task (a sync method of an async saver)
-            # stays: it writes nothing from now on and closes with the saver.
-            writer = thread.writer if thread.stop is None else None
-            if writer is not None:
-                thread.writer = None
-        if writer is not None:
-            writer.close()  # not held: no final write, the key let go
+        # A writer of the saver's task (a sync method of an async saver) stays:
+        # it writes nothing from now on and closes with the saver.
+        self._refuse(thread, failed, raised=True)
+        self._end_committer(thread)  # not held: no final commit, the key let go
         return CheckpointFailed(failed)
+
+    def _end_committer(self, thread: _Thread) -> None:
+        """Commit the thread's rows a final time (not live) if it holds them; let the key go."""
+        with self._lock:
+            committer, thread.committer = thread.committer, None
+        if committer is not None:
+            state = self._state(thread)
+            if state is not None:
+                thread.result = committer.commit(state, live=False)
+            committer.close()
 
     async def _refused(self, thread: _Thread, failed: Failed, *, raised: bool) -> CheckpointFailed:
         # Under the opening lock: a new writer of the thread opens once this one let go.
         async with self._opening or contextlib.nullcontext():
             with self._lock:
                 self._refuse(thread, failed, raised=raised)
-                writer, stop, closed = thread.writer, thread.stop, thread.closed
+                stop, closed = thread.stop, thread.closed
                 thread.writer = thread.stop = thread.closed = None
             if stop is not None and closed is not None:
                 stop.set()  # not held: no final write, the key let go
                 await closed.wait()
-            elif writer is not None:
-                await anyio.to_thread.run_sync(writer.close)
         return CheckpointFailed(failed)
 
     async def _settle(self, thread_id: str, *, wait: bool) -> None:
@@ -549,38 +512,26 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         """Raise ``CheckpointFailed`` if another writer holds the thread's key (blocking).
 
         A probe, before the thread's writer opens (it takes the lock at its
-        first write): LangGraph raises it from ``invoke``/``ainvoke``.  What
-        this saver changed of the thread is refused: the holder's work stands.
+        first write, in the background): LangGraph raises it from ``ainvoke``.
+        What this saver changed of the thread is refused: the holder's work stands.
         """
-        if not isinstance(self.store, LockingStore):
-            return
+        way_out = f"or run thread {thread.thread_id!r} under another thread_id"
         try:
-            lock = self.store.lock(
-                thread.key, timeout=self._options.get("limits", Limits()).lock_timeout
-            )
-        except KeyLocked as exc:
-            way_out = f"or run thread {thread.thread_id!r} under another thread_id"
-            failed = Failed("locked", f"{exc}; {way_out}")
-            self._refuse(thread, failed, raised=True)
-            raise CheckpointFailed(failed) from None
-        lock.release()
+            probe_lock(self.store, thread.key, lock_timeout(self._options), way_out)
+        except CheckpointFailed as exc:
+            self._refuse(thread, exc.result, raised=True)
+            raise
 
-    def _new_writer(self, thread: _Thread) -> CheckpointWriter[Snapshot]:
-        return CheckpointWriter(
-            lambda: self._source(thread),
-            self.store,
-            resume_from=thread.base,  # None: absent when read, fenced too
-            **self._options,
-        )
-
-    def _sync_writer(self, thread: _Thread) -> CheckpointWriter[Snapshot]:
+    def _committer(self, thread: _Thread) -> KeyCommitter:
         with self._lock:
-            if thread.writer is None:
-                self._check_unlocked(thread)
-                writer = self._new_writer(thread)
-                writer.open()
-                thread.writer = writer
-            return thread.writer
+            if thread.committer is None:
+                thread.committer = KeyCommitter(
+                    self.store,
+                    thread.key,
+                    resume_from=thread.base,  # None: absent when read, fenced too
+                    **committer_options(self._options),
+                )
+            return thread.committer
 
     async def _async_writer(self, thread: _Thread) -> CheckpointWriter[Snapshot]:
         if thread.writer is not None:
@@ -590,7 +541,12 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         async with self._opening:  # LangGraph runs aput and aput_writes concurrently
             if thread.writer is None:
                 await anyio.to_thread.run_sync(self._check_unlocked, thread)
-                writer = self._new_writer(thread)
+                writer: CheckpointWriter[Snapshot] = CheckpointWriter(
+                    lambda: self._source(thread),
+                    self.store,
+                    resume_from=thread.base,  # None: absent when read, fenced too
+                    **self._options,
+                )
                 stop, closed = anyio.Event(), anyio.Event()
                 await self._task_group.start(self._host, thread, writer, stop, closed)
                 thread.stop, thread.closed = stop, closed
@@ -616,21 +572,32 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             closed.set()
 
     def _changed(self, thread: _Thread, durability: str | None) -> None:
-        """After a change on a sync method: notify the thread's timed writer, or write now."""
-        hosted = thread.writer if thread.stop is not None else None
-        if hosted is not None and durability not in _DURABLE:
-            hosted.notify()
+        """After a change on a sync method: notify the thread's timed writer, or write now.
+
+        A thread with no writer is committed at once, whatever the durability
+        (no timer would write it later): a refusal (``"locked"`` too) raises.
+        """
+        writer = thread.writer
+        if writer is not None and durability not in _DURABLE:
+            writer.notify()
             return
-        writer = self._sync_writer(thread) if thread.writer is None else thread.writer
-        result = writer.flush_sync()
-        if isinstance(result, Failed) and _refusal(result, durability):
+        if writer is not None:
+            result = writer.flush_sync()
+            refused = _refusal(result, durability)
+        else:
+            state = self._state(thread)
+            if state is None:
+                return  # deleted or refused meanwhile: nothing of this saver's to write
+            result = self._committer(thread).commit(state)
+            refused = _refusal(result, "sync")
+        if isinstance(result, Failed) and refused:
             raise self._refused_sync(thread, result)
         if isinstance(result, Failed) and durability in _DURABLE:
             raise CheckpointFailed(result)
 
     async def _achanged(self, thread: _Thread, durability: str | None) -> None:
-        if self._mode == "sync" or (thread.writer is not None and thread.stop is None):
-            # No timer runs for this writer: write in a worker thread.
+        if self._mode == "sync" or thread.committer is not None:
+            # No timer runs for this thread: commit in a worker thread.
             await anyio.to_thread.run_sync(self._changed, thread, durability)
             return
         if durability not in _DURABLE:
@@ -985,12 +952,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         try:
             self.store.delete(thread_key(thread_id))
         except KeyLocked as exc:
-            who = "a writer that has not said who" if exc.holder is None else exc.holder.describe()
-            error = (
-                f"thread {thread_id!r} (key {exc.key!r}) is held by a live writer ({who}; "
-                f"{exc.location}): not deleted; delete it once that process has closed its saver"
-            )
-            raise CheckpointFailed(Failed("locked", error)) from exc
+            way_out = f"thread {thread_id!r} not deleted: delete it once that saver has closed"
+            raise locked(exc, way_out) from exc
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's checkpoints and writes (its key), durably.
@@ -1007,6 +970,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         thread = self._let_go(thread_id)
         if thread is not None and thread.writer is not None:
             thread.writer.close()
+        if thread is not None:
+            self._end_committer(thread)
         self._delete(thread_id)
 
     async def adelete_thread(self, thread_id: str) -> None:
@@ -1020,6 +985,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     async def _close_writer(self, thread: _Thread) -> None:
         if thread.opening is not None:  # opening in the saver's task: close what it opens
             await thread.opening.wait()
+        await anyio.to_thread.run_sync(self._end_committer, thread)
         if thread.writer is None:
             return
         if thread.stop is not None and thread.closed is not None:
@@ -1173,18 +1139,14 @@ def _stored_config(
     }
 
 
-def _refusal(failed: Failed, durability: str | None) -> bool:
+def _refusal(result: Result, durability: str | None) -> bool:
     """Whether the thread is another writer's: it wrote the thread after this saver read it,
     or a durable put found it holding the thread (a timed write retries: it may let go)."""
-    return failed.reason == "conflict" or (failed.reason == "locked" and durability in _DURABLE)
+    if not isinstance(result, Failed):
+        return False
+    return result.reason == "conflict" or (result.reason == "locked" and durability in _DURABLE)
 
 
 def _durability(config: RunnableConfig) -> str | None:
     value = config["configurable"].get("__pregel_durability")
     return value if isinstance(value, str) else None
-
-
-def _store_keys(store: Store) -> list[str]:
-    """The store's keys (``Store.keys()``, a method, not a mapping's view)."""
-    keys: list[str] = store.keys()
-    return keys

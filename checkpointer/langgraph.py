@@ -162,7 +162,6 @@ class _Thread:
         "base",
         "blobs",
         "checkpoints",
-        "closed",
         "committer",
         "held",
         "key",
@@ -171,7 +170,6 @@ class _Thread:
         "refusal",
         "result",
         "rows",
-        "stop",
         "thread_id",
         "writer",
         "writes",
@@ -191,8 +189,6 @@ class _Thread:
         # "async" puts) in the saver's task, else a committer (every put at once).
         self.writer: CheckpointWriter[Snapshot] | None = None
         self.committer: KeyCommitter | None = None
-        self.stop: anyio.Event | None = None
-        self.closed: anyio.Event | None = None
         # Ownership: ``base`` is the stored checkpoint the rows were read from
         # (None: there was none), what the thread's writer expects to replace.
         # ``held``: this saver changed the rows since (its writer writes them),
@@ -338,15 +334,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     ) -> None:
         with self._lock:
             threads = list(self._threads.values())
-        for thread in threads:
-            if thread.opening is not None:  # a writer opening in the task group
-                await thread.opening.wait()
+        async with anyio.create_task_group() as closing:  # their final writes at once
+            for thread in threads:
+                closing.start_soon(self._close_writer, thread)
         task_group, self._task_group = self._task_group, None
-        for thread in threads:
-            if thread.stop is not None:
-                thread.stop.set()
-            elif thread.committer is not None:  # opened by a sync method
-                await anyio.to_thread.run_sync(self._end_committer, thread)
         if task_group is not None:
             await task_group.__aexit__(None, None, None)
         self._mode = "closed"
@@ -483,11 +474,9 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         async with self._opening or contextlib.nullcontext():
             with self._lock:
                 self._refuse(thread, failed, raised=raised)
-                stop, closed = thread.stop, thread.closed
-                thread.writer = thread.stop = thread.closed = None
-            if stop is not None and closed is not None:
-                stop.set()  # not held: no final write, the key let go
-                await closed.wait()
+                writer, thread.writer = thread.writer, None
+            if writer is not None:
+                await writer.aclose()  # not held: no final write, the key let go
         return CheckpointFailed(failed)
 
     async def _settle(self, thread_id: str, *, wait: bool) -> None:
@@ -536,7 +525,6 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     async def _async_writer(self, thread: _Thread) -> CheckpointWriter[Snapshot]:
         if thread.writer is not None:
             return thread.writer
-        assert self._task_group is not None
         assert self._opening is not None
         async with self._opening:  # LangGraph runs aput and aput_writes concurrently
             if thread.writer is None:
@@ -547,29 +535,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                     resume_from=thread.base,  # None: absent when read, fenced too
                     **self._options,
                 )
-                stop, closed = anyio.Event(), anyio.Event()
-                await self._task_group.start(self._host, thread, writer, stop, closed)
-                thread.stop, thread.closed = stop, closed
-                thread.writer = writer  # only once it is entered
+                thread.writer = await writer.aopen()  # only once it is open
             return thread.writer
-
-    @staticmethod
-    async def _host(
-        thread: _Thread,
-        writer: CheckpointWriter[Snapshot],
-        stop: anyio.Event,
-        closed: anyio.Event,
-        *,
-        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Run one thread's writer in a task of the saver's own (entered and left there)."""
-        try:
-            async with writer:
-                task_status.started()
-                await stop.wait()
-                thread.result = await writer.aclose()
-        finally:
-            closed.set()
 
     def _changed(self, thread: _Thread, durability: str | None) -> None:
         """After a change on a sync method: notify the thread's timed writer, or write now.
@@ -983,16 +950,14 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         await anyio.to_thread.run_sync(self._delete, thread_id)
 
     async def _close_writer(self, thread: _Thread) -> None:
+        """Close the thread's writer (its final write) or its committer."""
         if thread.opening is not None:  # opening in the saver's task: close what it opens
             await thread.opening.wait()
-        await anyio.to_thread.run_sync(self._end_committer, thread)
-        if thread.writer is None:
-            return
-        if thread.stop is not None and thread.closed is not None:
-            thread.stop.set()
-            await thread.closed.wait()
-        else:
-            await anyio.to_thread.run_sync(thread.writer.close)
+        writer, thread.writer = thread.writer, None
+        if writer is not None:
+            thread.result = await writer.aclose()
+        if thread.committer is not None:
+            await anyio.to_thread.run_sync(self._end_committer, thread)
 
     def _copy_thread(self, source: _Thread, target: _Thread) -> bool:
         with self._lock:

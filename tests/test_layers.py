@@ -128,6 +128,7 @@ FORWARD: dict[str, tuple[str, ...]] = {
         "service",
         "collapse",
     ),
+    "langgraph": ("_log", "_threads", "_saver"),
 }
 """Inside a subpackage, a module imports only modules listed before it: the data path
 notify -> due -> snapshot -> prepare -> encode -> store goes forward only."""

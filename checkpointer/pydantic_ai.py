@@ -14,6 +14,10 @@ A conversation is one key, ``conversation_key(id)``, committed durably by a
 ``KeyCommitter`` at each save; ``checkpoint_run`` keeps a run in flight under
 ``run_key(id)`` with a ``CheckpointWriter``.  Conflicts, deletes and resuming:
 docs/frameworks/pydantic-ai.md.  asyncio and trio (pydantic-ai's agents run on asyncio).
+
+(Past 500 lines on purpose: the store and its run checkpoint share the two
+keys of a conversation, their encoding and its in-memory index, and each
+calls the other; split in two modules, each would import the other.)
 """
 
 from __future__ import annotations

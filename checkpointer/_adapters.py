@@ -20,7 +20,6 @@ __all__ = [
     "locked",
     "probe_lock",
     "raise_failed",
-    "store_keys",
 ]
 
 Durability = Literal["async", "sync"]
@@ -95,9 +94,3 @@ def probe_lock(store: Store, key: str, timeout: float, way_out: str) -> None:
             store.lock(key, timeout=timeout).release()
         except KeyLocked as exc:
             raise locked(exc, way_out) from None
-
-
-def store_keys(store: Store) -> list[str]:
-    """The store's keys (``Store.keys()``, a method, not a mapping's view)."""
-    keys: list[str] = store.keys()
-    return keys

@@ -61,7 +61,6 @@ from checkpointer._adapters import (
     lock_timeout,
     locked,
     raise_failed,
-    store_keys,
 )
 from checkpointer.stores import KeyLocked, LockingStore, Store
 
@@ -73,19 +72,12 @@ __all__ = [
     "run_key",
 ]
 
-# A run's first write failing so: another run holds its key, or wrote it since it was read.
-_REFUSED = ("locked", "conflict", "newer-version")
 logger = logging.getLogger("checkpointer")
 
 
 def _enc_hook(value: Any) -> Any:
-    """A value msgspec cannot encode, as pydantic encodes it (a ``BaseModel`` a tool returned).
-
-    ``to_jsonable_python`` is what the framework's own ``all_messages_json``
-    uses for such values, so what is stored is what the framework would
-    store; it comes back as the JSON value (a dict for a model), as from
-    ``ModelMessagesTypeAdapter.validate_json``.
-    """
+    """A value msgspec cannot encode (a ``BaseModel`` a tool returned), as the framework's
+    own ``all_messages_json`` encodes it: it comes back as its JSON value, a dict."""
     try:
         return pydantic_core.to_jsonable_python(value)
     except pydantic_core.PydanticSerializationError as exc:
@@ -93,6 +85,15 @@ def _enc_hook(value: Any) -> Any:
 
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+
+def _unencodable(what: str, exc: Exception, then: str) -> Failed:
+    """``Failed("encode-failed")`` for ``what``, logged."""
+    failed = Failed("encode-failed", f"{what} cannot be encoded: {exc}; {then}")
+    logger.warning("checkpointer: %s", failed.error)
+    return failed
+
+
 _RECORDS: pydantic.TypeAdapter[ConversationRecord] = pydantic.TypeAdapter(ConversationRecord)
 
 
@@ -270,7 +271,7 @@ class CheckpointConversationStore(ConversationStore):
 
     def _checkpoints(self) -> Iterator[Checkpoint[_State]]:
         """Every conversation as the store holds it."""
-        for key in store_keys(self.store):
+        for key in self.store.keys():  # noqa: SIM118 -- a Store, not a mapping
             checkpoint = load(self.store, key, _State) if key.startswith(("pa-", "pa.")) else None
             if checkpoint is not None:
                 yield checkpoint
@@ -369,12 +370,7 @@ class CheckpointConversationStore(ConversationStore):
         record: ConversationRecord,
         new_entries: list[ConversationEntry],
     ) -> tuple[list[msgspec.Raw], dict[str, tuple[str | None, bytes, msgspec.Raw]], msgspec.Raw]:
-        """The conversation's entries and index with ``new_entries``, and the record, encoded.
-
-        Raises:
-            ConversationConflict: the record names an entry no conversation stores.
-            CheckpointFailed: an entry cannot be encoded (``"encode-failed"``).
-        """
+        """The entries and index with ``new_entries`` (and a fork's history), the record encoded."""
         conversation_id = record.conversation_id
         raws = list(current.raws)
         index = dict(current.index)
@@ -397,22 +393,13 @@ class CheckpointConversationStore(ConversationStore):
                 index[entry.id] = (entry.parent_id, bytes(_ENCODER.encode(entry.message)), raw)
             record_raw = msgspec.Raw(_ENCODER.encode(record))
         except (TypeError, msgspec.EncodeError) as exc:
-            failed = Failed(
-                "encode-failed",
-                f"conversation {conversation_id!r} cannot be encoded: {exc} (pydantic-ai "
-                "cannot serialise it either: ModelMessagesTypeAdapter.dump_json)",
-            )
-            logger.warning("checkpointer: %s", failed.error)
+            then = "pydantic-ai cannot serialise it either (ModelMessagesTypeAdapter.dump_json)"
+            failed = _unencodable(f"conversation {conversation_id!r}", exc, then)
             raise CheckpointFailed(failed) from None
         return raws, index, record_raw
 
     def _commit(self, current: _Conversation, state: dict[str, Any]) -> None:
-        """Commit the conversation's state durably; its committer holds the key from then on.
-
-        Raises:
-            ConversationConflict: another writer holds or changed the key.
-            CheckpointFailed: the write failed otherwise.
-        """
+        """Commit the conversation durably; its committer holds the key from then on."""
         opened = current.committer is None
         if current.committer is None:
             current.committer = KeyCommitter(
@@ -485,13 +472,10 @@ class CheckpointConversationStore(ConversationStore):
 
     @contextlib.contextmanager
     def _holding(self, *keys: str, wait: bool = True) -> Iterator[None]:
-        """Hold these keys' locks (a ``LockingStore``'s) for the block: no other writer writes them.
-
-        Waits up to the writers' ``Limits.lock_timeout`` for each (``wait``), or not at all.
+        """Hold these keys' locks for the block (``wait``: up to ``lock_timeout`` each).
 
         Raises:
-            KeyLocked: another writer (of another process, or of another
-                store object) holds one.
+            KeyLocked: another writer (of another process, or store object) holds one.
         """
         store = self.store
         with contextlib.ExitStack() as held:
@@ -654,27 +638,18 @@ class RunCheckpoint:
         )
         self.update(self._conversation.messages)  # a resumed run's messages: kept
         writer: CheckpointWriter[Snapshot] = CheckpointWriter(
-            self._source,
-            conversations.store,
-            write_on_start=False,
-            resume_from=stored,
-            **conversations._options,
+            self._source, conversations.store, resume_from=stored, **conversations._options
         )
+        # Its first write takes the run key's lock (cancelled, it closes unwritten).
         await writer.aopen()
-        try:
-            result = await writer.write_now()
-        except BaseException:  # cancelled: the writer is closed, writing nothing more
-            await self._refuse(writer)
-            raise
-        if isinstance(result, Failed) and result.reason in _REFUSED:
-            await self._refuse(writer)
+        result = writer.statistics().last_result
+        # Another run holds its key, or wrote it since it was read: refused for good.
+        if isinstance(result, Failed) and result.reason in ("locked", "conflict", "newer-version"):
+            self._refused = True  # nothing to write at close
+            await writer.aclose()
             raise CheckpointFailed(result)
         self._writer = writer
         return self
-
-    async def _refuse(self, writer: CheckpointWriter[Snapshot]) -> None:
-        self._refused = True
-        await writer.aclose()
 
     async def __aexit__(
         self,
@@ -697,8 +672,8 @@ class RunCheckpoint:
         if revision != self._revision:
             # Saved (or deleted) since the run began: its messages are history.
             await anyio.to_thread.run_sync(self._conversations._drop_run, self._id, revision)
-        elif isinstance(result, Failed) and exc is None:
-            raise CheckpointFailed(result)
+        elif exc is None:
+            raise_failed(result)
 
     def update(self, run: Any) -> Failed | None:
         """Take the run's messages now (``run.all_messages()``, or a list of messages).
@@ -712,13 +687,8 @@ class RunCheckpoint:
         try:
             self._messages = [msgspec.Raw(_ENCODER.encode(m)) for m in messages[self._base :]]
         except (TypeError, msgspec.EncodeError) as exc:
-            failed = Failed(
-                "encode-failed",
-                f"the run of conversation {self._id!r} cannot be encoded: {exc}; "
-                f"{self._key!r} keeps the messages checkpointed before",
-            )
-            logger.warning("checkpointer: %s", failed.error)
-            return failed
+            then = f"{self._key!r} keeps the messages checkpointed before"
+            return _unencodable(f"the run of conversation {self._id!r}", exc, then)
         if self._writer is not None and self._durability == "async":
             self._writer.notify()
         return None

@@ -8,12 +8,9 @@ public API, with the sync and async methods (``delete_for_runs``,
         graph = builder.compile(checkpointer=saver)
         await graph.ainvoke(inputs, {"configurable": {"thread_id": "t1"}})
 
-A thread is one key (``thread_key(thread_id)``) holding an append-only log
-of rows (``_log.py``).  In an async saver a thread's ``CheckpointWriter``
-writes ``"async"`` puts at its timing and durable ones at once; otherwise
-its ``KeyCommitter`` commits every put (``_owners.py``).  Durability,
-conflicts and what SIGTERM keeps: docs/frameworks/langgraph.md.  asyncio
-and sync, as LangGraph's API.
+A thread is one key, ``thread_key(thread_id)``, holding a log of rows
+(``_log.py``), written by its writer or committer (``_threads.py``).
+Durability, conflicts and what SIGTERM keeps: docs/frameworks/langgraph.md.
 """
 
 from checkpointer import CheckpointFailed

@@ -1,10 +1,8 @@
 """A LangGraph thread as stored: an append-only log of rows, and the indexes over it.
 
 One row per checkpoint (without its channel values), per new channel value
-and per pending write.  A list channel that grew (a messages channel) is a
-``Tail`` row: the serialized items after the previous version's, whose
-bytes the new value starts with, so a step that adds one message stores
-that message.  Pruning rewrites the log, joining a tail chain it cuts.
+(a list channel that grew as a ``Tail``: its new items only) and per pending
+write.  Pruning rewrites the log, joining a tail chain it cuts.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from checkpointer import CheckpointFailed, Failed
-from checkpointer._adapters import check_options, locked
+from checkpointer._adapters import check_options, locked, raise_failed
 from checkpointer.stores import KeyLocked, Store
 
 from ._log import Put, Write, config_of
@@ -77,8 +77,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         tb: TracebackType | None,
     ) -> None:
         failed = self._close_all()
-        if failed is not None and exc is None:
-            raise CheckpointFailed(failed)
+        if exc is None:
+            raise_failed(failed)
 
     def close(self) -> None:
         """Close every thread's writer (a final write each); for ``with``.
@@ -87,9 +87,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             CheckpointFailed: a thread's final write failed (``"conflict"``:
                 another process wrote the thread; the error names the key).
         """
-        failed = self._close_all()
-        if failed is not None:
-            raise CheckpointFailed(failed)
+        raise_failed(self._close_all())
 
     def _close_all(self) -> Failed | None:
         self._mode = "closed"
@@ -108,8 +106,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     ) -> None:
         failed = await self._threads.aclose()
         self._mode = "closed"
-        if failed is not None and exc is None:
-            raise CheckpointFailed(failed)
+        if exc is None:
+            raise_failed(failed)
 
     def _claim(self, mode: Literal["sync", "async"]) -> None:
         if self._mode != "new":

@@ -1,12 +1,9 @@
 """A saver's LangGraph threads in memory: read from the store, and who writes them.
 
-A thread the saver has not changed is read again whenever the store holds
-another revision of it.  One it changed is *held*: its rows are the saver's, and its
-``CheckpointWriter`` (``"async"`` puts at the writer's timing, durable ones
-at once) or ``KeyCommitter`` (every put at once) writes them, expecting the
-revision they were read from.  When the store refuses (another process
-wrote or deleted the thread, or holds it) the rows are dropped, and the
-refusal raised by the put, the next put or the saver's close.
+A thread the saver changed is *held*: its ``CheckpointWriter`` (an async
+saver's: ``"async"`` puts at its timing) or ``KeyCommitter`` (every put at
+once) writes it, expecting the revision it was read from.  When the store
+refuses, the rows are dropped and the refusal raised.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from checkpointer._adapters import (
     framework_key,
     lock_timeout,
     probe_lock,
-    store_keys,
 )
 from checkpointer.stores import Store
 
@@ -70,14 +66,9 @@ class Thread(Log):
         self.key = key
         self.writer: CheckpointWriter[Snapshot] | None = None  # an async saver's
         self.committer: KeyCommitter | None = None  # a thread's with no writer
-        # ``base``: the stored checkpoint the rows were read from (None: there
-        # was none), what the writer expects to replace.  ``held``: this saver
-        # changed the rows since, so they are never read again.  ``refusal``:
-        # the store refused this saver's write; the rows were dropped, and a
-        # put raises it until the thread is read again.
-        self.base: Meta | None = None
-        self.held = False
-        self.refusal: Failed | None = None
+        self.base: Meta | None = None  # the checkpoint the rows were read from
+        self.held = False  # changed by this saver: never read again
+        self.refusal: Failed | None = None  # raised by a put until the thread is read again
         self.result: Result | None = None  # the final write's, or its opening's failure
         self.opening: anyio.Event | None = None  # set once its writer opened in the background
 
@@ -90,12 +81,7 @@ class Thread(Log):
 
 
 class Threads:
-    """One saver's threads, and their writers and committers.
-
-    Args:
-        store: the saver's store.
-        options: its writer options.
-    """
+    """One saver's threads (over its store, with its writer options), and who writes them."""
 
     def __init__(self, store: Store, options: dict[str, Any]) -> None:
         self._store = store
@@ -112,14 +98,11 @@ class Threads:
     # -- reading ---------------------------------------------------------------------
 
     def get(self, thread_id: str, *, look: bool = True) -> Thread:
-        """The thread (blocking): read from the store at first use, and at each ``look``.
+        """The thread (blocking): read at first use, and again if ``look`` finds it changed.
 
-        A thread this saver does not hold may have been written or deleted
-        by another process since it was read: ``look`` compares the revision
-        stored (a read of its meta) and reads the thread again only if it
-        changed.  A put does not look: it changes the thread as LangGraph
-        last read it, and its writer expects that revision (a write of
-        another process meanwhile is then a conflict, not replaced).
+        ``look`` compares the stored revision (a read of its meta) for a
+        thread this saver does not hold.  A put does not look: it changes the
+        thread as LangGraph last read it, and its writer expects that revision.
         """
         with self.lock:
             thread = self._by_id.get(thread_id)
@@ -152,7 +135,7 @@ class Threads:
         """Every thread of the store and of this saver, each looked at (blocking)."""
         with self.lock:
             ids = {t.key: t.thread_id for t in self._by_id.values()}
-        for key in store_keys(self._store):
+        for key in self._store.keys():  # noqa: SIM118 -- a Store, not a mapping
             if key.startswith((_PLAIN, _HASHED)) and key not in ids:
                 checkpoint = load(self._store, key, State)  # a digest key names no thread
                 if checkpoint is not None:
@@ -258,12 +241,9 @@ class Threads:
         return None if state is None else Snapshot(thread.key, state)
 
     def _refuse(self, thread: Thread, failed: Failed, *, raised: bool) -> None:
-        """The store refused the thread's write: its rows go (its writer is closed after).
+        """The store refused the thread's write: its rows go, the other writer's work stays.
 
-        Another writer wrote the thread, or deleted it, after this saver read
-        it: that work stays, and what this saver had not written of the
-        thread is dropped.  The next read shows what the store holds; until
-        then a put raises the refusal, and the saver's close raises it if
+        Until the next read a put raises the refusal; the close raises it if
         nothing did (``raised``).
         """
         with self.lock:
@@ -310,11 +290,7 @@ class Threads:
 
     @staticmethod
     def raise_failed_open(thread: Thread) -> None:
-        """Raise the failure of the thread's writer opening in the background.
-
-        It stays, so the saver's close raises it too (LangGraph may drop an
-        error of a put it ran in the background).
-        """
+        """Raise the failure of the writer's opening in the background (the close raises it too)."""
         if isinstance(thread.result, Failed) and thread.writer is None:
             raise CheckpointFailed(thread.result)
 
@@ -397,12 +373,9 @@ class Threads:
             return thread.writer
 
     def _check_unlocked(self, thread: Thread) -> None:
-        """Raise ``CheckpointFailed`` if another writer holds the thread's key (blocking).
+        """Raise ``CheckpointFailed("locked")`` now if another writer holds the key (blocking).
 
-        A probe, before the thread's writer opens (it takes the lock at its
-        first write, maybe in the background): LangGraph raises it from
-        ``ainvoke``.  What this saver changed of the thread is refused: the
-        holder's work stands.
+        The writer takes the lock at its first write, maybe in the background.
         """
         way_out = f"or run thread {thread.thread_id!r} under another thread_id"
         try:

@@ -19,7 +19,7 @@ import anyio.to_thread
 from ._stores.base import Store
 from ._stores.encoding import Transcript
 from ._values import Checkpoint, Limits, Meta, Result, Skipped, Snapshot
-from ._writer.commit import Committer, Job, Phase
+from ._writer.commit import Committer, Job
 from ._writer.keystate import UNKNOWN, Unknown
 
 __all__ = ["KeyCommitter"]
@@ -70,6 +70,7 @@ class KeyCommitter:
         self._lock = threading.Lock()  # one commit at a time: _state is the source's
         self._pid = os.getpid()  # a forked child's copy never writes nor lets go
         self._opened = False
+        self._closed = False
         if isinstance(resume_from, Checkpoint):
             resume_from = resume_from.meta
         self._core = Committer(
@@ -82,7 +83,7 @@ class KeyCommitter:
         )
 
     def __repr__(self) -> str:
-        return f"<KeyCommitter {self._core.phase.name.lower()} key={self.key!r}>"
+        return f"<KeyCommitter {'closed' if self._closed else 'open'} key={self.key!r}>"
 
     def _source(self) -> Snapshot | None:
         return None if self._state is _NONE else Snapshot(self.key, self._state)
@@ -98,7 +99,7 @@ class KeyCommitter:
         if self._pid != os.getpid():  # before the lock: a thread of the parent may hold it
             return Skipped("closed")
         with self._lock:
-            if self._core.phase is Phase.CLOSED:
+            if self._closed:
                 return Skipped("closed")
             if not self._opened:
                 self._opened = True
@@ -132,9 +133,9 @@ class KeyCommitter:
         if self._pid != os.getpid():
             return  # the parent's lock: releasing it would release it for the parent
         with self._lock:
-            if self._core.phase is Phase.CLOSED:
+            if self._closed:
                 return
-            self._core.phase = Phase.CLOSED
+            self._closed = True
             # A final write whose source has no state: the core marks the key not live.
             self._core.prepare(force=False, pin=None, live=False)
             self._core.finish()

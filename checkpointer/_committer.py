@@ -11,7 +11,6 @@ import contextlib
 import functools
 import os
 import threading
-from types import TracebackType
 from typing import Any, final
 
 import anyio.to_thread
@@ -148,10 +147,5 @@ class KeyCommitter:
     def __enter__(self) -> KeyCommitter:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()

@@ -15,9 +15,9 @@ A conversation is one key, ``conversation_key(id)``, committed durably by a
 ``run_key(id)`` with a ``CheckpointWriter``.  Conflicts, deletes and resuming:
 docs/frameworks/pydantic-ai.md.  asyncio and trio (pydantic-ai's agents run on asyncio).
 
-(Past 500 lines on purpose: the store and its run checkpoint share the two
-keys of a conversation, their encoding and its in-memory index, and each
-calls the other; split in two modules, each would import the other.)
+(Past 500 lines on purpose: one framework interface, the store, and the run
+checkpoint it makes, which calls back into it; they share a conversation's
+two keys, their encoding and its in-memory index.)
 """
 
 from __future__ import annotations
@@ -204,12 +204,7 @@ class CheckpointConversationStore(ConversationStore):
     async def __aenter__(self) -> CheckpointConversationStore:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:

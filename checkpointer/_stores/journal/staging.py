@@ -1,21 +1,9 @@
-"""What the journals know of a key, and what they stage: the values of the journal core.
+"""What the journals know of a key, and what they stage (``core.JournalCore`` uses them).
 
-* ``Known``: the messages a store wrote for one transcript layout (an
-  *epoch*): their bytes, and the objects staged there (the witnesses).
-* ``Track``: what the store knows of one key's journal, replaced on every
-  commit (``absent()``: nothing written).
-* ``Full``: a whole state, to commit as a compaction row (or a fresh file).
-* ``Delta``: new messages on top of a track's prefix, to commit as an append.
-
-``core.JournalCore`` stages them on the caller's thread and settles them
-in the committing thread; the sinks (``file.JournalStore``, the PostgreSQL
-journal) store their rows.
-
-A staged ``Delta`` stands for "the first n messages of this epoch", for the
-writer's unchanged check (``content()``): exact, since the bytes of a
-position never change once a commit has taken them, and a delta whose new
-positions another commit took with other bytes (a ``flush_sync`` staged
-while a write was in flight) stands for its compaction instead.
+* ``Known``: the messages written for one transcript layout (an *epoch*).
+* ``Track``: what the store knows of one key, replaced on every commit.
+* ``Full``: a whole state, to commit as a compaction; ``Delta``: new
+  messages on top of a track's prefix, to commit as an append.
 """
 
 from __future__ import annotations

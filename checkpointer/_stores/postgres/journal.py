@@ -37,8 +37,9 @@ import msgspec
 from ... import _exit
 from ..._format.envelope import decode_raw
 from ..._format.journal import ROW_END
-from ..._values import Checkpoint, CheckpointError, Meta
+from ..._values import Checkpoint, Meta
 from ..base import check_key
+from ..envelopes import read_for_load
 from ..journal.core import JournalCore
 from ..journal.staging import Full, Track
 from .schema import HEAD_FORMAT
@@ -168,13 +169,8 @@ class PostgresJournalStore(JournalCore, PostgresStore):
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
         check_key(key)
-        try:
-            data = self.read(key)
-        except OSError as exc:
-            raise CheckpointError(self.location(key), f"cannot be read: {exc}") from None
-        if data is None:
-            return None
-        return decode_raw(data, self.location(key))
+        data = read_for_load(self, key)
+        return None if data is None else decode_raw(data, self.location(key))
 
     # -- internals ---------------------------------------------------------------
 

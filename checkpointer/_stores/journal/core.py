@@ -17,7 +17,7 @@ import operator
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -53,6 +53,11 @@ class JournalCore:
     _closing_meta: bool
     rewrite_factor: float
     rewrite_min_bytes: int
+    # What the sink stores: an append of ``rows`` (their ``kinds``, ``nbytes`` in all)
+    # after ``track``; ``full`` as a compaction (``rewrite``: a fresh start), setting
+    # the key's track.  Both get the ``expected`` revision for a write that checks it.
+    _append_rows: Callable[[str, Track, Meta, list[str], list[bytes], int, str | None], None]
+    _compact: Callable[..., int]
 
     def _init_journal(self, rewrite_factor: float, rewrite_min_bytes: int) -> None:
         """Check the growth bounds and start with no tracks.
@@ -302,34 +307,6 @@ class JournalCore:
     def _compaction_row(self, meta_json: bytes, full: Full) -> list[bytes]:
         """The pieces of the compaction row of ``full``, under the meta ``meta_json``."""
         return compaction_row(meta_json, full.name, full.state_pieces(), self._row_end)
-
-    # -- what a sink stores ---------------------------------------------------------
-
-    def _append_rows(
-        self,
-        key: str,
-        track: Track,
-        meta: Meta,
-        kinds: list[str],
-        rows: list[bytes],
-        nbytes: int,
-        expected: str | None,
-    ) -> None:
-        """Store an append: ``rows`` (of ``kinds``), ``nbytes`` in all, after ``track``."""
-        raise NotImplementedError
-
-    def _compact(
-        self,
-        key: str,
-        track: Track | None,
-        meta: Meta,
-        full: Full,
-        expected: str | None,
-        *,
-        rewrite: bool = False,
-    ) -> int:
-        """Store ``full`` as a compaction (``rewrite``: a fresh start); set the key's track."""
-        raise NotImplementedError
 
 
 _journals: weakref.WeakSet[JournalCore] = weakref.WeakSet()

@@ -59,14 +59,9 @@ def fsync_dir(directory: str, fsync: Callable[[int], None] = os.fsync) -> None:
 def fsync_parents(directory: str, fsync: Callable[[int], None] = fsync_fd) -> None:
     """Make ``directory``'s entry durable, and each one above it on its filesystem.
 
-    A root the app made with ``os.makedirs`` may never have been made
-    durable, and every checkpoint in it would vanish with it at a power cut:
-    a store calls this once, at its first write.  It walks up the absolute
-    path (and the real one, if a link leads there) to the mount point; an
-    ancestor this user may not fsync ends the walk quietly.
-
-    Raises:
-        OSError: ``directory`` cannot be looked at, or an fsync failed (EIO).
+    A root made with ``os.makedirs`` may never have been, and its checkpoints
+    would vanish with it at a power cut.  Walks the absolute and the real
+    path up to the mount point; one this user may not fsync ends the walk.
     """
     done: set[tuple[int, int]] = set()
     for start in dict.fromkeys([os.path.abspath(directory), os.path.realpath(directory)]):
@@ -128,20 +123,13 @@ def write_atomic(
     fsync: Callable[[int], None] = os.fsync,
     replace: Callable[..., None] = os.replace,
 ) -> int:
-    """Replace ``path`` with the concatenation of ``chunks``, durably; blocking.
+    """Replace ``path`` with the joined ``chunks``, durably; blocking; return the bytes.
 
-    Makes the parent directory (``dir_mode``) if it is missing.  The rename
-    replaces the name ``path``: a link there is replaced, never written
-    through.  With ``dir_fd`` (from ``safefs.open_subdir``) everything goes
-    through that descriptor and ``path`` only names the file.  ``fsync`` and
-    ``replace`` are seams for fault-injection tests.
-
-    Returns:
-        The number of bytes written.
-
-    Raises:
-        OSError: a step failed; no temp is left and ``path`` is as it was,
-            unless only the directory's fsync failed (the new file is in place).
+    Makes the parent directory (``dir_mode``) if missing.  A link at ``path``
+    is replaced, never written through.  With ``dir_fd`` (``safefs.open_subdir``)
+    all goes through that descriptor.  ``fsync``, ``replace``: test seams.
+    An ``OSError`` leaves no temp and ``path`` as it was, unless only the
+    directory's fsync failed (then the new file is in place).
     """
     directory, name = os.path.split(path)
     if dir_fd is not None:

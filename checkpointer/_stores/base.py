@@ -41,8 +41,6 @@ __all__ = [
     "unfenced",
 ]
 
-# -- keys ----------------------------------------------------------------------
-
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
 """A key: 1-200 letters, digits, ``.``, ``_``, ``-``; not starting with ``.``."""
 
@@ -77,9 +75,6 @@ def check_key(key: object) -> str:
 def _shown(key: object) -> str:
     text = repr(key)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-# -- bytes: the Store protocol ---------------------------------------------------
 
 
 @runtime_checkable
@@ -172,13 +167,9 @@ def fences(store: object) -> bool:
 def landed(key: str, stored: str | None, revision: str, expected: str | None) -> bool:
     """The check a conditional write makes, given the revision ``stored`` now.
 
-    Returns:
-        False when the write may go ahead (``stored`` is ``expected``);
-        True when this very write has landed already (``stored`` is its
-        ``revision``: a retry whose first answer was lost).
-
-    Raises:
-        StaleWrite: ``stored`` is any other revision, or none.
+    False: the write may go ahead (``stored`` is ``expected``); True: this
+    very write landed already (a retry whose first answer was lost).
+    ``StaleWrite`` for any other revision, or none.
     """
     if stored == expected:
         return False
@@ -238,8 +229,6 @@ class ProbingStore(Protocol):
         """
         ...
 
-
-# -- states: the StateStore protocol ---------------------------------------------
 
 _deadline = threading.local()
 
@@ -330,9 +319,6 @@ class StateStore(Protocol):
         for a checkpoint that cannot be trusted, or cannot be read.
         """
         ...
-
-
-# -- one writer per key: the LockingStore capability ----------------------------
 
 
 class LockHolder(msgspec.Struct, frozen=True, kw_only=True):

@@ -124,16 +124,14 @@ class Transcript:
     then, on every store:
 
     * encodes the messages one by one, each settled message (deeply
-      immutable, e.g. a frozen msgspec Struct) once in its life, and joins
-      the file in the worker thread; a journal appends only the new ones;
+      immutable, e.g. a frozen msgspec Struct) once in its life; a journal
+      appends only the new ones;
     * skips a write whose transcript fingerprint (the count, the last
-      message whole, the parent and pin) is unchanged (``fingerprint``);
-      an in-place edit of an earlier message is written with the next
-      change, or at once with ``write_now(force=True)``;
-    * closes tool calls left without a result and settles running ones, on
-      the copy it writes, and refuses a history a model API would reject
-      (``Failed("not-sendable")``); it counts the turns (``Meta.turns``)
-      (``repair``).
+      message whole, the parent and pin) is unchanged; an in-place edit of
+      an earlier message goes with the next change, or ``write_now(force=True)``;
+    * closes dangling tool calls and settles running ones in the copy it
+      writes, refuses a history a model API would reject
+      (``Failed("not-sendable")``), and counts the turns (``Meta.turns``).
 
     The state must be a dict with a list (or tuple) of messages under
     ``field``, or a msgspec Struct with such an attribute; any other state
@@ -141,9 +139,7 @@ class Transcript:
 
     Args:
         field: the dict key or Struct attribute holding the messages.
-        repair: close dangling tool calls and settle running results in
-            the written copy, refuse a history that stays unsendable, count
-            the turns; False writes the messages as they are.
+        repair: the repair step above; False writes the messages as they are.
         fingerprint: skip unchanged writes by the transcript fingerprint.
 
     Raises:

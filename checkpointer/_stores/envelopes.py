@@ -13,6 +13,7 @@ import hashlib
 import operator
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -51,15 +52,13 @@ class _Whole:
         return [self.data]
 
 
+@dataclass(slots=True, eq=False)
 class _Spliced:
     """A state cut around its transcript: the messages' bytes come from the cache."""
 
-    __slots__ = ("chunks", "head", "tail")
-
-    def __init__(self, head: bytes, chunks: list[bytes], tail: bytes) -> None:
-        self.head = head
-        self.chunks = chunks
-        self.tail = tail
+    head: bytes
+    chunks: list[bytes]
+    tail: bytes
 
     def content(self) -> object:
         # Exact, and cheap: cached chunks compare by identity, fresh ones by memcmp.
@@ -69,18 +68,14 @@ class _Spliced:
         return state_pieces(self.head, self.chunks, self.tail)
 
 
+@dataclass(slots=True, eq=False)
 class _Prefix:
     """The messages of the last state staged for a key, and their bytes."""
 
-    __slots__ = ("chunks", "key", "messages", "unsettled")
-
-    def __init__(
-        self, key: str, messages: list[Any], chunks: list[bytes], unsettled: list[int]
-    ) -> None:
-        self.key = key
-        self.messages = messages  # references: compared by identity only
-        self.chunks = chunks
-        self.unsettled = unsettled  # positions re-encoded at every stage
+    key: str
+    messages: list[Any]  # compared by identity only
+    chunks: list[bytes]
+    unsettled: list[int]  # positions encoded again at every stage
 
 
 class Envelopes:

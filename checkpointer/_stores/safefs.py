@@ -133,16 +133,10 @@ def open_checked(
 ) -> tuple[int, os.stat_result]:
     """Open a regular single-link file of ours to write in place; return it and its ``fstat``.
 
-    Args:
-        path: the file (with ``dir_fd``, its basename is opened in that directory).
-        flags: the open flags (``O_NOFOLLOW`` is added).
-        mode: for a file created.
-        dir_fd: a directory from ``open_dir``/``open_subdir``.
-        links: accept more than one hard link (the caller replaces it by rename).
-
-    Raises:
-        UnsafeFile: anything else is there; nothing was written.
-        OSError: the open failed (``FileNotFoundError`` without ``O_CREAT``).
+    With ``dir_fd`` (from ``open_dir``/``open_subdir``) the basename of
+    ``path`` is opened there; ``links`` accepts more than one hard link
+    (for a file the caller replaces by rename).  ``UnsafeFile`` if anything
+    else is there (nothing was written).
     """
     try:
         fd = os.open(_name(path, dir_fd), flags | _NOFOLLOW, mode, dir_fd=dir_fd)
@@ -174,15 +168,9 @@ def read_checked(
 ) -> bytes | None:
     """The bytes of the regular file of ours at ``path`` (its first ``limit``); None if absent.
 
-    Hard links are not checked: reading changes nothing.  ``growing``: the
-    file may grow by appends meanwhile (a journal read without its lock);
-    what ``fstat`` saw is read (``read_fd``).
-
-    Raises:
-        UnsafeFile: something other than a regular file of ours is there.
-        UnreadableFile: too large to read, or it grew while being read.
-        IsADirectoryError: a directory is there (what ``open`` would say).
-        OSError: it cannot be read.
+    Hard links are allowed: reading changes nothing.  ``growing``: it may
+    grow by appends meanwhile (a journal read without its lock).  Raises
+    ``UnsafeFile``, ``UnreadableFile`` (``read_fd``), ``IsADirectoryError``.
     """
     try:
         fd = os.open(_name(path, dir_fd), os.O_RDONLY | _NOFOLLOW, dir_fd=dir_fd)

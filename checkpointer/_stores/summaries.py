@@ -34,13 +34,11 @@ def summary_path(root: Root, key: str) -> str:
 
 
 def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
-    """Write ``checkpoint`` atomically and durably; return its path.
-
-    Blocking: from async code, run it in a worker thread (``collapse`` does).
+    """Write ``checkpoint`` atomically and durably; return its path.  Blocking.
 
     Raises:
         ValueError: a bad key, a negative count, a naive ``created_at``, or a
-            summary that is not Unicode text (a lone surrogate).
+            summary that is not Unicode text.
         TypeError: a field of the wrong type.
         OSError: the write failed; the previous file, if any, is intact.
     """

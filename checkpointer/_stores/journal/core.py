@@ -60,12 +60,7 @@ class JournalCore:
     _compact: Callable[..., int]
 
     def _init_journal(self, rewrite_factor: float, rewrite_min_bytes: int) -> None:
-        """Check the growth bounds and start with no tracks.
-
-        Raises:
-            ValueError: ``rewrite_factor`` is not a finite number > 1, or
-                ``rewrite_min_bytes`` not an int >= 0.
-        """
+        """Check the growth bounds (``ValueError``) and start with no tracks."""
         if not (isinstance(rewrite_factor, (int, float)) and 1 < rewrite_factor < float("inf")):
             raise ValueError(f"rewrite_factor must be a finite number > 1, got {rewrite_factor!r}")
         if not (isinstance(rewrite_min_bytes, int) and rewrite_min_bytes >= 0):
@@ -80,11 +75,7 @@ class JournalCore:
         _journals.add(self)
 
     def _journal_after_fork(self) -> None:
-        """In a forked child: fresh locks, and no track of the parent's trusted.
-
-        Every ``Known`` the parent staged on is dead here: a delta staged on
-        it settles as a compaction, after the key's file or rows are re-read.
-        """
+        """In a forked child: fresh locks, and every track of the parent's dead."""
         for track in self._tracks.values():
             if track.known is not None:
                 track.known.dead = True
@@ -94,8 +85,6 @@ class JournalCore:
     def threshold(self, live: int) -> int:
         """The size past which a journal whose live content is ``live`` bytes is rewritten."""
         return max(self.rewrite_min_bytes, int(self.rewrite_factor * live))
-
-    # -- staging, on the caller's thread -------------------------------------------
 
     def stage(self, key: str, state: Any, transcript: Transcript | None = None) -> Full | Delta:
         """Stage ``state`` for ``key``: only its new messages when the prefix is unchanged.
@@ -232,8 +221,6 @@ class JournalCore:
             finally:
                 self._witness_lock.release()
         return True
-
-    # -- committing, in the worker ------------------------------------------------
 
     def _commit_on(
         self, key: str, track: Track | None, meta: Meta, staged: object, expected: str | None

@@ -229,9 +229,7 @@ class JournalStore(JournalCore, FileStore):
                 self._compact(key, track, meta, remembered, expected, rewrite=True)
             else:
                 row = meta_row(_ENCODER.encode(meta), LINE_END)
-                self._append(key, track, [row])
-                self._appends += 1
-                self._bytes += len(row)
+                self._append_rows(key, track, meta, ["meta"], [row], len(row), expected)
                 self._tracks[key] = track._replace(meta=meta, size=track.size + len(row))
         self._sync_root()
 
@@ -297,8 +295,6 @@ class JournalStore(JournalCore, FileStore):
         data = read_checked(path)
         return None if data is None else scan_journal(data, path)
 
-    # -- internals (under self._lock) ----------------------------------------
-
     def _open(self, key: str) -> Track:
         """Read the journal for writing: check it, truncate an unfinished append."""
         path = self.location(key)
@@ -336,18 +332,8 @@ class JournalStore(JournalCore, FileStore):
 
     def _remembered(self, key: str, track: Track) -> Full:
         """The state on disk as a compaction, from memory when the track has it."""
-        known = track.known
-        if known is not None:
-            count = track.n
-            return Full(
-                name=track.name,
-                head=track.head,
-                tail=track.tail,
-                chunks=known.chunks[:count],
-                messages=known.witnesses[:count],
-                unsettled=known.unsettled[: track.u],
-                loose=known.loose,
-            )
+        if track.known is not None:  # nothing new on top of what is on disk
+            return Delta(track, [], [], [], track.head, track.tail, loose=False).as_full()
         scan = self._scan(key)
         if scan is None:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.location(key))
@@ -384,8 +370,6 @@ class JournalStore(JournalCore, FileStore):
             logger.warning("checkpointer: %s; moved it aside to %s", exc, aside)
             track = self._tracks[key] = absent()
             return track
-
-    # -- what the core stores (under self._lock) ------------------------------------
 
     def _append_rows(
         self,

@@ -55,12 +55,7 @@ def import_psycopg() -> Any:
 
 
 def seconds(name: str, value: float) -> float:
-    if not (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and value > 0
-        and math.isfinite(value)
-    ):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
     return float(value)
 
@@ -143,12 +138,8 @@ class Watchdog:
                     continue
                 self._deadline = None
                 self.fired = True
-                with contextlib.suppress(OSError):
-                    sock = socket.socket(fileno=os.dup(self._fd))
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    finally:
-                        sock.close()
+                with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self._fd)) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 class ConnectionPart(SchemaPart):

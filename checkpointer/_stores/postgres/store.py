@@ -136,13 +136,8 @@ class PostgresStore(LocksPart):
         check_key(key)
 
     def open(self) -> None:
-        """Connect and make sure the schema is there (creating it if allowed).
-
-        Raises:
-            PostgresStoreError: the server cannot be reached, refuses the
-                login, has no such database, or the schema is missing or
-                newer than this library; the message says which.
-        """
+        """Connect and make sure the schema is there (creating it if allowed); a
+        ``PostgresStoreError`` says what is wrong (server, login, database, schema)."""
         self._run(lambda conn: None)
 
     def write(
@@ -197,11 +192,21 @@ class PostgresStore(LocksPart):
             statement = "insert" if params["expected"] is None else "update"
         budget = nbytes / SLOW_BYTES_PER_SECOND
         retry_until: float | None = None
-        reached: list[bool] = []  # [True] once an attempt had a connection
+        reached = False  # an attempt had a connection
         while True:
             self._lost = False  # set again by a failure of this attempt to reach the server
             try:
-                self._write_once(key, statement, params, then, budget, reached)
+                with self._session(budget=budget) as conn:
+                    reached = True
+                    refused = self._acquire(conn, key)
+                    if refused is not None:
+                        raise refused
+                    with conn.transaction():
+                        if budget >= 1:
+                            timeout = round((self.statement_timeout + budget) * 1000)
+                            conn.execute(b"SET LOCAL statement_timeout = %d" % timeout)
+                        if self._apply(conn, key, statement, params) and then is not None:
+                            then(conn)
                 return
             except (KeyLockedError, StaleWriteError):
                 raise
@@ -217,30 +222,6 @@ class PostgresStore(LocksPart):
                     raise
                 if not isinstance(exc, IdleLoss):
                     time.sleep(0.1)  # a restarting server refuses connections a moment
-
-    def _write_once(
-        self,
-        key: str,
-        statement: str,
-        params: dict[str, Any],
-        then: Callable[[psycopg.Connection[Any]], None] | None,
-        budget: float,
-        reached: list[bool],
-    ) -> None:
-        """One try of ``_conditional_write``; ``reached`` gets True once it has a connection."""
-        with self._session(budget=budget) as conn:
-            reached.append(True)
-            refused = self._acquire(conn, key)
-            if refused is not None:
-                raise refused
-            with conn.transaction():
-                if budget >= 1:
-                    conn.execute(
-                        b"SET LOCAL statement_timeout = %d"
-                        % round((self.statement_timeout + budget) * 1000)
-                    )
-                if self._apply(conn, key, statement, params) and then is not None:
-                    then(conn)
 
     def _apply(
         self, conn: psycopg.Connection[Any], key: str, statement: str, params: dict[str, Any]

@@ -58,7 +58,7 @@ class FileStore:
         self._locks: dict[str, FileKeyLock] = {}  # the key locks taken through lock()
 
     def __repr__(self) -> str:
-        return f"FileStore({self.root!r})"
+        return f"{type(self).__name__}({self.root!r})"
 
     def validate_key(self, key: str) -> None:
         check_key(key)

@@ -24,12 +24,7 @@ from .atomic import makedirs_durable
 from .base import KeyLocked, LockHolder
 from .safefs import UnsafeFile, open_checked, read_checked
 
-__all__ = [
-    "FileKeyLock",
-    "LockProbe",
-    "acquire_file_lock",
-    "probe_file_lock",
-]
+__all__ = ["FileKeyLock", "LockProbe", "acquire_file_lock", "probe_file_lock"]
 
 _POLL = 0.05  # seconds between attempts while waiting for a lock
 
@@ -102,9 +97,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def acquire_file_lock(
-    path: str, *, key: str = "", timeout: float = 0.0, dir_mode: int = 0o700
-) -> FileKeyLock:
+def acquire_file_lock(path: str, *, key: str = "", timeout: float = 0.0) -> FileKeyLock:
     """Take an exclusive ``flock`` on ``path`` (made if missing), waiting up to ``timeout`` s.
 
     Raises:
@@ -115,7 +108,7 @@ def acquire_file_lock(
     """
     if not (timeout >= 0 and math.isfinite(timeout)):
         raise ValueError(f"lock timeout must be a finite number of seconds >= 0, got {timeout!r}")
-    makedirs_durable(os.path.dirname(path) or ".", dir_mode)  # a new root, durably
+    makedirs_durable(os.path.dirname(path) or ".", 0o700)  # a new root, durably
     deadline = time.monotonic() + timeout
     while True:
         fd, _ = open_checked(path, os.O_RDWR | os.O_CREAT)
@@ -159,9 +152,7 @@ def _refuse_foreign(fd: int, path: str) -> None:
         return
     shown = data[:40] + (b"..." if size > 40 else b"")
     raise UnsafeFile(
-        path,
-        f"a file of {size} bytes that hold no lock holder ({shown!r})",
-        expected="a lock file",
+        path, f"a file of {size} bytes that hold no lock holder ({shown!r})", expected="a lock file"
     )
 
 

@@ -20,14 +20,7 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from ..._format.journal import (
-    LINE_END,
-    JournalScan,
-    assemble,
-    header_line,
-    meta_row,
-    scan_journal,
-)
+from ..._format.journal import LINE_END, JournalScan, assemble, header_line, meta_row, scan_journal
 from ..._values import Checkpoint, CheckpointError, Meta
 from ..atomic import fsync_fd, write_all, write_atomic
 from ..base import check_key, landed, time_left
@@ -115,9 +108,6 @@ class JournalStore(JournalCore, FileStore):
         self._compactions = 0
         self._rewrites = 0
         self._bytes = 0
-
-    def __repr__(self) -> str:
-        return f"JournalStore({self.root!r})"
 
     def _journal_after_fork(self) -> None:
         super()._journal_after_fork()

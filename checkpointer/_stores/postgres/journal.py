@@ -63,9 +63,6 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         self.appends = 0
         self.compactions = 0
 
-    def __repr__(self) -> str:
-        return f"PostgresJournalStore({self._where!r}, schema={self.schema!r})"
-
     def write(
         self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
     ) -> int:

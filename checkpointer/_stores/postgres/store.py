@@ -124,7 +124,7 @@ class PostgresStore(LocksPart):
         self._watchdog = Watchdog(f"checkpointer-pg-watchdog {self._where}")
 
     def __repr__(self) -> str:
-        return f"PostgresStore({self._where!r}, schema={self.schema!r})"
+        return f"{type(self).__name__}({self._where!r}, schema={self.schema!r})"
 
     def __enter__(self) -> PostgresStore:
         return self

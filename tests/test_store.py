@@ -216,6 +216,26 @@ def test_sweep_removes_only_temps_no_write_holds(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path)) == sorted(kept)
 
 
+def test_a_sweep_does_not_even_try_the_lock_of_a_young_temp_of_mode_000(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A temp of mode 000 may be one its writer is about to lock: the sweep keeps it and
+    never tries its lock (held at that instant, it would make the writer's own fail)."""
+    young = tmp_path / temp_name("k.json")
+    young.write_bytes(b"")
+    young.chmod(0)
+    tried: list[int] = []
+    real = fcntl.flock
+
+    def spy(fd: int, operation: int) -> None:
+        tried.append(operation)
+        real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", spy)
+    assert sweep_temps(str(tmp_path)) == []
+    assert tried == [] and young.exists()
+
+
 def test_sweep_keeps_the_temp_of_a_write_in_progress(tmp_path: Path) -> None:
     """A sweep during our own write keeps its temp; a free temp of the same shape goes."""
     seen: list[str] = []

@@ -1,7 +1,8 @@
 """The ``checkpointer`` command line (also ``python -m checkpointer``).
 
 Commands over a store: ``ls``, ``show``, ``verify``, ``prune``; and ``demo``
-and ``pg-schema``.  ROOT is a store directory, or a ``postgresql://`` URI
+and ``pg-schema``.  ROOT is a store directory, an ``s3://bucket/prefix``
+(``--endpoint-url`` for an S3-compatible service), or a ``postgresql://`` URI
 (``--dsn`` gives any libpq connection string instead): each command is
 written once, over a ``Root`` (``roots.py``), and a module per command says
 what it does (``ls.py``, ``show.py``, ``verify.py``, ``prune.py``,
@@ -28,6 +29,7 @@ from .. import __version__ as VERSION
 from . import demo, ls, pg_schema, prune, report, show, verify
 from .prune import parse_duration
 from .roots import Root, RootError, open_root
+from .s3root import S3Root, is_s3
 
 __all__ = ["main", "parse_duration"]
 
@@ -62,7 +64,10 @@ def _on_a_root(args: argparse.Namespace) -> int:
     """Open ROOT and run the command over it: a root that cannot be used is status 1."""
     command = args.command
     try:
-        root = open_root(args.root, dsn=args.dsn, schema=args.schema)
+        if is_s3(args.root):
+            root: Root = S3Root(args.root, args.endpoint_url)
+        else:
+            root = open_root(args.root, dsn=args.dsn, schema=args.schema)
     except RootError as exc:  # no psycopg, a bad DSN
         report.error(command, str(exc))
         return report.PROBLEM
@@ -153,6 +158,10 @@ _PG_DSN = (
     "a libpq connection string (host=db dbname=agents user=app) or URI, in place "
     "of ROOT: look at the PostgresStore there"
 )
+_S3_ENDPOINT = (
+    "with an s3://bucket/prefix ROOT: an S3-compatible endpoint (MinIO, R2, ...) "
+    "instead of AWS; credentials and region as the AWS SDKs read them"
+)
 _PG_SCHEMA = "with a PostgreSQL ROOT: the schema of the store's tables (%(default)s)"
 
 
@@ -165,6 +174,7 @@ def _pg_arguments(parser: argparse.ArgumentParser) -> None:
     """``--schema`` and ``--dsn``, last, and the run over a root."""
     parser.add_argument("--schema", default="checkpointer", help=_PG_SCHEMA)
     parser.add_argument("--dsn", help=_PG_DSN)
+    parser.add_argument("--endpoint-url", help=_S3_ENDPOINT)
     parser.set_defaults(run=_on_a_root, parser=parser)
 
 
@@ -190,7 +200,10 @@ def _build_parser() -> tuple[
         "holds <key>.lock now; stale: the lock file was left by a writer that died), and "
         "a title (the first user message).",
     )
-    _root_arguments(ls_, "the store directory (FileStore root), or " + _PG_ROOT)
+    _root_arguments(
+        ls_,
+        "the store directory (FileStore root), an S3 prefix (s3://bucket/prefix), or " + _PG_ROOT,
+    )
     ls_.add_argument(
         "--sort",
         choices=sorted(ls.SORTS),
@@ -208,7 +221,7 @@ def _build_parser() -> tuple[
         description="Print the meta of KEY's checkpoint, its lock, and a short view of "
         "the state: the message count and the last messages, truncated.",
     )
-    _root_arguments(show_, "the store directory, or " + _PG_ROOT)
+    _root_arguments(show_, "the store directory, an S3 prefix (s3://bucket/prefix), or " + _PG_ROOT)
     show_.add_argument("key", metavar="KEY", nargs="?", help="the session key")
     show_.add_argument(
         "--last", type=_count, default=5, metavar="N", help="messages to show (%(default)s)"
@@ -227,7 +240,9 @@ def _build_parser() -> tuple[
         "reason and exits with status 1 when any is bad. Tool calls still open at the "
         "end (saved while the tool ran) are a warning, not bad.",
     )
-    _root_arguments(verify_, "the store directory, or " + _PG_ROOT)
+    _root_arguments(
+        verify_, "the store directory, an S3 prefix (s3://bucket/prefix), or " + _PG_ROOT
+    )
     verify_.add_argument("-q", "--quiet", action="store_true", help="print only bad files")
     _pg_arguments(verify_)
 
@@ -240,7 +255,9 @@ def _build_parser() -> tuple[
         "checkpoint. Lists what it removes. Summary checkpoints and corrupt files a "
         "writer moved aside are kept unless --summaries or --corrupt asks for them.",
     )
-    _root_arguments(prune_, "the store directory, or " + _PG_ROOT)
+    _root_arguments(
+        prune_, "the store directory, an S3 prefix (s3://bucket/prefix), or " + _PG_ROOT
+    )
     prune_.add_argument(
         "--older-than",
         required=True,

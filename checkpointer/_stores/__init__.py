@@ -2,6 +2,6 @@
 
 ``atomic`` is the one module that calls fsync, ``safefs`` opens files under a
 root, ``flock`` locks a key on a local disk, ``encoding`` and ``envelopes``
-turn states into bytes; ``files``, ``summaries``, ``journal/`` and
-``postgres/`` are the stores.  Stores are synchronous and never print.
+turn states into bytes; ``files``, ``summaries``, ``journal/``, ``postgres/``
+and ``s3/`` are the stores.  Stores are synchronous and never print.
 """

@@ -1,5 +1,5 @@
 """The journals: a checkpoint costs what changed.
 
-``staging`` and ``core`` are shared with the PostgreSQL journal; ``file`` is
-``JournalStore``; the rows are ``_format/journal.py``.
+``staging`` and ``core`` are shared with the PostgreSQL and S3 journals;
+``file`` is ``JournalStore``; the rows are ``_format/journal.py``.
 """

@@ -1,4 +1,4 @@
-"""The journal core: staging by prefix and the commit bookkeeping both journals share.
+"""The journal core: staging by prefix and the commit bookkeeping every journal shares.
 
 The store remembers per key the messages it wrote (``Track``, ``Known``).
 A new state whose messages start with that prefix gets only its new ones
@@ -6,8 +6,9 @@ appended; otherwise a compaction row.  The rule is the bytes: ``2`` ->
 ``2.0`` is a change though equal in Python, and a message replaced by an
 object that encodes the same is not.  A key whose journal would grow past
 ``threshold(live)`` (``live``: the size of its last compaction) is compacted
-instead, as Redis rewrites its AOF.  A forked child forgets every track:
-what the parent knew may be half updated, and the parent writes on.
+instead, as Redis rewrites its AOF (a sink may bound it further:
+``_outgrown``).  A forked child forgets every track: what the parent knew
+may be half updated, and the parent writes on.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ _ENCODER = msgspec.json.Encoder()
 
 
 class JournalCore:
-    """Staging by prefix, and the bookkeeping of a commit: a mixin of both journals.
+    """Staging by prefix, and the bookkeeping of a commit: a mixin of every journal.
 
     The sink calls ``_init_journal`` in its constructor and, to commit,
     ``_commit_on`` with the key's current track (under its own lock); the
@@ -41,7 +42,7 @@ class JournalCore:
     sink's ``_append_rows`` and ``_compact``.  ``_row_end`` is how a row
     ends, ``_closing_meta`` whether an append that leaves the rest of the
     state as it was is closed by a ``meta`` row (a file; a PostgreSQL head
-    row carries the meta itself).
+    row and an S3 head object carry the meta themselves).
     """
 
     _transcript: Transcript
@@ -81,6 +82,10 @@ class JournalCore:
                 track.known.dead = True
         self._tracks = {}
         self._witness_lock = threading.Lock()
+
+    def _outgrown(self, key: str, track: Track, nbytes: int) -> bool:
+        """Whether appending ``nbytes`` to ``key`` would outgrow its bound: compact instead."""
+        return track.size + nbytes > self.threshold(track.live)
 
     def threshold(self, live: int) -> int:
         """The size past which a journal whose live content is ``live`` bytes is rewritten."""
@@ -229,11 +234,14 @@ class JournalCore:
 
         ``expected`` is handed to the sink, for a write that checks it itself.
         """
-        staged = self._settle(track, staged)
-        if isinstance(staged, Delta):
+        settled = self._settle(track, staged)
+        if isinstance(settled, Delta):
             assert track is not None  # a delta settles on a track of the key only
-            return self._append_delta(key, track, meta, staged, expected)
-        return self._compact(key, track, meta, staged, expected)
+            return self._append_delta(key, track, meta, settled, expected)
+        nbytes = self._compact(key, track, meta, settled, expected)
+        if isinstance(staged, Delta):
+            _stored_whole(staged)
+        return nbytes
 
     def _settle(self, track: Track | None, staged: object) -> Full | Delta:
         """What to commit for ``staged`` on top of ``track``, the key's current track."""
@@ -261,8 +269,10 @@ class JournalCore:
             rows.append(meta_row(meta_json, end))
             kinds.append("meta")
         nbytes = sum(map(len, rows))
-        if track.broken or track.size + nbytes > self.threshold(track.live):
-            return self._compact(key, track, meta, delta.as_full(), expected, rewrite=True)
+        if track.broken or self._outgrown(key, track, nbytes):
+            nbytes = self._compact(key, track, meta, delta.as_full(), expected, rewrite=True)
+            _stored_whole(delta)
+            return nbytes
         self._append_rows(key, track, meta, kinds, rows, nbytes, expected)
         self._appended(key, track, meta, delta, nbytes)
         return nbytes
@@ -294,6 +304,18 @@ class JournalCore:
     def _compaction_row(self, meta_json: bytes, full: Full) -> list[bytes]:
         """The pieces of the compaction row of ``full``, under the meta ``meta_json``."""
         return compaction_row(meta_json, full.name, full.state_pieces(), self._row_end)
+
+
+def _stored_whole(delta: Delta) -> None:
+    """``delta`` was stored as a compaction: nothing is staged on its base's epoch any more.
+
+    (Its content, "the first n positions of the epoch", names its bytes only
+    while appends take those positions: another delta on the same base with
+    other bytes there would otherwise be skipped as unchanged.)
+    """
+    known = delta.base.known
+    if known is not None:
+        known.dead = True
 
 
 _journals: weakref.WeakSet[JournalCore] = weakref.WeakSet()

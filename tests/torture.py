@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -54,6 +55,7 @@ import queue
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -127,24 +129,35 @@ def state_for(n: int, max_bytes: int) -> dict[str, Any]:
 
 
 def file_leftovers(root: str) -> list[str]:
-    """Temp files of ``FileStore`` writers that are no longer running."""
+    """Temp files of ``FileStore`` writes that no process holds: what the next open sweeps.
+
+    A temp of mode 000 is left out: its writer may be about to lock it, so
+    the sweep keeps it until it is old (``atomic.STALE_AFTER``).
+    """
     try:
         names = os.listdir(root)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    found = []
-    for name in names:
-        match = _TEMP_RE.match(name)
-        if match is not None and not _alive(int(match["pid"])):
-            found.append(os.path.join(root, name))
-    return sorted(found)
+    paths = (os.path.join(root, name) for name in names if _TEMP_RE.match(name))
+    return sorted(path for path in paths if _free(path))
 
 
-def _alive(pid: int) -> bool:
+def _free(path: str) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
         return False
+    except OSError:
+        return True  # a link under a temp's name: swept too
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and not stat.S_IMODE(st.st_mode):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
     return True
 
 

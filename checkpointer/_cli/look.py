@@ -22,13 +22,11 @@ from typing import Any, Literal, NamedTuple
 
 import msgspec
 
-from checkpointer import CheckpointError
+from checkpointer import Checkpoint, CheckpointError
 from checkpointer.messages import count_turns
 
 from . import report
-from .roots import EPOCH, Entry, Loaded, LockView, Root, detect, why
-
-__all__ = ["AT", "History", "Look", "Row", "history", "inspect", "messages", "read"]
+from .roots import EPOCH, Entry, LockView, Root, detect, why
 
 AT = "$.state.messages"
 
@@ -52,17 +50,19 @@ class Row(msgspec.Struct, kw_only=True):
     lock_holder: str | None = None
     title: str = ""
     error: str | None = None
+    summary: str | None = None  # its key's summary checkpoint (sessions/<key>/checkpoint.md)
+    summary_at: datetime | None = None  # when that was written (its file's time if unreadable)
 
 
 class Look(NamedTuple):
     """A checkpoint looked at: its row, what it holds (None: unreadable), its lock."""
 
     row: Row
-    loaded: Loaded | None
+    loaded: Checkpoint[Any] | None
     lock: LockView | None
 
 
-def read(root: Root, entry: Entry) -> tuple[Loaded | None, str | None]:
+def read(root: Root, entry: Entry) -> tuple[Checkpoint[Any] | None, str | None]:
     """Load an entry: (what it holds, None) or (None, why it cannot be trusted)."""
     try:
         loaded = root.load(entry)
@@ -173,12 +173,6 @@ def _conversation(entries: list[Any], head: Any) -> History:
         cursor = found[1]
     chain.reverse()
     return History([entries[k]["message"] for k in chain], lambda i: f"{AT}[{chain[i]}].message")
-
-
-def messages(state: Any) -> list[Any] | None:
-    """The agent history in a state, if it has one this tool can read (``history``)."""
-    found = history(state)
-    return None if found is None else found.messages
 
 
 def _title(listed: list[Any] | None) -> str:

@@ -11,8 +11,6 @@ from checkpointer.stores import PostgresStoreError
 from . import report
 from .roots import schema_sql
 
-__all__ = ["add_command", "run"]
-
 
 def add_command(commands: Any) -> None:
     """Add ``pg-schema`` to the parser's subcommands (psycopg is not imported)."""

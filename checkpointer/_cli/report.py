@@ -28,33 +28,6 @@ import msgspec
 
 from .roots import detect
 
-__all__ = [
-    "OK",
-    "PROBLEM",
-    "USAGE",
-    "ago",
-    "error",
-    "fields",
-    "flush",
-    "json_rows",
-    "json_type",
-    "line",
-    "message_line",
-    "one_line",
-    "opt",
-    "raw",
-    "safe",
-    "silence",
-    "size",
-    "table",
-    "utc",
-    "value",
-    "warning",
-    "when",
-    "write",
-    "yes",
-]
-
 OK, PROBLEM, USAGE = 0, 1, 2
 """Exit statuses: all well; a problem with the store; a usage error (argparse's own)."""
 
@@ -167,6 +140,12 @@ def message_line(message: Any, width: int = 100) -> str:
     if calls:
         said = f"{said} -> {len(calls)} tool call(s): {', '.join(calls)}".strip()
     return f"{dialect.label(message)}: {one_line(said, width)}"
+
+
+def some(texts: Sequence[str], *, sep: str = ", ", most: int = 3) -> str:
+    """The first ``most`` of ``texts``, joined, and how many more there are."""
+    shown = sep.join(texts[:most])
+    return shown if len(texts) <= most else f"{shown} and {len(texts) - most} more"
 
 
 def one_line(text: str, width: int) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import re
 import sys
 from collections.abc import Sequence
 
@@ -29,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit status."""
     parser, commands = _build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
-    args, extras = parser.parse_known_args(_join_negative_values(words, commands))
+    args, extras = parser.parse_known_args(words)
     if extras:  # said by the command's own parser, in the user's words
         commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extras)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -92,38 +93,6 @@ def _settle_root(args: argparse.Namespace) -> None:
     args.root = args.dsn
 
 
-# The options whose value may start with "-" and a digit, per command.
-_VALUED = {"prune": "--older-than", "show": "--last"}
-
-
-def _join_negative_values(
-    argv: list[str], commands: argparse._SubParsersAction[argparse.ArgumentParser]
-) -> list[str]:
-    """``--older-than -1d`` as ``--older-than=-1d``, so the value's own check says what is wrong.
-
-    argparse takes ``-1d`` for an option and says only "expected one argument".
-    Only the command's own option is joined, under any abbreviation argparse
-    would take for it (``--older -1d``), keeping the user's spelling of it.
-    """
-    command = next((arg for arg in argv if arg[:1] != "-"), None)
-    valued = _VALUED.get(command or "")
-    if valued is None:
-        return list(argv)
-    parser = commands.choices[command or ""]
-    longs = [o for o in parser._option_string_actions if o.startswith("--")]
-    out: list[str] = []
-    for arg in argv:
-        prev = out[-1] if out else ""
-        named = prev == valued or (
-            prev[:2] == "--" and [o for o in longs if o.startswith(prev)] == [valued]
-        )
-        if named and arg[:1] == "-" and arg[1:2].isdigit():
-            out[-1] = f"{prev}={arg}"
-        else:
-            out.append(arg)
-    return out
-
-
 _ROOT = (
     "a store directory, an S3 prefix (s3://bucket/prefix), or a PostgreSQL URI "
     "(postgresql://user@host:port/dbname; a password from PGPASSWORD or ~/.pgpass)"
@@ -154,6 +123,9 @@ def _build_parser() -> tuple[
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, command in (("ls", ls), ("show", show), ("verify", verify), ("prune", prune)):
         sub = commands.add_parser(name, help=command.HELP, description=command.DESCRIPTION)
+        # A value may start with "-" and a digit (--older-than -1d): argparse
+        # would take it for an option and say only "expected one argument".
+        sub._negative_number_matcher = re.compile(r"^-\d")
         sub.add_argument("root", metavar="ROOT", nargs="?", help=_ROOT)  # or --dsn
         command.arguments(sub)
         sub.add_argument("--schema", default="checkpointer", help=_SCHEMA)

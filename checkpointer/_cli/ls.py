@@ -62,10 +62,10 @@ def run(root: Root, args: argparse.Namespace) -> int:
     rows.sort(key=lambda r: r.key)
     rows.sort(key=SORTS[args.sort], reverse=(args.sort in _DESCENDING) != args.reverse)
     for problem in extras.problems:
-        report.warning("ls", problem)
+        report.error("ls", problem)
     for extra in extras.found:  # something planted in place of one, or a damaged summary
         if extra.problem or extra.unreadable:
-            report.warning("ls", extra.problem or f"{extra.entry.path}: {extra.unreadable}")
+            report.error("ls", extra.problem or f"{extra.entry.path}: {extra.unreadable}")
     bad = sum(1 for r in rows if r.error)
     if args.json:
         report.json_rows(rows)  # each unreadable one with its "error"
@@ -79,12 +79,12 @@ def run(root: Root, args: argparse.Namespace) -> int:
             f"hand: {report.some(corrupt)} (`checkpointer prune --corrupt` removes them)"
         )
         if args.json:  # stdout is the array
-            report.warning("ls", note)
+            report.error("ls", note)
         else:
             report.line(note)
     if bad and not args.json:
         message = root.unreadable.format(n=bad, where=root.where)
-        report.warning("ls", message, stdout=root.unreadable_on_stdout)
+        report.error("ls", message, stdout=root.unreadable_on_stdout)
     return report.PROBLEM if bad else report.OK
 
 

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``pg-schema``; return the exit status."""
     try:
         if args.sql:
-            report.write(schema_sql(args.schema))
+            report.line(schema_sql(args.schema).removesuffix("\n"))
             return report.OK
         with PostgresStore(args.dsn, schema=args.schema) as store:
             version = store.create_schema()

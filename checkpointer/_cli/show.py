@@ -8,11 +8,11 @@ from typing import Any
 
 import msgspec
 
-from checkpointer import Checkpoint, CheckpointError
+from checkpointer import Checkpoint
 
 from . import report
-from .look import Row, history, inspect
-from .roots import Entry, LockView, Root, why
+from .look import Row, history, inspect, read
+from .roots import Entry, LockView, Root
 from .verify import torn_tail
 
 HELP = "show one checkpoint: its meta and its last messages"
@@ -74,20 +74,9 @@ def run(root: Root, args: argparse.Namespace) -> int:
 
 
 def _raw(root: Root, entry: Entry) -> int:
-    try:
-        data = root.raw(entry)
-    except root.failure:
-        raise  # the server, not this checkpoint: the command fails
-    except CheckpointError as exc:  # a damaged journal row
-        report.error("show", f"{entry.path}: {exc.reason}")
-        return report.PROBLEM
-    except OSError as exc:
-        report.error("show", f"{entry.path}: cannot be read: {why(exc)}")
-        return report.PROBLEM
+    data, error = read(root, root.raw, entry)
     if data is None:
-        report.error(
-            "show", f"{entry.path}: disappeared while reading (removed by a prune or a writer?)"
-        )
+        report.error("show", f"{entry.path}: {error}")
         return report.PROBLEM
     report.raw(data)
     return report.OK
@@ -106,7 +95,7 @@ def _show(root: Root, entry: Entry, last: int) -> int:
     status = _loaded(fields, row, look.loaded, last)
     if look.loaded.torn is not None:
         report.flush()  # the view first, then the warning
-        report.warning("show", f"{row.path}: {torn_tail(look.loaded.torn)}")
+        report.error("show", f"{row.path}: {torn_tail(look.loaded.torn)}")
     return status
 
 

@@ -81,7 +81,7 @@ class Verdict(NamedTuple):
 
 def verdict(root: Root, entry: Entry) -> Verdict:
     """Load ``entry`` and check it: its meta names its key; its history is sendable."""
-    loaded, error = read(root, entry)
+    loaded, error = read(root, root.load, entry)
     if loaded is None:
         return Verdict(error, "")
     meta = loaded.meta

@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 
 from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot, Written, load
-from checkpointer._cli.roots import DirectoryRoot, Entry
+from checkpointer._cli.directory import DirectoryRoot
+from checkpointer._cli.roots import Entry
 from checkpointer._stores.atomic import makedirs_durable
 from checkpointer._transcript.summary import safe_watermark
 from checkpointer.summaries import SummaryCheckpoint, load_summary

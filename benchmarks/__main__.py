@@ -40,11 +40,15 @@ CASES: list[tuple[str, str]] = [
     ("adapters", "benchmarks.bench_adapters"),
     ("sessions", "benchmarks.bench_sessions"),
     ("postgres", "benchmarks.bench_postgres"),
+    ("s3", "benchmarks.bench_s3"),
 ]
 """(case id, module with ``main(quick) -> dict``); adding a case is one entry."""
 
 FULL_ONLY = {
-    "postgres": "it starts a PostgreSQL server (quick: python -m benchmarks.bench_postgres --quick)"
+    "postgres": (
+        "it starts a PostgreSQL server (quick: python -m benchmarks.bench_postgres --quick)"
+    ),
+    "s3": "it starts moto's S3 server (quick: python -m benchmarks.bench_s3 --quick)",
 }
 """Cases ``--quick`` leaves out, and why: the quick run stays within 20 s."""
 

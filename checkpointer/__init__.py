@@ -1,18 +1,22 @@
 """checkpointer: debounced, durable checkpoints for async agent sessions.
 
-The writer and what it takes and gives are here; the rest is in public
-submodules named for what they hold: ``checkpointer.stores`` (the store
-contract, for a store of your own), ``checkpointer.messages`` (agent message
-shapes and history checks), ``checkpointer.summaries`` (summary checkpoints),
-``checkpointer.clock`` (the clock a writer reads, for tests).
+The writer, the per-key committer and what they take and give are here;
+the rest is in public submodules named for what they hold:
+``checkpointer.stores`` (the store contract, for a store of your own),
+``checkpointer.messages`` (agent message shapes and history checks),
+``checkpointer.summaries`` (summary checkpoints), ``checkpointer.clock``
+(the clock a writer reads, for tests).
 """
 
+from ._committer import KeyCommitter
 from ._load import load
 from ._stores.encoding import Transcript
 from ._stores.files import FileStore
 from ._stores.journal.file import JournalStore
 from ._stores.postgres.journal import PostgresJournalStore
 from ._stores.postgres.store import PostgresStore
+from ._stores.s3.journal import S3JournalStore
+from ._stores.s3.store import S3Store
 from ._values import (
     Checkpoint,
     CheckpointError,
@@ -38,12 +42,15 @@ __all__ = [
     "Failed",
     "FileStore",
     "JournalStore",
+    "KeyCommitter",
     "Limits",
     "Meta",
     "NewerVersionError",
     "PostgresJournalStore",
     "PostgresStore",
     "Result",
+    "S3JournalStore",
+    "S3Store",
     "Skipped",
     "Snapshot",
     "Transcript",

@@ -1,56 +1,18 @@
 """The OpenAI Agents SDK's ``Session``, kept by a ``CheckpointWriter``.
 
 ``CheckpointSession(session_id, store)`` implements ``agents.memory.Session``
-(``session_id``, ``session_settings``, ``get_items``, ``add_items``,
-``pop_item``, ``clear_session``) over checkpointer's public API only.  Use it
-as an async context manager: entering loads the stored items and opens a
+over checkpointer's public API; entering loads the stored items and opens a
 writer, leaving writes a final time::
 
     async with CheckpointSession("chat-42", JournalStore("sessions")) as session:
         result = await Runner.run(agent, "hello", session=session)
 
-The state of key ``session_id`` is ``{"session_id": ..., "messages": [items]}``
-(the Responses-API item dicts, as the SDK hands them over), so on a
-``JournalStore`` an ``add_items`` costs the new items only.
-
-Durability.  The SDK calls ``add_items`` after each step of a turn (the
-user's input, then each model response with its tool outputs).  With
-``durability="async"`` (the default) it is a ``notify()``: the call returns
-at once and the writer writes within its timing rules (``max_wait``, 5 s by
-default), so a SIGKILL loses at most the last ``max_wait`` seconds of items,
-and SIGTERM, SIGHUP or a normal exit lose nothing (the exit hooks write).
-With ``durability="sync"`` each change waits for its durable write and
-raises ``CheckpointFailed`` if it could not be written.
-
-Resuming.  The SDK 0.24 saves a tool call together with its output, after
-the tool returns, so a kill inside a tool leaves no call without an output;
-a history that has one anyway (a store written by another version, a
-``pop_item`` that took an output, ``needs_approval`` tools) is repaired on
-load by ``close_dangling_tool_calls``, in the Responses dialect: each
-unanswered call gets the output item of its type saying
-``CLOSED_CALL_TEXT``, right after the call.  The made-up outputs are what
-``get_items`` shows, never what is stored, and the real output of such a
-call (an approval, ``needs_approval=True``, resumed from a ``RunState`` in a
-new process) replaces it: the stored history has one output per call, as
-the SDK's ``SQLiteSession`` has.
-
-One process per session.  Entering raises ``CheckpointFailed`` (reason
-``"locked"``, naming the key, the holder and the way out) when another
-writer holds the key's lock; pass ``limits=Limits(lock_timeout=...)`` to wait for it, or use
-another ``key``.  Leaving ``async with`` raises ``CheckpointFailed`` when the
-final write failed (``"conflict"``: another process wrote the key since
-this session loaded it), unless the block raised already; ``aclose()``
-returns that ``Failed`` instead.  The writer is fenced on what was loaded
-(``resume_from``, "absent" too).  Until its first write the session does
-not hold the key, so ``get_items`` checks the stored revision first; after
-a write refused as a conflict, the next change raises it.
-
-Asyncio only: the Agents SDK runs on asyncio.
+Durability, resuming and the one-process rule: docs/frameworks/openai-agents.md.
+Asyncio only, as the SDK.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
@@ -64,13 +26,20 @@ from checkpointer import (
     CheckpointFailed,
     CheckpointWriter,
     Failed,
-    Limits,
     Result,
     Snapshot,
     load,
 )
+from checkpointer._adapters import (
+    check_durability,
+    check_options,
+    framework_key,
+    lock_timeout,
+    probe_lock,
+    raise_failed,
+)
 from checkpointer.messages import close_dangling_tool_calls
-from checkpointer.stores import KeyLocked, LockingStore, Store
+from checkpointer.stores import Store
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -78,22 +47,13 @@ if TYPE_CHECKING:
 
 __all__ = ["CheckpointFailed", "CheckpointSession", "session_key"]
 
-_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
-
 
 def session_key(session_id: str) -> str:
-    """The checkpoint key of a session: its id, or a digest of an id no key can spell.
+    """The checkpoint key of a session: its id, or ``session-<sha256 prefix>`` for other ids.
 
-    A key is 1-200 ASCII letters, digits, ``.``, ``_`` or ``-``, not starting
-    with ``.``; any other id maps to ``session-<sha256 prefix>``.
+    A key is 1-200 ASCII letters, digits, ``.``, ``_`` or ``-``, not starting with ``.``.
     """
-    if (
-        0 < len(session_id) <= 200
-        and not session_id.startswith(".")
-        and all(c in _KEY_CHARS for c in session_id)
-    ):
-        return session_id
-    return "session-" + hashlib.sha256(session_id.encode()).hexdigest()[:40]
+    return framework_key(session_id, plain="", hashed="session-")
 
 
 _DECODER = msgspec.json.Decoder()
@@ -106,22 +66,6 @@ def _copy(items: Sequence[Any]) -> list[Any]:
         return _DECODER.decode(_ENCODER.encode(list(items)))  # type: ignore[no-any-return]
     except (TypeError, msgspec.EncodeError) as exc:
         raise TypeError(f"session items must be JSON values (Responses-API dicts): {exc}") from exc
-
-
-def _check_unlocked(store: Store, key: str, timeout: float, way_out: str) -> None:
-    """Raise ``CheckpointFailed`` now if another writer holds ``key``'s lock.
-
-    A probe (taken and let go): the writer takes the lock itself at its
-    first write, so a writer that comes in between is still found then, and
-    its ``Failed`` raised at close.
-    """
-    if not isinstance(store, LockingStore):
-        return
-    try:
-        lock = store.lock(key, timeout=timeout)
-    except KeyLocked as exc:
-        raise CheckpointFailed(Failed("locked", f"{exc}; {way_out}")) from None
-    lock.release()
 
 
 class _State(msgspec.Struct):
@@ -160,18 +104,13 @@ class CheckpointSession:
         key: str | None = None,
         **writer_options: Any,
     ) -> None:
-        if durability not in ("async", "sync"):
-            raise ValueError(f"durability must be 'async' or 'sync', got {durability!r}")
-        for reserved in ("source", "store", "resume_from"):
-            if reserved in writer_options:
-                raise TypeError(f"CheckpointSession sets {reserved!r} itself")
+        self._durability = check_durability(durability)
+        self._options = check_options("CheckpointSession", writer_options)
         self.session_id = session_id
         self.session_settings = session_settings
         self.key = session_key(session_id) if key is None else key
         store.validate_key(self.key)
         self._store = store
-        self._durability = durability
-        self._options = writer_options
         self._items: list[Any] = []
         # (type, call_id) -> the output close_dangling_tool_calls made up on load:
         # shown by get_items, never stored, dropped when the real one arrives.
@@ -206,10 +145,10 @@ class CheckpointSession:
             raise RuntimeError(f"CheckpointSession {self.session_id!r} is open already")
         checkpoint = await anyio.to_thread.run_sync(self._load)
         await anyio.to_thread.run_sync(
-            _check_unlocked,
+            probe_lock,
             self._store,
             self.key,
-            self._options.get("limits", Limits()).lock_timeout,
+            lock_timeout(self._options),
             f"or open session {self.session_id!r} under another key (key=)",
         )
         writer: CheckpointWriter[Snapshot] = CheckpointWriter(
@@ -253,8 +192,8 @@ class CheckpointSession:
         tb: TracebackType | None,
     ) -> None:
         result = await self.aclose()
-        if isinstance(result, Failed) and exc is None:
-            raise CheckpointFailed(result)
+        if exc is None:
+            raise_failed(result)
 
     async def aclose(self) -> Result | None:
         """Write a final time and close the writer.
@@ -280,9 +219,7 @@ class CheckpointSession:
                 raise CheckpointFailed(last)  # refused for good: no later change is stored either
             writer.notify()
             return
-        result = await writer.write_now()
-        if isinstance(result, Failed):
-            raise CheckpointFailed(result)
+        raise_failed(await writer.write_now())
 
     # -- the Session protocol ---------------------------------------------------
 

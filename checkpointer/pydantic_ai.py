@@ -1,61 +1,29 @@
-"""pydantic-ai's ``ConversationStore``, kept by ``CheckpointWriter`` s.
+"""pydantic-ai's ``ConversationStore``, kept by checkpointer.
 
 ``CheckpointConversationStore(store)`` implements the five storage
-primitives of ``pydantic_ai.conversation_store.ConversationStore``
-(``read_record``, ``read_records``, ``write_record``, ``delete_record``,
-``read_entry``; ``read_history`` too, in one decode) over checkpointer's
-public API only, so ``load``, ``save``, ``branch``, ``fork`` and the rest
-of the framework's store work on it::
+primitives of ``pydantic_ai.conversation_store.ConversationStore`` (and
+``read_history`` in one decode) over checkpointer's public API, so the
+framework's ``load``, ``save``, ``branch``, ``fork`` and the rest work on it::
 
     async with CheckpointConversationStore(JournalStore("chats")) as conversations:
         conversation = await conversations.load(cid) or Conversation(conversation_id=cid)
         result = await agent.run("hello", conversation=conversation)
         await conversations.save(result)
 
-Layout.  A conversation is one key (``conversation_key(id)``) whose state is
-``{"conversation_id": ..., "record": {...}, "messages": [entries]}``: the
-record, and every entry ever stored for it (its current history, the
-branches it left, and the entries a fork copied from the conversation it
-forked), in the order they were stored, each encoded with msgspec from the
-framework's dataclasses (no ``dump_python`` round trip).  Entries are only
-ever added, so on a ``JournalStore`` a save appends the run's new messages
-and the record.
+A conversation is one key, ``conversation_key(id)``, committed durably by a
+``KeyCommitter`` at each save; ``checkpoint_run`` keeps a run in flight under
+``run_key(id)`` with a ``CheckpointWriter``.  Conflicts, deletes and resuming:
+docs/frameworks/pydantic-ai.md.  asyncio and trio (pydantic-ai's agents run on asyncio).
 
-Durability and conflicts.  ``write_record`` returns once the write is
-durable (so these writers need no exit hooks: nothing of theirs is ever
-pending; they are opened and closed in worker threads, where signal
-handlers could not be restored).  Each conversation written in this process has a writer, which
-holds the key's lock until the store closes or ``release(id)``; a save
-from another process meanwhile, or of a copy loaded before another
-process's save, raises ``ConversationConflict`` (the writer's
-``Failed("locked")`` and ``Failed("conflict")``), as does an
-``expected_revision`` that is not the stored one.  Any other failed write
-raises ``CheckpointFailed``.  ``delete`` removes both keys of the
-conversation (its own and its run's), under both keys' locks: while another
-writer holds either (a save, a run) it raises ``CheckpointFailed("locked")``
-naming the holder, and a writer whose key was deleted never writes it back.
-
-Runs in flight.  ``checkpoint_run(conversation)`` checkpoints an
-``agent.iter`` run after each node, under a key of its own
-(``run_key(id)``): debounced (``durability="async"``, a kill loses at most
-``max_wait`` seconds, SIGTERM nothing) or durable per node (``"sync"``).
-``resume(id)`` loads the conversation with the messages of a run that
-never reached ``save``, repaired with pydantic-ai's own ``repair_messages``
-(a tool call the kill interrupted gets a synthesized return), ready for the
-next run, whose ``save`` stores them; that run's key starts where the
-stored messages end, so a resumed run killed again keeps both runs.  A run
-writes its key on entry and holds its lock to the end: a second run of the
-conversation raises ``CheckpointFailed`` at once.
-
-asyncio and trio: pydantic-ai's agents run on asyncio; the store itself is
-anyio (its tests run on both).
+(Past 500 lines on purpose: one framework interface, the store, and the run
+checkpoint it makes, which calls back into it; they share a conversation's
+two keys, their encoding and its in-memory index.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -81,9 +49,18 @@ from checkpointer import (
     CheckpointFailed,
     CheckpointWriter,
     Failed,
-    Limits,
+    KeyCommitter,
     Snapshot,
     load,
+)
+from checkpointer._adapters import (
+    check_durability,
+    check_options,
+    committer_options,
+    framework_key,
+    lock_timeout,
+    locked,
+    raise_failed,
 )
 from checkpointer.stores import KeyLocked, LockingStore, Store
 
@@ -95,20 +72,12 @@ __all__ = [
     "run_key",
 ]
 
-# A run's first write failing so: another run holds its key, or wrote it since it was read.
-_REFUSED = ("locked", "conflict", "newer-version")
-_KEY_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-")
 logger = logging.getLogger("checkpointer")
 
 
 def _enc_hook(value: Any) -> Any:
-    """A value msgspec cannot encode, as pydantic encodes it (a ``BaseModel`` a tool returned).
-
-    ``to_jsonable_python`` is what the framework's own ``all_messages_json``
-    uses for such values, so what is stored is what the framework would
-    store; it comes back as the JSON value (a dict for a model), as from
-    ``ModelMessagesTypeAdapter.validate_json``.
-    """
+    """A value msgspec cannot encode (a ``BaseModel`` a tool returned), as the framework's
+    own ``all_messages_json`` encodes it: it comes back as its JSON value, a dict."""
     try:
         return pydantic_core.to_jsonable_python(value)
     except pydantic_core.PydanticSerializationError as exc:
@@ -116,24 +85,26 @@ def _enc_hook(value: Any) -> Any:
 
 
 _ENCODER = msgspec.json.Encoder(enc_hook=_enc_hook)
+
+
+def _unencodable(what: str, exc: Exception, then: str) -> Failed:
+    """``Failed("encode-failed")`` for ``what``, logged."""
+    failed = Failed("encode-failed", f"{what} cannot be encoded: {exc}; {then}")
+    logger.warning("checkpointer: %s", failed.error)
+    return failed
+
+
 _RECORDS: pydantic.TypeAdapter[ConversationRecord] = pydantic.TypeAdapter(ConversationRecord)
-
-
-def _key(prefix: str, ident: str) -> str:
-    key = prefix + "-" + ident
-    if len(key) <= 200 and all(c in _KEY_CHARS for c in ident):
-        return key
-    return prefix + "." + hashlib.sha256(ident.encode()).hexdigest()[:40]
 
 
 def conversation_key(conversation_id: str) -> str:
     """The key of a conversation: ``pa-<id>``, or ``pa.<sha256 prefix>`` for other ids."""
-    return _key("pa", conversation_id)
+    return framework_key(conversation_id, plain="pa-", hashed="pa.")
 
 
 def run_key(conversation_id: str) -> str:
     """The key of a conversation's run in flight: ``pr-<id>`` (or ``pr.<digest>``)."""
-    return _key("pr", conversation_id)
+    return framework_key(conversation_id, plain="pr-", hashed="pr.")
 
 
 class _Entry(msgspec.Struct):
@@ -170,7 +141,7 @@ def _decode_messages(raws: Sequence[bytes]) -> list[ModelMessage]:
 class _Conversation:
     """A conversation's stored state, as this process last read or wrote it."""
 
-    __slots__ = ("checkpoint", "id", "index", "key", "raws", "record", "state", "writer")
+    __slots__ = ("checkpoint", "committer", "id", "index", "key", "raws", "record")
 
     def __init__(self, conversation_id: str, key: str) -> None:
         self.id = conversation_id
@@ -180,15 +151,11 @@ class _Conversation:
         self.raws: list[msgspec.Raw] = []  # the state's "messages": encoded entries
         # id -> (parent, message JSON, the entry's raw)
         self.index: dict[str, tuple[str | None, bytes, msgspec.Raw]] = {}
-        self.state: dict[str, Any] | None = None  # what the writer's source returns
-        self.writer: CheckpointWriter[Snapshot] | None = None
+        self.committer: KeyCommitter | None = None  # holds the key from its first save here
 
     def add(self, raw: msgspec.Raw) -> None:
         self.raws.append(raw)
         self.index.update([_indexed(raw)])
-
-    def source(self) -> Snapshot | None:
-        return None if self.state is None else Snapshot(self.key, self.state)
 
     def chain(self, head_id: str | None, limit: int | None = None) -> list[tuple[str, str | None]]:
         """``(id, parent)`` from the first entry up to ``head_id``, or its last ``limit``.
@@ -214,20 +181,18 @@ class CheckpointConversationStore(ConversationStore):
     Args:
         store: where the conversations go; a ``JournalStore(root)`` makes a
             save that only adds messages an append.
-        **writer_options: passed to each ``CheckpointWriter`` (``limits``
-            to wait for another process's writer, ``max_wait`` and
-            ``debounce`` for ``checkpoint_run``, ...).
+        **writer_options: passed to each ``CheckpointWriter`` of
+            ``checkpoint_run`` (``max_wait``, ``debounce``, ``limits``, ...);
+            ``limits`` (to wait for another process's writer),
+            ``transcript`` and ``state_version`` to the saves' ``KeyCommitter`` too.
 
     Use it as ``async with`` (closing lets go of the conversations' locks),
     or call ``aclose()``.
     """
 
     def __init__(self, store: Store, **writer_options: Any) -> None:
-        for reserved in ("source", "store", "resume_from"):
-            if reserved in writer_options:
-                raise TypeError(f"CheckpointConversationStore sets {reserved!r} itself")
         self.store = store
-        self._options = writer_options
+        self._options = check_options("CheckpointConversationStore", writer_options)
         self._lock = threading.RLock()
         self._writing = threading.Lock()  # one write_record/delete_record at a time
         self._open: dict[str, _Conversation] = {}  # conversations with a writer
@@ -239,23 +204,18 @@ class CheckpointConversationStore(ConversationStore):
     async def __aenter__(self) -> CheckpointConversationStore:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close every conversation's writer (a final write each, locks let go)."""
+        """Let go of every conversation this store saved (``release``)."""
         with self._lock:
             conversations = list(self._open.values())
         for conversation in conversations:
             await self.release(conversation.id)
 
     async def release(self, conversation_id: str) -> None:
-        """Close the conversation's writer, so another process may save it."""
+        """Let go of the conversation's key (marked not live), so another process may save it."""
         await anyio.to_thread.run_sync(self._locked, self._release, conversation_id)
 
     def _release(self, conversation_id: str) -> None:
@@ -263,19 +223,25 @@ class CheckpointConversationStore(ConversationStore):
         # lands first, and the next one opens a writer afresh.
         with self._lock:
             conversation = self._open.pop(conversation_id, None)
-        if conversation is not None and conversation.writer is not None:
-            conversation.writer.close()
+        if conversation is not None and conversation.committer is not None:
+            conversation.committer.close()
 
     # -- reading a conversation -----------------------------------------------
 
-    def _fetch(self, conversation_id: str) -> _Conversation | None:
-        """The conversation: this process's own while it holds the key, else read from disk."""
+    def _fetch(
+        self, conversation_id: str, checkpoint: Checkpoint[_State] | None = None
+    ) -> _Conversation | None:
+        """The conversation: this process's own while it holds the key, else read from disk.
+
+        ``checkpoint``: the conversation's, loaded already.
+        """
         with self._lock:
             held = self._open.get(conversation_id)
         if held is not None:
             return held if held.record is not None else None
         key = conversation_key(conversation_id)
-        checkpoint = load(self.store, key, _State)
+        if checkpoint is None:
+            checkpoint = load(self.store, key, _State)
         if checkpoint is None:
             return None
         conversation = _Conversation(conversation_id, key)
@@ -298,14 +264,16 @@ class CheckpointConversationStore(ConversationStore):
             return None
         return dataclasses.replace(conversation.record, branches=list(conversation.record.branches))
 
+    def _checkpoints(self) -> Iterator[Checkpoint[_State]]:
+        """Every conversation as the store holds it."""
+        for key in self.store.keys():  # noqa: SIM118 -- a Store, not a mapping
+            checkpoint = load(self.store, key, _State) if key.startswith(("pa-", "pa.")) else None
+            if checkpoint is not None:
+                yield checkpoint
+
     def _records(self) -> list[ConversationRecord]:
         records: list[ConversationRecord] = []
-        for key in _store_keys(self.store):
-            if not key.startswith(("pa-", "pa.")):
-                continue
-            checkpoint = load(self.store, key, _State)
-            if checkpoint is None:
-                continue
+        for checkpoint in self._checkpoints():
             with self._lock:
                 held = self._open.get(checkpoint.state.conversation_id)
             if held is not None and held.record is not None:
@@ -331,13 +299,10 @@ class CheckpointConversationStore(ConversationStore):
             conversation = self._fetch(conversation_id)
             if conversation is not None and entry_id in conversation.index:
                 return conversation
-        for key in _store_keys(self.store):
-            if key.startswith(("pa-", "pa.")):
-                checkpoint = load(self.store, key, _State)
-                if checkpoint is not None:
-                    conversation = self._fetch(checkpoint.state.conversation_id)
-                    if conversation is not None and entry_id in conversation.index:
-                        return conversation
+        for checkpoint in self._checkpoints():
+            conversation = self._fetch(checkpoint.state.conversation_id, checkpoint)
+            if conversation is not None and entry_id in conversation.index:
+                return conversation
         return None
 
     def _history(self, head_id: str | None, limit: int | None) -> list[ConversationEntry]:
@@ -386,6 +351,22 @@ class CheckpointConversationStore(ConversationStore):
             raise ConversationConflict(conversation_id)
         if current is None:
             current = _Conversation(conversation_id, conversation_key(conversation_id))
+        raws, index, record_raw = self._entries(current, record, new_entries)
+        state = {"conversation_id": conversation_id, "record": record_raw, "messages": raws}
+        self._commit(current, state)
+        current.raws, current.index, current.record = raws, index, record
+        with self._lock:
+            self._open[conversation_id] = current
+        self._remember(current)
+
+    def _entries(
+        self,
+        current: _Conversation,
+        record: ConversationRecord,
+        new_entries: list[ConversationEntry],
+    ) -> tuple[list[msgspec.Raw], dict[str, tuple[str | None, bytes, msgspec.Raw]], msgspec.Raw]:
+        """The entries and index with ``new_entries`` (and a fork's history), the record encoded."""
+        conversation_id = record.conversation_id
         raws = list(current.raws)
         index = dict(current.index)
         new_ids = {entry.id for entry in new_entries}
@@ -407,46 +388,32 @@ class CheckpointConversationStore(ConversationStore):
                 index[entry.id] = (entry.parent_id, bytes(_ENCODER.encode(entry.message)), raw)
             record_raw = msgspec.Raw(_ENCODER.encode(record))
         except (TypeError, msgspec.EncodeError) as exc:
-            failed = Failed(
-                "encode-failed",
-                f"conversation {conversation_id!r} cannot be encoded: {exc} (pydantic-ai "
-                "cannot serialise it either: ModelMessagesTypeAdapter.dump_json)",
-            )
-            logger.warning("checkpointer: %s", failed.error)
+            then = "pydantic-ai cannot serialise it either (ModelMessagesTypeAdapter.dump_json)"
+            failed = _unencodable(f"conversation {conversation_id!r}", exc, then)
             raise CheckpointFailed(failed) from None
-        previous = current.state
-        current.state = {
-            "conversation_id": conversation_id,
-            "record": record_raw,
-            "messages": raws,
-        }
-        opened = current.writer is None
-        if current.writer is None:
-            current.writer = CheckpointWriter(
-                current.source,
+        return raws, index, record_raw
+
+    def _commit(self, current: _Conversation, state: dict[str, Any]) -> None:
+        """Commit the conversation durably; its committer holds the key from then on."""
+        opened = current.committer is None
+        if current.committer is None:
+            current.committer = KeyCommitter(
                 self.store,
-                write_on_start=False,
+                current.key,
                 resume_from=current.checkpoint,
-                **{**self._options, "exit_hooks": False},
+                **committer_options(self._options),
             )
-            current.writer.open()
-        result = current.writer.flush_sync()
+        result = current.committer.commit(state)
         if isinstance(result, Failed):
-            current.state = previous  # what this process stores stays what is stored
             lost = result.reason in ("conflict", "locked")  # another writer has the key
             if opened or lost:
-                current.state = None  # nothing for the final write to write
-                current.writer.close()
-                current.writer = None
+                current.committer.close()
+                current.committer = None
                 with self._lock:
-                    self._open.pop(conversation_id, None)  # read it afresh next time
+                    self._open.pop(current.id, None)  # read it afresh next time
             if lost:
-                raise ConversationConflict(conversation_id) from CheckpointFailed(result)
+                raise ConversationConflict(current.id) from CheckpointFailed(result)
             raise CheckpointFailed(result)
-        current.raws, current.index, current.record = raws, index, record
-        with self._lock:
-            self._open[conversation_id] = current
-        self._remember(current)
 
     async def write_record(
         self,
@@ -490,8 +457,7 @@ class CheckpointConversationStore(ConversationStore):
                 for key in keys:
                     self.store.delete(key)
         except KeyLocked as exc:
-            error = f"not deleting conversation {conversation_id!r}: {exc}"
-            raise CheckpointFailed(Failed("locked", error)) from None
+            raise locked(exc, f"conversation {conversation_id!r} not deleted") from None
         if current is None:
             return
         with self._lock:
@@ -501,18 +467,15 @@ class CheckpointConversationStore(ConversationStore):
 
     @contextlib.contextmanager
     def _holding(self, *keys: str, wait: bool = True) -> Iterator[None]:
-        """Hold these keys' locks (a ``LockingStore``'s) for the block: no other writer writes them.
-
-        Waits up to the writers' ``Limits.lock_timeout`` for each (``wait``), or not at all.
+        """Hold these keys' locks for the block (``wait``: up to ``lock_timeout`` each).
 
         Raises:
-            KeyLocked: another writer (of another process, or of another
-                store object) holds one.
+            KeyLocked: another writer (of another process, or store object) holds one.
         """
         store = self.store
         with contextlib.ExitStack() as held:
             if isinstance(store, LockingStore):  # else nothing to hold: a delete races writers
-                timeout = self._options.get("limits", Limits()).lock_timeout if wait else 0.0
+                timeout = lock_timeout(self._options) if wait else 0.0
                 for key in keys:
                     held.callback(store.lock(key, timeout=timeout).release)
             yield
@@ -600,9 +563,6 @@ class CheckpointConversationStore(ConversationStore):
             if run is not None and run.state.revision != revision:
                 self.store.delete(key)
 
-    def _resume(self, conversation_id: str) -> tuple[Checkpoint[Any] | None, Any]:
-        return load(self.store, run_key(conversation_id), _RunState), None
-
     async def resume(
         self, conversation_id: str, *, scope: str | None = None
     ) -> Conversation | None:
@@ -614,7 +574,7 @@ class CheckpointConversationStore(ConversationStore):
         stores them.  Without such a run this is ``load``.
         """
         conversation = await self.load(conversation_id, scope=scope)
-        run, _ = await anyio.to_thread.run_sync(self._resume, conversation_id)
+        run = await anyio.to_thread.run_sync(load, self.store, run_key(conversation_id), _RunState)
         if run is None:
             return conversation
         state: _RunState = run.state
@@ -642,11 +602,9 @@ class RunCheckpoint:
         *,
         durability: Literal["async", "sync"],
     ) -> None:
-        if durability not in ("async", "sync"):
-            raise ValueError(f"durability must be 'async' or 'sync', got {durability!r}")
         self._conversations = conversations
         self._conversation = conversation
-        self._durability = durability
+        self._durability = check_durability(durability)
         self._id = conversation.conversation_id
         self._key = run_key(self._id)
         self._revision = conversation.revision
@@ -675,27 +633,18 @@ class RunCheckpoint:
         )
         self.update(self._conversation.messages)  # a resumed run's messages: kept
         writer: CheckpointWriter[Snapshot] = CheckpointWriter(
-            self._source,
-            conversations.store,
-            write_on_start=False,
-            resume_from=stored,
-            **conversations._options,
+            self._source, conversations.store, resume_from=stored, **conversations._options
         )
-        await writer.__aenter__()
-        try:
-            result = await writer.write_now()
-        except BaseException:  # cancelled: the writer is closed, writing nothing more
-            await self._refuse(writer)
-            raise
-        if isinstance(result, Failed) and result.reason in _REFUSED:
-            await self._refuse(writer)
+        # Its first write takes the run key's lock (cancelled, it closes unwritten).
+        await writer.aopen()
+        result = writer.statistics().last_result
+        # Another run holds its key, or wrote it since it was read: refused for good.
+        if isinstance(result, Failed) and result.reason in ("locked", "conflict", "newer-version"):
+            self._refused = True  # nothing to write at close
+            await writer.aclose()
             raise CheckpointFailed(result)
         self._writer = writer
         return self
-
-    async def _refuse(self, writer: CheckpointWriter[Snapshot]) -> None:
-        self._refused = True
-        await writer.aclose()
 
     async def __aexit__(
         self,
@@ -718,8 +667,8 @@ class RunCheckpoint:
         if revision != self._revision:
             # Saved (or deleted) since the run began: its messages are history.
             await anyio.to_thread.run_sync(self._conversations._drop_run, self._id, revision)
-        elif isinstance(result, Failed) and exc is None:
-            raise CheckpointFailed(result)
+        elif exc is None:
+            raise_failed(result)
 
     def update(self, run: Any) -> Failed | None:
         """Take the run's messages now (``run.all_messages()``, or a list of messages).
@@ -733,13 +682,8 @@ class RunCheckpoint:
         try:
             self._messages = [msgspec.Raw(_ENCODER.encode(m)) for m in messages[self._base :]]
         except (TypeError, msgspec.EncodeError) as exc:
-            failed = Failed(
-                "encode-failed",
-                f"the run of conversation {self._id!r} cannot be encoded: {exc}; "
-                f"{self._key!r} keeps the messages checkpointed before",
-            )
-            logger.warning("checkpointer: %s", failed.error)
-            return failed
+            then = f"{self._key!r} keeps the messages checkpointed before"
+            return _unencodable(f"the run of conversation {self._id!r}", exc, then)
         if self._writer is not None and self._durability == "async":
             self._writer.notify()
         return None
@@ -758,9 +702,7 @@ class RunCheckpoint:
         if failed is not None:
             return failed
         if self._durability == "sync" and self._writer is not None:
-            result = await self._writer.write_now()
-            if isinstance(result, Failed):
-                raise CheckpointFailed(result)
+            raise_failed(await self._writer.write_now())
         return None
 
     async def nodes(self, run: Any) -> AsyncIterator[Any]:
@@ -769,9 +711,3 @@ class RunCheckpoint:
             await self.checkpoint(run)
             yield node
         await self.checkpoint(run)
-
-
-def _store_keys(store: Store) -> list[str]:
-    """The store's keys (``Store.keys()``, a method, not a mapping's view)."""
-    keys: list[str] = store.keys()
-    return keys

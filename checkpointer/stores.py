@@ -26,6 +26,7 @@ from ._stores.base import (
 )
 from ._stores.journal.file import JournalStatistics
 from ._stores.postgres.errors import KeyLockedError, PostgresStoreError, StaleWriteError
+from ._stores.s3.client import S3StoreError
 from ._values import TornTail, WriterInfo
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "LockingStore",
     "PostgresStoreError",
     "ProbingStore",
+    "S3StoreError",
     "Staged",
     "StaleWrite",
     "StaleWriteError",

@@ -9,6 +9,8 @@ reader sees in the page's source::
 
     <!-- docs-test: postgres -->          run by tests/test_postgres.py, with
                                           CHECKPOINTER_DSN naming its server
+    <!-- docs-test: s3 -->                run by tests/test_s3_edges.py, with
+                                          AWS_ENDPOINT_URL_S3 naming moto's server
     <!-- docs-test: skip: REASON -->      not run; REASON says why
 
 A marker without a reason, or of another kind, fails the collection.
@@ -30,7 +32,7 @@ _MARK = re.compile(r"^<!--\s*docs-test:\s*(.*?)\s*-->$")
 
 @dataclass(frozen=True)
 class Block:
-    """One Python block: where it is, its code, how it runs (``run``, ``postgres``, ``skip``)."""
+    """One Python block: where it is, its code, how it runs (run, postgres, s3, skip)."""
 
     page: Path
     line: int
@@ -96,6 +98,10 @@ def _marker(page: Path, lines: list[str], fence: int) -> tuple[str, str]:
     where = f"{page.relative_to(ROOT)}:{fence + 1}"
     if kind == "postgres":
         return "postgres", "needs a PostgreSQL server (tests/test_postgres.py runs it)"
+    if kind == "s3":
+        return "s3", "needs an S3 server (tests/test_s3_edges.py runs it)"
     if kind == "skip" and reason:
         return "skip", reason
-    raise ValueError(f"{where}: bad docs-test marker {above!r}; use 'postgres' or 'skip: REASON'")
+    raise ValueError(
+        f"{where}: bad docs-test marker {above!r}; use 'postgres', 's3' or 'skip: REASON'"
+    )

@@ -224,7 +224,7 @@ def _async_put(
 
 def _flush(saver: CheckpointSaver) -> Any:
     """What the SIGTERM handler does to the thread's writer."""
-    writer = saver._threads["chat"].writer
+    writer = saver._threads.get("chat", look=False).writer
     assert writer is not None
     return writer.flush_sync()
 

@@ -241,3 +241,25 @@ def test_only_naming_no_case_is_a_usage_error(only: str) -> None:
     import benchmarks.__main__ as cli
 
     assert cli.main(["--only", only]) == 2
+
+
+def test_the_s3_case_measures_every_layout_at_the_wire() -> None:
+    """`python -m benchmarks.bench_s3 --quick`: the four layouts, requests and bytes counted
+    at the proxy, and its ratios (moto's server, started for it; skipped only without it)."""
+    from benchmarks import bench_s3
+    from tests.s3 import start_error
+
+    why = start_error()
+    if why is not None:
+        pytest.skip(why)
+    report = bench_s3.main(quick=True)
+    (table,) = report["tables"]
+    layouts = {row[0]: row for row in table["rows"]}
+    assert sorted(layouts) == sorted(bench_s3._LAYOUTS)
+    assert layouts["S3JournalStore"][2]["median"] == 2  # a segment and the head
+    assert layouts["S3Store"][2]["median"] == 1
+    names = [r["name"] for r in report["ratios"]]
+    assert names == [
+        "@1,000 messages: mean bytes sent S3JournalStore / S3Store",
+        "@1,000 messages: worst stall S3JournalStore / object per turn",
+    ]

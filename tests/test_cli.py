@@ -121,7 +121,7 @@ def store(tmp_path: Path) -> Path:
     put(root, "beta", agent(1, first="short task"), seq=2, pinned=True, age=timedelta(hours=2))
     put(root, "gamma", {"counter": 41}, seq=5, age=timedelta(days=1))
     (root / "beta.lock").write_text("")  # left over by a dead writer
-    (root / ".alpha.json.999999.abc.tmp").write_text("partial")  # not a checkpoint
+    (root / ".alpha.json.0123456789abcdef.tmp").write_text("partial")  # not a checkpoint
     (root / "notes.txt").write_text("not a checkpoint either")
     return root
 

@@ -2,9 +2,9 @@
 
 ``checkpointer/_cli/`` is the one package that prints (the library outside
 it never does), and inside it only ``report.py`` writes to stdout or stderr;
-only ``roots.py`` imports the library's private modules; its modules import
-each other without a cycle; and nothing outside it imports it but
-``__main__``.  The built distribution holds every subpackage.
+only ``roots.py`` and ``directory.py`` import the library's private modules;
+its modules import each other without a cycle; and nothing outside it
+imports it but ``__main__``.  The built distribution holds every subpackage.
 """
 
 from __future__ import annotations
@@ -75,13 +75,13 @@ def test_the_library_outside_the_cli_never_prints() -> None:
                 assert f"{node.value.id}.{node.attr}" not in ("sys.stdout", "sys.stderr"), where
 
 
-# roots.py, the seam; sidefiles.py, the directory's summaries and corrupt files
-# that roots.py's DirectoryRoot reaches through safefs (it knows nothing of Root).
-SEAMS = ("roots.py", "sidefiles.py")
+# roots.py, the seam (the stores, the dialects); directory.py, a store directory's
+# files, lock files and side files, reached through safefs.
+SEAMS = ("roots.py", "directory.py")
 
 
 def test_only_roots_imports_private_library_modules() -> None:
-    """_cli/ uses the public API (``checkpointer``), but in roots.py and sidefiles.py."""
+    """_cli/ uses the public API (``checkpointer``), but in roots.py and directory.py."""
     for path in sorted(CLI.glob("*.py")):
         private = {
             name

@@ -164,7 +164,7 @@ def test_prune_summary_directory_keeps_what_is_not_ours(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A dead write's temp file goes with the summary; another file keeps the directory."""
-    dead = summary(tmp_path, "dead").parent / ".checkpoint.md.4242.abc123.tmp"
+    dead = summary(tmp_path, "dead").parent / ".checkpoint.md.0123456789abcdef.tmp"
     dead.write_text("half a summary")
     mine = summary(tmp_path, "notes").parent / "my-notes.txt"
     mine.write_text("keep me")

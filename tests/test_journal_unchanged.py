@@ -141,6 +141,26 @@ def test_a_stale_append_with_the_same_messages_is_a_meta_row_not_a_compaction(
     assert loaded(store).state == as_json(state)
 
 
+def test_a_delta_stored_as_a_compaction_leaves_no_twin_that_looks_unchanged(
+    tmp_path: Path,
+) -> None:
+    """Two deltas staged on one base (a message edited in place between them), the first
+    stored as a compaction (the journal outgrown): the second is not 'unchanged'."""
+    store = JournalStore(tmp_path, rewrite_factor=1.0001, rewrite_min_bytes=0)
+    messages: list[Any] = [Msg("user", f"m{i}") for i in range(3)]
+    state = {"title": "t", "messages": messages}
+    store.commit("s1", meta(1), store.stage("s1", state), expected=prev(1))
+    edited = {"role": "tool", "n": 1}
+    messages.append(edited)
+    in_flight = store.stage("s1", state)
+    edited.update(role="user", n=False)  # edited in place while in_flight is unstored
+    flush = store.stage("s1", state)
+    written = in_flight.content()  # what the writer notes for in_flight, before its commit
+    store.commit("s1", meta(2), in_flight, expected=prev(2))
+    assert kinds(store) == ["header", "compaction"]  # a rewrite: the append outgrew it
+    assert flush.content() != written  # another state: the writer writes it
+
+
 # -- type-only changes ------------------------------------------------------------
 
 

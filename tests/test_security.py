@@ -453,19 +453,12 @@ def test_cli_never_follows_or_removes_a_planted_file(
 # -- what the matrix does not cover ------------------------------------------------------
 
 
-def dead_pid() -> int:
-    """The pid of a child process that has exited and been reaped."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_temp_sweep_removes_a_planted_name_only(tmp_path: Path, kind: str) -> None:
     """A temp-named link, FIFO or hard link in the root: the sweep unlinks the name, no target."""
     root = tmp_path / "root"
     root.mkdir()
-    planted = Planted(root / f".{KEY}.json.{dead_pid()}.abc123.tmp", kind, tmp_path / "outside")
+    planted = Planted(root / f".{KEY}.json.{'0' * 16}.tmp", kind, tmp_path / "outside")
     FileStore(root).open()
     assert not os.path.lexists(planted.path)
     planted.check_outside()

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
+import fcntl
 import os
+import secrets
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from checkpointer import FileStore, load
-from checkpointer._stores import atomic as _atomic
 from checkpointer._stores.atomic import sweep_temps, write_atomic
 from checkpointer._stores.base import check_key
 
@@ -37,13 +34,6 @@ def temps(directory: Path) -> list[str]:
 
 def mode_of(path: Path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
-
-
-def dead_pid() -> int:
-    """The pid of a child process that has exited and been reaped."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 def eio(*args: object, **kwargs: object) -> None:
@@ -193,117 +183,85 @@ def test_root_under_or_at_a_regular_file_raises_and_creates_nothing(
 # -- sweep_temps -------------------------------------------------------------
 
 
-def test_sweep_removes_only_temps_of_dead_processes(tmp_path: Path) -> None:
-    """Temps of a dead pid go, and those of an earlier process that had a live pid;
-    ours, a live process's and unrelated dotfiles stay."""
-    dead, ours, live = dead_pid(), os.getpid(), os.getppid()
-    tag, live_tag = _atomic._me()[1], _atomic._start_tag(live)
-    assert live_tag is not None
-    stale = [
-        f".s1.json.{dead}.abc123_x.tmp",
-        f".a.b-c.json.{dead}.zz9.tmp",
-        f".s1.json.{dead}.{tag}abc123_x.tmp",
-        f".s1.json.{ours}.abc123_x.tmp",  # untagged: an older version's, never ours
-        f".s1.json.{ours}.{other_run_tag()}abc123_x.tmp",  # an earlier run with our pid
-        f".s1.json.{live}.{other_run_tag()}abc123_x.tmp",  # the pid was reused since
-    ]
+def temp_name(name: str) -> str:
+    """The name ``write_atomic`` gives a temp of ``name``."""
+    return f".{name}.{secrets.token_hex(8)}.tmp"
+
+
+def test_sweep_removes_only_temps_no_write_holds(tmp_path: Path) -> None:
+    """Free temps go; a locked one, a young one of mode 000 (its writer may be about to
+    lock it) and names that are not our temps stay."""
+    stale = [temp_name("s1.json"), temp_name("a.b-c.json"), temp_name("checkpoint.md")]
+    locked, young = temp_name("s1.json"), temp_name("s2.json")
     kept = [
-        f".s1.json.{ours}.{tag}abc123_x.tmp",
-        f".s1.json.{live}.{live_tag}abc123_x.tmp",
-        f".s1.json.{live}.abc123_x.tmp",  # untagged, and its pid lives: cannot tell
-        f".s1.json.{live}.r{'0' * 15}abc123_x.tmp",  # a random tag: only its owner knows
+        locked,
+        young,
         ".bashrc",
         ".s1.json.tmp",
-        f".s1.json.{dead}.tmp",
-        f".s1.json.{dead}.abc.tmp.bak",
-        ".s1.json.notapid.abc.tmp",
-        f"s1.json.{dead}.abc.tmp",
+        ".s1.json.4242.abc123_x.tmp",
+        f"{temp_name('s1.json')}.bak",
+        temp_name("s1.json")[1:],
         "s1.json",
     ]
     for name in stale + kept:
         (tmp_path / name).write_bytes(b"x")
-    removed = sweep_temps(str(tmp_path))
+    (tmp_path / young).chmod(0)
+    fd = os.open(tmp_path / locked, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another open file description: a live write
+        removed = sweep_temps(str(tmp_path))
+    finally:
+        os.close(fd)
     assert sorted(removed) == sorted(str(tmp_path / name) for name in stale)
     assert sorted(os.listdir(tmp_path)) == sorted(kept)
 
 
-def other_run_tag() -> str:
-    """The tag a process of this boot that started at another time would have."""
-    digest = hashlib.blake2b(_atomic._boot_id() + b":1", digest_size=8).hexdigest()
-    return "s" + digest[:15]
+def test_a_sweep_does_not_even_try_the_lock_of_a_young_temp_of_mode_000(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A temp of mode 000 may be one its writer is about to lock: the sweep keeps it and
+    never tries its lock (held at that instant, it would make the writer's own fail)."""
+    young = tmp_path / temp_name("k.json")
+    young.write_bytes(b"")
+    young.chmod(0)
+    tried: list[int] = []
+    real = fcntl.flock
 
+    def spy(fd: int, operation: int) -> None:
+        tried.append(operation)
+        real(fd, operation)
 
-PID_ONE_CHILD = """
-import json, os, sys
-from checkpointer import FileStore
-from checkpointer._stores import atomic as _atomic
-
-real = _atomic._me()
-_atomic._me = lambda: (1, real[1])  # as if this process were pid 1 in a container
-root = sys.argv[1]
-seen = {}
-
-def sweep_mid_write(fd):
-    if not seen:  # the temp file's fsync (the directory's comes next)
-        seen["own"] = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-        seen["removed"] = sorted(map(os.path.basename, _atomic.sweep_temps(root)))
-    os.fsync(fd)
-
-store = FileStore(root)
-store.open()
-_atomic.write_atomic(store.location("s1"), [b"{}"], fsync=sweep_mid_write)
-print(json.dumps(seen))
-"""
-
-
-def test_a_pid_one_process_sweeps_the_temps_of_the_previous_pid_one_run(tmp_path: Path) -> None:
-    """Run as pid 1 (every container run is), a real child removes the temps a previous
-    pid-1 run left (tagged or not) at its store's open, and keeps its own mid-write."""
-    previous = [f".s1.json.1.{other_run_tag()}q1w2e3r4.tmp", ".s1.json.1.q1w2e3r4.tmp"]
-    for name in previous:
-        (tmp_path / name).write_bytes(b"{half")
-    child = subprocess.run(
-        [sys.executable, "-c", PID_ONE_CHILD, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr
-    seen = json.loads(child.stdout)
-    assert seen["own"].startswith(".s1.json.1.s")  # its own temp: pid 1 and its tag
-    assert seen["removed"] == []  # nothing left to sweep mid-write, its own temp kept
-    assert os.listdir(tmp_path) == ["s1.json"]  # the previous run's temps went at open()
-    assert (tmp_path / "s1.json").read_bytes() == b"{}"
+    monkeypatch.setattr(fcntl, "flock", spy)
+    assert sweep_temps(str(tmp_path)) == []
+    assert tried == [] and young.exists()
 
 
 def test_sweep_keeps_the_temp_of_a_write_in_progress(tmp_path: Path) -> None:
-    """A sweep during our own write keeps its real temp; the same name with a dead pid goes."""
+    """A sweep during our own write keeps its temp; a free temp of the same shape goes."""
     seen: list[str] = []
 
     def sweep_mid_write(fd: int) -> None:
         if not seen:
             name = os.path.basename(fd_path(fd))
             seen.append(name)
-            assert name.startswith(f".k.json.{os.getpid()}.")
+            assert name.startswith(".k.json.") and name.endswith(".tmp")
             assert sweep_temps(str(tmp_path)) == []
         os.fsync(fd)
 
     write_atomic(str(tmp_path / "k.json"), [b"data"], fsync=sweep_mid_write)
     assert (tmp_path / "k.json").read_bytes() == b"data"
-    orphan = seen[0].replace(f".{os.getpid()}.", f".{dead_pid()}.", 1)
-    (tmp_path / orphan).write_bytes(b"half")
-    assert sweep_temps(str(tmp_path)) == [str(tmp_path / orphan)]
+    (tmp_path / seen[0]).write_bytes(b"half")  # the same name, left by a killed write
+    assert sweep_temps(str(tmp_path)) == [str(tmp_path / seen[0])]
     assert os.listdir(tmp_path) == ["k.json"]
 
 
 def test_sweep_skips_an_entry_it_cannot_remove_and_goes_on(tmp_path: Path) -> None:
     """An unremovable temp-named entry (a directory) does not stop the sweep of the rest."""
-    dead = dead_pid()
-    (tmp_path / f".a.json.{dead}.aaa.tmp").mkdir()
-    (tmp_path / f".b.json.{dead}.bbb.tmp").write_bytes(b"x")
-    assert sweep_temps(str(tmp_path)) == [str(tmp_path / f".b.json.{dead}.bbb.tmp")]
-    assert os.listdir(tmp_path) == [f".a.json.{dead}.aaa.tmp"]
+    directory, debris = temp_name("a.json"), temp_name("b.json")
+    (tmp_path / directory).mkdir()
+    (tmp_path / debris).write_bytes(b"x")
+    assert sweep_temps(str(tmp_path)) == [str(tmp_path / debris)]
+    assert os.listdir(tmp_path) == [directory]
 
 
 def test_sweep_of_a_missing_directory_is_empty(tmp_path: Path) -> None:
@@ -316,7 +274,7 @@ def test_filestore_open_sweeps_stale_temps(tmp_path: Path) -> None:
     """FileStore.open() removes a dead writer's temp and keeps the checkpoint."""
     store = FileStore(tmp_path)
     store.write("s1", [b"{}"], revision="r1", expected=None)
-    stale = tmp_path / f".s1.json.{dead_pid()}.q1w2e3.tmp"
+    stale = tmp_path / temp_name("s1.json")
     stale.write_bytes(b"{")
     store.open()
     assert not stale.exists()
@@ -327,7 +285,7 @@ def test_filestore_open_sweeps_once_per_root_and_process(tmp_path: Path) -> None
     """The sweep lists a root once per process (10,000 writers opening on one root list
     it once); a forked child, another process, sweeps it again at its first open."""
     FileStore(tmp_path).open()
-    stale = tmp_path / f".s1.json.{dead_pid()}.q1w2e3.tmp"
+    stale = tmp_path / temp_name("s1.json")
     stale.write_bytes(b"{")
     FileStore(tmp_path).open()  # a second writer's open: no second listing
     assert stale.exists()
@@ -352,7 +310,7 @@ def test_keys_lists_only_valid_checkpoint_keys_sorted(tmp_path: Path) -> None:
     for key in ["b", "a", "Z", "_", "x.json", "a-1.v2"]:
         store.write(key, [b"{}"], revision="r1", expected=None)
     for name in [
-        f".a.json.{os.getpid()}.abc.tmp",
+        temp_name("a.json"),
         "a.corrupt-20240101T000000.000000Z",
         ".hidden.json",
         "bad key.json",

@@ -201,9 +201,10 @@ def test_fingerprint_never_walks_or_encodes_the_history() -> None:
 
 
 def test_fingerprint_sees_what_it_promises() -> None:
-    """Key, parent, count, last role/id/content length, pin flag and extra fields all
-    change the fingerprint; an in-place edit of an earlier message does not."""
-    fp = transcript_fingerprint(extra=("revision",))
+    """Key, parent, count, last role/id/content length, and every field outside the messages
+    (a pin flag, a revision, a title) change the fingerprint; an in-place edit of an earlier
+    message does not."""
+    fp = transcript_fingerprint()
 
     def state(**over: Any) -> dict[str, Any]:
         base: dict[str, Any] = {
@@ -228,6 +229,8 @@ def test_fingerprint_sees_what_it_promises() -> None:
         ),
         Snapshot("k", state(pinned=True)),
         Snapshot("k", state(revision=2)),
+        Snapshot("k", state(title="renamed")),
+        Snapshot("k", state(revision=1.0)),  # a type-only change outside the messages
     ]
     assert all(fp(v) != ref for v in variants)
     edited = state()

@@ -11,9 +11,11 @@ its log line says so.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from checkpointer import (
@@ -126,3 +128,34 @@ def test_an_unsendable_final_write_fails_and_keeps_the_file(tmp_path: Path) -> N
     result = writer.close()
     assert isinstance(result, Failed) and result.reason == "not-sendable"
     assert load(store, "s") == good
+
+
+@pytest.mark.parametrize("make", STORES)
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda state: state.update(title="renamed"),
+        lambda state: state["tools"].update(cart=["apple"]),
+        lambda state: state.update(step=1.0),  # a type-only change: 1 -> 1.0
+    ],
+    ids=["title", "tool-state", "type-only"],
+)
+def test_a_change_outside_the_messages_is_written(
+    tmp_path: Path, make: type[Store], change: Callable[[dict[str, Any]], None]
+) -> None:
+    """With a transcript, a field beside the messages changing (the messages as they were)
+    is written, not skipped: the fingerprint covers the whole state but earlier messages."""
+    state: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "title": "t",
+        "tools": {},
+        "step": 1,
+    }
+    store = make(tmp_path)  # type: ignore[call-arg]
+    with CheckpointWriter(
+        lambda: Snapshot("s", state), store, transcript=Transcript(), exit_hooks=False
+    ) as writer:
+        change(state)
+        assert isinstance(writer.flush_sync(), Written)
+    cp = load(store, "s")
+    assert cp is not None and msgspec.json.encode(cp.state) == msgspec.json.encode(state)

@@ -28,7 +28,7 @@ or while it runs, and then checks the file:
 
 It prints a summary per store; the exit status is 1 if anything was lost.
 ``--store`` picks the store (``file``, ``file-transcript``, ``journal``,
-``all``); another store is one more entry in ``STORES``.  ``--store naive``
+``s3``, ``s3journal``, ``all``); another store is one more entry in ``STORES``.  ``--store naive``
 is a deliberately unsafe store (writes in place) that shows the torture
 catching torn files.
 
@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import math
@@ -54,6 +55,7 @@ import queue
 import random
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -127,24 +129,35 @@ def state_for(n: int, max_bytes: int) -> dict[str, Any]:
 
 
 def file_leftovers(root: str) -> list[str]:
-    """Temp files of ``FileStore`` writers that are no longer running."""
+    """Temp files of ``FileStore`` writes that no process holds: what the next open sweeps.
+
+    A temp of mode 000 is left out: its writer may be about to lock it, so
+    the sweep keeps it until it is old (``atomic.STALE_AFTER``).
+    """
     try:
         names = os.listdir(root)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    found = []
-    for name in names:
-        match = _TEMP_RE.match(name)
-        if match is not None and not _alive(int(match["pid"])):
-            found.append(os.path.join(root, name))
-    return sorted(found)
+    paths = (os.path.join(root, name) for name in names if _TEMP_RE.match(name))
+    return sorted(path for path in paths if _free(path))
 
 
-def _alive(pid: int) -> bool:
+def _free(path: str) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
         return False
+    except OSError:
+        return True  # a link under a temp's name: swept too
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and not stat.S_IMODE(st.st_mode):
+            return False
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
     return True
 
 
@@ -177,16 +190,44 @@ class StoreKind:
     make: Callable[[str], Store]
     leftovers: Callable[[str], list[str]]
     unsafe: bool = False
+    setup: Callable[[], object] | None = None  # before the children: a server to reach
 
 
 def _file_transcript(root: str) -> Store:
     return FileStore(root)  # its writes encoded through a Transcript: ReportingStore.stage
 
 
+def _s3(kind: str) -> Callable[[str], Store]:
+    """An S3 store on the local server ``setup`` started, the root's name as its prefix."""
+
+    def make(root: str) -> Store:
+        top = str(Path(__file__).resolve().parent.parent)  # the zygote runs this file as a script
+        if top not in sys.path:
+            sys.path.insert(0, top)
+        from tests.s3 import PLACE_ENV, make_s3_store
+
+        store: Store = make_s3_store(f"{kind}:{os.environ[PLACE_ENV]}", os.path.basename(root))
+        return store
+
+    return make
+
+
+def _no_leftovers(root: str) -> list[str]:
+    return []  # unreferenced segments are swept after an hour, not at the next open
+
+
+def _serve() -> object:
+    from tests.s3 import serve_for_children
+
+    return serve_for_children()
+
+
 STORES: dict[str, StoreKind] = {
     "file": StoreKind(FileStore, file_leftovers),
     "file-transcript": StoreKind(_file_transcript, file_leftovers),
     "journal": StoreKind(JournalStore, file_leftovers),
+    "s3": StoreKind(_s3("s3"), _no_leftovers, setup=_serve),
+    "s3journal": StoreKind(_s3("s3journal"), _no_leftovers, setup=_serve),
     "naive": StoreKind(NaiveStore, file_leftovers, unsafe=True),
 }
 """The stores to torture: a new store is one more entry.
@@ -194,7 +235,9 @@ STORES: dict[str, StoreKind] = {
 ``file-transcript`` is a ``FileStore`` that encodes messages one by one
 (through a ``Transcript``) and joins them in the worker thread; ``journal``
 appends batches to a JSON Lines file and rewrites it (temp file and rename)
-when it outgrows its content, so kills land in appends and in rewrites.
+when it outgrows its content, so kills land in appends and in rewrites;
+``s3`` and ``s3journal`` write to moto's S3 server, started on 127.0.0.1
+for the run (kills land between a segment and its head).
 """
 
 
@@ -282,6 +325,10 @@ class ReportingStore:
     def move_aside(self, key: str, suffix: str) -> str | None:
         return self.inner.move_aside(key, suffix)
 
+
+class LockingReportingStore(ReportingStore):
+    """A ``ReportingStore`` over a store that locks keys: it locks them too."""
+
     def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
         assert isinstance(self.inner, LockingStore)
         return self.inner.lock(key, timeout=timeout)
@@ -291,7 +338,9 @@ async def _child(spec: dict[str, Any]) -> int:
     """Checkpoint a session that changes without pause, until killed."""
     parent = os.getppid()
     cache = Transcript() if spec["store"] == "file-transcript" else None
-    store = ReportingStore(STORES[spec["store"]].make(spec["root"]), cache)
+    inner = STORES[spec["store"]].make(spec["root"])
+    reporting = LockingReportingStore if isinstance(inner, LockingStore) else ReportingStore
+    store = reporting(inner, cache)
     try:
         previous = load(store, KEY)
     except CheckpointError as exc:
@@ -623,6 +672,8 @@ def run(
     summary = Summary(store=store, seed=seed, max_bytes=max_bytes)
     backends = _backends()
     started = time.monotonic()
+    if kind.setup is not None:
+        kind.setup()  # before the helper process starts: the children inherit its address
     with _root(root) as where, contextlib.closing(_Zygote()) as zygote:
         floor = Reported()
         debris: set[str] = set()  # killed writers' leftovers, until an open is seen

@@ -10,6 +10,7 @@ Only the public API is used, as a user's loop would; its lines go through
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,22 @@ from checkpointer import CheckpointWriter, FileStore, Snapshot, load
 
 from . import report
 
-__all__ = ["EventBus", "run", "run_demo"]
+
+def add_command(commands: Any) -> None:
+    """Add ``demo`` to the parser's commands."""
+    demo = commands.add_parser(
+        "demo",
+        help="run a simulated agent loop checkpointed to a local directory",
+        description="Run a simulated agent whose run-ended events are coalesced into "
+        "durable checkpoint writes, then load the file back and compare.",
+    )
+    demo.add_argument("--root", default=".checkpoints", help="store directory (%(default)s)")
+    demo.add_argument("--key", default="demo-session", help="session key (%(default)s)")
+    demo.add_argument("--turns", type=int, default=40, help="agent turns (%(default)s)")
+    demo.add_argument(
+        "--backend", choices=["asyncio", "trio"], default="asyncio", help="(%(default)s)"
+    )
+    demo.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,10 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.turns < 1:
         report.error("demo", "--turns must be at least 1")
         return report.USAGE
-
-    async def demo() -> int:
-        return await run_demo(args.root, key=args.key, turns=args.turns)
-
+    demo = functools.partial(run_demo, args.root, key=args.key, turns=args.turns)
     status: int = anyio.run(demo, backend=args.backend)
     return status
 

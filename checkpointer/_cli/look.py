@@ -18,19 +18,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import msgspec
 
-from checkpointer import CheckpointError
+from checkpointer import Checkpoint, CheckpointError
 from checkpointer.messages import count_turns
 
 from . import report
-from .roots import EPOCH, Entry, Loaded, LockView, Root, detect, why
-
-__all__ = ["AT", "History", "Look", "Row", "history", "inspect", "messages", "read"]
+from .roots import EPOCH, Entry, LockView, Root, detect, why
 
 AT = "$.state.messages"
+T = TypeVar("T")
 
 
 class Row(msgspec.Struct, kw_only=True):
@@ -52,27 +51,34 @@ class Row(msgspec.Struct, kw_only=True):
     lock_holder: str | None = None
     title: str = ""
     error: str | None = None
+    summary: str | None = None  # its key's summary checkpoint (sessions/<key>/checkpoint.md)
+    summary_at: datetime | None = None  # when that was written (its file's time if unreadable)
 
 
 class Look(NamedTuple):
     """A checkpoint looked at: its row, what it holds (None: unreadable), its lock."""
 
     row: Row
-    loaded: Loaded | None
+    loaded: Checkpoint[Any] | None
     lock: LockView | None
 
 
-def read(root: Root, entry: Entry) -> tuple[Loaded | None, str | None]:
-    """Load an entry: (what it holds, None) or (None, why it cannot be trusted)."""
+def read(root: Root, get: Callable[[Entry], T | None], entry: Entry) -> tuple[T | None, str | None]:
+    """``get(entry)``: (what it gives, None), or (None, why it cannot be trusted).
+
+    A failure of the root itself (a server gone) is raised: it ends the command.
+    """
     try:
-        loaded = root.load(entry)
-    except CheckpointError as exc:
+        found = get(entry)
+    except root.failure:
+        raise
+    except CheckpointError as exc:  # a damaged file or journal row
         return None, exc.reason
     except OSError as exc:  # a directory in place of the file, no permission, ...
         return None, f"cannot be read: {why(exc)}"
-    if loaded is None:
+    if found is None:
         return None, "disappeared while reading (removed by a prune or a writer?)"
-    return loaded, None
+    return found, None
 
 
 def inspect(root: Root, entry: Entry, *, lock: bool = True) -> Look:
@@ -81,30 +87,22 @@ def inspect(root: Root, entry: Entry, *, lock: bool = True) -> Look:
     view = root.lock(entry.key) if lock else None
     if view is not None:
         row.lock, row.lock_holder = view.state, view.holder
-    try:
-        row.size, mtime = root.measure(entry)
-    except CheckpointError as exc:  # a damaged journal row, reported as a file is
-        row.error = exc.reason
+    measured, row.error = read(root, root.measure, entry)
+    if measured is None:
         return Look(row, None, view)
-    except OSError as exc:
-        row.error = f"cannot be read: {why(exc)}"
-        return Look(row, None, view)
-    if mtime is not None:
-        row.mtime = mtime
-    loaded, row.error = read(root, entry)
+    row.size, mtime = measured
+    row.mtime = mtime or row.mtime
+    loaded, row.error = read(root, root.load, entry)
     if loaded is None:
         return Look(row, None, view)
     meta = loaded.meta
+    row.updated_at, row.created_at = report.utc(meta.updated_at), report.utc(meta.created_at)
+    row.mtime = mtime or row.updated_at  # a row's only time is its meta's
+    row.seq, row.live, row.pinned, row.turns = meta.seq, meta.live, meta.pinned, meta.turns
     found = history(loaded.state)
-    row.updated_at = report.utc(meta.updated_at)
-    row.created_at = report.utc(meta.created_at)
-    if mtime is None:  # a row's only time is its meta's
-        row.mtime = row.updated_at
-    row.seq = meta.seq
-    row.live = meta.live
-    row.pinned = meta.pinned
     listed = None if found is None else found.messages
-    row.turns = _turns(meta, listed)
+    if row.turns is None and listed is not None:
+        row.turns = count_turns(listed)
     row.messages = None if listed is None else len(listed)
     row.title = _title(listed)
     return Look(row, loaded, view)
@@ -175,12 +173,6 @@ def _conversation(entries: list[Any], head: Any) -> History:
     return History([entries[k]["message"] for k in chain], lambda i: f"{AT}[{chain[i]}].message")
 
 
-def messages(state: Any) -> list[Any] | None:
-    """The agent history in a state, if it has one this tool can read (``history``)."""
-    found = history(state)
-    return None if found is None else found.messages
-
-
 def _title(listed: list[Any] | None) -> str:
     for message in listed or ():
         dialect = detect(message)
@@ -188,12 +180,3 @@ def _title(listed: list[Any] | None) -> str:
         if text is not None:
             return report.one_line(text, 48)
     return ""
-
-
-def _turns(meta: Any, listed: list[Any] | None) -> int | None:
-    turns = getattr(meta, "turns", None)
-    if isinstance(turns, int):
-        return turns
-    if listed is None:
-        return None
-    return count_turns(listed)

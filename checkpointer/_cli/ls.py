@@ -17,14 +17,24 @@ from . import report
 from .look import Row, inspect
 from .roots import Extra, Root
 
-__all__ = ["SORTS", "Listed", "run"]
+HELP = "list the checkpoints of a store"
+DESCRIPTION = (
+    "One row per checkpoint: key, last update (UTC), size, seq, turns, live (a writer had "
+    "it open at its last write), pinned, lock (alive: a writer holds <key>.lock now; stale: "
+    "the lock file was left by a writer that died), and a title (the first user message)."
+)
 
 
-class Listed(Row, kw_only=True):
-    """A row of ``ls`` with its key's summary checkpoint, if it has one."""
-
-    summary: str | None = None  # its path (sessions/<key>/checkpoint.md)
-    summary_at: datetime | None = None  # when it was written (its file's time if unreadable)
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sort",
+        choices=sorted(SORTS),
+        default="key",
+        help="order rows by this field (%(default)s); updated, size, seq and turns "
+        "put the newest or largest first",
+    )
+    parser.add_argument("-r", "--reverse", action="store_true", help="reverse the order")
+    parser.add_argument("--json", action="store_true", help="print a JSON array, for scripts")
 
 
 SORTS: dict[str, Callable[[Row], Any]] = {
@@ -36,13 +46,12 @@ SORTS: dict[str, Callable[[Row], Any]] = {
     "title": lambda r: r.title.casefold(),
 }
 _DESCENDING = {"updated", "size", "seq", "turns"}  # newest, biggest first
-_NAMED = 3  # corrupt files named in the note; the rest counted
 _ONLY = "(a summary only: no checkpoint)"  # the TITLE of a key's summary row
 
 
 def run(root: Root, args: argparse.Namespace) -> int:
     """List the checkpoints of ``root``; 1 when some cannot be read (they are marked)."""
-    rows = [_listed(inspect(root, entry).row) for entry in root.scan().entries]
+    rows = [inspect(root, entry).row for entry in root.scan().entries]
     extras = root.extras()
     summaries = {e.entry.key: e for e in extras.found if e.entry.kind == "summary"}
     corrupt = [e.entry.path for e in extras.found if e.entry.kind == "corrupt" and not e.problem]
@@ -52,31 +61,34 @@ def run(root: Root, args: argparse.Namespace) -> int:
     rows += [_summary_row(root, extra) for key, extra in summaries.items() if key not in keys]
     rows.sort(key=lambda r: r.key)
     rows.sort(key=SORTS[args.sort], reverse=(args.sort in _DESCENDING) != args.reverse)
-    status = report.PROBLEM if any(r.error for r in rows) else report.OK
     for problem in extras.problems:
-        report.warning("ls", problem)
+        report.error("ls", problem)
     for extra in extras.found:  # something planted in place of one, or a damaged summary
         if extra.problem or extra.unreadable:
-            report.warning("ls", extra.problem or f"{extra.entry.path}: {extra.unreadable}")
+            report.error("ls", extra.problem or f"{extra.entry.path}: {extra.unreadable}")
+    bad = sum(1 for r in rows if r.error)
     if args.json:
         report.json_rows(rows)  # each unreadable one with its "error"
-        _note(corrupt, stdout=False)
-        return status
-    if not rows:
+    elif rows:
+        _table(rows, summaries)
+    else:
         report.line(f"no checkpoints in {root.where}")
-        _note(corrupt, stdout=True)
-        return report.OK
-    _table(rows, summaries)
-    _note(corrupt, stdout=True)
-    bad = sum(1 for r in rows if r.error)
-    if bad:
-        words = root.words
-        message = words.unreadable.format(n=bad, where=root.where)
-        report.warning("ls", message, stdout=words.unreadable_on_stdout)
-    return status
+    if corrupt:  # named, so a user knows they are there
+        note = (
+            f"note: {len(corrupt)} corrupt file(s) a writer moved aside, kept for rescue by "
+            f"hand: {report.some(corrupt)} (`checkpointer prune --corrupt` removes them)"
+        )
+        if args.json:  # stdout is the array
+            report.error("ls", note)
+        else:
+            report.line(note)
+    if bad and not args.json:
+        message = root.unreadable.format(n=bad, where=root.where)
+        report.error("ls", message, stdout=root.unreadable_on_stdout)
+    return report.PROBLEM if bad else report.OK
 
 
-def _table(rows: list[Listed], summaries: dict[str, Extra]) -> None:
+def _table(rows: list[Row], summaries: dict[str, Extra]) -> None:
     kinds = len({r.kind for r in rows}) > 1
     header = ["KEY", *(["KIND"] if kinds else []), "UPDATED (UTC)", "SIZE", "SEQ", "TURNS"]
     header += ["LIVE", "PINNED", "LOCK", *(["SUMMARY"] if summaries else []), "TITLE"]
@@ -102,19 +114,15 @@ def _table(rows: list[Listed], summaries: dict[str, Extra]) -> None:
     report.table(table, right={2 + kinds, 3 + kinds, 4 + kinds})  # size, seq, turns
 
 
-def _listed(row: Row) -> Listed:
-    return Listed(**{f: getattr(row, f) for f in row.__struct_fields__})
-
-
-def _with_summary(row: Listed, extra: Extra | None) -> None:
+def _with_summary(row: Row, extra: Extra | None) -> None:
     if extra is not None and extra.problem is None:
         row.summary, row.summary_at = extra.entry.path, extra.time
 
 
-def _summary_row(root: Root, extra: Extra) -> Listed:
+def _summary_row(root: Root, extra: Extra) -> Row:
     """The row of a key that has a summary checkpoint and no checkpoint."""
     entry = extra.entry
-    row = Listed(key=entry.key, kind="summary", path=entry.path, size=extra.size, mtime=extra.time)
+    row = Row(key=entry.key, kind="summary", path=entry.path, size=extra.size, mtime=extra.time)
     row.updated_at = extra.time if extra.problem is None else None
     _with_summary(row, extra)
     view = root.lock(entry.key)
@@ -130,20 +138,3 @@ def _age(extra: Extra | None, now: datetime) -> str:
     if extra.problem or extra.unreadable:
         return "!"  # said on stderr
     return report.ago((now - extra.time).total_seconds()) + " ago"
-
-
-def _note(corrupt: list[str], *, stdout: bool) -> None:
-    """Name the corrupt files a writer moved aside, so a user knows they are there."""
-    if not corrupt:
-        return
-    named = ", ".join(corrupt[:_NAMED])
-    if len(corrupt) > _NAMED:
-        named += f" and {len(corrupt) - _NAMED} more"
-    note = (
-        f"note: {len(corrupt)} corrupt file(s) a writer moved aside, kept for rescue by hand: "
-        f"{named} (`checkpointer prune --corrupt` removes them)"
-    )
-    if stdout:
-        report.line(note)
-    else:  # --json: stdout is the array
-        report.warning("ls", note)

@@ -11,8 +11,6 @@ from checkpointer.stores import PostgresStoreError
 from . import report
 from .roots import schema_sql
 
-__all__ = ["add_command", "run"]
-
 
 def add_command(commands: Any) -> None:
     """Add ``pg-schema`` to the parser's subcommands (psycopg is not imported)."""
@@ -37,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``pg-schema``; return the exit status."""
     try:
         if args.sql:
-            report.write(schema_sql(args.schema))
+            report.line(schema_sql(args.schema).removesuffix("\n"))
             return report.OK
         with PostgresStore(args.dsn, schema=args.schema) as store:
             version = store.create_schema()

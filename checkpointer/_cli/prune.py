@@ -6,13 +6,9 @@ locks are looked at first (``Root.lock``); what is to go is then deleted
 under the key's own writer lock (``Root.delete``), each checkpoint looked at
 again once the lock is held, so a session resumed and written since the
 listing stays.  A directory's stale lock files go too, whatever their age.
-
-Summary checkpoints and corrupt files a writer moved aside (``Root.extras``)
-stay unless asked for (prune says how many it kept, and the flag): with
-``--summaries`` a key's summary goes with its last checkpoint (or when it has
-none), once the summary is older than DURATION, under the key's lock like a
-checkpoint; with ``--corrupt`` a corrupt file goes once moved aside (or
-touched) more than DURATION ago.
+Summary checkpoints and corrupt files a writer moved aside stay unless
+``--summaries`` or ``--corrupt`` asks for them (prune counts them, naming the
+flag); a summary goes only with its key's last checkpoint.
 """
 
 from __future__ import annotations
@@ -26,8 +22,16 @@ from . import report
 from .look import Row, inspect
 from .roots import Entry, Extra, LockView, Recheck, Removal, Root
 
-__all__ = ["Duration", "parse_duration", "run"]
-
+HELP = "remove checkpoints not updated for a while, and stale locks"
+DESCRIPTION = (
+    "Remove checkpoints last updated more than DURATION ago, with their lock files, and "
+    "every stale lock file (its holder is gone), whatever its age. Never removes anything "
+    "of a key whose lock holder is alive, nor a pinned checkpoint. Lists what it removes. "
+    "Summary checkpoints and corrupt files a writer moved aside are kept unless --summaries "
+    "or --corrupt asks for them."
+)
+_FLAGS = {"summary": "--summaries", "corrupt": "--corrupt"}
+_NOUNS = {"summary": "summary checkpoint(s)", "corrupt": "corrupt file(s)"}
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
@@ -40,138 +44,214 @@ class Duration(NamedTuple):
 
 
 def parse_duration(text: str) -> Duration:
-    """Parse a number and a unit, or several: ``7d``, ``12h``, ``30m``, ``1h30m``.
-
-    Units: ``s``, ``m``, ``h``, ``d``, ``w``.
+    """Parse a number and a unit, or several: ``7d``, ``12h``, ``30m``, ``1h30m`` (s, m, h, d, w).
 
     Raises:
         argparse.ArgumentTypeError: naming the text and the accepted forms.
     """
     compact = text.strip().lower()
+    forms = "use a number and a unit (s, m, h, d, w), e.g. 7d, 12h, 30m or 1h30m"
     if compact.startswith("-"):
         raise argparse.ArgumentTypeError(
-            f"bad duration {text!r}: a duration is not negative; "
-            "use a number and a unit (s, m, h, d, w), e.g. 7d, 12h, 30m or 1h30m"
+            f"bad duration {text!r}: a duration is not negative; {forms}"
         )
     if not compact or _DURATION.sub("", compact):
-        raise argparse.ArgumentTypeError(
-            f"bad duration {text!r}: use a number and a unit (s, m, h, d, w), "
-            "e.g. 7d, 12h, 30m or 1h30m"
-        )
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: {forms}")
     seconds = sum(float(n) * _UNITS[unit] for n, unit in _DURATION.findall(compact))
     return Duration(seconds, text.strip())
 
 
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--older-than",
+        required=True,
+        type=parse_duration,
+        metavar="DURATION",
+        help="e.g. 7d, 12h, 30m, 1h30m (units s, m, h, d, w)",
+    )
+    parser.add_argument(
+        "-n", "--dry-run", action="store_true", help="list what would go, remove nothing"
+    )
+    parser.add_argument(
+        "--summaries",
+        action="store_true",
+        help="also remove summary checkpoints (sessions/KEY/checkpoint.md) older than "
+        "DURATION whose key has no checkpoint left after the prune (kept by default)",
+    )
+    parser.add_argument(
+        "--corrupt",
+        action="store_true",
+        help="also remove corrupt files a writer moved aside (KEY.corrupt-<UTC time>) "
+        "more than DURATION ago (kept by default)",
+    )
+
+
 def run(root: Root, args: argparse.Namespace) -> int:
     """Prune ``root``; 1 when something could not be removed or was refused (on stderr)."""
-    limit: Duration = args.older_than
-    now = datetime.now(UTC)
+    prune = _Prune(root, args)
     scan = root.scan()
     by_key: dict[str, list[Entry]] = {}
     for entry in scan.entries:
         by_key.setdefault(entry.key, []).append(entry)
-    tally = _Tally(dry_run=args.dry_run)
-    wanted = {"summary": args.summaries, "corrupt": args.corrupt}
-    flags = [flag for kind, flag in _FLAGS.items() if wanted[kind]]
-    extras_by_key: dict[str, list[Extra]] = {}
+    extras: dict[str, list[Extra]] = {}
+    flags = [flag for kind, flag in _FLAGS.items() if prune.wanted[kind]]
     if flags and not root.has_extras:
         report.line(
             f"{', '.join(flags)}: nothing to do, {root.where} holds no summary checkpoints "
             "or corrupt files (a store directory does)"
         )
     elif root.has_extras:
-        extras = root.extras()
-        for problem in extras.problems if args.summaries else ():
-            tally.refuse(problem)  # `sessions` planted: none of its summaries looked at
-        for extra in extras.found:
-            extras_by_key.setdefault(extra.entry.key, []).append(extra)
-    for key in sorted(by_key.keys() | scan.lock_keys | extras_by_key.keys()):
-        old: list[tuple[Entry, str]] = []  # (checkpoint, why) to remove
-        listed: dict[str, Row | Extra] = {}
-        stay = 0  # the key's checkpoints that stay: its summary stays with them
-        for entry in by_key.get(key, []):
-            planted = root.planted(entry)
+        found = root.extras()
+        for problem in found.problems if args.summaries else ():
+            prune.refuse(problem)  # `sessions` planted: none of its summaries looked at
+        for extra in found.found:
+            extras.setdefault(extra.entry.key, []).append(extra)
+    for key in sorted(by_key.keys() | scan.lock_keys | extras.keys()):
+        prune.key(key, by_key.get(key, []), extras.get(key, []))
+    return prune.summary()
+
+
+class _Prune:
+    """One prune: what it removes, keeps and refuses, as lines to print and counts.
+
+    Errors are said at once, on stderr.
+    """
+
+    def __init__(self, root: Root, args: argparse.Namespace) -> None:
+        self.root, self.limit, self.dry_run = root, args.older_than, args.dry_run
+        self.wanted = {"summary": args.summaries, "corrupt": args.corrupt}
+        self.now = datetime.now(UTC)
+        self.lines: list[str] = []
+        self.removed = self.locks = self.kept = self.failed = 0
+        self.kinds: dict[str, str] = {}  # path -> "summary" or "corrupt" (else a checkpoint)
+        self.extras = {"summary": 0, "corrupt": 0}  # removed
+        self.asides = {"summary": 0, "corrupt": 0}  # old enough, kept as not asked for
+
+    def key(self, key: str, entries: list[Entry], extras: list[Extra]) -> None:
+        """Remove what of ``key`` is old, unless its lock holder is alive (or may be)."""
+        old: list[tuple[Entry, str]] = []  # (entry, why) to remove
+        listed: dict[str, Row | Extra] = {}  # each as it was listed, for the recheck
+        for entry in entries:
+            planted = self.root.planted(entry)
             if planted is not None:  # a link, a FIFO, ...: not ours to remove
-                tally.refuse(planted)
-                stay += 1
+                self.refuse(planted)
                 continue
-            row = inspect(root, entry, lock=False).row
-            updated = _updated(root, row)
+            row = inspect(self.root, entry, lock=False).row
+            updated = _updated(self.root, row)
             if updated is None:
-                stay += 1
                 continue  # unreadable and no time of its own: never guess its age
-            age = (now - updated).total_seconds()
-            if age <= limit.seconds:
-                stay += 1
-                continue
-            if row.pinned:
-                tally.keep(entry.path, f"pinned (updated {report.ago(age)} ago)")
-                stay += 1
-            else:
+            age = (self.now - updated).total_seconds()
+            if age > self.limit.seconds and row.pinned:
+                self.keep(entry.path, f"pinned (updated {report.ago(age)} ago)")
+            elif age > self.limit.seconds:
                 old.append((entry, f"updated {report.ago(age)} ago"))
                 listed[entry.path] = row
-        for extra in extras_by_key.get(key, []):
-            why = _extra_old(extra, now, limit, stay=stay, wanted=wanted[extra.entry.kind])
-            if why is None:
-                continue
-            if not wanted[extra.entry.kind]:
-                tally.aside(extra.entry.kind)  # kept, as always: counted, and the flag named
-            elif extra.problem is not None:
-                tally.refuse(extra.problem)
-            elif why.startswith("kept: "):
-                tally.keep(extra.entry.path, why.removeprefix("kept: "))
-            else:
+        stay = len(entries) > len(old)  # a checkpoint of the key stays: so does its summary
+        for extra in extras:
+            why = self._old_extra(extra, stay=stay)
+            if why is not None:
                 old.append((extra.entry, why))
                 listed[extra.entry.path] = extra
-                tally.kinds[extra.entry.path] = extra.entry.kind
-        if not old and not root.lock_files:
-            continue  # an advisory lock leaves nothing behind to clean up
-        lock = root.lock(key)
+                self.kinds[extra.entry.path] = extra.entry.kind
+        if old or self.root.lock_files:  # an advisory lock leaves nothing behind
+            self._remove(key, old, listed)
+
+    def _old_extra(self, extra: Extra, *, stay: bool) -> str | None:
+        """Why a summary or corrupt file goes; None: it stays (counted or said, if old)."""
+        kind, path = extra.entry.kind, extra.entry.path
+        wanted = self.wanted[kind]
+        age = (self.now - extra.time).total_seconds()
+        if age <= self.limit.seconds and not (wanted and extra.problem is not None):
+            return None  # young; a planted one, when asked for, is refused whatever its age
+        summary_stays = kind == "summary" and stay  # a resume may start from both
+        if not wanted:
+            self.asides[kind] += not summary_stays  # kept, as always: counted, the flag named
+        elif extra.problem is not None:
+            self.refuse(extra.problem)
+        elif summary_stays:
+            self.keep(path, "a summary of a key whose checkpoint stays")
+        elif kind == "corrupt":
+            return f"a corrupt file, moved aside {report.ago(age)} ago"
+        else:
+            return f"a summary, written {report.ago(age)} ago; its key has no checkpoint left"
+        return None
+
+    def _remove(
+        self, key: str, old: list[tuple[Entry, str]], listed: dict[str, Row | Extra]
+    ) -> None:
+        lock = self.root.lock(key)
+        held = None
         if lock is not None and lock.problem is not None:
             # Not a lock file this library made: leave it and the key alone.
-            tally.refuse(lock.problem)
+            self.refuse(lock.problem)
+            held = f"its lock file {lock.path} is not one this library made"
+        elif lock is not None and lock.state != "stale":
+            # A live writer's key, or one we cannot tell about: leave all of it, lock too.
+            held = _held(self.root, lock)
+        if held is not None:
             for entry, _ in old:
-                tally.keep(entry.path, f"its lock file {lock.path} is not one this library made")
-            continue
-        if lock is not None and lock.state != "stale":
-            # A live writer's key (its lock is not news), or one we cannot
-            # tell about: leave all of it alone, without touching its lock.
-            for entry, _ in old:
-                tally.keep(entry.path, _held(root, lock))
-            continue
+                self.keep(entry.path, held)
+            return
         stale = None if lock is None else "its lock file" if old else "stale lock, holder gone"
         if not old and stale is None:
-            continue
-        if args.dry_run:
-            for entry, why in old:
-                tally.record(Removal(entry.path, "removed", why))
+            return
+        if not self.dry_run:
+            recheck = _recheck(self.root, listed)
+            done = self.root.delete(key, old, recheck=recheck, stale=stale)
+        else:
+            done = [Removal(entry.path, "removed", why) for entry, why in old]
             if lock is not None and lock.path is not None and stale is not None:
-                tally.record(Removal(lock.path, "removed", stale, lock=True))
-            continue
-        for removal in root.delete(key, old, recheck=_recheck(root, listed), stale=stale):
-            tally.record(removal)
-    return _summary(root, limit, tally)
+                done.append(Removal(lock.path, "removed", stale, lock=True))
+        for removal in done:
+            self.record(removal)
 
+    def keep(self, path: str, why: str) -> None:
+        self.kept += 1
+        self.lines.append(f"kept {path}: {why}")
 
-_FLAGS = {"summary": "--summaries", "corrupt": "--corrupt"}
-_NOUNS = {"summary": "summary checkpoint(s)", "corrupt": "corrupt file(s)"}
+    def refuse(self, problem: str) -> None:
+        """Something planted in the root (``UnsafeFile``'s text): left, and counted as failed."""
+        self.failed += 1
+        report.error("prune", problem)
 
+    def record(self, removal: Removal) -> None:
+        if removal.outcome == "kept":
+            self.keep(removal.path, removal.why)
+        elif removal.outcome == "failed":
+            self.refuse(removal.why)
+        else:
+            kind = self.kinds.get(removal.path)
+            if removal.lock:
+                self.locks += 1
+            elif kind is not None:
+                self.extras[kind] += 1
+            else:
+                self.removed += 1
+            verb = "would remove" if self.dry_run else "removed"
+            self.lines.append(f"{verb} {removal.path} ({removal.why})")
 
-def _extra_old(
-    extra: Extra, now: datetime, limit: Duration, *, stay: int, wanted: bool
-) -> str | None:
-    """Why a summary or corrupt file may go (``kept: ...``: why it may not); None: young.
-
-    A planted one, when asked for, is refused whatever its age, as a checkpoint is.
-    """
-    age = (now - extra.time).total_seconds()
-    if age <= limit.seconds and not (wanted and extra.problem is not None):
-        return None
-    if extra.entry.kind == "corrupt":
-        return f"a corrupt file, moved aside {report.ago(age)} ago"
-    if stay:  # a resume may start from it and the checkpoint (resume_context)
-        return "kept: a summary of a key whose checkpoint stays" if wanted else None
-    return f"a summary, written {report.ago(age)} ago; its key has no checkpoint left"
+    def summary(self) -> int:
+        """Print what was done, and what was kept as not asked for; the exit status."""
+        root, limit = self.root, self.limit.text
+        locks = " and no stale locks" if root.lock_files else ""
+        if not self.lines:
+            report.line(f"nothing older than {limit}{locks} in {root.where}")
+        else:
+            for line in self.lines:
+                report.line(line)
+            verb = "would remove" if self.dry_run else "removed"
+            said = f"{verb} {self.removed} {root.prune_noun} older than {limit}"
+            said += "".join(f", {n} {_NOUNS[kind]}" for kind, n in self.extras.items() if n)
+            if root.lock_files:
+                said += f" and {self.locks} stale lock file(s)"
+            said += f", kept {self.kept}"
+            report.line(said + (f", {self.failed} could not be removed" if self.failed else ""))
+        asides = {kind: n for kind, n in self.asides.items() if n}
+        if asides:  # kept by default: say so, and how to include them
+            kept = " and ".join(f"{n} {_NOUNS[kind]}" for kind, n in asides.items())
+            flags = " ".join(_FLAGS[kind] for kind in asides)
+            report.line(f"kept {kept} older than {limit}: add {flags} to remove them")
+        return report.PROBLEM if self.failed else report.OK  # failed: said on stderr
 
 
 def _recheck(root: Root, listed: dict[str, Row | Extra]) -> Recheck:
@@ -183,13 +263,11 @@ def _recheck(root: Root, listed: dict[str, Row | Extra]) -> Recheck:
         was = listed[entry.path]
         if isinstance(was, Extra):
             extra = root.extra(entry)
-            if extra is not None and (extra.time, extra.size) != (was.time, was.size):
-                return "written since it was listed"
-            return None
-        again = inspect(root, entry, lock=False).row
-        if (_updated(root, again), again.pinned) != (_updated(root, was), was.pinned):
-            return "written since it was listed"
-        return None
+            changed = extra is not None and (extra.time, extra.size) != (was.time, was.size)
+        else:
+            again = inspect(root, entry, lock=False).row
+            changed = (_updated(root, again), again.pinned) != (_updated(root, was), was.pinned)
+        return "written since it was listed" if changed else None
 
     return recheck
 
@@ -205,68 +283,3 @@ def _held(root: Root, lock: LockView) -> str:
     if root.lock_files:
         return "its lock holder is alive"  # `show` names it, with the lock file
     return f"its lock holder is alive ({lock.holder})"
-
-
-def _summary(root: Root, limit: Duration, tally: _Tally) -> int:
-    status = report.PROBLEM if tally.failed else report.OK  # failed: said on stderr
-    locks = " and no stale locks" if root.lock_files else ""
-    if not tally.lines:
-        report.line(f"nothing older than {limit.text}{locks} in {root.where}")
-    else:
-        for line in tally.lines:
-            report.line(line)
-        verb = "would remove" if tally.dry_run else "removed"
-        summary = f"{verb} {tally.removed} {root.words.prune_noun} older than {limit.text}"
-        summary += "".join(f", {n} {_NOUNS[kind]}" for kind, n in tally.extras.items() if n)
-        if root.lock_files:
-            summary += f" and {tally.locks} stale lock file(s)"
-        summary += f", kept {tally.kept}"
-        report.line(summary + (f", {tally.failed} could not be removed" if tally.failed else ""))
-    asides = {kind: n for kind, n in tally.asides.items() if n}
-    if asides:  # kept by default: say so, and how to include them
-        kept = " and ".join(f"{n} {_NOUNS[kind]}" for kind, n in asides.items())
-        flags = " ".join(_FLAGS[kind] for kind in asides)
-        report.line(f"kept {kept} older than {limit.text}: add {flags} to remove them")
-    return status
-
-
-class _Tally:
-    """What prune did, as lines to print and counts; errors said at once, on stderr."""
-
-    def __init__(self, *, dry_run: bool) -> None:
-        self.dry_run = dry_run
-        self.lines: list[str] = []
-        self.removed = self.locks = self.kept = self.failed = 0
-        self.kinds: dict[str, str] = {}  # path -> "summary" or "corrupt" (else a checkpoint)
-        self.extras = {"summary": 0, "corrupt": 0}  # removed
-        self.asides = {"summary": 0, "corrupt": 0}  # kept, not asked for
-
-    def keep(self, path: str, why: str) -> None:
-        self.kept += 1
-        self.lines.append(f"kept {path}: {why}")
-
-    def aside(self, kind: str) -> None:
-        """A summary or corrupt file old enough to go, kept as it was not asked for."""
-        self.asides[kind] += 1
-
-    def refuse(self, problem: str) -> None:
-        """Something planted in the root (``UnsafeFile``'s text): left, and counted as failed."""
-        self.failed += 1
-        report.error("prune", problem)
-
-    def record(self, removal: Removal) -> None:
-        if removal.outcome == "kept":
-            self.keep(removal.path, removal.why)
-        elif removal.outcome == "failed":
-            self.failed += 1
-            report.error("prune", removal.why)
-        else:
-            kind = self.kinds.get(removal.path)
-            if removal.lock:
-                self.locks += 1
-            elif kind is not None:
-                self.extras[kind] += 1
-            else:
-                self.removed += 1
-            verb = "would remove" if self.dry_run else "removed"
-            self.lines.append(f"{verb} {removal.path} ({removal.why})")

@@ -1,17 +1,11 @@
-"""What the commands print, and how values read in it.
+"""What the commands print, and how values read in it: the one module that writes output.
 
-The only module of the package that writes to stdout or stderr (the demo
-prints its own lines, and argparse its usage).  The formatting helpers are
-pure: a value in, a string out.
-
-What a checkpoint holds is untrusted (model and tool output): every text
-printed goes through ``safe`` here, which writes control characters as
-visible escapes (``\\x1b``), so a session cannot drive the terminal (OSC 52
-writing the clipboard, OSC 0 the window title, ``ESC[2J`` clearing the
-screen).  Newlines and tabs stay in lines; in table cells and field values
-they are escaped too, so a value cannot break the layout.  ``--json`` output
-escapes them as ``\\u`` escapes; ``show --raw`` writes the file's bytes as
-they are to a pipe or file, and escaped to a terminal.
+A checkpoint holds untrusted text (model and tool output), so everything
+printed goes through ``safe``: control characters as visible escapes
+(``\\x1b``), so a session cannot drive the terminal (OSC 52 writes the
+clipboard), and in table cells and field values newlines and tabs too, so a
+value cannot break the layout.  ``--json`` escapes them as ``\\u`` escapes;
+``show --raw`` writes bytes as they are, but escaped to a terminal.
 """
 
 from __future__ import annotations
@@ -27,33 +21,6 @@ from typing import Any
 import msgspec
 
 from .roots import detect
-
-__all__ = [
-    "OK",
-    "PROBLEM",
-    "USAGE",
-    "ago",
-    "error",
-    "fields",
-    "flush",
-    "json_rows",
-    "json_type",
-    "line",
-    "message_line",
-    "one_line",
-    "opt",
-    "raw",
-    "safe",
-    "silence",
-    "size",
-    "table",
-    "utc",
-    "value",
-    "warning",
-    "when",
-    "write",
-    "yes",
-]
 
 OK, PROBLEM, USAGE = 0, 1, 2
 """Exit statuses: all well; a problem with the store; a usage error (argparse's own)."""
@@ -91,15 +58,9 @@ def line(text: str = "") -> None:
     print(safe(text))
 
 
-def error(command: str, message: str) -> None:
-    """``checkpointer <command>: <message>`` on stderr."""
-    print(safe(f"checkpointer {command}: {message}"), file=sys.stderr)
-
-
-def warning(command: str, message: str, *, stdout: bool = False) -> None:
-    """Like ``error``, on stdout where the command always said it there."""
-    text = safe(f"checkpointer {command}: {message}")
-    print(text, file=sys.stdout if stdout else sys.stderr)
+def error(command: str, message: str, *, stdout: bool = False) -> None:
+    """``checkpointer <command>: <message>``, an error or a warning, on stderr (or stdout)."""
+    print(safe(f"checkpointer {command}: {message}"), file=sys.stdout if stdout else sys.stderr)
 
 
 def table(rows: list[list[str]], *, right: set[int]) -> None:
@@ -125,11 +86,6 @@ def json_rows(rows: Sequence[msgspec.Struct]) -> None:
     """A JSON array, indented, for scripts (control characters as ``\\u`` escapes)."""
     text = msgspec.json.format(msgspec.json.encode(rows)).decode()
     sys.stdout.write(_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n")
-
-
-def write(text: str) -> None:
-    """Our own text on stdout (newlines kept), control characters escaped."""
-    sys.stdout.write(safe(text))
 
 
 def raw(data: bytes) -> None:
@@ -167,6 +123,12 @@ def message_line(message: Any, width: int = 100) -> str:
     if calls:
         said = f"{said} -> {len(calls)} tool call(s): {', '.join(calls)}".strip()
     return f"{dialect.label(message)}: {one_line(said, width)}"
+
+
+def some(texts: Sequence[str], *, sep: str = ", ", most: int = 3) -> str:
+    """The first ``most`` of ``texts``, joined, and how many more there are."""
+    shown = sep.join(texts[:most])
+    return shown if len(texts) <= most else f"{shown} and {len(texts) - most} more"
 
 
 def one_line(text: str, width: int) -> str:

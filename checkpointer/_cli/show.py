@@ -4,17 +4,43 @@ from __future__ import annotations
 
 import argparse
 import difflib
+from typing import Any
 
 import msgspec
 
-from checkpointer import CheckpointError
+from checkpointer import Checkpoint
 
 from . import report
-from .look import Row, history, inspect
-from .roots import Entry, Loaded, LockView, Root, why
+from .look import Row, history, inspect, read
+from .roots import Entry, LockView, Root
 from .verify import torn_tail
 
-__all__ = ["run"]
+HELP = "show one checkpoint: its meta and its last messages"
+DESCRIPTION = (
+    "Print the meta of KEY's checkpoint, its lock, and a short view of the state: "
+    "the message count and the last messages, truncated."
+)
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("key", metavar="KEY", nargs="?", help="the session key")
+    parser.add_argument(
+        "--last", type=_count, default=5, metavar="N", help="messages to show (%(default)s)"
+    )
+    parser.add_argument(
+        "--raw", action="store_true", help="print the file's bytes as they are, undecoded"
+    )
+
+
+def _count(text: str) -> int:
+    """A count of messages to show: a whole number, 0 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative: give 0 or more (0: no messages)")
+    return n
 
 
 def run(root: Root, args: argparse.Namespace) -> int:
@@ -32,7 +58,7 @@ def run(root: Root, args: argparse.Namespace) -> int:
         message = f"no checkpoint {args.key!r} in {root.where}"
         if hint:
             message += f"; did you mean {hint[0]!r}?"
-        elif keys and root.words.count_hint:
+        elif keys and root.count_hint:
             message += f"; `checkpointer ls {root.where}` lists the {len(keys)} there"
         report.error("show", message)
         return report.PROBLEM
@@ -48,20 +74,9 @@ def run(root: Root, args: argparse.Namespace) -> int:
 
 
 def _raw(root: Root, entry: Entry) -> int:
-    try:
-        data = root.raw(entry)
-    except root.failure:
-        raise  # the server, not this checkpoint: the command fails
-    except CheckpointError as exc:  # a damaged journal row
-        report.error("show", f"{entry.path}: {exc.reason}")
-        return report.PROBLEM
-    except OSError as exc:
-        report.error("show", f"{entry.path}: cannot be read: {why(exc)}")
-        return report.PROBLEM
+    data, error = read(root, root.raw, entry)
     if data is None:
-        report.error(
-            "show", f"{entry.path}: disappeared while reading (removed by a prune or a writer?)"
-        )
+        report.error("show", f"{entry.path}: {error}")
         return report.PROBLEM
     report.raw(data)
     return report.OK
@@ -71,7 +86,7 @@ def _show(root: Root, entry: Entry, last: int) -> int:
     look = inspect(root, entry)
     row = look.row
     kind = f", {entry.kind}" if len(root.kinds) > 1 else ""
-    fields = [(root.words.entry, f"{entry.path} ({report.size(row.size)}{kind})")]
+    fields = [(root.noun, f"{entry.path} ({report.size(row.size)}{kind})")]
     fields.append(("lock", _lock(root, look.lock)))
     if look.loaded is None:
         report.fields(fields)
@@ -80,7 +95,7 @@ def _show(root: Root, entry: Entry, last: int) -> int:
     status = _loaded(fields, row, look.loaded, last)
     if look.loaded.torn is not None:
         report.flush()  # the view first, then the warning
-        report.warning("show", f"{row.path}: {torn_tail(look.loaded.torn)}")
+        report.error("show", f"{row.path}: {torn_tail(look.loaded.torn)}")
     return status
 
 
@@ -94,7 +109,7 @@ def _lock(root: Root, lock: LockView | None) -> str:
     return f"{state} {lock.holder}".rstrip() + f" ({lock.path})"
 
 
-def _loaded(fields: list[tuple[str, str]], row: Row, loaded: Loaded, last: int) -> int:
+def _loaded(fields: list[tuple[str, str]], row: Row, loaded: Checkpoint[Any], last: int) -> int:
     """Print the meta and the last messages of a readable checkpoint."""
     for name, value in msgspec.structs.asdict(loaded.meta).items():
         if value is not None:  # None: a field this file's writer did not record

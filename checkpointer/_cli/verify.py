@@ -11,44 +11,60 @@ model API would refuse is bad (exit 1).
 from __future__ import annotations
 
 import argparse
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
+from checkpointer.messages import HistoryProblem
 from checkpointer.stores import TornTail
 
 from . import report
 from .look import History, history, read
 from .roots import CHAT, Entry, Root, clipped, describe_shape, detect, scan_history
 
-__all__ = ["Verdict", "run", "torn_tail", "verdict"]
+HELP = "load every checkpoint and check agent histories; exit 1 if any is bad"
+DESCRIPTION = (
+    "Load every checkpoint of ROOT; where the state has messages, check that a model API "
+    "would accept the agent history (roles; every tool call answered, once, before the "
+    "conversation goes on). Prints each bad file with its reason and exits with status 1 "
+    "when any is bad. Tool calls still open at the end (saved while the tool ran) are a "
+    "warning, not bad."
+)
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only bad files")
 
 
 def run(root: Root, args: argparse.Namespace) -> int:
     """Check every checkpoint of ``root``; 1 when any is bad."""
     entries = root.scan().entries
-    bad = warned = torn = noted = 0
+    bad = 0
+    counts = dict.fromkeys(
+        (
+            "with tool calls open at the end",
+            "with a torn tail ignored",
+            "with messages not checked",
+        ),
+        0,
+    )
     for entry in entries:
-        verdict_ = verdict(root, entry)
-        outcome = _report(entry.path, verdict_, quiet=args.quiet)
-        bad += outcome == "bad"
-        good = outcome != "bad"
-        warned += good and verdict_.warning is not None
-        torn += good and verdict_.torn is not None
-        noted += good and verdict_.note is not None
+        said = verdict(root, entry)
+        if said.problem is not None:
+            report.line(f"BAD  {entry.path}: {said.problem}")
+            bad += 1
+            continue
+        for count, text in zip(counts, (said.warning, said.torn, said.note), strict=True):
+            counts[count] += text is not None
+        if not args.quiet:
+            word = "warn" if said.warning or said.torn else "note" if said.note else "ok  "
+            texts = [t for t in (said.summary, said.warning, said.torn, said.note) if t is not None]
+            report.line(f"{word} {entry.path}: {'; '.join(texts)}")
     for path in root.asides():
         report.line(f"note {path}: a corrupt file a writer moved aside")
     if not entries:
         report.line(f"no checkpoints in {root.where}")
         return report.OK
-    ok = f"{len(entries) - bad} ok"
-    also = []
-    if warned:
-        also.append(f"{warned} with tool calls open at the end")
-    if torn:
-        also.append(f"{torn} with a torn tail ignored")
-    if noted:
-        also.append(f"{noted} with messages not checked")
-    if also:
-        ok += f" ({', '.join(also)})"
+    also = ", ".join(f"{n} {count}" for count, n in counts.items() if n)
+    ok = f"{len(entries) - bad} ok" + (f" ({also})" if also else "")
     report.line(f"{len(entries)} checkpoint(s): {ok}, {bad} bad")
     return report.PROBLEM if bad else report.OK
 
@@ -63,29 +79,9 @@ class Verdict(NamedTuple):
     torn: str | None = None  # a journal's unfinished last append, ignored by load()
 
 
-_Outcome = Literal["bad", "warn", "note", "ok"]
-
-
-def _report(path: str, verdict_: Verdict, *, quiet: bool) -> _Outcome:
-    """Print one ``verify`` line for ``path`` (ok, warn and note lines unless quiet)."""
-    if verdict_.problem is not None:
-        report.line(f"BAD  {path}: {verdict_.problem}")
-        return "bad"
-    said = [s for s in (verdict_.warning, verdict_.torn, verdict_.note) if s is not None]
-    outcome: _Outcome = "ok"
-    if verdict_.warning is not None or verdict_.torn is not None:
-        outcome = "warn"
-    elif verdict_.note is not None:
-        outcome = "note"
-    if not quiet:
-        word = {"ok": "ok  ", "note": "note", "warn": "warn"}[outcome]
-        report.line(f"{word} {path}: {'; '.join([verdict_.summary, *said])}")
-    return outcome
-
-
 def verdict(root: Root, entry: Entry) -> Verdict:
     """Load ``entry`` and check it: its meta names its key; its history is sendable."""
-    loaded, error = read(root, entry)
+    loaded, error = read(root, root.load, entry)
     if loaded is None:
         return Verdict(error, "")
     meta = loaded.meta
@@ -119,66 +115,65 @@ def _history(state: Any, summary: str) -> Verdict:
 
 def _check(found: History, summary: str) -> Verdict:
     """The verdict on a history: bad, open calls at the end (a warning), unrecognised (a note)."""
-    messages = found.messages
+    messages, at = found.messages, found.at
     assert messages is not None
-    at = found.at
-    summary += f", {len(messages)} messages"
     for i, message in enumerate(messages):
         if type(message) is dict and "tool_calls" in message and detect(message) is CHAT:
             wrong = _calls_shape(message["tool_calls"])
             if wrong is not None:
                 return Verdict(f"invalid agent history: {at(i)}.tool_calls{wrong}", "")
-    scan = scan_history(messages)
-    # Calls left open at the end are not damage: a writer without prepare
-    # saved the session while its tools ran (transcript_prepare() closes
-    # them as it writes).  Sendable only once they are run again or closed,
-    # so they are a warning; anything else a model API would refuse is bad.
-    end = len(messages)
-    still_open = {(u.call_index, u.call_id) for u in scan.unclosed if u.window_end == end}
-    paused = {(u.call_index, u.call_id) for u in scan.pending}
-    open_calls, pending, bad, unknown = [], [], [], []
-    for problem in scan.problems:
-        if problem.kind == "unrecognised":
-            unknown.append(problem)
-        elif problem.kind == "unclosed-call" and (problem.index, problem.call_id) in paused:
-            pending.append(problem)
-        elif problem.kind == "unclosed-call" and (problem.index, problem.call_id) in still_open:
-            open_calls.append(problem)
-        else:
-            bad.append(problem)
-    if bad:
-        shown = "; ".join(f"{at(p.index)}: {p.detail}" for p in bad[:3])
-        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
-        return Verdict(f"not sendable to a model API: {shown}{more}", "")
+    problems = _sorted(messages)
+    if problems["bad"]:
+        shown = report.some([f"{at(p.index)}: {p.detail}" for p in problems["bad"]], sep="; ")
+        return Verdict(f"not sendable to a model API: {shown}", "")
     warnings: list[str] = []
-    if open_calls:
-        ids = ", ".join(
-            f"{clipped(p.call_id)} ({at(p.index)})" if p.call_id else at(p.index)
-            for p in open_calls[:3]
+    if calls := problems["open"]:
+        ids = report.some(
+            [f"{clipped(p.call_id)} ({at(p.index)})" if p.call_id else at(p.index) for p in calls]
         )
-        ids += f" and {len(open_calls) - 3} more" if len(open_calls) > 3 else ""
         warnings.append(
-            f"{len(open_calls)} tool call(s) open at the end, saved while the tool ran: {ids}; "
+            f"{len(calls)} tool call(s) open at the end, saved while the tool ran: {ids}; "
             "run them again or close them before sending the history "
             "(a writer with transcript=Transcript() closes them as it writes)"
         )
-    if pending:
-        ids = ", ".join(f"{clipped(p.call_id)} ({at(p.index)})" for p in pending[:3])
-        ids += f" and {len(pending) - 3} more" if len(pending) > 3 else ""
+    if calls := problems["pending"]:
+        ids = report.some([f"{clipped(p.call_id)} ({at(p.index)})" for p in calls])
         warnings.append(
-            f"{len(pending)} tool call(s) pending, a paused run (a deferred tool, an "
-            f"approval): {ids}; the framework answers them when it resumes the run "
+            f"{len(calls)} tool call(s) pending, a paused run (a deferred tool, an approval): "
+            f"{ids}; the framework answers them when it resumes the run "
             "(close_dangling_tool_calls() closes them, to abandon it)"
         )
-    warning = "; ".join(warnings) if warnings else None
     note = None
-    if unknown:
-        shown = ", ".join(
-            f"{at(p.index)} ({describe_shape(messages[p.index])})" for p in unknown[:3]
-        )
-        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
-        note = f"unrecognised message shape at {shown}{more}: not checked"
-    return Verdict(None, summary, warning, note)
+    if unknown := problems["unknown"]:
+        shapes = [f"{at(p.index)} ({describe_shape(messages[p.index])})" for p in unknown]
+        note = f"unrecognised message shape at {report.some(shapes)}: not checked"
+    summary += f", {len(messages)} messages"
+    return Verdict(None, summary, "; ".join(warnings) or None, note)
+
+
+def _sorted(messages: list[Any]) -> dict[str, list[HistoryProblem]]:
+    """The problems of a history: bad, calls open at the end, pending, unrecognised.
+
+    Calls left open at the end are not damage: a writer without a transcript
+    saved the session while its tools ran.  They are sendable once run again
+    or closed, so they are a warning, as calls pending in a paused run are.
+    """
+    scan = scan_history(messages)
+    end = len(messages)
+    still_open = {(u.call_index, u.call_id) for u in scan.unclosed if u.window_end == end}
+    paused = {(u.call_index, u.call_id) for u in scan.pending}
+    found: dict[str, list[HistoryProblem]] = {"bad": [], "open": [], "pending": [], "unknown": []}
+    for problem in scan.problems:
+        call = (problem.index, problem.call_id)
+        if problem.kind == "unrecognised":
+            found["unknown"].append(problem)
+        elif problem.kind == "unclosed-call" and call in paused:
+            found["pending"].append(problem)
+        elif problem.kind == "unclosed-call" and call in still_open:
+            found["open"].append(problem)
+        else:
+            found["bad"].append(problem)
+    return found
 
 
 def _calls_shape(calls: Any) -> str | None:

@@ -1,17 +1,7 @@
-"""Where checkpoints live: the store protocols and every store.
+"""Where checkpoints live: the store protocols (``base``) and every store.
 
-* ``base``: the protocols (``Store``, ``StateStore``, ``LockingStore``,
-  ``ProbingStore``), in one file, and the key rule;
-* ``atomic``: durable atomic replace; the only module that calls fsync;
-* ``safefs``: opening files under a root so nothing planted redirects a write;
-* ``flock``: one writer per key on a local disk;
-* ``encoding``: a state encoded message by message (``Transcript``);
-* ``envelopes``: any bytes store as a ``StateStore`` (one envelope a key);
-* ``files``: ``FileStore``;
-* ``summaries``: summary checkpoints on disk;
-* ``journal/``: the journal core and ``JournalStore``;
-* ``postgres/``: ``PostgresStore`` and ``PostgresJournalStore``.
-
-Stores are synchronous: none imports anyio, the writer or the CLI, and none
-prints (``tests/test_layers.py``).
+``atomic`` is the one module that calls fsync, ``safefs`` opens files under a
+root, ``flock`` locks a key on a local disk, ``encoding`` and ``envelopes``
+turn states into bytes; ``files``, ``summaries``, ``journal/``, ``postgres/``
+and ``s3/`` are the stores.  Stores are synchronous and never print.
 """

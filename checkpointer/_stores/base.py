@@ -1,21 +1,8 @@
 """The store protocols: what the writer and ``load()`` need of a store, in one file.
 
-* ``Store``: bytes in, bytes out, one key at a time (``FileStore``,
-  ``PostgresStore``, your own).  Every method is synchronous and may block:
-  the writer calls them from a worker thread, ``flush_sync`` directly.
-* Ownership: every checkpoint carries a ``Meta.revision`` no other write
-  repeats, and a store replaces a key only if it holds the revision the
-  writer expects (``write(..., expected=)``), checked atomically with the
-  write; else it raises ``StaleWrite``.  A store whose ``write`` takes no
-  ``expected`` cannot fence (``fences``).
-* ``StateStore`` / ``Staged``: a store that takes states, not bytes
-  (``JournalStore``); any other store is adapted by ``envelopes.Envelopes``.
-  ``commit_deadline`` / ``time_left`` bound the waits of its calls during a
-  flush with a timeout.
-* Optional capabilities: ``LockingStore`` (one live writer per key:
-  ``KeyLock``, ``KeyLocked``, ``LockHolder``) and ``ProbingStore``
-  (reachable again?).
-* ``check_key`` / ``KEY_PATTERN``: the key rule every store shares.
+``Store`` (bytes, one key at a time; every write conditional on the revision
+the writer expects), ``StateStore`` (a store that encodes states itself),
+the optional ``LockingStore`` and ``ProbingStore``, and the key rule.
 """
 
 from __future__ import annotations
@@ -54,8 +41,6 @@ __all__ = [
     "unfenced",
 ]
 
-# -- keys ----------------------------------------------------------------------
-
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
 """A key: 1-200 letters, digits, ``.``, ``_``, ``-``; not starting with ``.``."""
 
@@ -90,9 +75,6 @@ def check_key(key: object) -> str:
 def _shown(key: object) -> str:
     text = repr(key)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-# -- bytes: the Store protocol ---------------------------------------------------
 
 
 @runtime_checkable
@@ -171,10 +153,7 @@ class Store(Protocol):
 
 
 def fences(store: object) -> bool:
-    """Whether ``store`` can refuse a stale write: its ``write`` (or ``commit``) takes ``expected``.
-
-    A store that forwards ``**kwargs`` counts: it hands ``expected`` on.
-    """
+    """Whether ``store``'s ``write`` (or ``commit``) takes ``expected`` (or ``**kwargs``)."""
     method = getattr(store, "commit" if isinstance(store, StateStore) else "write", None)
     if method is None:
         return False
@@ -188,13 +167,9 @@ def fences(store: object) -> bool:
 def landed(key: str, stored: str | None, revision: str, expected: str | None) -> bool:
     """The check a conditional write makes, given the revision ``stored`` now.
 
-    Returns:
-        False when the write may go ahead (``stored`` is ``expected``);
-        True when this very write has landed already (``stored`` is its
-        ``revision``: a retry whose first answer was lost).
-
-    Raises:
-        StaleWrite: ``stored`` is any other revision, or none.
+    False: the write may go ahead (``stored`` is ``expected``); True: this
+    very write landed already (a retry whose first answer was lost).
+    ``StaleWrite`` for any other revision, or none.
     """
     if stored == expected:
         return False
@@ -255,19 +230,14 @@ class ProbingStore(Protocol):
         ...
 
 
-# -- states: the StateStore protocol ---------------------------------------------
-
 _deadline = threading.local()
 
 
 class commit_deadline:  # lower case: used as a function, `with commit_deadline(t):`
     """Bound, on this thread, the waits of the store calls made inside the block.
 
-    A class rather than a generator: it is entered on every write (about a
-    microsecond less each time).
-
-    Args:
-        timeout: seconds from now; negative means no bound.
+    ``timeout``: seconds from now; negative means no bound.  (A class, not a
+    generator: it is entered on every write.)
     """
 
     __slots__ = ("_at", "_previous")
@@ -285,10 +255,7 @@ class commit_deadline:  # lower case: used as a function, `with commit_deadline(
 
 
 def time_left() -> float:
-    """Seconds left before this thread's ``commit_deadline``: -1 when there is none.
-
-    Suits ``threading.Lock.acquire(timeout=time_left())``.
-    """
+    """Seconds left before this thread's ``commit_deadline`` (-1: none), for ``Lock.acquire``."""
     at: float | None = getattr(_deadline, "at", None)
     if at is None:
         return -1
@@ -354,9 +321,6 @@ class StateStore(Protocol):
         ...
 
 
-# -- one writer per key: the LockingStore capability ----------------------------
-
-
 class LockHolder(msgspec.Struct, frozen=True, kw_only=True):
     """Who holds a key's writer lock: written into the lock file for display."""
 
@@ -367,7 +331,7 @@ class LockHolder(msgspec.Struct, frozen=True, kw_only=True):
     def describe(self) -> str:
         try:
             started = self.started_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        except (OverflowError, ValueError):  # a hand-edited time, outside the calendar in UTC
+        except (OverflowError, ValueError):  # a hand-edited time outside the calendar
             started = self.started_at.isoformat()
         return f"pid {self.pid} on {self.host} since {started}"
 

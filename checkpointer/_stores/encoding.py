@@ -1,39 +1,11 @@
-"""Encoding a state message by message: the transcript and its byte cache.
+"""Encoding a state message by message: ``Transcript`` and its byte cache.
 
-A ``Transcript`` says where a state keeps its messages (a list under a key of
-a dict state, or an attribute of a msgspec Struct state).  The stores use it
-to encode the state in pieces, on the caller's thread:
-
-* the *rest* of the state is encoded with a unique marker string in place of
-  the messages, then cut at the marker into ``head`` and ``tail``;
-* each message is encoded on its own; the bytes of a *settled* message are
-  cached, so it is encoded once in its life;
-* the worker thread writes ``head + "[" + ",".join(chunks) + "]" + tail``
-  (the same bytes one ``encode(state)`` would give) piece by piece with
-  ``os.writev``, which releases the GIL, without building the whole file
-  in memory (``state_pieces``).
-
-Why the cache is never stale
-----------------------------
-A message is *settled* when it is deeply immutable: an instance of a frozen
-msgspec Struct, a tuple or a frozenset whose contents are, recursively, of
-immutable types (str, int, float, bool, None, bytes, Decimal, UUID, date,
-time, timedelta, datetime with no or a standard tzinfo, Enum members of
-such values, and settled Structs and tuples).  Only settled messages are
-cached, keyed by ``id()``, and the cache holds a reference to each message
-it keys.  So:
-
-1. an id in the cache belongs to the very object that was encoded: that
-   object is alive (the cache holds it), and two live objects never share an
-   id;
-2. that object has not changed since it was encoded: nothing reachable from
-   it can change;
-3. the same encoder gives the same bytes for the same unchanged object.
-
-Anything else (dicts, lists, plain Structs, dataclasses) is encoded afresh at
-every checkpoint.  The only ways around this are the ones that break
-immutability itself: ``msgspec.structs.force_setattr`` after construction,
-ctypes, or changing a Struct class after its instances were encoded.
+The rest of the state is encoded with a marker where the messages go and
+cut there (``Transcript.split``); each message is encoded on its own, and
+the pieces are written with ``os.writev`` (``state_pieces``), never joined.
+Only *settled* messages (deeply immutable: ``settledness``) are cached, by
+``id()``, and the cache holds each one: so a cached id is the very object
+encoded, unchanged.  ``msgspec.structs.force_setattr`` or ctypes get around it.
 """
 
 from __future__ import annotations
@@ -45,7 +17,7 @@ import enum
 import itertools
 import uuid
 import zoneinfo
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -62,9 +34,8 @@ __all__ = [
     "state_pieces",
 ]
 
-# Immutable scalars.  EXACT ones equal (==) only values that encode the same:
-# "a" == "a", but 2 == 2.0 == True and Decimal("2") == 2, which msgspec encodes
-# as 2, 2.0, true and "2".
+# EXACT scalars equal (==) only values that encode the same; LOOSE ones do not:
+# 2 == 2.0 == True == Decimal("2"), encoded 2, 2.0, true and "2".
 _EXACT_SCALARS: Final = frozenset(
     {str, bytes, type(None), uuid.UUID, datetime.date, datetime.timedelta}
 )
@@ -84,21 +55,17 @@ _struct_fields: dict[type, tuple[str, ...] | None] = {}
 
 
 def is_settled(obj: object) -> bool:
-    """Whether nothing reachable from ``obj`` can change: safe to cache its bytes.
-
-    Conservative: an unknown type, a subclass of a builtin other than an
-    Enum, or nesting deeper than 32 levels counts as not settled.
-    """
+    """Whether nothing reachable from ``obj`` can change (unknown types, builtin
+    subclasses but Enums, and nesting past 32 levels count as changeable)."""
     return settledness(obj) != UNSETTLED
 
 
 def settledness(obj: object, _depth: int = 0) -> int:
     """``UNSETTLED``, ``LOOSE`` or ``EXACT``: the least of ``obj`` and all it reaches.
 
-    ``EXACT`` holds only str, bytes, None, UUID, date, timedelta, naive
-    datetime and time, plain Enum members and str Enum members, in settled
-    Structs and tuples; a number, a bool, an aware time or a frozenset (two
-    equal sets may iterate in different orders) makes it ``LOOSE``.
+    A number, a bool, an aware time or a frozenset (equal sets may iterate
+    in different orders) makes it ``LOOSE``; frozen Structs and tuples are
+    as settled as their contents; anything mutable is ``UNSETTLED``.
     """
     cls = type(obj)
     if cls in _EXACT_SCALARS:
@@ -108,14 +75,7 @@ def settledness(obj: object, _depth: int = 0) -> int:
     if _depth >= _MAX_DEPTH:
         return UNSETTLED
     if cls is tuple or cls is frozenset:
-        level = EXACT if cls is tuple else LOOSE
-        for item in obj:  # type: ignore[attr-defined]
-            sub = settledness(item, _depth + 1)
-            if sub < level:
-                if sub == UNSETTLED:
-                    return UNSETTLED
-                level = sub
-        return level
+        return _least(EXACT if cls is tuple else LOOSE, obj, _depth + 1)  # type: ignore[arg-type]
     if cls is datetime.datetime or cls is datetime.time:
         tz = obj.tzinfo  # type: ignore[attr-defined]
         if tz is None:
@@ -129,14 +89,7 @@ def settledness(obj: object, _depth: int = 0) -> int:
             _struct_fields[cls] = names
         if names is None:
             return UNSETTLED
-        level = EXACT
-        for name in names:
-            sub = settledness(getattr(obj, name), _depth + 1)
-            if sub < level:
-                if sub == UNSETTLED:
-                    return UNSETTLED
-                level = sub
-        return level
+        return _least(EXACT, (getattr(obj, name) for name in names), _depth + 1)
     if isinstance(obj, enum.Enum):
         level = settledness(obj.value, _depth + 1)
         if level == UNSETTLED:
@@ -147,20 +100,21 @@ def settledness(obj: object, _depth: int = 0) -> int:
     return UNSETTLED
 
 
+def _least(level: int, items: Iterable[object], depth: int) -> int:
+    for item in items:
+        level = min(level, settledness(item, depth))
+        if level == UNSETTLED:
+            break
+    return level
+
+
 class Split(NamedTuple):
     """A state cut around its transcript (see ``Transcript.split``)."""
 
-    messages: list[Any] | tuple[Any, ...]
-    """The state's own list (or tuple) of messages: not a copy.
-
-    Read it on the caller's thread only, and copy what must outlive the call.
-    """
-    head: bytes
-    """The encoded state up to where the messages array goes."""
-    tail: bytes
-    """The encoded state after the messages array."""
-    name: str
-    """The JSON key of the messages in the encoded state."""
+    messages: list[Any] | tuple[Any, ...]  # the state's own: read on the caller's thread only
+    head: bytes  # the encoded state up to the messages array
+    tail: bytes  # ... and after it
+    name: str  # the JSON key of the messages
 
 
 class Transcript:
@@ -170,27 +124,22 @@ class Transcript:
     then, on every store:
 
     * encodes the messages one by one, each settled message (deeply
-      immutable, e.g. a frozen msgspec Struct) once in its life, and joins
-      the file in the worker thread; a journal appends only the new ones;
+      immutable, e.g. a frozen msgspec Struct) once in its life; a journal
+      appends only the new ones;
     * skips a write whose transcript fingerprint (the count, the last
-      message whole, the parent and pin) is unchanged (``fingerprint``);
-      an in-place edit of an earlier message is written with the next
-      change, or at once with ``write_now(force=True)``;
-    * closes tool calls left without a result and settles running ones, on
-      the copy it writes, and refuses a history a model API would reject
-      (``Failed("not-sendable")``); it counts the turns (``Meta.turns``)
-      (``repair``).
+      message whole, the parent and pin) is unchanged; an in-place edit of
+      an earlier message goes with the next change, or ``write_now(force=True)``;
+    * closes dangling tool calls and settles running ones in the copy it
+      writes, refuses a history a model API would reject
+      (``Failed("not-sendable")``), and counts the turns (``Meta.turns``).
 
     The state must be a dict with a list (or tuple) of messages under
     ``field``, or a msgspec Struct with such an attribute; any other state
-    is encoded whole.  See the module docstring for why the cache is never
-    stale.
+    is encoded whole.
 
     Args:
         field: the dict key or Struct attribute holding the messages.
-        repair: close dangling tool calls and settle running results in
-            the written copy, refuse a history that stays unsendable, count
-            the turns; False writes the messages as they are.
+        repair: the repair step above; False writes the messages as they are.
         fingerprint: skip unchanged writes by the transcript fingerprint.
 
     Raises:
@@ -220,10 +169,7 @@ class Transcript:
         return f"Transcript({self.field!r})"
 
     def split(self, state: Any) -> Split | None:
-        """Cut ``state`` around its messages, or None if it has none.
-
-        Runs on the caller's thread: it encodes everything but the messages.
-        """
+        """Cut ``state`` around its messages (None if it has none), on the caller's thread."""
         if isinstance(state, dict):
             if self.field not in state:
                 return None
@@ -263,12 +209,7 @@ class Transcript:
         return name
 
     def encode_messages(self, messages: Sequence[Any]) -> tuple[list[bytes], list[int]]:
-        """Encode each message, from the cache when it is settled.
-
-        Returns:
-            The bytes of each message, and the positions of the messages that
-            are not settled (encoded now, not cached).
-        """
+        """The bytes of each message (settled ones from the cache), and the unsettled positions."""
         by_id, refs, loose = self._cache
         chunks: list[bytes | None] = list(map(by_id.get, map(id, messages)))
         unsettled: list[int] = []
@@ -299,12 +240,7 @@ class Transcript:
         return chunks, unsettled  # type: ignore[return-value]
 
     def prune(self, *live: Sequence[Any]) -> None:
-        """Forget messages not in ``live`` once the cache is twice their number.
-
-        Callers pass the whole transcript they just encoded (in parts, if it
-        is in parts).  Amortised O(1) per message: the cache is rebuilt only
-        when it has doubled.
-        """
+        """Forget messages not in ``live`` (the transcript just encoded) once twice their number."""
         by_id, refs, loose = self._cache
         if len(refs) <= 2 * sum(map(len, live)) + 1024:
             return
@@ -316,10 +252,7 @@ class Transcript:
         self._cache = (new_by_id, {key: refs[key] for key in new_by_id}, loose & new_by_id.keys())
 
     def any_loose(self, messages: Sequence[Any]) -> bool:
-        """Whether one of ``messages``, just encoded, is settled but ``LOOSE``.
-
-        Free when no cached message is loose; else a C-speed scan.
-        """
+        """Whether one of ``messages``, just encoded, is settled but ``LOOSE``."""
         loose = self._cache[2]
         return bool(loose) and any(map(loose.__contains__, map(id, messages)))
 
@@ -329,13 +262,7 @@ class Transcript:
 
 
 def state_pieces(head: bytes, chunks: list[bytes], tail: bytes) -> list[bytes]:
-    """The pieces of an encoded state, in order, to be written as they are.
-
-    ``head + "[" + ",".join(chunks) + "]" + tail``, without the joins: the
-    stores write the pieces with ``os.writev`` (``atomic.write_all``), so no
-    large buffer is built, faulted in and freed while holding the GIL.
-    Built with slice assignments: C speed, a few nanoseconds a message.
-    """
+    """``head + "[" + ",".join(chunks) + "]" + tail`` as pieces, not joined (slices: C speed)."""
     if not chunks:
         return [head, b"[]", tail]
     pieces: list[bytes] = [b","] * (2 * len(chunks) + 3)

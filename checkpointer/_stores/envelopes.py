@@ -1,25 +1,10 @@
 """``Envelopes``: any bytes ``Store`` as a ``StateStore``, one envelope per checkpoint.
 
-How the writer hands states to stores: staged on the loop, committed in a worker.
-
-The writer never encodes a state itself.  It asks a ``StateStore``
-(``base.py``) to
-*stage* the state on the caller's thread (the event loop for the async path:
-the only place the state may be read safely, and where msgspec holds the GIL
-anyway), then, in one worker-thread hop under its I/O lock, to *commit* the
-staged state with its ``Meta``.
-
-* ``JournalStore`` implements ``StateStore`` itself: it stages only what is
-  new since its last commit and appends it.
-* Any other ``Store`` (``FileStore``, your own) is wrapped in
-  ``Envelopes``: the whole-file format of ``_format/envelope.py``, written with
-  ``store.write``.  With the writer's ``Transcript``, the state is encoded
-  message by message through its cache, and the file is joined in the
-  worker thread.
-
-A flush with a timeout (``flush_sync``, the exit and signal hooks) runs the
-store's calls under ``commit_deadline``: a store that waits on a lock of its
-own (``JournalStore``) waits no longer than ``time_left()``.
+The writer never encodes a state itself: a ``StateStore`` stages it on the
+caller's thread (the only place it may be read safely) and commits it in a
+worker.  ``JournalStore`` is one itself; any other store is wrapped here
+(``state_store``) and written whole with ``store.write``, its messages
+encoded one by one through the writer's ``Transcript``.
 """
 
 from __future__ import annotations
@@ -28,6 +13,7 @@ import hashlib
 import operator
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -38,7 +24,7 @@ from .._values import Checkpoint, CheckpointError, Meta
 from .base import Staged, StaleWrite, StateStore, Store, fences
 from .encoding import Transcript, state_pieces
 
-__all__ = ["KEEP_BYTES", "Envelopes", "state_store"]
+__all__ = ["KEEP_BYTES", "Envelopes", "read_for_load", "state_store"]
 
 KEEP_BYTES = 64 * 1024 * 1024
 """States encoded to at most this many bytes are compared byte for byte."""
@@ -54,11 +40,8 @@ class _Whole:
         self._digest: bytes | None = None
 
     def content(self) -> object:
-        # What "unchanged" compares.  Up to KEEP_BYTES the bytes themselves:
-        # a length check, then memcmp, and no hashing on the write path (the
-        # cost is one kept copy of the last write per key).  Above it a
-        # SHA-256 digest, which releases the GIL and uses the CPU's SHA
-        # instructions where it has them (about twice blake2b's speed here).
+        # Up to KEEP_BYTES the bytes themselves (memcmp, no hashing on the write
+        # path); above, SHA-256, which releases the GIL.
         if len(self.data) <= KEEP_BYTES:
             return self.data
         if self._digest is None:
@@ -69,15 +52,13 @@ class _Whole:
         return [self.data]
 
 
+@dataclass(slots=True, eq=False)
 class _Spliced:
     """A state cut around its transcript: the messages' bytes come from the cache."""
 
-    __slots__ = ("chunks", "head", "tail")
-
-    def __init__(self, head: bytes, chunks: list[bytes], tail: bytes) -> None:
-        self.head = head
-        self.chunks = chunks
-        self.tail = tail
+    head: bytes
+    chunks: list[bytes]
+    tail: bytes
 
     def content(self) -> object:
         # Exact, and cheap: cached chunks compare by identity, fresh ones by memcmp.
@@ -87,18 +68,14 @@ class _Spliced:
         return state_pieces(self.head, self.chunks, self.tail)
 
 
+@dataclass(slots=True, eq=False)
 class _Prefix:
     """The messages of the last state staged for a key, and their bytes."""
 
-    __slots__ = ("chunks", "key", "messages", "unsettled")
-
-    def __init__(
-        self, key: str, messages: list[Any], chunks: list[bytes], unsettled: list[int]
-    ) -> None:
-        self.key = key
-        self.messages = messages  # references: compared by identity only
-        self.chunks = chunks
-        self.unsettled = unsettled  # positions re-encoded at every stage
+    key: str
+    messages: list[Any]  # compared by identity only
+    chunks: list[bytes]
+    unsettled: list[int]  # positions encoded again at every stage
 
 
 class Envelopes:
@@ -136,11 +113,9 @@ class Envelopes:
     ) -> list[bytes]:
         """The bytes of each message, strictly as the cache rule allows.
 
-        Fast path: when the messages start with the very objects (``is``) of
-        the last stage, their bytes are reused by position, without a cache
-        lookup per message (a C-speed identity scan, a few nanoseconds a
-        message): settled ones as they are, unsettled ones encoded afresh.
-        Otherwise each message is looked up in the transcript's cache.
+        When the messages start with the very objects (``is``) of the last
+        stage, their bytes are reused by position (unsettled ones encoded
+        again) without a cache lookup each; else each goes through the cache.
         """
         if isinstance(messages, list) and self._prefix_lock.acquire(blocking=False):
             try:  # not blocking: a signal handler may re-enter on this thread
@@ -203,16 +178,17 @@ class Envelopes:
         self._write(key, envelope_chunks(meta, bytes(old.state)), meta, expected)
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
-        store = self.store
-        store.validate_key(key)
-        location = store.location(key)
-        try:
-            data = store.read(key)
-        except OSError as exc:
-            raise CheckpointError(location, f"cannot be read: {oserror(exc)}") from None
-        if data is None:
-            return None
-        return decode_raw(data, location)
+        self.store.validate_key(key)
+        data = read_for_load(self.store, key)
+        return None if data is None else decode_raw(data, self.store.location(key))
+
+
+def read_for_load(store: Store, key: str) -> bytes | None:
+    """``store.read(key)``, an ``OSError`` raised as the ``CheckpointError`` of ``load``."""
+    try:
+        return store.read(key)
+    except OSError as exc:
+        raise CheckpointError(store.location(key), f"cannot be read: {oserror(exc)}") from None
 
 
 def state_store(store: Store, transcript: Transcript | None = None) -> StateStore:

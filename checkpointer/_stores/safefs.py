@@ -1,27 +1,18 @@
 """Opening files under a store's root so that nothing planted there redirects a write.
 
-A root is often a directory others can write to (a shared folder, ``/tmp``).
-Whatever is put in place of a file the library uses, nothing is written,
-truncated, locked or created outside the root:
-
-* written in place (a lock file, a journal append): ``open_checked`` opens
-  with ``O_NOFOLLOW`` and refuses (``UnsafeFile``, left as it is) anything but
-  a regular file with one link and a trusted owner;
-* replaced by rename (snapshots, summaries): the rename replaces the name,
-  never following it; directories below the root are opened relative to
-  their parent's descriptor (``open_subdir``), without following links;
-* read (``load``, the CLI): ``read_checked`` follows no link, waits on no
-  FIFO, reads only a regular file of a trusted owner, and exactly the size
-  ``fstat`` gave (``UnreadableFile`` if it grows while read);
-* the root itself may be a link; one that others can change is named once
-  in a warning (``check_root``).
-
-A trusted owner: this user or root (run as the files' owner to read
-another user's store).
+A root may be a directory others can write to.  Whatever is put in place of
+a file the library uses, nothing is written, truncated, locked or created
+outside the root: files written in place are opened with ``O_NOFOLLOW`` and
+must be regular, single-link and of a trusted owner (this user or root);
+files replaced by rename are never followed; directories below the root
+are opened relative to their parent's descriptor; reads follow no link,
+wait on no FIFO, and read exactly what ``fstat`` saw.  Anything else is an
+``UnsafeFile``, left as it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import grp
 import logging
@@ -49,14 +40,12 @@ logger = logging.getLogger("checkpointer")
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-_SHARED = stat.S_IWGRP | stat.S_IWOTH
 
 
 class UnsafeFile(OSError):
     """A path under a store's root holds something the library will not use.
 
-    An ``OSError``, so it takes every path an I/O error takes: a writer's
-    ``Failed("write-failed")``, ``load``'s ``CheckpointError``, a CLI error.
+    An ``OSError``, so it fails as an I/O error does (``Failed``, ``CheckpointError``).
 
     Attributes:
         path: where it is.
@@ -75,9 +64,6 @@ class UnsafeFile(OSError):
 class UnreadableFile(OSError):
     """A regular file that is not read whole: too large, or growing while read.
 
-    An ``OSError`` without an errno, so its message (which names the path
-    and the sizes) is what a ``CheckpointError`` or a ``Failed`` says.
-
     Attributes:
         path: the file.
         size: its size when it was opened, in bytes.
@@ -89,27 +75,24 @@ class UnreadableFile(OSError):
         self.size = size
 
 
-_KINDS = (
-    (stat.S_ISLNK, "a symbolic link"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISDIR, "a directory"),
-)
+_KINDS = {
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFREG: "a regular file",
+}
 
 
 def describe(st: os.stat_result, path: str, dir_fd: int | None = None) -> str:
     """What kind of thing ``st`` is, in words (with a link's target)."""
-    for test, name in _KINDS:
-        if test(st.st_mode):
-            if name == "a symbolic link":
-                try:
-                    return f"a symbolic link to {os.readlink(_name(path, dir_fd), dir_fd=dir_fd)!r}"
-                except OSError:
-                    return name
-            return name
-    return "a regular file" if stat.S_ISREG(st.st_mode) else "not a regular file"
+    kind = stat.S_IFMT(st.st_mode)
+    if kind == stat.S_IFLNK:
+        with contextlib.suppress(OSError):
+            return f"a symbolic link to {os.readlink(_name(path, dir_fd), dir_fd=dir_fd)!r}"
+    return _KINDS.get(kind, "not a regular file")
 
 
 def _name(path: str, dir_fd: int | None) -> str:
@@ -124,10 +107,9 @@ def _lstat(path: str, dir_fd: int | None) -> os.stat_result | None:
 
 
 def _refusal(exc: OSError, path: str, dir_fd: int | None) -> OSError:
-    """The error to raise for a failed open: ``UnsafeFile`` when a non-file is in the way.
+    """The error for a failed open: ``UnsafeFile`` when a non-file is in the way.
 
-    Looked at even for ENOENT: a device node whose driver finds nothing
-    behind it (a ``ptmx`` outside its ``devpts``) says ENOENT on open.
+    Also for ENOENT: a device whose driver finds nothing behind it says so.
     """
     st = _lstat(path, dir_fd)
     if st is None or stat.S_ISREG(st.st_mode):
@@ -135,10 +117,7 @@ def _refusal(exc: OSError, path: str, dir_fd: int | None) -> OSError:
     return UnsafeFile(path, describe(st, path, dir_fd))
 
 
-def _check_owner(
-    st: os.stat_result, path: str, dir_fd: int | None, *, expected: str = "a file"
-) -> None:
-    """Raise ``UnsafeFile`` unless ``st`` (of ``path``) belongs to this user or root."""
+def _check_owner(st: os.stat_result, path: str, *, expected: str = "a file") -> None:
     me = os.geteuid()
     if st.st_uid not in (me, 0):
         raise UnsafeFile(
@@ -149,32 +128,15 @@ def _check_owner(
         )
 
 
-def _parent(path: str) -> str:
-    return os.path.dirname(path) or "."
-
-
 def open_checked(
     path: str, flags: int, *, mode: int = 0o600, dir_fd: int | None = None, links: bool = False
 ) -> tuple[int, os.stat_result]:
-    """Open a file to write in place, refusing anything but a regular file of ours.
+    """Open a regular single-link file of ours to write in place; return it and its ``fstat``.
 
-    Args:
-        path: the file (with ``dir_fd``, its basename is opened relative to it).
-        flags: ``os.O_RDWR``, ``os.O_WRONLY | os.O_APPEND``, maybe ``os.O_CREAT``.
-        mode: for a file created.
-        dir_fd: the directory to open it in, from ``open_dir``/``open_subdir``.
-        links: accept a file with more than one hard link (the caller will
-            not write it in place: it replaces it by rename).
-
-    Returns:
-        The descriptor and its ``fstat``.
-
-    Raises:
-        UnsafeFile: a symbolic link, a FIFO, a directory, ... (by ``lstat``
-            when the open itself fails), more hard links than one, or an
-            untrusted owner; nothing was written and the descriptor is closed.
-        OSError: the open failed for another reason (``FileNotFoundError``
-            without ``O_CREAT``, when nothing is there).
+    With ``dir_fd`` (from ``open_dir``/``open_subdir``) the basename of
+    ``path`` is opened there; ``links`` accepts more than one hard link
+    (for a file the caller replaces by rename).  ``UnsafeFile`` if anything
+    else is there (nothing was written).
     """
     try:
         fd = os.open(_name(path, dir_fd), flags | _NOFOLLOW, mode, dir_fd=dir_fd)
@@ -182,14 +144,15 @@ def open_checked(
         raise _refusal(exc, path, dir_fd) from None
     try:
         st = os.fstat(fd)
-        _check_opened(st, path, dir_fd, links)
+        _check_file(st, path, dir_fd, links=links)
     except BaseException:
         os.close(fd)
         raise
     return fd, st
 
 
-def _check_opened(st: os.stat_result, path: str, dir_fd: int | None, links: bool) -> None:
+def _check_file(st: os.stat_result, path: str, dir_fd: int | None, *, links: bool) -> None:
+    """Raise ``UnsafeFile`` unless ``st`` is a regular file of ours (one link, unless ``links``)."""
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeFile(path, describe(st, path, dir_fd))
     if st.st_nlink > 1 and not links:
@@ -197,32 +160,17 @@ def _check_opened(st: os.stat_result, path: str, dir_fd: int | None, links: bool
             path,
             f"a file with {st.st_nlink} hard links (another name for it may lie outside the root)",
         )
-    _check_owner(st, path, dir_fd)
+    _check_owner(st, path)
 
 
 def read_checked(
     path: str, *, dir_fd: int | None = None, limit: int | None = None, growing: bool = False
 ) -> bytes | None:
-    """The bytes of the regular file at ``path`` (its first ``limit``); None if nothing is there.
+    """The bytes of the regular file of ours at ``path`` (its first ``limit``); None if absent.
 
-    Never follows a symbolic link at ``path`` itself, never blocks on a
-    FIFO, never reads a device, nor a file of an untrusted owner (a state
-    forged by another user).  Hard links are not checked: reading changes
-    nothing.  Reads what ``fstat`` said is there and never more (``read_fd``).
-
-    Args:
-        path: the file (with ``dir_fd``, its basename is opened relative to it).
-        dir_fd: the directory to open it in.
-        limit: read at most this many bytes (a lock file's holder).
-        growing: the file may grow by appends while it is read (a journal
-            read without its lock): keep what ``fstat`` saw, ignore the rest.
-
-    Raises:
-        UnsafeFile: something other than a regular file is there, or a
-            file of an untrusted owner.
-        UnreadableFile: too large to read, or it grew while being read.
-        IsADirectoryError: a directory is there (what ``open`` would say).
-        OSError: it cannot be read.
+    Hard links are allowed: reading changes nothing.  ``growing``: it may
+    grow by appends meanwhile (a journal read without its lock).  Raises
+    ``UnsafeFile``, ``UnreadableFile`` (``read_fd``), ``IsADirectoryError``.
     """
     try:
         fd = os.open(_name(path, dir_fd), os.O_RDONLY | _NOFOLLOW, dir_fd=dir_fd)
@@ -235,9 +183,7 @@ def read_checked(
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile(path, describe(st, path, dir_fd))
-        _check_owner(st, path, dir_fd)
+        _check_file(st, path, dir_fd, links=True)
         if limit is not None:
             return os.read(fd, limit)
         return read_fd(fd, st.st_size, path, growing=growing)
@@ -246,31 +192,18 @@ def read_checked(
 
 
 def read_fd(fd: int, size: int, path: str, *, growing: bool = False) -> bytes:
-    """The first ``size`` bytes of a regular file's descriptor (its ``st_size``), never more.
+    """The first ``size`` bytes (its ``st_size``) of a regular file's descriptor, never more.
 
-    Args:
-        fd: the descriptor, at offset 0.
-        size: its ``st_size`` from ``fstat``.
-        path: the file, for messages.
-        growing: an append may make it grow meanwhile (a journal read
-            without its lock): keep the ``size`` bytes, ignore the rest.
-
-    Returns:
-        ``size`` bytes, or fewer if it shrank while being read.
-
-    Raises:
-        UnreadableFile: a ``MemoryError`` came while reading, or the file
-            grew while being read (unless ``growing``).
-        OSError: a read failed.
+    Fewer if it shrank meanwhile; ``UnreadableFile`` if it grew (unless
+    ``growing``) or a ``MemoryError`` came while reading.
     """
     try:
-        # O_NONBLOCK does not apply to regular files: reads return what is there.
         parts: list[bytes] = []
         left = size
         while left > 0:
             part = os.read(fd, left)  # Linux returns at most ~2 GiB per read
             if not part:
-                break  # it shrank while being read: what is there now
+                break
             parts.append(part)
             left -= len(part)
         data = parts[0] if len(parts) == 1 else b"".join(parts)
@@ -294,26 +227,16 @@ def read_fd(fd: int, size: int, path: str, *, growing: bool = False) -> bytes:
 
 
 def _bytes(n: int) -> str:
-    """``n`` bytes in words: "1 byte", "512 bytes", "68719476736 bytes (64.0 GiB)"."""
-    if n < 1024:
-        return "1 byte" if n == 1 else f"{n} bytes"
-    return f"{n} bytes ({_human(n)})"
-
-
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        size /= 1024
-        if size < 1024:
-            return f"{size:.1f} {unit}"
-    return f"{size / 1024:.1f} TiB"
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n} bytes ({n / (1 << shift):.1f} {unit})"
+    return f"{n} bytes"
 
 
 def refuse_unless_replaceable(path: str, *, dir_fd: int | None = None) -> None:
     """Raise ``UnsafeFile`` unless ``path`` is missing or a regular file.
 
-    For a file about to be replaced by rename without being read first (a
-    summary): the rename would be safe, but a planted link is refused the
+    Before a rename over it: safe anyway, but a planted link is refused the
     same way everywhere, and left for a person to see.
     """
     st = _lstat(path, dir_fd)
@@ -322,14 +245,7 @@ def refuse_unless_replaceable(path: str, *, dir_fd: int | None = None) -> None:
 
 
 def open_dir(path: str, *, create: bool = False, mode: int = 0o700) -> int:
-    """A descriptor of the store's root, made (``mode``) if missing and ``create``.
-
-    The root may be a symbolic link (that is the user's choice); the
-    directories below it are opened with ``open_subdir``.
-
-    Raises:
-        OSError: it is missing (and not ``create``) or not a directory.
-    """
+    """A descriptor of the store's root (a link is the user's choice), made if ``create``."""
     try:
         return os.open(path, _DIRECTORY)
     except FileNotFoundError:
@@ -344,18 +260,12 @@ def open_subdir(
 ) -> int:
     """A descriptor of the directory ``name`` in ``parent_fd``, never through a link.
 
-    Args:
-        parent_fd: the directory holding it (``open_dir`` or ``open_subdir``).
-        name: one path component.
-        path: its whole path, for messages.
-        create: make it (``mode``) when missing.
+    ``path`` is its whole path, for messages; ``create`` makes it (``mode``).
 
     Raises:
-        UnsafeFile: a symbolic link, a file or anything else is there, or a
-            directory of an untrusted owner.
-        FileNotFoundError: it is missing and not ``create``, or it was
-            removed while being opened (naming ``path``).
-        OSError: it changed while being opened (naming ``path``).
+        UnsafeFile: something else is there, or a directory of another owner.
+        FileNotFoundError: it is missing (and not ``create``), or went while opened.
+        OSError: it changed while being opened.
     """
     if create:
         try:
@@ -369,7 +279,7 @@ def open_subdir(
     except OSError as exc:  # ELOOP: a link; ENOTDIR: a file, a FIFO, ...; ENOENT: gone
         raise _subdir_refusal(exc, path, parent_fd) from None
     try:
-        _check_owner(os.fstat(fd), path, parent_fd, expected="a directory")
+        _check_owner(os.fstat(fd), path, expected="a directory")
     except BaseException:
         os.close(fd)
         raise
@@ -377,7 +287,7 @@ def open_subdir(
 
 
 def _subdir_refusal(exc: OSError, path: str, parent_fd: int) -> OSError:
-    """What to raise when a directory below the root did not open: say what is there."""
+    """What to raise when a directory below the root did not open: what is there."""
     st = _lstat(path, parent_fd)
     if st is not None and not stat.S_ISDIR(st.st_mode):
         return UnsafeFile(path, describe(st, path, parent_fd), expected="a directory")
@@ -407,10 +317,8 @@ _warned_lock = threading.Lock()
 def check_root(root: str) -> None:
     """Warn once per process when users other than this one and root can change ``root``.
 
-    That is: ``root`` is owned by another user, or writable by every user
-    or by a group with other members, without the sticky bit (module
-    docstring).  A root that cannot be looked at gets no warning (the write
-    that follows will say why it fails).
+    (Owned by another user, or writable by others or a group, without the
+    sticky bit.)  A root that cannot be looked at gets no warning.
     """
     try:
         st = os.stat(root)
@@ -435,7 +343,6 @@ def check_root(root: str) -> None:
 
 
 def _shared_by(st: os.stat_result, root: str) -> tuple[list[str], list[str]]:
-    """Why others can change the directory ``st`` (reasons, fixes); empty when nobody can."""
     reasons: list[str] = []
     fixes: list[str] = []
     me = os.geteuid()

@@ -1,16 +1,9 @@
 """Summary checkpoints on disk: ``<root>/sessions/<key>/checkpoint.md``, written and read.
 
-The file's format is ``_format/summary.py``; the value is
-``_values.SummaryCheckpoint``.  ``sessions/`` and ``sessions/<key>/`` are
-reached without following a link below the root, and the file is written
-through the last directory's descriptor (``safefs.py``, ``atomic.py``).
-
-Directories that were already there may never have been made durable (an
-app made them, a process was killed between a ``mkdir`` and its parent's
-fsync): so ``sessions/``, the root and the directories above it are
-fsynced before a key's first summary is written, once per key per
-``FileStore`` object (and at every write for a root given as a path:
-summaries are rare).
+``sessions/<key>/`` is reached without following a link below the root and
+written through its descriptor.  Directories already there may never have
+been made durable: they, the root and those above are fsynced before a
+key's first summary (once per key and ``FileStore``; every time for a path).
 """
 
 from __future__ import annotations
@@ -33,42 +26,31 @@ Root = str | os.PathLike[str] | FileStore
 
 
 def summary_path(root: Root, key: str) -> str:
-    """Where the summary checkpoint of ``key`` lives under ``root``.
-
-    ``root`` is a directory or a ``FileStore`` (its root is used).
-
-    Raises:
-        ValueError: ``key`` is not a valid key.
-    """
+    """Where the summary checkpoint of ``key`` lives under ``root`` (a directory or a
+    ``FileStore``); ``ValueError`` for an invalid key."""
     check_key(key)
     base = root.root if isinstance(root, FileStore) else os.fspath(root)
     return os.path.join(base, "sessions", key, "checkpoint.md")
 
 
 def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
-    """Write ``checkpoint`` atomically and durably; return its path.
-
-    Blocking: from async code, run it in a worker thread (``collapse`` does).
+    """Write ``checkpoint`` atomically and durably; return its path.  Blocking.
 
     Raises:
         ValueError: a bad key, a negative count, a naive ``created_at``, or a
-            summary that is not Unicode text (a lone surrogate).
+            summary that is not Unicode text.
         TypeError: a field of the wrong type.
         OSError: the write failed; the previous file, if any, is intact.
     """
     path = summary_path(root, key)
     data = encode_summary(key, checkpoint)
-    # sessions/ and sessions/<key>/ are made 0700 like a FileStore's root,
-    # each durably (a new directory needs its parent fsynced to survive a
-    # power cut), and opened without following a link, each relative to its
-    # parent; the write goes through the last descriptor (see safefs).
     sessions = os.path.dirname(os.path.dirname(path))
     base = os.path.dirname(sessions) or "."
     check_root(base)
     with _dirs(base, sessions, key, create=True) as fds:
         directory = fds[-1]
         synced = root._synced_summaries if isinstance(root, FileStore) else set()
-        if key not in synced:  # sessions/<key>/ and all above it, durable (module docstring)
+        if key not in synced:  # sessions/<key>/ and all above it, durable
             fsync_fd(fds[1])
             fsync_fd(fds[0])
             if isinstance(root, FileStore):
@@ -83,7 +65,7 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
 
 @contextlib.contextmanager
 def _dirs(root: str, sessions: str, key: str, *, create: bool) -> Iterator[list[int]]:
-    """Descriptors of ``root``, ``sessions/``, ``sessions/<key>``, no link followed below root."""
+    """Descriptors of ``root``, ``sessions/`` and ``sessions/<key>`` (no link followed below)."""
     fds = [open_dir(root, create=create)]
     try:
         fds.append(open_subdir(fds[-1], "sessions", sessions, create=create))

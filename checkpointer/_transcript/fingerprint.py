@@ -1,9 +1,10 @@
-"""Agent transcripts: a fingerprint of the last message, for the writer's unchanged check."""
+"""Agent transcripts: a fingerprint for the writer's unchanged check (the end, and the rest)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Hashable, Sequence
+import dataclasses
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import msgspec
@@ -14,34 +15,29 @@ from .messages import get_field
 __all__ = ["transcript_fingerprint"]
 
 
-def transcript_fingerprint(
-    *, field: str = "messages", pin: str = "pinned", extra: Sequence[str] = ()
-) -> Callable[[Snapshot], Hashable]:
+def transcript_fingerprint(*, field: str = "messages") -> Callable[[Snapshot], Hashable]:
     """A structural fingerprint of a transcript: the one ``Transcript`` gives the writer.
 
     It is made of the key, the parent, the message count, the whole last
-    message (its JSON, as the writer would encode it), the state's pin flag,
-    and the state fields named in ``extra``.  So any change of the last
-    message is seen (a streamed tool-call ``arguments``, a ``tool_use``
-    block's ``input``, an earlier block, a same-length text, ``2`` to
-    ``2.0``), at a cost bounded by that message's size: it costs the same
-    at 10 and at 100,000 messages, because it never iterates, hashes or
-    encodes the rest of the history.  The price: an edit of an earlier
-    message that leaves the count and the last message as they were is not
-    seen; name a revision counter in ``extra``, or use
+    message and everything in the state but the messages (their JSON, as the
+    writer would encode them).  So any change of the last message is seen (a
+    streamed tool-call ``arguments``, a same-length text, ``2`` to ``2.0``),
+    and any change outside the messages (a title, a tool's state, a pin),
+    at a cost bounded by those: it costs the same at 10 and at 100,000
+    messages, because it never iterates, hashes or encodes the rest of the
+    history.  The price: an edit of an earlier message that leaves the count
+    and the last message as they were is not seen; give the snapshot a
+    revision counter as its own fingerprint, or use
     ``write_now(force=True)``, after such edits.
 
-    The last message may be of any shape: a dict, a Struct, a dataclass,
+    The messages may be of any shape: a dict, a Struct, a dataclass,
     anything msgspec encodes; an object it cannot encode is taken as its
     class name and attributes (``__dict__`` and ``__slots__``), else its
     ``repr``.
 
     Args:
         field: the state's field (dict key or attribute) holding the messages.
-        pin: the state's field holding a pin flag (absent counts as None).
-        extra: more state fields to include; their values must be hashable.
     """
-    names = tuple(extra)
 
     def fingerprint(snapshot: Snapshot) -> Hashable:
         state = snapshot.state
@@ -54,11 +50,23 @@ def transcript_fingerprint(
             snapshot.parent,
             count,
             _whole(messages[-1]) if count else None,
-            get_field(state, pin),
-            tuple(get_field(state, name) for name in names),
+            _whole(_without(state, field)),
         )
 
     return fingerprint
+
+
+def _without(state: Any, field: str) -> Any:
+    """``state`` without its messages: a dict of its other fields (their values as they are)."""
+    if isinstance(state, dict):
+        return {k: v for k, v in state.items() if k != field}
+    if isinstance(state, msgspec.Struct):
+        names = state.__struct_fields__
+    elif dataclasses.is_dataclass(state):
+        names = tuple(f.name for f in dataclasses.fields(state))
+    else:
+        return None
+    return {name: getattr(state, name) for name in names if name != field}
 
 
 def _attributes(obj: Any) -> Any:

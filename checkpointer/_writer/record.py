@@ -36,6 +36,8 @@ def outcome(result: Result) -> Outcome:
 class Record:
     """The counters of one writer."""
 
+    retried = True  # False for a KeyCommitter's: the caller's next commit is the retry
+
     def __init__(self) -> None:  # named as WriterStatistics names them
         self.writes = self.skipped = self.failures = self.failure_streak = 0
         self.bytes_written = self.repaired = self.settled = 0
@@ -74,7 +76,7 @@ class Record:
                     result.reason,
                     result.error,
                     "waiting for the session to change"
-                    if result.reason in REFUSED
+                    if result.reason in REFUSED or not self.retried
                     else "retrying with backoff",
                 )
         return result
@@ -100,4 +102,5 @@ class Record:
         return result
 
     def statistics(self, *, events: int, pending: bool, key: str | None) -> WriterStatistics:
-        return WriterStatistics(events=events, pending=pending, key=key, **vars(self))
+        counters = {k: v for k, v in vars(self).items() if k != "retried"}
+        return WriterStatistics(events=events, pending=pending, key=key, **counters)

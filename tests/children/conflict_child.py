@@ -3,8 +3,9 @@
     python tests/children/conflict_child.py STORE KEY NAME [--resume] [--wait]
 
 ``STORE`` is ``file:ROOT``, ``journal:ROOT``, ``pg:SCHEMA`` or
-``pgjournal:SCHEMA`` (PostgreSQL at ``$DSN``).  The program loads the key,
-opens a ``CheckpointWriter`` on asyncio (exit hooks on, as a program has
+``pgjournal:SCHEMA`` (PostgreSQL at ``$DSN``), ``s3:BUCKET@URL`` or
+``s3journal:BUCKET@URL`` (the tests' S3 server: ``tests/s3.py``).  The
+program loads the key, opens a ``CheckpointWriter`` on asyncio (exit hooks on, as a program has
 them; with ``--resume`` it passes ``resume_from=`` the loaded checkpoint;
 with ``--wait``, ``lock_timeout=60``, and it prints ``waiting`` when a
 write begins to wait for the key's lock), and then follows its stdin, one
@@ -58,6 +59,11 @@ def make_store(spec: str) -> Store:
         return PostgresStore(os.environ["DSN"], schema=where)
     if kind == "pgjournal":
         return PostgresJournalStore(os.environ["DSN"], schema=where)
+    if kind in ("s3", "s3journal"):  # s3:BUCKET@URL, the tests' local server
+        from tests.s3 import make_s3_store
+
+        store: Store = make_s3_store(spec)
+        return store
     raise SystemExit(f"unknown store {spec!r}")
 
 

@@ -69,7 +69,7 @@ from checkpointer._stores.base import KeyLock
 from checkpointer._transcript.summary import safe_watermark
 from checkpointer.stores import Staged, Store
 from checkpointer.summaries import SummaryCheckpoint, collapse, load_summary, write_summary
-from tests.torture import KEY, ReportingStore, _say, file_leftovers, state_for
+from tests.torture import KEY, LockingReportingStore, _say, file_leftovers, state_for
 
 __all__ = ["KEEP_LAST", "MUTATIONS", "STORES", "run_child", "summary_bytes", "summary_text"]
 
@@ -291,7 +291,7 @@ def _eio(exc: BaseException) -> bool:
     return getattr(exc, "errno", None) == errno.EIO or "Input/output error" in str(exc)
 
 
-class _Reporting(ReportingStore):
+class _Reporting(LockingReportingStore):
     """The torture's reporting store, which also says what failed and what ``open()`` left.
 
     ``E <call> eio|other <error>`` for every store call that raised (EIO is

@@ -1,9 +1,5 @@
-"""The journals: a checkpoint costs what changed (new messages appended).
+"""The journals: a checkpoint costs what changed.
 
-* ``staging``: what a journal knows of a key and what it stages.
-* ``core``: staging by prefix and the append/compaction bookkeeping that
-  the file journal and the PostgreSQL journal share.
-* ``file``: ``JournalStore``, one JSON Lines file per key.
-
-The rows themselves (the format) are in ``_format/journal.py``.
+``staging`` and ``core`` are shared with the PostgreSQL and S3 journals;
+``file`` is ``JournalStore``; the rows are ``_format/journal.py``.
 """

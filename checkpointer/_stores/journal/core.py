@@ -1,37 +1,14 @@
-"""The journal core: staging by prefix and the commit bookkeeping both journals share.
+"""The journal core: staging by prefix and the commit bookkeeping every journal shares.
 
-``JournalStore`` (``file.py``) and ``PostgresJournalStore``
-(``_stores/postgres/journal.py``) stage a state the same way, decide append
-or compaction the same way, and keep their tracks the same way
-(``JournalCore``); they differ only in how they store rows (the rows
-themselves: ``_format/journal.py``).
-
-The store remembers, per key, the messages it has written (``Track`` and
-its ``Known``, ``staging.py``): their bytes, and the objects staged.  A new
-state whose messages (a list or a tuple) start with that prefix gets only
-its new messages appended; otherwise (the agent compacted, edited or
-truncated its history) it gets a compaction row.  The rule is the bytes: a
-prefix is unchanged only if it encodes as it was written, so ``2`` ->
-``2.0`` or ``0`` -> ``False`` (equal in Python) is a change, and a message
-replaced by another object that encodes the same is not.  Settled messages
-(deeply immutable, see ``_stores/encoding.py``) must be the very objects
-written, checked in C with one list ``==`` while no settled witness is
-``LOOSE`` (``==`` could hide a change), else with an identity scan;
-unsettled ones are encoded again, as one array, and compared with what was
-written.  See ``JournalCore``.
-
-Bounded growth (like Redis's AOF rewrite): ``live`` is the size of the
-key's last compaction (a file's header and compaction rows); an append
-that would take the key past ``_threshold(live)`` =
-``max(rewrite_min_bytes, rewrite_factor * live)`` is written as a
-compaction instead (for a file: a fresh file).
-
-A forked child (a ``multiprocessing`` worker) inherits the store object with
-its locks as they were at the fork: held, if a commit of another thread of
-the parent was in flight, and nobody there will ever release them.  So
-right after a fork the child gets fresh locks and forgets every track
-(``_journal_after_fork``): what the parent knew of a key may be half
-updated, and the parent goes on writing the key meanwhile.
+The store remembers per key the messages it wrote (``Track``, ``Known``).
+A new state whose messages start with that prefix gets only its new ones
+appended; otherwise a compaction row.  The rule is the bytes: ``2`` ->
+``2.0`` is a change though equal in Python, and a message replaced by an
+object that encodes the same is not.  A key whose journal would grow past
+``threshold(live)`` (``live``: the size of its last compaction) is compacted
+instead, as Redis rewrites its AOF (a sink may bound it further:
+``_outgrown``).  A forked child forgets every track: what the parent knew
+may be half updated, and the parent writes on.
 """
 
 from __future__ import annotations
@@ -41,7 +18,7 @@ import operator
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -57,30 +34,15 @@ _ENCODER = msgspec.json.Encoder()
 
 
 class JournalCore:
-    """Staging by prefix, and the bookkeeping of a commit, for both journals.
+    """Staging by prefix, and the bookkeeping of a commit: a mixin of every journal.
 
-    A mixin of ``JournalStore`` and ``PostgresJournalStore``: what they
-    share, so they differ only in how they store rows.  The sink calls
-    ``_init_journal`` in its constructor and, to commit, ``_commit_on`` with
-    the key's current track (under whatever lock it holds); the core decides
-    append or compaction and keeps the tracks, and calls back the sink's
-    ``_append_rows`` and ``_compact`` to store the rows.  ``_row_end`` says
-    how a row ends (a file's line, a table's row), ``_closing_meta`` whether
-    an append whose rest of the state is unchanged is closed by a ``meta``
-    row (a file; a PostgreSQL head row carries the meta itself).
-
-    Staging: only the messages after what a key's track holds are new.
-
-    A prefix is unchanged when it *encodes* the same: ``2`` and ``2.0``,
-    ``0`` and ``False`` are equal in Python but not on disk, so ``==`` alone
-    is never the test.  Settled messages must be the very objects that were
-    written: one list ``==`` in C finds them (identity first) while every
-    settled witness is ``EXACT``, since then ``==`` cannot hide a change;
-    else an identity scan.  Unsettled ones (dicts, plain Structs,
-    dataclasses) are encoded again, as one array, and compared with what was
-    written.  Anything else (a settled message replaced by another object)
-    takes the slow path: every message of the prefix is encoded (through the
-    cache) and compared.
+    The sink calls ``_init_journal`` in its constructor and, to commit,
+    ``_commit_on`` with the key's current track (under its own lock); the
+    core decides append or compaction, keeps the tracks, and calls back the
+    sink's ``_append_rows`` and ``_compact``.  ``_row_end`` is how a row
+    ends, ``_closing_meta`` whether an append that leaves the rest of the
+    state as it was is closed by a ``meta`` row (a file; a PostgreSQL head
+    row and an S3 head object carry the meta themselves).
     """
 
     _transcript: Transcript
@@ -92,14 +54,14 @@ class JournalCore:
     _closing_meta: bool
     rewrite_factor: float
     rewrite_min_bytes: int
+    # What the sink stores: an append of ``rows`` (their ``kinds``, ``nbytes`` in all)
+    # after ``track``; ``full`` as a compaction (``rewrite``: a fresh start), setting
+    # the key's track.  Both get the ``expected`` revision for a write that checks it.
+    _append_rows: Callable[[str, Track, Meta, list[str], list[bytes], int, str | None], None]
+    _compact: Callable[..., int]
 
     def _init_journal(self, rewrite_factor: float, rewrite_min_bytes: int) -> None:
-        """Check the growth bounds and start with no tracks.
-
-        Raises:
-            ValueError: ``rewrite_factor`` is not a finite number > 1, or
-                ``rewrite_min_bytes`` not an int >= 0.
-        """
+        """Check the growth bounds (``ValueError``) and start with no tracks."""
         if not (isinstance(rewrite_factor, (int, float)) and 1 < rewrite_factor < float("inf")):
             raise ValueError(f"rewrite_factor must be a finite number > 1, got {rewrite_factor!r}")
         if not (isinstance(rewrite_min_bytes, int) and rewrite_min_bytes >= 0):
@@ -114,22 +76,20 @@ class JournalCore:
         _journals.add(self)
 
     def _journal_after_fork(self) -> None:
-        """In a forked child: fresh locks, and no track of the parent's trusted.
-
-        Every ``Known`` the parent staged on is dead here: a delta staged on
-        it settles as a compaction, after the key's file or rows are re-read.
-        """
+        """In a forked child: fresh locks, and every track of the parent's dead."""
         for track in self._tracks.values():
             if track.known is not None:
                 track.known.dead = True
         self._tracks = {}
         self._witness_lock = threading.Lock()
 
-    def _threshold(self, live: int) -> int:
-        """The size past which a journal whose live content is ``live`` bytes is compacted."""
-        return max(self.rewrite_min_bytes, int(self.rewrite_factor * live))
+    def _outgrown(self, key: str, track: Track, nbytes: int) -> bool:
+        """Whether appending ``nbytes`` to ``key`` would outgrow its bound: compact instead."""
+        return track.size + nbytes > self.threshold(track.live)
 
-    # -- staging, on the caller's thread -------------------------------------------
+    def threshold(self, live: int) -> int:
+        """The size past which a journal whose live content is ``live`` bytes is rewritten."""
+        return max(self.rewrite_min_bytes, int(self.rewrite_factor * live))
 
     def stage(self, key: str, state: Any, transcript: Transcript | None = None) -> Full | Delta:
         """Stage ``state`` for ``key``: only its new messages when the prefix is unchanged.
@@ -175,16 +135,12 @@ class JournalCore:
     ) -> list[Any] | None:
         """The messages after the track's prefix, or None if the prefix changed.
 
-        Fast path: the messages against the witnesses in C, then one encode of
-        the unsettled messages of the prefix, compared with what was written.
-        With only ``EXACT`` settled witnesses the first step is one list
-        ``==``, identity first (a nanosecond a message, nothing dereferenced
-        while the objects are the same; no copy of the prefix: at 100,000
-        messages copying the list costs more than the compare, so the
-        witnesses are extended with the new messages and trimmed back);
-        otherwise an identity scan (``is``, about 20 ns a message).  The
-        witnesses are used under a lock that a commit takes to extend them
-        (not blocking: a signal handler may re-enter here).
+        Fast path: the messages against the witnesses, then one encode of the
+        prefix's unsettled messages compared with what was written.  With
+        only ``EXACT`` witnesses the first step is one list ``==`` in C
+        (identity first; the witnesses are extended and trimmed back rather
+        than the prefix copied), else an identity scan.  The witness lock is
+        not waited for: a signal handler may re-enter here.
         """
         known = track.known
         assert known is not None
@@ -225,9 +181,8 @@ class JournalCore:
             live: Sequence[Any] = messages[: track.n]
         else:
             live = list(map(messages.__getitem__, itertools.islice(known.unsettled, track.u)))
-        # Encoded into one reused buffer: a fresh bytes object of a long history
-        # costs as much again as the encode (its pages are new to the process
-        # each time).  The buffer stays as large as the longest such history.
+        # Into one reused buffer: a fresh bytes object of a long history costs
+        # as much again as the encode (its pages are new to the process).
         encoder = self._transcript.encoder
         if not self._scratch_lock.acquire(blocking=False):  # another thread, a signal handler
             data = encoder.encode(live)  # b"[" + the joined chunks + b"]"
@@ -247,9 +202,8 @@ class JournalCore:
     ) -> bool:
         """The slow path: encode the whole prefix (through the cache) and compare.
 
-        When it encodes the same, the new objects become the witnesses of
-        their positions where that keeps ``Known``'s rule, so the next
-        stage takes the fast path again.
+        When it is the same, the new objects become the witnesses where
+        ``Known``'s rule allows, so the next stage takes the fast path.
         """
         known = track.known
         assert known is not None
@@ -273,21 +227,21 @@ class JournalCore:
                 self._witness_lock.release()
         return True
 
-    # -- committing, in the worker ------------------------------------------------
-
     def _commit_on(
         self, key: str, track: Track | None, meta: Meta, staged: object, expected: str | None
     ) -> int:
         """Commit ``staged`` over ``track``, the key's current one: an append or a compaction.
 
-        ``expected`` is the revision the key must hold: a sink whose write
-        checks it itself (a database row) gets it with the rows.
+        ``expected`` is handed to the sink, for a write that checks it itself.
         """
-        staged = self._settle(track, staged)
-        if isinstance(staged, Delta):
+        settled = self._settle(track, staged)
+        if isinstance(settled, Delta):
             assert track is not None  # a delta settles on a track of the key only
-            return self._append_delta(key, track, meta, staged, expected)
-        return self._compact(key, track, meta, staged, expected)
+            return self._append_delta(key, track, meta, settled, expected)
+        nbytes = self._compact(key, track, meta, settled, expected)
+        if isinstance(staged, Delta):
+            _stored_whole(staged)
+        return nbytes
 
     def _settle(self, track: Track | None, staged: object) -> Full | Delta:
         """What to commit for ``staged`` on top of ``track``, the key's current track."""
@@ -315,8 +269,10 @@ class JournalCore:
             rows.append(meta_row(meta_json, end))
             kinds.append("meta")
         nbytes = sum(map(len, rows))
-        if track.broken or track.size + nbytes > self._threshold(track.live):
-            return self._compact(key, track, meta, delta.as_full(), expected, rewrite=True)
+        if track.broken or self._outgrown(key, track, nbytes):
+            nbytes = self._compact(key, track, meta, delta.as_full(), expected, rewrite=True)
+            _stored_whole(delta)
+            return nbytes
         self._append_rows(key, track, meta, kinds, rows, nbytes, expected)
         self._appended(key, track, meta, delta, nbytes)
         return nbytes
@@ -349,33 +305,17 @@ class JournalCore:
         """The pieces of the compaction row of ``full``, under the meta ``meta_json``."""
         return compaction_row(meta_json, full.name, full.state_pieces(), self._row_end)
 
-    # -- what a sink stores ---------------------------------------------------------
 
-    def _append_rows(
-        self,
-        key: str,
-        track: Track,
-        meta: Meta,
-        kinds: list[str],
-        rows: list[bytes],
-        nbytes: int,
-        expected: str | None,
-    ) -> None:
-        """Store an append: ``rows`` (of ``kinds``), ``nbytes`` in all, after ``track``."""
-        raise NotImplementedError
+def _stored_whole(delta: Delta) -> None:
+    """``delta`` was stored as a compaction: nothing is staged on its base's epoch any more.
 
-    def _compact(
-        self,
-        key: str,
-        track: Track | None,
-        meta: Meta,
-        full: Full,
-        expected: str | None,
-        *,
-        rewrite: bool = False,
-    ) -> int:
-        """Store ``full`` as a compaction (``rewrite``: a fresh start); set the key's track."""
-        raise NotImplementedError
+    (Its content, "the first n positions of the epoch", names its bytes only
+    while appends take those positions: another delta on the same base with
+    other bytes there would otherwise be skipped as unchanged.)
+    """
+    known = delta.base.known
+    if known is not None:
+        known.dead = True
 
 
 _journals: weakref.WeakSet[JournalCore] = weakref.WeakSet()

@@ -1,29 +1,11 @@
 """The file journal: one append-only JSON Lines file per key (``JournalStore``).
 
-Key ``k`` lives at ``<root>/k.jsonl``; its lines are the rows of
-``_format/journal.py`` (the format, and how a crash leaves it).  A
-checkpoint is one batch of rows, written with one ``write`` and one
-``fsync`` (``_append``); a new file (a header and a compaction) is made by
-temp file + fsync + rename + directory fsync (``write_atomic``).  A writer
-opening the journal truncates an unfinished batch away (``_open``).
-
-Append or compaction
---------------------
-A new state whose transcript starts with the messages the store wrote gets
-only its new messages appended; otherwise (the agent compacted, edited or
-truncated its history) it gets a compaction row.  Which it is, and what
-"unchanged" means (the same bytes, never only ``==``), is decided by the
-core both journals share: ``core.py``.
-
-Bounded growth (like Redis's AOF rewrite)
------------------------------------------
-``live`` is the size a fresh file would have at the last compaction (its
-header and compaction rows).  A batch that would take the file past
-``max(rewrite_min_bytes, rewrite_factor * live)`` is written as a rewrite
-instead: a fresh file with a header and one compaction row, by
-``write_atomic``.  So after every checkpoint the file is within that
-threshold, and a crash at any moment of a rewrite leaves the old journal or
-the new one.
+Key ``k`` lives at ``<root>/k.jsonl`` (the rows: ``_format/journal.py``).  A
+checkpoint is one batch of rows, one ``write`` and one ``fsync``; a fresh
+file (a header and a compaction, when the file outgrows its content) is
+written by ``write_atomic``, so a crash leaves the old journal or the new.
+Append or compaction is decided by the core both journals share
+(``core.py``).  A writer opening the journal truncates an unfinished batch.
 """
 
 from __future__ import annotations
@@ -38,11 +20,11 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from ..._format.journal import LINE_END, assemble, header_line, meta_row, scan_journal
-from ..._text import oserror
+from ..._format.journal import LINE_END, JournalScan, assemble, header_line, meta_row, scan_journal
 from ..._values import Checkpoint, CheckpointError, Meta
 from ..atomic import fsync_fd, write_all, write_atomic
 from ..base import check_key, landed, time_left
+from ..envelopes import read_for_load
 from ..files import FileStore
 from ..safefs import open_checked, read_checked, read_fd
 from .core import JournalCore
@@ -127,16 +109,9 @@ class JournalStore(JournalCore, FileStore):
         self._rewrites = 0
         self._bytes = 0
 
-    def __repr__(self) -> str:
-        return f"JournalStore({self.root!r})"
-
     def _journal_after_fork(self) -> None:
         super()._journal_after_fork()
         self._lock = threading.Lock()  # a commit of the parent's may have held it at the fork
-
-    def threshold(self, live: int) -> int:
-        """The size past which a journal whose live content is ``live`` bytes is rewritten."""
-        return self._threshold(live)
 
     def statistics(self, key: str | None = None) -> JournalStatistics:
         """The store's counters, and the sizes of ``key``'s journal if given."""
@@ -155,8 +130,6 @@ class JournalStore(JournalCore, FileStore):
             bytes_written=self._bytes,
             **sizes,
         )
-
-    # -- the Store protocol, with the track kept in step ---------------------
 
     def write(
         self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
@@ -186,17 +159,12 @@ class JournalStore(JournalCore, FileStore):
             self._forget(key)
             return super().move_aside(key, suffix)
 
-    # -- the StateStore protocol ---------------------------------------------
-
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
         check_key(key)
-        path = self.location(key)
-        try:
-            data = self.read(key)
-        except OSError as exc:
-            raise CheckpointError(path, f"cannot be read: {oserror(exc)}") from None
+        data = read_for_load(self, key)
         if data is None:
             return None
+        path = self.location(key)
         scan = scan_journal(data, path)
         state = msgspec.Raw(assemble(scan, path))
         return Checkpoint(meta=scan.meta, state=state, torn=scan.torn)
@@ -223,9 +191,8 @@ class JournalStore(JournalCore, FileStore):
     def read_meta(self, key: str) -> Meta | None:
         """The meta stored for ``key``; from the track while the file is as this store left it.
 
-        Re-reading would drop what the track remembers of the state (a
-        writer reads the meta each time it takes the key's lock again), and
-        the next commit would compact instead of appending.
+        (Re-reading would drop what the track remembers: the next commit
+        would compact instead of appending.)
         """
         check_key(key)
         with self._locked(key):
@@ -252,20 +219,13 @@ class JournalStore(JournalCore, FileStore):
                 self._compact(key, track, meta, remembered, expected, rewrite=True)
             else:
                 row = meta_row(_ENCODER.encode(meta), LINE_END)
-                self._append(key, track, [row])
-                self._appends += 1
-                self._bytes += len(row)
+                self._append_rows(key, track, meta, ["meta"], [row], len(row), expected)
                 self._tracks[key] = track._replace(meta=meta, size=track.size + len(row))
         self._sync_root()
 
-    # -- the lock, bounded by a flush's deadline ---------------------------------
-
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:
-        """The store's lock, waited for no longer than the caller's deadline.
-
-        A flush with a timeout (``flush_sync``, the exit and signal hooks) runs
-        under ``commit_deadline`` (``_stores/base.py``); without one the wait is unbounded.
+        """The store's lock, waited for no longer than the caller's ``commit_deadline``.
 
         Raises:
             TimeoutError: another commit of this store held it past the deadline.
@@ -281,15 +241,12 @@ class JournalStore(JournalCore, FileStore):
             self._lock.release()
 
     def _overtake(self, key: str, meta: Meta, staged: object, expected: str | None) -> int:
-        """Commit without the lock, which a commit stuck past the flush's deadline holds.
+        """Commit as a fresh file, without the lock a commit stuck past the flush's deadline holds.
 
-        The revision is checked against the file itself, and the state
-        written as a fresh file (temp, fsync, rename), as ``FileStore``
-        does.  A stuck append goes on into the file it opened, which this
-        rename replaced; a stuck rewrite may rename its older file over this
-        one, and the writer then commits the newer state again once it
-        returns.  Either way the key's tracks are dead: nothing is staged on
-        them again, and the next commit re-reads the file.
+        A rename never interleaves with the stuck commit's append (which goes
+        on into the file it opened); a stuck rewrite may rename its older
+        file over this one, and the writer commits again once it returns.
+        The key's tracks are dead either way: the next commit re-reads the file.
         """
         full = self._settle(None, staged)
         assert isinstance(full, Full)
@@ -300,8 +257,8 @@ class JournalStore(JournalCore, FileStore):
             path,
         )
         self._forget(key)
-        data = read_checked(path)
-        stored = None if data is None else scan_journal(data, path).meta.revision
+        scan = self._scan(key)
+        stored = None if scan is None else scan.meta.revision
         if landed(key, stored, meta.revision, expected):
             return 0
         meta_json = _ENCODER.encode(meta)
@@ -322,13 +279,16 @@ class JournalStore(JournalCore, FileStore):
         if track is not None and track.known is not None:
             track.known.dead = True
 
-    # -- internals (under self._lock) ----------------------------------------
+    def _scan(self, key: str) -> JournalScan | None:
+        """The journal of ``key`` read whole and scanned; None if there is none."""
+        path = self.location(key)
+        data = read_checked(path)
+        return None if data is None else scan_journal(data, path)
 
     def _open(self, key: str) -> Track:
         """Read the journal for writing: check it, truncate an unfinished append."""
         path = self.location(key)
         try:
-            # A regular file of ours, never through a link or a FIFO (safefs).
             fd, st = open_checked(path, os.O_RDWR, links=True)
         except FileNotFoundError:
             track = self._tracks[key] = absent()
@@ -362,23 +322,12 @@ class JournalStore(JournalCore, FileStore):
 
     def _remembered(self, key: str, track: Track) -> Full:
         """The state on disk as a compaction, from memory when the track has it."""
-        known = track.known
-        if known is not None:
-            count = track.n
-            return Full(
-                name=track.name,
-                head=track.head,
-                tail=track.tail,
-                chunks=known.chunks[:count],
-                messages=known.witnesses[:count],
-                unsettled=known.unsettled[: track.u],
-                loose=known.loose,
-            )
-        path = self.location(key)
-        data = read_checked(path)
-        if data is None:
-            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-        return Full(whole=assemble(scan_journal(data, path), path))
+        if track.known is not None:  # nothing new on top of what is on disk
+            return Delta(track, [], [], [], track.head, track.tail, loose=False).as_full()
+        scan = self._scan(key)
+        if scan is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.location(key))
+        return Full(whole=assemble(scan, self.location(key)))
 
     def _current(self, key: str) -> Track:
         """The track of ``key``, re-read if the file changed behind our back."""
@@ -411,8 +360,6 @@ class JournalStore(JournalCore, FileStore):
             logger.warning("checkpointer: %s; moved it aside to %s", exc, aside)
             track = self._tracks[key] = absent()
             return track
-
-    # -- what the core stores (under self._lock) ------------------------------------
 
     def _append_rows(
         self,
@@ -464,11 +411,7 @@ class JournalStore(JournalCore, FileStore):
         return nbytes
 
     def _append(self, key: str, track: Track, pieces: Sequence[bytes]) -> None:
-        """Append ``pieces`` with one writev and one fsync, or mark the track broken.
-
-        (More than one ``writev`` only past 1024 pieces: a compaction row.)
-        """
-        # Never through a link, a FIFO or a second hard link (safefs).
+        """Append ``pieces`` with one writev and one fsync, or mark the track broken."""
         fd, st = open_checked(self.location(key), os.O_WRONLY | os.O_APPEND)
         try:
             if (st.st_ino, st.st_size) != (track.ino, track.size):

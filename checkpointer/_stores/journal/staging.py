@@ -1,25 +1,14 @@
-"""What the journals know of a key, and what they stage: the values of the journal core.
+"""What the journals know of a key, and what they stage (``core.JournalCore`` uses them).
 
-* ``Known``: the messages a store wrote for one transcript layout (an
-  *epoch*): their bytes, and the objects staged there (the witnesses).
-* ``Track``: what the store knows of one key's journal, replaced on every
-  commit (``absent()``: nothing written).
-* ``Full``: a whole state, to commit as a compaction row (or a fresh file).
-* ``Delta``: new messages on top of a track's prefix, to commit as an append.
-
-``core.JournalCore`` stages them on the caller's thread and settles them
-in the committing thread; the sinks (``file.JournalStore``, the PostgreSQL
-journal) store their rows.
-
-A staged ``Delta`` stands for "the first n messages of this epoch", for the
-writer's unchanged check (``content()``): exact, since the bytes of a
-position never change once a commit has taken them, and a delta whose new
-positions another commit took with other bytes (a ``flush_sync`` staged
-while a write was in flight) stands for its compaction instead.
+* ``Known``: the messages written for one transcript layout (an *epoch*).
+* ``Track``: what the store knows of one key, replaced on every commit.
+* ``Full``: a whole state, to commit as a compaction; ``Delta``: new
+  messages on top of a track's prefix, to commit as an append.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ..._values import Meta
@@ -28,48 +17,29 @@ from ..encoding import new_epoch, state_pieces
 __all__ = ["Delta", "Full", "Known", "Track", "absent"]
 
 
+@dataclass(slots=True, eq=False)
 class Known:
     """What a store knows of one transcript layout (an *epoch*) it wrote.
 
-    Shared by the tracks of one epoch and only ever extended, so the first
-    ``n`` entries an older track saw never change (``dead`` aside).  Position
-    ``i`` is the ``i``-th message stored:
-
-    * ``chunks[i]``: its bytes, as written;
-    * ``witnesses[i]``: the object that was staged there.  At a settled
-      position the witness encodes to ``chunks[i]`` for as long as it lives
-      (it is deeply immutable), so finding that very object (``is``) there
-      again means the same bytes.  Only a settled object that encodes to
-      ``chunks[i]`` ever becomes the witness of a settled position;
-    * ``unsettled``: the positions whose witness proves nothing (a dict can
-      be edited in place), checked by encoding them again: ``joined`` is
-      their chunks joined with commas, one ``memcmp`` against a fresh
-      encoding of them as one array.
-
-    ``loose``: a settled witness is ``LOOSE`` (``encoding.settledness``): an
-    object equal to it (``==``) may encode differently, so the prefix check
-    must be by identity, not ``==``.  ``dead``: an overtaking commit wrote the
-    key behind this epoch's back; nothing is staged on it any more.
+    Shared by the tracks of the epoch and only ever extended.  ``chunks[i]``
+    is the ``i``-th message's bytes; ``witnesses[i]`` the object staged
+    there: at a settled position that very object (``is``) means the same
+    bytes.  ``unsettled`` positions prove nothing by identity: ``joined``
+    (their chunks, comma-joined) is compared with a fresh encoding.
+    ``loose``: a witness is ``LOOSE``, so the check is by identity, not
+    ``==``; ``dead``: the key was written behind the epoch's back.
     """
 
-    __slots__ = ("chunks", "dead", "epoch", "joined", "loose", "unsettled", "witnesses")
+    epoch: int
+    witnesses: list[Any]
+    chunks: list[bytes]
+    unsettled: list[int]
+    loose: bool = field(kw_only=True)
+    joined: bytearray = field(init=False)
+    dead: bool = field(default=False, init=False)
 
-    def __init__(
-        self,
-        epoch: int,
-        witnesses: list[Any],
-        chunks: list[bytes],
-        unsettled: list[int],
-        *,
-        loose: bool,
-    ) -> None:
-        self.epoch = epoch
-        self.witnesses = witnesses
-        self.chunks = chunks
-        self.unsettled = unsettled
-        self.joined = bytearray(b",".join([chunks[at] for at in unsettled]))
-        self.loose = loose
-        self.dead = False
+    def __post_init__(self) -> None:
+        self.joined = bytearray(b",".join([self.chunks[at] for at in self.unsettled]))
 
 
 class Track(NamedTuple):
@@ -93,50 +63,24 @@ def absent() -> Track:
     return Track(None, 0, 0, 0, False, None, 0, 0, 0, b"", b"", None)
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Full:
-    """A whole state to commit as a compaction row (or a fresh file).
+    """A whole state to commit as a compaction row (or a fresh file): ``messages`` are the
+    witnesses to be; its first ``count`` chunks are the state's, whatever the list becomes."""
 
-    ``messages`` are the objects staged at each position (the witnesses to
-    be), ``unsettled`` the positions among them that are not settled,
-    ``loose`` whether a settled one is ``LOOSE``.  The first ``count`` chunks
-    are the state's, whatever later happens to the list.
-    """
+    whole: bytes | None = None
+    name: str | None = None
+    head: bytes = b""
+    tail: bytes = b""
+    chunks: list[bytes] = field(default_factory=list)
+    messages: list[Any] = field(default_factory=list)
+    unsettled: list[int] = field(default_factory=list)
+    loose: bool = False
+    epoch: int = field(default_factory=new_epoch, init=False)
+    count: int = field(init=False)
 
-    __slots__ = (
-        "chunks",
-        "count",
-        "epoch",
-        "head",
-        "loose",
-        "messages",
-        "name",
-        "tail",
-        "unsettled",
-        "whole",
-    )
-
-    def __init__(
-        self,
-        *,
-        whole: bytes | None = None,
-        name: str | None = None,
-        head: bytes = b"",
-        tail: bytes = b"",
-        chunks: list[bytes] | None = None,
-        messages: list[Any] | None = None,
-        unsettled: list[int] | None = None,
-        loose: bool = False,
-    ) -> None:
-        self.epoch = new_epoch()
-        self.loose = loose
-        self.whole = whole
-        self.name = name
-        self.head = head
-        self.tail = tail
-        self.chunks = chunks if chunks is not None else []
+    def __post_init__(self) -> None:
         self.count = len(self.chunks)
-        self.messages = messages if messages is not None else []
-        self.unsettled = unsettled if unsettled is not None else []
 
     def content(self) -> object:
         if self.whole is not None:
@@ -178,31 +122,21 @@ class Full:
         )
 
 
+@dataclass(slots=True, eq=False)
 class Delta:
     """New messages (and the rest of the state) on top of a track's prefix."""
 
-    __slots__ = ("_full", "base", "chunks", "head", "loose", "messages", "tail", "unsettled")
+    base: Track
+    messages: list[Any]
+    chunks: list[bytes]
+    unsettled: list[int]
+    head: bytes
+    tail: bytes
+    loose: bool = field(kw_only=True)
+    _full: Full | None = field(default=None, init=False)
 
-    def __init__(
-        self,
-        base: Track,
-        messages: list[Any],
-        chunks: list[bytes],
-        unsettled: list[int],
-        head: bytes,
-        tail: bytes,
-        *,
-        loose: bool,
-    ) -> None:
-        assert base.known is not None
-        self.base = base
-        self.messages = messages
-        self.chunks = chunks
-        self.unsettled = unsettled
-        self.head = head
-        self.tail = tail
-        self.loose = loose
-        self._full: Full | None = None
+    def __post_init__(self) -> None:
+        assert self.base.known is not None
 
     def content(self) -> object:
         # (epoch, n) stands for the first n positions of the epoch, whose bytes

@@ -1,26 +1,10 @@
 """The connection of the PostgreSQL store: one per store, every call bounded.
 
-* **One connection per store**, opened lazily (or by ``open()``), in
-  autocommit mode.  It holds this store's locks and carries its writes.
-* **Bounded calls.**  ``connect_timeout`` bounds connecting; the session's
-  ``statement_timeout`` and ``lock_timeout`` bound the server's work; a
-  watchdog thread shuts the socket down when a call outlives
-  ``statement_timeout`` by a second (a server that stopped answering, or a
-  network that dropped without a reset), and TCP keepalives and
-  ``tcp_user_timeout`` catch a vanished host.  So ``flush_sync`` in a signal
-  handler never hangs on a dead server.  A write's deadline (and its
-  ``statement_timeout``) grows with what it sends, so a large session is not
-  taken for a hang.  A broken connection is dropped and the next call
-  reconnects (and takes its locks again); one found broken when a call
-  starts (lost while idle) is replaced and the call made again at once.  A
-  backend of ours that a cut-off call left running, still holding a key, is
-  ended when the key is taken again.
-* **After an outage**, ``probe()`` tells a writer in backoff that the server
-  answers again (``ProbingStore``).
-
-``ConnectionPart`` is the part of ``PostgresStore`` that keeps the
-connection (``store.py`` says how the parts fit); ``Watchdog`` cuts off a
-call that outlives its deadline.
+Timeouts bound the server's work, TCP keepalives a vanished host, and a
+watchdog thread shuts the socket down when a call outlives
+``statement_timeout`` by a second (a server that stopped answering): so a
+flush in a signal handler never hangs.  A broken connection is dropped and
+the next call reconnects; one lost while idle is replaced and the call made again.
 """
 
 from __future__ import annotations
@@ -59,12 +43,7 @@ _INSTALL_HINT = (
 )
 
 SLOW_BYTES_PER_SECOND = 8 << 20
-"""What a write may take longer than a small one: a second per 8 MiB it sends.
-
-Measured: 200 MB sent and stored in 1.8 s (binary, lz4) to 12.7 s (text,
-pglz) on one machine; so a large session that is merely large is not cut
-off as a hang, while a server that stopped answering still is.
-"""
+"""A write gets a second more per 8 MiB it sends (200 MB took 1.8 s to 12.7 s here)."""
 
 
 def import_psycopg() -> Any:
@@ -76,12 +55,7 @@ def import_psycopg() -> Any:
 
 
 def seconds(name: str, value: float) -> float:
-    if not (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and value > 0
-        and math.isfinite(value)
-    ):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
     return float(value)
 
@@ -102,11 +76,9 @@ def describe_dsn(params: dict[str, Any]) -> str:
 class Watchdog:
     """Shuts a connection's socket down when a call on it outlives its deadline.
 
-    A psycopg call blocked on a server that stopped answering then fails at
-    once ("server closed the connection"), whichever thread waits.  One
-    daemon thread per store, started on first use.  It works on a duplicate
-    of the socket's descriptor, taken when the watch starts, so it can never
-    hit a descriptor number the process reused meanwhile.
+    The blocked psycopg call then fails at once, whichever thread waits.
+    One daemon thread per store; it works on a duplicate of the socket's
+    descriptor, so it never hits a number the process reused meanwhile.
     """
 
     def __init__(self, name: str) -> None:
@@ -139,14 +111,10 @@ class Watchdog:
             os.close(dup)
 
     def close(self, *, wait: float = 1.0) -> None:
-        """Let the thread exit (a later ``watch`` starts another); never blocks long.
+        """Let the thread exit (a later ``watch`` starts another), waiting ``wait`` s at most.
 
-        Called under the store's mutex, as ``watch`` is.  The condition's
-        lock is only tried, for at most ``wait`` seconds: at interpreter
-        exit the daemon thread is frozen wherever it was, possibly holding
-        it, and a blocking wait there hung the process forever.  If it
-        cannot be taken, the thread holds it and sees ``stop`` before it
-        waits again.
+        At interpreter exit the daemon thread is frozen wherever it was,
+        maybe holding the condition's lock: so it is only tried.
         """
         stop, self._stop = self._stop, None
         if stop is None:
@@ -170,21 +138,15 @@ class Watchdog:
                     continue
                 self._deadline = None
                 self.fired = True
-                with contextlib.suppress(OSError):
-                    sock = socket.socket(fileno=os.dup(self._fd))
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    finally:
-                        sock.close()
+                with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self._fd)) as sock:
+                    sock.shutdown(socket.SHUT_RDWR)
 
 
 class ConnectionPart(SchemaPart):
     """The part of ``PostgresStore`` that keeps its one connection and bounds every call.
 
     Every call runs in ``_session`` (or ``_run``): under the store's mutex,
-    watched by the ``Watchdog``, its psycopg errors turned into
-    ``PostgresStoreError`` (``_failure``).  A broken connection is dropped,
-    and with it the locks it held (``_held``).
+    watched, psycopg errors turned into ``PostgresStoreError``.
     """
 
     _dsn: str
@@ -211,12 +173,7 @@ class ConnectionPart(SchemaPart):
     def probe(self) -> bool:
         """Whether the server answers again after this store lost it (``ProbingStore``).
 
-        For a writer waiting out a retry backoff: True means retry now.
-        False, without a round trip, when the store did not lose the server
-        (its last failure was of another kind: the backoff stands) or a call
-        is in progress; otherwise it connects (bounded by
-        ``connect_timeout``) and keeps the connection for the retry.  Never
-        raises.
+        No round trip unless the server was lost; a connection made is kept.
         """
         if not self._lost:
             return False
@@ -233,10 +190,7 @@ class ConnectionPart(SchemaPart):
         return True
 
     def _run(self, call: Callable[[psycopg.Connection[Any]], _T], *, ensure: bool = True) -> _T:
-        """``call(conn)`` in a session; once more on a new connection after an idle loss.
-
-        For calls that are safe to repeat (reads, idempotent statements).
-        """
+        """``call(conn)`` in a session; once more after an idle loss (calls safe to repeat)."""
         try:
             with self._session(ensure=ensure) as conn:
                 return call(conn)
@@ -250,14 +204,10 @@ class ConnectionPart(SchemaPart):
     ) -> Iterator[psycopg.Connection[Any]]:
         """The live connection, under the store's mutex and the watchdog.
 
-        ``budget``: seconds the call may take on top of the usual deadline
-        (a large write).  psycopg errors become ``PostgresStoreError``; a
-        broken connection is dropped (with it every lock) and the next call
-        reconnects.  A connection kept from an earlier call and found broken
-        (lost while idle: a server restart, a failover, a pooler's idle
-        timeout) fails as ``IdleLoss``, which callers may retry at once.
-        A signal that lands on this thread meanwhile is handled once the
-        mutex is free again (``_exit.busy``): its flush needs the mutex.
+        ``budget``: seconds more than the usual deadline (a large write).  A
+        broken connection is dropped, with its locks; one kept from an
+        earlier call and found broken fails as ``IdleLoss`` (retry at once).
+        A signal landing meanwhile waits for the mutex (``_exit.busy``).
         """
         with _exit.busy():
             if not self._mutex.acquire(timeout=self._busy_wait):
@@ -315,8 +265,7 @@ class ConnectionPart(SchemaPart):
                 conn.execute(
                     b"SET statement_timeout = %d; SET lock_timeout = %d; "
                     b"SET idle_in_transaction_session_timeout = %d; "
-                    # The server ends the session of a vanished host (and frees
-                    # its locks) about statement_timeout + 6 s after it went.
+                    # The server ends a vanished host's session (and its locks).
                     b"SET tcp_keepalives_idle = %d; SET tcp_keepalives_interval = 2; "
                     b"SET tcp_keepalives_count = 3"
                     % (
@@ -340,11 +289,10 @@ class ConnectionPart(SchemaPart):
         return conn
 
     def _drop(self, *, orphan: bool = False) -> None:
-        """Forget the connection (closing it) and the locks it held.
+        """Close and forget the connection and its locks.
 
-        ``orphan``: dropped mid-call; its backend may still be running our
-        statement (the server notices the closed socket only when it next
-        reads or writes it), holding the key's lock a moment longer.
+        ``orphan``: dropped mid-call, its backend may still run our statement
+        and hold the key's lock (``locks._acquire`` ends it).
         """
         conn, self._conn = self._conn, None
         if orphan and conn is not None and self._backend is not None:

@@ -1,34 +1,14 @@
 """The PostgreSQL journal: a checkpoint inserts only the rows of what changed.
 
-``PostgresJournalStore`` is a ``PostgresStore`` (same connection, lock,
-conditional writes and timeouts) that implements the ``StateStore``
-protocol the way ``JournalStore`` does for files, and decides append or
-compaction with the same journal core (``_stores/journal/core.py``):
-
-* A key's ``<schema>.checkpoints`` row is its *head*: the revision, the
-  meta, ``journal = true``, ``format = 1`` and an empty state (the rows
-  hold it).  ``<schema>.journal`` holds the key's rows, ordered by ``n``:
-  the file journal's lines (``compaction``, ``message``, ``state``), one
-  per row.
-* **Append**: the new messages are inserted as rows, with a ``state`` row
-  when the rest of the state changed, and the head is updated: one
-  transaction, whose head write is conditional on the revision expected
-  (``commit(..., expected=)``): refused, no row is added.
-* **Compaction** (the prefix changed, the store has not written the key
-  yet, or the rows outgrew ``rewrite_factor`` times the last compaction):
-  one transaction updates the head, deletes the key's rows and inserts one
-  compaction row.
-* ``read_checkpoint``: the head and the rows from the last compaction on,
-  in one statement, assembled by the journal reader (``_format/journal.py``).
-
-A failed commit forgets what the store knew of the key (its answer may have
-been lost after the server committed), so the next commit is a compaction;
-so does a forked child, for every key (``_after_fork``).
+A journal key's ``checkpoints`` row is its head (revision, meta, an empty
+state); ``<schema>.journal`` holds its rows, the file journal's lines.  An
+append inserts rows and updates the head; a compaction replaces the rows:
+one transaction either way, the head's write conditional on the revision.
+A failed commit forgets the key's track (the server may have committed it).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +17,9 @@ import msgspec
 from ... import _exit
 from ..._format.envelope import decode_raw
 from ..._format.journal import ROW_END
-from ..._values import Checkpoint, CheckpointError, Meta
+from ..._values import Checkpoint, Meta
 from ..base import check_key
+from ..envelopes import read_for_load
 from ..journal.core import JournalCore
 from ..journal.staging import Full, Track
 from .schema import HEAD_FORMAT
@@ -82,11 +63,6 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         self.appends = 0
         self.compactions = 0
 
-    def __repr__(self) -> str:
-        return f"PostgresJournalStore({self._where!r}, schema={self.schema!r})"
-
-    # -- the Store protocol, with the tracks kept in step -----------------------
-
     def write(
         self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
     ) -> int:
@@ -110,20 +86,6 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         self._tracks.clear()
         super().close()
 
-    def _after_fork(self) -> None:
-        """In a forked child: a fresh store, which knows nothing of what its parent wrote.
-
-        The parent's tracks are what it wrote up to the fork: the child, a
-        writer of its own that may resume the key after the parent wrote on,
-        would append its new messages on a stale prefix.  Its witness lock
-        may have been held by a thread of the parent.
-        """
-        super()._after_fork()
-        self._tracks = {}
-        self._witness_lock = threading.Lock()
-
-    # -- the StateStore protocol ---------------------------------------------------
-
     def commit(self, key: str, meta: Meta, staged: object, *, expected: str | None) -> int:
         """Append or compact ``staged`` if the head holds ``expected`` (see ``StateStore``).
 
@@ -141,13 +103,8 @@ class PostgresJournalStore(JournalCore, PostgresStore):
             return self._commit_on(key, track, meta, staged, expected)
 
     def read_meta(self, key: str) -> Meta | None:
-        """The meta of ``key``, after checking all of its rows (as ``JournalStore`` does).
-
-        A writer reads this before its first commit of a key, which is a
-        compaction that replaces the rows: so a damaged row is a
-        ``CheckpointError`` here (the writer then moves the key aside, rows
-        and all) rather than silently compacted away.
-        """
+        """The meta of ``key``, all its rows checked: a damaged row is a ``CheckpointError``
+        here (the key is moved aside) rather than compacted away by the next commit."""
         check_key(key)
         data = self.read(key)  # an OSError stays one: the key is not damaged, the server is away
         if data is None:
@@ -155,11 +112,7 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         return decode_raw(data, self.location(key)).meta
 
     def update_meta(self, key: str, meta: Meta, *, expected: str) -> None:
-        """Store ``meta`` if the row holds ``expected``: one conditional update of its meta.
-
-        A head or a snapshot row alike (``read`` joins the meta column with
-        the state).
-        """
+        """Store ``meta`` if the row (a head or a snapshot) holds ``expected``: one update."""
         check_key(key)
         track = self._tracks.pop(key, None)
         self._conditional_write(key, self._params(key, meta, expected), statement="update_meta")
@@ -168,15 +121,8 @@ class PostgresJournalStore(JournalCore, PostgresStore):
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
         check_key(key)
-        try:
-            data = self.read(key)
-        except OSError as exc:
-            raise CheckpointError(self.location(key), f"cannot be read: {exc}") from None
-        if data is None:
-            return None
-        return decode_raw(data, self.location(key))
-
-    # -- internals ---------------------------------------------------------------
+        data = read_for_load(self, key)
+        return None if data is None else decode_raw(data, self.location(key))
 
     def _params(self, key: str, meta: Meta, expected: str | None) -> dict[str, Any]:
         return {
@@ -214,8 +160,6 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         except BaseException:
             self._tracks.pop(key, None)  # the server may have committed it: compact next
             raise
-
-    # -- what the core stores ------------------------------------------------------
 
     def _append_rows(
         self,

@@ -1,18 +1,9 @@
-"""The writer lock of the PostgreSQL store: an advisory lock per key.
+"""The writer lock of the PostgreSQL store: a session-level advisory lock per key.
 
-* **One writer per key** (``acquire``/``release``): a session-level advisory
-  lock on a 64-bit hash of (schema, key), held by the store's connection.
-  The server releases it when that connection ends, however the process
-  died.  ``<schema>.holders`` records who holds it (host, pid, backend pid),
-  so a refused writer is told whose lock it met.  ``write()`` takes the lock
-  itself when it does not hold it, and a delete holds it for its
-  transaction: a second live writer is refused early ("locked"), while the
-  revision each write checks (``store.py``) keeps a writer that lost the
-  lock from replacing what was written since.
-
-``LocksPart`` is the part of ``PostgresStore`` that takes and gives back
-the locks (``store.py`` says how the parts fit); ``PostgresKeyLock`` is the
-held lock ``lock()`` hands out (the ``LockingStore`` capability).
+Held by the store's connection, so the server frees it when the process
+dies; ``<schema>.holders`` says who holds it, for the refusal's message.
+It refuses a second live writer early; the revision each write checks
+(``store.py``) keeps a writer that lost it from replacing newer work.
 """
 
 from __future__ import annotations
@@ -74,19 +65,8 @@ class LocksPart(ConnectionPart):
     _handles_lock: threading.Lock
 
     def acquire(self, key: str) -> str | None:
-        """Take the writer lock of ``key`` for this store's connection.
-
-        Idempotent (a lock this store holds costs no round trip).  The lock
-        lasts until ``release``, ``close``, or the end of the connection,
-        whichever comes first; the server drops it when the process dies.
-
-        Returns:
-            None when this store holds the lock; otherwise one line naming
-            the holder (pid, host, since when).
-
-        Raises:
-            PostgresStoreError: the server cannot be reached.
-        """
+        """Take the writer lock of ``key`` for this store's connection, until ``release``,
+        ``close`` or the connection's end; None once held, else a line naming the holder."""
         refused = self._try_lock(key)
         return None if refused is None else str(refused)
 
@@ -97,17 +77,10 @@ class LocksPart(ConnectionPart):
         return self._run(lambda conn: self._acquire(conn, key))
 
     def lock(self, key: str, *, timeout: float = 0.0) -> PostgresKeyLock:
-        """Take the writer lock of ``key``, waiting at most ``timeout`` seconds.
+        """``LockingStore.lock``: ``acquire``'s lock as an object whose ``release()`` gives it back.
 
-        The same lock as ``acquire``, in the shape of a held lock object whose
-        ``release()`` gives it back (the ``LockingStore`` capability).  One
-        holder at a time, as with ``FileStore``: while a lock object of this
-        store holds the key, another ``lock`` of it (a second writer sharing
-        the store) is refused, although the connection's lock is the same.
-
-        Raises:
-            KeyLockedError: another writer still holds it after ``timeout``.
-            PostgresStoreError: the server cannot be reached.
+        One holder at a time, as with ``FileStore``: a second ``lock`` of a
+        key through this store is refused (the connection's lock is shared).
         """
         if not (isinstance(timeout, (int, float)) and 0 <= timeout < math.inf):
             raise ValueError(
@@ -122,12 +95,7 @@ class LocksPart(ConnectionPart):
 
     @contextlib.contextmanager
     def _handles_held(self) -> Iterator[None]:
-        """``_handles_lock``, held with a signal landing meanwhile deferred (``_exit.busy``).
-
-        The lock is not reentrant, and the flush of a signal handled on this
-        thread takes it (``lock()`` of a writer's key): it must wait for the
-        end of the block, as for the mutex (``_session``).
-        """
+        """``_handles_lock``, a signal landing meanwhile deferred: its flush takes it too."""
         with _exit.busy(), self._handles_lock:
             yield
 
@@ -155,11 +123,7 @@ class LocksPart(ConnectionPart):
         self.release(handle.key)
 
     def release(self, key: str) -> None:
-        """Give the writer lock of ``key`` back; a no-op if not held.
-
-        Never raises for I/O: if the server cannot be told, the connection
-        is dropped, which releases the lock as surely.
-        """
+        """Give the writer lock of ``key`` back (a no-op if not held); never raises for I/O."""
         check_key(key)
         with self._handles_held():
             self._handles.pop(key, None)
@@ -182,14 +146,9 @@ class LocksPart(ConnectionPart):
                 self._mutex.release()
 
     def locked_by(self, key: str) -> str | None:
-        """Who holds the writer lock of ``key`` (one line), or None if it is free.
-
-        Only looks: never takes the lock.  This store's own lock counts.
-        """
+        """Who holds the writer lock of ``key`` (one line; this store counts), None if free."""
         check_key(key)
-        lock_id = self._lock_id(key)
-        hi, lo = (lock_id >> 32) & 0xFFFFFFFF, lock_id & 0xFFFFFFFF
-        params = {"key": key, "hi": hi, "lo": lo}
+        params = self._holder_params(key, self._lock_id(key))
         row = self._run(lambda c: c.execute(self._sql["holder"], params).fetchone())
         if row is None:
             return None
@@ -205,6 +164,10 @@ class LocksPart(ConnectionPart):
 
     def _lock_id(self, key: str) -> int:
         return int64(self._quoted.encode() + b"\0" + key.encode())
+
+    @staticmethod
+    def _holder_params(key: str, lock_id: int) -> dict[str, Any]:
+        return {"key": key, "hi": (lock_id >> 32) & 0xFFFFFFFF, "lo": lock_id & 0xFFFFFFFF}
 
     def _acquire(self, conn: psycopg.Connection[Any], key: str) -> KeyLockedError | None:
         """Take the key's lock on ``conn`` unless held; a refusal is returned."""
@@ -227,10 +190,8 @@ class LocksPart(ConnectionPart):
             return None
         backend, refused = self._holder(conn, key, lock_id)
         if backend in self._orphans and refused.holder is not None and self._ours(refused.holder):
-            # Our own old session, dropped mid-call (a cut-off large write),
-            # still running its statement: end it, then take the lock.  One
-            # that outlives the wait (a stopped server process) stays ours
-            # (never "another writer"): a failure to retry, not a refusal.
+            # Our own session dropped mid-call, still running: end it and take the
+            # lock; one that outlives the wait is a failure to retry, not a refusal.
             if self._end_backend(conn, backend):
                 self._orphans.remove(backend)
                 return self._acquire(conn, key)
@@ -269,8 +230,7 @@ class LocksPart(ConnectionPart):
         self, conn: psycopg.Connection[Any], key: str, lock_id: int
     ) -> tuple[int | None, KeyLockedError]:
         """The backend holding ``key``'s lock, and the refusal to raise."""
-        hi, lo = (lock_id >> 32) & 0xFFFFFFFF, lock_id & 0xFFFFFFFF
-        params = {"key": key, "hi": hi, "lo": lo}
+        params = self._holder_params(key, lock_id)
         for _ in range(3):
             row = conn.execute(self._sql["holder"], params).fetchone()
             if row is None or row[1] is not None:

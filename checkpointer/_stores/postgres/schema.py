@@ -1,17 +1,9 @@
 """The tables of the PostgreSQL store: their SQL, and installing them.
 
-* **One schema**, created on first use (or by ``create_schema()`` /
-  ``checkpointer pg-schema``) under a transaction-level advisory lock, so
-  concurrent first users do not race; ``<schema>.schema_version`` says
-  which, and a store refuses tables of another version.
-* ``checkpoints``: a row per key, with the revision it holds (what a
-  conditional write compares); a journal key's row is its head and
-  ``journal`` holds its rows.  ``holders``: who holds each key's advisory
-  lock.  ``aside``: what was moved out of the way.
-
-``QUERIES`` holds every statement the store runs (one round trip each);
-``SchemaPart`` is the part of ``PostgresStore`` that checks and installs
-the tables (``store.py`` says how the parts fit).
+One schema version, created on first use (or by ``pg-schema``) under a
+transaction-level advisory lock so that concurrent first users do not race;
+a store refuses tables of another version.  ``QUERIES``: every statement
+the store runs, one round trip each.
 """
 
 from __future__ import annotations
@@ -89,10 +81,7 @@ INSERT INTO {s}.schema_version (version) VALUES ({version}) ON CONFLICT (one) DO
 """
 
 HEAD_FORMAT = 1
-"""The ``format`` of a journal key's head row (its state is empty: the rows hold it).
-
-A release whose rows this one cannot read writes a higher one, and this
-one refuses it as newer."""
+"""The ``format`` of a journal key's head row (a higher one is refused as newer)."""
 
 _LZ4_SQL = (
     "ALTER TABLE {s}.checkpoints ALTER COLUMN state SET COMPRESSION lz4;"
@@ -189,11 +178,7 @@ QUERIES = {
 
 
 def schema_sql(schema: str = "checkpointer") -> str:
-    """The SQL that creates the tables (version ``SCHEMA_VERSION``).
-
-    For a database administrator who prefers to run it; the store creates
-    the same on first use unless ``create_schema=False``.
-    """
+    """The SQL that creates the tables, for an administrator (the store does it on first use)."""
     quoted = quote_schema(schema)
     lz4 = _LZ4_SQL.format(s=quoted)
     return (
@@ -204,11 +189,7 @@ def schema_sql(schema: str = "checkpointer") -> str:
 
 
 def grants_sql(schema: str = "checkpointer", role: str = "app") -> str:
-    """What a role needs to use tables ``pg-schema`` made (as another user).
-
-    Every store works through these: reading and writing rows, and the
-    advisory locks, which need no grant.
-    """
+    """What a role needs to use the tables ``pg-schema`` made as another user."""
     quoted = quote_schema(schema)
     who = role
     if re.fullmatch(r"[a-z_][a-z0-9_]*", role) is None:
@@ -233,11 +214,7 @@ def int64(data: bytes) -> int:
 
 
 class SchemaPart:
-    """The part of ``PostgresStore`` that checks and creates its tables.
-
-    Works on the connection it is given; ``ConnectionPart._session`` calls
-    ``_ensure_schema`` on first use.
-    """
+    """The part of ``PostgresStore`` that checks (on first use) and creates its tables."""
 
     _pg: Any
     schema: str
@@ -248,11 +225,12 @@ class SchemaPart:
     _where: str
 
     def _version(self, conn: psycopg.Connection[Any]) -> int | None:
-        try:
-            row = conn.execute(self._sql["version"]).fetchone()
-        except (self._pg.errors.UndefinedTable, self._pg.errors.InvalidSchemaName):
+        # Looked for first: in a transaction a failed statement would abort it.
+        row = conn.execute(b"SELECT to_regclass(%s)", [f"{self._quoted}.schema_version"]).fetchone()
+        if row is None or row[0] is None:
             return None
-        return None if row is None else int(row[0])
+        found = conn.execute(self._sql["version"]).fetchone()
+        return None if found is None else int(found[0])
 
     def _ensure_schema(self, conn: psycopg.Connection[Any]) -> None:
         version = self._version(conn)
@@ -281,7 +259,7 @@ class SchemaPart:
             conn.execute(
                 self._sql["install_lock"], {"id": int64(b"schema\0" + self._quoted.encode())}
             )
-            version = self._version_in(conn)
+            version = self._version(conn)
             self._check_version(version)
             if version is not None:
                 return
@@ -290,11 +268,3 @@ class SchemaPart:
             # of several MB, 3-4x quicker than the default pglz.
             with contextlib.suppress(self._pg.Error), conn.transaction():
                 conn.execute(_LZ4_SQL.format(s=self._quoted).encode())
-
-    def _version_in(self, conn: psycopg.Connection[Any]) -> int | None:
-        # Inside a transaction a failed statement would abort it: look first.
-        row = conn.execute(b"SELECT to_regclass(%s)", [f"{self._quoted}.schema_version"]).fetchone()
-        if row is None or row[0] is None:
-            return None
-        found = conn.execute(self._sql["version"]).fetchone()
-        return None if found is None else int(found[0])

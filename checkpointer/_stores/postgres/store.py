@@ -1,26 +1,9 @@
 """The PostgreSQL store: checkpoints as rows, one writer per key across a fleet.
 
-``PostgresStore`` implements the ``Store`` protocol as ``FileStore`` does, in
-synchronous psycopg calls (the writer makes them in its worker-thread hop).
-It is one object built of parts, one file each: ``schema.py`` (the tables),
-``connection.py`` (the one connection, bounded calls), ``locks.py`` (the
-advisory lock of each key) and this file (the protocol, conditional writes,
-forks).
-
-* **Rows.**  ``<schema>.checkpoints`` holds per key the ``revision`` it holds,
-  the envelope ``format``, ``meta`` (jsonb) and the state (bytea); a journal
-  key (``journal.py``) has a head row there and its rows in ``journal``.
-* **Conditional writes.**  A write is one transaction whose first statement
-  writes only over the revision expected (``insert``: none; ``update``: that
-  one): nothing lands between the check and the write.  Not applied, the row
-  holds this very write's revision (its COMMIT landed, the answer was lost:
-  done) or another's (``StaleWriteError``).  The advisory lock refuses a
-  second live writer early; the revision makes a write safe.
-* **Forks.**  libpq connections must not be used or closed from a forked
-  child (``close()`` would end the parent's session and its locks): right
-  after a fork the child's copy of every store forgets its connection
-  without a word to the server (its descriptor closed; the object kept, as
-  dropping it would only warn), its locks and watchdog, and connects afresh.
+A write is one transaction whose first statement writes only over the
+revision expected (an insert when none is; an update of that revision):
+the revision makes it safe, the advisory lock (``locks.py``) only refuses a
+second live writer early.  A forked child forgets its parent's connection.
 """
 
 from __future__ import annotations
@@ -118,28 +101,30 @@ class PostgresStore(LocksPart):
         self._where = describe_dsn(params)
         self._sql = {name: q.format(s=self._quoted).encode() for name, q in QUERIES.items()}
         self._host = socket.gethostname()
-        self._mutex = threading.Lock()
-        self._conn = None
         self._schema_ok = False
-        self._held = set()
-        self._suspect = False  # the connection may hold a lock we do not know of
-        self._handles = {}  # key -> its holder (lock())
-        self._handles_lock = threading.Lock()
-        self._lost = False  # the last call lost the server (for probe())
-        self._backend = None  # the backend pid of self._conn
-        # Backends of connections dropped mid-call: one may still run our
-        # statement and hold our key's lock (see _acquire).
-        self._orphans = []
-        self._watchdog = Watchdog(f"checkpointer-pg-watchdog {self._where}")
         # A call gets no answer a second after the server would have given up.
         self._deadline = self.statement_timeout + 1.0
-        self._watching = self._deadline  # the deadline of the call in progress
+        self._watching = self._deadline
         self._busy_wait = self.connect_timeout + self._deadline + 1.0
-        self._pid = os.getpid()  # the process whose connection self._conn is
+        self._start_fresh()
         _all_stores.add(self)
 
+    def _start_fresh(self) -> None:
+        """No connection, lock or watchdog yet: this process's own state (also after a fork)."""
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()
+        self._conn = None
+        self._backend = None
+        self._held = set()
+        self._suspect = False
+        self._lost = False
+        self._orphans = []
+        self._handles = {}
+        self._handles_lock = threading.Lock()
+        self._watchdog = Watchdog(f"checkpointer-pg-watchdog {self._where}")
+
     def __repr__(self) -> str:
-        return f"PostgresStore({self._where!r}, schema={self.schema!r})"
+        return f"{type(self).__name__}({self._where!r}, schema={self.schema!r})"
 
     def __enter__(self) -> PostgresStore:
         return self
@@ -147,40 +132,21 @@ class PostgresStore(LocksPart):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    # -- the Store protocol -------------------------------------------------
-
     def validate_key(self, key: str) -> None:
         check_key(key)
 
     def open(self) -> None:
-        """Connect and make sure the schema is there (creating it if allowed).
-
-        Raises:
-            PostgresStoreError: the server cannot be reached, refuses the
-                login, has no such database, or the schema is missing or
-                newer than this library; the message says which.
-        """
+        """Connect and make sure the schema is there (creating it if allowed); a
+        ``PostgresStoreError`` says what is wrong (server, login, database, schema)."""
         self._run(lambda conn: None)
 
     def write(
         self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
     ) -> int:
-        """Store the checkpoint in ``chunks`` (an envelope) if the row holds ``expected``.
+        """``Store.write``: one transaction, under the key's lock (taken if not held).
 
-        See ``Store.write``: one transaction whose write is conditional on
-        the revision (``expected`` None: no row).  Takes the key's writer
-        lock first if this store does not hold it.
-
-        Returns:
-            The envelope's size in bytes (also when this very write had
-            landed already: a retry whose answer was lost).
-
-        Raises:
-            StaleWriteError: the row holds another revision, or none when
-                one was expected (deleted), or one when none was.
-            KeyLockedError: another writer holds the key.
-            PostgresStoreError: the server failed or cannot be reached.
-            ValueError: ``chunks`` is not a checkpoint envelope.
+        Raises ``StaleWriteError``, ``KeyLockedError``, ``PostgresStoreError``,
+        or ``ValueError`` for ``chunks`` that are not a checkpoint envelope.
         """
         check_key(key)
         fmt, meta_json, state = self._split(key, chunks)
@@ -214,26 +180,33 @@ class PostgresStore(LocksPart):
     ) -> None:
         """Write ``key``'s row over revision ``params["expected"]``, then ``then(conn)``.
 
-        One transaction, under the key's lock (taken first if not held);
-        ``then`` runs only if the row was written.  ``statement``: the write
-        (default ``insert`` when no revision is expected, else ``update``).
-        ``nbytes`` widens the call's time budget, so a large session is not
-        cut off as a hang.  A write whose connection was lost once it reached
-        the server (idle, or mid-write: a restart) is made again on a new
-        one, for ``connect_timeout`` at most: if its COMMIT had landed, it
-        finds its own revision and is done.  One that never reached the
-        server fails at once (the writer's backoff and ``probe`` take over),
-        and one cut off as a hang is not repeated.
+        One transaction, under the key's lock; ``then`` runs only if the row
+        was written.  ``statement`` defaults to ``insert`` (no revision
+        expected) or ``update``; ``nbytes`` widens the time budget.  A write
+        whose connection was lost once it reached the server is made again
+        on a new one, for ``connect_timeout`` at most: if its COMMIT landed,
+        it finds its own revision.  One that never reached the server, or
+        was cut off as a hang, is not repeated.
         """
         if not statement:
             statement = "insert" if params["expected"] is None else "update"
         budget = nbytes / SLOW_BYTES_PER_SECOND
         retry_until: float | None = None
-        reached: list[bool] = []  # [True] once an attempt had a connection
+        reached = False  # an attempt had a connection
         while True:
             self._lost = False  # set again by a failure of this attempt to reach the server
             try:
-                self._write_once(key, statement, params, then, budget, reached)
+                with self._session(budget=budget) as conn:
+                    reached = True
+                    refused = self._acquire(conn, key)
+                    if refused is not None:
+                        raise refused
+                    with conn.transaction():
+                        if budget >= 1:
+                            timeout = round((self.statement_timeout + budget) * 1000)
+                            conn.execute(b"SET LOCAL statement_timeout = %d" % timeout)
+                        if self._apply(conn, key, statement, params) and then is not None:
+                            then(conn)
                 return
             except (KeyLockedError, StaleWriteError):
                 raise
@@ -250,41 +223,11 @@ class PostgresStore(LocksPart):
                 if not isinstance(exc, IdleLoss):
                     time.sleep(0.1)  # a restarting server refuses connections a moment
 
-    def _write_once(
-        self,
-        key: str,
-        statement: str,
-        params: dict[str, Any],
-        then: Callable[[psycopg.Connection[Any]], None] | None,
-        budget: float,
-        reached: list[bool],
-    ) -> None:
-        """One try of ``_conditional_write``; ``reached`` gets True once it has a connection."""
-        with self._session(budget=budget) as conn:
-            reached.append(True)
-            refused = self._acquire(conn, key)
-            if refused is not None:
-                raise refused
-            with conn.transaction():
-                if budget >= 1:
-                    conn.execute(
-                        b"SET LOCAL statement_timeout = %d"
-                        % round((self.statement_timeout + budget) * 1000)
-                    )
-                if self._apply(conn, key, statement, params) and then is not None:
-                    then(conn)
-
     def _apply(
         self, conn: psycopg.Connection[Any], key: str, statement: str, params: dict[str, Any]
     ) -> bool:
-        """The conditional write, in the caller's transaction: True if it wrote the row.
-
-        False: the row holds this write's revision already (its COMMIT
-        landed on an earlier try).
-
-        Raises:
-            StaleWriteError: the row holds another revision, or none.
-        """
+        """The conditional write in the caller's transaction: True if it wrote, False if
+        the row holds this write's revision already; ``StaleWriteError`` otherwise."""
         revision, expected = params["revision"], params["expected"]
         while conn.execute(self._sql[statement], params).fetchone() is None:
             row = conn.execute(self._sql["revision"], {"key": key}).fetchone()
@@ -300,9 +243,7 @@ class PostgresStore(LocksPart):
     def read(self, key: str) -> bytes | None:
         """The checkpoint of ``key`` as an envelope (a journal's rows assembled).
 
-        Raises:
-            CheckpointError: a journal key's rows are damaged, or of a newer format.
-            PostgresStoreError: the server failed or cannot be reached.
+        Raises ``CheckpointError`` for a journal key's damaged or newer rows.
         """
         check_key(key)
         params = {"key": key}
@@ -332,16 +273,10 @@ class PostgresStore(LocksPart):
         return sorted(row[0] for row in rows)
 
     def delete(self, key: str) -> bool:
-        """Remove ``key``'s row (a journal's rows too); False if there was none.
+        """``Store.delete``, under the key's lock, a journal's rows too.
 
-        A write: done under the key's lock.  A writer that held the key
-        finds it gone at its next write (``StaleWriteError``: expected a
-        revision, found none).
-
-        Raises:
-            KeyLockedError: a live writer holds the key (another session, or a
-                writer through this store): close it first.
-            PostgresStoreError: the server failed or cannot be reached.
+        ``KeyLockedError`` while a live writer holds the key (another session,
+        or a writer through this store).
         """
         check_key(key)
         handle = self._handles.get(key)
@@ -351,21 +286,16 @@ class PostgresStore(LocksPart):
         return self._locked_run(key, "delete", {"key": key})
 
     def move_aside(self, key: str, suffix: str) -> str | None:
-        """Move ``key``'s row (and a journal's rows, as lines) to ``<schema>.aside``.
-
-        Under the key's lock, as ``delete``.
-        """
+        """Move ``key``'s row (a journal's rows as lines) to ``<schema>.aside``, as ``delete``."""
         check_key(key)
         if not self._locked_run(key, "move_aside", {"key": key, "suffix": suffix}):
             return None
         return f"{self._where}/{self.schema}.aside/{key}.{suffix}"
 
     def _locked_run(self, key: str, statement: str, params: dict[str, Any]) -> bool:
-        """Run ``statement`` in a transaction that holds the key's lock; whether it returned a row.
+        """Run ``statement`` in a transaction holding the key's lock; whether it returned a row.
 
-        The transaction's own hold of the advisory lock: granted if no
-        other session holds it (this store's own hold counts as free), and
-        given back by the commit.
+        (The transaction's own hold: this store's session hold counts as free.)
         """
         lock_id = self._lock_id(key)
 
@@ -377,8 +307,6 @@ class PostgresStore(LocksPart):
                 return conn.execute(self._sql[statement], params).fetchone() is not None
 
         return self._run(run)
-
-    # -- schema -------------------------------------------------------------
 
     def create_schema(self) -> int:
         """Create the tables if they are not there; return the schema version in place.
@@ -397,24 +325,17 @@ class PostgresStore(LocksPart):
         with self._session(ensure=False) as conn:
             return self._version(conn)
 
-    # -- lifecycle ----------------------------------------------------------
-
     def close(self) -> None:
-        """Close the connection, which releases every lock this store holds.
+        """Close the connection, which releases every lock; a later call connects again.
 
-        The store stays usable: a later call connects again.  A lock object
-        from ``lock()`` not released yet stays its writer's (its ``held`` is
-        False until that writer's next write takes the key again, and that
-        write lands only over the revision it expects): another writer of
+        A lock object from ``lock()`` stays its writer's: another writer of
         the key through this store is still refused.
         """
         with _exit.busy(), self._mutex:
             self._drop()
             self._watchdog.close()
 
-    def __del__(self) -> None:
-        # A store dropped without close(): close its connection quietly
-        # (psycopg would warn) and let the watchdog thread go.
+    def __del__(self) -> None:  # quietly: psycopg would warn
         with contextlib.suppress(Exception):
             if self._mutex.acquire(blocking=False):
                 try:
@@ -424,28 +345,19 @@ class PostgresStore(LocksPart):
                     self._mutex.release()
 
     def _after_fork(self) -> None:
-        """In a forked child: become a fresh store, leaving the parent's session alone."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            _inherited.append(conn)  # never closed here: close() would send Terminate
-            with contextlib.suppress(Exception):
-                os.close(conn.pgconn.socket)
-        watching = self._watchdog._fd
-        if watching >= 0:
-            with contextlib.suppress(OSError):
-                os.close(watching)
-        self._pid = os.getpid()
-        self._mutex = threading.Lock()  # another thread of the parent may have held it
-        self._watchdog = Watchdog(f"checkpointer-pg-watchdog {self._where}")
-        self._held.clear()
-        self._suspect = False
-        self._handles_lock = threading.Lock()
-        self._handles.clear()  # the parent's lock objects: none of them is held here
-        self._lost = False
-        self._backend = None
-        self._orphans = []  # the parent's backends: never ours to terminate
+        """In a forked child: a fresh store; the parent's session is left alone.
 
-    # -- internals ----------------------------------------------------------
+        Its connection is never closed here (``close()`` would end the
+        parent's session and locks): only this process's descriptor.
+        """
+        if self._conn is not None:
+            _inherited.append(self._conn)
+            with contextlib.suppress(Exception):
+                os.close(self._conn.pgconn.socket)
+        if self._watchdog._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._watchdog._fd)
+        self._start_fresh()
 
     def _split(self, key: str, chunks: Sequence[bytes]) -> tuple[int, bytes, bytes]:
         """The format, the meta JSON and the state JSON of an envelope."""
@@ -455,9 +367,8 @@ class PostgresStore(LocksPart):
             and chunks[2] == MIDDLE
             and chunks[-1] == SUFFIX
         ):
-            # The writer's envelope: the meta, then the state in one or more
-            # pieces (a transcript's cached messages), joined here in the
-            # worker thread (bytes.join releases the GIL for large results).
+            # The writer's envelope: the meta, then the state in pieces, joined
+            # here in the worker thread (bytes.join releases the GIL).
             state = chunks[3] if len(chunks) == 5 else b"".join(chunks[3:-1])
             return FORMAT, bytes(chunks[1]), bytes(state)
         data = b"".join(chunks)

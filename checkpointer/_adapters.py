@@ -1,0 +1,96 @@
+"""What the framework adapters share: the key of a framework's id, option checks, lock refusals.
+
+Over the public API only, as the adapters themselves; the core never imports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Literal
+
+from checkpointer import CheckpointFailed, Failed, Limits, Result
+from checkpointer.stores import KEY_PATTERN, KeyLocked, LockingStore, Store
+
+__all__ = [
+    "check_durability",
+    "check_options",
+    "committer_options",
+    "framework_key",
+    "lock_timeout",
+    "locked",
+    "probe_lock",
+    "raise_failed",
+]
+
+Durability = Literal["async", "sync"]
+
+
+def framework_key(ident: str, *, plain: str, hashed: str) -> str:
+    """The key of a framework's id: ``plain + id`` if a key can spell it, else a digest key.
+
+    The digest key is ``hashed + sha256(id)[:40]``.  With a ``plain`` prefix
+    that ``hashed`` does not start with (``"lg-"``, ``"lg."``), no id's plain
+    key is another id's digest key.
+    """
+    key = plain + ident
+    if KEY_PATTERN.fullmatch(key) is not None:
+        return key
+    return hashed + hashlib.sha256(ident.encode()).hexdigest()[:40]
+
+
+def check_options(owner: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for ``owner``'s writers, refused if they set what ``owner`` sets itself.
+
+    Raises:
+        TypeError: ``source``, ``store`` or ``resume_from`` is among them.
+    """
+    for reserved in ("source", "store", "resume_from"):
+        if reserved in options:
+            raise TypeError(f"{owner} sets {reserved!r} itself")
+    return options
+
+
+def committer_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The writer options a ``KeyCommitter`` takes too (the timing ones are the writer's)."""
+    return {k: v for k, v in options.items() if k in ("transcript", "state_version", "limits")}
+
+
+def lock_timeout(options: dict[str, Any]) -> float:
+    """The ``Limits.lock_timeout`` of the writer options."""
+    limits: Limits = options.get("limits", Limits())
+    return limits.lock_timeout
+
+
+def check_durability(value: str) -> Durability:
+    """``value``, checked.
+
+    Raises:
+        ValueError: neither ``"async"`` nor ``"sync"``.
+    """
+    if value not in ("async", "sync"):
+        raise ValueError(f"durability must be 'async' or 'sync', got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def raise_failed(result: Result | None) -> None:
+    """Raise ``CheckpointFailed`` for a ``Failed``: where the framework has no place for a value."""
+    if isinstance(result, Failed):
+        raise CheckpointFailed(result)
+
+
+def locked(exc: KeyLocked, way_out: str) -> CheckpointFailed:
+    """``CheckpointFailed("locked")`` naming the holder (``exc``) and ``way_out``."""
+    return CheckpointFailed(Failed("locked", f"{exc}; {way_out}"))
+
+
+def probe_lock(store: Store, key: str, timeout: float, way_out: str) -> None:
+    """Raise ``CheckpointFailed("locked")`` now if another writer holds ``key`` (blocking).
+
+    A probe (taken and let go): the writer takes the lock at its first
+    write, and one that comes in between is found then.
+    """
+    if isinstance(store, LockingStore):
+        try:
+            store.lock(key, timeout=timeout).release()
+        except KeyLocked as exc:
+            raise locked(exc, way_out) from None

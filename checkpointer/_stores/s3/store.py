@@ -1,0 +1,286 @@
+"""The object store: key ``k`` at ``s3://bucket/prefix/k.json``, one envelope object per key.
+
+``S3Store`` implements ``Store`` (``base.py``) with conditional PUTs:
+
+* **Fencing without a lock service.**  The revision of each checkpoint is
+  kept in the object's metadata (``x-amz-meta-revision``), so
+  ``revision()`` is a HEAD.  A write that expects no checkpoint PUTs with
+  ``If-None-Match: *``; one that expects revision R PUTs with
+  ``If-Match:`` the ETag of the object that holds R (remembered from this
+  store's last PUT or read of the key, else learnt by a HEAD).  The service
+  checks the condition atomically with the write: 412 when another writer
+  replaced the object since, 404 when it was deleted (If-Match on a missing
+  key).  Then a HEAD says what the key holds, and ``landed`` decides: this
+  very write (botocore's retry of a PUT whose answer was lost meets the
+  store's own new ETag) is written; anything else is ``StaleWrite``.
+* **No lock.**  S3 has no lock service, so this store has no ``lock()``:
+  two live writers of one key both start, and the second learns of the
+  first at its first write (``Failed("conflict")``); neither ever replaces
+  what the other wrote after it looked.
+* **Atomic and durable.**  One PUT replaces the whole object: a reader sees
+  the old checkpoint or the new one.  It is durable when S3 answers 200.
+* **Deletes** are writes: a writer whose key was deleted finds it gone at
+  its next write (404 to its If-Match) and never recreates it.
+
+The connection, its timeouts, forks and errors: ``client.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..._format.envelope import decode_meta
+from ..base import KEY_PATTERN, check_key, landed
+from .client import S3Client, condition_failed, error_code
+
+__all__ = ["S3Store"]
+
+REVISION = "revision"
+"""The user-metadata name of an object's revision (``x-amz-meta-revision``)."""
+
+
+class S3Store:
+    """Checkpoints as objects in an S3 bucket: key ``k`` at ``s3://bucket/prefix/k.json``.
+
+    Each checkpoint is one conditional PUT of the whole state (see the
+    module docstring).  For sessions that grow, ``S3JournalStore`` uploads
+    only what changed.
+
+    Args:
+        bucket: the bucket (it must exist).
+        prefix: a folder in the bucket ("" for the top; "/" is added).
+        endpoint_url: an S3-compatible service (MinIO, R2, ...); None for AWS.
+        region: the region; None reads it as the AWS SDKs do (``AWS_REGION``,
+            the profile).  Credentials and retries are always read that way.
+        connect_timeout: seconds to connect, per attempt of each request.
+        read_timeout: seconds to wait for data, per attempt of each request.
+
+    Raises:
+        ImportError: botocore is not installed (the ``s3`` extra).
+        ValueError: an invalid bucket name, prefix or timeout.
+    """
+
+    suffix = ".json"
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 10.0,
+    ) -> None:
+        self.s3 = S3Client(
+            bucket,
+            prefix,
+            endpoint_url=endpoint_url,
+            region=region,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+        )
+        # object name -> (revision, ETag) last seen; each update is one dict operation,
+        # atomic without a lock (none to be left held in a forked child)
+        self._etags: dict[str, tuple[str, str]] = {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.s3.where!r})"
+
+    @property
+    def bucket(self) -> str:
+        return self.s3.bucket
+
+    @property
+    def prefix(self) -> str:
+        return self.s3.prefix
+
+    def validate_key(self, key: str) -> None:
+        check_key(key)
+
+    def location(self, key: str) -> str:
+        return self.s3.url(key + self.suffix)
+
+    def open(self) -> None:
+        """Nothing to prepare: the client connects on first use."""
+
+    def probe(self) -> bool:
+        """True once the endpoint answers again after a write could not reach it."""
+        return self.s3.probe()
+
+    # -- writes --------------------------------------------------------------
+
+    def write(
+        self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
+    ) -> int:
+        """PUT the joined chunks at ``key`` if it holds revision ``expected`` (see ``Store.write``).
+
+        Raises:
+            StaleWrite: the key holds another revision, or none.
+            S3StoreError: the endpoint, bucket or credentials failed.
+        """
+        check_key(key)
+        body = b"".join(chunks)  # in the worker thread: a large join releases the GIL
+        self.put(key + self.suffix, key, body, revision=revision, expected=expected)
+        return len(body)
+
+    def put(self, name: str, key: str, body: bytes, *, revision: str, expected: str | None) -> None:
+        """PUT ``body`` at ``name`` (of ``key``) if it holds ``expected``: the fenced write."""
+        params: dict[str, Any] = {"Key": self.s3.prefix + name, "Body": body}
+        params["Metadata"] = {REVISION: revision}
+        params["ContentType"] = "application/json"
+        if expected is None:
+            params["IfNoneMatch"] = "*"
+        else:
+            etag = self._etag(name, key, revision, expected)
+            if etag is None:
+                return  # this very write landed already
+            params["IfMatch"] = etag
+        try:
+            answer = self.s3.call("put_object", **params)
+        except Exception as exc:
+            self._forget(name)
+            if not condition_failed(exc):
+                raise
+            stored, etag = self.head(name, key)
+            if not landed(key, stored, revision, expected):
+                raced = f"{self.s3.url(name)}: a concurrent write raced; will retry"
+                raise OSError(raced) from None
+            self._remember(name, revision, etag)
+            return
+        self._remember(name, revision, answer["ETag"])
+
+    def _etag(self, name: str, key: str, revision: str, expected: str) -> str | None:
+        """The ETag of the object holding ``expected``; None if it holds ``revision`` already.
+
+        Raises:
+            StaleWrite: it holds neither.
+        """
+        seen = self._etags.get(name)
+        if seen is not None and seen[0] == expected:
+            return seen[1]
+        stored, etag = self.head(name, key)
+        if landed(key, stored, revision, expected):
+            return None
+        return etag
+
+    def _remember(self, name: str, revision: str | None, etag: str | None) -> None:
+        if revision is None or etag is None:
+            self._etags.pop(name, None)
+        else:
+            self._etags[name] = (revision, etag)
+
+    def _forget(self, name: str) -> None:
+        self._remember(name, None, None)
+
+    # -- reads ---------------------------------------------------------------
+
+    def head(self, name: str, key: str) -> tuple[str | None, str | None]:
+        """The revision and ETag of the object ``name`` now; (None, None) if there is none."""
+        try:
+            answer = self.s3.call("head_object", Key=self.s3.prefix + name)
+        except Exception as exc:
+            if error_code(exc) in ("NoSuchKey", "404"):
+                return None, None
+            raise
+        revision = answer.get("Metadata", {}).get(REVISION)
+        if revision is None:  # put there by another tool: the revision is in the bytes
+            data = self.get(name)
+            revision = None if data is None else self.revision_in(key, data)
+        return revision, answer["ETag"]
+
+    def revision_in(self, key: str, data: bytes) -> str | None:
+        """The revision an object's bytes say (an envelope's meta)."""
+        return decode_meta(data, self.location(key)).revision
+
+    def get(self, name: str) -> bytes | None:
+        """The bytes of the object ``name``, or None."""
+        try:
+            answer = self.s3.call("get_object", Key=self.s3.prefix + name)
+        except Exception as exc:
+            if error_code(exc) in ("NoSuchKey", "404"):
+                return None
+            raise
+        with answer["Body"] as body:
+            data: bytes = body.read()
+        revision = answer.get("Metadata", {}).get(REVISION)
+        if revision is not None:
+            self._remember(name, revision, answer["ETag"])
+        return data
+
+    def read(self, key: str) -> bytes | None:
+        """The bytes of ``key``'s object, or None."""
+        check_key(key)
+        return self.get(key + self.suffix)
+
+    def revision(self, key: str) -> str | None:
+        """The revision ``key`` holds (None: no checkpoint): one HEAD."""
+        check_key(key)
+        return self.head(key + self.suffix, key)[0]
+
+    def keys(self) -> list[str]:
+        """The keys with a checkpoint under the prefix, sorted (one LIST per 1,000 objects)."""
+        n = len(self.suffix)
+        found = [
+            name[:-n]
+            for name, _, _ in self.listing()
+            if name.endswith(self.suffix) and KEY_PATTERN.fullmatch(name[:-n])
+        ]
+        return sorted(found)
+
+    def listing(self, folder: str = "") -> list[tuple[str, int, Any]]:
+        """(name under the prefix, size, last modified) of the objects in ``folder``."""
+        found: list[tuple[str, int, Any]] = []
+        params: dict[str, Any] = {"Prefix": self.s3.prefix + folder, "Delimiter": "/"}
+        start = len(self.s3.prefix)
+        while True:
+            answer = self.s3.call("list_objects_v2", **params)
+            found.extend(
+                (item["Key"][start:], item["Size"], item["LastModified"])
+                for item in answer.get("Contents", [])
+            )
+            if not answer.get("IsTruncated"):
+                return found
+            params["ContinuationToken"] = answer["NextContinuationToken"]
+
+    # -- deletes -------------------------------------------------------------
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``'s object; False if there was none.
+
+        A writer of the key finds it gone at its next write (its If-Match
+        meets no object) and never recreates it.  There is no lock to
+        refuse the delete while a writer is live: delete keys whose
+        sessions are over.
+        """
+        check_key(key)
+        return self.remove(key + self.suffix, key)
+
+    def remove(self, name: str, key: str) -> bool:
+        """Delete the object ``name``; False if there was none."""
+        stored, _ = self.head(name, key)
+        self._forget(name)
+        if stored is None:
+            return False
+        self.s3.call("delete_object", Key=self.s3.prefix + name)
+        return True
+
+    def move_aside(self, key: str, suffix: str) -> str | None:
+        """Copy ``key``'s object to ``k.<suffix>`` and delete it; where it went, or None."""
+        check_key(key)
+        return self.rename(key + self.suffix, f"{key}.{suffix}")
+
+    def rename(self, name: str, target: str) -> str | None:
+        """Copy the object ``name`` to ``target`` (under the prefix), then delete it."""
+        prefix = self.s3.prefix
+        source = {"Bucket": self.s3.bucket, "Key": prefix + name}
+        try:
+            self.s3.call("copy_object", Key=prefix + target, CopySource=source)
+        except Exception as exc:
+            if error_code(exc) in ("NoSuchKey", "404"):
+                return None
+            raise
+        self._forget(name)
+        self.s3.call("delete_object", Key=prefix + name)
+        return self.s3.url(target)

@@ -21,13 +21,11 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["HANG_GUARD", "PowerFS", "PowerFSError", "unavailable"]
+from tests._support import HANG_GUARD, ROOT
 
-HANG_GUARD = 30.0  # seconds; a hang guard, never a timing assertion
-_ROOT = Path(__file__).resolve().parent.parent.parent  # the repository: python -m tests._powerfs
+__all__ = ["HANG_GUARD", "PowerFS", "PowerFSError", "unavailable"]
 
 
 class PowerFSError(RuntimeError):
@@ -66,7 +64,7 @@ class PowerFS:
         model = ["--model", self.model]
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests._powerfs", self.backing, self.mountpoint, *model],
-            cwd=_ROOT,
+            cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -1,0 +1,447 @@
+"""checkpointer.langgraph: one writer per thread, across processes (issue 22).
+
+A saver reads a thread it does not hold as the store holds it now (the
+stored revision compared, the thread read again only when it changed); a
+put changes the thread as LangGraph last read it, and the store refuses it
+if another process wrote or deleted the thread meanwhile (``"conflict"``);
+a thread a live writer holds is not deleted (``"locked"``).  Real processes
+(``tests/children/langgraph_child.py``) on real files; the graph is plain
+LangGraph nodes.  Asyncio only, as LangGraph's async API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+
+pytest.importorskip("langgraph.checkpoint.conformance")
+
+from langchain_core.messages import HumanMessage
+from langchain_core.runnables import RunnableConfig
+
+from checkpointer import FileStore, JournalStore, load
+from checkpointer.langgraph import CheckpointFailed, CheckpointSaver, thread_key
+from checkpointer.stores import Store
+from tests._support import ROOT
+from tests.children.adapter_child import CONFIG, langgraph_graph
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUT = 120.0  # a hang guard for a child's answer, never a timing assertion
+KINDS = ["file", "journal"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _store(kind: str, root: Path) -> Store:
+    return JournalStore(root) if kind == "journal" else FileStore(root)
+
+
+def _child(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.children.langgraph_child", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+class Agent:
+    """A LangGraph agent in a process of its own (``langgraph_child serve``) on thread "chat"."""
+
+    def __init__(self, kind: str, root: Path) -> None:
+        self.proc = _child("serve", f"{kind}:{root}", "chat")
+        self.pid = self.proc.pid
+        self._watchdog = threading.Timer(TIMEOUT, self.proc.kill)
+        self._watchdog.start()
+        assert self._read()["step"] == "ready"
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, f"agent {self.pid} ended (exit {self.proc.wait()})"
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def send(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def turns(self, *texts: str) -> list[str]:
+        """Run turns that must succeed; the messages after the last one."""
+        messages: list[str] = []
+        for text in texts:
+            answer = self.send(f"turn {text}")
+            assert "failed" not in answer, answer
+            messages = answer["messages"]
+        return messages
+
+    def close(self) -> dict[str, Any]:
+        answer = self.send("close")
+        self.proc.wait(timeout=TIMEOUT)
+        self._watchdog.cancel()
+        return answer
+
+    def kill(self) -> None:
+        self._watchdog.cancel()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate()  # and its pipes closed
+
+
+@pytest.fixture
+def agents() -> Iterator[Callable[[str, Path], Agent]]:
+    started: list[Agent] = []
+
+    def start(kind: str, root: Path) -> Agent:
+        agent = Agent(kind, root)
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        agent.kill()
+
+
+def _contents(state: Any) -> list[str]:
+    return [m.content for m in state.values.get("messages", [])]
+
+
+async def _stored(kind: str, root: Path) -> list[str]:
+    """The messages of thread "chat" as the store holds them (a fresh saver's reading)."""
+    async with CheckpointSaver(_store(kind, root)) as fresh:
+        return _contents(await langgraph_graph(fresh).aget_state(CONFIG))
+
+
+def _turn(text: str) -> list[str]:
+    return [text, "", f"answer:{text}", f"done: answer:{text}"]
+
+
+# -- reading a thread another process writes --------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_saver_that_read_an_empty_thread_goes_on_from_what_another_process_wrote(
+    tmp_path: Path, kind: str, agents: Callable[[str, Path], Agent]
+) -> None:
+    """Read empty; another process runs three turns and exits; the next invoke keeps them."""
+    async with CheckpointSaver(_store(kind, tmp_path)) as saver:
+        graph = langgraph_graph(saver)
+        assert _contents(await graph.aget_state(CONFIG)) == []
+        other = agents(kind, tmp_path)
+        theirs = other.turns("b0", "b1", "b2")
+        assert other.close() == {"pid": other.pid, "step": "close"}
+        result = await graph.ainvoke({"messages": [HumanMessage("a0")]}, CONFIG)
+    assert [m.content for m in result["messages"]] == [*theirs, *_turn("a0")]
+    assert await _stored(kind, tmp_path) == [*theirs, *_turn("a0")]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_long_lived_reader_sees_a_worker_s_new_turns(
+    tmp_path: Path, kind: str, mode: str, agents: Callable[[str, Path], Agent]
+) -> None:
+    """A saver that never writes the thread (a server showing it) shows each turn of a worker."""
+    worker = agents(kind, tmp_path)
+    saver = CheckpointSaver(_store(kind, tmp_path))
+
+    async def shown() -> tuple[list[str], int, int]:
+        graph = langgraph_graph(saver)
+        if mode == "sync":
+            state = graph.get_state(CONFIG)
+            return _contents(state), len(list(saver.list(CONFIG))), len(list(saver.list(None)))
+        state = await graph.aget_state(CONFIG)
+        listed = [t async for t in saver.alist(CONFIG)]
+        return _contents(state), len(listed), len([t async for t in saver.alist(None)])
+
+    async with saver if mode == "async" else _sync(saver):
+        assert await shown() == ([], 0, 0)
+        for n in range(1, 4):
+            messages = worker.turns(f"w{n}")
+            contents, listed, everything = await shown()
+            assert contents == messages and len(messages) == 4 * n
+            assert listed == everything == len(list(_checkpoints(kind, tmp_path)))
+        worker.close()
+        assert (await shown())[0] == messages
+
+
+class _sync:
+    """``with saver`` as an async context manager, for one test body over both modes."""
+
+    def __init__(self, saver: CheckpointSaver) -> None:
+        self.saver = saver
+
+    async def __aenter__(self) -> CheckpointSaver:
+        return self.saver.__enter__()
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        self.saver.__exit__(*exc_info)
+
+
+def _checkpoints(kind: str, root: Path) -> Iterator[dict[str, Any]]:
+    """The checkpoint rows stored for thread "chat" (the bytes, decoded as JSON)."""
+    stored = load(_store(kind, root), thread_key("chat"))
+    assert stored is not None
+    return (row for row in stored.state["messages"] if row["row"] == "checkpoint")
+
+
+class _Counting:
+    """A store of one's own that counts the reads of a whole checkpoint (``load``)."""
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+        self.loads = 0
+
+    def read_checkpoint(self, key: str) -> Any:
+        self.loads += 1
+        return self._inner.read_checkpoint(key)  # type: ignore[attr-defined]
+
+    def read(self, key: str) -> bytes | None:
+        self.loads += 1
+        return self._inner.read(key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_reader_reads_the_thread_again_only_when_it_changed(
+    tmp_path: Path, kind: str, agents: Callable[[str, Path], Agent]
+) -> None:
+    """Reads of an unchanged thread compare its revision: no checkpoint is read again."""
+    worker = agents(kind, tmp_path)
+    worker.turns("w1")
+    store = _Counting(_store(kind, tmp_path))
+    async with CheckpointSaver(store) as saver:
+        graph = langgraph_graph(saver)
+        for _ in range(5):
+            assert len(_contents(await graph.aget_state(CONFIG))) == 4
+        assert store.loads == 1
+        worker.turns("w2")
+        for _ in range(5):
+            assert len(_contents(await graph.aget_state(CONFIG))) == 8
+        assert store.loads == 2
+    worker.close()
+
+
+# -- a write between the read and the put ---------------------------------------------------
+
+
+class _Pausing(CheckpointSaver):
+    """Runs ``meanwhile`` as the first put begins (after LangGraph read the thread); every put
+    waits for it (LangGraph runs a step's put and put_writes at once)."""
+
+    def __init__(self, store: Store, meanwhile: Callable[[], object]) -> None:
+        super().__init__(store)
+        self._meanwhile: Callable[[], object] | None = meanwhile
+        self._gate = threading.Lock()
+
+    def _pause(self) -> None:
+        with self._gate:
+            meanwhile, self._meanwhile = self._meanwhile, None
+            if meanwhile is not None:
+                meanwhile()
+
+    def put(self, config: RunnableConfig, *args: Any) -> RunnableConfig:
+        self._pause()
+        return super().put(config, *args)
+
+    def put_writes(self, config: RunnableConfig, *args: Any) -> None:
+        self._pause()
+        super().put_writes(config, *args)
+
+    async def aput(self, config: RunnableConfig, *args: Any) -> RunnableConfig:
+        await anyio.to_thread.run_sync(self._pause)
+        return await super().aput(config, *args)
+
+    async def aput_writes(self, config: RunnableConfig, *args: Any) -> None:
+        await anyio.to_thread.run_sync(self._pause)
+        await super().aput_writes(config, *args)
+
+
+@pytest.mark.parametrize("durability", ["sync", "async"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_another_process_writing_between_the_read_and_the_put_is_a_conflict(
+    tmp_path: Path, kind: str, durability: Any, agents: Callable[[str, Path], Agent]
+) -> None:
+    """The thread was empty when the run read it; three turns of another process land before
+    its first put: "conflict" (from the run, or with "async" from the saver's close), their
+    turns stay, the saver shows them, and a run from there goes on."""
+    theirs: list[str] = []
+    inputs = {"messages": [HumanMessage("a0")]}
+    raised: list[CheckpointFailed] = []
+    try:
+        async with _Pausing(
+            _store(kind, tmp_path), _other_process(kind, tmp_path, agents, theirs)
+        ) as saver:
+            graph = langgraph_graph(saver)
+            try:
+                await graph.ainvoke(inputs, CONFIG, durability=durability)
+            except CheckpointFailed as exc:
+                raised.append(exc)
+            assert len(theirs) == 12
+            assert await _stored(kind, tmp_path) == theirs
+            assert _contents(await graph.aget_state(CONFIG)) == theirs
+            result = await graph.ainvoke(inputs, CONFIG, durability=durability)
+            assert [m.content for m in result["messages"]] == [*theirs, *_turn("a0")]
+    except CheckpointFailed as exc:
+        raised.append(exc)
+    _one_conflict(raised)
+    assert await _stored(kind, tmp_path) == [*theirs, *_turn("a0")]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_same_conflict_in_a_synchronous_program(
+    tmp_path: Path, kind: str, agents: Callable[[str, Path], Agent]
+) -> None:
+    """As above with ``with`` and ``graph.invoke``: the invoke raises, then goes on from there."""
+    theirs: list[str] = []
+    inputs = {"messages": [HumanMessage("a0")]}
+    raised: list[CheckpointFailed] = []
+    with _Pausing(_store(kind, tmp_path), _other_process(kind, tmp_path, agents, theirs)) as saver:
+        graph = langgraph_graph(saver)
+        try:
+            graph.invoke(inputs, CONFIG)
+        except CheckpointFailed as exc:
+            raised.append(exc)
+        assert _contents(graph.get_state(CONFIG)) == theirs and len(theirs) == 12
+        result = graph.invoke(inputs, CONFIG)
+        assert [m.content for m in result["messages"]] == [*theirs, *_turn("a0")]
+    _one_conflict(raised)
+    assert await _stored(kind, tmp_path) == [*theirs, *_turn("a0")]
+
+
+def _other_process(
+    kind: str, root: Path, agents: Callable[[str, Path], Agent], theirs: list[str]
+) -> Callable[[], None]:
+    def run() -> None:
+        other = agents(kind, root)
+        theirs.extend(other.turns("b0", "b1", "b2"))
+        other.close()
+
+    return run
+
+
+def _one_conflict(raised: list[CheckpointFailed]) -> None:
+    assert len(raised) == 1
+    assert raised[0].result.reason == "conflict"
+    assert "was written by another writer" in str(raised[0])
+
+
+# -- deleting a thread another process writes ----------------------------------------------
+
+
+async def _delete(saver: CheckpointSaver, how: str) -> None:
+    if how == "delete_thread":
+        await anyio.to_thread.run_sync(saver.delete_thread, "chat")
+    elif how == "adelete_thread":
+        await saver.adelete_thread("chat")
+    else:
+        await saver.aprune(["chat"], strategy="delete")
+
+
+@pytest.mark.parametrize("how", ["delete_thread", "adelete_thread", "aprune"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_deleting_a_thread_another_process_holds_is_refused(
+    tmp_path: Path, kind: str, how: str, agents: Callable[[str, Path], Agent]
+) -> None:
+    """A live writer of another process holds the thread: the delete raises "locked" naming it,
+    and every turn that process runs, before and after, is stored."""
+    holder = agents(kind, tmp_path)
+    holder.turns("h0")
+    async with CheckpointSaver(_store(kind, tmp_path)) as saver:
+        with pytest.raises(CheckpointFailed) as raised:
+            await _delete(saver, how)
+        assert raised.value.result.reason == "locked"
+        assert f"pid {holder.pid}" in str(raised.value) and "'chat'" in str(raised.value)
+        assert _contents(await langgraph_graph(saver).aget_state(CONFIG)) == _turn("h0")
+    messages = holder.turns("h1", "h2")
+    assert holder.close() == {"pid": holder.pid, "step": "close"}
+    assert messages == [*_turn("h0"), *_turn("h1"), *_turn("h2")]
+    assert await _stored(kind, tmp_path) == messages
+
+
+@pytest.mark.parametrize("kind", ["unlocked-file", "unlocked-journal"])
+async def test_a_writer_whose_thread_was_deleted_never_brings_it_back(
+    tmp_path: Path, kind: str, agents: Callable[[str, Path], Agent]
+) -> None:
+    """On a store of one's own with no lock (it still fences), another process deletes the
+    thread a live saver writes: that saver's next turn raises "conflict" ("was deleted"), it
+    shows the thread empty, and neither the turn nor its close writes the thread back."""
+    writer = agents(kind, tmp_path)
+    writer.turns("w0", "w1")
+    plain = kind.removeprefix("unlocked-")
+    async with CheckpointSaver(_store(plain, tmp_path)) as saver:
+        await saver.adelete_thread("chat")
+    gone = load(_store(plain, tmp_path), thread_key("chat"))
+    assert gone is None
+    answer = writer.send("turn w2")
+    assert answer["failed"]["reason"] == "conflict" and "was deleted" in answer["failed"]["error"]
+    assert load(_store(plain, tmp_path), thread_key("chat")) is None
+    assert writer.send("state")["messages"] == []
+    assert writer.close() == {"pid": writer.pid, "step": "close"}
+    assert load(_store(plain, tmp_path), thread_key("chat")) is None
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(thread_key("chat") + ".")]
+
+
+# -- two processes started at once on a new thread, many times, under load ---------------------
+
+REPEATS = 20
+
+
+@pytest.fixture
+def cpu_load() -> Iterator[None]:
+    """A process spinning on one CPU for the test's length (the machine has two)."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_two_processes_started_at_once_on_a_new_thread_lose_no_turn(
+    tmp_path: Path, kind: str, cpu_load: None
+) -> None:
+    """Each reads the new thread, waits a random moment, runs three turns: every turn that
+    returned is stored; one that began after the other closed its saver is never refused."""
+    race = _child("race", kind, str(tmp_path), str(REPEATS))
+    out, _ = race.communicate(timeout=REPEATS * TIMEOUT)
+    assert race.returncode == 0
+    reports = [json.loads(line) for line in out.splitlines()]
+    assert len(reports) == 2 * REPEATS
+    outcomes = []
+    for rep in range(REPEATS):
+        a, b = sorted((r for r in reports if r["rep"] == rep), key=lambda r: r["name"])
+        stored = await _stored(kind, tmp_path / str(rep))
+        for agent, other in ((a, b), (b, a)):
+            for turn in agent["turns"]:
+                assert turn in stored, (rep, agent, stored)
+            if agent["started"] is not None and agent["started"] > other["closed"]:
+                assert agent["failed"] is None and len(agent["turns"]) == 3, (rep, agent)
+        assert len(a["turns"]) == 3 or len(b["turns"]) == 3, (rep, a, b)
+        after = any(
+            x["started"] is not None and x["started"] > y["closed"] for x, y in ((a, b), (b, a))
+        )
+        outcomes.append((after, *sorted((len(a["turns"]), len(b["turns"])))))
+    # -s shows how the repetitions went: (one began after the other closed, turns, turns)
+    print(f"{kind}: {sorted(Counter(outcomes).items())}")

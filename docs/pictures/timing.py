@@ -5,7 +5,7 @@ clock, the way the writer's timer does: events at scripted times, a write
 started when ``decide`` says ``WRITE`` and ending a fixed time later.  Every
 bar, band and bracket is placed from what the scheduler answered (its due
 time, its ``first``, ``last`` and ``prev``), so a change of its rules changes
-the picture, and tests/test_timing_picture.py fails until it is redrawn::
+the picture, and tests/docs/test_timing_picture.py fails until it is redrawn::
 
     python docs/pictures/timing.py
 """

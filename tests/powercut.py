@@ -65,13 +65,11 @@ import contextlib
 import os
 import random
 import re
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +79,19 @@ from checkpointer._transcript.summary import safe_watermark
 from checkpointer.stores import TornTail
 from checkpointer.summaries import load_summary, summary_path
 from tests._powerfs import HANG_GUARD, MODELS, PowerFS
+from tests._support.harness import (
+    KEY,
+    MIB,
+    Reported,
+    Run,
+    Zygote,
+    backends,
+    check,
+    file_leftovers,
+    scratch,
+    state_for,
+)
+from tests._support.harness import zygote as fork_children
 from tests.children.powercut_child import (
     KEEP_LAST,
     MUTATIONS,
@@ -89,17 +100,6 @@ from tests.children.powercut_child import (
     run_child,
     summary_bytes,
     summary_text,
-)
-from tests.torture import (
-    KEY,
-    MIB,
-    Reported,
-    _backends,
-    _Run,
-    _Zygote,
-    check,
-    file_leftovers,
-    state_for,
 )
 
 __all__ = ["MUTATIONS", "STORES", "Summary", "main", "run", "summary_text"]
@@ -295,15 +295,14 @@ def run(
     seed = random.randrange(2**32) if seed is None else seed
     rng = random.Random(seed)
     summary = Summary(store=store, model=model, seed=seed, max_bytes=max_bytes, mutate=mutate)
-    backends = [*_backends(), "sync"]
+    loops = [*backends(), "sync"]
     if mutate is not None:
         planner = _Planner(rng, MUTATIONS[mutate].steps, 0.0, 0.0)
         planner.seen = dict.fromkeys(MUTATIONS[mutate].steps, 4)
     else:
         planner = _Planner(rng, kind.steps, early, timed)
     started = time.monotonic()
-    zygote_argv = ["-m", "tests.powercut"]
-    with _root(root) as where, contextlib.closing(_Zygote(zygote_argv)) as zygote:
+    with scratch(root, "powercut") as where, contextlib.closing(Zygote("tests.powercut")) as zygote:
         backing = os.path.join(where, "disk")
         mountpoint = os.path.join(where, "mnt")
         on_disk = os.path.join(backing, "store")  # the store's root, as the checks read it
@@ -318,7 +317,7 @@ def run(
                 plan, follow = follow, None
             if mutate is not None:  # past the first write, whose W the cut must not lose
                 plan = (plan[0], plan[1], max(2, plan[2]))
-            backend = rng.choice(backends)
+            backend = rng.choice(loops)
             summary.backends[backend] += 1
             mutation = MUTATIONS[mutate] if mutate is not None else None
             linger = mutation.linger if mutation is not None else rng.uniform(0.0, LINGER)
@@ -405,13 +404,13 @@ def run(
 
 def _one_cut(
     fs: PowerFS,
-    zygote: _Zygote,
+    zygote: Zygote,
     spec: dict[str, Any],
     plan: tuple[str, str, int],
     rng: random.Random,
     max_delay: float,
     linger: float,
-) -> tuple[_Run, dict[str, Any], bool]:
+) -> tuple[Run, dict[str, Any], bool]:
     """Start a child on the mounted disk, cut the power as planned, kill it, unmount.
 
     The child runs on for ``linger`` seconds after the power went: what its
@@ -438,7 +437,7 @@ def _one_cut(
     return child, fs.cut(), hit
 
 
-def _wait_frozen(fs: PowerFS, zygote: _Zygote, child: _Run) -> bool:
+def _wait_frozen(fs: PowerFS, zygote: Zygote, child: Run) -> bool:
     """Wait until the armed call froze the disk (True), or the child is stuck or ended."""
     deadline = time.monotonic() + HANG_GUARD
     ready_by: float | None = None
@@ -455,7 +454,7 @@ def _wait_frozen(fs: PowerFS, zygote: _Zygote, child: _Run) -> bool:
     return True
 
 
-def _reported(child: _Run) -> tuple[int, int, Reported, list[int]]:
+def _reported(child: Run) -> tuple[int, int, Reported, list[int]]:
     """What the child reported: commits, Written returned, the newest of both, summaries.
 
     A ``Written`` the writer returned (``R``) and a store commit that
@@ -477,7 +476,7 @@ def _reported(child: _Run) -> tuple[int, int, Reported, list[int]]:
     return commits, returned, newest, summarized
 
 
-def _child_problems(child: _Run, debris: set[str], summary: Summary) -> list[str]:
+def _child_problems(child: Run, debris: set[str], summary: Summary) -> list[str]:
     """What the child itself showed: how it ended, its first write, what its open left."""
     problems = []
     if child.status != -signal.SIGKILL:
@@ -540,19 +539,6 @@ def _ours(pid: int) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def _root(root: str | os.PathLike[str] | None) -> Iterator[str]:
-    if root is not None:
-        os.makedirs(root, exist_ok=True)
-        yield os.fspath(root)
-        return
-    where = tempfile.mkdtemp(prefix="checkpointer-powercut-")
-    try:
-        yield where
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
-
-
 # -- the command ---------------------------------------------------------------------------
 
 
@@ -602,9 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command; exit status 1 on a loss (or, with ``--mutate``, on a mutation not caught)."""
     args = _parse(argv)
     if args.zygote:
-        from tests.torture import _zygote
-
-        return _zygote(run_child)
+        return fork_children(run_child)
     if args.cuts < 1 or args.max_mib <= 0:
         print("powercut: --cuts must be >= 1 and --max-mib > 0", file=sys.stderr)
         return 2

@@ -81,7 +81,6 @@ import anyio.lowlevel
 import msgspec
 
 from checkpointer import (
-    Checkpoint,
     CheckpointWriter,
     Failed,
     FileStore,
@@ -96,20 +95,15 @@ from checkpointer import (
     load,
 )
 from checkpointer._stores.base import KeyLock, LockingStore
-from checkpointer._stores.envelopes import state_store
 from checkpointer.messages import ChatMessage
 from checkpointer.stores import KeyLocked, Staged, Store
+from tests._support import CHILDREN, HANG_GUARD, ROOT
+from tests._support.harness import TappedStore, file_transcript, s3_store
 
 __all__ = ["GROUPS", "STORES", "Summary", "main", "run", "run_one"]
 
 KEY = "stress"
-HANG_GUARD = 30.0  # seconds; a hang guard, never a timing assertion
-ROOT = Path(__file__).resolve().parent.parent
-CHILD = Path(__file__).parent / "children" / "conflict_child.py"
-
-
-def _file_transcript(root: str) -> Store:
-    return FileStore(root)  # its writes encoded through a Transcript: SlowStore.stage
+CHILD = CHILDREN / "conflict_child.py"
 
 
 class Unlocked:
@@ -148,25 +142,13 @@ class LossyStore(FileStore):
         return super().write(key, chunks, **kw)
 
 
-def _s3(kind: str) -> Callable[[str], Store]:
-    """An S3 store on a local moto server (started once), the run's directory name its prefix."""
-
-    def make(root: str) -> Store:
-        from .s3 import make_s3_store, serve_for_children
-
-        store: Store = make_s3_store(f"{kind}:{serve_for_children()}", os.path.basename(root))
-        return store
-
-    return make
-
-
 STORES: dict[str, Callable[[str], Store]] = {
     "file": FileStore,
-    "file-transcript": _file_transcript,
+    "file-transcript": file_transcript,
     "journal": JournalStore,
     "unlocked": Unlocked,
-    "s3": _s3("s3"),
-    "s3journal": _s3("s3journal"),
+    "s3": s3_store("s3"),
+    "s3journal": s3_store("s3journal"),
 }
 """The stores to stress: a new store is one more entry (``s3``, ``s3journal``: moto's
 S3 server on 127.0.0.1, started for the run)."""
@@ -368,18 +350,7 @@ class Session:
 # -- the store: slow now and then, and saying what it committed ----------------------
 
 
-class _Tagged:
-    __slots__ = ("inner", "version")
-
-    def __init__(self, inner: Staged, version: int) -> None:
-        self.inner = inner
-        self.version = version
-
-    def content(self) -> object:
-        return self.inner.content()
-
-
-class SlowStore:
+class SlowStore(TappedStore):
     """The ``StateStore`` the writer would use for ``inner``, slow now and then.
 
     Records the version of each commit that returned, in order; a commit
@@ -390,24 +361,21 @@ class SlowStore:
     def __init__(
         self, inner: Store, session: Session, seed: int, transcript: Transcript | None = None
     ) -> None:
-        self.inner = inner
-        self.states = state_store(inner)
-        self.transcript = transcript  # the message cache, without the writer's other steps
+        super().__init__(inner, transcript)
         self.session = session
         self.rng = random.Random(seed)
         self.committed: list[int] = []
         self.mutex = threading.Lock()
         self.slow_next = False  # the next commit takes a while (a disk that stalls)
 
-    def stage(self, key: str, state: Any, transcript: Transcript | None = None) -> _Tagged:
-        try:
-            staged = self.states.stage(key, state, transcript or self.transcript)
-        finally:
-            version = self.session.staged()
-        return _Tagged(staged, version)
+    def tag(self, state: Any) -> int:
+        return self.session.staged()
+
+    def after_commit(self, meta: Meta, tag: int) -> None:
+        with self.mutex:
+            self.committed.append(tag)
 
     def commit(self, key: str, meta: Meta, staged: Staged, **kw: Any) -> int:
-        assert isinstance(staged, _Tagged)
         with self.mutex:
             dice = self.rng.random()
             stall, self.slow_next = self.slow_next, False
@@ -417,46 +385,7 @@ class SlowStore:
             time.sleep(0.01)
         elif dice < 0.4:
             time.sleep(dice / 100)
-        nbytes = self.states.commit(key, meta, staged.inner, **kw)
-        with self.mutex:
-            self.committed.append(staged.version)
-        return nbytes
-
-    def read_meta(self, key: str) -> Meta | None:
-        return self.states.read_meta(key)
-
-    def update_meta(self, key: str, meta: Meta, *, expected: str) -> None:
-        self.states.update_meta(key, meta, expected=expected)
-
-    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
-        return self.states.read_checkpoint(key)
-
-    def validate_key(self, key: str) -> None:
-        self.inner.validate_key(key)
-
-    def location(self, key: str) -> str:
-        return self.inner.location(key)
-
-    def open(self) -> None:
-        self.inner.open()
-
-    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
-        return self.inner.write(key, chunks, **kw)
-
-    def read(self, key: str) -> bytes | None:
-        return self.inner.read(key)
-
-    def revision(self, key: str) -> str | None:
-        return self.inner.revision(key)
-
-    def keys(self) -> list[str]:
-        return self.inner.keys()
-
-    def delete(self, key: str) -> bool:
-        return self.inner.delete(key)
-
-    def move_aside(self, key: str, suffix: str) -> str | None:
-        return self.inner.move_aside(key, suffix)
+        return super().commit(key, meta, staged, **kw)
 
     def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
         if isinstance(self.inner, LockingStore):

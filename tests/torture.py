@@ -46,119 +46,40 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import hashlib
-import json
-import math
 import os
-import queue
 import random
-import shutil
 import signal
-import stat
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-import anyio
-import msgspec
-
-from checkpointer import (
-    Checkpoint,
-    CheckpointError,
-    CheckpointWriter,
-    FileStore,
-    JournalStore,
-    Meta,
-    Snapshot,
-    Transcript,
-    load,
+from checkpointer import CheckpointError, FileStore, JournalStore, Transcript, load
+from checkpointer.stores import KeyLocked, Store, TornTail
+from tests._support.harness import (
+    KEY,
+    MIB,
+    Reported,
+    Run,
+    Zygote,
+    backends,
+    check,
+    file_leftovers,
+    file_transcript,
+    on_loop,
+    s3_store,
+    say,
+    scratch,
+    tapped,
+    victim,
 )
-from checkpointer._stores.atomic import _TEMP_RE
-from checkpointer._stores.base import KeyLock, KeyLocked, LockingStore
-from checkpointer._stores.envelopes import state_store
-from checkpointer.stores import Staged, Store, TornTail
+from tests._support.harness import zygote as fork_children
 
-KEY = "torture"
-HANG_GUARD = 30.0  # seconds; a hang guard, never a timing assertion
-MIB = 1 << 20
-
-__all__ = ["STORES", "StoreKind", "Summary", "check", "main", "run", "state_for"]
-
-
-# -- the state for a sequence number ---------------------------------------------------
-
-
-EPOCH = 40
-"""Sequence numbers per history: within one, each state is the last plus a message."""
-
-ROLES = ("user", "assistant", "tool")
-
-
-def state_for(n: int, max_bytes: int) -> dict[str, Any]:
-    """The session state for sequence number ``n``: deterministic, and different for every ``n``.
-
-    Within an epoch of ``EPOCH`` numbers the history only grows (state
-    ``n + 1`` is state ``n`` plus one message), as an agent's does; at each
-    new epoch it is replaced, as when an agent compacts its history.  So an
-    append-only store both appends and compacts.  Message sizes are
-    log-uniform from 64 bytes to ``max_bytes / 8``, the whole state at most
-    ``max_bytes``; a message's bytes depend on its epoch and index.
-    """
-    epoch, last = divmod(n, EPOCH)
-    budget = max_bytes
-    cap = max(65, max_bytes // 8)
-    messages = []
-    for i in range(last + 1):
-        name = f"{epoch}/{i}"
-        size = min(budget, int(math.exp(random.Random(name).uniform(math.log(64), math.log(cap)))))
-        budget -= size
-        tag = hashlib.blake2b(name.encode(), digest_size=16).hexdigest()
-        messages.append({"role": ROLES[i % 3], "content": (tag * (size // len(tag) + 1))[:size]})
-    return {"n": n, "messages": messages}
+__all__ = ["STORES", "StoreKind", "Summary", "main", "run"]
 
 
 # -- stores under test -------------------------------------------------------------------
-
-
-def file_leftovers(root: str) -> list[str]:
-    """Temp files of ``FileStore`` writes that no process holds: what the next open sweeps.
-
-    A temp of mode 000 is left out: its writer may be about to lock it, so
-    the sweep keeps it until it is old (``atomic.STALE_AFTER``).
-    """
-    try:
-        names = os.listdir(root)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    paths = (os.path.join(root, name) for name in names if _TEMP_RE.match(name))
-    return sorted(path for path in paths if _free(path))
-
-
-def _free(path: str) -> bool:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # a link under a temp's name: swept too
-    try:
-        st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and not stat.S_IMODE(st.st_mode):
-            return False
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 class NaiveStore(FileStore):
@@ -193,25 +114,6 @@ class StoreKind:
     setup: Callable[[], object] | None = None  # before the children: a server to reach
 
 
-def _file_transcript(root: str) -> Store:
-    return FileStore(root)  # its writes encoded through a Transcript: ReportingStore.stage
-
-
-def _s3(kind: str) -> Callable[[str], Store]:
-    """An S3 store on the local server ``setup`` started, the root's name as its prefix."""
-
-    def make(root: str) -> Store:
-        top = str(Path(__file__).resolve().parent.parent)  # the zygote runs this file as a script
-        if top not in sys.path:
-            sys.path.insert(0, top)
-        from tests.s3 import PLACE_ENV, make_s3_store
-
-        store: Store = make_s3_store(f"{kind}:{os.environ[PLACE_ENV]}", os.path.basename(root))
-        return store
-
-    return make
-
-
 def _no_leftovers(root: str) -> list[str]:
     return []  # unreferenced segments are swept after an hour, not at the next open
 
@@ -224,10 +126,10 @@ def _serve() -> object:
 
 STORES: dict[str, StoreKind] = {
     "file": StoreKind(FileStore, file_leftovers),
-    "file-transcript": StoreKind(_file_transcript, file_leftovers),
+    "file-transcript": StoreKind(file_transcript, file_leftovers),
     "journal": StoreKind(JournalStore, file_leftovers),
-    "s3": StoreKind(_s3("s3"), _no_leftovers, setup=_serve),
-    "s3journal": StoreKind(_s3("s3journal"), _no_leftovers, setup=_serve),
+    "s3": StoreKind(s3_store("s3"), _no_leftovers, setup=_serve),
+    "s3journal": StoreKind(s3_store("s3journal"), _no_leftovers, setup=_serve),
     "naive": StoreKind(NaiveStore, file_leftovers, unsafe=True),
 }
 """The stores to torture: a new store is one more entry.
@@ -244,167 +146,20 @@ for the run (kills land between a segment and its head).
 # -- the child ---------------------------------------------------------------------------
 
 
-def _say(line: str) -> None:
-    # One write(2) of a short line to a pipe is atomic: whole or absent, even at a kill.
-    os.write(1, f"{os.getpid()} {line}\n".encode())
-
-
-class _Tagged:
-    """A staged state, and the sequence number of the state it was staged from."""
-
-    __slots__ = ("inner", "n")
-
-    def __init__(self, inner: Staged, n: int) -> None:
-        self.inner = inner
-        self.n = n
-
-    def content(self) -> object:
-        return self.inner.content()
-
-
-class ReportingStore:
-    """The child's store: after each commit that returned, it says ``W <seq> <n>``.
-
-    It is the ``StateStore`` the writer would use for ``inner`` (the store
-    itself, or ``Envelopes`` over a bytes store), so the child's writes take
-    the path a program's do; the bytes and lock calls go straight through.
-    """
-
-    def __init__(self, inner: Store, transcript: Transcript | None = None) -> None:
-        self.inner = inner
-        self.states = state_store(inner)
-        self.transcript = transcript  # the message cache, without the writer's other steps
-
-    # -- StateStore ----------------------------------------------------------------
-
-    def stage(self, key: str, state: Any, transcript: Transcript | None = None) -> _Tagged:
-        staged = self.states.stage(key, state, transcript or self.transcript)
-        return _Tagged(staged, int(state["n"]))
-
-    def commit(self, key: str, meta: Meta, staged: Staged, **kw: Any) -> int:
-        assert isinstance(staged, _Tagged)
-        nbytes = self.states.commit(key, meta, staged.inner, **kw)
-        _say(f"W {meta.seq} {staged.n}")
-        return nbytes
-
-    def read_meta(self, key: str) -> Meta | None:
-        return self.states.read_meta(key)
-
-    def update_meta(self, key: str, meta: Meta, *, expected: str) -> None:
-        self.states.update_meta(key, meta, expected=expected)
-
-    def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
-        return self.states.read_checkpoint(key)
-
-    # -- Store and LockingStore ----------------------------------------------------
-
-    def validate_key(self, key: str) -> None:
-        self.inner.validate_key(key)
-
-    def location(self, key: str) -> str:
-        return self.inner.location(key)
-
-    def open(self) -> None:
-        self.inner.open()
-
-    def write(self, key: str, chunks: Sequence[bytes], **kw: Any) -> int:
-        return self.inner.write(key, chunks, **kw)
-
-    def read(self, key: str) -> bytes | None:
-        return self.inner.read(key)
-
-    def revision(self, key: str) -> str | None:
-        return self.inner.revision(key)
-
-    def keys(self) -> list[str]:
-        return self.inner.keys()
-
-    def delete(self, key: str) -> bool:
-        return self.inner.delete(key)
-
-    def move_aside(self, key: str, suffix: str) -> str | None:
-        return self.inner.move_aside(key, suffix)
-
-
-class LockingReportingStore(ReportingStore):
-    """A ``ReportingStore`` over a store that locks keys: it locks them too."""
-
-    def lock(self, key: str, *, timeout: float = 0.0) -> KeyLock:
-        assert isinstance(self.inner, LockingStore)
-        return self.inner.lock(key, timeout=timeout)
-
-
 async def _child(spec: dict[str, Any]) -> int:
     """Checkpoint a session that changes without pause, until killed."""
-    parent = os.getppid()
     cache = Transcript() if spec["store"] == "file-transcript" else None
-    inner = STORES[spec["store"]].make(spec["root"])
-    reporting = LockingReportingStore if isinstance(inner, LockingStore) else ReportingStore
-    store = reporting(inner, cache)
+    store = tapped(STORES[spec["store"]].make(spec["root"]), cache)
     try:
         previous = load(store, KEY)
     except CheckpointError as exc:
-        _say(f"CORRUPT {exc}")
+        say(f"CORRUPT {exc}")
         return 3
-    n = 0 if previous is None else int(previous.state["n"])
-    max_bytes = int(spec["max_bytes"])
-    rng = random.Random(spec["seed"])
-
-    def source() -> Snapshot:
-        return Snapshot(KEY, state_for(n, max_bytes))
-
-    writer = CheckpointWriter(source, store, debounce=0.002, min_interval=0.0, max_wait=0.02)
-    _say("START")
-    async with writer:
-        # The first write must not fail: the killed child's key lock is gone with it.
-        stats = writer.statistics()
-        _say(f"READY {n} {stats.writes} {stats.failures}")
-        while os.getppid() == parent:  # until the SIGKILL (or the helper is gone)
-            n += 1
-            writer.notify()
-            dice = rng.random()
-            if dice < 0.08:
-                await writer.write_now()
-            elif dice < 0.12:
-                await anyio.to_thread.run_sync(writer.flush_sync)
-            else:
-                await anyio.sleep(rng.uniform(0.0, 0.004))
-    return 4
+    return await victim(store, 0 if previous is None else int(previous.state["n"]), spec)
 
 
 def _run_child(spec: dict[str, Any]) -> int:
-    backend = "trio" if spec["backend"] == "trio" else "asyncio"
-    options = {"use_uvloop": True} if spec["backend"] == "uvloop" else {}
-    return anyio.run(_child, spec, backend=backend, backend_options=options)
-
-
-def _zygote(run_child: Callable[[dict[str, Any]], int] | None = None) -> int:
-    """Fork a child per ``SPAWN <json>`` line on stdin; reap it on ``REAP <pid>``.
-
-    ``run_child(spec)`` runs in the child (default: this torture's child).
-    """
-    with contextlib.suppress(ImportError):
-        import trio  # noqa: F401  # imported once here, not in every child
-        import uvloop  # noqa: F401
-    for raw in sys.stdin.buffer:
-        command, _, rest = raw.decode().strip().partition(" ")
-        if command == "SPAWN":
-            spec = json.loads(rest)
-            pid = os.fork()
-            if pid == 0:
-                code = 70
-                try:
-                    code = (run_child or _run_child)(spec)
-                except BaseException:
-                    traceback.print_exc()
-                finally:
-                    os._exit(code)
-            os.write(1, f"PID {pid}\n".encode())
-        elif command == "REAP":
-            pid = int(rest)
-            _, status = os.waitpid(pid, 0)
-            os.write(1, f"REAPED {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
-    return 0
+    return on_loop(_child, spec)
 
 
 # -- the parent --------------------------------------------------------------------------
@@ -460,183 +215,6 @@ class Summary:
         ]
 
 
-@dataclass
-class Reported:
-    """The newest write a child reported done, and the newest seen on disk before it."""
-
-    seq: int = 0
-    n: int = -1
-
-
-def check(
-    store: Store, max_bytes: int, floor: Reported, torn: list[TornTail] | None = None
-) -> list[str]:
-    """Check the file after a kill against ``floor`` (what must be on disk at least).
-
-    Returns:
-        One line per problem (empty when all is well).  ``floor`` moves up
-        to what the file holds, so a later file may not go back.  A journal's
-        unfinished last append, which ``load`` ignores, goes to ``torn``.
-    """
-    try:
-        cp = load(store, KEY)
-    except CheckpointError as exc:
-        return [f"the checkpoint does not load: {exc}"]
-    if cp is None:
-        if floor.n >= 0:
-            return [f"the checkpoint is gone; seq {floor.seq} (n={floor.n}) was reported"]
-        return []
-    n = cp.state.get("n") if isinstance(cp.state, dict) else None
-    if not isinstance(n, int):
-        return [f"the state has no sequence number: {str(cp.state)[:80]}"]
-    if cp.torn is not None and torn is not None:
-        torn.append(cp.torn)
-    problems = []
-    if cp.state != state_for(n, max_bytes):
-        problems.append(f"the state is not the state of its sequence number n={n} (mixed/torn)")
-    if n < floor.n or cp.meta.seq < floor.seq:
-        problems.append(
-            f"the file holds seq {cp.meta.seq} (n={n}), older than seq {floor.seq} "
-            f"(n={floor.n}), reported done or seen before"
-        )
-    floor.seq = max(floor.seq, cp.meta.seq)
-    floor.n = max(floor.n, n)
-    return problems
-
-
-class _Run:
-    """What one child said on its stdout, as the helper's reader thread sorts it out."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.started = threading.Event()
-        self.ready = threading.Event()
-        self.status: int | None = None
-
-    def reported(self) -> tuple[int, Reported]:
-        """How many writes the child reported done, and the newest of them."""
-        count, newest = 0, Reported()
-        for line in self.lines:
-            parts = line.split()
-            if len(parts) == 3 and parts[0] == "W":
-                count += 1
-                newest.seq = max(newest.seq, int(parts[1]))
-                newest.n = max(newest.n, int(parts[2]))
-        return count, newest
-
-
-class _Zygote:
-    """The helper process that forks the children (``--zygote``), and its pipes.
-
-    ``argv`` is the command whose ``--zygote`` runs it, run from the
-    repository root (default: this file).
-    """
-
-    def __init__(self, argv: Sequence[str] | None = None) -> None:
-        here = Path(__file__).resolve()
-        self.proc = subprocess.Popen(
-            [sys.executable, *(argv or [str(here)]), "--zygote"],
-            cwd=here.parent.parent,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        self.runs: dict[int, _Run] = {}
-        self.replies: queue.Queue[tuple[str, int]] = queue.Queue()
-        self.err: list[bytes] = []
-        self.lock = threading.Lock()
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        self.pumps = [
-            threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True),
-            threading.Thread(target=self._read_err, args=(self.proc.stderr,), daemon=True),
-        ]
-        for pump in self.pumps:
-            pump.start()
-
-    def run_of(self, pid: int) -> _Run:
-        with self.lock:
-            return self.runs.setdefault(pid, _Run())
-
-    def _read(self, stream: IO[bytes]) -> None:
-        for raw in stream:
-            first, _, rest = raw.decode(errors="replace").rstrip("\n").partition(" ")
-            if first == "PID":
-                self.replies.put(("PID", int(rest)))
-            elif first == "REAPED":
-                pid, code = rest.split()
-                self.run_of(int(pid)).status = int(code)
-                self.replies.put(("REAPED", int(pid)))
-            elif first.isdigit():
-                run = self.run_of(int(first))
-                run.lines.append(rest)
-                if rest == "START":
-                    run.started.set()
-                elif rest.startswith("READY "):
-                    run.ready.set()
-        self.replies.put(("EOF", 0))
-
-    def _read_err(self, stream: IO[bytes]) -> None:
-        for raw in stream:
-            self.err.append(raw)
-            del self.err[:-40]
-
-    def _ask(self, line: str, reply: str) -> int:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
-        self.proc.stdin.flush()
-        kind, value = self.replies.get(timeout=HANG_GUARD)
-        if kind != reply:
-            raise RuntimeError(f"the torture helper died: {self.stderr()}")
-        return value
-
-    def spawn(self, spec: dict[str, Any]) -> tuple[int, _Run]:
-        pid = self._ask("SPAWN " + json.dumps(spec), "PID")
-        return pid, self.run_of(pid)
-
-    def kill(self, pid: int) -> None:
-        """SIGKILL the child (if still there) and wait until the helper has reaped it."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        self._ask(f"REAP {pid}", "REAPED")
-
-    def wait(self, run: _Run, event: threading.Event) -> bool:
-        """Wait for ``event`` (hang guard); False if the child ended first."""
-        deadline = time.monotonic() + HANG_GUARD
-        while not event.wait(0.002):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                return event.is_set()
-            if any(line.startswith("CORRUPT") for line in run.lines):
-                return False
-        return True
-
-    def stderr(self) -> str:
-        return b"".join(self.err).decode(errors="replace")
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(HANG_GUARD)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        for pump in self.pumps:
-            pump.join(HANG_GUARD)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
-
-
-def _backends() -> list[str]:
-    names = ["asyncio", "trio"]
-    with contextlib.suppress(ImportError):
-        import uvloop  # noqa: F401
-
-        names.append("uvloop")
-    return names
-
-
 def run(
     kills: int = 200,
     *,
@@ -670,15 +248,15 @@ def run(
     seed = random.randrange(2**32) if seed is None else seed
     rng = random.Random(seed)
     summary = Summary(store=store, seed=seed, max_bytes=max_bytes)
-    backends = _backends()
+    loops = backends()
     started = time.monotonic()
     if kind.setup is not None:
         kind.setup()  # before the helper process starts: the children inherit its address
-    with _root(root) as where, contextlib.closing(_Zygote()) as zygote:
+    with scratch(root, "torture") as where, contextlib.closing(Zygote("tests.torture")) as zygote:
         floor = Reported()
         debris: set[str] = set()  # killed writers' leftovers, until an open is seen
         for i in range(kills):
-            backend = rng.choice(backends)
+            backend = rng.choice(loops)
             summary.backends[backend] = summary.backends.get(backend, 0) + 1
             aim_early = rng.random() < early
             spec: dict[str, Any] = {"root": where, "store": store, "backend": backend}
@@ -745,7 +323,7 @@ def run(
     return summary
 
 
-def _started_well(child: _Run) -> list[str]:
+def _started_well(child: Run) -> list[str]:
     """A problem if the child's first write failed (say, a lock the killed child kept)."""
     ready = next(line for line in child.lines if line.startswith("READY "))
     _, n, writes, failures = ready.split()
@@ -763,19 +341,6 @@ def _swept(kind: StoreKind, root: str, debris: set[str], summary: Summary) -> li
     summary.swept += len(debris) - len(unswept)
     debris.clear()
     return [f"an open left a dead writer's leftovers {unswept}"] if unswept else []
-
-
-@contextlib.contextmanager
-def _root(root: str | os.PathLike[str] | None) -> Iterator[str]:
-    if root is not None:
-        os.makedirs(root, exist_ok=True)
-        yield os.fspath(root)
-        return
-    where = tempfile.mkdtemp(prefix="checkpointer-torture-")
-    try:
-        yield where
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
 
 
 # -- the command ---------------------------------------------------------------------------
@@ -813,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command: ``python -m tests.torture [--kills N] ...``; exit status 1 on a loss."""
     args = _parse(argv)
     if args.zygote:
-        return _zygote()
+        return fork_children(_run_child)
     if args.kills < 1 or args.max_mib <= 0 or args.max_delay < 0:
         print("torture: --kills must be >= 1, --max-mib > 0, --max-delay >= 0", file=sys.stderr)
         return 2

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import anyio
 import msgspec
 
 import checkpointer._stores.atomic
@@ -61,7 +60,6 @@ from checkpointer import (
     Result,
     Snapshot,
     Transcript,
-    Written,
     load,
 )
 from checkpointer._stores.atomic import _TEMP_RE
@@ -69,7 +67,17 @@ from checkpointer._stores.base import KeyLock
 from checkpointer._transcript.summary import safe_watermark
 from checkpointer.stores import Staged, Store
 from checkpointer.summaries import SummaryCheckpoint, collapse, load_summary, write_summary
-from tests.torture import KEY, LockingReportingStore, _say, file_leftovers, state_for
+from tests._support.harness import (
+    KEY,
+    LockingTappedStore,
+    file_leftovers,
+    file_transcript,
+    on_loop,
+    returned,
+    say,
+    state_for,
+    victim,
+)
 
 __all__ = ["KEEP_LAST", "MUTATIONS", "STORES", "run_child", "summary_bytes", "summary_text"]
 
@@ -127,13 +135,9 @@ class PowerStore:
     summaries: bool = False
 
 
-def _file_transcript(root: str) -> Store:
-    return FileStore(root)  # its writes encoded through a Transcript: ReportingStore.stage
-
-
 STORES: dict[str, PowerStore] = {
     "file": PowerStore(FileStore, _FILE_STEPS),
-    "file-transcript": PowerStore(_file_transcript, _FILE_STEPS),
+    "file-transcript": PowerStore(file_transcript, _FILE_STEPS),
     "journal": PowerStore(JournalStore, _JOURNAL_STEPS),
     "summary": PowerStore(FileStore, _SUMMARY_STEPS, summaries=True),
 }
@@ -291,7 +295,7 @@ def _eio(exc: BaseException) -> bool:
     return getattr(exc, "errno", None) == errno.EIO or "Input/output error" in str(exc)
 
 
-class _Reporting(LockingReportingStore):
+class _Reporting(LockingTappedStore):
     """The torture's reporting store, which also says what failed and what ``open()`` left.
 
     ``E <call> eio|other <error>`` for every store call that raised (EIO is
@@ -301,7 +305,7 @@ class _Reporting(LockingReportingStore):
 
     def _failed(self, call: str, exc: BaseException) -> None:
         text = " ".join(str(exc).split())[:300]
-        _say(f"E {call} {'eio' if _eio(exc) else 'other'} {type(exc).__name__}: {text}")
+        say(f"E {call} {'eio' if _eio(exc) else 'other'} {type(exc).__name__}: {text}")
 
     def open(self) -> None:
         try:
@@ -312,9 +316,9 @@ class _Reporting(LockingReportingStore):
         try:
             left = file_leftovers(os.path.dirname(self.location(KEY)))
         except OSError:
-            _say("OPENED eio")
+            say("OPENED eio")
         else:
-            _say(f"OPENED {len(left)}")
+            say(f"OPENED {len(left)}")
 
     swallow = False  # the written-on-failure mutation: a commit's error is not raised
 
@@ -383,12 +387,12 @@ def _start(spec: dict[str, Any]) -> tuple[_Reporting, int] | int:
                 n = max(n, int(summary.summary.partition("\n")[0][2:]))
     except (CheckpointError, OSError) as exc:
         if _eio(exc):  # the power went while it loaded: wait for the kill
-            _say("EIO load")
+            say("EIO load")
             parent = os.getppid()
             while os.getppid() == parent:  # not for ever: the helper may be gone
                 time.sleep(0.1)
             return 5
-        _say(f"CORRUPT {exc}")
+        say(f"CORRUPT {exc}")
         return 3
     return store, n
 
@@ -411,18 +415,12 @@ def _neighbour(root: str, gap: float, seed: int) -> None:
             os.close(fd)
 
 
-def _returned(result: Result, n: int) -> None:
-    """Say what the writer told the program: ``R <seq> <n>`` for a ``Written``."""
-    if isinstance(result, Written):
-        _say(f"R {result.seq} {n}")
-
-
 async def _summarize(root: str, n: int, max_bytes: int) -> None:
     messages = state_for(n, max_bytes)["messages"]
     text = summary_text(n, summary_bytes(max_bytes))
     done = await collapse(lambda _: text, root, KEY, messages, keep_last=KEEP_LAST)
     if isinstance(done, SummaryCheckpoint):
-        _say(f"S {n}")
+        say(f"S {n}")
 
 
 def _summarize_sync(root: str, n: int, max_bytes: int) -> None:
@@ -435,42 +433,22 @@ def _summarize_sync(root: str, n: int, max_bytes: int) -> None:
         write_summary(root, KEY, checkpoint)
     except OSError:
         return
-    _say(f"S {n}")
+    say(f"S {n}")
 
 
 async def _child(spec: dict[str, Any]) -> int:
     """Checkpoint a session that changes without pause, on an event loop, until killed."""
-    parent = os.getppid()
     started = _start(spec)
     if isinstance(started, int):
         return started
     store, n = started
-    summaries = STORES[spec["store"]].summaries
-    max_bytes = int(spec["max_bytes"])
-    rng = random.Random(spec["seed"])
+    if not STORES[spec["store"]].summaries:
+        return await victim(store, n, spec)
 
-    def source() -> Snapshot:
-        return Snapshot(KEY, state_for(n, max_bytes))
+    async def summarize(n: int) -> None:
+        await _summarize(spec["root"], n, int(spec["max_bytes"]))
 
-    writer = CheckpointWriter(source, store, debounce=0.002, min_interval=0.0, max_wait=0.02)
-    _say("START")
-    async with writer:
-        stats = writer.statistics()
-        _say(f"READY {n} {stats.writes} {stats.failures}")
-        while os.getppid() == parent:
-            n += 1
-            writer.notify()
-            dice = rng.random()
-            # n changes only here: the state a write below returns is state n.
-            if dice < 0.08:
-                _returned(await writer.write_now(), n)
-            elif dice < 0.12:
-                _returned(await anyio.to_thread.run_sync(writer.flush_sync), n)
-            elif summaries and dice < 0.16:
-                await _summarize(spec["root"], n, max_bytes)
-            else:
-                await anyio.sleep(rng.uniform(0.0, 0.004))
-    return 4
+    return await victim(store, n, spec, summarize)
 
 
 def _sync_child(spec: dict[str, Any]) -> int:
@@ -488,22 +466,22 @@ def _sync_child(spec: dict[str, Any]) -> int:
         return Snapshot(KEY, state_for(n, max_bytes))
 
     writer = CheckpointWriter(source, store)
-    _say("START")
+    say("START")
     with writer:
         stats = writer.statistics()
-        _say(f"READY {n} {stats.writes} {stats.failures}")
+        say(f"READY {n} {stats.writes} {stats.failures}")
         while os.getppid() == parent:
             n += 1
             writer.notify()
             dice = rng.random()
             if dice < 0.25:
-                _returned(writer.flush_sync(), n)
+                returned(writer.flush_sync(), n)
             elif dice < 0.35:
                 results: list[Result] = []
                 worker = threading.Thread(target=_flush_into, args=(writer, results))
                 worker.start()
                 worker.join()
-                _returned(results[0], n)
+                returned(results[0], n)
             elif summaries and dice < 0.4:
                 _summarize_sync(spec["root"], n, max_bytes)
             else:
@@ -518,6 +496,4 @@ def _flush_into(writer: CheckpointWriter[Any], results: list[Result]) -> None:
 def run_child(spec: dict[str, Any]) -> int:
     if spec["backend"] == "sync":
         return _sync_child(spec)
-    backend = "trio" if spec["backend"] == "trio" else "asyncio"
-    options = {"use_uvloop": True} if spec["backend"] == "uvloop" else {}
-    return anyio.run(_child, spec, backend=backend, backend_options=options)
+    return on_loop(_child, spec)

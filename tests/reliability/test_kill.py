@@ -18,7 +18,7 @@ from checkpointer import FileStore
 from checkpointer._format.envelope import envelope_chunks
 from checkpointer._values import Meta
 from tests import torture
-from tests.torture import EPOCH, KEY, Reported, check, state_for
+from tests._support.harness import EPOCH, KEY, Reported, check, state_for
 
 SMALL = 256 * 1024
 

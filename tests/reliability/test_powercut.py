@@ -36,9 +36,9 @@ from checkpointer.summaries import write_summary as write_summary_checkpoint
 from tests import powercut
 from tests._powerfs import HANG_GUARD, PowerDisk, PowerFS, label_kind, unavailable
 from tests._support import ROOT
+from tests._support.harness import KEY, state_for
 from tests.children.powercut_child import KEEP_LAST, summary_bytes, summary_text
 from tests.powercut import check_summary
-from tests.torture import KEY, state_for
 
 SMALL = 64 * 1024
 W = os.O_WRONLY | os.O_CREAT | os.O_EXCL

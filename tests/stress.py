@@ -97,7 +97,7 @@ from checkpointer import (
 from checkpointer._stores.base import KeyLock, LockingStore
 from checkpointer.messages import ChatMessage
 from checkpointer.stores import KeyLocked, Staged, Store
-from tests._support import CHILDREN, HANG_GUARD, ROOT
+from tests._support import CHILDREN, HANG_GUARD, ROOT, child_env
 from tests._support.harness import TappedStore, file_transcript, s3_store
 
 __all__ = ["GROUPS", "STORES", "Summary", "main", "run", "run_one"]
@@ -793,7 +793,7 @@ class _Run:
 
     def start_second(self) -> None:
         spec = "journal" if self.spec.store == "journal" else "file"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = child_env()
         self.second = subprocess.Popen(
             [sys.executable, str(CHILD), f"{spec}:{self.root}", KEY, "second"],
             stdin=subprocess.PIPE,
@@ -1078,7 +1078,7 @@ def run_starts(store: str, backend: str, turns: int = 3) -> list[str]:
         bucket, _, url = serve_for_children().partition("@")
         where = f"{bucket}/{os.path.basename(root)}@{url}"
     keys = [f"start-{i}" for i in range(STARTS)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     problems: list[str] = []
     try:
         procs = {

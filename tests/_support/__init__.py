@@ -2,8 +2,109 @@
 
 from __future__ import annotations
 
+import os
+import queue
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository: children run with it as cwd
 CHILDREN = ROOT / "tests" / "children"
 HANG_GUARD = 60.0  # seconds; a hang guard, never a timing assertion
+
+
+class Pumped:
+    """A child process whose stdout and stderr threads drain, so its pipes never fill.
+
+    Its stdout lines also go to a queue (None at the end), for ``wait_line``.
+    """
+
+    def __init__(
+        self, argv: Sequence[str], *, stdin: int = subprocess.DEVNULL, new_session: bool = False
+    ) -> None:
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=new_session,
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.out: list[str] = []
+        self.err: list[str] = []
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self.pumps = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, self.out, True)),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, self.err, False)),
+        ]
+        for pump in self.pumps:
+            pump.start()
+
+    def _pump(self, stream: IO[str], into: list[str], lines: bool) -> None:
+        for line in stream:
+            into.append(line)
+            if lines:
+                self.lines.put(line.rstrip("\n"))
+        stream.close()
+        if lines:
+            self.lines.put(None)
+
+    def report(self) -> str:
+        return (
+            f"status {self.proc.returncode}\n--- stdout\n{''.join(self.out)}"
+            f"--- stderr\n{''.join(self.err)}"
+        )
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for pump in self.pumps:
+            pump.join(HANG_GUARD)
+
+    def wait_line(self, wanted: Callable[[str], bool], what: str) -> str:
+        """The next stdout line ``wanted`` accepts; a test failure on a hang or an early end."""
+        deadline = time.monotonic() + HANG_GUARD
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.kill()
+                pytest.fail(f"hang guard: no {what!r} from the child\n{self.report()}")
+            if line is None:
+                self.kill()
+                pytest.fail(f"the child ended before {what!r}\n{self.report()}")
+            if wanted(line):
+                return line
+
+
+def tree(root: Path, *, locks: bool = True) -> dict[str, bytes | None]:
+    """Every entry under ``root``, recursively: a file's bytes, None for a directory.
+
+    What a store left on disk, read back byte for byte; ``locks=False``
+    leaves out the ``.lock`` files.
+    """
+    found: dict[str, bytes | None] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            found[os.path.relpath(os.path.join(dirpath, name), root)] = None
+        for name in filenames:
+            if locks or not name.endswith(".lock"):
+                path = os.path.join(dirpath, name)
+                found[os.path.relpath(path, root)] = Path(path).read_bytes()
+    return found
+
+
+def child_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a Python child of the tests: ``base`` (this one's), this checkout first.
+
+    So a child imports the ``checkpointer`` and ``tests`` of the checkout
+    under test, whatever is installed.
+    """
+    return {**(os.environ if base is None else base), "PYTHONPATH": str(ROOT), **extra}

@@ -12,7 +12,6 @@ LangGraph nodes.  Asyncio only, as LangGraph's async API.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -33,7 +32,7 @@ from langchain_core.runnables import RunnableConfig
 from checkpointer import FileStore, JournalStore, load
 from checkpointer.langgraph import CheckpointFailed, CheckpointSaver, thread_key
 from checkpointer.stores import Store
-from tests._support import ROOT
+from tests._support import ROOT, child_env
 from tests.children.adapter_child import CONFIG, langgraph_graph
 
 pytestmark = pytest.mark.anyio
@@ -58,7 +57,7 @@ def _child(*args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=child_env(),
     )
 
 

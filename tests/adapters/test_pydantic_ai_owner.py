@@ -38,7 +38,7 @@ from checkpointer.pydantic_ai import (
     run_key,
 )
 from checkpointer.stores import Store
-from tests._support import ROOT
+from tests._support import ROOT, child_env
 from tests.children.adapter_child import pydantic_problems
 from tests.children.pydantic_child import agent as child_agent
 
@@ -69,7 +69,7 @@ class _Child:
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env=child_env(),
         )
         self._watchdog = threading.Timer(120, self.proc.kill)  # a hang fails, not the suite
         self._watchdog.start()

@@ -7,13 +7,13 @@ runs as written, its ``pass  # your work`` replaced.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 from checkpointer import FileStore, load
+from tests._support import child_env
 from tests.docblocks import ROOT, python_blocks, run_twice
 
 _WORK = "    pass  # your work\n"
@@ -29,7 +29,7 @@ def test_readme_python_blocks_run(tmp_path: Path) -> None:
 
 def test_demo_command(tmp_path: Path) -> None:
     """`python -m checkpointer demo` coalesces events, verifies the file, and resumes."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     cmd = [sys.executable, "-m", "checkpointer", "demo", "--root", str(tmp_path), "--turns", "5"]
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False, env=env)
     assert first.returncode == 0, first.stderr

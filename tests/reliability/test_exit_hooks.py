@@ -11,7 +11,6 @@ never timing assertions.
 
 from __future__ import annotations
 
-import queue
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
@@ -35,7 +34,7 @@ from checkpointer import (
     Written,
     load,
 )
-from tests._support import CHILDREN, HANG_GUARD
+from tests._support import CHILDREN, HANG_GUARD, Pumped
 
 CHILD = CHILDREN / "exit_child.py"
 KEY = "s1"
@@ -44,39 +43,14 @@ SIGNALS = {"TERM": signal.SIGTERM, "HUP": signal.SIGHUP, "INT": signal.SIGINT}
 LAST = {"idle": 42, "pending": 42, "inflight": 43}
 
 
-class Child:
+class Child(Pumped):
     """One run of the child program; threads drain its pipes so they never fill."""
 
     def __init__(self, workdir: Path, *args: str) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
         self.root = workdir / "root"
         self.go = workdir / "go"
-        self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), str(self.root), str(self.go), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.out: list[str] = []
-        self.err: list[str] = []
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        self.pumps = [
-            threading.Thread(target=self._pump, args=(self.proc.stdout, self.out, True)),
-            threading.Thread(target=self._pump, args=(self.proc.stderr, self.err, False)),
-        ]
-        for pump in self.pumps:
-            pump.start()
-
-    def _pump(self, stream: IO[str], into: list[str], lines: bool) -> None:
-        for line in stream:
-            into.append(line)
-            if lines:
-                self.lines.put(line.rstrip("\n"))
-        stream.close()
-        if lines:
-            self.lines.put(None)
+        super().__init__([sys.executable, str(CHILD), str(self.root), str(self.go), *args])
 
     @property
     def returncode(self) -> int | None:
@@ -86,30 +60,8 @@ class Child:
     def stderr(self) -> str:
         return "".join(self.err)
 
-    def report(self) -> str:
-        out = "".join(self.out)
-        return f"status {self.proc.returncode}\n--- stdout\n{out}--- stderr\n{self.stderr}"
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for pump in self.pumps:
-            pump.join(HANG_GUARD)
-
     def wait_for(self, marker: str) -> None:
-        deadline = time.monotonic() + HANG_GUARD
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                self.kill()
-                pytest.fail(f"hang guard: no {marker!r} from the child\n{self.report()}")
-            if line is None:
-                self.kill()
-                pytest.fail(f"the child ended before {marker!r}\n{self.report()}")
-            if line == marker:
-                return
+        self.wait_line(lambda line: line == marker, marker)
 
     def finish(self) -> None:
         try:

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
@@ -33,7 +31,7 @@ from checkpointer import CheckpointWriter, FileStore, JournalStore, Limits, Snap
 from checkpointer._stores.flock import acquire_file_lock, probe_file_lock
 from checkpointer._writer.keystate import KeyLocks
 from checkpointer.stores import KeyLocked, Store
-from tests._support import CHILDREN, HANG_GUARD
+from tests._support import CHILDREN, HANG_GUARD, Pumped
 from tests.pg import Cluster, find_binaries
 
 CHILD = CHILDREN / "fork_child.py"
@@ -137,63 +135,20 @@ def target(
 # -- the program ----------------------------------------------------------------
 
 
-class Program:
+class Program(Pumped):
     """One run of the child program, in a session (and process group) of its own."""
 
     def __init__(self, tmp_path: Path, target: Target, backend: str, scenario: str) -> None:
         self.work = tmp_path
-        self.proc = subprocess.Popen(
-            [
-                *(sys.executable, str(CHILD), *target.args(tmp_path)),
-                *("--backend", backend, "--scenario", scenario),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.out: list[str] = []
-        self.err: list[str] = []
-        assert self.proc.stdout is not None and self.proc.stderr is not None
-        self.pumps = [
-            threading.Thread(target=self._pump, args=(self.proc.stdout, self.out, True)),
-            threading.Thread(target=self._pump, args=(self.proc.stderr, self.err, False)),
-        ]
-        for pump in self.pumps:
-            pump.start()
+        argv = [sys.executable, str(CHILD), *target.args(tmp_path)]
+        argv += ["--backend", backend, "--scenario", scenario]
+        super().__init__(argv, stdin=subprocess.PIPE, new_session=True)
         self.pid = int(self.expect("PID")[0])
-
-    def _pump(self, stream: IO[str], into: list[str], lines: bool) -> None:
-        for line in stream:
-            into.append(line)
-            if lines:
-                self.lines.put(line.rstrip("\n"))
-        stream.close()
-        if lines:
-            self.lines.put(None)
-
-    def report(self) -> str:
-        return (
-            f"status {self.proc.returncode}\n--- stdout\n{''.join(self.out)}"
-            f"--- stderr\n{''.join(self.err)}"
-        )
 
     def expect(self, word: str) -> list[str]:
         """Wait for the line that starts with ``word``; return the rest of its words."""
-        while True:
-            try:
-                line = self.lines.get(timeout=HANG_GUARD)
-            except queue.Empty:
-                self.kill()
-                pytest.fail(f"hang guard: no {word!r} from the program\n{self.report()}")
-            if line is None:
-                self.kill()
-                pytest.fail(f"the program ended before {word!r}\n{self.report()}")
-            head, _, rest = line.partition(" ")
-            if head == word:
-                return rest.split(" ")
+        line = self.wait_line(lambda line: line.partition(" ")[0] == word, word)
+        return line.partition(" ")[2].split(" ")
 
     def said(self, word: str) -> str:
         """The rest of the line the program said starting with ``word`` (already read)."""

@@ -30,14 +30,14 @@ from checkpointer import (
     Written,
     load,
 )
-from tests._support import ROOT
+from tests._support import child_env
 from tests.children import journal_child
 
 CHILD = Path(journal_child.__file__)
 
 
 def run_child(root: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     return subprocess.Popen(
         [sys.executable, str(CHILD), str(root), *args],
         stdout=subprocess.PIPE,

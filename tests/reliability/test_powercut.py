@@ -35,21 +35,13 @@ from checkpointer.summaries import SummaryCheckpoint, load_summary
 from checkpointer.summaries import write_summary as write_summary_checkpoint
 from tests import powercut
 from tests._powerfs import HANG_GUARD, PowerDisk, PowerFS, label_kind, unavailable
-from tests._support import ROOT
+from tests._support import ROOT, tree
 from tests._support.harness import KEY, state_for
 from tests.children.powercut_child import KEEP_LAST, summary_bytes, summary_text
 from tests.powercut import check_summary
 
 SMALL = 64 * 1024
 W = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-
-
-def tree(root: Path) -> dict[str, bytes | None]:
-    """Every entry under ``root``: a file's bytes, None for a directory."""
-    found: dict[str, bytes | None] = {}
-    for path in sorted(root.rglob("*")):
-        found[str(path.relative_to(root))] = None if path.is_dir() else path.read_bytes()
-    return found
 
 
 def put(disk: PowerDisk, path: str, data: bytes, *, sync: bool = True) -> None:

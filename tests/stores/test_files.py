@@ -14,18 +14,7 @@ import pytest
 from checkpointer import FileStore, load
 from checkpointer._stores.atomic import sweep_temps, write_atomic
 from checkpointer._stores.base import check_key
-
-
-def tree(root: Path) -> dict[str, bytes | None]:
-    """Every entry under ``root``, recursively: file bytes, or None for a directory."""
-    found: dict[str, bytes | None] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames:
-            found[os.path.relpath(os.path.join(dirpath, name), root)] = None
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            found[os.path.relpath(path, root)] = Path(path).read_bytes()
-    return found
+from tests._support import tree
 
 
 def temps(directory: Path) -> list[str]:

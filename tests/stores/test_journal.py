@@ -32,7 +32,7 @@ from checkpointer import (
     Written,
     load,
 )
-from tests._support import ROOT
+from tests._support import ROOT, child_env
 from tests.conftest import FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -779,7 +779,7 @@ def test_store_api_validates_keys(tmp_path: Path) -> None:
 
 def test_example_and_command_line_read_journals(tmp_path: Path) -> None:
     """examples/journal_session.py runs; `checkpointer ls` and `verify` read its journal."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -38,23 +38,10 @@ from checkpointer import (
     Written,
     load,
 )
-from tests._support import ROOT
+from tests._support import ROOT, tree
 
 KEY = "s1"
 GOOD = {"messages": [{"role": "user", "content": "hello"}]}
-
-
-def tree(top: Path) -> dict[str, bytes | None]:
-    """Every entry under ``top``: file bytes, None for a directory; lock files left out."""
-    found: dict[str, bytes | None] = {}
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames:
-            found[os.path.relpath(os.path.join(dirpath, name), top)] = None
-        for name in filenames:
-            if not name.endswith(".lock"):
-                path = os.path.join(dirpath, name)
-                found[os.path.relpath(path, top)] = Path(path).read_bytes()
-    return found
 
 
 class Source:
@@ -124,16 +111,16 @@ async def test_bad_key_is_failed_and_writes_nothing_outside(
     root = tmp_path / "a" / "root"
     source = Source()
     async with CheckpointWriter(source, FileStore(root), exit_hooks=False) as writer:
-        before = tree(tmp_path)
+        before = tree(tmp_path, locks=False)
         source.make = lambda: Snapshot(key, GOOD)  # type: ignore[arg-type]
         result = await writer.write_now()
         assert isinstance(result, Failed) and result.reason == "invalid-key", result
         assert why in result.error and "invalid key" in result.error
         assert writer.flush_sync("exit") == result  # the sync path says the same
-        assert tree(tmp_path) == before
+        assert tree(tmp_path, locks=False) == before
         source.good()
         assert isinstance(await writer.write_now(), Written)
-    assert sorted(tree(tmp_path)) == ["a", "a/root", "a/root/s1.json"]
+    assert sorted(tree(tmp_path, locks=False)) == ["a", "a/root", "a/root/s1.json"]
 
 
 def test_a_symlink_in_place_of_the_file_is_refused_not_followed(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from checkpointer import (
     Written,
     load,
 )
-from tests._support import HANG_GUARD, ROOT
+from tests._support import HANG_GUARD, child_env
 from tests.conftest import FakeClock, RecordingStore
 
 KEY = "s1"
@@ -562,7 +561,7 @@ def test_ctrl_c_during_a_timer_write_is_a_bare_keyboard_interrupt(
     tmp_path: Path, backend: str
 ) -> None:
     """Ctrl-C while the timer task writes: a bare KeyboardInterrupt, the state on disk, not live."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-c", CTRL_C_CHILD, str(tmp_path), backend],
         capture_output=True,
@@ -672,7 +671,7 @@ def test_ctrl_c_during_the_final_write_saves_the_newest_state(
     """Ctrl-C (once or twice) while aclose() writes, in the store or in source() on the
     loop: the newest state is on disk, not live, and the program ends on a bare
     KeyboardInterrupt."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     args = [str(tmp_path), backend, where, str(presses), str(int(hooks))]
     child = subprocess.Popen(
         [sys.executable, "-c", CTRL_C_AT_CLOSE_CHILD, *args],
@@ -737,7 +736,7 @@ HUNG_AT_CLOSE_CHILD = textwrap.dedent(
 def test_a_final_write_that_never_ends_does_not_hang_the_exit(tmp_path: Path, backend: str) -> None:
     """A final write hung for good: aclose() returns at close_timeout and the process
     exits after waiting exit_timeout for it (no thread of ours keeps it alive)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-c", HUNG_AT_CLOSE_CHILD, str(tmp_path), backend],
         capture_output=True,

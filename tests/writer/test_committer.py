@@ -28,7 +28,7 @@ from checkpointer import (
     load,
 )
 from checkpointer.stores import KeyLocked, Store
-from tests._support import ROOT
+from tests._support import ROOT, child_env
 
 STORES = {"file": FileStore, "journal": JournalStore}
 
@@ -173,7 +173,7 @@ def _child(kind: str, root: Path, step: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=child_env(),
     )
 
 

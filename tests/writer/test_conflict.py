@@ -41,7 +41,7 @@ from checkpointer import (
     load,
 )
 from checkpointer.stores import KeyLocked, KeyLockedError, Store, unfenced
-from tests._support import CHILDREN, ROOT
+from tests._support import CHILDREN, ROOT, child_env
 from tests.conftest import FakeClock
 from tests.pg import Cluster, find_binaries
 from tests.stores.test_lock import PlainStore
@@ -82,7 +82,7 @@ class Place:
 
     def __init__(self, kind: str, tmp_path: Path) -> None:
         self.kind = kind
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.env = child_env()
         self.stores: list[Any] = []
         self.agents: list[Agent] = []
         if kind in ("file", "journal"):

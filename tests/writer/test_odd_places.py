@@ -6,7 +6,6 @@ Process tests run a real child and look at the real file.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -26,7 +25,7 @@ from checkpointer import (
     Written,
     load,
 )
-from tests._support import HANG_GUARD, ROOT
+from tests._support import HANG_GUARD, child_env
 
 KEY = "s1"
 
@@ -56,7 +55,7 @@ NOTIFY_AFTER_THE_LOOP_CHILD = textwrap.dedent(
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_notify_after_the_event_loop_ended_is_flushed_at_exit(tmp_path: Path, backend: str) -> None:
     """notify() after the writer's loop ended does not raise; the exit hook writes it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-c", NOTIFY_AFTER_THE_LOOP_CHILD, str(tmp_path), backend],
         capture_output=True,
@@ -205,7 +204,7 @@ def test_a_close_off_the_main_thread_restores_the_signal_handlers(
 ) -> None:
     """The last writer closed in a worker thread: SIGTERM/SIGHUP get their old handlers back
     (through the writer's loop on the main thread, else at the main thread's next write)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-c", RESTORE_OFF_MAIN_CHILD, str(tmp_path), mode],
         capture_output=True,
@@ -309,7 +308,7 @@ def test_sigterm_waits_for_a_final_write_past_close_timeout(
     tmp_path: Path, backend: str, kind: str
 ) -> None:
     """A close past close_timeout leaves its write in a thread: SIGTERM waits for it to land."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-c", SIGTERM_AFTER_A_CUT_CLOSE_CHILD, str(tmp_path), backend, kind],
         capture_output=True,

@@ -47,7 +47,7 @@ from checkpointer._stores.base import StaleWrite
 from checkpointer._stores.postgres.schema import SCHEMA_VERSION
 from checkpointer._values import Meta
 from checkpointer.stores import KeyLockedError, PostgresStoreError, StaleWriteError
-from tests._support import ROOT
+from tests._support import child_env
 from tests.docblocks import pages, python_blocks
 from tests.pg import Cluster, find_binaries
 
@@ -175,10 +175,6 @@ def state_of(store: PostgresStore, key: str) -> Any:
     return checkpoint.state
 
 
-def child_env(dsn: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "DSN": dsn}
-
-
 def spawn(code: str, dsn: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code), *args],
@@ -186,7 +182,7 @@ def spawn(code: str, dsn: str, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=child_env(dsn),
+        env=child_env(DSN=dsn),
     )
 
 
@@ -1154,8 +1150,9 @@ def test_import_without_psycopg_names_the_extra() -> None:
         "try:\n    checkpointer.PostgresStore('')\n"
         "except ImportError as e:\n    print(e)\n"
     )
+    env = child_env(DSN="")
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=child_env("")
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
     )
     assert proc.returncode == 0, proc.stderr
     assert "pip install 'psycopg[binary]>=3.1'" in proc.stdout
@@ -1165,7 +1162,7 @@ def test_readme_fleet_example_runs(pg: Cluster, tmp_path: Path) -> None:
     """The docs' PostgreSQL examples (docs-test: postgres) run against CHECKPOINTER_DSN's server."""
     blocks = [b for page in pages() for b in python_blocks(page) if b.mode == "postgres"]
     assert blocks, "the docs have no fleet example"
-    env = {**child_env(""), "CHECKPOINTER_DSN": pg.dsn()}
+    env = child_env(DSN="", CHECKPOINTER_DSN=pg.dsn())
     for block in blocks:
         proc = subprocess.run(
             [sys.executable, "-c", block.code],

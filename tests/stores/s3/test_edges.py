@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from checkpointer import CheckpointWriter, Snapshot, load
-from tests._support import ROOT
+from tests._support import child_env
 from tests.s3 import Place
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
@@ -102,7 +102,7 @@ def test_langgraph_saver_writes_and_resumes(place: Place, kind: str) -> None:
 
 
 def _cli(place: Place, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**place.env, "PYTHONPATH": str(ROOT)}
+    env = child_env(place.env)
     command = [sys.executable, "-m", "checkpointer", *args, "--endpoint-url", place.proxy.url]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
 

@@ -17,7 +17,7 @@ import pytest
 
 from checkpointer import Failed, Limits, S3Store, Written, load
 from checkpointer.stores import S3StoreError
-from tests._support import ROOT
+from tests._support import ROOT, child_env
 from tests.s3 import Place
 from tests.stores.s3.test_store import KINDS, messages, saved, writer
 
@@ -187,7 +187,7 @@ def test_a_hung_endpoint_never_hangs_the_signal_flush(place: Place, kind: str) -
         "        await anyio.sleep(3600)\n"
         "anyio.run(main)\n"
     )
-    env = {**place.env, "PYTHONPATH": str(ROOT)}
+    env = child_env(place.env)
     proc = subprocess.Popen(
         [sys.executable, "-c", child, place.spec(kind)],
         stdout=subprocess.PIPE,

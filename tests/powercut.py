@@ -79,6 +79,7 @@ from checkpointer._transcript.summary import safe_watermark
 from checkpointer.stores import TornTail
 from checkpointer.summaries import load_summary, summary_path
 from tests._powerfs import HANG_GUARD, MODELS, PowerFS
+from tests._support import scratch
 from tests._support.harness import (
     KEY,
     MIB,
@@ -88,7 +89,6 @@ from tests._support.harness import (
     backends,
     check,
     file_leftovers,
-    scratch,
     state_for,
 )
 from tests._support.harness import zygote as fork_children

@@ -57,6 +57,7 @@ from typing import Any
 
 from checkpointer import CheckpointError, FileStore, JournalStore, Transcript, load
 from checkpointer.stores import KeyLocked, Store, TornTail
+from tests._support import scratch
 from tests._support.harness import (
     KEY,
     MIB,
@@ -70,7 +71,6 @@ from tests._support.harness import (
     on_loop,
     s3_store,
     say,
-    scratch,
     tapped,
     victim,
 )

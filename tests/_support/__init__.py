@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import shutil
 import subprocess
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -108,3 +111,17 @@ def child_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, 
     under test, whatever is installed.
     """
     return {**(os.environ if base is None else base), "PYTHONPATH": str(ROOT), **extra}
+
+
+@contextlib.contextmanager
+def scratch(root: str | os.PathLike[str] | None, name: str) -> Iterator[str]:
+    """``root`` (made if missing), or a fresh temp directory removed afterwards."""
+    if root is not None:
+        os.makedirs(root, exist_ok=True)
+        yield os.fspath(root)
+        return
+    where = tempfile.mkdtemp(prefix=f"checkpointer-{name}-")
+    try:
+        yield where
+    finally:
+        shutil.rmtree(where, ignore_errors=True)

@@ -18,16 +18,14 @@ import math
 import os
 import queue
 import random
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -54,9 +52,6 @@ from tests._support import HANG_GUARD, ROOT
 
 KEY = "torture"
 MIB = 1 << 20
-
-
-# -- the state for a sequence number ---------------------------------------------------
 
 
 EPOCH = 40
@@ -86,9 +81,6 @@ def state_for(n: int, max_bytes: int) -> dict[str, Any]:
         tag = hashlib.blake2b(name.encode(), digest_size=16).hexdigest()
         messages.append({"role": ROLES[i % 3], "content": (tag * (size // len(tag) + 1))[:size]})
     return {"n": n, "messages": messages}
-
-
-# -- the stores --------------------------------------------------------------------------
 
 
 def file_transcript(root: str) -> Store:
@@ -174,8 +166,6 @@ class TappedStore:
     def after_commit(self, meta: Meta, tag: int) -> None:
         say(f"W {meta.seq} {tag}")
 
-    # -- StateStore ----------------------------------------------------------------
-
     def stage(self, key: str, state: Any, transcript: Transcript | None = None) -> Tagged:
         try:
             staged = self.states.stage(key, state, transcript or self.transcript)
@@ -197,8 +187,6 @@ class TappedStore:
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
         return self.states.read_checkpoint(key)
-
-    # -- Store ---------------------------------------------------------------------
 
     def validate_key(self, key: str) -> None:
         self.inner.validate_key(key)
@@ -240,9 +228,6 @@ def tapped(inner: Store, transcript: Transcript | None = None) -> TappedStore:
     """The victim's store over ``inner``: it says ``W <seq> <n>`` after each commit."""
     kind = LockingTappedStore if isinstance(inner, LockingStore) else TappedStore
     return kind(inner, transcript)
-
-
-# -- the victim ----------------------------------------------------------------------------
 
 
 def say(line: str) -> None:
@@ -312,9 +297,6 @@ def backends() -> list[str]:
 
         names.append("uvloop")
     return names
-
-
-# -- the helper that forks the victims --------------------------------------------------
 
 
 def zygote(run_child: Callable[[dict[str, Any]], int]) -> int:
@@ -476,9 +458,6 @@ class Zygote:
                 stream.close()
 
 
-# -- reading the stored bytes back ------------------------------------------------------
-
-
 def check(
     store: Store, max_bytes: int, floor: Reported, torn: list[TornTail] | None = None
 ) -> list[str]:
@@ -514,17 +493,3 @@ def check(
     floor.seq = max(floor.seq, cp.meta.seq)
     floor.n = max(floor.n, n)
     return problems
-
-
-@contextlib.contextmanager
-def scratch(root: str | os.PathLike[str] | None, name: str) -> Iterator[str]:
-    """``root`` (made if missing), or a fresh temp directory removed afterwards."""
-    if root is not None:
-        os.makedirs(root, exist_ok=True)
-        yield os.fspath(root)
-        return
-    where = tempfile.mkdtemp(prefix=f"checkpointer-{name}-")
-    try:
-        yield where
-    finally:
-        shutil.rmtree(where, ignore_errors=True)

@@ -8,7 +8,7 @@ the bytes cut or flipped), and every command runs over the copy in this
 process.  The rule: no command ever lets an exception out (a traceback for
 the user); each ends with a status of 0, 1 or 2.
 
-The smoke run is ``tests/test_cli_fuzz.py``; a long run::
+The smoke run is ``tests/cli/test_fuzz.py``; a long run::
 
     python -m tests.cli_fuzz --examples 5000
 """

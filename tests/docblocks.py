@@ -7,9 +7,9 @@ what it asserts must hold when it resumes that state too.  A block that cannot
 run on its own says so on the line just above its fence, with a reason the
 reader sees in the page's source::
 
-    <!-- docs-test: postgres -->          run by tests/test_postgres.py, with
+    <!-- docs-test: postgres -->          run by tests/stores/postgres/test_store.py, with
                                           CHECKPOINTER_DSN naming its server
-    <!-- docs-test: s3 -->                run by tests/test_s3_edges.py, with
+    <!-- docs-test: s3 -->                run by tests/stores/s3/test_edges.py, with
                                           AWS_ENDPOINT_URL_S3 naming moto's server
     <!-- docs-test: skip: REASON -->      not run; REASON says why
 
@@ -97,9 +97,9 @@ def _marker(page: Path, lines: list[str], fence: int) -> tuple[str, str]:
     kind, reason = kind.strip(), reason.strip()
     where = f"{page.relative_to(ROOT)}:{fence + 1}"
     if kind == "postgres":
-        return "postgres", "needs a PostgreSQL server (tests/test_postgres.py runs it)"
+        return "postgres", "needs a PostgreSQL server (tests/stores/postgres/test_store.py runs it)"
     if kind == "s3":
-        return "s3", "needs an S3 server (tests/test_s3_edges.py runs it)"
+        return "s3", "needs an S3 server (tests/stores/s3/test_edges.py runs it)"
     if kind == "skip" and reason:
         return "skip", reason
     raise ValueError(

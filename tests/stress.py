@@ -50,7 +50,7 @@ three turns each (``tests/children/start_child.py``): for every key, a
 process told ``Written`` last finds all its messages stored.
 
 It prints a table per store and backend; the exit status is 1 if anything
-was lost.  The suite runs a small seeded version (``tests/test_stress.py``).
+was lost.  The suite runs a small seeded version (``tests/reliability/test_stress.py``).
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def test_conflict_across_processes(tmp_path: Path) -> None:
         from pydantic_ai.conversation_store import ConversationConflict
         from checkpointer import JournalStore
         from checkpointer.pydantic_ai import CheckpointConversationStore
-        from tests.test_adapter_pydantic_ai import _turn
+        from tests.adapters.test_pydantic_ai import _turn
 
         async def main():
             async with CheckpointConversationStore(JournalStore({str(tmp_path)!r})) as store:

@@ -1,4 +1,4 @@
-"""Agents of the three frameworks, killed inside a tool: for ``tests/test_adapter_*.py``.
+"""Agents of the three frameworks, killed inside a tool: for ``tests/adapters/test_*.py``.
 
     python -m tests.children.adapter_child FRAMEWORK ROOT
 

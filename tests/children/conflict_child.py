@@ -1,4 +1,4 @@
-"""A child program for ``tests/test_conflict.py``: an agent checkpointing one key.
+"""A child program for ``tests/writer/test_conflict.py``: an agent checkpointing one key.
 
     python tests/children/conflict_child.py STORE KEY NAME [--resume] [--wait]
 

@@ -1,4 +1,4 @@
-"""A child program for ``tests/test_exit_hooks.py``: a writer, a real signal, a real file.
+"""A child program for ``tests/reliability/test_exit_hooks.py``: a writer, a real signal.
 
 Run as ``python exit_child.py ROOT GO [options]`` (``--help`` lists them).
 The session's state is ``{"n": N}`` under key ``s1`` in ``FileStore(ROOT)``.

@@ -1,4 +1,4 @@
-"""A child program for ``tests/test_fork.py``: a writer whose process forks.
+"""A child program for ``tests/reliability/test_fork.py``: a writer whose process forks.
 
 Run as ``python fork_child.py KIND TARGET WORK --backend B --scenario S``.
 ``KIND`` is ``file``, ``journal`` or ``postgres``; ``TARGET`` the root

@@ -1,4 +1,4 @@
-"""A child program for ``tests/test_journal_crash.py``: checkpoints a journal until killed.
+"""A child for ``tests/reliability/test_journal_kill.py``: checkpoints a journal until killed.
 
 Run as ``python journal_child.py ROOT [--die-in PHASE --die-at N]``.  The
 session (``Session`` below, deterministic: the parent replays it) gets a

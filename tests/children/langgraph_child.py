@@ -1,4 +1,4 @@
-"""LangGraph agents in processes of their own, for ``tests/test_adapter_langgraph_owners.py``.
+"""LangGraph agents in processes of their own, for ``tests/adapters/test_langgraph_owners.py``.
 
     python -m tests.children.langgraph_child serve STORE THREAD
     python -m tests.children.langgraph_child race STORE ROOT REPEATS

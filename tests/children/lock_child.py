@@ -1,4 +1,4 @@
-"""A child program for ``tests/test_lock.py``: a writer of one key.
+"""A child program for ``tests/stores/test_lock.py``: a writer of one key.
 
     python tests/children/lock_child.py ROOT KEY MODE
 

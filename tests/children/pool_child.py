@@ -1,4 +1,4 @@
-"""A child program for ``tests/test_fork_pool.py``: fork pools ended by ``terminate()``.
+"""A child program for ``tests/reliability/test_fork_pool.py``: fork pools ended by ``terminate()``.
 
 Run as ``python pool_child.py ROOT --backend B --rounds N``.  A writer of key
 ``k`` on a ``FileStore`` at ``ROOT`` is open, so its SIGTERM and SIGHUP

@@ -1,4 +1,4 @@
-"""An Agents SDK session in another process, for ``tests/test_adapter_openai_agents.py``.
+"""An Agents SDK session in another process, for ``tests/adapters/test_openai_agents.py``.
 
     python -m tests.children.session_child COMMAND STORE
 

@@ -1,4 +1,4 @@
-"""A child program for ``tests/test_conflict.py``: terminals opening sessions at once.
+"""A child program for ``tests/writer/test_conflict.py``: terminals opening sessions at once.
 
     python -m tests.children.start_child STORE NAME TURNS KEY...
 

@@ -125,7 +125,7 @@ def test_nothing_outside_the_cli_imports_it() -> None:
 def test_the_distribution_holds_every_subpackage() -> None:
     """pyproject's wheel takes in checkpointer/ whole: each directory with an __init__.py.
 
-    (tests/test_install.py checks the wheel's file list itself.)
+    (tests/docs/test_install.py checks the wheel's file list itself.)
     """
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     packages = config["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]

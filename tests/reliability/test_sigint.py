@@ -1,6 +1,6 @@
 """The signal matrix's missing cells: SIGINT with the writer idle and with a write in flight.
 
-``test_exit_hooks.py`` sends SIGTERM and SIGHUP with the writer idle, with
+``tests/reliability/test_exit_hooks.py`` sends SIGTERM and SIGHUP with the writer idle, with
 changes pending and with a write in flight, but SIGINT only with changes
 pending.  These are the other two states, on asyncio, trio, uvloop and the
 sync writer, with the same child program and the same control run (the

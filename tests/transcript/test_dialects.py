@@ -3,7 +3,7 @@
 Responses / Agents SDK items, pydantic-ai messages (objects and JSON) and
 LangChain messages (objects, ``model_dump()`` and ``messages_to_dict``
 dicts), built by ``tests/dialect_forms.py``.  That the frameworks accept
-the repaired histories back is ``tests/test_dialects_frameworks.py``.
+the repaired histories back is ``tests/transcript/test_dialects_frameworks.py``.
 """
 
 from __future__ import annotations

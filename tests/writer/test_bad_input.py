@@ -3,7 +3,7 @@
 Each bad input is a ``Failed`` value from the write (or a ``ValueError`` /
 ``TypeError`` when the writer is configured), nothing is written outside the
 store's root, and the same writer writes the next good state.  What
-``load()`` makes of bad files is in ``test_load.py`` (empty, truncated at
+``load()`` makes of bad files is in ``tests/stores/test_load.py`` (empty, truncated at
 every byte, random bytes, wrong shape, newer format).
 
 The 200 MB state runs when ``CHECKPOINTER_LONG_TESTS=1``; the suite runs it

@@ -2,7 +2,7 @@
 forks, shared stores, the schema as an administrator installs it, server restarts.
 
 On a real throwaway cluster (``tests/pg.py``), each test in its own schema, as in
-``test_postgres.py``; process tests run real children and look at the rows.
+``tests/stores/postgres/test_store.py``; process tests run real children and look at the rows.
 """
 
 from __future__ import annotations

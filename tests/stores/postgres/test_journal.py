@@ -42,7 +42,7 @@ from tests.stores.test_journal import (
 )
 
 pytestmark = _pg.pytestmark
-# The throwaway cluster and a fresh schema per test, as in test_postgres.py.
+# The throwaway cluster and a fresh schema per test, as in tests/stores/postgres/test_store.py.
 cluster = _pg.cluster
 pg = _pg.pg
 schema = _pg.schema

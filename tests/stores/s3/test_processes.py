@@ -1,6 +1,6 @@
 """The S3 stores with real processes: two starting at once, two live writers, resuming.
 
-The children are the ones of ``tests/test_conflict.py``
+The children are the ones of ``tests/writer/test_conflict.py``
 (``tests/children/start_child.py``, ``conflict_child.py``) on an
 ``s3:BUCKET@URL`` store of moto's local server.  S3 has no lock: a second
 live writer is not refused at open but at its first write after the

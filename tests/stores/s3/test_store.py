@@ -2,7 +2,7 @@
 
 Fencing by conditional PUTs, a write whose answer was lost, deletes, and
 the journal's segments (uploads, compaction, sweeps); the faults are in
-``test_s3_faults.py``.  Skips only where moto cannot be imported.
+``tests/stores/s3/test_faults.py``.  Skips only where moto cannot be imported.
 """
 
 from __future__ import annotations

@@ -169,7 +169,9 @@ class LocksPart(ConnectionPart):
     def _holder_params(key: str, lock_id: int) -> dict[str, Any]:
         return {"key": key, "hi": (lock_id >> 32) & 0xFFFFFFFF, "lo": lock_id & 0xFFFFFFFF}
 
-    def _acquire(self, conn: psycopg.Connection[Any], key: str) -> KeyLockedError | None:
+    def _acquire(
+        self, conn: psycopg.Connection[Any], key: str, tries: int = 3
+    ) -> KeyLockedError | None:
         """Take the key's lock on ``conn`` unless held; a refusal is returned."""
         if key in self._held:
             return None
@@ -189,6 +191,8 @@ class LocksPart(ConnectionPart):
             self._held.add(key)
             return None
         backend, refused = self._holder(conn, key, lock_id)
+        if backend is None and tries > 1:  # released between our try and our look
+            return self._acquire(conn, key, tries - 1)
         if backend in self._orphans and refused.holder is not None and self._ours(refused.holder):
             # Our own session dropped mid-call, still running: end it and take the
             # lock; one that outlives the wait is a failure to retry, not a refusal.

@@ -1,12 +1,7 @@
-"""The summary checkpoint's file: Markdown with a YAML front matter, to and from bytes.
+"""A summary checkpoint's file: Markdown under a front matter a memory indexer reads.
 
-The front matter (``name``, ``description``, ``metadata``: type, watermark,
-createdAt, coveredMessages) is what a memory indexer of front-matter files
-reads.  Its strings are JSON strings, valid YAML double-quoted scalars, so what
-we write reads without a YAML library; a file a YAML tool re-saved in another
-style is read by PyYAML (``frontmatter``).  The body is the summary byte for
-byte, ``---`` lines included: the front matter ends at its first ``---`` line.
-"""
+Its strings are JSON strings (valid YAML double-quoted scalars); the body is the
+summary byte for byte, after the first ``---`` line that ends the front matter."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Agent transcripts: role messages, chat-completions style and Anthropic style.
-
-A role message is chat's unless its content holds ``tool_use`` / ``tool_result``
-blocks, which make it Anthropic's; ``read_role`` decides both in one pass.
-Answers are our Structs for our Structs and dicts for anything else (the openai
-package's objects included: the dicts are the input shapes its SDK takes).
-"""
+"""Role messages: chat-completions style, and Anthropic style (tool blocks in the content)."""
 
 from __future__ import annotations
 
@@ -40,49 +34,58 @@ __all__ = ["ANTHROPIC", "CHAT", "read_role"]
 class _Chat(Dialect):
     name: str = "chat"
     window: Window = "run"
+    kind: str = "role"  # the field that says who speaks; LangChain's is "type"
+    results: frozenset[str] = frozenset({"tool"})
+    user: str = "user"
+
+    def fields(self, message: Any) -> Any:
+        """Where the message's fields are (LangChain's dicts may wrap them in ``data``)."""
+        return message
 
     def read(self, message: Any) -> Reading:
         role, calls = get_field(message, "role"), get_field(message, "tool_calls")
         return read_role(role, calls, get_field(message, "content"), message)[1]
 
-    def answer(self, call_message: Any, call_id: str) -> Any:
+    def answer(self, call_message: Any, call: Any, call_id: str) -> Any:
         if isinstance(call_message, ChatMessage):
             return ChatMessage(role="tool", tool_call_id=call_id, content=CLOSED_CALL_TEXT)
         return {"role": "tool", "tool_call_id": call_id, "content": CLOSED_CALL_TEXT}
 
     def settle(self, message: Any, reason: str) -> tuple[Any, int]:
-        if get_field(message, "status") != "running":
+        fields = self.fields(message)
+        if get_field(fields, "status") != "running":
             return message, 0
-        return replaced(message, status="error", content=reason), 1
+        settled = replaced(fields, status="error", content=reason)
+        return (settled if fields is message else {**message, "data": settled}), 1
 
     def label(self, message: Any) -> str:
-        role = str(get_field(message, "role"))
-        call_id = get_field(message, "tool_call_id")
-        return f"tool[{short(call_id)}]" if role == "tool" and call_id is not None else role
+        kind = str(get_field(message, self.kind))
+        call_id = get_field(self.fields(message), "tool_call_id")
+        return f"{kind}[{short(call_id)}]" if kind in self.results and call_id is not None else kind
 
     def text(self, message: Any) -> str:
-        return text_of(get_field(message, "content"))
+        return text_of(get_field(self.fields(message), "content"))
 
     def call_names(self, message: Any) -> list[str]:
         names = []
-        for call in seq(get_field(message, "tool_calls")):
+        for call in seq(get_field(self.fields(message), "tool_calls")):
             function = get_field(call, "function")
             name = get_field(function, "name") if function is not None else None
             names.append(tool_name(name or get_field(call, "name")))
         return names
 
     def user_text(self, message: Any) -> str | None:
-        return self.text(message) if get_field(message, "role") == "user" else None
+        return self.text(message) if get_field(message, self.kind) == self.user else None
 
 
 class _Anthropic(_Chat):
-    """Reads as chat does (``read_role``); answers with ``tool_result`` blocks in the next
-    user message."""
+    """Read as chat (``read_role``); answered with ``tool_result`` blocks in the next user
+    message (never role ``tool``: such a message is chat's)."""
 
     name: str = "anthropic"
     window: Window = "next"
 
-    def answer(self, call_message: Any, call_id: str) -> Any:
+    def answer(self, call_message: Any, call: Any, call_id: str) -> Any:
         if isinstance(call_message, Message):
             return ToolResultBlock(tool_use_id=call_id, content=CLOSED_CALL_TEXT, is_error=True)
         return {
@@ -122,9 +125,6 @@ class _Anthropic(_Chat):
         if not count:
             return message, 0
         return replaced(message, content=type(content)(blocks)), count
-
-    def label(self, message: Any) -> str:
-        return str(get_field(message, "role"))
 
     def text(self, message: Any) -> str:
         content = get_field(message, "content")

@@ -1,9 +1,4 @@
-"""Agent transcripts: OpenAI Responses / Agents SDK items (no role, a ``type``).
-
-A ``*_call`` item the client runs is answered by the ``*_call_output`` item with
-its ``call_id``, anywhere after it.  The Agents SDK pauses a run on a
-``needs_approval`` tool with the call open, so this dialect defers.
-"""
+"""OpenAI Responses / Agents SDK items: no role, a ``type``; a call is answered by id."""
 
 from __future__ import annotations
 
@@ -82,7 +77,7 @@ class _Responses(Dialect):
             return ((get_field(message, "call_id"),), (), False, False, running)
         return PLAIN
 
-    def answer(self, call_message: Any, call_id: str) -> Any:
+    def answer(self, call_message: Any, call: Any, call_id: str) -> Any:
         output_type = _CALL_OUTPUT[get_field(call_message, "type")]
         return {
             "type": output_type,

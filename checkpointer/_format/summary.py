@@ -37,23 +37,15 @@ def encode_summary(key: str, checkpoint: SummaryCheckpoint) -> bytes:
     created = checkpoint.created_at
     if not isinstance(created, datetime) or created.utcoffset() is None:
         raise ValueError(f"created_at must be a timezone-aware datetime, got {created!r}")
-    front = "\n".join(
-        [
-            "---",
-            f"name: {_quote(f'{key} checkpoint')}",
-            "description: "
-            + _quote(
-                f"Summary of the first {checkpoint.covered_messages} messages of session "
-                f"{key}; the transcript resumes at message {checkpoint.watermark}."
-            ),
-            "metadata:",
-            "  type: checkpoint",
-            f"  watermark: {checkpoint.watermark}",
-            f"  createdAt: {_quote(_iso(created))}",
-            f"  coveredMessages: {checkpoint.covered_messages}",
-            "---",
-            "",
-        ]
+    description = (
+        f"Summary of the first {checkpoint.covered_messages} messages of session {key}; "
+        f"the transcript resumes at message {checkpoint.watermark}."
+    )
+    front = (
+        f"---\nname: {_quote(f'{key} checkpoint')}\ndescription: {_quote(description)}\n"
+        f"metadata:\n  type: checkpoint\n  watermark: {checkpoint.watermark}\n"
+        f"  createdAt: {_quote(_iso(created))}\n"
+        f"  coveredMessages: {checkpoint.covered_messages}\n---\n"
     )
     return (front + checkpoint.summary).encode("utf-8")
 

@@ -39,11 +39,19 @@ class HistoryScan(msgspec.Struct):
 
 
 class ScanState:
-    """The scan after its first ``count`` messages: a left fold, fed more later (``feed``)."""
+    """The scan after its first ``count`` messages: a left fold, fed more later (``feed``).
+
+    ``mark`` and ``undo`` take a feed back, cheaply at any length: the id sets
+    are not copied, and ``called_log`` / ``answered_log`` say what was added
+    to them since (a call id is added once, when new; an answer once, when it
+    closes an open call).  ``forget`` drops the logs, and the earlier marks.
+    """
 
     __slots__ = (
         "answered",
+        "answered_log",
         "called",
+        "called_log",
         "count",
         "deferring",
         "free_calls",
@@ -66,23 +74,33 @@ class ScanState:
         self.free_calls: dict[str, tuple[int, Dialect]] = {}
         self.called: set[str] = set()
         self.answered: set[str] = set()
+        self.called_log: list[str] = []
+        self.answered_log: list[str] = []
         self.turns = 0
         # some calls of the open window were answered: the rest may be deferred
         self.deferring = False
         # the last message of a dialect that does not defer (a user's, an assistant's)
         self.moved = -1
 
-    def copy(self) -> ScanState:
-        """A copy to feed without changing this one (its containers copied, in C)."""
-        new = copy.copy(self)
-        new.problems, new.unclosed, new.running = (
-            [*self.problems],
-            [*self.unclosed],
-            [*self.running],
-        )
-        new.open_calls, new.free_calls = {**self.open_calls}, {**self.free_calls}
-        new.called, new.answered = {*self.called}, {*self.answered}
-        return new
+    def mark(self) -> tuple[ScanState, int, int]:
+        saved = copy.copy(self)  # the few open calls copied; the id sets shared, logged
+        saved.problems, saved.unclosed = [*self.problems], [*self.unclosed]
+        saved.running, saved.open_calls = [*self.running], {**self.open_calls}
+        saved.free_calls = {**self.free_calls}
+        return saved, len(self.called_log), len(self.answered_log)
+
+    def undo(self, mark: tuple[ScanState, int, int]) -> None:
+        saved, called, answered = mark
+        self.called.difference_update(self.called_log[called:])
+        self.answered.difference_update(self.answered_log[answered:])
+        for name in self.__slots__:
+            if name not in ("called", "answered", "called_log", "answered_log"):
+                setattr(self, name, getattr(saved, name))
+        del self.called_log[called:], self.answered_log[answered:]
+
+    def forget(self) -> None:
+        self.called_log.clear()
+        self.answered_log.clear()
 
     def result(self) -> HistoryScan:
         """The scan of the ``count`` messages fed, as if they were the whole history.
@@ -140,7 +158,8 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
     start = state.count
     problems, unclosed, running = state.problems, state.unclosed, state.running
     open_calls, free_calls = state.open_calls, state.free_calls
-    answered, called = state.answered, state.called
+    answered, answered_log = state.answered, state.answered_log
+    called, called_log = state.called, state.called_log
     turns, deferring, moved = state.turns, state.deferring, state.moved
     for i, message in enumerate(items, start):
         dialect, (results, calls, turn, keeps, is_running) = classify(message)
@@ -159,6 +178,7 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
                 problems.append(_stray(call_id, i, answered))
                 continue
             answered.add(call_id)
+            answered_log.append(call_id)
             deferring = True
         if is_running:
             running.append(i)
@@ -180,6 +200,7 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
                     problems.append(_problem("duplicate-id", i, call_id, detail))
                     continue
                 called.add(call_id)
+                called_log.append(call_id)
                 into[call_id] = (i, dialect)
     state.turns, state.deferring, state.moved = turns, deferring, moved
     state.count = start + len(items)

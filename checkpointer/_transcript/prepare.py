@@ -218,29 +218,32 @@ def _starts_with(messages: Sequence[Any], prefix: list[Any]) -> bool:
 def _advance(prefix: _Prefix, messages: Sequence[Any]) -> None:
     """Take the settled messages after the prefix into it, up to the last ``_KEEP``, and
     stop where a window ends with calls open: every repair lands after the prefix."""
-    start = prefix.state.count
+    state = prefix.state
+    start = state.count
     taken = list(messages[start : len(messages) - _KEEP])
     for count, message in enumerate(taken):
         if not _settled(message):
             del taken[count:]
             break
-    if not taken:
-        return
-    state = prefix.state.copy()
-    feed(state, taken)
-    if state.unclosed:  # none before: the first one is in what was just fed
-        del taken[state.unclosed[0].window_end - start :]
-        state = prefix.state.copy()
+    if taken:
+        mark = state.mark()
         feed(state, taken)
-    prefix.state = state
-    prefix.messages += taken
+        if state.unclosed:  # none before: the first one is in what was just fed
+            del taken[state.unclosed[0].window_end - start :]
+            state.undo(mark)
+            feed(state, taken)
+        prefix.messages += taken
+    state.forget()
 
 
 def _resume(state: ScanState, messages: Sequence[Any]) -> HistoryScan:
-    """The scan of ``messages``, which start with the state's prefix."""
-    state = state.copy()
-    feed(state, messages[state.count :])
-    return state.result()
+    """The scan of ``messages``, which start with the state's prefix, then back."""
+    mark = state.mark()
+    try:
+        feed(state, messages[state.count :])
+        return state.result()
+    finally:
+        state.undo(mark)
 
 
 class _Prefixes:
@@ -256,7 +259,7 @@ class _Prefixes:
 
         Without the lock (another thread, or a signal handler on this one,
         is scanning), it is the plain full scan.  An exception drops the key's
-        prefix.
+        prefix, which may be half fed.
         """
         if not self._lock.acquire(blocking=False):
             yield scan_history

@@ -136,7 +136,7 @@ def first_by_id(calls: Sequence[Any], field: str) -> dict[Any, Any]:
     """The calls by their id, the first of each id (as a search in order finds it)."""
     found: dict[Any, Any] = {}
     for call in calls:
-        key = call.get(field) if type(call) is dict else get_field(call, field)
+        key = get_field(call, field)
         if isinstance(key, str):
             found.setdefault(key, call)
     return found

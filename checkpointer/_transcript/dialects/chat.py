@@ -151,21 +151,16 @@ _CHAT_TURN: Classified = (CHAT, TURN)
 
 def read_role(role: Any, calls: Any, content: Any, message: Any) -> Classified:
     """A role message's dialect (chat, or Anthropic when its content holds tool blocks) and
-    reading, in one pass: the hot path of the scan (dicts read inline, shared results)."""
+    reading, in one pass: the hot path of the scan."""
     if role == "assistant":
         if calls:
-            if type(calls) is list or isinstance(calls, (list, tuple)):
-                ids = [c.get("id") if type(c) is dict else get_field(c, "id") for c in calls]
-                return CHAT, ((), ids, True, False, False)
+            if isinstance(calls, (list, tuple)):
+                return CHAT, ((), [get_field(c, "id") for c in calls], True, False, False)
             return _CHAT_TURN
         if content is None or type(content) is str:
             return _CHAT_TURN
     elif role == "tool":
-        if type(message) is dict:
-            call_id, status = message.get("tool_call_id"), message.get("status")
-        else:
-            call_id = getattr(message, "tool_call_id", None)
-            status = getattr(message, "status", None)
+        call_id, status = get_field(message, "tool_call_id"), get_field(message, "status")
         return CHAT, ((call_id,), (), False, True, status == "running")
     elif not isinstance(role, str) or role not in _ROLES:
         return NONE
@@ -179,25 +174,18 @@ def read_role(role: Any, calls: Any, content: Any, message: Any) -> Classified:
 
 def _read_blocks(content: Any, assistant: bool) -> Classified:
     """A role message with a list of content blocks: Anthropic's if any is a tool block."""
-    ids = []
-    blocks = False
-    running = False
+    ids, blocks, running = [], False, False
     for block in content:
-        fields = block if type(block) is dict else None
-        kind = block_type(block) if fields is None else fields.get("type")
+        kind = block_type(block)
         if kind == "tool_use":
             blocks = True
             if assistant:
-                ids.append(get_field(block, "id") if fields is None else fields.get("id"))
+                ids.append(get_field(block, "id"))
         elif kind == "tool_result":
             blocks = True
             if not assistant:
-                if fields is None:
-                    ids.append(get_field(block, "tool_use_id"))
-                    running = running or get_field(block, "status") == "running"
-                else:
-                    ids.append(fields.get("tool_use_id"))
-                    running = running or fields.get("status") == "running"
+                ids.append(get_field(block, "tool_use_id"))
+                running = running or get_field(block, "status") == "running"
     if not blocks:
         return _CHAT_TURN if assistant else _CHAT_PLAIN
     if assistant:

@@ -9,14 +9,8 @@ from .base import PLAIN, Dialect, Reading, Window, short, text_of, tool_name
 
 __all__ = ["ITEMS", "RESPONSES"]
 
-_CALL_OUTPUT = {
-    "function_call": "function_call_output",
-    "custom_tool_call": "custom_tool_call_output",
-    "computer_call": "computer_call_output",
-    "local_shell_call": "local_shell_call_output",
-    "shell_call": "shell_call_output",
-    "apply_patch_call": "apply_patch_call_output",
-}
+_CLIENT_CALLS = ("function", "custom_tool", "computer", "local_shell", "shell", "apply_patch")
+_CALL_OUTPUT = {f"{name}_call": f"{name}_call_output" for name in _CLIENT_CALLS}
 """Responses items that call a tool the client runs, and the type of the item that answers."""
 
 _OUTPUTS = frozenset(_CALL_OUTPUT.values())

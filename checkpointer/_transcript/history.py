@@ -223,16 +223,12 @@ def _stray(call_id: Any, index: int, answered: set[str]) -> HistoryProblem:
 def validate_history(messages: Sequence[Any]) -> list[HistoryProblem]:
     """Every reason a model API would refuse ``messages``, in one pass.
 
-    Args:
-        messages: messages of any dialect the helpers know (chat-completions,
-            Anthropic-style, OpenAI Responses / Agents SDK items, pydantic-ai,
-            LangChain), as dicts, Structs or the frameworks' objects, detected
-            per message.
-
-    Returns:
-        The problems in message order; empty when the history is sendable
-        (an empty history is).  A message of an unknown shape is a problem of
-        kind ``"unrecognised"``: not checked, not a reason to refuse.
+    ``messages`` may mix every dialect the helpers know (chat-completions,
+    Anthropic-style, OpenAI Responses / Agents SDK items, pydantic-ai,
+    LangChain), as dicts, Structs or the frameworks' objects.  Returns the
+    problems in message order, none for a sendable history (an empty one is);
+    a message of an unknown shape is an ``"unrecognised"`` problem, not checked
+    and not a reason to refuse.
     """
     return scan_history(messages).problems
 

@@ -1,10 +1,4 @@
-"""The values that cross the layers: what a checkpoint is, and what a write returns.
-
-Frozen msgspec Structs and exceptions, importing nothing of the library, so
-the formats, the stores, the writer and the transcript helpers all speak in
-them without importing one another.  An expected outcome is a value, never
-an exception: a write is ``Written``, ``Skipped`` or ``Failed``.
-"""
+"""The values that cross the layers: checkpoints, write results, errors (no library imports)."""
 
 from __future__ import annotations
 
@@ -210,15 +204,8 @@ class Checkpoint(msgspec.Struct, Generic[T], frozen=True):
 
 
 class Prepared(msgspec.Struct, frozen=True, kw_only=True):
-    """What the transcript's repair step made of a snapshot: the one to encode.
-
-    Attributes:
-        snapshot: the snapshot to write (a repaired copy, or the original).
-        repaired: tool calls that had no result and were closed with one.
-        settled: items that were still running and were settled as errors.
-        turns: assistant messages in the state to write (``Meta.turns``),
-            or None when the step does not count them.
-    """
+    """What the transcript's repair step made of a snapshot: the one to encode, the calls it
+    closed, the running items it settled, and the turns (``Meta.turns``; None: not counted)."""
 
     snapshot: Snapshot
     repaired: int = 0

@@ -1,13 +1,5 @@
-"""A summary checkpoint's front matter: the shape this library writes, or YAML by PyYAML.
-
-``summary.py`` writes one fixed shape: ``key: value`` lines, nested two
-spaces under ``metadata:``, each value a JSON string, an integer or a plain
-word.  That shape is read here, without a YAML library.  A file that a YAML
-tool or a person re-saved in another style (flow mappings, block scalars,
-other quoting) is read by PyYAML when it is installed (the ``yaml`` extra)
-and otherwise refused with an error saying so: the runtime depends on no
-YAML library, and a YAML reader of our own is more than the promise needs.
-"""
+"""A summary checkpoint's front matter: the shape ``summary.py`` writes, read here; any
+other YAML style by PyYAML when installed (the ``yaml`` extra), else refused."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The summary checkpoint's file: Markdown with a YAML front matter, to and from bytes.
+"""A summary checkpoint's file: Markdown under a front matter a memory indexer reads.
 
-The front matter (``name``, ``description``, ``metadata``: type, watermark,
-createdAt, coveredMessages) is what a memory indexer of front-matter files
-reads.  Its strings are JSON strings, valid YAML double-quoted scalars, so what
-we write reads without a YAML library; a file a YAML tool re-saved in another
-style is read by PyYAML (``frontmatter``).  The body is the summary byte for
-byte, ``---`` lines included: the front matter ends at its first ``---`` line.
-"""
+Its strings are JSON strings (valid YAML double-quoted scalars); the body is the
+summary byte for byte, after the first ``---`` line that ends the front matter."""
 
 from __future__ import annotations
 
@@ -42,23 +37,15 @@ def encode_summary(key: str, checkpoint: SummaryCheckpoint) -> bytes:
     created = checkpoint.created_at
     if not isinstance(created, datetime) or created.utcoffset() is None:
         raise ValueError(f"created_at must be a timezone-aware datetime, got {created!r}")
-    front = "\n".join(
-        [
-            "---",
-            f"name: {_quote(f'{key} checkpoint')}",
-            "description: "
-            + _quote(
-                f"Summary of the first {checkpoint.covered_messages} messages of session "
-                f"{key}; the transcript resumes at message {checkpoint.watermark}."
-            ),
-            "metadata:",
-            "  type: checkpoint",
-            f"  watermark: {checkpoint.watermark}",
-            f"  createdAt: {_quote(_iso(created))}",
-            f"  coveredMessages: {checkpoint.covered_messages}",
-            "---",
-            "",
-        ]
+    description = (
+        f"Summary of the first {checkpoint.covered_messages} messages of session {key}; "
+        f"the transcript resumes at message {checkpoint.watermark}."
+    )
+    front = (
+        f"---\nname: {_quote(f'{key} checkpoint')}\ndescription: {_quote(description)}\n"
+        f"metadata:\n  type: checkpoint\n  watermark: {checkpoint.watermark}\n"
+        f"  createdAt: {_quote(_iso(created))}\n"
+        f"  coveredMessages: {checkpoint.covered_messages}\n---\n"
     )
     return (front + checkpoint.summary).encode("utf-8")
 

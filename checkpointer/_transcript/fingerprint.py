@@ -16,27 +16,15 @@ __all__ = ["transcript_fingerprint"]
 
 
 def transcript_fingerprint(*, field: str = "messages") -> Callable[[Snapshot], Hashable]:
-    """A structural fingerprint of a transcript: the one ``Transcript`` gives the writer.
+    """The writer's unchanged check for a transcript (``Transcript`` gives it).
 
-    It is made of the key, the parent, the message count, the whole last
-    message and everything in the state but the messages (their JSON, as the
-    writer would encode them).  So any change of the last message is seen (a
-    streamed tool-call ``arguments``, a same-length text, ``2`` to ``2.0``),
-    and any change outside the messages (a title, a tool's state, a pin),
-    at a cost bounded by those: it costs the same at 10 and at 100,000
-    messages, because it never iterates, hashes or encodes the rest of the
-    history.  The price: an edit of an earlier message that leaves the count
-    and the last message as they were is not seen; give the snapshot a
-    revision counter as its own fingerprint, or use
-    ``write_now(force=True)``, after such edits.
-
-    The messages may be of any shape: a dict, a Struct, a dataclass,
-    anything msgspec encodes; an object it cannot encode is taken as its
-    class name and attributes (``__dict__`` and ``__slots__``), else its
-    ``repr``.
-
-    Args:
-        field: the state's field (dict key or attribute) holding the messages.
+    The key, the parent, the message count, the whole last message and the
+    state but its messages, as JSON: any change is seen but an edit of an
+    earlier message that keeps the count and the last message, at a cost
+    that does not grow with the history.  After such edits give the snapshot
+    a revision counter as its own fingerprint, or ``write_now(force=True)``.
+    An object msgspec cannot encode counts as its class and attributes
+    (``__dict__``, ``__slots__``), else its ``repr``.
     """
 
     def fingerprint(snapshot: Snapshot) -> Hashable:

@@ -64,21 +64,15 @@ class CheckpointSession:
     """An Agents SDK ``Session`` whose items are checkpointed by a ``CheckpointWriter``.
 
     Args:
-        session_id: the SDK's session id; the checkpoint key is
-            ``session_key(session_id)`` unless ``key`` is given.
-        store: where the checkpoint goes (``JournalStore(root)`` makes each
-            ``add_items`` cost the new items only).
-        session_settings: the SDK's ``SessionSettings`` (e.g. a default
-            ``limit`` for ``get_items``), or None.
+        session_id: the SDK's session id; the key is ``session_key(session_id)``
+            unless ``key`` is given.
+        store: where the checkpoint goes.
+        session_settings: the SDK's ``SessionSettings``, or None.
         durability: ``"async"`` (default): a change is a ``notify()``,
             written per the writer's timing rules; ``"sync"``: each change
             waits for its durable write.
         key: the checkpoint key, instead of one derived from the id.
-        **writer_options: passed to ``CheckpointWriter`` (``debounce``,
-            ``max_wait``, ``limits``, ``exit_hooks``, ...).
-
-    Raises:
-        ValueError: ``durability`` is neither ``"async"`` nor ``"sync"``.
+        **writer_options: passed to ``CheckpointWriter``.
     """
 
     def __init__(
@@ -183,11 +177,8 @@ class CheckpointSession:
             await anyio.to_thread.run_sync(self._check_as_loaded)
         if limit is None and self.session_settings is not None:
             limit = self.session_settings.limit
-        if limit is None:
-            return _copy(self._items)
-        if limit <= 0:
-            return []
-        return _copy(self._items[-limit:])
+        items = self._items if limit is None else self._items[-limit:] if limit > 0 else []
+        return _copy(items)
 
     def _check_as_loaded(self) -> None:
         """Raise if another writer wrote (or deleted) the key since this session loaded it:
@@ -204,12 +195,7 @@ class CheckpointSession:
             raise CheckpointFailed(Failed("conflict", error))
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
-        """Append items (copied), then checkpoint per ``durability``.
-
-        Raises:
-            TypeError: an item is not a JSON value.
-            CheckpointFailed: ``durability="sync"`` and the write failed.
-        """
+        """Append copies of the items (TypeError if one is not a JSON value), then checkpoint."""
         self.writer  # noqa: B018
         if not items:
             return

@@ -395,11 +395,8 @@ class CheckpointConversationStore(ConversationStore):
     ) -> None:
         """Store the record and its new entries durably, if ``expected_revision`` is stored.
 
-        Raises:
-            ConversationConflict: the stored revision is another, the record
-                names an entry no conversation stores, or another writer
-                holds or changed the conversation.
-            CheckpointFailed: the write failed otherwise (the message says why).
+        ``ConversationConflict`` too if the record names an entry no
+        conversation stores or another writer holds or changed the key.
         """
         await self._step(self._write, record, list(new_entries), expected_revision)
 
@@ -428,11 +425,7 @@ class CheckpointConversationStore(ConversationStore):
 
     @contextlib.contextmanager
     def _holding(self, *keys: str, wait: bool = True) -> Iterator[None]:
-        """Hold these keys' locks for the block (``wait``: up to ``lock_timeout`` each).
-
-        Raises:
-            KeyLocked: another writer (of another process, or store object) holds one.
-        """
+        """Hold these keys' locks for the block (``wait``: up to ``lock_timeout`` each)."""
         store = self.store
         with contextlib.ExitStack() as held:
             if isinstance(store, LockingStore):  # else nothing to hold: a delete races writers
@@ -442,13 +435,8 @@ class CheckpointConversationStore(ConversationStore):
             yield
 
     async def delete_record(self, conversation_id: str, *, expected_revision: str) -> None:
-        """Delete the conversation's key and its run's (every entry it stored goes with it).
-
-        Raises:
-            ConversationConflict: no record with ``expected_revision`` is stored.
-            CheckpointFailed: ``Failed("locked")``, naming the holder: another
-                writer holds the conversation (a save or a run in flight).
-        """
+        """Delete the conversation's key and its run's (every entry it stored goes with it);
+        ``CheckpointFailed("locked")`` while another writer holds either."""
         await self._step(self._delete, conversation_id, expected_revision)
 
     async def delete(self, conversation_id: str, *, scope: str | None = None) -> None:

@@ -35,8 +35,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer whose threads are checkpointed by ``CheckpointWriter`` s.
 
     Args:
-        store: where the threads go; a ``JournalStore(root)`` makes each
-            checkpoint cost its new rows only.
+        store: where the threads go.
         serde: LangGraph's serializer (default: its ``JsonPlusSerializer``).
         **writer_options: for each thread's ``CheckpointWriter``; ``limits``,
             ``transcript`` and ``state_version`` for its ``KeyCommitter`` too.

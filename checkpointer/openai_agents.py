@@ -149,11 +149,7 @@ class CheckpointSession:
             raise_failed(result)
 
     async def aclose(self) -> Result | None:
-        """Write a final time and close the writer; its result (None if not open).
-
-        ``async with`` raises ``CheckpointFailed`` for a ``Failed`` instead,
-        unless the block raised already.
-        """
+        """Write a final time and close the writer; its result (None if not open)."""
         writer, self._writer = self._writer, None
         if writer is None:
             return None

@@ -133,9 +133,9 @@ class _Conversation:
         self.key = conversation_key(self.id)
         self.record = record
         self.checkpoint = checkpoint  # what its first save expects stored
-        self.raws: list[msgspec.Raw] = []  # the state's "messages": encoded entries
-        # id -> (parent, message JSON, the entry's raw)
-        self.index: dict[str, tuple[str | None, bytes, msgspec.Raw]] = {}
+        # the state's "messages" (encoded entries), and id -> (parent, message JSON, raw)
+        self.raws: list[msgspec.Raw] = [] if checkpoint is None else checkpoint.state.messages
+        self.index = dict(map(_indexed, self.raws))
         self.committer: KeyCommitter | None = None  # holds the key from its first save here
 
     def chain(self, head_id: str | None, limit: int | None = None) -> list[tuple[str, str | None]]:
@@ -225,8 +225,6 @@ class CheckpointConversationStore(ConversationStore):
             return None
         record = _RECORDS.validate_json(bytes(checkpoint.state.record))
         conversation = _Conversation(record, checkpoint)
-        conversation.raws = checkpoint.state.messages
-        conversation.index = dict(map(_indexed, conversation.raws))
         self._remember(conversation)
         return conversation
 

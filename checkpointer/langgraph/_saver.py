@@ -21,7 +21,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from checkpointer import CheckpointFailed, Failed
+from checkpointer import CheckpointFailed
 from checkpointer._adapters import check_options, locked, raise_failed
 from checkpointer.stores import KeyLocked, Store
 
@@ -60,17 +60,14 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         return self
 
     def __exit__(self, _type: object, exc: object, _tb: object) -> None:
-        failed = self._close_all()
+        self._mode = "closed"
+        failed = self._threads.close()
         if exc is None:
             raise_failed(failed)
 
     def close(self) -> None:
         """Close every thread's writer (a final write each); ``CheckpointFailed`` if one failed."""
-        raise_failed(self._close_all())
-
-    def _close_all(self) -> Failed | None:
-        self._mode = "closed"
-        return self._threads.close()
+        self.__exit__(None, None, None)
 
     async def __aenter__(self) -> CheckpointSaver:
         self._claim("async")

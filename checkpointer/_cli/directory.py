@@ -1,13 +1,8 @@
-"""A store directory as a ``Root``: its checkpoint files, lock files and side files.
+"""A store directory as a ``Root``: its checkpoint files, lock files and side files
+(summaries ``sessions/<key>/checkpoint.md``, corrupt files ``<key>.corrupt-<UTC time>``).
 
-Snapshots ``<key>.json`` and journals ``<key>.jsonl`` are read through their
-stores.  ``lock`` looks at ``<key>.lock`` with ``probe_file_lock``, which never
-takes a lock a writer could be reaching for; ``delete`` takes the key's writer
-lock, whose release unlinks the lock file.  The side files are summary
-checkpoints (``sessions/<key>/checkpoint.md``) and corrupt files a writer
-moved aside (``<key>.corrupt-<UTC time>``).  ``sessions/`` and
-``sessions/<key>/`` are opened without following a link, each relative to its
-parent's descriptor, so nothing planted there leads outside the root.
+``sessions/`` and ``sessions/<key>/`` are opened without following a link, each
+relative to its parent's descriptor, so nothing planted there leads outside the root.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from checkpointer import CheckpointError, FileStore, JournalStore
-from checkpointer._stores.atomic import fsync_fd
+from checkpointer._stores.atomic import fsync_dir, fsync_fd
 from checkpointer._stores.base import KEY_PATTERN
 from checkpointer._stores.flock import probe_file_lock
 from checkpointer._stores.safefs import UnsafeFile, describe, open_dir, open_subdir
@@ -49,8 +44,6 @@ _SUMMARY_TEMP = re.compile(r"\.checkpoint\.md\..+\.tmp")  # a write_summary that
 
 
 class DirectoryRoot(Root):
-    """A ``FileStore`` / ``JournalStore`` directory."""
-
     noun = "file"
     unreadable = "{n} file(s) cannot be read; `checkpointer verify {where}` says why"
     prune_noun = "file(s)"
@@ -116,18 +109,10 @@ class DirectoryRoot(Root):
         return [os.path.join(self.where, name) for name in names if ASIDE.search(name)]
 
     def planted(self, entry: Entry) -> str | None:
-        if entry.kind == "summary":
-            extra = self.extra(entry)
-            return None if extra is None else extra.problem
         try:
-            st = os.lstat(entry.path)
+            return _unsafe(entry.path, os.lstat(entry.path))
         except OSError:
             return None  # gone: nothing to remove
-        return (
-            None
-            if stat.S_ISREG(st.st_mode)
-            else str(UnsafeFile(entry.path, describe(st, entry.path)))
-        )
 
     def extras(self) -> Extras:
         asides = ((ASIDE.sub("", os.path.basename(p)), p) for p in self.asides())
@@ -208,20 +193,12 @@ class DirectoryRoot(Root):
         return Removal(entry.path, "removed", reason)
 
     def _durably(self, done: list[Removal]) -> list[Removal]:
-        """``done``, once its removals are durable: one fsync of the directory.
-
-        An unlink is undone by a power cut until its directory is fsynced: a
-        pruned checkpoint would come back.  If that fsync fails, each removal
-        says so instead of "removed".
-        """
+        """``done``, once its unlinks are durable (a power cut undoes them until the directory
+        is fsynced); if that fsync fails, each removal says so instead of "removed"."""
         if not any(removal.outcome == "removed" for removal in done):
             return done
         try:
-            fd = open_dir(self.where)
-            try:
-                fsync_fd(fd)
-            finally:
-                os.close(fd)
+            fsync_dir(self.where, fsync_fd)
         except OSError as exc:
             problem = (
                 f"removed, but {self.where} could not be synced ({why(exc)}): it may come back"
@@ -235,11 +212,8 @@ class DirectoryRoot(Root):
         return done
 
     def _remove_summary(self, entry: Entry, reason: str) -> Removal:
-        """Remove a summary, a dead write's temp file, and its directory if that is empty.
-
-        Kept if its key has a checkpoint again; nothing planted on the way or
-        in its place is followed or removed.
-        """
+        """Remove a summary, a dead write's temp file, and its directory if that is empty
+        (unless its key has a checkpoint again); nothing planted is followed or removed."""
         if any(os.path.lexists(store.location(entry.key)) for store in self.stores.values()):
             return Removal(entry.path, "kept", "its key has a checkpoint again")
         try:
@@ -303,9 +277,13 @@ def _corrupt(entry: Entry) -> Extra | None:
         return None
     # The later of the two: a rename keeps the file's old mtime.
     time = max(_moved_aside(entry.path), datetime.fromtimestamp(st.st_mtime, UTC))
-    if not stat.S_ISREG(st.st_mode):
-        return Extra(entry, 0, time, str(UnsafeFile(entry.path, describe(st, entry.path))))
-    return Extra(entry, st.st_size, time)
+    problem = _unsafe(entry.path, st)
+    return Extra(entry, 0 if problem else st.st_size, time, problem)
+
+
+def _unsafe(path: str, st: os.stat_result) -> str | None:
+    """Why a file met (not followed) is not ours to touch: not a regular file; or None."""
+    return None if stat.S_ISREG(st.st_mode) else str(UnsafeFile(path, describe(st, path)))
 
 
 def _moved_aside(path: str) -> datetime:

@@ -1,9 +1,7 @@
 """``checkpointer ls``: one row per checkpoint of a root (``--json`` for scripts).
 
-A key's summary checkpoint (``sessions/<key>/checkpoint.md``) is shown in a
-SUMMARY column (its age), and a key with a summary but no checkpoint gets a
-row of its own (kind ``summary``); corrupt files a writer moved aside are
-named in a note after the table.  Neither changes the exit status.
+Summary checkpoints show in a SUMMARY column (a summary alone, in a row of its
+own); corrupt files moved aside, in a note.  Neither changes the exit status.
 """
 
 from __future__ import annotations
@@ -120,11 +118,10 @@ def _with_summary(row: Row, extra: Extra | None) -> None:
 
 
 def _summary_row(root: Root, extra: Extra) -> Row:
-    """The row of a key that has a summary checkpoint and no checkpoint."""
     entry = extra.entry
     row = Row(key=entry.key, kind="summary", path=entry.path, size=extra.size, mtime=extra.time)
-    row.updated_at = extra.time if extra.problem is None else None
-    _with_summary(row, extra)
+    if extra.problem is None:
+        row.updated_at, row.summary, row.summary_at = extra.time, entry.path, extra.time
     view = root.lock(entry.key)
     if view is not None:
         row.lock, row.lock_holder = view.state, view.holder
@@ -132,7 +129,6 @@ def _summary_row(root: Root, extra: Extra) -> Row:
 
 
 def _age(extra: Extra | None, now: datetime) -> str:
-    """The SUMMARY cell: how old the key's summary is, ``!`` when it cannot be read."""
     if extra is None:
         return "-"
     if extra.problem or extra.unreadable:

@@ -1,14 +1,9 @@
 """``checkpointer prune``: remove checkpoints not updated for a while, and stale locks.
 
-Never anything of a key whose lock holder is alive (or may be), nor a
-pinned checkpoint, nor what is not a file this library made.  The keys'
-locks are looked at first (``Root.lock``); what is to go is then deleted
-under the key's own writer lock (``Root.delete``), each checkpoint looked at
-again once the lock is held, so a session resumed and written since the
-listing stays.  A directory's stale lock files go too, whatever their age.
-Summary checkpoints and corrupt files a writer moved aside stay unless
-``--summaries`` or ``--corrupt`` asks for them (prune counts them, naming the
-flag); a summary goes only with its key's last checkpoint.
+Never anything of a key whose lock holder is alive (or may be), a pinned
+checkpoint, or what this library did not make.  What goes is deleted under the
+key's writer lock (``Root.delete``), each checkpoint looked at again once it is
+held, so a session written since the listing stays.
 """
 
 from __future__ import annotations
@@ -44,11 +39,7 @@ class Duration(NamedTuple):
 
 
 def parse_duration(text: str) -> Duration:
-    """Parse a number and a unit, or several: ``7d``, ``12h``, ``30m``, ``1h30m`` (s, m, h, d, w).
-
-    Raises:
-        argparse.ArgumentTypeError: naming the text and the accepted forms.
-    """
+    """Parse ``7d``, ``12h``, ``30m``, ``1h30m`` (s, m, h, d, w); ArgumentTypeError if bad."""
     compact = text.strip().lower()
     forms = "use a number and a unit (s, m, h, d, w), e.g. 7d, 12h, 30m or 1h30m"
     if compact.startswith("-"):
@@ -112,19 +103,16 @@ def run(root: Root, args: argparse.Namespace) -> int:
 
 
 class _Prune:
-    """One prune: what it removes, keeps and refuses, as lines to print and counts.
-
-    Errors are said at once, on stderr.
-    """
+    """One prune: what it removes, keeps and refuses, as lines to print and counts."""
 
     def __init__(self, root: Root, args: argparse.Namespace) -> None:
         self.root, self.limit, self.dry_run = root, args.older_than, args.dry_run
         self.wanted = {"summary": args.summaries, "corrupt": args.corrupt}
         self.now = datetime.now(UTC)
         self.lines: list[str] = []
-        self.removed = self.locks = self.kept = self.failed = 0
+        self.kept = self.failed = 0
         self.kinds: dict[str, str] = {}  # path -> "summary" or "corrupt" (else a checkpoint)
-        self.extras = {"summary": 0, "corrupt": 0}  # removed
+        self.gone = {"checkpoint": 0, "summary": 0, "corrupt": 0, "lock": 0}
         self.asides = {"summary": 0, "corrupt": 0}  # old enough, kept as not asked for
 
     def key(self, key: str, entries: list[Entry], extras: list[Extra]) -> None:
@@ -210,7 +198,7 @@ class _Prune:
         self.lines.append(f"kept {path}: {why}")
 
     def refuse(self, problem: str) -> None:
-        """Something planted in the root (``UnsafeFile``'s text): left, and counted as failed."""
+        """Something planted in the root: left, and counted as failed (said on stderr)."""
         self.failed += 1
         report.error("prune", problem)
 
@@ -220,13 +208,7 @@ class _Prune:
         elif removal.outcome == "failed":
             self.refuse(removal.why)
         else:
-            kind = self.kinds.get(removal.path)
-            if removal.lock:
-                self.locks += 1
-            elif kind is not None:
-                self.extras[kind] += 1
-            else:
-                self.removed += 1
+            self.gone["lock" if removal.lock else self.kinds.get(removal.path, "checkpoint")] += 1
             verb = "would remove" if self.dry_run else "removed"
             self.lines.append(f"{verb} {removal.path} ({removal.why})")
 
@@ -240,10 +222,11 @@ class _Prune:
             for line in self.lines:
                 report.line(line)
             verb = "would remove" if self.dry_run else "removed"
-            said = f"{verb} {self.removed} {root.prune_noun} older than {limit}"
-            said += "".join(f", {n} {_NOUNS[kind]}" for kind, n in self.extras.items() if n)
+            gone = self.gone
+            said = f"{verb} {gone['checkpoint']} {root.prune_noun} older than {limit}"
+            said += "".join(f", {gone[kind]} {_NOUNS[kind]}" for kind in _NOUNS if gone[kind])
             if root.lock_files:
-                said += f" and {self.locks} stale lock file(s)"
+                said += f" and {gone['lock']} stale lock file(s)"
             said += f", kept {self.kept}"
             report.line(said + (f", {self.failed} could not be removed" if self.failed else ""))
         asides = {kind: n for kind, n in self.asides.items() if n}

@@ -1,11 +1,8 @@
-"""What the commands print, and how values read in it: the one module that writes output.
+"""What the commands print: the one module that writes output.
 
-A checkpoint holds untrusted text (model and tool output), so everything
-printed goes through ``safe``: control characters as visible escapes
-(``\\x1b``), so a session cannot drive the terminal (OSC 52 writes the
-clipboard), and in table cells and field values newlines and tabs too, so a
-value cannot break the layout.  ``--json`` escapes them as ``\\u`` escapes;
-``show --raw`` writes bytes as they are, but escaped to a terminal.
+A checkpoint holds untrusted text, so everything printed goes through ``safe``
+(control characters as visible escapes: a session cannot drive the terminal),
+table cells and field values with newlines and tabs escaped too.
 """
 
 from __future__ import annotations
@@ -22,18 +19,14 @@ import msgspec
 
 from .roots import detect
 
-OK, PROBLEM, USAGE = 0, 1, 2
-"""Exit statuses: all well; a problem with the store; a usage error (argparse's own)."""
+OK, PROBLEM, USAGE = 0, 1, 2  # exit statuses: all well; a store's problem; a usage error
 
-
-# -- control characters ------------------------------------------------------------
-
+# Escaped: C0 controls (in text, not newline and tab), DEL, C1 controls (8-bit CSI
+# and OSC), and the line separators and bidirectional overrides.
 _CONTROL = r"\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
 _IN_TEXT = re.compile(f"[{_CONTROL}]")
 _IN_CELL = re.compile(rf"[\t\n{_CONTROL}]")
 _IN_JSON = re.compile(r"[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-"""C0 controls but newline and tab, DEL, C1 controls (8-bit CSI and OSC), and the
-line separators and bidirectional overrides that make text read otherwise."""
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -42,19 +35,11 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def safe(text: str, *, cell: bool = False) -> str:
-    """``text`` with its control characters as visible escapes (``\\x1b``).
-
-    Args:
-        cell: a table cell or a field value: newlines and tabs are escaped too.
-    """
+    """``text`` with its control characters (in a ``cell``, newlines and tabs too) escaped."""
     return (_IN_CELL if cell else _IN_TEXT).sub(_escape, text)
 
 
-# -- printing --------------------------------------------------------------------
-
-
 def line(text: str = "") -> None:
-    """One line on stdout."""
     print(safe(text))
 
 
@@ -97,7 +82,6 @@ def raw(data: bytes) -> None:
 
 
 def flush() -> None:
-    """Flush stdout: a closed pipe shows here, not at interpreter exit."""
     sys.stdout.flush()
 
 
@@ -107,14 +91,8 @@ def silence() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-# -- values in words -------------------------------------------------------------
-
-
 def message_line(message: Any, width: int = 100) -> str:
-    """A message on one line, in its dialect's words: who speaks, the text, the calls made.
-
-    A message of a shape no dialect recognises is its JSON, after ``(unrecognised)``.
-    """
+    """A message on one line, in its dialect's words (else its JSON): who, text, calls made."""
     dialect = detect(message)
     if dialect is None:
         return "(unrecognised) " + one_line(msgspec.json.encode(message).decode(), width)
@@ -138,7 +116,6 @@ def one_line(text: str, width: int) -> str:
 
 
 def json_type(value: Any) -> str:
-    """What kind of JSON value this is, in words."""
     names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
     if value is None:
         return "missing or null"
@@ -161,7 +138,6 @@ def when(value: datetime | None, suffix: str = "") -> str:
 
 
 def size(n: int) -> str:
-    """A size in bytes, KiB, MiB or GiB."""
     if n < 1024:
         return f"{n} B"
     scaled = n / 1024
@@ -173,12 +149,10 @@ def size(n: int) -> str:
 
 
 def opt(value: int | None) -> str:
-    """A number, or ``?`` when unknown."""
     return "?" if value is None else str(value)
 
 
 def yes(value: bool | None) -> str:
-    """yes, no, or ``?`` when unknown."""
     return "?" if value is None else "yes" if value else "no"
 
 

@@ -1,12 +1,5 @@
-"""The places the commands look at, behind one seam: ``Root``.
-
-``ls``, ``show``, ``verify`` and ``prune`` are written once over a ``Root``:
-what it holds (``scan``), one checkpoint's size, state and bytes
-(``measure``, ``load``, ``raw``), who holds a key's writer lock (``lock``,
-only looking), and prune's deletion, each checkpoint looked at again just
-before it goes (``delete``).  A PostgreSQL store and an S3 prefix are here,
-read through the store API; a store directory is ``directory.py``.  These
-two modules are the command line's only users of the library's private ones.
+"""The places the commands look at, behind one seam: ``Root`` (a store directory is
+``directory.py``).  These two modules are the CLI's only users of private modules.
 """
 
 from __future__ import annotations
@@ -20,9 +13,7 @@ from typing import Any, Literal, NamedTuple
 
 from checkpointer import Checkpoint, CheckpointError, PostgresStore, S3JournalStore, S3Store, load
 from checkpointer._stores.base import KEY_PATTERN, check_key
-
-# What the commands read in a history (look, show, verify): the transcript
-# helpers' dialects and their scan, passed on through this seam.
+from checkpointer._stores.postgres.schema import schema_sql as schema_sql
 from checkpointer._transcript.dialects import CHAT as CHAT
 from checkpointer._transcript.dialects import describe_shape as describe_shape
 from checkpointer._transcript.dialects import detect as detect
@@ -48,8 +39,6 @@ class Entry(NamedTuple):
 
 
 class Scan(NamedTuple):
-    """What a root holds."""
-
     entries: list[Entry]  # in the root's order: file names, or keys
     lock_keys: frozenset[str]  # keys with a lock file of their own (a directory)
 
@@ -63,9 +52,7 @@ class LockView(NamedTuple):
     problem: str | None = None  # not a lock file this library made (a link, a FIFO, ...)
 
 
-class Removal(NamedTuple):
-    """What ``delete`` did with one path: removed, kept (and why), or failed."""
-
+class Removal(NamedTuple):  # what ``delete`` did with one path
     path: str
     outcome: Literal["removed", "kept", "failed"]
     why: str  # removed and kept: the reason shown; failed: the error message
@@ -83,8 +70,6 @@ class Extra(NamedTuple):
 
 
 class Extras(NamedTuple):
-    """The summaries and corrupt files of a root, and what is planted on the way to them."""
-
     found: list[Extra]
     problems: list[str]  # ``sessions`` a link or a file, ...: its summaries are not looked at
 
@@ -94,10 +79,9 @@ Recheck = Callable[[Entry], str | None]
 
 
 class Root(ABC):
-    """What the commands need of a place that holds checkpoints.
-
-    The defaults fit a store with no locks to look at and no side files.
-    """
+    """What the commands need of a place that holds checkpoints (the defaults: no locks to
+    look at, no side files).  A call raises CheckpointError or OSError for an entry that
+    cannot be read; one of ``failure`` for the root itself, which ends the command."""
 
     where: str  # the root, for messages
     stores: dict[str, Any]  # entry kind -> the store that reads it
@@ -112,35 +96,29 @@ class Root(ABC):
     lock_files = False  # its locks are files, left behind stale by a writer that died
     mtimes = True  # an entry has a time of its own, used when its meta is unreadable
     has_extras = False  # it may hold summaries and corrupt files (``extras``)
-    failure: tuple[type[Exception], ...] = ()  # raised by any call: ends the command
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        """The entry kinds it can hold (more than one: ``show`` names the kind)."""
-        return tuple(self.stores)
+    failure: tuple[type[Exception], ...] = ()
 
     def close(self) -> None:
-        """Give back what the root holds (a connection)."""
         return None
 
     def validate_key(self, key: str) -> None:
-        """Raises ValueError for a key the root cannot hold (a usage error)."""
+        """ValueError: a key the root cannot hold (a usage error)."""
         check_key(key)
 
     @abstractmethod
     def scan(self) -> Scan:
-        """What the root holds.  Raises RootError: it cannot be listed."""
+        """What the root holds (RootError: it cannot be listed)."""
 
     @abstractmethod
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
-        """Size and time (None: its meta's); raises CheckpointError, OSError."""
+        """Size and time (None: its meta's)."""
 
     def load(self, entry: Entry) -> Checkpoint[Any] | None:
-        """What it holds (None: gone); raises CheckpointError, OSError."""
+        """What it holds (None: gone)."""
         return load(self.stores[entry.kind], entry.key)
 
     def raw(self, entry: Entry) -> bytes | None:
-        """Its bytes as stored (None: gone); raises CheckpointError, OSError."""
+        """Its bytes as stored (None: gone)."""
         data: bytes | None = self.stores[entry.kind].read(entry.key)
         return data
 
@@ -167,17 +145,11 @@ class Root(ABC):
     def delete(
         self, key: str, old: Sequence[tuple[Entry, str]], *, recheck: Recheck, stale: str | None
     ) -> list[Removal]:
-        """Delete ``old`` entries of ``key`` (each with why), under the key's lock if it has one.
-
-        Each is looked at again first (``recheck``): a writer may have resumed
-        and written the key since it was listed.  ``stale``: the key's stale
-        lock file goes too, for this reason.  A summary among ``old`` goes
-        only while the key has no checkpoint.
-        """
+        """Delete ``old`` entries of ``key`` (each with why), under the key's lock if it has one,
+        each looked at again first (``recheck``); ``stale``: why its stale lock file goes too."""
         return each(old, recheck, self._remove)
 
-    def _remove(self, entry: Entry, why: str) -> Removal | None:
-        """Remove one entry (None: it was gone already)."""
+    def _remove(self, entry: Entry, why: str) -> Removal | None:  # None: gone already
         gone = self.stores[entry.kind].delete(entry.key)
         return Removal(entry.path, "removed", why) if gone else None
 
@@ -292,10 +264,7 @@ def _escaped(text: str) -> str:
 class S3Root(Root):
     """The keys under ``s3://bucket/prefix``: ``S3Store`` objects and ``S3JournalStore`` heads.
 
-    One LIST finds both kinds and the objects a writer moved aside.  S3 has
-    no locks: ``delete`` relies on ``recheck`` (a writer that resumed the key
-    since the listing keeps it) and on the stores' conditional writes (one
-    that writes after the delete finds it gone and never brings it back).
+    No locks: ``delete`` relies on ``recheck`` and on the stores' conditional writes.
     """
 
     failure = (S3StoreError,)
@@ -335,10 +304,3 @@ class S3Root(Root):
 
     def asides(self) -> list[str]:
         return list(self._asides)
-
-
-def schema_sql(schema: str) -> str:
-    """The SQL ``pg-schema`` runs (``pg-schema --sql``)."""
-    from checkpointer._stores.postgres.schema import schema_sql as sql
-
-    return sql(schema)

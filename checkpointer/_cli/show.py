@@ -33,7 +33,6 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _count(text: str) -> int:
-    """A count of messages to show: a whole number, 0 or more."""
     try:
         n = int(text)
     except ValueError:
@@ -66,10 +65,7 @@ def run(root: Root, args: argparse.Namespace) -> int:
     for n, entry in enumerate(mine):
         if n:
             report.line()
-        if args.raw:
-            status = max(status, _raw(root, entry))
-        else:
-            status = max(status, _show(root, entry, args.last))
+        status = max(status, _raw(root, entry) if args.raw else _show(root, entry, args.last))
     return status
 
 
@@ -85,7 +81,7 @@ def _raw(root: Root, entry: Entry) -> int:
 def _show(root: Root, entry: Entry, last: int) -> int:
     look = inspect(root, entry)
     row = look.row
-    kind = f", {entry.kind}" if len(root.kinds) > 1 else ""
+    kind = f", {entry.kind}" if len(root.stores) > 1 else ""
     fields = [(root.noun, f"{entry.path} ({report.size(row.size)}{kind})")]
     fields.append(("lock", _lock(root, look.lock)))
     if look.loaded is None:
@@ -110,7 +106,6 @@ def _lock(root: Root, lock: LockView | None) -> str:
 
 
 def _loaded(fields: list[tuple[str, str]], row: Row, loaded: Checkpoint[Any], last: int) -> int:
-    """Print the meta and the last messages of a readable checkpoint."""
     for name, value in msgspec.structs.asdict(loaded.meta).items():
         if value is not None:  # None: a field this file's writer did not record
             fields.append((name, report.value(value)))
@@ -131,11 +126,10 @@ def _loaded(fields: list[tuple[str, str]], row: Row, loaded: Checkpoint[Any], la
     if row.title:
         fields.append(("title", row.title))
     report.fields(fields)
-    shown = listed[-last:] if last > 0 else []
-    if shown:
-        report.line(f"last {len(shown)} of {len(listed)} messages:")
-        start = len(listed) - len(shown)
+    start = max(len(listed) - last, 0)
+    if start < len(listed):
+        report.line(f"last {len(listed) - start} of {len(listed)} messages:")
         width = len(str(len(listed) - 1))
-        for i, message in enumerate(shown, start):
-            report.line(f"  [{i:>{width}}] {report.message_line(message)}")
+        for i in range(start, len(listed)):
+            report.line(f"  [{i:>{width}}] {report.message_line(listed[i])}")
     return report.OK

@@ -67,21 +67,15 @@ def _open(args: argparse.Namespace) -> Root:
 def _settle_root(args: argparse.Namespace) -> None:
     """Check ROOT (optional on the parser only for ``--dsn``) and KEY; ``--dsn`` becomes ROOT."""
     parser: argparse.ArgumentParser = args.parser
-    has_key = hasattr(args, "key")
-    if args.dsn is None:
-        missing = ["ROOT"] if args.root is None else []
-        if has_key and args.key is None:
-            missing.append("KEY")
-        if missing:
-            parser.error(f"the following arguments are required: {', '.join(missing)}")
-        return
-    if has_key and args.key is None:  # `show --dsn DSN KEY`: the one positional is KEY
-        args.root, args.key = None, args.root
-    if args.root is not None:
-        parser.error("give ROOT or --dsn, not both")
-    if has_key and args.key is None:
-        parser.error("the following arguments are required: KEY")
-    args.root = args.dsn
+    if args.dsn is not None:
+        if getattr(args, "key", "") is None:  # `show --dsn DSN KEY`: the one positional is KEY
+            args.root, args.key = None, args.root
+        if args.root is not None:
+            parser.error("give ROOT or --dsn, not both")
+        args.root = args.dsn
+    given = (("ROOT", args.root), ("KEY", getattr(args, "key", "")))
+    if missing := [name for name, value in given if value is None]:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
 
 
 _ROOT = (

@@ -35,7 +35,6 @@ def add_command(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the demo as ``checkpointer demo`` asks (``--turns`` at least 1: else a usage error)."""
     if args.turns < 1:
         report.error("demo", "--turns must be at least 1")
         return report.USAGE
@@ -44,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 class SimulatedAgent:
-    """An agent session whose history grows by model turns and tool calls, and the
-    "run ended" events it fires."""
+    """An agent session whose history grows by turns, firing "run ended" events."""
 
     def __init__(self, key: str) -> None:
         self.key = key

@@ -34,7 +34,6 @@ from .roots import (
     Removal,
     Root,
     RootError,
-    Scan,
     each,
     why,
 )
@@ -56,7 +55,7 @@ class DirectoryRoot(Root):
         except ValueError as exc:  # an empty path
             raise RootError(str(exc)) from None
 
-    def scan(self) -> Scan:
+    def scan(self) -> list[Entry]:
         root = self.where
         if not os.path.exists(root):
             raise RootError(f"no such directory: {root} (a writer creates it on its first write)")
@@ -66,19 +65,10 @@ class DirectoryRoot(Root):
             names = sorted(os.listdir(root))
         except OSError as exc:
             raise RootError(f"cannot list {root}: {why(exc)}") from None
-        kinds = {LOCK_SUFFIX: "lock", **{s.suffix: kind for kind, s in self.stores.items()}}
-        entries: list[Entry] = []
-        locks: set[str] = set()
-        for name in names:
-            key, suffix = os.path.splitext(name)
-            kind = kinds.get(suffix)
-            if kind is None or not KEY_PATTERN.fullmatch(key):
-                continue
-            if kind == "lock":
-                locks.add(key)
-            else:
-                entries.append(Entry(key, kind, os.path.join(root, name)))
-        return Scan(entries, frozenset(locks))
+        kinds = {store.suffix: kind for kind, store in self.stores.items()}
+        named = [(k, s) for k, s in map(os.path.splitext, names) if KEY_PATTERN.fullmatch(k)]
+        self.lock_keys = frozenset(key for key, suffix in named if suffix == LOCK_SUFFIX)
+        return [Entry(k, kinds[s], os.path.join(root, k + s)) for k, s in named if s in kinds]
 
     def _lock_path(self, key: str) -> str:
         return os.path.join(self.where, key + LOCK_SUFFIX)
@@ -121,7 +111,7 @@ class DirectoryRoot(Root):
         sessions = os.path.join(self.where, SESSIONS)
         keys: list[str] = []
         try:
-            with self._sessions() as fd:
+            with self._summary_dir() as (fd, _):
                 keys = [name for name in sorted(os.listdir(fd)) if KEY_PATTERN.fullmatch(name)]
         except FileNotFoundError:
             pass
@@ -157,9 +147,8 @@ class DirectoryRoot(Root):
     def delete(
         self, key: str, old: Sequence[tuple[Entry, str]], *, recheck: Recheck, stale: str | None
     ) -> list[Removal]:
-        # Holding the writer lock keeps a writer from starting on the key
-        # midway; releasing it unlinks the lock file (the library's release,
-        # which a writer waiting on the old file notices and starts over).
+        # The writer lock keeps a writer from starting on the key midway; its release
+        # unlinks the lock file (a writer waiting on the old file notices, starts over).
         lock_path = self._lock_path(key)
         try:
             held = self.stores["snapshot"].lock(key)
@@ -182,12 +171,12 @@ class DirectoryRoot(Root):
         return self._durably(done)
 
     def _remove(self, entry: Entry, reason: str) -> Removal | None:
-        if entry.kind == "summary":
-            return self._remove_summary(entry, reason)
         try:
+            if entry.kind == "summary":
+                return self._remove_summary(entry, reason)
             os.unlink(entry.path)
         except FileNotFoundError:
-            return None
+            return Removal(entry.path, "kept", "gone already") if entry.kind == "summary" else None
         except OSError as exc:
             return Removal(entry.path, "failed", f"cannot remove {entry.path}: {why(exc)}")
         return Removal(entry.path, "removed", reason)
@@ -216,49 +205,37 @@ class DirectoryRoot(Root):
         (unless its key has a checkpoint again); nothing planted is followed or removed."""
         if any(os.path.lexists(store.location(entry.key)) for store in self.stores.values()):
             return Removal(entry.path, "kept", "its key has a checkpoint again")
-        try:
-            with self._summary_dir(entry.key) as (sessions, fd):
-                _summary_stat(fd, entry.path)
-                os.unlink(SUMMARY, dir_fd=fd)
-                for name in os.listdir(fd):
-                    if _SUMMARY_TEMP.fullmatch(name):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(name, dir_fd=fd)
-                fsync_fd(fd)
-                try:
-                    os.rmdir(entry.key, dir_fd=sessions)  # a link swapped in: ENOTDIR, left
-                except OSError:
-                    stays = f"{os.path.dirname(entry.path)} holds other files, so it stays"
-                    return Removal(entry.path, "removed", f"{reason}; {stays}")
-                fsync_fd(sessions)
-        except FileNotFoundError:
-            return Removal(entry.path, "kept", "gone already")
-        except OSError as exc:
-            return Removal(entry.path, "failed", f"cannot remove {entry.path}: {why(exc)}")
+        with self._summary_dir(entry.key) as (sessions, fd):
+            _summary_stat(fd, entry.path)
+            os.unlink(SUMMARY, dir_fd=fd)
+            for name in os.listdir(fd):
+                if _SUMMARY_TEMP.fullmatch(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=fd)
+            fsync_fd(fd)
+            try:
+                os.rmdir(entry.key, dir_fd=sessions)  # a link swapped in: ENOTDIR, left
+            except OSError:
+                stays = f"{os.path.dirname(entry.path)} holds other files, so it stays"
+                return Removal(entry.path, "removed", f"{reason}; {stays}")
+            fsync_fd(sessions)
         return Removal(entry.path, "removed", reason)
 
     @contextlib.contextmanager
-    def _sessions(self) -> Iterator[int]:
-        """A descriptor of ``sessions/``, reached without following a link below the root."""
-        top = open_dir(self.where)
-        try:
-            fd = open_subdir(top, SESSIONS, os.path.join(self.where, SESSIONS))
-        finally:
-            os.close(top)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
-
-    @contextlib.contextmanager
-    def _summary_dir(self, key: str) -> Iterator[tuple[int, int]]:
-        """Descriptors of ``sessions/`` and ``sessions/<key>/``, never through a link."""
-        with self._sessions() as sessions:
-            fd = open_subdir(sessions, key, os.path.join(self.where, SESSIONS, key))
+    def _summary_dir(self, key: str = "") -> Iterator[tuple[int, int]]:
+        """Descriptors of ``sessions/`` and ``sessions/<key>/`` (-1 without ``key``), each
+        reached without following a link below the root."""
+        with contextlib.ExitStack() as stack:
+            top = open_dir(self.where)
             try:
-                yield sessions, fd
+                sessions = open_subdir(top, SESSIONS, os.path.join(self.where, SESSIONS))
             finally:
-                os.close(fd)
+                os.close(top)
+            stack.callback(os.close, sessions)
+            fd = open_subdir(sessions, key, os.path.join(self.where, SESSIONS, key)) if key else -1
+            if key:
+                stack.callback(os.close, fd)
+            yield sessions, fd
 
 
 def _summary_stat(fd: int, path: str) -> os.stat_result:

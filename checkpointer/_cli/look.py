@@ -100,19 +100,13 @@ class History(NamedTuple):
     note: str | None = None
 
 
-def _plain(i: int) -> str:
-    return f"{AT}[{i}]"
-
-
+_plain = f"{AT}[{{}}]".format  # the JSON path of message i
 _LANGGRAPH_ROWS = frozenset({"checkpoint", "blob", "tail", "write"})
 
 
 def history(state: Any) -> History | None:
-    """The agent history in a state; None without one.
-
-    ``state["messages"]``, or a pydantic-ai conversation (entries chained up to
-    ``record.head_id``); a LangGraph thread log holds serde bytes: not checked.
-    """
+    """The agent history in ``state["messages"]`` (or a pydantic-ai conversation's chain of
+    entries; a LangGraph thread log's serde bytes are not checked); None without one."""
     if not isinstance(state, dict) or "messages" not in state:
         return None
     listed = state["messages"]

@@ -49,12 +49,14 @@ _ONLY = "(a summary only: no checkpoint)"  # the TITLE of a key's summary row
 
 def run(root: Root, args: argparse.Namespace) -> int:
     """List the checkpoints of ``root``; 1 when some cannot be read (they are marked)."""
-    rows = [inspect(root, entry).row for entry in root.scan().entries]
+    rows = [inspect(root, entry).row for entry in root.scan()]
     extras = root.extras()
     summaries = {e.entry.key: e for e in extras.found if e.entry.kind == "summary"}
     corrupt = [e.entry.path for e in extras.found if e.entry.kind == "corrupt" and not e.problem]
     for row in rows:
-        _with_summary(row, summaries.get(row.key))
+        extra = summaries.get(row.key)
+        if extra is not None and extra.problem is None:
+            row.summary, row.summary_at = extra.entry.path, extra.time
     keys = {r.key for r in rows}
     rows += [_summary_row(root, extra) for key, extra in summaries.items() if key not in keys]
     rows.sort(key=lambda r: r.key)
@@ -100,21 +102,16 @@ def _table(rows: list[Row], summaries: dict[str, Extra]) -> None:
                 *([r.kind] if kinds else []),
                 report.when(r.updated_at),
                 report.size(r.size),
-                "-" if only else report.opt(r.seq),
-                "-" if only else report.opt(r.turns) if r.error or r.turns is not None else "-",
-                "-" if only else report.yes(r.live),
-                "-" if only else report.yes(r.pinned),
+                "-" if only else report.value(r.seq),
+                "-" if only else report.value(r.turns) if r.error or r.turns is not None else "-",
+                "-" if only else report.value(r.live),
+                "-" if only else report.value(r.pinned),
                 r.lock or "-",
                 *([_age(summaries.get(r.key), now)] if summaries else []),
                 _ONLY if only else f"! {r.error}" if r.error else r.title,
             ]
         )
     report.table(table, right={2 + kinds, 3 + kinds, 4 + kinds})  # size, seq, turns
-
-
-def _with_summary(row: Row, extra: Extra | None) -> None:
-    if extra is not None and extra.problem is None:
-        row.summary, row.summary_at = extra.entry.path, extra.time
 
 
 def _summary_row(root: Root, extra: Extra) -> Row:

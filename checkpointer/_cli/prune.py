@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from . import report
 from .look import Row, inspect
-from .roots import Entry, Extra, LockView, Recheck, Removal, Root
+from .roots import Entry, Extra, Recheck, Removal, Root
 
 HELP = "remove checkpoints not updated for a while, and stale locks"
 DESCRIPTION = (
@@ -31,9 +31,7 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
 
-class Duration(NamedTuple):
-    """A parsed ``--older-than``: seconds, and the text the user wrote."""
-
+class Duration(NamedTuple):  # a parsed ``--older-than``
     seconds: float
     text: str
 
@@ -80,9 +78,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 def run(root: Root, args: argparse.Namespace) -> int:
     """Prune ``root``; 1 when something could not be removed or was refused (on stderr)."""
     prune = _Prune(root, args)
-    scan = root.scan()
     by_key: dict[str, list[Entry]] = {}
-    for entry in scan.entries:
+    for entry in root.scan():
         by_key.setdefault(entry.key, []).append(entry)
     extras: dict[str, list[Extra]] = {}
     flags = [flag for kind, flag in _FLAGS.items() if prune.wanted[kind]]
@@ -97,7 +94,7 @@ def run(root: Root, args: argparse.Namespace) -> int:
             prune.refuse(problem)  # `sessions` planted: none of its summaries looked at
         for extra in found.found:
             extras.setdefault(extra.entry.key, []).append(extra)
-    for key in sorted(by_key.keys() | scan.lock_keys | extras.keys()):
+    for key in sorted(by_key.keys() | root.lock_keys | extras.keys()):
         prune.key(key, by_key.get(key, []), extras.get(key, []))
     return prune.summary()
 
@@ -174,8 +171,13 @@ class _Prune:
             self.refuse(lock.problem)
             held = f"its lock file {lock.path} is not one this library made"
         elif lock is not None and lock.state != "stale":
-            # A live writer's key, or one we cannot tell about: leave all of it, lock too.
-            held = _held(self.root, lock)
+            # A live writer's key, or one we cannot tell about: leave all of it, lock too
+            # (`show` names the holder of a lock file).
+            held = "its lock holder is alive"
+            if lock.state == "unknown":
+                held = "cannot tell if its lock is held"
+            elif not self.root.lock_files:
+                held += f" ({lock.holder})"
         if held is not None:
             for entry, _ in old:
                 self.keep(entry.path, held)
@@ -238,11 +240,10 @@ class _Prune:
 
 
 def _recheck(root: Root, listed: dict[str, Row | Extra]) -> Recheck:
-    """For ``Root.delete``: keep what was written (time, pin, size) since ``listed``."""
+    """For ``Root.delete``, once no writer can write: keep what a writer that resumed the key
+    wrote (time, pin, size) since ``listed``."""
 
     def recheck(entry: Entry) -> str | None:
-        # A writer may have resumed the key and written it between the
-        # listing and the lock: look again, now that none can write.
         was = listed[entry.path]
         if isinstance(was, Extra):
             extra = root.extra(entry)
@@ -258,11 +259,3 @@ def _recheck(root: Root, listed: dict[str, Row | Extra]) -> Recheck:
 def _updated(root: Root, row: Row) -> datetime | None:
     """When a checkpoint was last written: its meta says, or (unreadable) its file's time."""
     return row.updated_at or (row.mtime if root.mtimes else None)
-
-
-def _held(root: Root, lock: LockView) -> str:
-    if lock.state == "unknown":
-        return "cannot tell if its lock is held"
-    if root.lock_files:
-        return "its lock holder is alive"  # `show` names it, with the lock file
-    return f"its lock holder is alive ({lock.holder})"

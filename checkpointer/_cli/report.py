@@ -148,18 +148,12 @@ def size(n: int) -> str:
     return f"{scaled:.1f} GiB"
 
 
-def opt(value: int | None) -> str:
-    return "?" if value is None else str(value)
-
-
-def yes(value: bool | None) -> str:
-    return "?" if value is None else "yes" if value else "no"
-
-
 def value(value: Any) -> str:
-    """A meta field's value, as ``show`` prints it."""
+    """A value as ``ls`` and ``show`` print it (``?`` when unknown)."""
+    if value is None:
+        return "?"
     if isinstance(value, bool):
-        return yes(value)
+        return "yes" if value else "no"
     if isinstance(value, datetime):
         return when(value, " UTC")
     if isinstance(value, msgspec.Struct):

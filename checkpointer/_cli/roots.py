@@ -38,11 +38,6 @@ class Entry(NamedTuple):
     path: str  # the file, or the location (never with a password)
 
 
-class Scan(NamedTuple):
-    entries: list[Entry]  # in the root's order: file names, or keys
-    lock_keys: frozenset[str]  # keys with a lock file of their own (a directory)
-
-
 class LockView(NamedTuple):
     """What a look at a key's writer lock found (None from ``lock``: no lock)."""
 
@@ -74,8 +69,8 @@ class Extras(NamedTuple):
     problems: list[str]  # ``sessions`` a link or a file, ...: its summaries are not looked at
 
 
+# For ``delete``: why to keep an entry after all (written since it was listed), or None.
 Recheck = Callable[[Entry], str | None]
-"""For ``delete``: why to keep an entry after all (written since it was listed), or None."""
 
 
 class Root(ABC):
@@ -85,9 +80,8 @@ class Root(ABC):
 
     where: str  # the root, for messages
     stores: dict[str, Any]  # entry kind -> the store that reads it
-    # How output names its things: show's first field; the line ls prints
-    # after its table ({n}, {where}), and where; prune's count; whether show
-    # of an unknown key says how many keys ls lists.
+    # How output names things: show's first field; ls's line after its table, and where;
+    # prune's count; whether show of an unknown key says how many keys ls lists.
     noun = "object"
     unreadable = "{n} key(s) cannot be read; `checkpointer verify {where}` says why"
     unreadable_on_stdout = False
@@ -97,6 +91,7 @@ class Root(ABC):
     mtimes = True  # an entry has a time of its own, used when its meta is unreadable
     has_extras = False  # it may hold summaries and corrupt files (``extras``)
     failure: tuple[type[Exception], ...] = ()
+    lock_keys: frozenset[str] = frozenset()  # keys with a lock file, as of the last scan
 
     def close(self) -> None:
         return None
@@ -106,8 +101,8 @@ class Root(ABC):
         check_key(key)
 
     @abstractmethod
-    def scan(self) -> Scan:
-        """What the root holds (RootError: it cannot be listed)."""
+    def scan(self) -> list[Entry]:
+        """What the root holds, in its order (RootError: it cannot be listed)."""
 
     @abstractmethod
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
@@ -159,7 +154,6 @@ def each(
     recheck: Recheck,
     remove: Callable[[Entry, str], Removal | None],
 ) -> list[Removal]:
-    """``remove`` each of ``old`` that ``recheck`` does not keep."""
     done: list[Removal] = []
     for entry, why in old:
         kept = recheck(entry)
@@ -170,7 +164,6 @@ def each(
 
 
 def why(exc: OSError) -> str:
-    """An ``OSError`` in words: its strerror, or its message (no errno)."""
     return os.strerror(exc.errno) if exc.errno else str(exc)
 
 
@@ -191,8 +184,7 @@ class PostgresRoot(Root):
             raise RootError(str(exc)) from None
         self.stores = {"row": self.store}
         self.where = self.store.location("")[:-1]
-        # Rows whose key breaks the key rule (put there by SQL or another tool):
-        # listed under the key escaped, unreadable, never touched.
+        # Rows whose key breaks the key rule (SQL put them there): escaped, never touched.
         self._invalid: dict[str, str] = {}
 
     def close(self) -> None:
@@ -201,9 +193,9 @@ class PostgresRoot(Root):
     def validate_key(self, key: str) -> None:
         pass  # an invalid key is not in the store: show says so
 
-    def scan(self) -> Scan:
+    def scan(self) -> list[Entry]:
         entries = []
-        keys: list[str] = self.store.keys()
+        keys: list[str] = self.store.keys()  # a method, not a dict's
         for key in keys:
             try:
                 check_key(key)
@@ -213,7 +205,7 @@ class PostgresRoot(Root):
                 entries.append(Entry(shown, "row", f"{self.where}/{shown}"))
             else:
                 entries.append(Entry(key, "row", self.store.location(key)))
-        return Scan(entries, frozenset())
+        return entries
 
     def _check(self, entry: Entry) -> None:
         why = self._invalid.get(entry.key)
@@ -231,8 +223,7 @@ class PostgresRoot(Root):
         return None if holder is None else LockView("alive", holder, None)
 
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
-        data = self.raw(entry)  # a damaged journal row: CheckpointError
-        return len(data or b""), None
+        return len(self.raw(entry) or b""), None  # a damaged journal row: CheckpointError
 
     def load(self, entry: Entry) -> Checkpoint[Any] | None:
         self._check(entry)
@@ -245,9 +236,8 @@ class PostgresRoot(Root):
     def delete(
         self, key: str, old: Sequence[tuple[Entry, str]], *, recheck: Recheck, stale: str | None
     ) -> list[Removal]:
-        if key in self._invalid:
-            return [Removal(e.path, "kept", "a key no writer can use") for e, _ in old]
-        holder = self.store.acquire(key)  # held while deleting: no writer starts on it midway
+        # Held while deleting: no writer starts on it midway (an invalid key is never old).
+        holder = self.store.acquire(key)
         if holder is not None:
             return [Removal(e.path, "kept", f"its lock holder is alive ({holder})") for e, _ in old]
         try:
@@ -262,10 +252,8 @@ def _escaped(text: str) -> str:
 
 
 class S3Root(Root):
-    """The keys under ``s3://bucket/prefix``: ``S3Store`` objects and ``S3JournalStore`` heads.
-
-    No locks: ``delete`` relies on ``recheck`` and on the stores' conditional writes.
-    """
+    """The keys under ``s3://bucket/prefix`` (no locks: ``delete`` relies on ``recheck`` and
+    on the stores' conditional writes)."""
 
     failure = (S3StoreError,)
 
@@ -283,7 +271,7 @@ class S3Root(Root):
         self._listed: dict[str, tuple[int, datetime]] = {}
         self._asides: list[str] = []
 
-    def scan(self) -> Scan:
+    def scan(self) -> list[Entry]:
         entries = []
         self._asides = []
         for name, size, modified in self.stores["snapshot"].listing():
@@ -294,13 +282,10 @@ class S3Root(Root):
                 if name.endswith(store.suffix) and KEY_PATTERN.fullmatch(key):
                     entries.append(Entry(key, kind, store.location(key)))
                     self._listed[entries[-1].path] = (size, modified)
-        return Scan(entries, frozenset())
+        return entries
 
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
-        listed = self._listed.get(entry.path)
-        if listed is None:
-            return len(self.raw(entry) or b""), None
-        return listed
+        return self._listed[entry.path]  # every entry is of the listing
 
     def asides(self) -> list[str]:
         return list(self._asides)

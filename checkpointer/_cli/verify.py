@@ -31,7 +31,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(root: Root, args: argparse.Namespace) -> int:
-    entries = root.scan().entries
+    entries = root.scan()
     bad = 0
     names = (
         "with tool calls open at the end",
@@ -91,7 +91,6 @@ def verdict(root: Root, entry: Entry) -> Verdict:
 
 
 def torn_tail(torn: TornTail) -> str:
-    """What a journal's torn tail dropped, and what becomes of it."""
     return (
         f"a torn tail was ignored: line {torn.line} on, {torn.nbytes} bytes at offset "
         f"{torn.offset} ({torn.reason}); the checkpoint is the last whole append before it, "
@@ -138,10 +137,8 @@ def _check(found: History, summary: str) -> Verdict:
 
 
 def _sorted(messages: list[Any]) -> dict[str, list[HistoryProblem]]:
-    """The problems of a history: bad, calls open at the end, pending, unrecognised.
-
-    Calls open at the end are not damage (saved while the tools ran): a warning.
-    """
+    """The problems of a history: bad, calls open at the end (saved while the tools ran: not
+    damage), pending in a paused run, unrecognised."""
     scan = scan_history(messages)
     end = len(messages)
     calls: dict[tuple[int, str | None], str] = {

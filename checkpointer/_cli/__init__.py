@@ -1,7 +1,5 @@
-"""The ``checkpointer`` command line (also ``python -m checkpointer``).
-
-``ls``, ``show``, ``verify`` and ``prune`` are written once over a ``Root``
-(``roots.py``); ``demo`` and ``pg-schema`` stand alone.
+"""The ``checkpointer`` command line (also ``python -m checkpointer``): ``ls``, ``show``,
+``verify`` and ``prune``, each written once over a ``Root`` (``roots.py``); ``demo``; ``pg-schema``.
 """
 
 from __future__ import annotations
@@ -117,7 +115,14 @@ def _build_parser() -> tuple[
         sub.add_argument("--dsn", help=_DSN)
         sub.add_argument("--endpoint-url", help=_ENDPOINT)
         sub.set_defaults(run=_on_a_root, on_root=command.run, parser=sub)
-    demo.add_command(commands)
+    sub = commands.add_parser(
+        "demo",
+        help="run a simulated agent loop checkpointed to a local directory",
+        description="Run a simulated agent whose run-ended events are coalesced into "
+        "durable checkpoint writes, then load the file back and compare.",
+    )
+    demo.arguments(sub)
+    sub.set_defaults(run=demo.run)
     pg = commands.add_parser(
         "pg-schema",
         help="create the PostgresStore tables",

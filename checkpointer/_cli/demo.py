@@ -1,7 +1,5 @@
-"""``checkpointer demo``: a simulated agent loop checkpointed by a CheckpointWriter.
-
-Each turn ends several runs (the model, then a burst of tool calls), each firing an
-event; the writer, attached to them, coalesces them into a few durable writes.
+"""``checkpointer demo``: a simulated agent whose "run ended" events (each turn: the model,
+then a burst of tool calls) a CheckpointWriter coalesces into a few durable writes.
 """
 
 from __future__ import annotations
@@ -18,20 +16,13 @@ from checkpointer import CheckpointWriter, FileStore, Snapshot, load
 from . import report
 
 
-def add_command(commands: Any) -> None:
-    demo = commands.add_parser(
-        "demo",
-        help="run a simulated agent loop checkpointed to a local directory",
-        description="Run a simulated agent whose run-ended events are coalesced into "
-        "durable checkpoint writes, then load the file back and compare.",
-    )
+def arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--root", default=".checkpoints", help="store directory (%(default)s)")
     demo.add_argument("--key", default="demo-session", help="session key (%(default)s)")
     demo.add_argument("--turns", type=int, default=40, help="agent turns (%(default)s)")
     demo.add_argument(
         "--backend", choices=["asyncio", "trio"], default="asyncio", help="(%(default)s)"
     )
-    demo.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,12 +46,12 @@ class SimulatedAgent:
         self.subscribers.append(callback)
         return lambda: self.subscribers.remove(callback)
 
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.key, {"messages": self.messages})
+
     def emit(self, run: str) -> None:
         for callback in list(self.subscribers):
             callback("run_ended", run=run)
-
-    def snapshot(self) -> Snapshot:
-        return Snapshot(self.key, {"messages": self.messages})
 
     async def turn(self, n: int, pause: float = 0.02) -> None:
         """One user turn: a model call, a burst of tool calls, a final answer."""

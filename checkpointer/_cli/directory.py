@@ -1,8 +1,6 @@
-"""A store directory as a ``Root``: its checkpoint files, lock files and side files
-(summaries ``sessions/<key>/checkpoint.md``, corrupt files ``<key>.corrupt-<UTC time>``).
-
-``sessions/`` and ``sessions/<key>/`` are opened without following a link, each
-relative to its parent's descriptor, so nothing planted there leads outside the root.
+"""A store directory as a ``Root``: checkpoint files, lock files, summaries
+(``sessions/<key>/checkpoint.md``) and corrupt files (``<key>.corrupt-<UTC time>``).  Below
+the root nothing is reached through a link, so nothing planted leads outside it.
 """
 
 from __future__ import annotations
@@ -182,8 +180,7 @@ class DirectoryRoot(Root):
         return Removal(entry.path, "removed", reason)
 
     def _durably(self, done: list[Removal]) -> list[Removal]:
-        """``done``, once its unlinks are durable (a power cut undoes them until the directory
-        is fsynced); if that fsync fails, each removal says so instead of "removed"."""
+        """``done``, its unlinks made durable (a power cut undoes them until then), or failed."""
         if not any(removal.outcome == "removed" for removal in done):
             return done
         try:
@@ -201,8 +198,8 @@ class DirectoryRoot(Root):
         return done
 
     def _remove_summary(self, entry: Entry, reason: str) -> Removal:
-        """Remove a summary, a dead write's temp file, and its directory if that is empty
-        (unless its key has a checkpoint again); nothing planted is followed or removed."""
+        """Remove a summary (unless its key has a checkpoint again), a dead write's temp file,
+        and its directory if that is empty; nothing planted is followed or removed."""
         if any(os.path.lexists(store.location(entry.key)) for store in self.stores.values()):
             return Removal(entry.path, "kept", "its key has a checkpoint again")
         with self._summary_dir(entry.key) as (sessions, fd):
@@ -223,8 +220,7 @@ class DirectoryRoot(Root):
 
     @contextlib.contextmanager
     def _summary_dir(self, key: str = "") -> Iterator[tuple[int, int]]:
-        """Descriptors of ``sessions/`` and ``sessions/<key>/`` (-1 without ``key``), each
-        reached without following a link below the root."""
+        """Descriptors of ``sessions/`` and ``sessions/<key>/`` (-1 without ``key``)."""
         with contextlib.ExitStack() as stack:
             top = open_dir(self.where)
             try:

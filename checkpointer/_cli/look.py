@@ -92,8 +92,7 @@ def inspect(root: Root, entry: Entry, *, lock: bool = True) -> Look:
 
 
 class History(NamedTuple):
-    """The agent history of a state: its messages (None: not readable here, ``note`` says
-    why), and ``at(i)``, the JSON path of message ``i``."""
+    """An agent history: its messages (None: unreadable, ``note`` says why), their JSON paths."""
 
     messages: list[Any] | None
     at: Callable[[int], str]

@@ -1,7 +1,5 @@
-"""``checkpointer ls``: one row per checkpoint of a root (``--json`` for scripts).
-
-Summary checkpoints show in a SUMMARY column (a summary alone, in a row of its
-own); corrupt files moved aside, in a note.  Neither changes the exit status.
+"""``checkpointer ls``: one row per checkpoint of a root (``--json`` for scripts); summary
+checkpoints in a column (alone: a row), corrupt files in a note, neither changing the status.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """``checkpointer prune``: remove checkpoints not updated for a while, and stale locks.
 
-Never anything of a key whose lock holder is alive (or may be), a pinned
-checkpoint, or what this library did not make.  What goes is deleted under the
-key's writer lock (``Root.delete``), each checkpoint looked at again once it is
-held, so a session written since the listing stays.
+Never anything of a key whose lock holder is alive (or may be), a pinned checkpoint, or
+what this library did not make; each checkpoint is looked at again under the key's writer
+lock, so a session written since the listing stays.
 """
 
 from __future__ import annotations
@@ -167,12 +166,10 @@ class _Prune:
         lock = self.root.lock(key)
         held = None
         if lock is not None and lock.problem is not None:
-            # Not a lock file this library made: leave it and the key alone.
             self.refuse(lock.problem)
             held = f"its lock file {lock.path} is not one this library made"
         elif lock is not None and lock.state != "stale":
-            # A live writer's key, or one we cannot tell about: leave all of it, lock too
-            # (`show` names the holder of a lock file).
+            # A live writer's key, or one we cannot tell about: all of it stays, lock too.
             held = "its lock holder is alive"
             if lock.state == "unknown":
                 held = "cannot tell if its lock is held"

@@ -1,8 +1,6 @@
-"""What the commands print: the one module that writes output.
-
-A checkpoint holds untrusted text, so everything printed goes through ``safe``
-(control characters as visible escapes: a session cannot drive the terminal),
-table cells and field values with newlines and tabs escaped too.
+"""What the commands print: the one module that writes output.  A checkpoint holds untrusted
+text, so all of it goes through ``safe`` (control characters escaped; in table cells and
+fields, newlines and tabs too): a session cannot drive the terminal.
 """
 
 from __future__ import annotations
@@ -49,7 +47,6 @@ def error(command: str, message: str, *, stdout: bool = False) -> None:
 
 
 def table(rows: list[list[str]], *, right: set[int]) -> None:
-    """Columns as wide as their widest cell; those in ``right`` right-aligned."""
     rows = [[safe(cell, cell=True) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -61,7 +58,6 @@ def table(rows: list[list[str]], *, right: set[int]) -> None:
 
 
 def fields(pairs: Sequence[tuple[str, str]]) -> None:
-    """``name  value`` lines, the values aligned."""
     width = max(len(name) for name, _ in pairs)
     for name, value in pairs:
         print(f"{safe(name, cell=True):<{width}}  {safe(value, cell=True)}")
@@ -104,7 +100,6 @@ def message_line(message: Any, width: int = 100) -> str:
 
 
 def some(texts: Sequence[str], *, sep: str = ", ", most: int = 3) -> str:
-    """The first ``most`` of ``texts``, joined, and how many more there are."""
     shown = sep.join(texts[:most])
     return shown if len(texts) <= most else f"{shown} and {len(texts) - most} more"
 

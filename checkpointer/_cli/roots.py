@@ -109,11 +109,9 @@ class Root(ABC):
         """Size and time (None: its meta's)."""
 
     def load(self, entry: Entry) -> Checkpoint[Any] | None:
-        """What it holds (None: gone)."""
         return load(self.stores[entry.kind], entry.key)
 
     def raw(self, entry: Entry) -> bytes | None:
-        """Its bytes as stored (None: gone)."""
         data: bytes | None = self.stores[entry.kind].read(entry.key)
         return data
 
@@ -130,7 +128,6 @@ class Root(ABC):
         return None
 
     def extras(self) -> Extras:
-        """Its summary checkpoints and corrupt files moved aside."""
         return Extras([], [])
 
     def extra(self, entry: Entry) -> Extra | None:
@@ -247,7 +244,6 @@ class PostgresRoot(Root):
 
 
 def _escaped(text: str) -> str:
-    """``text`` with every character that is not printable escaped (as Python writes it)."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 

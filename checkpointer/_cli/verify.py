@@ -1,7 +1,5 @@
-"""``checkpointer verify``: load every checkpoint of a root and check its agent history.
-
-Tool calls open at the end are a warning; a history or message this tool cannot
-read is a note (not checked); anything else a model API would refuse is bad (exit 1).
+"""``checkpointer verify``: load every checkpoint of a root and check its agent history: bad
+(exit 1); tool calls open at the end, a warning; what it cannot read, a note (not checked).
 """
 
 from __future__ import annotations

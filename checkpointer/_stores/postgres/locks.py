@@ -1,5 +1,6 @@
 """The writer lock of the PostgreSQL store: a session-level advisory lock per key, which
-the server frees when the process dies; ``<schema>.holders`` says who holds it."""
+the server frees when the process dies; ``<schema>.holders`` says who holds it.
+"""
 
 from __future__ import annotations
 

@@ -229,12 +229,7 @@ class PostgresStore(LocksPart):
 
     def _split(self, key: str, chunks: Sequence[bytes]) -> tuple[bytes, bytes]:
         """The meta JSON and the state JSON of an envelope."""
-        if (
-            len(chunks) >= 4
-            and chunks[0] == PREFIX
-            and chunks[2] == MIDDLE
-            and chunks[-1] == SUFFIX
-        ):
+        if len(chunks) >= 4 and (chunks[0], chunks[2], chunks[-1]) == (PREFIX, MIDDLE, SUFFIX):
             # The writer's envelope: the meta, then the state in pieces, joined
             # here in the worker thread (bytes.join releases the GIL).
             state = chunks[3] if len(chunks) == 5 else b"".join(chunks[3:-1])

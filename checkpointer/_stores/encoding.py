@@ -1,11 +1,8 @@
 """Encoding a state message by message: ``Transcript`` and its byte cache.
 
-The rest of the state is encoded with a marker where the messages go and
-cut there (``Transcript.split``); each message is encoded on its own, and
-the pieces are written with ``os.writev`` (``state_pieces``), never joined.
 Only *settled* messages (deeply immutable: ``settledness``) are cached, by
-``id()``, and the cache holds each one: so a cached id is the very object
-encoded, unchanged.  ``msgspec.structs.force_setattr`` or ctypes get around it.
+``id()``, and the cache holds each one, so a cached id is the very object
+encoded, unchanged (``msgspec.structs.force_setattr`` or ctypes get around it).
 """
 
 from __future__ import annotations
@@ -126,24 +123,17 @@ class Transcript:
     * encodes the messages one by one, each settled message (deeply
       immutable, e.g. a frozen msgspec Struct) once in its life; a journal
       appends only the new ones;
-    * skips a write whose transcript fingerprint (the count, the last
-      message whole, the parent and pin) is unchanged; an in-place edit of
-      an earlier message goes with the next change, or ``write_now(force=True)``;
-    * closes dangling tool calls and settles running ones in the copy it
-      writes, refuses a history a model API would reject
+    * with ``fingerprint``, skips a write whose transcript fingerprint (the
+      count, the last message whole, the parent and pin) is unchanged; an
+      in-place edit of an earlier message goes with the next change, or
+      ``write_now(force=True)``;
+    * with ``repair``, closes dangling tool calls and settles running ones
+      in the copy it writes, refuses a history a model API would reject
       (``Failed("not-sendable")``), and counts the turns (``Meta.turns``).
 
-    The state must be a dict with a list (or tuple) of messages under
-    ``field``, or a msgspec Struct with such an attribute; any other state
-    is encoded whole.
-
-    Args:
-        field: the dict key or Struct attribute holding the messages.
-        repair: the repair step above; False writes the messages as they are.
-        fingerprint: skip unchanged writes by the transcript fingerprint.
-
-    Raises:
-        ValueError: ``field`` is not a non-empty string.
+    ``field`` is the key of a dict state, or the attribute of a msgspec
+    Struct, holding a list (or tuple) of messages; any other state is
+    encoded whole.
     """
 
     def __init__(
@@ -162,7 +152,6 @@ class Transcript:
         # swapped whole when pruned.
         self._cache: tuple[dict[int, bytes], dict[int, object], set[int]] = ({}, {}, set())
         self._names: dict[type, str | None] = {}
-        self.hits = 0
         self.misses = 0
 
     def __repr__(self) -> str:
@@ -196,10 +185,8 @@ class Transcript:
         return Split(messages, encoded[:at], encoded[end:], name)
 
     def _struct_name(self, cls: type) -> str | None:
-        try:
+        if cls in self._names:
             return self._names[cls]
-        except KeyError:
-            pass
         name = None
         if not cls.__struct_config__.array_like:  # type: ignore[attr-defined]
             for info in msgspec.structs.fields(cls):
@@ -235,7 +222,6 @@ class Transcript:
                 chunks[at] = data
                 missed += 1
                 at += 1
-        self.hits += len(chunks) - missed
         self.misses += missed
         return chunks, unsettled  # type: ignore[return-value]
 

@@ -30,16 +30,13 @@ class KeyCommitter:
     revision expected (``resume_from``), durable when it returns, skipped
     when the state is unchanged, never raising for a failed write.  The
     key's lock is taken at the first commit and held until ``close``.
+    ``transcript`` and ``state_version`` are as ``CheckpointWriter``'s.
 
     Args:
-        store: where the key lives.
-        key: the key (checked now: ``ValueError``).
-        transcript: as ``CheckpointWriter``'s.
         resume_from: what ``load(store, key)`` returned: the ``Checkpoint``
             (or its ``Meta``), or None (no checkpoint); the store refuses a
             commit over any other revision (``Failed("conflict")``).  Not
             given, the first commit expects what the store holds then.
-        state_version: as ``CheckpointWriter``'s.
         limits: only ``lock_timeout`` applies: how long a commit waits for
             another writer of the key to let go.
     """

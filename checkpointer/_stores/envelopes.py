@@ -27,14 +27,12 @@ KEEP_BYTES = 64 * 1024 * 1024
 """States encoded to at most this many bytes are compared byte for byte."""
 
 
+@dataclass(slots=True, eq=False)
 class _Whole:
     """A state encoded in one piece on the caller's thread."""
 
-    __slots__ = ("_digest", "data")
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self._digest: bytes | None = None
+    data: bytes
+    _digest: bytes | None = None
 
     def content(self) -> object:
         # Up to KEEP_BYTES the bytes themselves (memcmp, no hashing on the write

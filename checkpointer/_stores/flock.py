@@ -104,6 +104,13 @@ def acquire_file_lock(path: str, *, key: str = "", timeout: float = 0.0) -> File
         fd, _ = open_checked(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _same_file(fd, path):  # else its holder unlinked it as it let go: start over
+                _refuse_foreign(fd, path)
+                now = datetime.now(UTC)
+                holder = LockHolder(pid=os.getpid(), host=socket.gethostname(), started_at=now)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, _HOLDER_ENCODER.encode(holder), 0)
+                return FileKeyLock(path, fd, holder)
         except BlockingIOError:
             os.close(fd)
             if time.monotonic() >= deadline:
@@ -113,21 +120,7 @@ def acquire_file_lock(path: str, *, key: str = "", timeout: float = 0.0) -> File
         except BaseException:
             os.close(fd)
             raise
-        try:
-            if not _same_file(fd, path):  # its holder unlinked it as it let go: start over
-                os.close(fd)
-                continue
-            _refuse_foreign(fd, path)
-            holder = LockHolder(
-                pid=os.getpid(), host=socket.gethostname(), started_at=datetime.now(UTC)
-            )
-            data = _HOLDER_ENCODER.encode(holder)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        return FileKeyLock(path, fd, holder)
+        os.close(fd)
 
 
 def _refuse_foreign(fd: int, path: str) -> None:

@@ -42,7 +42,6 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
     base = os.path.dirname(sessions) or "."
     check_root(base)
     with _dirs(base, sessions, key, create=True) as fds:
-        directory = fds[-1]
         synced = root._synced_summaries if isinstance(root, FileStore) else set()
         if key not in synced:  # directories found there may never have been made durable
             fsync_fd(fds[1])
@@ -52,8 +51,8 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
             else:
                 fsync_parents(base)
             synced.add(key)
-        refuse_unless_replaceable(path, dir_fd=directory)
-        write_atomic(path, [data], dir_fd=directory)
+        refuse_unless_replaceable(path, dir_fd=fds[-1])
+        write_atomic(path, [data], dir_fd=fds[-1])
     return path
 
 

@@ -1,9 +1,5 @@
-"""``KeyCommitter``: one key's state committed durably when the caller says, with no timer.
-
-The writer's commit core (``_writer/commit.py``) without the writer's
-schedule, exit hooks or lifecycle: for a program, or a framework, that
-already says when to save and waits for it.
-"""
+"""``KeyCommitter``: the writer's commit core without its schedule, exit hooks or lifecycle,
+for a program or framework that already says when to save and waits for it."""
 
 from __future__ import annotations
 
@@ -34,22 +30,15 @@ class KeyCommitter:
     revision expected (``resume_from``), durable when it returns, skipped
     when the state is unchanged, never raising for a failed write.  The
     key's lock is taken at the first commit and held until ``close``.
+    ``transcript`` and ``state_version`` are as ``CheckpointWriter``'s.
 
     Args:
-        store: where the key lives.
-        key: the key (checked now: ``ValueError``).
-        transcript: as ``CheckpointWriter``'s.
         resume_from: what ``load(store, key)`` returned: the ``Checkpoint``
             (or its ``Meta``), or None (no checkpoint); the store refuses a
             commit over any other revision (``Failed("conflict")``).  Not
             given, the first commit expects what the store holds then.
-        state_version: as ``CheckpointWriter``'s.
         limits: only ``lock_timeout`` applies: how long a commit waits for
             another writer of the key to let go.
-
-    Raises:
-        ValueError: an invalid key.
-        TypeError: the store cannot refuse a stale write (see ``CheckpointWriter``).
     """
 
     def __init__(
@@ -72,14 +61,7 @@ class KeyCommitter:
         self._closed = False
         if isinstance(resume_from, Checkpoint):
             resume_from = resume_from.meta
-        self._core = Committer(
-            self._source,
-            store,
-            transcript,
-            state_version,
-            limits,
-            resume_from,
-        )
+        self._core = Committer(self._source, store, transcript, state_version, limits, resume_from)
         self._core.record.retried = False
 
     def __repr__(self) -> str:
@@ -118,11 +100,7 @@ class KeyCommitter:
                 self._core.end(job)
 
     async def acommit(self, state: Any, *, live: bool = True) -> Result:
-        """``commit`` in one worker-thread hop.
-
-        Cancellation: a commit that began runs to its end; the cancellation
-        is raised after it.
-        """
+        """``commit`` in a worker thread; a commit that began runs to its end if cancelled."""
         return await anyio.to_thread.run_sync(functools.partial(self.commit, state, live=live))
 
     def close(self) -> None:

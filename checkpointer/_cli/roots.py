@@ -20,6 +20,8 @@ from typing import Any, Literal, NamedTuple
 
 from checkpointer import Checkpoint, CheckpointError, PostgresStore, S3JournalStore, S3Store, load
 from checkpointer._stores.base import KEY_PATTERN, check_key
+from checkpointer._stores.s3.client import error_code
+from checkpointer._stores.s3.store import Listed
 
 # What the commands read in a history (look, show, verify): the transcript
 # helpers' dialects and their scan, passed on through this seam.
@@ -293,12 +295,16 @@ class S3Root(Root):
     """The keys under ``s3://bucket/prefix``: ``S3Store`` objects and ``S3JournalStore`` heads.
 
     One LIST finds both kinds and the objects a writer moved aside.  S3 has
-    no locks: ``delete`` relies on ``recheck`` (a writer that resumed the key
-    since the listing keeps it) and on the stores' conditional writes (one
-    that writes after the delete finds it gone and never brings it back).
+    no locks: ``delete`` removes an object only if it is the one listed
+    (``If-Match`` on its ETag), so a writer that resumed the key and wrote
+    since keeps it; one that writes after the delete finds it gone and
+    never brings it back.  An object that is not a checkpoint (another
+    application's ``config.json`` in the same prefix) has no age of its
+    own to trust: prune leaves it.
     """
 
     failure = (S3StoreError,)
+    mtimes = False
 
     def __init__(self, url: str, endpoint_url: str | None) -> None:
         bucket, _, prefix = url[len(S3_SCHEME) :].partition("/")
@@ -311,27 +317,37 @@ class S3Root(Root):
             raise RootError(str(exc)) from None
         self.s3 = self.stores["snapshot"].s3
         self.where = self.s3.url("").rstrip("/")
-        self._listed: dict[str, tuple[int, datetime]] = {}
+        self._listed: dict[str, Listed] = {}
         self._asides: list[str] = []
 
     def scan(self) -> Scan:
         entries = []
         self._asides = []
-        for name, size, modified in self.stores["snapshot"].listing():
+        for listed in self.stores["snapshot"].listing():
+            name = listed.name
             if ASIDE.search(name):
                 self._asides.append(self.s3.url(name))
             for kind, store in self.stores.items():
                 key = name[: -len(store.suffix)]
                 if name.endswith(store.suffix) and KEY_PATTERN.fullmatch(key):
                     entries.append(Entry(key, kind, store.location(key)))
-                    self._listed[entries[-1].path] = (size, modified)
+                    self._listed[entries[-1].path] = listed
         return Scan(entries, frozenset())
 
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
         listed = self._listed.get(entry.path)
         if listed is None:
             return len(self.raw(entry) or b""), None
-        return listed
+        return listed.size, listed.modified
+
+    def _remove(self, entry: Entry, why: str) -> Removal | None:
+        try:
+            gone = self.stores[entry.kind].delete(entry.key, etag=self._listed[entry.path].etag)
+        except Exception as exc:
+            if error_code(exc) != "PreconditionFailed":
+                raise
+            return Removal(entry.path, "kept", "written since it was listed")
+        return Removal(entry.path, "removed", why) if gone else None
 
     def asides(self) -> list[str]:
         return list(self._asides)

@@ -142,7 +142,7 @@ def test_a_reader_reads_on_while_compactions_remove_the_segments_it_was_about_to
         now = datetime.now(UTC)
         meta = Meta(key="k", seq=len(state["messages"]), created_at=now, updated_at=now,
                     live=True, revision=new_revision())  # fmt: skip
-        states.commit("k", meta, states.stage("k", state), expected=expected[0])
+        states.commit("k", meta, states.stage("k", state, None), expected=expected[0])
         expected[0] = meta.revision
 
     compact()

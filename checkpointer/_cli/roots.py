@@ -14,6 +14,8 @@ from typing import Any, Literal, NamedTuple
 from checkpointer import Checkpoint, CheckpointError, PostgresStore, S3JournalStore, S3Store, load
 from checkpointer._stores.base import KEY_PATTERN, check_key
 from checkpointer._stores.postgres.schema import schema_sql as schema_sql
+from checkpointer._stores.s3.client import error_code
+from checkpointer._stores.s3.store import Listed
 from checkpointer._transcript.dialects import CHAT as CHAT
 from checkpointer._transcript.dialects import describe_shape as describe_shape
 from checkpointer._transcript.dialects import detect as detect
@@ -248,10 +250,12 @@ def _escaped(text: str) -> str:
 
 
 class S3Root(Root):
-    """The keys under ``s3://bucket/prefix`` (no locks: ``delete`` relies on ``recheck`` and
-    on the stores' conditional writes)."""
+    """The keys under ``s3://bucket/prefix``.  No locks: ``delete`` removes an object only
+    if it is the one listed (``If-Match`` on its ETag), so a writer that wrote since keeps
+    it; an object that is not a checkpoint has no age to trust: prune leaves it."""
 
     failure = (S3StoreError,)
+    mtimes = False
 
     def __init__(self, url: str, endpoint_url: str | None) -> None:
         bucket, _, prefix = url[len(S3_SCHEME) :].partition("/")
@@ -264,24 +268,35 @@ class S3Root(Root):
             raise RootError(str(exc)) from None
         self.s3 = self.stores["snapshot"].s3
         self.where = self.s3.url("").rstrip("/")
-        self._listed: dict[str, tuple[int, datetime]] = {}
+        self._listed: dict[str, Listed] = {}
         self._asides: list[str] = []
 
     def scan(self) -> list[Entry]:
         entries = []
         self._asides = []
-        for name, size, modified in self.stores["snapshot"].listing():
+        for listed in self.stores["snapshot"].listing():
+            name = listed.name
             if ASIDE.search(name):
                 self._asides.append(self.s3.url(name))
             for kind, store in self.stores.items():
                 key = name[: -len(store.suffix)]
                 if name.endswith(store.suffix) and KEY_PATTERN.fullmatch(key):
                     entries.append(Entry(key, kind, store.location(key)))
-                    self._listed[entries[-1].path] = (size, modified)
+                    self._listed[entries[-1].path] = listed
         return entries
 
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
-        return self._listed[entry.path]  # every entry is of the listing
+        listed = self._listed[entry.path]  # every entry is of the listing
+        return listed.size, listed.modified
+
+    def _remove(self, entry: Entry, why: str) -> Removal | None:
+        try:
+            gone = self.stores[entry.kind].delete(entry.key, etag=self._listed[entry.path].etag)
+        except Exception as exc:
+            if error_code(exc) != "PreconditionFailed":
+                raise
+            return Removal(entry.path, "kept", "written since it was listed")
+        return Removal(entry.path, "removed", why) if gone else None
 
     def asides(self) -> list[str]:
         return list(self._asides)

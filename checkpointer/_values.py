@@ -28,6 +28,7 @@ __all__ = [
     "WriterInfo",
     "WriterStatistics",
     "Written",
+    "transcript_messages",
 ]
 
 T = TypeVar("T")
@@ -82,6 +83,24 @@ class Snapshot(msgspec.Struct, frozen=True):
     state: Any
     parent: str | None = None
     fingerprint: Any = None
+
+
+def transcript_messages(state: Any, field: str) -> list[Any] | tuple[Any, ...] | None:
+    """The messages of a transcript state, or None for a state treated whole.
+
+    The one rule for the message cache, the fingerprint and the repair step:
+    a dict's ``field`` key or a msgspec Struct's ``field`` attribute holding a
+    list or a tuple.  Anything else under it (nothing yet, None, a dict, a
+    str) and any other state (a list, a dataclass) is encoded whole,
+    fingerprinted whole and never repaired.
+    """
+    if isinstance(state, dict):
+        messages = state.get(field)
+    elif isinstance(state, msgspec.Struct) and field in state.__struct_fields__:
+        messages = getattr(state, field)
+    else:
+        return None
+    return messages if isinstance(messages, (list, tuple)) else None
 
 
 class WriterInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 import msgspec
 
 __all__ = [
+    "MAX_SECONDS",
     "Checkpoint",
     "CheckpointError",
     "CheckpointFailed",
@@ -167,7 +167,11 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
             key to let go of its lock; 0 means ``Failed("locked")`` at once,
             retried with backoff.
 
+    Each is a number of seconds up to 4,294,967 (about 49
+    days, the longest wait Python's threading takes on every platform).
+
     Raises:
+        TypeError: a value is not a number (a bool is not one).
         ValueError: a value out of range (the message names it).
     """
 
@@ -187,11 +191,19 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
             )
 
 
+MAX_SECONDS: Final = 4_294_967.0
+"""The longest ``Limits`` wait: beyond Windows' 2**32 - 2 ms, threading raises OverflowError."""
+
+
 def _seconds(name: str, value: object, *, above_zero: bool) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (above_zero and value == 0):  # type: ignore[operator]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not ((value > 0) if above_zero else (value >= 0)) or not value <= MAX_SECONDS:  # NaN too
         bound = "> 0" if above_zero else ">= 0"
-        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+        raise ValueError(
+            f"{name} must be a number of seconds {bound} and at most {MAX_SECONDS:.0f} "
+            f"(about 49 days), got {value!r}"
+        )
 
 
 class TornTail(msgspec.Struct, frozen=True, kw_only=True):

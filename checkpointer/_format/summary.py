@@ -116,14 +116,15 @@ def _parse(text: str, path: str) -> SummaryCheckpoint:
         numbers[name] = value
     created = meta.get("createdAt")
     try:  # a str, or YAML's plain timestamp; in UTC it may leave datetime's range (year 1)
-        moment = created if isinstance(created, datetime) else datetime.fromisoformat(created)
+        moment = created if isinstance(created, datetime) else datetime.fromisoformat(str(created))
         utc = None if moment.utcoffset() is None else moment.astimezone(UTC)
-    except (TypeError, ValueError, OverflowError):
+    except (ValueError, OverflowError):
         utc = None
     if utc is None:
         raise CheckpointError(
             path,
-            f"metadata.createdAt must be an ISO 8601 time with a zone (in UTC, years 1 to 9999), got {created!r:.80}",
+            f"metadata.createdAt must be an ISO 8601 time with a zone (in UTC, years 1 to "
+            f"9999), got {created!r:.80}",
         )
     body = text[sum(len(line) + 1 for line in lines[: end + 1]) :]
     return SummaryCheckpoint(

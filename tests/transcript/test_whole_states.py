@@ -50,7 +50,7 @@ WHOLE: dict[str, Any] = {
     "a Struct, field None": Boxed(),
     "a dataclass": Session(UNCLOSED),  # dataclass states are not transcripts: never repaired
 }
-SETTINGS = [{}, {"repair": False}, {"fingerprint": False}]
+SETTINGS: list[dict[str, Any]] = [{}, {"repair": False}, {"fingerprint": False}]
 
 
 @pytest.mark.parametrize("name", list(WHOLE))
@@ -70,7 +70,7 @@ def test_the_three_steps_agree(name: str) -> None:
 @pytest.mark.parametrize("settings", SETTINGS, ids=["default", "no-repair", "no-fingerprint"])
 @pytest.mark.parametrize("name", list(WHOLE))
 def test_a_state_without_messages_is_written_whole(
-    tmp_path: Path, make: type[Store], settings: dict[str, bool], name: str
+    tmp_path: Path, make: type[Store], settings: dict[str, Any], name: str
 ) -> None:
     state = WHOLE[name]
     store = make(tmp_path)  # type: ignore[call-arg]

@@ -32,6 +32,7 @@ DEBOUNCE: Final = 0.5
 """The default debounce, in seconds: capped by ``max_wait``."""
 MIN_INTERVAL: Final = 1.0
 """The default minimum interval, in seconds: capped by ``max_wait``."""
+_FLOAT_MAX: Final = 2.0**1023 * (2 - 2.0**-52)  # sys.float_info.max, without sys
 
 
 class _Act(enum.Enum):
@@ -101,7 +102,7 @@ class Scheduler:
         ):
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-            if not 0 <= value < math.inf:
+            if not 0 <= value < _FLOAT_MAX:  # an int past float's range would overflow below
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
             if value > max_wait:
                 raise ValueError(

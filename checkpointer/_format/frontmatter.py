@@ -37,6 +37,9 @@ def front_matter(lines: list[str], path: str) -> Any:
         return yaml.safe_load("".join(line + "\n" for line in lines))
     except yaml.YAMLError as exc:
         raise CheckpointError(path, f"the front matter is not YAML: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # a date 2024-13-45, a 5000-digit int, nesting
+        why = f"{type(exc).__name__}: {exc}"
+        raise CheckpointError(path, f"the front matter's YAML cannot be read: {why}") from None
 
 
 def _ours(lines: list[str]) -> dict[str, Any] | None:
@@ -54,7 +57,10 @@ def _ours(lines: list[str]) -> dict[str, Any] | None:
             nested = top[key] = {}
             continue
         if _INT.fullmatch(raw):
-            value: object = int(raw)
+            try:
+                value: object = int(raw)
+            except ValueError:  # past Python's digit limit: no count of ours, PyYAML decides
+                return None
         elif _WORD.fullmatch(raw) and raw.lower() not in _YAML_WORDS:
             value = raw
         elif raw.startswith('"'):

@@ -105,29 +105,32 @@ def _parse(text: str, path: str) -> SummaryCheckpoint:
     if not isinstance(meta, dict):
         raise CheckpointError(path, "the front matter has no 'metadata' mapping")
     if meta.get("type") != "checkpoint":
-        raise CheckpointError(path, f"metadata.type is {meta.get('type')!r}, not 'checkpoint'")
+        raise CheckpointError(path, f"metadata.type is {meta.get('type')!r:.80}, not 'checkpoint'")
     numbers = {}
     for name in ("watermark", "coveredMessages"):
         value = meta.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise CheckpointError(path, f"metadata.{name} must be an integer >= 0, got {value!r}")
+            raise CheckpointError(
+                path, f"metadata.{name} must be an integer >= 0, got {value!r:.80}"
+            )
         numbers[name] = value
     created = meta.get("createdAt")
-    moment = created if isinstance(created, datetime) else None  # YAML's plain timestamp
-    if isinstance(created, str):
-        try:
-            moment = datetime.fromisoformat(created)
-        except ValueError:
-            moment = None
-    if moment is None or moment.utcoffset() is None:
+    try:  # a str, or YAML's plain timestamp; in UTC it may leave datetime's range (year 1)
+        moment = created if isinstance(created, datetime) else datetime.fromisoformat(str(created))
+        utc = None if moment.utcoffset() is None else moment.astimezone(UTC)
+    except (ValueError, OverflowError):
+        utc = None
+    if utc is None:
         raise CheckpointError(
-            path, f"metadata.createdAt must be an ISO 8601 time with a zone, got {created!r}"
+            path,
+            f"metadata.createdAt must be an ISO 8601 time with a zone (in UTC, years 1 to "
+            f"9999), got {created!r:.80}",
         )
     body = text[sum(len(line) + 1 for line in lines[: end + 1]) :]
     return SummaryCheckpoint(
         watermark=numbers["watermark"],
         summary=body,
-        created_at=moment.astimezone(UTC),
+        created_at=utc,
         covered_messages=numbers["coveredMessages"],
     )
 

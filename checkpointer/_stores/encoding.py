@@ -19,6 +19,8 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
+from .._values import transcript_messages
+
 __all__ = ["Transcript", "is_settled", "new_epoch", "state_pieces"]
 
 # EXACT scalars equal (==) only values that encode the same; LOOSE ones do not:
@@ -111,9 +113,10 @@ class Transcript:
       in the copy it writes, refuses a history a model API would reject
       (``Failed("not-sendable")``), and counts the turns (``Meta.turns``).
 
-    ``field`` is the key of a dict state, or the attribute of a msgspec
-    Struct, holding a list (or tuple) of messages; any other state is
-    encoded whole.
+    The messages are a list or a tuple under ``field`` of a dict, or of a
+    msgspec Struct's attribute.  Any other state (no such field yet, None,
+    a dict or a str under it; a list or a dataclass as the state) is taken
+    whole by all three: encoded whole, fingerprinted whole, never repaired.
     """
 
     def __init__(
@@ -139,24 +142,19 @@ class Transcript:
 
     def split(self, state: Any) -> Split | None:
         """Cut ``state`` around its messages (None if it has none), on the caller's thread."""
+        messages = transcript_messages(state, self.field)
+        if messages is None:
+            return None
         if isinstance(state, dict):
-            if self.field not in state:
-                return None
-            messages = state[self.field]
             rest: Any = {**state, self.field: self._marker}
             name = self.field
-        elif isinstance(state, msgspec.Struct):
+        else:  # a Struct with the field
             found = self._struct_name(type(state))
             if found is None:
-                return None
+                return None  # array_like: no key to cut at, encoded whole
             name = found
-            messages = getattr(state, self.field)
             rest = copy.copy(state)  # no __post_init__, unlike structs.replace
             msgspec.structs.force_setattr(rest, self.field, self._marker)
-        else:
-            return None
-        if not isinstance(messages, list | tuple):
-            return None
         encoded = self.encoder.encode(rest)
         at = encoded.find(self._marker_json)
         end = at + len(self._marker_json)

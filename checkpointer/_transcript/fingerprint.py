@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import msgspec
 
-from .._values import Snapshot
-from .messages import get_field
+from .._values import Snapshot, transcript_messages
 
 __all__ = ["transcript_fingerprint"]
 
@@ -23,15 +21,16 @@ def transcript_fingerprint(*, field: str = "messages") -> Callable[[Snapshot], H
     earlier message that keeps the count and the last message, at a cost
     that does not grow with the history.  After such edits give the snapshot
     a revision counter as its own fingerprint, or ``write_now(force=True)``.
+    A state without messages (``transcript_messages``) is taken whole, as JSON.
     An object msgspec cannot encode counts as its class and attributes
     (``__dict__``, ``__slots__``), else its ``repr``.
     """
 
     def fingerprint(snapshot: Snapshot) -> Hashable:
         state = snapshot.state
-        messages = get_field(state, field)
+        messages = transcript_messages(state, field)
         if messages is None:
-            raise TypeError(f"the state has no {field!r} field")
+            return (snapshot.key, snapshot.parent, _whole(state))
         count = len(messages)
         return (
             snapshot.key,
@@ -44,17 +43,11 @@ def transcript_fingerprint(*, field: str = "messages") -> Callable[[Snapshot], H
     return fingerprint
 
 
-def _without(state: Any, field: str) -> Any:
-    """``state`` without its messages: a dict of its other fields (their values as they are)."""
+def _without(state: Any, field: str) -> dict[str, Any]:
+    """``state`` (a dict or a Struct) without its messages: a dict of its other fields."""
     if isinstance(state, dict):
         return {k: v for k, v in state.items() if k != field}
-    if isinstance(state, msgspec.Struct):
-        names = state.__struct_fields__
-    elif dataclasses.is_dataclass(state):
-        names = tuple(f.name for f in dataclasses.fields(state))
-    else:
-        return None
-    return {name: getattr(state, name) for name in names if name != field}
+    return {name: getattr(state, name) for name in state.__struct_fields__ if name != field}
 
 
 def _attributes(obj: Any) -> Any:

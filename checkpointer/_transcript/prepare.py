@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from .._values import Failed, Prepared, Snapshot
+from .._values import Failed, Prepared, Snapshot, transcript_messages
 from .history import HistoryScan, ScanState, feed, scan_history
 from .messages import (
     INTERRUPTED_TEXT,
@@ -23,7 +23,6 @@ from .messages import (
     ToolCall,
     ToolResultBlock,
     ToolUseBlock,
-    get_field,
     replaced,
 )
 from .repair import close_calls, settle_results
@@ -48,8 +47,8 @@ def transcript_prepare(
     once in the log.
 
     Args:
-        field: the state's field (dict key, Struct or dataclass attribute)
-            holding the messages.
+        field: the dict key or Struct attribute holding the messages; a
+            state without them (``transcript_messages``) passes as it is.
         settle: settle ``status: "running"`` results as errors.
         repair: close dangling tool calls.
     """
@@ -57,12 +56,9 @@ def transcript_prepare(
     said: list[bool] = []  # the unrecognised shape is logged once per step
 
     def prepare(snapshot: Snapshot) -> Prepared | Failed:
-        messages = get_field(snapshot.state, field)
-        if not isinstance(messages, (list, tuple)):
-            return Failed(
-                "snapshot-failed",
-                f"the state of key {snapshot.key!r} has no list at $.state.{field}",
-            )
+        messages = transcript_messages(snapshot.state, field)
+        if messages is None:  # a state without messages is written whole
+            return Prepared(snapshot=snapshot)
         with prefixes.scanner(snapshot.key, messages) as scan:
             live = scan(messages)
             copy, settled, repaired, problems = _repaired(messages, live, scan, settle, repair)

@@ -1,12 +1,11 @@
 """The local-file store: key ``k`` at ``<root>/k.json``, one envelope file per key.
 
 Every write and delete runs under the key's lock (``<root>/k.lock``): the
-writer's, held for its life, or one taken for the call; and under a lock of
-the key in this store object, for the threads sharing the writer's.  So the
-revision check of a write and its rename are one step for every process and
-thread.  Bytes that are not an envelope naming their revision (a wrapper's,
-compressed or encrypted) get it on a first line of the store's own
-(``_MARK``), which ``read`` strips.
+writer's, held for its life, or one taken for the call; and under this store
+object's lock of the key (threads share the first): so the revision check of
+a write and its rename are one step for every process and thread.  Bytes not
+an envelope of their revision (a wrapper's, compressed) get it on a first
+line of the store's own (``_MARK``), which ``read`` strips.
 """
 
 from __future__ import annotations
@@ -144,11 +143,7 @@ class FileStore:
 
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:
-        """This store's lock of ``key``, waited for no longer than the caller's ``commit_deadline``.
-
-        Raises:
-            TimeoutError: another thread held it past the deadline.
-        """
+        """This store's lock of ``key``; ``TimeoutError`` past the caller's ``commit_deadline``."""
         mutex = self._mutex(key)
         if not mutex.acquire(timeout=time_left()):
             raise TimeoutError(

@@ -96,7 +96,7 @@ class FileStore:
     ) -> int:
         """``Store.write``, under the key's lock: the writer's, else taken for the call."""
         check_key(key)
-        with self._owned(key), self._locked(key):
+        with self._locked(key), self._owned(key):
             if landed(key, self.revision(key), revision, expected):
                 return sum(map(len, chunks))
             meta = peek_meta(b"".join(chunks[:3]))  # an envelope's: prefix, meta, middle
@@ -195,7 +195,7 @@ class FileStore:
         """``Store.delete``, durably, under the key's lock: this store's if it holds it
         (its writer's next write is then a conflict), else one taken for the call."""
         check_key(key)
-        with self._owned(key), self._locked(key):
+        with self._locked(key), self._owned(key):
             self._forget(key)
             try:
                 os.unlink(self.location(key))
@@ -206,7 +206,7 @@ class FileStore:
 
     def move_aside(self, key: str, suffix: str) -> str | None:
         check_key(key)
-        with self._owned(key), self._locked(key):
+        with self._locked(key), self._owned(key):
             return self._moved_aside(key, suffix)
 
     def _moved_aside(self, key: str, suffix: str) -> str | None:

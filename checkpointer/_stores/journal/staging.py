@@ -52,6 +52,7 @@ class Track(NamedTuple):
     head: bytes
     tail: bytes
     name: str | None
+    first: bytes = b""  # the file's first line (a file journal's): with ino, which file it is
 
 
 def absent() -> Track:

@@ -19,6 +19,9 @@
   dies of SIGTERM in the kernel (a ``multiprocessing`` worker blocked in libc
   never runs a Python handler, and ``Pool.terminate()`` would wait forever).
   The forking thread holds our signals pending across the fork meanwhile.
+  A child forked while the parent flushes on its way to die of a signal
+  (a pool replacing the workers its process group's SIGTERM ended) was born
+  after that signal: it sends it to itself, else it outlives the parent.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ _deferred: list[tuple[_Handler, int]] = []
 _registry_lock = threading.Lock()  # never taken inside a signal handler
 _busy: dict[int, int] = {}  # thread id -> writes and store calls in progress on it
 _restore_wanted = False  # the last writer left off the main thread: see restore_pending
+_dying = 0  # the signal this process dies of once its writers are flushed
 
 
 class _Handler:
@@ -69,6 +73,9 @@ class _Handler:
         self.previous = previous
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        global _dying
+        if self.previous in (signal.SIG_DFL, None):  # the process dies of it after the flush
+            _dying = signum
         if busy_here():  # inside a write: handled as it ends
             _deferred.append((self, signum))
             return
@@ -237,6 +244,8 @@ def _after_fork_in_child() -> None:
     _writers.clear()  # the one atexit hook stays: with no writer it does nothing
     _deferred.clear()
     _restore_handlers()
+    if _dying:  # born after its group's signal, while the parent flushes: it dies of it too
+        os.kill(os.getpid(), _dying)
     _unblock_after_fork()
 
 

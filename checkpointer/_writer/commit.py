@@ -33,6 +33,7 @@ from .._text import describe_error
 from .._transcript.fingerprint import transcript_fingerprint
 from .._transcript.prepare import transcript_prepare
 from .._values import (
+    CheckpointError,
     Failed,
     Limits,
     Meta,
@@ -361,6 +362,11 @@ class Committer:
             except Exception as exc:  # the bytes may have landed: meta stays in sent
                 state.content = None
                 location = self._store.location(key)
+                if base is None and not adopted and isinstance(exc, CheckpointError):
+                    # Expecting none, it found one nobody can read: as a first read does.
+                    with contextlib.suppress(Exception):
+                        self.keys.set_aside(key, exc)
+                        continue
                 return Failed("write-failed", f"cannot write {location}: {describe_error(exc)}")
             break
         if locked and state.overtaking is not None:

@@ -200,14 +200,8 @@ class Keys:
         if not state.known:
             try:
                 state.base = self._states.read_meta(key)
-            except NewerVersionError:
-                raise  # not damage: never moved aside
             except CheckpointError as exc:
-                stamp = utcnow().strftime("%Y%m%dT%H%M%S.%fZ")
-                aside = self._store.move_aside(key, "corrupt-" + stamp)
-                logger.warning(
-                    "checkpointer: %s; moved it aside to %s and starting afresh", exc, aside
-                )
+                self.set_aside(key, exc)
                 state.base = None
             state.known = True
         base = state.base
@@ -218,6 +212,17 @@ class Keys:
                 f"this writer's state version is {self._state_version}; not replacing "
                 "it (upgrade the program, or use another key)",
             )
+
+    def set_aside(self, key: str, exc: CheckpointError) -> None:
+        """Move ``key``'s damaged checkpoint aside (kept, never deleted) to start afresh.
+
+        Raises ``exc`` again if it is no damage (a newer version's: kept for it).
+        """
+        if isinstance(exc, NewerVersionError):
+            raise exc
+        stamp = utcnow().strftime("%Y%m%dT%H%M%S.%fZ")
+        aside = self._store.move_aside(key, "corrupt-" + stamp)
+        logger.warning("checkpointer: %s; moved it aside to %s and starting afresh", exc, aside)
 
     def look(self, key: str, state: KeyState) -> None:
         """Learn the base without the key's lock, before waiting for it (else under it).

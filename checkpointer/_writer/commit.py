@@ -254,8 +254,7 @@ class Committer:
 
     def _execute_locked(self, job: Job, locked: bool) -> Result:
         """The steps of one write: check, build and commit, record."""
-        if self.keys.to_finish:
-            self.keys.finish(self._locks)
+        self.keys.finish(self._locks)
         state = self.keys.by_key[job.key]
         if job.gen < state.newest_gen:
             return Skipped("unchanged")  # a newer snapshot is stored
@@ -291,7 +290,7 @@ class Committer:
         if isinstance(taken, Failed):
             if not state.known:  # expect what is stored now, before any wait for the lock
                 self.keys.look(key, state)
-            if taken.reason == "locked" and self._locks.waits:
+            if taken.reason == "locked":
                 taken = self._locks.acquire(key, location)  # up to lock_timeout
             if isinstance(taken, Failed):
                 return taken
@@ -390,7 +389,12 @@ class Committer:
             )
 
     def finish(self, timeout: float = -1) -> None:
-        """Mark the keys the source moved away from (or ended at) not live, under the I/O lock."""
+        """Mark the keys the source moved away from (or ended at) not live, under the I/O lock.
+
+        Not in a forked child: its keys and locks are the parent's.
+        """
+        if self.forked():
+            return
         with self._holding(self._io_lock, timeout) as locked:
             if locked:
                 self.keys.finish(self._locks)
@@ -407,7 +411,7 @@ class Committer:
                 return self.execute(job, self._exit_timeout)
             finally:
                 self.end(job)
-        if not live and self.keys.to_finish and not self.forked():
+        if not live and self.keys.to_finish:
             self.finish(self._exit_timeout)  # source() had no session
         return self.record.account(job, quiet=not live)
 
@@ -447,24 +451,17 @@ class Committer:
 def run_prepare(
     prepare: Callable[[Snapshot], Prepared | Failed] | None, snapshot: Snapshot
 ) -> Prepared | Failed:
-    """Run ``prepare`` on ``snapshot``; an exception or a bad return is ``Failed``.
+    """Run ``prepare`` (the transcript's repair step) on ``snapshot``; raising is ``Failed``.
 
     Also refuses, before anything is encoded, a ``parent`` that not every
     store can keep, so a session written to one store can move to any other.
     """
-    prepared: object = Prepared(snapshot=snapshot)
-    if prepare is not None:
-        try:
-            prepared = prepare(snapshot)
-        except Exception as exc:
-            return Failed("snapshot-failed", f"prepare() raised {describe_error(exc)}")
+    try:
+        prepared = Prepared(snapshot=snapshot) if prepare is None else prepare(snapshot)
+    except Exception as exc:
+        return Failed("snapshot-failed", f"prepare() raised {describe_error(exc)}")
     if isinstance(prepared, Failed):
         return prepared
-    if not isinstance(prepared, Prepared):
-        return Failed(
-            "snapshot-failed",
-            f"prepare() returned {type(prepared).__name__}, expected Prepared(...) or Failed(...)",
-        )
     parent = prepared.snapshot.parent
     if parent is None:
         return prepared

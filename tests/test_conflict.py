@@ -274,7 +274,9 @@ def test_two_terminals_started_at_once_on_a_new_session_never_lose_a_written_sta
         if start == "corrupt":
             aside = list(place.root.glob(f"{key}.corrupt-*"))
             assert [p.read_bytes() for p in aside] == [CORRUPT], aside
-    assert refused > 0  # the two did overlap somewhere: the case was exercised
+    # The two did overlap somewhere: the case was exercised (a corrupt start may
+    # come to one writer after the other, resuming what it wrote: no refusal).
+    assert refused > 0 or start == "corrupt"
 
 
 def test_a_delete_from_another_process_is_refused_while_a_writer_holds_the_key(

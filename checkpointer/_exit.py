@@ -21,7 +21,8 @@
   The forking thread holds our signals pending across the fork meanwhile.
   A child forked while the parent flushes on its way to die of a signal
   (a pool replacing the workers its process group's SIGTERM ended) was born
-  after that signal: it sends it to itself, else it outlives the parent.
+  after that signal: it sends it to itself, else it outlives the parent; and
+  the daemonic ``multiprocessing`` children get SIGTERM as at any exit.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -81,7 +83,21 @@ class _Handler:
             return
         for flush in list(_writers):
             flush("signal")
+        if _dying:
+            _end_daemonic_children()
         _chain(self.previous, signum, frame)
+
+
+def _end_daemonic_children() -> None:
+    """SIGTERM the daemonic ``multiprocessing`` children, as an exit does (a signal's skips it).
+
+    A pool's workers forked after the group's signal reached the process,
+    before its handler ran, never got it: they would outlive it.
+    """
+    mp = sys.modules.get("multiprocessing")
+    for child in [] if mp is None else mp.active_children():
+        if child.daemon:
+            child.terminate()
 
 
 def _flush_all_at_exit() -> None:

@@ -21,12 +21,12 @@ priority) waits behind it until it lets go.  A surviving child exits 0 after
 a while.  The program says ``CHILD`` and the child's exit status (-15 when
 the SIGTERM killed it), or ``SKIP`` where SCHED_FIFO is not allowed.
 
-With ``--fork-in-flush`` the writer (of ``--backend``) is open and the
-program says ``READY`` and waits for its process group's SIGTERM; the final
-write that SIGTERM starts calls ``source()``, which has a thread fork a
-``multiprocessing`` process that sleeps for an hour (as a pool's worker,
-forked to replace one that SIGTERM ended, waits on its task queue for good)
-and says ``FORKED`` and its pid before it returns.
+With ``--fork-in-flush`` a one-worker fork pool runs an hour-long task, the
+writer (of ``--backend``) is open, and the program says ``READY`` and waits
+for a SIGTERM; the final write it starts calls ``source()``, which has a
+thread fork a ``multiprocessing`` process that sleeps for an hour (as a
+pool's worker, forked to replace one the group's SIGTERM ended, waits on its
+task queue for good) and says ``FORKED`` and its pid before it returns.
 """
 
 from __future__ import annotations
@@ -127,6 +127,8 @@ def fork_in_flush() -> Snapshot:
 
 def wait_for_sigterm(args: argparse.Namespace) -> None:
     writer = CheckpointWriter(fork_in_flush, FileStore(args.root), write_on_start=False)
+    pool = multiprocessing.get_context("fork").Pool(1)
+    pool.apply_async(time.sleep, (3600,))
     if args.backend == "sync":
         with writer:
             say("READY")

@@ -19,10 +19,9 @@
   dies of SIGTERM in the kernel (a ``multiprocessing`` worker blocked in libc
   never runs a Python handler, and ``Pool.terminate()`` would wait forever).
   The forking thread holds our signals pending across the fork meanwhile.
-  A child forked while the parent flushes on its way to die of a signal
-  (a pool replacing the workers its process group's SIGTERM ended) was born
-  after that signal: it sends it to itself, else it outlives the parent; and
-  the daemonic ``multiprocessing`` children get SIGTERM as at any exit.
+  A process on its way to die of a signal SIGTERMs its daemonic ``multiprocessing``
+  children after the flush, as an exit does, and a child forked meanwhile (a pool
+  replacing workers the group's signal ended) sends itself the signal it missed.
 """
 
 from __future__ import annotations
@@ -89,11 +88,7 @@ class _Handler:
 
 
 def _end_daemonic_children() -> None:
-    """SIGTERM the daemonic ``multiprocessing`` children, as an exit does (a signal's skips it).
-
-    A pool's workers forked after the group's signal reached the process,
-    before its handler ran, never got it: they would outlive it.
-    """
+    """SIGTERM the daemonic ``multiprocessing`` children, as an exit does (a signal's skips it)."""
     mp = sys.modules.get("multiprocessing")
     for child in [] if mp is None else mp.active_children():
         if child.daemon:

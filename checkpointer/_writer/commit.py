@@ -244,10 +244,7 @@ class Committer:
         """
         with self._holding(self._io_lock, timeout) as locked:
             if not locked:
-                logger.warning(
-                    "checkpointer: a write in flight did not finish within %ss; writing anyway",
-                    timeout,
-                )
+                logger.warning("checkpointer: a write outlasted %ss; writing anyway", timeout)
             result = self._execute_locked(job, locked)
             # A live write that fails while closing is followed by the final write.
             return self.record.account(result, quiet=not job.live or self.phase >= Phase.CLOSING)
@@ -389,10 +386,7 @@ class Committer:
             )
 
     def finish(self, timeout: float = -1) -> None:
-        """Mark the keys the source moved away from (or ended at) not live, under the I/O lock.
-
-        Not in a forked child: its keys and locks are the parent's.
-        """
+        """Mark the keys the source moved away from (or ended at) not live (not in a fork)."""
         if self.forked():
             return
         with self._holding(self._io_lock, timeout) as locked:

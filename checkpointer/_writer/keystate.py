@@ -177,9 +177,7 @@ class Keys:
     def resolve(self, key: str, state: KeyState) -> None:
         """Learn the base from the store if unknown (damage moved aside); refuse a newer one.
 
-        Raises:
-            NewerVersionError: the base is of a newer state version (kept).
-            OSError: the store cannot be read.
+        Raises NewerVersionError for a newer state version (kept), OSError if unreadable.
         """
         if not state.known:
             try:
@@ -205,11 +203,8 @@ class Keys:
         logger.warning("checkpointer: %s; moved it aside to %s and starting afresh", exc, aside)
 
     def look(self, key: str, state: KeyState) -> None:
-        """Learn the base without the key's lock, before waiting for it (else under it).
-
-        A writer that waits for another to let go then expects what was
-        stored when it first tried, not what that writer stores meanwhile.
-        """
+        """Learn the base before waiting for the key's lock: a writer that waits for another
+        expects what was stored when it first tried, not what that one stores meanwhile."""
         with contextlib.suppress(Exception):
             state.base, state.known = self._states.read_meta(key), True
 

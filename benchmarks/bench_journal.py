@@ -354,7 +354,8 @@ def main(quick: bool) -> dict[str, Any]:
     )
     report.notes.append(
         "naive: FileStore(root), the state encoded whole on the loop; cached: "
-        "FileStore(root, transcript=Transcript()); messages are frozen msgspec Structs"
+        "FileStore(root), the writer given Transcript(repair=False, fingerprint=False) (the "
+        "message cache alone); messages are frozen msgspec Structs"
     )
     result: dict[str, Any] = msgspec.to_builtins(report)
     result["figures"] = figures

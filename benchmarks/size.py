@@ -41,7 +41,8 @@ def main() -> None:
 
     params = list(inspect.signature(checkpointer.CheckpointWriter).parameters)
     tests = list(pathlib.Path("tests").rglob("test_*.py"))
-    print("lines: " + ", ".join(f"{k} {v}" for k, v in lines.items()) + f", total {sum(lines.values())}")
+    parts = ", ".join(f"{k} {v}" for k, v in lines.items())
+    print(f"lines: {parts}, total {sum(lines.values())}")
     print(f"names in checkpointer.__all__: {len(checkpointer.__all__)}")
     print(f"CheckpointWriter parameters: {len(params)} ({', '.join(params)})")
     print(f"functions over 60 lines: {len(long_functions)}: " + "; ".join(long_functions))

@@ -39,11 +39,7 @@ def framework_key(ident: str, *, plain: str, hashed: str) -> str:
 
 
 def check_options(owner: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` for ``owner``'s writers, refused if they set what ``owner`` sets itself.
-
-    Raises:
-        TypeError: ``source``, ``store`` or ``resume_from`` is among them.
-    """
+    """``options`` for ``owner``'s writers; TypeError if they set what ``owner`` sets itself."""
     for reserved in ("source", "store", "resume_from"):
         if reserved in options:
             raise TypeError(f"{owner} sets {reserved!r} itself")
@@ -62,11 +58,7 @@ def lock_timeout(options: dict[str, Any]) -> float:
 
 
 def check_durability(value: str) -> Durability:
-    """``value``, checked.
-
-    Raises:
-        ValueError: neither ``"async"`` nor ``"sync"``.
-    """
+    """``value``, or ValueError if it is neither ``"async"`` nor ``"sync"``."""
     if value not in ("async", "sync"):
         raise ValueError(f"durability must be 'async' or 'sync', got {value!r}")
     return value  # type: ignore[return-value]
@@ -83,7 +75,7 @@ def locked(exc: KeyLocked, way_out: str) -> CheckpointFailed:
     return CheckpointFailed(Failed("locked", f"{exc}; {way_out}"))
 
 
-def probe_lock(store: Store, key: str, timeout: float, way_out: str) -> None:
+def probe_lock(store: Store, key: str, options: dict[str, Any], way_out: str) -> None:
     """Raise ``CheckpointFailed("locked")`` now if another writer holds ``key`` (blocking).
 
     A probe (taken and let go): the writer takes the lock at its first
@@ -91,6 +83,6 @@ def probe_lock(store: Store, key: str, timeout: float, way_out: str) -> None:
     """
     if isinstance(store, LockingStore):
         try:
-            store.lock(key, timeout=timeout).release()
+            store.lock(key, timeout=lock_timeout(options)).release()
         except KeyLocked as exc:
             raise locked(exc, way_out) from None

@@ -1,9 +1,5 @@
-"""``KeyCommitter``: one key's state committed durably when the caller says, with no timer.
-
-The writer's commit core (``_writer/commit.py``) without the writer's
-schedule, exit hooks or lifecycle: for a program, or a framework, that
-already says when to save and waits for it.
-"""
+"""``KeyCommitter``: the writer's commit core without its schedule, exit hooks or lifecycle,
+for a program or framework that already says when to save and waits for it."""
 
 from __future__ import annotations
 
@@ -34,22 +30,15 @@ class KeyCommitter:
     revision expected (``resume_from``), durable when it returns, skipped
     when the state is unchanged, never raising for a failed write.  The
     key's lock is taken at the first commit and held until ``close``.
+    ``transcript`` and ``state_version`` are as ``CheckpointWriter``'s.
 
     Args:
-        store: where the key lives.
-        key: the key (checked now: ``ValueError``).
-        transcript: as ``CheckpointWriter``'s.
         resume_from: what ``load(store, key)`` returned: the ``Checkpoint``
             (or its ``Meta``), or None (no checkpoint); the store refuses a
             commit over any other revision (``Failed("conflict")``).  Not
             given, the first commit expects what the store holds then.
-        state_version: as ``CheckpointWriter``'s.
         limits: only ``lock_timeout`` applies: how long a commit waits for
             another writer of the key to let go.
-
-    Raises:
-        ValueError: an invalid key.
-        TypeError: the store cannot refuse a stale write (see ``CheckpointWriter``).
     """
 
     def __init__(
@@ -67,20 +56,23 @@ class KeyCommitter:
         self._store = store
         self._state: Any = _NONE
         self._lock = threading.Lock()  # one commit at a time: _state is the source's
-        self._pid = os.getpid()  # a forked child's copy never writes nor lets go
-        self._opened = False
+        self._pid: int | None = None  # the process of the first commit; only it writes
         self._closed = False
         if isinstance(resume_from, Checkpoint):
             resume_from = resume_from.meta
-        self._core = Committer(
-            self._source,
-            store,
-            transcript,
-            state_version,
-            limits,
-            resume_from,
-        )
-        self._core.record.retried = False
+        self._args = (store, transcript, state_version, limits, resume_from)
+        self._core = self._make()  # made now: a store that cannot fence is refused here
+
+    def _make(self) -> Committer:
+        core = Committer(self._source, *self._args)
+        core.record.retried = False
+        return core
+
+    def _forked(self) -> bool:
+        """Whether this is a forked child's copy of a committer its parent used: such a
+        copy never writes (its view of the key is stale) nor lets go (the lock is the
+        parent's).  One the parent made but never used works in the child."""
+        return self._pid is not None and self._pid != os.getpid()
 
     def __repr__(self) -> str:
         return f"<KeyCommitter {'closed' if self._closed else 'open'} key={self.key!r}>"
@@ -96,33 +88,32 @@ class KeyCommitter:
             ``Failed`` (``"conflict"``, ``"locked"``, ``"write-failed"``, ...);
             ``Skipped("closed")`` after ``close``.
         """
-        if self._pid != os.getpid():  # before the lock: a thread of the parent may hold it
+        if self._forked():  # before the lock: a thread of the parent may hold it
             return Skipped("closed")
         with self._lock:
             if self._closed:
                 return Skipped("closed")
-            if not self._opened:
-                self._opened = True
+            if self._pid is None:
+                self._pid = os.getpid()
+                if self._core.pid != self._pid:  # made in a parent that never used it
+                    self._core = self._make()
                 with contextlib.suppress(Exception):  # a broken root fails the commit, saying why
                     self._store.open()
+            core = self._core
             self._state = state
             try:
-                job = self._core.prepare(force=False, pin=None, live=live)
+                job = core.prepare(force=False, pin=None, live=live)
             finally:
                 self._state = _NONE
             if not isinstance(job, Job):
-                return self._core.record.account(job, quiet=False)
+                return core.record.account(job, quiet=False)
             try:
-                return self._core.execute(job)
+                return core.execute(job)
             finally:
-                self._core.end(job)
+                core.end(job)
 
     async def acommit(self, state: Any, *, live: bool = True) -> Result:
-        """``commit`` in one worker-thread hop.
-
-        Cancellation: a commit that began runs to its end; the cancellation
-        is raised after it.
-        """
+        """``commit`` in a worker thread; a commit that began runs to its end if cancelled."""
         return await anyio.to_thread.run_sync(functools.partial(self.commit, state, live=live))
 
     def close(self) -> None:
@@ -130,12 +121,14 @@ class KeyCommitter:
 
         Only the meta changes; a failure is logged.  A second close does nothing.
         """
-        if self._pid != os.getpid():
+        if self._forked():
             return  # the parent's lock: releasing it would release it for the parent
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            if self._pid is None:
+                return  # never committed: nothing written, nothing held
             # A final write whose source has no state: the core marks the key not live.
             self._core.prepare(force=False, pin=None, live=False)
             self._core.finish()
@@ -150,3 +143,9 @@ class KeyCommitter:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    async def __aenter__(self) -> KeyCommitter:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

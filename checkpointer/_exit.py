@@ -19,6 +19,9 @@
   dies of SIGTERM in the kernel (a ``multiprocessing`` worker blocked in libc
   never runs a Python handler, and ``Pool.terminate()`` would wait forever).
   The forking thread holds our signals pending across the fork meanwhile.
+  A process on its way to die of a signal SIGTERMs its daemonic ``multiprocessing``
+  children after the flush, as an exit does, and a child forked meanwhile (a pool
+  replacing workers the group's signal ended) sends itself the signal it missed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -58,6 +62,7 @@ _deferred: list[tuple[_Handler, int]] = []
 _registry_lock = threading.Lock()  # never taken inside a signal handler
 _busy: dict[int, int] = {}  # thread id -> writes and store calls in progress on it
 _restore_wanted = False  # the last writer left off the main thread: see restore_pending
+_dying = 0  # the signal this process dies of once its writers are flushed
 
 
 class _Handler:
@@ -69,12 +74,25 @@ class _Handler:
         self.previous = previous
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        global _dying
+        if self.previous in (signal.SIG_DFL, None):  # the process dies of it after the flush
+            _dying = signum
         if busy_here():  # inside a write: handled as it ends
             _deferred.append((self, signum))
             return
         for flush in list(_writers):
             flush("signal")
+        if _dying:
+            _end_daemonic_children()
         _chain(self.previous, signum, frame)
+
+
+def _end_daemonic_children() -> None:
+    """SIGTERM the daemonic ``multiprocessing`` children, as an exit does (a signal's skips it)."""
+    mp = sys.modules.get("multiprocessing")
+    for child in [] if mp is None else mp.active_children():
+        if child.daemon:
+            child.terminate()
 
 
 def _flush_all_at_exit() -> None:
@@ -237,6 +255,8 @@ def _after_fork_in_child() -> None:
     _writers.clear()  # the one atexit hook stays: with no writer it does nothing
     _deferred.clear()
     _restore_handlers()
+    if _dying:  # born after its group's signal, while the parent flushes: it dies of it too
+        os.kill(os.getpid(), _dying)
     _unblock_after_fork()
 
 

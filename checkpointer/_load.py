@@ -1,10 +1,4 @@
-"""``load()``: the one way a checkpoint is read back.
-
-Forward only: the store's ``StateStore`` reads the state as raw JSON (a
-``JournalStore`` assembles its rows; any other store holds envelopes), an
-older state version is migrated or a newer one refused
-(``_format/versions.py``), then the state is decoded as ``type``, once.
-"""
+"""``load()``: read a key's state as raw JSON, migrate or refuse its version, decode once."""
 
 from __future__ import annotations
 

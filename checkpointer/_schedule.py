@@ -1,41 +1,23 @@
-"""The timing policy of a checkpoint writer, as a pure state machine.
+"""The timing policy of a checkpoint writer, a pure state machine: every method takes
+``now``; the writer carries out what it decides.
 
-Nothing here reads a clock, sleeps or does I/O: every method takes ``now``
-and the writer carries out what it decides, so the contract is tested with
-exact times in tables.
-
-Rules (the timing contract of the README)
------------------------------------------
-For the changes not yet covered by a write that has started, ``first`` is the
-time of the first such event and ``last`` of the latest; ``prev`` is the start
-of the previous write that reached the store.  The next write is due at::
+``first`` is the time of the first change not covered by a started write, ``last``
+of the latest, ``prev`` the start of the previous write that reached the store::
 
     due = max(min(last + debounce, first + max_wait), prev + min_interval)
 
-* A write that starts covers every pending change (``begin_write``); events
-  during a write are pending for the next one.
-* ``prev`` moves only for writes that reached the store (written, or failed
-  inside the store); a write skipped as unchanged or refused before the store
-  does not count.
-* A failed write puts the changes it covered back (the earliest ``first``
-  wins, so ``max_wait`` counts from the oldest unsaved change) and the next
-  attempt waits ``min(backoff_max, backoff_initial * 2 ** (failures - 1))``
-  after the failure, on top of the rule above.  A cancelled write puts them
-  back without backoff.  A refused write (no retry can fix it until the
-  session changes) drops them, as a skipped one does, and leaves ``prev``
-  and the backoff as they were.
-* Probing (a ``ProbingStore``): during the backoff after a failure inside
-  the store, the driver asks the store every ``probe_interval`` whether it
-  answers again; a yes ends the backoff and forgets ``prev``: the write is
-  due by the rule above, at once after an outage longer than ``max_wait``.
-* One write at a time: while one runs, ``decide`` says ``IDLE``.  Forced
-  writes (``write_now``, the final write) call ``begin_write`` and
-  ``end_write`` like any other; ``min_interval`` does not hold them back.
+* A write that starts covers every pending change; events during it wait for the next.
+* ``prev`` moves only for writes that reached the store (written, or failed in it).
+* A failed write puts its changes back (the earliest ``first`` wins) and the next
+  waits ``min(backoff_max, backoff_initial * 2 ** (failures - 1))`` more; a
+  cancelled one puts them back without backoff; a refused one drops them.
+* During a backoff after a store failure the driver probes the store every
+  ``probe_interval``; a yes ends the backoff and forgets ``prev``.
+* One write at a time; forced writes are not held back by ``min_interval``.
 
-Thread-safety: ``event`` may run on any thread during ``begin_write``.  It
-stores ``last`` before it tests ``first``, and the driver clears ``first``
-before its snapshot, so an event is covered by the write that starts or left
-pending for the next, never lost (at worst an extra write, then skipped).
+``event`` may run on another thread during ``begin_write``: it stores ``last``
+before it tests ``first``, and ``begin_write`` clears ``first`` before the
+snapshot, so an event is covered by the write that starts or left for the next.
 """
 
 from __future__ import annotations
@@ -50,6 +32,7 @@ DEBOUNCE: Final = 0.5
 """The default debounce, in seconds: capped by ``max_wait``."""
 MIN_INTERVAL: Final = 1.0
 """The default minimum interval, in seconds: capped by ``max_wait``."""
+_FLOAT_MAX: Final = 2.0**1023 * (2 - 2.0**-52)  # sys.float_info.max, without sys
 
 
 class _Act(enum.Enum):
@@ -88,16 +71,9 @@ class Outcome(enum.Enum):
 class Scheduler:
     """Decides when the next checkpoint write is due.
 
-    Args:
-        debounce: quiet time after the latest event before a write; None:
-            ``DEBOUNCE``, or ``max_wait`` if that is less.
-        min_interval: least time between the starts of two scheduled writes;
-            None: ``MIN_INTERVAL``, or ``max_wait`` if that is less.
-        max_wait: most time the oldest unsaved change waits for a write.
-        backoff_initial: wait before the first retry after a failure.
-        backoff_max: cap of the doubling retry wait.
-        probe_interval: time between two probes of a store during a backoff.
-            (These three are trusted: ``Limits`` has checked the writer's.)
+    ``debounce`` and ``min_interval`` default to ``DEBOUNCE`` and
+    ``MIN_INTERVAL``, or ``max_wait`` if that is less.  The backoff and
+    probe durations are trusted (``Limits`` checked them).
 
     Raises:
         ValueError: the durations break ``0 <= debounce <= max_wait`` or
@@ -126,7 +102,7 @@ class Scheduler:
         ):
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-            if not 0 <= value < math.inf:
+            if not 0 <= value < _FLOAT_MAX:  # an int past float's range would overflow below
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
             if value > max_wait:
                 raise ValueError(

@@ -1,20 +1,14 @@
-"""The values that cross the layers: what a checkpoint is, and what a write returns.
-
-Frozen msgspec Structs and exceptions, importing nothing of the library, so
-the formats, the stores, the writer and the transcript helpers all speak in
-them without importing one another.  An expected outcome is a value, never
-an exception: a write is ``Written``, ``Skipped`` or ``Failed``.
-"""
+"""The values that cross the layers: checkpoints, write results, errors (no library imports)."""
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
-from typing import Any, Generic, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Generic, Literal, TypeAlias, TypeVar
 
 import msgspec
 
 __all__ = [
+    "MAX_SECONDS",
     "Checkpoint",
     "CheckpointError",
     "CheckpointFailed",
@@ -34,6 +28,7 @@ __all__ = [
     "WriterInfo",
     "WriterStatistics",
     "Written",
+    "transcript_messages",
 ]
 
 T = TypeVar("T")
@@ -88,6 +83,24 @@ class Snapshot(msgspec.Struct, frozen=True):
     state: Any
     parent: str | None = None
     fingerprint: Any = None
+
+
+def transcript_messages(state: Any, field: str) -> list[Any] | tuple[Any, ...] | None:
+    """The messages of a transcript state, or None for a state treated whole.
+
+    The one rule for the message cache, the fingerprint and the repair step:
+    a dict's ``field`` key or a msgspec Struct's ``field`` attribute holding a
+    list or a tuple.  Anything else under it (nothing yet, None, a dict, a
+    str) and any other state (a list, a dataclass) is encoded whole,
+    fingerprinted whole and never repaired.
+    """
+    if isinstance(state, dict):
+        messages = state.get(field)
+    elif isinstance(state, msgspec.Struct) and field in state.__struct_fields__:
+        messages = getattr(state, field)
+    else:
+        return None
+    return messages if isinstance(messages, (list, tuple)) else None
 
 
 class WriterInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -154,7 +167,11 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
             key to let go of its lock; 0 means ``Failed("locked")`` at once,
             retried with backoff.
 
+    Each is a number of seconds up to 4,294,967 (about 49
+    days, the longest wait Python's threading takes on every platform).
+
     Raises:
+        TypeError: a value is not a number (a bool is not one).
         ValueError: a value out of range (the message names it).
     """
 
@@ -174,11 +191,19 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
             )
 
 
+MAX_SECONDS: Final = 4_294_967.0
+"""The longest ``Limits`` wait: beyond Windows' 2**32 - 2 ms, threading raises OverflowError."""
+
+
 def _seconds(name: str, value: object, *, above_zero: bool) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < 0 or (above_zero and value == 0):  # type: ignore[operator]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not ((value > 0) if above_zero else (value >= 0)) or not value <= MAX_SECONDS:  # NaN too
         bound = "> 0" if above_zero else ">= 0"
-        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+        raise ValueError(
+            f"{name} must be a number of seconds {bound} and at most {MAX_SECONDS:.0f} "
+            f"(about 49 days), got {value!r}"
+        )
 
 
 class TornTail(msgspec.Struct, frozen=True, kw_only=True):
@@ -210,15 +235,8 @@ class Checkpoint(msgspec.Struct, Generic[T], frozen=True):
 
 
 class Prepared(msgspec.Struct, frozen=True, kw_only=True):
-    """What the transcript's repair step made of a snapshot: the one to encode.
-
-    Attributes:
-        snapshot: the snapshot to write (a repaired copy, or the original).
-        repaired: tool calls that had no result and were closed with one.
-        settled: items that were still running and were settled as errors.
-        turns: assistant messages in the state to write (``Meta.turns``),
-            or None when the step does not count them.
-    """
+    """What the transcript's repair step made of a snapshot: the one to encode, the calls it
+    closed, the running items it settled, and the turns (``Meta.turns``; None: not counted)."""
 
     snapshot: Snapshot
     repaired: int = 0

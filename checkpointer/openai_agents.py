@@ -1,20 +1,12 @@
 """The OpenAI Agents SDK's ``Session``, kept by a ``CheckpointWriter``.
 
-``CheckpointSession(session_id, store)`` implements ``agents.memory.Session``
-over checkpointer's public API; entering loads the stored items and opens a
-writer, leaving writes a final time::
-
-    async with CheckpointSession("chat-42", JournalStore("sessions")) as session:
-        result = await Runner.run(agent, "hello", session=session)
-
-Durability, resuming and the one-process rule: docs/frameworks/openai-agents.md.
-Asyncio only, as the SDK.
+Entering loads the stored items and opens the writer; leaving writes a final
+time.  Durability, resuming, ownership: docs/frameworks/openai-agents.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -34,7 +26,6 @@ from checkpointer._adapters import (
     check_durability,
     check_options,
     framework_key,
-    lock_timeout,
     probe_lock,
     raise_failed,
 )
@@ -49,10 +40,7 @@ __all__ = ["CheckpointFailed", "CheckpointSession", "session_key"]
 
 
 def session_key(session_id: str) -> str:
-    """The checkpoint key of a session: its id, or ``session-<sha256 prefix>`` for other ids.
-
-    A key is 1-200 ASCII letters, digits, ``.``, ``_`` or ``-``, not starting with ``.``.
-    """
+    """The checkpoint key of a session: its id, or ``session-<sha256 prefix>`` for other ids."""
     return framework_key(session_id, plain="", hashed="session-")
 
 
@@ -61,7 +49,6 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def _copy(items: Sequence[Any]) -> list[Any]:
-    """A deep copy of JSON-able items (what a store that serializes would hand back)."""
     try:
         return _DECODER.decode(_ENCODER.encode(list(items)))  # type: ignore[no-any-return]
     except (TypeError, msgspec.EncodeError) as exc:
@@ -77,21 +64,15 @@ class CheckpointSession:
     """An Agents SDK ``Session`` whose items are checkpointed by a ``CheckpointWriter``.
 
     Args:
-        session_id: the SDK's session id; the checkpoint key is
-            ``session_key(session_id)`` unless ``key`` is given.
-        store: where the checkpoint goes (``JournalStore(root)`` makes each
-            ``add_items`` cost the new items only).
-        session_settings: the SDK's ``SessionSettings`` (e.g. a default
-            ``limit`` for ``get_items``), or None.
+        session_id: the SDK's session id; the key is ``session_key(session_id)``
+            unless ``key`` is given.
+        store: where the checkpoint goes.
+        session_settings: the SDK's ``SessionSettings``, or None.
         durability: ``"async"`` (default): a change is a ``notify()``,
             written per the writer's timing rules; ``"sync"``: each change
             waits for its durable write.
         key: the checkpoint key, instead of one derived from the id.
-        **writer_options: passed to ``CheckpointWriter`` (``debounce``,
-            ``max_wait``, ``limits``, ``exit_hooks``, ...).
-
-    Raises:
-        ValueError: ``durability`` is neither ``"async"`` nor ``"sync"``.
+        **writer_options: passed to ``CheckpointWriter``.
     """
 
     def __init__(
@@ -109,17 +90,15 @@ class CheckpointSession:
         self.session_id = session_id
         self.session_settings = session_settings
         self.key = session_key(session_id) if key is None else key
-        store.validate_key(self.key)
         self._store = store
+        store.validate_key(self.key)
         self._items: list[Any] = []
         # (type, call_id) -> the output close_dangling_tool_calls made up on load:
         # shown by get_items, never stored, dropped when the real one arrives.
-        self._synthetic: dict[tuple[str, str], Any] = {}
+        self._synthetic: dict[tuple[Any, Any], Any] = {}
         self._writer: CheckpointWriter[Snapshot] | None = None
-        self.repaired = 0
-        """Tool calls closed on load (``close_dangling_tool_calls``)."""
-        self.resumed_from: Checkpoint[Any] | None = None
-        """The checkpoint the items were loaded from, or None for a new session."""
+        self.repaired = 0  # tool calls closed on load
+        self.resumed_from: Checkpoint[Any] | None = None  # None: a new session
 
     def __repr__(self) -> str:
         return f"<CheckpointSession {self.session_id!r} key={self.key!r} items={len(self._items)}>"
@@ -144,68 +123,33 @@ class CheckpointSession:
         if self._writer is not None:
             raise RuntimeError(f"CheckpointSession {self.session_id!r} is open already")
         checkpoint = await anyio.to_thread.run_sync(self._load)
-        await anyio.to_thread.run_sync(
-            probe_lock,
-            self._store,
-            self.key,
-            lock_timeout(self._options),
-            f"or open session {self.session_id!r} under another key (key=)",
-        )
-        writer: CheckpointWriter[Snapshot] = CheckpointWriter(
+        way_out = f"or open session {self.session_id!r} under another key (key=)"
+        await anyio.to_thread.run_sync(probe_lock, self._store, self.key, self._options, way_out)
+        writer = CheckpointWriter(
             self._source, self._store, resume_from=checkpoint, **self._options
         )
-        await writer.__aenter__()
-        self._writer = writer
+        self._writer = await writer.aopen()
         return self
 
     def _load(self) -> Checkpoint[Any] | None:
-        checkpoint = load(self._store, self.key, _State)
-        self.resumed_from = checkpoint
+        checkpoint = self.resumed_from = load(self._store, self.key, _State)
         if checkpoint is not None:
-            stored = checkpoint.state.messages
-            self._items, self.repaired = close_dangling_tool_calls(stored)
-            self._note_synthetic(stored)
+            stored = {id(item) for item in checkpoint.state.messages}
+            self._items, self.repaired = close_dangling_tool_calls(checkpoint.state.messages)
+            self._synthetic = {  # the outputs the repair made up: not among those stored
+                (item["type"], item["call_id"]): item
+                for item in self._items
+                if id(item) not in stored
+            }
         return checkpoint
 
-    def _note_synthetic(self, stored: list[Any]) -> None:
-        """Remember the items the repair added (those not among ``stored``)."""
-        kept = {id(item) for item in stored}
-        self._synthetic = {
-            (item["type"], item["call_id"]): item
-            for item in self._items
-            if id(item) not in kept and isinstance(item, dict)
-        }
-
-    def _supersede(self, items: list[Any]) -> None:
-        """Drop the made-up output of each call whose real output is among ``items``."""
-        for item in items:
-            if not isinstance(item, dict):
-                continue
-            made_up = self._synthetic.pop((item.get("type"), item.get("call_id")), None)  # type: ignore[arg-type]
-            if made_up is not None:
-                self._items = [old for old in self._items if old is not made_up]
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, _type: object, exc: object, _tb: object) -> None:
         result = await self.aclose()
         if exc is None:
             raise_failed(result)
 
     async def aclose(self) -> Result | None:
-        """Write a final time and close the writer.
-
-        ``async with`` does this, and raises ``CheckpointFailed`` when the
-        final write failed (``"conflict"``: another process wrote the key;
-        ``"locked"``: another writer holds it; the error names it), unless
-        the block raised already.
-
-        Returns:
-            The final write's result, or None if the session was not open.
-        """
+        """Write a final time and close the writer; its result (None if not open)."""
         writer, self._writer = self._writer, None
         if writer is None:
             return None
@@ -224,27 +168,17 @@ class CheckpointSession:
     # -- the Session protocol ---------------------------------------------------
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        """The session's items, oldest first; with ``limit``, only the latest ``limit``.
-
-        Without ``limit``, ``session_settings.limit`` applies when set.
-        Returns copies: changing them does not change the session.
-        """
+        """Copies of the latest ``limit`` items (or ``session_settings.limit``), oldest first."""
         if self.writer.statistics().writes == 0:  # the key is not held yet: is it as loaded?
             await anyio.to_thread.run_sync(self._check_as_loaded)
         if limit is None and self.session_settings is not None:
             limit = self.session_settings.limit
-        if limit is None:
-            return _copy(self._items)
-        if limit <= 0:
-            return []
-        return _copy(self._items[-limit:])
+        items = self._items if limit is None else self._items[-limit:] if limit > 0 else []
+        return _copy(items)
 
     def _check_as_loaded(self) -> None:
-        """Raise if another writer wrote (or deleted) the key since this session loaded it.
-
-        Then the items here are stale, and this session's writes would be
-        refused (``resume_from``): better said before the agent runs on them.
-        """
+        """Raise if another writer wrote (or deleted) the key since this session loaded it:
+        its writes would be refused, better said before the agent runs on stale items."""
         loaded = None if self.resumed_from is None else self.resumed_from.meta.revision
         stored = self._store.revision(self.key)
         if stored != loaded:
@@ -257,18 +191,16 @@ class CheckpointSession:
             raise CheckpointFailed(Failed("conflict", error))
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
-        """Append items (copied), then checkpoint per ``durability``.
-
-        Raises:
-            TypeError: an item is not a JSON value.
-            CheckpointFailed: ``durability="sync"`` and the write failed.
-        """
+        """Append copies of the items (TypeError if one is not a JSON value), then checkpoint."""
         self.writer  # noqa: B018
         if not items:
             return
         copied = _copy(items)
-        if self._synthetic:
-            self._supersede(copied)
+        for item in copied if self._synthetic else ():  # a real output replaces a made-up one
+            if isinstance(item, dict):
+                made_up = self._synthetic.pop((item.get("type"), item.get("call_id")), None)
+                if made_up is not None:
+                    self._items = [old for old in self._items if old is not made_up]
         self._items.extend(copied)
         await self._changed()
 
@@ -284,11 +216,7 @@ class CheckpointSession:
         return item  # type: ignore[no-any-return]
 
     async def clear_session(self) -> None:
-        """Remove every item; the checkpoint keeps the key with an empty history.
-
-        A write by this session's writer: another process cannot clear a
-        session one holds (it cannot enter it, ``"locked"``).
-        """
+        """Remove every item; the checkpoint keeps the key with an empty history."""
         self.writer  # noqa: B018
         self._items = []
         self._synthetic = {}

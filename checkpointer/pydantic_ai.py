@@ -1,23 +1,12 @@
 """pydantic-ai's ``ConversationStore``, kept by checkpointer.
 
-``CheckpointConversationStore(store)`` implements the five storage
-primitives of ``pydantic_ai.conversation_store.ConversationStore`` (and
-``read_history`` in one decode) over checkpointer's public API, so the
-framework's ``load``, ``save``, ``branch``, ``fork`` and the rest work on it::
-
-    async with CheckpointConversationStore(JournalStore("chats")) as conversations:
-        conversation = await conversations.load(cid) or Conversation(conversation_id=cid)
-        result = await agent.run("hello", conversation=conversation)
-        await conversations.save(result)
-
-A conversation is one key, ``conversation_key(id)``, committed durably by a
+A conversation is one key, ``conversation_key(id)``, committed by a
 ``KeyCommitter`` at each save; ``checkpoint_run`` keeps a run in flight under
-``run_key(id)`` with a ``CheckpointWriter``.  Conflicts, deletes and resuming:
-docs/frameworks/pydantic-ai.md.  asyncio and trio (pydantic-ai's agents run on asyncio).
+``run_key(id)`` with a ``CheckpointWriter``.  Conflicts, deletes, resuming:
+docs/frameworks/pydantic-ai.md.
 
-(Past 500 lines on purpose: one framework interface, the store, and the run
-checkpoint it makes, which calls back into it; they share a conversation's
-two keys, their encoding and its in-memory index.)
+Past 500 lines on purpose: the store and the run checkpoint call into each
+other and share a conversation's two keys, their encoding and its index.
 """
 
 from __future__ import annotations
@@ -26,8 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
-from types import TracebackType
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import anyio
@@ -76,8 +64,7 @@ logger = logging.getLogger("checkpointer")
 
 
 def _enc_hook(value: Any) -> Any:
-    """A value msgspec cannot encode (a ``BaseModel`` a tool returned), as the framework's
-    own ``all_messages_json`` encodes it: it comes back as its JSON value, a dict."""
+    # What msgspec cannot encode (a tool's BaseModel), as pydantic-ai's own JSON has it.
     try:
         return pydantic_core.to_jsonable_python(value)
     except pydantic_core.PydanticSerializationError as exc:
@@ -133,8 +120,6 @@ def _indexed(raw: msgspec.Raw) -> tuple[str, tuple[str | None, bytes, msgspec.Ra
 
 def _decode_messages(raws: Sequence[bytes]) -> list[ModelMessage]:
     """pydantic-ai messages from their JSON, in one call of the framework's adapter."""
-    if not raws:
-        return []
     return ModelMessagesTypeAdapter.validate_json(b"[" + b",".join(raws) + b"]")
 
 
@@ -143,26 +128,19 @@ class _Conversation:
 
     __slots__ = ("checkpoint", "committer", "id", "index", "key", "raws", "record")
 
-    def __init__(self, conversation_id: str, key: str) -> None:
-        self.id = conversation_id
-        self.key = key
-        self.checkpoint: Checkpoint[Any] | None = None
-        self.record: ConversationRecord | None = None
-        self.raws: list[msgspec.Raw] = []  # the state's "messages": encoded entries
-        # id -> (parent, message JSON, the entry's raw)
-        self.index: dict[str, tuple[str | None, bytes, msgspec.Raw]] = {}
+    def __init__(self, record: ConversationRecord, checkpoint: Checkpoint[_State] | None) -> None:
+        self.id = record.conversation_id
+        self.key = conversation_key(self.id)
+        self.record = record
+        self.checkpoint = checkpoint  # what its first save expects stored
+        # the state's "messages" (encoded entries), and id -> (parent, message JSON, raw)
+        self.raws: list[msgspec.Raw] = [] if checkpoint is None else checkpoint.state.messages
+        self.index = dict(map(_indexed, self.raws))
         self.committer: KeyCommitter | None = None  # holds the key from its first save here
 
-    def add(self, raw: msgspec.Raw) -> None:
-        self.raws.append(raw)
-        self.index.update([_indexed(raw)])
-
     def chain(self, head_id: str | None, limit: int | None = None) -> list[tuple[str, str | None]]:
-        """``(id, parent)`` from the first entry up to ``head_id``, or its last ``limit``.
-
-        Raises:
-            LookupError: an entry on the way is not stored here.
-        """
+        """``(id, parent)`` from the first entry up to ``head_id``, or its last ``limit``;
+        LookupError if an entry on the way is not stored here."""
         out: list[tuple[str, str | None]] = []
         cursor = head_id
         while cursor is not None and (limit is None or len(out) < limit):
@@ -181,13 +159,10 @@ class CheckpointConversationStore(ConversationStore):
     Args:
         store: where the conversations go; a ``JournalStore(root)`` makes a
             save that only adds messages an append.
-        **writer_options: passed to each ``CheckpointWriter`` of
-            ``checkpoint_run`` (``max_wait``, ``debounce``, ``limits``, ...);
-            ``limits`` (to wait for another process's writer),
-            ``transcript`` and ``state_version`` to the saves' ``KeyCommitter`` too.
+        **writer_options: for each ``CheckpointWriter`` of ``checkpoint_run``;
+            ``limits``, ``transcript`` and ``state_version`` for the saves too.
 
-    Use it as ``async with`` (closing lets go of the conversations' locks),
-    or call ``aclose()``.
+    Use it as ``async with``, or call ``aclose()``: closing lets the keys go.
     """
 
     def __init__(self, store: Store, **writer_options: Any) -> None:
@@ -216,11 +191,18 @@ class CheckpointConversationStore(ConversationStore):
 
     async def release(self, conversation_id: str) -> None:
         """Let go of the conversation's key (marked not live), so another process may save it."""
-        await anyio.to_thread.run_sync(self._locked, self._release, conversation_id)
+        await self._step(self._release, conversation_id)  # after a save running now
+
+    async def _step(self, step: Callable[..., None], *args: Any) -> None:
+        """Run a step that reads then writes in a worker thread, one step at a time."""
+
+        def locked() -> None:
+            with self._writing:
+                step(*args)
+
+        await anyio.to_thread.run_sync(locked)
 
     def _release(self, conversation_id: str) -> None:
-        # Under the write lock (``_locked``): a save running in another task
-        # lands first, and the next one opens a writer afresh.
         with self._lock:
             conversation = self._open.pop(conversation_id, None)
         if conversation is not None and conversation.committer is not None:
@@ -231,24 +213,18 @@ class CheckpointConversationStore(ConversationStore):
     def _fetch(
         self, conversation_id: str, checkpoint: Checkpoint[_State] | None = None
     ) -> _Conversation | None:
-        """The conversation: this process's own while it holds the key, else read from disk.
-
-        ``checkpoint``: the conversation's, loaded already.
-        """
+        """The conversation: this process's own while it holds the key, else ``checkpoint``
+        (loaded already) or what the store holds."""
         with self._lock:
             held = self._open.get(conversation_id)
         if held is not None:
-            return held if held.record is not None else None
-        key = conversation_key(conversation_id)
+            return held
         if checkpoint is None:
-            checkpoint = load(self.store, key, _State)
+            checkpoint = load(self.store, conversation_key(conversation_id), _State)
         if checkpoint is None:
             return None
-        conversation = _Conversation(conversation_id, key)
-        conversation.checkpoint = checkpoint
-        conversation.record = _RECORDS.validate_json(bytes(checkpoint.state.record))
-        for raw in checkpoint.state.messages:
-            conversation.add(raw)
+        record = _RECORDS.validate_json(bytes(checkpoint.state.record))
+        conversation = _Conversation(record, checkpoint)
         self._remember(conversation)
         return conversation
 
@@ -260,7 +236,7 @@ class CheckpointConversationStore(ConversationStore):
     async def read_record(self, conversation_id: str) -> ConversationRecord | None:
         """The conversation's record (a copy), or None."""
         conversation = await anyio.to_thread.run_sync(self._fetch, conversation_id)
-        if conversation is None or conversation.record is None:
+        if conversation is None:
             return None
         return dataclasses.replace(conversation.record, branches=list(conversation.record.branches))
 
@@ -276,10 +252,8 @@ class CheckpointConversationStore(ConversationStore):
         for checkpoint in self._checkpoints():
             with self._lock:
                 held = self._open.get(checkpoint.state.conversation_id)
-            if held is not None and held.record is not None:
-                records.append(held.record)
-            else:
-                records.append(_RECORDS.validate_json(bytes(checkpoint.state.record)))
+            raw = bytes(checkpoint.state.record)
+            records.append(_RECORDS.validate_json(raw) if held is None else held.record)
         return records
 
     async def read_records(
@@ -325,11 +299,7 @@ class CheckpointConversationStore(ConversationStore):
         return await anyio.to_thread.run_sync(self._history, head_id, limit)
 
     async def read_entry(self, entry_id: str) -> ConversationEntry:
-        """The entry with this id.
-
-        Raises:
-            KeyError: no stored conversation has it.
-        """
+        """The entry with this id; KeyError if no stored conversation has it."""
         try:
             entries = await anyio.to_thread.run_sync(self._history, entry_id, 1)
         except LookupError:
@@ -346,11 +316,10 @@ class CheckpointConversationStore(ConversationStore):
     ) -> None:
         conversation_id = record.conversation_id
         current = self._fetch(conversation_id)
-        stored = None if current is None or current.record is None else current.record.revision
-        if stored != expected_revision:
+        if (None if current is None else current.record.revision) != expected_revision:
             raise ConversationConflict(conversation_id)
         if current is None:
-            current = _Conversation(conversation_id, conversation_key(conversation_id))
+            current = _Conversation(record, None)
         raws, index, record_raw = self._entries(current, record, new_entries)
         state = {"conversation_id": conversation_id, "record": record_raw, "messages": raws}
         self._commit(current, state)
@@ -424,35 +393,22 @@ class CheckpointConversationStore(ConversationStore):
     ) -> None:
         """Store the record and its new entries durably, if ``expected_revision`` is stored.
 
-        Raises:
-            ConversationConflict: the stored revision is another, the record
-                names an entry no conversation stores, or another writer
-                holds or changed the conversation.
-            CheckpointFailed: the write failed otherwise (the message says why).
+        ``ConversationConflict`` too if the record names an entry no
+        conversation stores or another writer holds or changed the key.
         """
-        entries = list(new_entries)
-        await anyio.to_thread.run_sync(
-            self._locked, self._write, record, entries, expected_revision
-        )
-
-    def _locked(self, step: Any, *args: Any) -> None:
-        """Run a write step under the store's write lock (steps read, then write)."""
-        with self._writing:
-            step(*args)
+        await self._step(self._write, record, list(new_entries), expected_revision)
 
     def _delete(self, conversation_id: str, expected_revision: str | None) -> None:
         """Delete the conversation's key and its run's, if its record is ``expected_revision``.
 
-        This object's writer of it is closed first; then both keys are
-        locked, so no save or run lands between the check and the deletes.
+        Both keys are locked, so no save or run lands between the check and the deletes.
         """
         self._release(conversation_id)
         keys = (conversation_key(conversation_id), run_key(conversation_id))
         try:
             with self._holding(*keys):
                 current = self._fetch(conversation_id)
-                record = None if current is None else current.record
-                if (None if record is None else record.revision) != expected_revision:
+                if (None if current is None else current.record.revision) != expected_revision:
                     raise ConversationConflict(conversation_id)
                 for key in keys:
                     self.store.delete(key)
@@ -467,11 +423,7 @@ class CheckpointConversationStore(ConversationStore):
 
     @contextlib.contextmanager
     def _holding(self, *keys: str, wait: bool = True) -> Iterator[None]:
-        """Hold these keys' locks for the block (``wait``: up to ``lock_timeout`` each).
-
-        Raises:
-            KeyLocked: another writer (of another process, or store object) holds one.
-        """
+        """Hold these keys' locks for the block (``wait``: up to ``lock_timeout`` each)."""
         store = self.store
         with contextlib.ExitStack() as held:
             if isinstance(store, LockingStore):  # else nothing to hold: a delete races writers
@@ -481,31 +433,17 @@ class CheckpointConversationStore(ConversationStore):
             yield
 
     async def delete_record(self, conversation_id: str, *, expected_revision: str) -> None:
-        """Delete the conversation's key and its run's (every entry it stored goes with it).
-
-        Raises:
-            ConversationConflict: no record with ``expected_revision`` is stored.
-            CheckpointFailed: ``Failed("locked")``, naming the holder: another
-                writer holds the conversation (a save or a run in flight).
-        """
-        await anyio.to_thread.run_sync(
-            self._locked, self._delete, conversation_id, expected_revision
-        )
+        """Delete the conversation's key and its run's (every entry it stored goes with it);
+        ``CheckpointFailed("locked")`` while another writer holds either."""
+        await self._step(self._delete, conversation_id, expected_revision)
 
     async def delete(self, conversation_id: str, *, scope: str | None = None) -> None:
-        """Delete a conversation: its key and its run's (``run_key``); it neither loads nor resumes.
-
-        The framework's ``delete``; without ``scope``, the run of a
-        conversation that was never saved is deleted too.
-
-        Raises:
-            CheckpointFailed: ``Failed("locked")``, naming the holder: another
-                writer holds the conversation (a save or a run in flight).
-        """
+        """The framework's ``delete``; without ``scope``, the run of a conversation never
+        saved goes too.  ``CheckpointFailed("locked")`` while another writer holds it."""
         await super().delete(conversation_id, scope=scope)
         if scope is None:
             with contextlib.suppress(ConversationConflict):  # saved again since: not ours
-                await anyio.to_thread.run_sync(self._locked, self._delete, conversation_id, None)
+                await self._step(self._delete, conversation_id, None)
 
     # -- runs in flight -----------------------------------------------------------
 
@@ -515,21 +453,11 @@ class CheckpointConversationStore(ConversationStore):
         *,
         durability: Literal["async", "sync"] = "async",
     ) -> RunCheckpoint:
-        """Checkpoint an ``agent.iter`` run of ``conversation`` after each node.
+        """Checkpoint an ``agent.iter`` run of ``conversation`` under ``run_key``, after each node.
 
-        ::
-
-            async with store.checkpoint_run(conversation) as checkpoint:
-                async with agent.iter(prompt, conversation=conversation) as run:
-                    async for node in checkpoint.nodes(run):
-                        ...
-                await store.save(run.result)
-
-        The run's messages go to ``run_key(conversation_id)``, written on
-        entry and locked until exit, so a second run of the conversation
-        raises ``CheckpointFailed`` on entry; once the conversation is saved
-        past the revision the run started from, the run's key is deleted on
-        exit.
+        The run key is written on entry and locked until exit (a second run
+        raises ``CheckpointFailed`` on entry); deleted on exit once the
+        conversation is saved past the revision the run started from.
         """
         return RunCheckpoint(self, conversation, durability=durability)
 
@@ -543,9 +471,8 @@ class CheckpointConversationStore(ConversationStore):
         if base is None and revision is not None:
             # Not known (serialized since it was loaded): count what its revision stores.
             current = self._fetch(conversation.conversation_id)
-            record = None if current is None else current.record
-            if current is not None and record is not None and record.revision == revision:
-                base = len(current.chain(record.head_id))
+            if current is not None and current.record.revision == revision:
+                base = len(current.chain(current.record.head_id))
             else:
                 base = len(conversation.messages)  # moved on: resume() will not take this run
         run = load(self.store, run_key(conversation.conversation_id), _RunState)
@@ -566,13 +493,7 @@ class CheckpointConversationStore(ConversationStore):
     async def resume(
         self, conversation_id: str, *, scope: str | None = None
     ) -> Conversation | None:
-        """Load a conversation with the messages of a run that never reached ``save``.
-
-        The run's messages (if the conversation is still at the revision the
-        run started from) are repaired with ``repair_messages`` and added
-        after the stored ones, so the next run carries them and its save
-        stores them.  Without such a run this is ``load``.
-        """
+        """``load``, plus the messages (repaired) of a run from its revision that never saved."""
         conversation = await self.load(conversation_id, scope=scope)
         run = await anyio.to_thread.run_sync(load, self.store, run_key(conversation_id), _RunState)
         if run is None:
@@ -585,10 +506,7 @@ class CheckpointConversationStore(ConversationStore):
         extra = _decode_messages([bytes(raw) for raw in state.messages])
         if conversation is None:
             conversation = Conversation(conversation_id=conversation_id, new_message_index=0)
-        repaired = repair_messages([*conversation.messages, *extra])
-        index = conversation.new_message_index
-        conversation.messages[:] = repaired
-        conversation.new_message_index = index
+        conversation.messages[:] = repair_messages([*conversation.messages, *extra])
         return conversation
 
 
@@ -620,13 +538,8 @@ class RunCheckpoint:
         return Snapshot(self._key, state)
 
     async def __aenter__(self) -> RunCheckpoint:
-        """Write the run's key once, which takes its lock for the run.
-
-        Raises:
-            CheckpointFailed: another run of the conversation holds its run
-                key (``"locked"``, naming the holder) or wrote it since it was
-                read here (``"conflict"``).
-        """
+        """Write the run's key once, which takes its lock for the run; ``CheckpointFailed`` if
+        another run holds it (``"locked"``) or wrote it since it was read (``"conflict"``)."""
         conversations = self._conversations
         self._base, stored = await anyio.to_thread.run_sync(
             conversations._run_start, self._conversation
@@ -646,18 +559,9 @@ class RunCheckpoint:
         self._writer = writer
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Write a final time; drop the run's key if the conversation was saved since.
-
-        Raises:
-            CheckpointFailed: the final write failed and the conversation was
-                not saved since (the run is not on disk), unless the block raised.
-        """
+    async def __aexit__(self, _type: object, exc: object, _tb: object) -> None:
+        """Write a final time; drop the run's key if the conversation was saved since.  A failed
+        final write of an unsaved run raises ``CheckpointFailed``, unless the block raised."""
         writer, self._writer = self._writer, None
         if writer is None:
             return
@@ -673,10 +577,8 @@ class RunCheckpoint:
     def update(self, run: Any) -> Failed | None:
         """Take the run's messages now (``run.all_messages()``, or a list of messages).
 
-        Returns:
-            None, or ``Failed("encode-failed")`` (logged) when a message holds
-            a value neither msgspec nor pydantic can encode: the run goes on,
-            and its checkpoint keeps the messages taken last time.
+        Returns ``Failed("encode-failed")`` (logged) if a message cannot be
+        encoded: the run goes on, its checkpoint keeps the messages taken before.
         """
         messages = run if isinstance(run, list) else run.all_messages()
         try:
@@ -691,12 +593,8 @@ class RunCheckpoint:
     async def checkpoint(self, run: Any) -> Failed | None:
         """``update``, then (``durability="sync"``) wait for the durable write.
 
-        Returns:
-            None, or the ``Failed("encode-failed")`` of ``update`` (never
-            raised into the run).
-
-        Raises:
-            CheckpointFailed: a durable write failed.
+        Returns ``update``'s ``Failed``, if any; raises ``CheckpointFailed`` if
+        a durable write failed.
         """
         failed = self.update(run)
         if failed is not None:

@@ -1,10 +1,4 @@
-"""Summary checkpoints: a long session collapsed to a summary and a recent tail.
-
-``collapse`` summarizes all but the last messages and writes
-``<root>/sessions/<key>/checkpoint.md`` (Markdown with a front matter);
-``load_summary`` reads it back, ``resume_context`` builds the model's context
-from it and the tail.
-"""
+"""Summary checkpoints: a long session collapsed to a summary and a recent tail."""
 
 from ._stores.summaries import load_summary, summary_path, write_summary
 from ._transcript.summary import resume_context

@@ -1,11 +1,5 @@
-"""The ``checkpointer`` command line (also ``python -m checkpointer``).
-
-``ls``, ``show``, ``verify`` and ``prune`` look at a ROOT: a store directory,
-an ``s3://bucket/prefix`` or a ``postgresql://`` URI (``--dsn``: any libpq
-connection string), each command written once over a ``Root`` (``roots.py``);
-``demo`` and ``pg-schema`` stand alone.  All output goes through ``report.py``.
-Exit status: 0 all well; 1 a problem with the store (a missing root, an
-unknown key, a bad file, a server that cannot be reached); 2 a usage error.
+"""The ``checkpointer`` command line (also ``python -m checkpointer``): ``ls``, ``show``,
+``verify`` and ``prune``, each written once over a ``Root`` (``roots.py``); ``demo``; ``pg-schema``.
 """
 
 from __future__ import annotations
@@ -14,23 +8,22 @@ import argparse
 import contextlib
 import logging
 import re
-import sys
 from collections.abc import Sequence
 
+from .. import PostgresStore
 from .. import __version__ as VERSION
-from . import demo, ls, pg_schema, prune, report, show, verify
+from ..stores import PostgresStoreError
+from . import demo, ls, prune, report, show, verify
 from .directory import DirectoryRoot
 from .prune import parse_duration
-from .roots import PG_SCHEMES, S3_SCHEME, PostgresRoot, Root, RootError, S3Root
+from .roots import PG_SCHEMES, S3_SCHEME, PostgresRoot, Root, RootError, S3Root, schema_sql
 
 __all__ = ["main", "parse_duration"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit status."""
     parser, commands = _build_parser()
-    words = list(sys.argv[1:] if argv is None else argv)
-    args, extras = parser.parse_known_args(words)
+    args, extras = parser.parse_known_args(argv)
     if extras:  # said by the command's own parser, in the user's words
         commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extras)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
@@ -70,27 +63,17 @@ def _open(args: argparse.Namespace) -> Root:
 
 
 def _settle_root(args: argparse.Namespace) -> None:
-    """Check ROOT (and KEY) against ``--dsn``; with ``--dsn``, ROOT becomes the DSN.
-
-    ROOT is optional on the parser only so that ``--dsn`` can stand in for it;
-    without ``--dsn`` a missing ROOT is the usage error it would be (exit 2).
-    """
+    """Check ROOT (optional on the parser only for ``--dsn``) and KEY; ``--dsn`` becomes ROOT."""
     parser: argparse.ArgumentParser = args.parser
-    has_key = hasattr(args, "key")
-    if args.dsn is None:
-        missing = ["ROOT"] if args.root is None else []
-        if has_key and args.key is None:
-            missing.append("KEY")
-        if missing:
-            parser.error(f"the following arguments are required: {', '.join(missing)}")
-        return
-    if has_key and args.key is None:  # `show --dsn DSN KEY`: the one positional is KEY
-        args.root, args.key = None, args.root
-    if args.root is not None:
-        parser.error("give ROOT or --dsn, not both")
-    if has_key and args.key is None:
-        parser.error("the following arguments are required: KEY")
-    args.root = args.dsn
+    if args.dsn is not None:
+        if getattr(args, "key", "") is None:  # `show --dsn DSN KEY`: the one positional is KEY
+            args.root, args.key = None, args.root
+        if args.root is not None:
+            parser.error("give ROOT or --dsn, not both")
+        args.root = args.dsn
+    given = (("ROOT", args.root), ("KEY", getattr(args, "key", "")))
+    if missing := [name for name, value in given if value is None]:
+        parser.error(f"the following arguments are required: {', '.join(missing)}")
 
 
 _ROOT = (
@@ -132,6 +115,41 @@ def _build_parser() -> tuple[
         sub.add_argument("--dsn", help=_DSN)
         sub.add_argument("--endpoint-url", help=_ENDPOINT)
         sub.set_defaults(run=_on_a_root, on_root=command.run, parser=sub)
-    demo.add_command(commands)
-    pg_schema.add_command(commands)
+    sub = commands.add_parser(
+        "demo",
+        help="run a simulated agent loop checkpointed to a local directory",
+        description="Run a simulated agent whose run-ended events are coalesced into "
+        "durable checkpoint writes, then load the file back and compare.",
+    )
+    demo.arguments(sub)
+    sub.set_defaults(run=demo.run)
+    pg = commands.add_parser(
+        "pg-schema",
+        help="create the PostgresStore tables",
+        description="Create the tables PostgresStore uses (if they are not there), in one "
+        "transaction, and print the schema version; or print the SQL with --sql.",
+    )
+    pg.add_argument(
+        "dsn",
+        nargs="?",
+        default="",
+        help="libpq connection string or URI (default: the PG* environment variables)",
+    )
+    pg.add_argument("--schema", default="checkpointer", help="PostgreSQL schema (%(default)s)")
+    pg.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+    pg.set_defaults(run=_pg_schema)
     return parser, commands
+
+
+def _pg_schema(args: argparse.Namespace) -> int:
+    try:
+        if args.sql:
+            report.line(schema_sql(args.schema).removesuffix("\n"))
+            return report.OK
+        with PostgresStore(args.dsn, schema=args.schema) as store:
+            version = store.create_schema()
+            report.line(f"{store.location('')[:-1]}: schema version {version}")
+    except (ImportError, ValueError, PostgresStoreError) as exc:
+        report.error("pg-schema", str(exc))
+        return report.PROBLEM
+    return report.OK

@@ -1,13 +1,6 @@
-"""A store directory as a ``Root``: its checkpoint files, lock files and side files.
-
-Snapshots ``<key>.json`` and journals ``<key>.jsonl`` are read through their
-stores.  ``lock`` looks at ``<key>.lock`` with ``probe_file_lock``, which never
-takes a lock a writer could be reaching for; ``delete`` takes the key's writer
-lock, whose release unlinks the lock file.  The side files are summary
-checkpoints (``sessions/<key>/checkpoint.md``) and corrupt files a writer
-moved aside (``<key>.corrupt-<UTC time>``).  ``sessions/`` and
-``sessions/<key>/`` are opened without following a link, each relative to its
-parent's descriptor, so nothing planted there leads outside the root.
+"""A store directory as a ``Root``: checkpoint files, lock files, summaries
+(``sessions/<key>/checkpoint.md``) and corrupt files (``<key>.corrupt-<UTC time>``).  Below
+the root nothing is reached through a link, so nothing planted leads outside it.
 """
 
 from __future__ import annotations
@@ -21,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from checkpointer import CheckpointError, FileStore, JournalStore
-from checkpointer._stores.atomic import fsync_fd
+from checkpointer._stores.atomic import fsync_dir, fsync_fd
 from checkpointer._stores.base import KEY_PATTERN
 from checkpointer._stores.flock import probe_file_lock
 from checkpointer._stores.safefs import UnsafeFile, describe, open_dir, open_subdir
@@ -39,7 +32,6 @@ from .roots import (
     Removal,
     Root,
     RootError,
-    Scan,
     each,
     why,
 )
@@ -49,8 +41,6 @@ _SUMMARY_TEMP = re.compile(r"\.checkpoint\.md\..+\.tmp")  # a write_summary that
 
 
 class DirectoryRoot(Root):
-    """A ``FileStore`` / ``JournalStore`` directory."""
-
     noun = "file"
     unreadable = "{n} file(s) cannot be read; `checkpointer verify {where}` says why"
     prune_noun = "file(s)"
@@ -63,7 +53,7 @@ class DirectoryRoot(Root):
         except ValueError as exc:  # an empty path
             raise RootError(str(exc)) from None
 
-    def scan(self) -> Scan:
+    def scan(self) -> list[Entry]:
         root = self.where
         if not os.path.exists(root):
             raise RootError(f"no such directory: {root} (a writer creates it on its first write)")
@@ -73,19 +63,10 @@ class DirectoryRoot(Root):
             names = sorted(os.listdir(root))
         except OSError as exc:
             raise RootError(f"cannot list {root}: {why(exc)}") from None
-        kinds = {LOCK_SUFFIX: "lock", **{s.suffix: kind for kind, s in self.stores.items()}}
-        entries: list[Entry] = []
-        locks: set[str] = set()
-        for name in names:
-            key, suffix = os.path.splitext(name)
-            kind = kinds.get(suffix)
-            if kind is None or not KEY_PATTERN.fullmatch(key):
-                continue
-            if kind == "lock":
-                locks.add(key)
-            else:
-                entries.append(Entry(key, kind, os.path.join(root, name)))
-        return Scan(entries, frozenset(locks))
+        kinds = {store.suffix: kind for kind, store in self.stores.items()}
+        named = [(k, s) for k, s in map(os.path.splitext, names) if KEY_PATTERN.fullmatch(k)]
+        self.lock_keys = frozenset(key for key, suffix in named if suffix == LOCK_SUFFIX)
+        return [Entry(k, kinds[s], os.path.join(root, k + s)) for k, s in named if s in kinds]
 
     def _lock_path(self, key: str) -> str:
         return os.path.join(self.where, key + LOCK_SUFFIX)
@@ -116,18 +97,10 @@ class DirectoryRoot(Root):
         return [os.path.join(self.where, name) for name in names if ASIDE.search(name)]
 
     def planted(self, entry: Entry) -> str | None:
-        if entry.kind == "summary":
-            extra = self.extra(entry)
-            return None if extra is None else extra.problem
         try:
-            st = os.lstat(entry.path)
+            return _unsafe(entry.path, os.lstat(entry.path))
         except OSError:
             return None  # gone: nothing to remove
-        return (
-            None
-            if stat.S_ISREG(st.st_mode)
-            else str(UnsafeFile(entry.path, describe(st, entry.path)))
-        )
 
     def extras(self) -> Extras:
         asides = ((ASIDE.sub("", os.path.basename(p)), p) for p in self.asides())
@@ -136,7 +109,7 @@ class DirectoryRoot(Root):
         sessions = os.path.join(self.where, SESSIONS)
         keys: list[str] = []
         try:
-            with self._sessions() as fd:
+            with self._summary_dir() as (fd, _):
                 keys = [name for name in sorted(os.listdir(fd)) if KEY_PATTERN.fullmatch(name)]
         except FileNotFoundError:
             pass
@@ -172,9 +145,8 @@ class DirectoryRoot(Root):
     def delete(
         self, key: str, old: Sequence[tuple[Entry, str]], *, recheck: Recheck, stale: str | None
     ) -> list[Removal]:
-        # Holding the writer lock keeps a writer from starting on the key
-        # midway; releasing it unlinks the lock file (the library's release,
-        # which a writer waiting on the old file notices and starts over).
+        # The writer lock keeps a writer from starting on the key midway; its release
+        # unlinks the lock file (a writer waiting on the old file notices, starts over).
         lock_path = self._lock_path(key)
         try:
             held = self.stores["snapshot"].lock(key)
@@ -197,31 +169,22 @@ class DirectoryRoot(Root):
         return self._durably(done)
 
     def _remove(self, entry: Entry, reason: str) -> Removal | None:
-        if entry.kind == "summary":
-            return self._remove_summary(entry, reason)
         try:
+            if entry.kind == "summary":
+                return self._remove_summary(entry, reason)
             os.unlink(entry.path)
         except FileNotFoundError:
-            return None
+            return Removal(entry.path, "kept", "gone already") if entry.kind == "summary" else None
         except OSError as exc:
             return Removal(entry.path, "failed", f"cannot remove {entry.path}: {why(exc)}")
         return Removal(entry.path, "removed", reason)
 
     def _durably(self, done: list[Removal]) -> list[Removal]:
-        """``done``, once its removals are durable: one fsync of the directory.
-
-        An unlink is undone by a power cut until its directory is fsynced: a
-        pruned checkpoint would come back.  If that fsync fails, each removal
-        says so instead of "removed".
-        """
+        """``done``, its unlinks made durable (a power cut undoes them until then), or failed."""
         if not any(removal.outcome == "removed" for removal in done):
             return done
         try:
-            fd = open_dir(self.where)
-            try:
-                fsync_fd(fd)
-            finally:
-                os.close(fd)
+            fsync_dir(self.where, fsync_fd)
         except OSError as exc:
             problem = (
                 f"removed, but {self.where} could not be synced ({why(exc)}): it may come back"
@@ -235,56 +198,40 @@ class DirectoryRoot(Root):
         return done
 
     def _remove_summary(self, entry: Entry, reason: str) -> Removal:
-        """Remove a summary, a dead write's temp file, and its directory if that is empty.
-
-        Kept if its key has a checkpoint again; nothing planted on the way or
-        in its place is followed or removed.
-        """
+        """Remove a summary (unless its key has a checkpoint again), a dead write's temp file,
+        and its directory if that is empty; nothing planted is followed or removed."""
         if any(os.path.lexists(store.location(entry.key)) for store in self.stores.values()):
             return Removal(entry.path, "kept", "its key has a checkpoint again")
-        try:
-            with self._summary_dir(entry.key) as (sessions, fd):
-                _summary_stat(fd, entry.path)
-                os.unlink(SUMMARY, dir_fd=fd)
-                for name in os.listdir(fd):
-                    if _SUMMARY_TEMP.fullmatch(name):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(name, dir_fd=fd)
-                fsync_fd(fd)
-                try:
-                    os.rmdir(entry.key, dir_fd=sessions)  # a link swapped in: ENOTDIR, left
-                except OSError:
-                    stays = f"{os.path.dirname(entry.path)} holds other files, so it stays"
-                    return Removal(entry.path, "removed", f"{reason}; {stays}")
-                fsync_fd(sessions)
-        except FileNotFoundError:
-            return Removal(entry.path, "kept", "gone already")
-        except OSError as exc:
-            return Removal(entry.path, "failed", f"cannot remove {entry.path}: {why(exc)}")
+        with self._summary_dir(entry.key) as (sessions, fd):
+            _summary_stat(fd, entry.path)
+            os.unlink(SUMMARY, dir_fd=fd)
+            for name in os.listdir(fd):
+                if _SUMMARY_TEMP.fullmatch(name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=fd)
+            fsync_fd(fd)
+            try:
+                os.rmdir(entry.key, dir_fd=sessions)  # a link swapped in: ENOTDIR, left
+            except OSError:
+                stays = f"{os.path.dirname(entry.path)} holds other files, so it stays"
+                return Removal(entry.path, "removed", f"{reason}; {stays}")
+            fsync_fd(sessions)
         return Removal(entry.path, "removed", reason)
 
     @contextlib.contextmanager
-    def _sessions(self) -> Iterator[int]:
-        """A descriptor of ``sessions/``, reached without following a link below the root."""
-        top = open_dir(self.where)
-        try:
-            fd = open_subdir(top, SESSIONS, os.path.join(self.where, SESSIONS))
-        finally:
-            os.close(top)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
-
-    @contextlib.contextmanager
-    def _summary_dir(self, key: str) -> Iterator[tuple[int, int]]:
-        """Descriptors of ``sessions/`` and ``sessions/<key>/``, never through a link."""
-        with self._sessions() as sessions:
-            fd = open_subdir(sessions, key, os.path.join(self.where, SESSIONS, key))
+    def _summary_dir(self, key: str = "") -> Iterator[tuple[int, int]]:
+        """Descriptors of ``sessions/`` and ``sessions/<key>/`` (-1 without ``key``)."""
+        with contextlib.ExitStack() as stack:
+            top = open_dir(self.where)
             try:
-                yield sessions, fd
+                sessions = open_subdir(top, SESSIONS, os.path.join(self.where, SESSIONS))
             finally:
-                os.close(fd)
+                os.close(top)
+            stack.callback(os.close, sessions)
+            fd = open_subdir(sessions, key, os.path.join(self.where, SESSIONS, key)) if key else -1
+            if key:
+                stack.callback(os.close, fd)
+            yield sessions, fd
 
 
 def _summary_stat(fd: int, path: str) -> os.stat_result:
@@ -303,9 +250,13 @@ def _corrupt(entry: Entry) -> Extra | None:
         return None
     # The later of the two: a rename keeps the file's old mtime.
     time = max(_moved_aside(entry.path), datetime.fromtimestamp(st.st_mtime, UTC))
-    if not stat.S_ISREG(st.st_mode):
-        return Extra(entry, 0, time, str(UnsafeFile(entry.path, describe(st, entry.path))))
-    return Extra(entry, st.st_size, time)
+    problem = _unsafe(entry.path, st)
+    return Extra(entry, 0 if problem else st.st_size, time, problem)
+
+
+def _unsafe(path: str, st: os.stat_result) -> str | None:
+    """Why a file met (not followed) is not ours to touch: not a regular file; or None."""
+    return None if stat.S_ISREG(st.st_mode) else str(UnsafeFile(path, describe(st, path)))
 
 
 def _moved_aside(path: str) -> datetime:

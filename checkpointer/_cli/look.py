@@ -1,17 +1,5 @@
-"""What the commands say about one checkpoint of a root: its ``Row``, and its history.
-
-``inspect`` fills the row ``ls`` prints (and ``ls --json`` encodes) from
-the root's answers; ``show`` and ``prune`` use the same row.  ``read``
-turns a root's refusal to load a checkpoint into the reason printed.
-
-``history`` finds the agent history in a state, in the layouts the
-adapters store: ``state["messages"]`` (our own writers, the Agents SDK
-session, a pydantic-ai run in flight); a pydantic-ai conversation, whose
-``messages`` are entries ``{id, parent_id, message}`` and whose history is
-the chain of entries up to ``record.head_id``; a LangGraph thread log, whose
-rows hold LangGraph's serde bytes, which only LangGraph can decode (not
-checked, said so).  The messages themselves may be of any dialect the
-transcript helpers know.
+"""What the commands say about one checkpoint of a root: its ``Row`` (``inspect``, the
+row ``ls`` prints), and its agent history (``history``, in the layouts the adapters store).
 """
 
 from __future__ import annotations
@@ -56,21 +44,16 @@ class Row(msgspec.Struct, kw_only=True):
 
 
 class Look(NamedTuple):
-    """A checkpoint looked at: its row, what it holds (None: unreadable), its lock."""
-
     row: Row
-    loaded: Checkpoint[Any] | None
+    loaded: Checkpoint[Any] | None  # None: unreadable
     lock: LockView | None
 
 
 def read(root: Root, get: Callable[[Entry], T | None], entry: Entry) -> tuple[T | None, str | None]:
-    """``get(entry)``: (what it gives, None), or (None, why it cannot be trusted).
-
-    A failure of the root itself (a server gone) is raised: it ends the command.
-    """
+    """``get(entry)``: (what it gives, None), or (None, why it cannot be trusted)."""
     try:
         found = get(entry)
-    except root.failure:
+    except root.failure:  # the root itself failed (a server gone): it ends the command
         raise
     except CheckpointError as exc:  # a damaged file or journal row
         return None, exc.reason
@@ -109,27 +92,20 @@ def inspect(root: Root, entry: Entry, *, lock: bool = True) -> Look:
 
 
 class History(NamedTuple):
-    """The agent history of a state, and where its messages are.
-
-    ``messages`` is None when the state holds one this tool cannot read
-    (``note`` says why: it is not checked); ``at(i)`` is the JSON path of
-    message ``i``.
-    """
+    """An agent history: its messages (None: unreadable, ``note`` says why), their JSON paths."""
 
     messages: list[Any] | None
     at: Callable[[int], str]
     note: str | None = None
 
 
-def _plain(i: int) -> str:
-    return f"{AT}[{i}]"
-
-
+_plain = f"{AT}[{{}}]".format  # the JSON path of message i
 _LANGGRAPH_ROWS = frozenset({"checkpoint", "blob", "tail", "write"})
 
 
 def history(state: Any) -> History | None:
-    """The agent history in a state, in any layout the adapters store; None without one."""
+    """The agent history in ``state["messages"]`` (or a pydantic-ai conversation's chain of
+    entries; a LangGraph thread log's serde bytes are not checked); None without one."""
     if not isinstance(state, dict) or "messages" not in state:
         return None
     listed = state["messages"]

@@ -1,9 +1,5 @@
-"""``checkpointer ls``: one row per checkpoint of a root (``--json`` for scripts).
-
-A key's summary checkpoint (``sessions/<key>/checkpoint.md``) is shown in a
-SUMMARY column (its age), and a key with a summary but no checkpoint gets a
-row of its own (kind ``summary``); corrupt files a writer moved aside are
-named in a note after the table.  Neither changes the exit status.
+"""``checkpointer ls``: one row per checkpoint of a root (``--json`` for scripts); summary
+checkpoints in a column (alone: a row), corrupt files in a note, neither changing the status.
 """
 
 from __future__ import annotations
@@ -51,12 +47,14 @@ _ONLY = "(a summary only: no checkpoint)"  # the TITLE of a key's summary row
 
 def run(root: Root, args: argparse.Namespace) -> int:
     """List the checkpoints of ``root``; 1 when some cannot be read (they are marked)."""
-    rows = [inspect(root, entry).row for entry in root.scan().entries]
+    rows = [inspect(root, entry).row for entry in root.scan()]
     extras = root.extras()
     summaries = {e.entry.key: e for e in extras.found if e.entry.kind == "summary"}
     corrupt = [e.entry.path for e in extras.found if e.entry.kind == "corrupt" and not e.problem]
     for row in rows:
-        _with_summary(row, summaries.get(row.key))
+        extra = summaries.get(row.key)
+        if extra is not None and extra.problem is None:
+            row.summary, row.summary_at = extra.entry.path, extra.time
     keys = {r.key for r in rows}
     rows += [_summary_row(root, extra) for key, extra in summaries.items() if key not in keys]
     rows.sort(key=lambda r: r.key)
@@ -102,10 +100,10 @@ def _table(rows: list[Row], summaries: dict[str, Extra]) -> None:
                 *([r.kind] if kinds else []),
                 report.when(r.updated_at),
                 report.size(r.size),
-                "-" if only else report.opt(r.seq),
-                "-" if only else report.opt(r.turns) if r.error or r.turns is not None else "-",
-                "-" if only else report.yes(r.live),
-                "-" if only else report.yes(r.pinned),
+                "-" if only else report.value(r.seq),
+                "-" if only else report.value(r.turns) if r.error or r.turns is not None else "-",
+                "-" if only else report.value(r.live),
+                "-" if only else report.value(r.pinned),
                 r.lock or "-",
                 *([_age(summaries.get(r.key), now)] if summaries else []),
                 _ONLY if only else f"! {r.error}" if r.error else r.title,
@@ -114,17 +112,11 @@ def _table(rows: list[Row], summaries: dict[str, Extra]) -> None:
     report.table(table, right={2 + kinds, 3 + kinds, 4 + kinds})  # size, seq, turns
 
 
-def _with_summary(row: Row, extra: Extra | None) -> None:
-    if extra is not None and extra.problem is None:
-        row.summary, row.summary_at = extra.entry.path, extra.time
-
-
 def _summary_row(root: Root, extra: Extra) -> Row:
-    """The row of a key that has a summary checkpoint and no checkpoint."""
     entry = extra.entry
     row = Row(key=entry.key, kind="summary", path=entry.path, size=extra.size, mtime=extra.time)
-    row.updated_at = extra.time if extra.problem is None else None
-    _with_summary(row, extra)
+    if extra.problem is None:
+        row.updated_at, row.summary, row.summary_at = extra.time, entry.path, extra.time
     view = root.lock(entry.key)
     if view is not None:
         row.lock, row.lock_holder = view.state, view.holder
@@ -132,7 +124,6 @@ def _summary_row(root: Root, extra: Extra) -> Row:
 
 
 def _age(extra: Extra | None, now: datetime) -> str:
-    """The SUMMARY cell: how old the key's summary is, ``!`` when it cannot be read."""
     if extra is None:
         return "-"
     if extra.problem or extra.unreadable:

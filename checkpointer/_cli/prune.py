@@ -1,14 +1,8 @@
 """``checkpointer prune``: remove checkpoints not updated for a while, and stale locks.
 
-Never anything of a key whose lock holder is alive (or may be), nor a
-pinned checkpoint, nor what is not a file this library made.  The keys'
-locks are looked at first (``Root.lock``); what is to go is then deleted
-under the key's own writer lock (``Root.delete``), each checkpoint looked at
-again once the lock is held, so a session resumed and written since the
-listing stays.  A directory's stale lock files go too, whatever their age.
-Summary checkpoints and corrupt files a writer moved aside stay unless
-``--summaries`` or ``--corrupt`` asks for them (prune counts them, naming the
-flag); a summary goes only with its key's last checkpoint.
+Never anything of a key whose lock holder is alive (or may be), a pinned checkpoint, or
+what this library did not make; each checkpoint is looked at again under the key's writer
+lock, so a session written since the listing stays.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from typing import NamedTuple
 
 from . import report
 from .look import Row, inspect
-from .roots import Entry, Extra, LockView, Recheck, Removal, Root
+from .roots import Entry, Extra, Recheck, Removal, Root
 
 HELP = "remove checkpoints not updated for a while, and stale locks"
 DESCRIPTION = (
@@ -36,19 +30,13 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 
 
-class Duration(NamedTuple):
-    """A parsed ``--older-than``: seconds, and the text the user wrote."""
-
+class Duration(NamedTuple):  # a parsed ``--older-than``
     seconds: float
     text: str
 
 
 def parse_duration(text: str) -> Duration:
-    """Parse a number and a unit, or several: ``7d``, ``12h``, ``30m``, ``1h30m`` (s, m, h, d, w).
-
-    Raises:
-        argparse.ArgumentTypeError: naming the text and the accepted forms.
-    """
+    """Parse ``7d``, ``12h``, ``30m``, ``1h30m`` (s, m, h, d, w); ArgumentTypeError if bad."""
     compact = text.strip().lower()
     forms = "use a number and a unit (s, m, h, d, w), e.g. 7d, 12h, 30m or 1h30m"
     if compact.startswith("-"):
@@ -89,9 +77,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 def run(root: Root, args: argparse.Namespace) -> int:
     """Prune ``root``; 1 when something could not be removed or was refused (on stderr)."""
     prune = _Prune(root, args)
-    scan = root.scan()
     by_key: dict[str, list[Entry]] = {}
-    for entry in scan.entries:
+    for entry in root.scan():
         by_key.setdefault(entry.key, []).append(entry)
     extras: dict[str, list[Extra]] = {}
     flags = [flag for kind, flag in _FLAGS.items() if prune.wanted[kind]]
@@ -106,25 +93,22 @@ def run(root: Root, args: argparse.Namespace) -> int:
             prune.refuse(problem)  # `sessions` planted: none of its summaries looked at
         for extra in found.found:
             extras.setdefault(extra.entry.key, []).append(extra)
-    for key in sorted(by_key.keys() | scan.lock_keys | extras.keys()):
+    for key in sorted(by_key.keys() | root.lock_keys | extras.keys()):
         prune.key(key, by_key.get(key, []), extras.get(key, []))
     return prune.summary()
 
 
 class _Prune:
-    """One prune: what it removes, keeps and refuses, as lines to print and counts.
-
-    Errors are said at once, on stderr.
-    """
+    """One prune: what it removes, keeps and refuses, as lines to print and counts."""
 
     def __init__(self, root: Root, args: argparse.Namespace) -> None:
         self.root, self.limit, self.dry_run = root, args.older_than, args.dry_run
         self.wanted = {"summary": args.summaries, "corrupt": args.corrupt}
         self.now = datetime.now(UTC)
         self.lines: list[str] = []
-        self.removed = self.locks = self.kept = self.failed = 0
+        self.kept = self.failed = 0
         self.kinds: dict[str, str] = {}  # path -> "summary" or "corrupt" (else a checkpoint)
-        self.extras = {"summary": 0, "corrupt": 0}  # removed
+        self.gone = {"checkpoint": 0, "summary": 0, "corrupt": 0, "lock": 0}
         self.asides = {"summary": 0, "corrupt": 0}  # old enough, kept as not asked for
 
     def key(self, key: str, entries: list[Entry], extras: list[Extra]) -> None:
@@ -182,12 +166,15 @@ class _Prune:
         lock = self.root.lock(key)
         held = None
         if lock is not None and lock.problem is not None:
-            # Not a lock file this library made: leave it and the key alone.
             self.refuse(lock.problem)
             held = f"its lock file {lock.path} is not one this library made"
         elif lock is not None and lock.state != "stale":
-            # A live writer's key, or one we cannot tell about: leave all of it, lock too.
-            held = _held(self.root, lock)
+            # A live writer's key, or one we cannot tell about: all of it stays, lock too.
+            held = "its lock holder is alive"
+            if lock.state == "unknown":
+                held = "cannot tell if its lock is held"
+            elif not self.root.lock_files:
+                held += f" ({lock.holder})"
         if held is not None:
             for entry, _ in old:
                 self.keep(entry.path, held)
@@ -210,7 +197,7 @@ class _Prune:
         self.lines.append(f"kept {path}: {why}")
 
     def refuse(self, problem: str) -> None:
-        """Something planted in the root (``UnsafeFile``'s text): left, and counted as failed."""
+        """Something planted in the root: left, and counted as failed (said on stderr)."""
         self.failed += 1
         report.error("prune", problem)
 
@@ -220,13 +207,7 @@ class _Prune:
         elif removal.outcome == "failed":
             self.refuse(removal.why)
         else:
-            kind = self.kinds.get(removal.path)
-            if removal.lock:
-                self.locks += 1
-            elif kind is not None:
-                self.extras[kind] += 1
-            else:
-                self.removed += 1
+            self.gone["lock" if removal.lock else self.kinds.get(removal.path, "checkpoint")] += 1
             verb = "would remove" if self.dry_run else "removed"
             self.lines.append(f"{verb} {removal.path} ({removal.why})")
 
@@ -240,10 +221,11 @@ class _Prune:
             for line in self.lines:
                 report.line(line)
             verb = "would remove" if self.dry_run else "removed"
-            said = f"{verb} {self.removed} {root.prune_noun} older than {limit}"
-            said += "".join(f", {n} {_NOUNS[kind]}" for kind, n in self.extras.items() if n)
+            gone = self.gone
+            said = f"{verb} {gone['checkpoint']} {root.prune_noun} older than {limit}"
+            said += "".join(f", {gone[kind]} {_NOUNS[kind]}" for kind in _NOUNS if gone[kind])
             if root.lock_files:
-                said += f" and {self.locks} stale lock file(s)"
+                said += f" and {gone['lock']} stale lock file(s)"
             said += f", kept {self.kept}"
             report.line(said + (f", {self.failed} could not be removed" if self.failed else ""))
         asides = {kind: n for kind, n in self.asides.items() if n}
@@ -255,11 +237,10 @@ class _Prune:
 
 
 def _recheck(root: Root, listed: dict[str, Row | Extra]) -> Recheck:
-    """For ``Root.delete``: keep what was written (time, pin, size) since ``listed``."""
+    """For ``Root.delete``, once no writer can write: keep what a writer that resumed the key
+    wrote (time, pin, size) since ``listed``."""
 
     def recheck(entry: Entry) -> str | None:
-        # A writer may have resumed the key and written it between the
-        # listing and the lock: look again, now that none can write.
         was = listed[entry.path]
         if isinstance(was, Extra):
             extra = root.extra(entry)
@@ -275,11 +256,3 @@ def _recheck(root: Root, listed: dict[str, Row | Extra]) -> Recheck:
 def _updated(root: Root, row: Row) -> datetime | None:
     """When a checkpoint was last written: its meta says, or (unreadable) its file's time."""
     return row.updated_at or (row.mtime if root.mtimes else None)
-
-
-def _held(root: Root, lock: LockView) -> str:
-    if lock.state == "unknown":
-        return "cannot tell if its lock is held"
-    if root.lock_files:
-        return "its lock holder is alive"  # `show` names it, with the lock file
-    return f"its lock holder is alive ({lock.holder})"

@@ -1,11 +1,6 @@
-"""What the commands print, and how values read in it: the one module that writes output.
-
-A checkpoint holds untrusted text (model and tool output), so everything
-printed goes through ``safe``: control characters as visible escapes
-(``\\x1b``), so a session cannot drive the terminal (OSC 52 writes the
-clipboard), and in table cells and field values newlines and tabs too, so a
-value cannot break the layout.  ``--json`` escapes them as ``\\u`` escapes;
-``show --raw`` writes bytes as they are, but escaped to a terminal.
+"""What the commands print: the one module that writes output.  A checkpoint holds untrusted
+text, so all of it goes through ``safe`` (control characters escaped; in table cells and
+fields, newlines and tabs too): a session cannot drive the terminal.
 """
 
 from __future__ import annotations
@@ -22,18 +17,14 @@ import msgspec
 
 from .roots import detect
 
-OK, PROBLEM, USAGE = 0, 1, 2
-"""Exit statuses: all well; a problem with the store; a usage error (argparse's own)."""
+OK, PROBLEM, USAGE = 0, 1, 2  # exit statuses: all well; a store's problem; a usage error
 
-
-# -- control characters ------------------------------------------------------------
-
+# Escaped: C0 controls (in text, not newline and tab), DEL, C1 controls (8-bit CSI
+# and OSC), and the line separators and bidirectional overrides.
 _CONTROL = r"\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
 _IN_TEXT = re.compile(f"[{_CONTROL}]")
 _IN_CELL = re.compile(rf"[\t\n{_CONTROL}]")
 _IN_JSON = re.compile(r"[\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-"""C0 controls but newline and tab, DEL, C1 controls (8-bit CSI and OSC), and the
-line separators and bidirectional overrides that make text read otherwise."""
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -42,19 +33,11 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def safe(text: str, *, cell: bool = False) -> str:
-    """``text`` with its control characters as visible escapes (``\\x1b``).
-
-    Args:
-        cell: a table cell or a field value: newlines and tabs are escaped too.
-    """
+    """``text`` with its control characters (in a ``cell``, newlines and tabs too) escaped."""
     return (_IN_CELL if cell else _IN_TEXT).sub(_escape, text)
 
 
-# -- printing --------------------------------------------------------------------
-
-
 def line(text: str = "") -> None:
-    """One line on stdout."""
     print(safe(text))
 
 
@@ -64,7 +47,6 @@ def error(command: str, message: str, *, stdout: bool = False) -> None:
 
 
 def table(rows: list[list[str]], *, right: set[int]) -> None:
-    """Columns as wide as their widest cell; those in ``right`` right-aligned."""
     rows = [[safe(cell, cell=True) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -76,7 +58,6 @@ def table(rows: list[list[str]], *, right: set[int]) -> None:
 
 
 def fields(pairs: Sequence[tuple[str, str]]) -> None:
-    """``name  value`` lines, the values aligned."""
     width = max(len(name) for name, _ in pairs)
     for name, value in pairs:
         print(f"{safe(name, cell=True):<{width}}  {safe(value, cell=True)}")
@@ -97,7 +78,6 @@ def raw(data: bytes) -> None:
 
 
 def flush() -> None:
-    """Flush stdout: a closed pipe shows here, not at interpreter exit."""
     sys.stdout.flush()
 
 
@@ -107,14 +87,8 @@ def silence() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-# -- values in words -------------------------------------------------------------
-
-
 def message_line(message: Any, width: int = 100) -> str:
-    """A message on one line, in its dialect's words: who speaks, the text, the calls made.
-
-    A message of a shape no dialect recognises is its JSON, after ``(unrecognised)``.
-    """
+    """A message on one line, in its dialect's words (else its JSON): who, text, calls made."""
     dialect = detect(message)
     if dialect is None:
         return "(unrecognised) " + one_line(msgspec.json.encode(message).decode(), width)
@@ -126,7 +100,6 @@ def message_line(message: Any, width: int = 100) -> str:
 
 
 def some(texts: Sequence[str], *, sep: str = ", ", most: int = 3) -> str:
-    """The first ``most`` of ``texts``, joined, and how many more there are."""
     shown = sep.join(texts[:most])
     return shown if len(texts) <= most else f"{shown} and {len(texts) - most} more"
 
@@ -138,7 +111,6 @@ def one_line(text: str, width: int) -> str:
 
 
 def json_type(value: Any) -> str:
-    """What kind of JSON value this is, in words."""
     names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
     if value is None:
         return "missing or null"
@@ -161,7 +133,6 @@ def when(value: datetime | None, suffix: str = "") -> str:
 
 
 def size(n: int) -> str:
-    """A size in bytes, KiB, MiB or GiB."""
     if n < 1024:
         return f"{n} B"
     scaled = n / 1024
@@ -172,20 +143,12 @@ def size(n: int) -> str:
     return f"{scaled:.1f} GiB"
 
 
-def opt(value: int | None) -> str:
-    """A number, or ``?`` when unknown."""
-    return "?" if value is None else str(value)
-
-
-def yes(value: bool | None) -> str:
-    """yes, no, or ``?`` when unknown."""
-    return "?" if value is None else "yes" if value else "no"
-
-
 def value(value: Any) -> str:
-    """A meta field's value, as ``show`` prints it."""
+    """A value as ``ls`` and ``show`` print it (``?`` when unknown)."""
+    if value is None:
+        return "?"
     if isinstance(value, bool):
-        return yes(value)
+        return "yes" if value else "no"
     if isinstance(value, datetime):
         return when(value, " UTC")
     if isinstance(value, msgspec.Struct):

@@ -1,12 +1,5 @@
-"""The places the commands look at, behind one seam: ``Root``.
-
-``ls``, ``show``, ``verify`` and ``prune`` are written once over a ``Root``:
-what it holds (``scan``), one checkpoint's size, state and bytes
-(``measure``, ``load``, ``raw``), who holds a key's writer lock (``lock``,
-only looking), and prune's deletion, each checkpoint looked at again just
-before it goes (``delete``).  A PostgreSQL store and an S3 prefix are here,
-read through the store API; a store directory is ``directory.py``.  These
-two modules are the command line's only users of the library's private ones.
+"""The places the commands look at, behind one seam: ``Root`` (a store directory is
+``directory.py``).  These two modules are the CLI's only users of private modules.
 """
 
 from __future__ import annotations
@@ -20,9 +13,9 @@ from typing import Any, Literal, NamedTuple
 
 from checkpointer import Checkpoint, CheckpointError, PostgresStore, S3JournalStore, S3Store, load
 from checkpointer._stores.base import KEY_PATTERN, check_key
-
-# What the commands read in a history (look, show, verify): the transcript
-# helpers' dialects and their scan, passed on through this seam.
+from checkpointer._stores.postgres.schema import schema_sql as schema_sql
+from checkpointer._stores.s3.client import error_code
+from checkpointer._stores.s3.store import Listed
 from checkpointer._transcript.dialects import CHAT as CHAT
 from checkpointer._transcript.dialects import describe_shape as describe_shape
 from checkpointer._transcript.dialects import detect as detect
@@ -47,13 +40,6 @@ class Entry(NamedTuple):
     path: str  # the file, or the location (never with a password)
 
 
-class Scan(NamedTuple):
-    """What a root holds."""
-
-    entries: list[Entry]  # in the root's order: file names, or keys
-    lock_keys: frozenset[str]  # keys with a lock file of their own (a directory)
-
-
 class LockView(NamedTuple):
     """What a look at a key's writer lock found (None from ``lock``: no lock)."""
 
@@ -63,9 +49,7 @@ class LockView(NamedTuple):
     problem: str | None = None  # not a lock file this library made (a link, a FIFO, ...)
 
 
-class Removal(NamedTuple):
-    """What ``delete`` did with one path: removed, kept (and why), or failed."""
-
+class Removal(NamedTuple):  # what ``delete`` did with one path
     path: str
     outcome: Literal["removed", "kept", "failed"]
     why: str  # removed and kept: the reason shown; failed: the error message
@@ -83,27 +67,23 @@ class Extra(NamedTuple):
 
 
 class Extras(NamedTuple):
-    """The summaries and corrupt files of a root, and what is planted on the way to them."""
-
     found: list[Extra]
     problems: list[str]  # ``sessions`` a link or a file, ...: its summaries are not looked at
 
 
+# For ``delete``: why to keep an entry after all (written since it was listed), or None.
 Recheck = Callable[[Entry], str | None]
-"""For ``delete``: why to keep an entry after all (written since it was listed), or None."""
 
 
 class Root(ABC):
-    """What the commands need of a place that holds checkpoints.
-
-    The defaults fit a store with no locks to look at and no side files.
-    """
+    """What the commands need of a place that holds checkpoints (the defaults: no locks to
+    look at, no side files).  A call raises CheckpointError or OSError for an entry that
+    cannot be read; one of ``failure`` for the root itself, which ends the command."""
 
     where: str  # the root, for messages
     stores: dict[str, Any]  # entry kind -> the store that reads it
-    # How output names its things: show's first field; the line ls prints
-    # after its table ({n}, {where}), and where; prune's count; whether show
-    # of an unknown key says how many keys ls lists.
+    # How output names things: show's first field; ls's line after its table, and where;
+    # prune's count; whether show of an unknown key says how many keys ls lists.
     noun = "object"
     unreadable = "{n} key(s) cannot be read; `checkpointer verify {where}` says why"
     unreadable_on_stdout = False
@@ -112,35 +92,28 @@ class Root(ABC):
     lock_files = False  # its locks are files, left behind stale by a writer that died
     mtimes = True  # an entry has a time of its own, used when its meta is unreadable
     has_extras = False  # it may hold summaries and corrupt files (``extras``)
-    failure: tuple[type[Exception], ...] = ()  # raised by any call: ends the command
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        """The entry kinds it can hold (more than one: ``show`` names the kind)."""
-        return tuple(self.stores)
+    failure: tuple[type[Exception], ...] = ()
+    lock_keys: frozenset[str] = frozenset()  # keys with a lock file, as of the last scan
 
     def close(self) -> None:
-        """Give back what the root holds (a connection)."""
         return None
 
     def validate_key(self, key: str) -> None:
-        """Raises ValueError for a key the root cannot hold (a usage error)."""
+        """ValueError: a key the root cannot hold (a usage error)."""
         check_key(key)
 
     @abstractmethod
-    def scan(self) -> Scan:
-        """What the root holds.  Raises RootError: it cannot be listed."""
+    def scan(self) -> list[Entry]:
+        """What the root holds, in its order (RootError: it cannot be listed)."""
 
     @abstractmethod
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
-        """Size and time (None: its meta's); raises CheckpointError, OSError."""
+        """Size and time (None: its meta's)."""
 
     def load(self, entry: Entry) -> Checkpoint[Any] | None:
-        """What it holds (None: gone); raises CheckpointError, OSError."""
         return load(self.stores[entry.kind], entry.key)
 
     def raw(self, entry: Entry) -> bytes | None:
-        """Its bytes as stored (None: gone); raises CheckpointError, OSError."""
         data: bytes | None = self.stores[entry.kind].read(entry.key)
         return data
 
@@ -157,7 +130,6 @@ class Root(ABC):
         return None
 
     def extras(self) -> Extras:
-        """Its summary checkpoints and corrupt files moved aside."""
         return Extras([], [])
 
     def extra(self, entry: Entry) -> Extra | None:
@@ -167,17 +139,11 @@ class Root(ABC):
     def delete(
         self, key: str, old: Sequence[tuple[Entry, str]], *, recheck: Recheck, stale: str | None
     ) -> list[Removal]:
-        """Delete ``old`` entries of ``key`` (each with why), under the key's lock if it has one.
-
-        Each is looked at again first (``recheck``): a writer may have resumed
-        and written the key since it was listed.  ``stale``: the key's stale
-        lock file goes too, for this reason.  A summary among ``old`` goes
-        only while the key has no checkpoint.
-        """
+        """Delete ``old`` entries of ``key`` (each with why), under the key's lock if it has one,
+        each looked at again first (``recheck``); ``stale``: why its stale lock file goes too."""
         return each(old, recheck, self._remove)
 
-    def _remove(self, entry: Entry, why: str) -> Removal | None:
-        """Remove one entry (None: it was gone already)."""
+    def _remove(self, entry: Entry, why: str) -> Removal | None:  # None: gone already
         gone = self.stores[entry.kind].delete(entry.key)
         return Removal(entry.path, "removed", why) if gone else None
 
@@ -187,7 +153,6 @@ def each(
     recheck: Recheck,
     remove: Callable[[Entry, str], Removal | None],
 ) -> list[Removal]:
-    """``remove`` each of ``old`` that ``recheck`` does not keep."""
     done: list[Removal] = []
     for entry, why in old:
         kept = recheck(entry)
@@ -198,7 +163,6 @@ def each(
 
 
 def why(exc: OSError) -> str:
-    """An ``OSError`` in words: its strerror, or its message (no errno)."""
     return os.strerror(exc.errno) if exc.errno else str(exc)
 
 
@@ -219,8 +183,7 @@ class PostgresRoot(Root):
             raise RootError(str(exc)) from None
         self.stores = {"row": self.store}
         self.where = self.store.location("")[:-1]
-        # Rows whose key breaks the key rule (put there by SQL or another tool):
-        # listed under the key escaped, unreadable, never touched.
+        # Rows whose key breaks the key rule (SQL put them there): escaped, never touched.
         self._invalid: dict[str, str] = {}
 
     def close(self) -> None:
@@ -229,9 +192,9 @@ class PostgresRoot(Root):
     def validate_key(self, key: str) -> None:
         pass  # an invalid key is not in the store: show says so
 
-    def scan(self) -> Scan:
+    def scan(self) -> list[Entry]:
         entries = []
-        keys: list[str] = self.store.keys()
+        keys: list[str] = self.store.keys()  # a method, not a dict's
         for key in keys:
             try:
                 check_key(key)
@@ -241,7 +204,7 @@ class PostgresRoot(Root):
                 entries.append(Entry(shown, "row", f"{self.where}/{shown}"))
             else:
                 entries.append(Entry(key, "row", self.store.location(key)))
-        return Scan(entries, frozenset())
+        return entries
 
     def _check(self, entry: Entry) -> None:
         why = self._invalid.get(entry.key)
@@ -259,8 +222,7 @@ class PostgresRoot(Root):
         return None if holder is None else LockView("alive", holder, None)
 
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
-        data = self.raw(entry)  # a damaged journal row: CheckpointError
-        return len(data or b""), None
+        return len(self.raw(entry) or b""), None  # a damaged journal row: CheckpointError
 
     def load(self, entry: Entry) -> Checkpoint[Any] | None:
         self._check(entry)
@@ -273,9 +235,8 @@ class PostgresRoot(Root):
     def delete(
         self, key: str, old: Sequence[tuple[Entry, str]], *, recheck: Recheck, stale: str | None
     ) -> list[Removal]:
-        if key in self._invalid:
-            return [Removal(e.path, "kept", "a key no writer can use") for e, _ in old]
-        holder = self.store.acquire(key)  # held while deleting: no writer starts on it midway
+        # Held while deleting: no writer starts on it midway (an invalid key is never old).
+        holder = self.store.acquire(key)
         if holder is not None:
             return [Removal(e.path, "kept", f"its lock holder is alive ({holder})") for e, _ in old]
         try:
@@ -285,20 +246,16 @@ class PostgresRoot(Root):
 
 
 def _escaped(text: str) -> str:
-    """``text`` with every character that is not printable escaped (as Python writes it)."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class S3Root(Root):
-    """The keys under ``s3://bucket/prefix``: ``S3Store`` objects and ``S3JournalStore`` heads.
-
-    One LIST finds both kinds and the objects a writer moved aside.  S3 has
-    no locks: ``delete`` relies on ``recheck`` (a writer that resumed the key
-    since the listing keeps it) and on the stores' conditional writes (one
-    that writes after the delete finds it gone and never brings it back).
-    """
+    """The keys under ``s3://bucket/prefix``.  No locks: ``delete`` removes an object only
+    if it is the one listed (``If-Match`` on its ETag), so a writer that wrote since keeps
+    it; an object that is not a checkpoint has no age to trust: prune leaves it."""
 
     failure = (S3StoreError,)
+    mtimes = False
 
     def __init__(self, url: str, endpoint_url: str | None) -> None:
         bucket, _, prefix = url[len(S3_SCHEME) :].partition("/")
@@ -311,34 +268,35 @@ class S3Root(Root):
             raise RootError(str(exc)) from None
         self.s3 = self.stores["snapshot"].s3
         self.where = self.s3.url("").rstrip("/")
-        self._listed: dict[str, tuple[int, datetime]] = {}
+        self._listed: dict[str, Listed] = {}
         self._asides: list[str] = []
 
-    def scan(self) -> Scan:
+    def scan(self) -> list[Entry]:
         entries = []
         self._asides = []
-        for name, size, modified in self.stores["snapshot"].listing():
+        for listed in self.stores["snapshot"].listing():
+            name = listed.name
             if ASIDE.search(name):
                 self._asides.append(self.s3.url(name))
             for kind, store in self.stores.items():
                 key = name[: -len(store.suffix)]
                 if name.endswith(store.suffix) and KEY_PATTERN.fullmatch(key):
                     entries.append(Entry(key, kind, store.location(key)))
-                    self._listed[entries[-1].path] = (size, modified)
-        return Scan(entries, frozenset())
+                    self._listed[entries[-1].path] = listed
+        return entries
 
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
-        listed = self._listed.get(entry.path)
-        if listed is None:
-            return len(self.raw(entry) or b""), None
-        return listed
+        listed = self._listed[entry.path]  # every entry is of the listing
+        return listed.size, listed.modified
+
+    def _remove(self, entry: Entry, why: str) -> Removal | None:
+        try:
+            gone = self.stores[entry.kind].delete(entry.key, etag=self._listed[entry.path].etag)
+        except Exception as exc:
+            if error_code(exc) != "PreconditionFailed":
+                raise
+            return Removal(entry.path, "kept", "written since it was listed")
+        return Removal(entry.path, "removed", why) if gone else None
 
     def asides(self) -> list[str]:
         return list(self._asides)
-
-
-def schema_sql(schema: str) -> str:
-    """The SQL ``pg-schema`` runs (``pg-schema --sql``)."""
-    from checkpointer._stores.postgres.schema import schema_sql as sql
-
-    return sql(schema)

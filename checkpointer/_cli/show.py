@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from typing import Any
 
 import msgspec
 
-from checkpointer import Checkpoint
-
 from . import report
-from .look import Row, history, inspect, read
+from .look import history, inspect, read
 from .roots import Entry, LockView, Root
 from .verify import torn_tail
 
@@ -33,7 +30,6 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _count(text: str) -> int:
-    """A count of messages to show: a whole number, 0 or more."""
     try:
         n = int(text)
     except ValueError:
@@ -50,7 +46,7 @@ def run(root: Root, args: argparse.Namespace) -> int:
     except ValueError as exc:
         report.error("show", str(exc))
         return report.USAGE
-    entries = root.scan().entries
+    entries = root.scan()
     mine = [e for e in entries if e.key == args.key]
     if not mine:
         keys = sorted({e.key for e in entries})
@@ -66,10 +62,7 @@ def run(root: Root, args: argparse.Namespace) -> int:
     for n, entry in enumerate(mine):
         if n:
             report.line()
-        if args.raw:
-            status = max(status, _raw(root, entry))
-        else:
-            status = max(status, _show(root, entry, args.last))
+        status = max(status, _raw(root, entry) if args.raw else _show(root, entry, args.last))
     return status
 
 
@@ -84,19 +77,43 @@ def _raw(root: Root, entry: Entry) -> int:
 
 def _show(root: Root, entry: Entry, last: int) -> int:
     look = inspect(root, entry)
-    row = look.row
-    kind = f", {entry.kind}" if len(root.kinds) > 1 else ""
+    row, loaded = look.row, look.loaded
+    kind = f", {entry.kind}" if len(root.stores) > 1 else ""
     fields = [(root.noun, f"{entry.path} ({report.size(row.size)}{kind})")]
     fields.append(("lock", _lock(root, look.lock)))
-    if look.loaded is None:
+    if loaded is None:
         report.fields(fields)
         report.error("show", f"{entry.path}: {row.error}")
         return report.PROBLEM
-    status = _loaded(fields, row, look.loaded, last)
-    if look.loaded.torn is not None:
+    for name, value in msgspec.structs.asdict(loaded.meta).items():
+        if value is not None:  # None: a field this file's writer did not record
+            fields.append((name, report.value(value)))
+    if loaded.torn is not None:  # what load() dropped (the whole story on stderr, after)
+        fields.append(("torn tail", f"line {loaded.torn.line} on, {loaded.torn.nbytes} bytes"))
+    if row.turns is not None and not any(name == "turns" for name, _ in fields):
+        fields.append(("turns", f"{row.turns} (assistant messages)"))
+    found = history(loaded.state)
+    listed = [] if found is None or found.messages is None else found.messages
+    if found is None or found.messages is None:
+        state = msgspec.json.encode(loaded.state).decode()
+        fields.append(("state", report.one_line(state, 300)))
+        if found is not None and found.note is not None:
+            fields.append(("note", found.note))
+    else:
+        fields.append(("messages", str(len(listed))))
+        if row.title:
+            fields.append(("title", row.title))
+    report.fields(fields)
+    start = max(len(listed) - last, 0)
+    if start < len(listed):
+        report.line(f"last {len(listed) - start} of {len(listed)} messages:")
+        width = len(str(len(listed) - 1))
+        for i in range(start, len(listed)):
+            report.line(f"  [{i:>{width}}] {report.message_line(listed[i])}")
+    if loaded.torn is not None:
         report.flush()  # the view first, then the warning
-        report.error("show", f"{row.path}: {torn_tail(look.loaded.torn)}")
-    return status
+        report.error("show", f"{row.path}: {torn_tail(loaded.torn)}")
+    return report.OK
 
 
 def _lock(root: Root, lock: LockView | None) -> str:
@@ -107,35 +124,3 @@ def _lock(root: Root, lock: LockView | None) -> str:
         return f"held by {lock.holder}"
     state = "cannot tell" if lock.state == "unknown" else lock.state
     return f"{state} {lock.holder}".rstrip() + f" ({lock.path})"
-
-
-def _loaded(fields: list[tuple[str, str]], row: Row, loaded: Checkpoint[Any], last: int) -> int:
-    """Print the meta and the last messages of a readable checkpoint."""
-    for name, value in msgspec.structs.asdict(loaded.meta).items():
-        if value is not None:  # None: a field this file's writer did not record
-            fields.append((name, report.value(value)))
-    if loaded.torn is not None:  # what load() dropped (the whole story on stderr, after)
-        fields.append(("torn tail", f"line {loaded.torn.line} on, {loaded.torn.nbytes} bytes"))
-    found = history(loaded.state)
-    if row.turns is not None and not any(name == "turns" for name, _ in fields):
-        fields.append(("turns", f"{row.turns} (assistant messages)"))
-    if found is None or found.messages is None:
-        state = msgspec.json.encode(loaded.state).decode()
-        fields.append(("state", report.one_line(state, 300)))
-        if found is not None and found.note is not None:
-            fields.append(("note", found.note))
-        report.fields(fields)
-        return report.OK
-    listed = found.messages
-    fields.append(("messages", str(len(listed))))
-    if row.title:
-        fields.append(("title", row.title))
-    report.fields(fields)
-    shown = listed[-last:] if last > 0 else []
-    if shown:
-        report.line(f"last {len(shown)} of {len(listed)} messages:")
-        start = len(listed) - len(shown)
-        width = len(str(len(listed) - 1))
-        for i, message in enumerate(shown, start):
-            report.line(f"  [{i:>{width}}] {report.message_line(message)}")
-    return report.OK

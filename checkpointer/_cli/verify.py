@@ -1,11 +1,5 @@
-"""``checkpointer verify``: load every checkpoint of a root and check its agent history.
-
-A history (``look.history``: in any layout an adapter stores) is scanned by
-the transcript helpers, each message in its own dialect.  Tool calls left
-open at the end (saved while the tool ran) are a warning; a message of a
-shape no dialect recognises, or a history this tool cannot decode (a
-LangGraph thread log), is a note: not checked, and not bad; anything else a
-model API would refuse is bad (exit 1).
+"""``checkpointer verify``: load every checkpoint of a root and check its agent history: bad
+(exit 1); tool calls open at the end, a warning; what it cannot read, a note (not checked).
 """
 
 from __future__ import annotations
@@ -35,17 +29,14 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(root: Root, args: argparse.Namespace) -> int:
-    """Check every checkpoint of ``root``; 1 when any is bad."""
-    entries = root.scan().entries
+    entries = root.scan()
     bad = 0
-    counts = dict.fromkeys(
-        (
-            "with tool calls open at the end",
-            "with a torn tail ignored",
-            "with messages not checked",
-        ),
-        0,
+    names = (
+        "with tool calls open at the end",
+        "with a torn tail ignored",
+        "with messages not checked",
     )
+    counts = dict.fromkeys(names, 0)
     for entry in entries:
         said = verdict(root, entry)
         if said.problem is not None:
@@ -70,7 +61,7 @@ def run(root: Root, args: argparse.Namespace) -> int:
 
 
 class Verdict(NamedTuple):
-    """``verify``'s word on one checkpoint: bad (``problem``), or ok, with a warning or a note."""
+    """``verify``'s word on one checkpoint: bad, or ok (with a warning, a note, a torn tail)."""
 
     problem: str | None  # why it is bad
     summary: str  # what a good one holds
@@ -91,26 +82,18 @@ def verdict(root: Root, entry: Entry) -> Verdict:
         )
     summary = f"seq {meta.seq}"
     torn = None if loaded.torn is None else torn_tail(loaded.torn)
-    return _history(loaded.state, summary)._replace(torn=torn)
+    found = history(loaded.state)
+    if found is None or found.messages is None:
+        return Verdict(None, summary, note=None if found is None else found.note, torn=torn)
+    return _check(found, summary)._replace(torn=torn)
 
 
 def torn_tail(torn: TornTail) -> str:
-    """What a journal's torn tail dropped, and what becomes of it."""
     return (
         f"a torn tail was ignored: line {torn.line} on, {torn.nbytes} bytes at offset "
         f"{torn.offset} ({torn.reason}); the checkpoint is the last whole append before it, "
         "and the next writer to open the journal cuts the tail off"
     )
-
-
-def _history(state: Any, summary: str) -> Verdict:
-    """The verdict on a state's agent history (a state without one is fine)."""
-    found = history(state)
-    if found is None:
-        return Verdict(None, summary)
-    if found.messages is None:
-        return Verdict(None, summary, note=found.note)
-    return _check(found, summary)
 
 
 def _check(found: History, summary: str) -> Verdict:
@@ -152,32 +135,25 @@ def _check(found: History, summary: str) -> Verdict:
 
 
 def _sorted(messages: list[Any]) -> dict[str, list[HistoryProblem]]:
-    """The problems of a history: bad, calls open at the end, pending, unrecognised.
-
-    Calls left open at the end are not damage: a writer without a transcript
-    saved the session while its tools ran.  They are sendable once run again
-    or closed, so they are a warning, as calls pending in a paused run are.
-    """
+    """The problems of a history: bad, calls open at the end (saved while the tools ran: not
+    damage), pending in a paused run, unrecognised."""
     scan = scan_history(messages)
     end = len(messages)
-    still_open = {(u.call_index, u.call_id) for u in scan.unclosed if u.window_end == end}
-    paused = {(u.call_index, u.call_id) for u in scan.pending}
+    calls: dict[tuple[int, str | None], str] = {
+        (u.call_index, u.call_id): "open" for u in scan.unclosed if u.window_end == end
+    }
+    calls.update({(u.call_index, u.call_id): "pending" for u in scan.pending})
     found: dict[str, list[HistoryProblem]] = {"bad": [], "open": [], "pending": [], "unknown": []}
     for problem in scan.problems:
-        call = (problem.index, problem.call_id)
-        if problem.kind == "unrecognised":
-            found["unknown"].append(problem)
-        elif problem.kind == "unclosed-call" and call in paused:
-            found["pending"].append(problem)
-        elif problem.kind == "unclosed-call" and call in still_open:
-            found["open"].append(problem)
-        else:
-            found["bad"].append(problem)
+        kind = "unknown" if problem.kind == "unrecognised" else "bad"
+        if problem.kind == "unclosed-call":  # pending in a paused run, or open at the end
+            kind = calls.get((problem.index, problem.call_id), "bad")
+        found[kind].append(problem)
     return found
 
 
 def _calls_shape(calls: Any) -> str | None:
-    """What is wrong with a chat message's ``tool_calls`` (a JSON path tail and why), or None."""
+    """What is wrong with a chat message's ``tool_calls`` (a JSON path tail, why), or None."""
     if not isinstance(calls, list):
         return f": is {report.json_type(calls)}, not a list of tool calls"
     for j, call in enumerate(calls):

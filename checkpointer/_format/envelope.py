@@ -1,13 +1,7 @@
-"""The envelope: the format of a checkpoint file, and of a PostgreSQL row's bytes.
+"""A checkpoint file (and a PostgreSQL row's bytes): ``{"format": 1, "meta": ..., "state": ...}``.
 
-One JSON object, ``{"format": 1, "meta": {...}, "state": ...}``, built from
-separately encoded pieces (``envelope_chunks``) so that the state is encoded
-once and joined off the event loop.  Fields evolve by msgspec's rules, and
-``FORMAT`` moves only when an old reader could not read the new file.  Every
-format keeps ``format`` first and ``meta.library_version``, so that an older
-reader refuses a newer file (``NewerVersionError``) naming the version to
-upgrade to, rather than take it for a corrupt one.
-"""
+Every format keeps ``format`` first and ``meta.library_version``, so that an
+older reader refuses a newer file naming the version to upgrade to."""
 
 from __future__ import annotations
 
@@ -55,20 +49,14 @@ class _Head(msgspec.Struct):
 _ENVELOPE_DECODER = msgspec.json.Decoder(_Envelope)
 _HEAD_DECODER = msgspec.json.Decoder(_Head)
 _META_ENCODER = msgspec.json.Encoder()
-PREFIX = b'{"format":%d,"meta":' % FORMAT
-"""How an envelope of this library's format starts: the meta follows."""
+PREFIX = b'{"format":%d,"meta":' % FORMAT  # then the meta, MIDDLE, the state, SUFFIX
 MIDDLE = b',"state":'
-"""Between an envelope's meta and its state."""
 SUFFIX = b"}"
-"""How an envelope ends, after its state."""
 
 
 def envelope_chunks(meta: Meta, state_json: bytes) -> list[bytes]:
-    """The pieces of a checkpoint file, to be joined by the writer thread.
-
-    Joining (not ``+``) matters: ``bytes.join`` releases the GIL for large
-    results, so a 50 MB checkpoint does not stall the event loop.
-    """
+    """The pieces of a checkpoint file, joined by the writer thread (``bytes.join`` releases
+    the GIL for large results: a 50 MB checkpoint does not stall the event loop)."""
     return [PREFIX, _META_ENCODER.encode(meta), MIDDLE, state_json, SUFFIX]
 
 
@@ -111,12 +99,8 @@ _LONE_SURROGATE = re.compile(
 
 
 def not_json(data: bytes | msgspec.Raw, exc: msgspec.DecodeError) -> str:
-    """Why msgspec cannot decode ``data``, in words: the real reason, not always "truncated".
-
-    msgspec says "Input data was truncated" for a lone surrogate escape
-    (``"\\ud83d"``), which is JSON grammar (Python's ``json.dumps`` writes it
-    for half an emoji) but no Unicode text.
-    """
+    """Why msgspec cannot decode ``data``: it says "truncated" for a lone surrogate escape
+    too (``"\\ud83d"``, JSON grammar that ``json.dumps`` writes for half an emoji)."""
     found = _LONE_SURROGATE.search(bytes(data))
     if found is not None:
         escape = found.group(1).decode()
@@ -160,10 +144,8 @@ _META_DECODER = msgspec.json.Decoder(Meta)
 def peek_meta(head: bytes) -> Meta | None:
     """The meta of an envelope this library wrote, from its first bytes; None if not there.
 
-    The writer's envelope is ``PREFIX``, the meta, ``MIDDLE``: the meta is
-    the JSON object between them (no JSON string holds ``,"state":``
-    unescaped, and no field of ``Meta`` is named ``state``).  Any other
-    layout, or a head too short, is None: decode the whole file instead.
+    The meta is the JSON between ``PREFIX`` and ``MIDDLE`` (no JSON string holds
+    ``,"state":`` unescaped, no field of ``Meta`` is named ``state``).
     """
     if not head.startswith(PREFIX):
         return None
@@ -194,11 +176,7 @@ def decode_checkpoint(data: bytes, path: str, type: Any = Any) -> Checkpoint[Any
 
 
 def decode_raw(data: bytes, path: str) -> Checkpoint[msgspec.Raw]:
-    """Decode a checkpoint file's meta, and its state as the raw JSON it is in the file.
-
-    What ``decode_checkpoint(data, path, msgspec.Raw)`` returns, without
-    going over the state a second time.
-    """
+    """Decode a checkpoint file's meta, and its state as the raw JSON it is in the file."""
     envelope = _decode_envelope(data, path)
     return Checkpoint(meta=envelope.meta, state=envelope.state)
 

@@ -1,13 +1,5 @@
-"""A summary checkpoint's front matter: the shape this library writes, or YAML by PyYAML.
-
-``summary.py`` writes one fixed shape: ``key: value`` lines, nested two
-spaces under ``metadata:``, each value a JSON string, an integer or a plain
-word.  That shape is read here, without a YAML library.  A file that a YAML
-tool or a person re-saved in another style (flow mappings, block scalars,
-other quoting) is read by PyYAML when it is installed (the ``yaml`` extra)
-and otherwise refused with an error saying so: the runtime depends on no
-YAML library, and a YAML reader of our own is more than the promise needs.
-"""
+"""A summary checkpoint's front matter: the shape ``summary.py`` writes, read here; any
+other YAML style by PyYAML when installed (the ``yaml`` extra), else refused."""
 
 from __future__ import annotations
 
@@ -45,6 +37,9 @@ def front_matter(lines: list[str], path: str) -> Any:
         return yaml.safe_load("".join(line + "\n" for line in lines))
     except yaml.YAMLError as exc:
         raise CheckpointError(path, f"the front matter is not YAML: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # a date 2024-13-45, a 5000-digit int, nesting
+        why = f"{type(exc).__name__}: {exc}"
+        raise CheckpointError(path, f"the front matter's YAML cannot be read: {why}") from None
 
 
 def _ours(lines: list[str]) -> dict[str, Any] | None:
@@ -62,7 +57,10 @@ def _ours(lines: list[str]) -> dict[str, Any] | None:
             nested = top[key] = {}
             continue
         if _INT.fullmatch(raw):
-            value: object = int(raw)
+            try:
+                value: object = int(raw)
+            except ValueError:  # past Python's digit limit: no count of ours, PyYAML decides
+                return None
         elif _WORD.fullmatch(raw) and raw.lower() not in _YAML_WORDS:
             value = raw
         elif raw.startswith('"'):

@@ -1,12 +1,8 @@
-"""The journal format: its rows, how they are read back, and how they are built.
+"""The journal's rows (file lines, or PostgreSQL rows), read back and built.
 
-``JournalStore`` writes the rows as the lines of a file, ``PostgresJournalStore``
-as the rows of a table (``ROW_END``: no newline); both read them back with
-``scan_journal`` and ``assemble``.  A checkpoint is one *batch*: zero or more
-``message`` rows, then one row that carries the meta, written with one ``write``
-and one ``fsync``.  So a crash can leave only an unfinished last batch (a
-``TornTail``, ignored); damage anywhere else cannot be trusted.
-"""
+A checkpoint is one batch, written with one write and one fsync: zero or more
+``message`` rows, then one row with the meta.  A crash can leave only an
+unfinished last batch (a ``TornTail``, ignored); other damage cannot be trusted."""
 
 from __future__ import annotations
 
@@ -33,9 +29,6 @@ __all__ = [
     "scan_journal",
     "state_row",
 ]
-
-
-# -- rows -------------------------------------------------------------------
 
 
 class _Header(msgspec.Struct, tag="header", tag_field="kind"):
@@ -92,9 +85,6 @@ ROW_END = b"}"
 
 def _kind(row: _Row) -> str:
     return type(row).__struct_config__.tag  # type: ignore[return-value]
-
-
-# -- reading ----------------------------------------------------------------
 
 
 class JournalScan(NamedTuple):
@@ -232,12 +222,8 @@ _ANY_ROW = msgspec.json.Decoder(_AnyRow)
 
 
 def _check_newer_row(line: bytes, number: int, later: list[bytes], path: str) -> None:
-    """Raise ``NewerVersionError`` if ``line`` is a whole row that a newer version wrote.
-
-    A valid JSON row of a kind or format this version does not know is neither
-    a crash's nor damage, wherever it is (the last line included): the writer
-    then leaves the key alone rather than drop a torn tail or move the journal.
-    """
+    """Raise ``NewerVersionError`` if ``line`` is a whole row that a newer version wrote:
+    neither a crash's nor damage, wherever it is, so the writer leaves the key alone."""
     try:
         row = _ANY_ROW.decode(line)
     except (msgspec.DecodeError, RecursionError):
@@ -271,16 +257,10 @@ def _newer_row(path: str, number: int, what: str, meta: object) -> NewerVersionE
 def _cut_hole(data: bytes, nul: int, path: str) -> tuple[bytes, str]:
     """The journal before the line holding its first NUL byte, and why the rest is a torn tail.
 
-    Our JSON never holds a raw NUL: zeros are a hole that a power cut left
-    in an append whose pages reached the disk out of order (some written,
-    some not, at full size or cut after a page).  That can only be the last
-    batch, so from the line with the first NUL on, every line must be a hole
-    or a row of that one batch: message rows, and at most one closing row at
-    the very end.  Anything else (a second batch, a line that is neither, a
-    NUL in line 1, which was fsynced before its rename) is damage.
-
-    Raises:
-        CheckpointError: the NUL bytes are not in the journal's last batch.
+    Our JSON never holds a raw NUL: zeros are a hole a power cut left in the
+    last append (pages reached the disk out of order).  So from that line on,
+    every line must be a hole or a row of one batch, its closing row last;
+    anything else, or a NUL in line 1 (fsynced before its rename), is damage.
     """
     start = data.rfind(b"\n", 0, nul) + 1
     number = data.count(b"\n", 0, start) + 1
@@ -343,9 +323,6 @@ def assemble(scan: JournalScan, path: str) -> bytes:
     return _ENCODER.encode(rest)
 
 
-# -- building rows ------------------------------------------------------------
-
-
 def header_line(meta_json: bytes) -> bytes:
     """The first line of a journal file: the format and the meta that created it."""
     return b"".join([_HEADER_HEAD, meta_json, LINE_END])
@@ -369,26 +346,15 @@ def state_row(meta_json: bytes, head: bytes, tail: bytes, end: bytes) -> bytes:
 def compaction_row(
     meta_json: bytes, transcript: str | None, state: Sequence[bytes], end: bytes
 ) -> list[bytes]:
-    """The pieces of a ``compaction`` row: the whole state, whose transcript is at ``transcript``.
-
-    Pieces, not one buffer: a large state is written with ``writev``
-    (``_stores/atomic.write_all``) and never joined in memory.
-    """
+    """The pieces of a ``compaction`` row (the whole state, its transcript at ``transcript``),
+    to be written with ``writev`` and never joined in memory."""
     name = b"null" if transcript is None else _ENCODER.encode(transcript)
     return [_COMPACTION_HEAD, meta_json, b',"transcript":', name, b',"state":', *state, end]
 
 
 def assemble_rows(meta_json: bytes, bodies: Sequence[bytes | None], where: str) -> bytes:
-    """The state of a journal kept as rows (a compaction first), as JSON.
-
-    The rows are a journal file's lines without their newlines (a PostgreSQL
-    journal key's), so the file's reader checks and assembles them; the
-    head's meta closes them as a ``meta`` line would.
-
-    Raises:
-        CheckpointError: the rows are not a journal (no compaction first, a
-            damaged row).
-    """
+    """The state of a PostgreSQL journal key's rows (a compaction first), as JSON: read
+    as a journal file's lines, the head's meta closing them as a ``meta`` line would."""
     lines = [header_line(meta_json)]
     lines.extend(body + b"\n" for body in bodies if body is not None)
     lines.append(meta_row(meta_json, LINE_END))

@@ -1,12 +1,7 @@
-"""The summary checkpoint's file: Markdown with a YAML front matter, to and from bytes.
+"""A summary checkpoint's file: Markdown under a front matter a memory indexer reads.
 
-The front matter (``name``, ``description``, ``metadata``: type, watermark,
-createdAt, coveredMessages) is what a memory indexer of front-matter files
-reads.  Its strings are JSON strings, valid YAML double-quoted scalars, so what
-we write reads without a YAML library; a file a YAML tool re-saved in another
-style is read by PyYAML (``frontmatter``).  The body is the summary byte for
-byte, ``---`` lines included: the front matter ends at its first ``---`` line.
-"""
+Its strings are JSON strings (valid YAML double-quoted scalars); the body is the
+summary byte for byte, after the first ``---`` line that ends the front matter."""
 
 from __future__ import annotations
 
@@ -42,23 +37,15 @@ def encode_summary(key: str, checkpoint: SummaryCheckpoint) -> bytes:
     created = checkpoint.created_at
     if not isinstance(created, datetime) or created.utcoffset() is None:
         raise ValueError(f"created_at must be a timezone-aware datetime, got {created!r}")
-    front = "\n".join(
-        [
-            "---",
-            f"name: {_quote(f'{key} checkpoint')}",
-            "description: "
-            + _quote(
-                f"Summary of the first {checkpoint.covered_messages} messages of session "
-                f"{key}; the transcript resumes at message {checkpoint.watermark}."
-            ),
-            "metadata:",
-            "  type: checkpoint",
-            f"  watermark: {checkpoint.watermark}",
-            f"  createdAt: {_quote(_iso(created))}",
-            f"  coveredMessages: {checkpoint.covered_messages}",
-            "---",
-            "",
-        ]
+    description = (
+        f"Summary of the first {checkpoint.covered_messages} messages of session {key}; "
+        f"the transcript resumes at message {checkpoint.watermark}."
+    )
+    front = (
+        f"---\nname: {_quote(f'{key} checkpoint')}\ndescription: {_quote(description)}\n"
+        f"metadata:\n  type: checkpoint\n  watermark: {checkpoint.watermark}\n"
+        f"  createdAt: {_quote(_iso(created))}\n"
+        f"  coveredMessages: {checkpoint.covered_messages}\n---\n"
     )
     return (front + checkpoint.summary).encode("utf-8")
 
@@ -118,29 +105,32 @@ def _parse(text: str, path: str) -> SummaryCheckpoint:
     if not isinstance(meta, dict):
         raise CheckpointError(path, "the front matter has no 'metadata' mapping")
     if meta.get("type") != "checkpoint":
-        raise CheckpointError(path, f"metadata.type is {meta.get('type')!r}, not 'checkpoint'")
+        raise CheckpointError(path, f"metadata.type is {meta.get('type')!r:.80}, not 'checkpoint'")
     numbers = {}
     for name in ("watermark", "coveredMessages"):
         value = meta.get(name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise CheckpointError(path, f"metadata.{name} must be an integer >= 0, got {value!r}")
+            raise CheckpointError(
+                path, f"metadata.{name} must be an integer >= 0, got {value!r:.80}"
+            )
         numbers[name] = value
     created = meta.get("createdAt")
-    moment = created if isinstance(created, datetime) else None  # YAML's plain timestamp
-    if isinstance(created, str):
-        try:
-            moment = datetime.fromisoformat(created)
-        except ValueError:
-            moment = None
-    if moment is None or moment.utcoffset() is None:
+    try:  # a str, or YAML's plain timestamp; in UTC it may leave datetime's range (year 1)
+        moment = created if isinstance(created, datetime) else datetime.fromisoformat(str(created))
+        utc = None if moment.utcoffset() is None else moment.astimezone(UTC)
+    except (ValueError, OverflowError):
+        utc = None
+    if utc is None:
         raise CheckpointError(
-            path, f"metadata.createdAt must be an ISO 8601 time with a zone, got {created!r}"
+            path,
+            f"metadata.createdAt must be an ISO 8601 time with a zone (in UTC, years 1 to "
+            f"9999), got {created!r:.80}",
         )
     body = text[sum(len(line) + 1 for line in lines[: end + 1]) :]
     return SummaryCheckpoint(
         watermark=numbers["watermark"],
         summary=body,
-        created_at=moment.astimezone(UTC),
+        created_at=utc,
         covered_messages=numbers["coveredMessages"],
     )
 

@@ -1,11 +1,5 @@
-"""The caller's state versions: refuse newer files, migrate older ones.
-
-``Meta.state_version`` is the caller's (the envelope's ``format`` is ours).  A
-file at an older version goes through the registered migrations, each from
-``v`` to ``v + 1`` on plain JSON values (the old version's types may no longer
-exist), and is then decoded as any load is, so a bad field names its JSON path.
-A file at a newer version is a ``NewerVersionError``, never a silent downgrade.
-"""
+"""The caller's state versions: a newer file refused, an older one migrated step by step
+(on plain JSON values) and then decoded as any load is."""
 
 from __future__ import annotations
 
@@ -19,8 +13,7 @@ from .envelope import decode_state
 
 __all__ = ["Migration", "decode_versioned", "newer_state"]
 
-Migration = Callable[[Any], Any]
-"""Takes a state at version ``v`` (plain JSON values), returns it at ``v + 1``."""
+Migration = Callable[[Any], Any]  # a state at version v (plain JSON values) -> at v + 1
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -32,14 +25,8 @@ def decode_versioned(
     state_version: int,
     migrations: Mapping[int, Migration],
 ) -> Checkpoint[Any]:
-    """Decode a checkpoint written at any state version up to ``state_version``.
-
-    Args:
-        raw: the checkpoint as a store read it, its state still raw JSON.
-        path: where it is, for messages.
-        type: what to decode the state as.
-        state_version: the newest state version the program understands.
-        migrations: ``{old_version: function}`` (see the module docstring).
+    """Decode ``raw`` (its state still JSON), written at any state version up to
+    ``state_version``, as ``type``; ``path`` names it in errors.
 
     Raises:
         CheckpointError: its state version is newer than ``state_version``,

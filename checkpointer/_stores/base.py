@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
+from .._format.envelope import decode_meta
 from .._values import Checkpoint, Meta
 from .encoding import Transcript
 
@@ -184,7 +185,8 @@ def unfenced(store: Any) -> Store:
     For a store that takes no ``expected`` revision: its writes go through
     unconditionally, so your program must make sure that one writer at a
     time writes each key (nothing else will).  Every other attribute is
-    the store's own (``lock``, ``probe``, ...).
+    the store's own (``lock``, ``probe``, ...); a store without ``revision``
+    (written before it) gets one that reads the stored checkpoint's meta.
     """
     return _Unfenced(store)
 
@@ -203,6 +205,13 @@ class _Unfenced:
         self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
     ) -> int:
         return int(self._store.write(key, chunks))
+
+    def revision(self, key: str) -> str | None:
+        own = getattr(self._store, "revision", None)
+        if own is not None:
+            return own(key)  # type: ignore[no-any-return]
+        data = self._store.read(key)
+        return None if data is None else decode_meta(data, self._store.location(key)).revision
 
 
 def new_revision() -> str:

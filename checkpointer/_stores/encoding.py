@@ -1,11 +1,8 @@
 """Encoding a state message by message: ``Transcript`` and its byte cache.
 
-The rest of the state is encoded with a marker where the messages go and
-cut there (``Transcript.split``); each message is encoded on its own, and
-the pieces are written with ``os.writev`` (``state_pieces``), never joined.
 Only *settled* messages (deeply immutable: ``settledness``) are cached, by
-``id()``, and the cache holds each one: so a cached id is the very object
-encoded, unchanged.  ``msgspec.structs.force_setattr`` or ctypes get around it.
+``id()``, and the cache holds each one, so a cached id is the very object
+encoded, unchanged (``msgspec.structs.force_setattr`` or ctypes get around it).
 """
 
 from __future__ import annotations
@@ -22,17 +19,9 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-__all__ = [
-    "EXACT",
-    "LOOSE",
-    "UNSETTLED",
-    "Split",
-    "Transcript",
-    "is_settled",
-    "new_epoch",
-    "settledness",
-    "state_pieces",
-]
+from .._values import transcript_messages
+
+__all__ = ["Transcript", "is_settled", "new_epoch", "state_pieces"]
 
 # EXACT scalars equal (==) only values that encode the same; LOOSE ones do not:
 # 2 == 2.0 == True == Decimal("2"), encoded 2, 2.0, true and "2".
@@ -43,15 +32,10 @@ _LOOSE_SCALARS: Final = frozenset({int, float, bool, decimal.Decimal})
 _TZ_TYPES: Final = (datetime.timezone, zoneinfo.ZoneInfo)
 _MAX_DEPTH = 32
 
-UNSETTLED: Final = 0
-"""``settledness``: it may change."""
-LOOSE: Final = 1
-"""``settledness``: it never changes, but an object equal to it (==) may encode differently."""
-EXACT: Final = 2
-"""``settledness``: it never changes, and whatever equals it (==) encodes the same."""
-
-# Per Struct type: the attribute names of a frozen Struct, None for a mutable one.
-_struct_fields: dict[type, tuple[str, ...] | None] = {}
+# What ``settledness`` says of an object:
+UNSETTLED: Final = 0  # it may change
+LOOSE: Final = 1  # it never changes, but an object equal to it (==) may encode differently
+EXACT: Final = 2  # it never changes, and whatever equals it (==) encodes the same
 
 
 def is_settled(obj: object) -> bool:
@@ -82,14 +66,9 @@ def settledness(obj: object, _depth: int = 0) -> int:
             return EXACT
         return LOOSE if type(tz) in _TZ_TYPES else UNSETTLED
     if isinstance(obj, msgspec.Struct):
-        names = _struct_fields.get(cls, ())
-        if names == ():
-            config = cls.__struct_config__  # type: ignore[attr-defined]
-            names = cls.__struct_fields__ if config.frozen else None  # type: ignore[attr-defined]
-            _struct_fields[cls] = names
-        if names is None:
+        if not obj.__struct_config__.frozen:
             return UNSETTLED
-        return _least(EXACT, (getattr(obj, name) for name in names), _depth + 1)
+        return _least(EXACT, (getattr(obj, name) for name in obj.__struct_fields__), _depth + 1)
     if isinstance(obj, enum.Enum):
         level = settledness(obj.value, _depth + 1)
         if level == UNSETTLED:
@@ -126,24 +105,18 @@ class Transcript:
     * encodes the messages one by one, each settled message (deeply
       immutable, e.g. a frozen msgspec Struct) once in its life; a journal
       appends only the new ones;
-    * skips a write whose transcript fingerprint (the count, the last
-      message whole, the parent and pin) is unchanged; an in-place edit of
-      an earlier message goes with the next change, or ``write_now(force=True)``;
-    * closes dangling tool calls and settles running ones in the copy it
-      writes, refuses a history a model API would reject
+    * with ``fingerprint``, skips a write whose transcript fingerprint (the
+      count, the last message whole, the parent and pin) is unchanged; an
+      in-place edit of an earlier message goes with the next change, or
+      ``write_now(force=True)``;
+    * with ``repair``, closes dangling tool calls and settles running ones
+      in the copy it writes, refuses a history a model API would reject
       (``Failed("not-sendable")``), and counts the turns (``Meta.turns``).
 
-    The state must be a dict with a list (or tuple) of messages under
-    ``field``, or a msgspec Struct with such an attribute; any other state
-    is encoded whole.
-
-    Args:
-        field: the dict key or Struct attribute holding the messages.
-        repair: the repair step above; False writes the messages as they are.
-        fingerprint: skip unchanged writes by the transcript fingerprint.
-
-    Raises:
-        ValueError: ``field`` is not a non-empty string.
+    The messages are a list or a tuple under ``field`` of a dict, or of a
+    msgspec Struct's attribute.  Any other state (no such field yet, None,
+    a dict or a str under it; a list or a dataclass as the state) is taken
+    whole by all three: encoded whole, fingerprinted whole, never repaired.
     """
 
     def __init__(
@@ -162,7 +135,6 @@ class Transcript:
         # swapped whole when pruned.
         self._cache: tuple[dict[int, bytes], dict[int, object], set[int]] = ({}, {}, set())
         self._names: dict[type, str | None] = {}
-        self.hits = 0
         self.misses = 0
 
     def __repr__(self) -> str:
@@ -170,24 +142,19 @@ class Transcript:
 
     def split(self, state: Any) -> Split | None:
         """Cut ``state`` around its messages (None if it has none), on the caller's thread."""
+        messages = transcript_messages(state, self.field)
+        if messages is None:
+            return None
         if isinstance(state, dict):
-            if self.field not in state:
-                return None
-            messages = state[self.field]
             rest: Any = {**state, self.field: self._marker}
             name = self.field
-        elif isinstance(state, msgspec.Struct):
+        else:  # a Struct with the field
             found = self._struct_name(type(state))
             if found is None:
-                return None
+                return None  # array_like: no key to cut at, encoded whole
             name = found
-            messages = getattr(state, self.field)
             rest = copy.copy(state)  # no __post_init__, unlike structs.replace
             msgspec.structs.force_setattr(rest, self.field, self._marker)
-        else:
-            return None
-        if not isinstance(messages, list | tuple):
-            return None
         encoded = self.encoder.encode(rest)
         at = encoded.find(self._marker_json)
         end = at + len(self._marker_json)
@@ -196,17 +163,12 @@ class Transcript:
         return Split(messages, encoded[:at], encoded[end:], name)
 
     def _struct_name(self, cls: type) -> str | None:
-        try:
-            return self._names[cls]
-        except KeyError:
-            pass
-        name = None
-        if not cls.__struct_config__.array_like:  # type: ignore[attr-defined]
-            for info in msgspec.structs.fields(cls):
-                if info.name == self.field:
-                    name = info.encode_name
-        self._names[cls] = name
-        return name
+        if cls not in self._names:
+            array_like = cls.__struct_config__.array_like  # type: ignore[attr-defined]
+            fields = () if array_like else msgspec.structs.fields(cls)
+            names = [info.encode_name for info in fields if info.name == self.field]
+            self._names[cls] = names[0] if names else None
+        return self._names[cls]
 
     def encode_messages(self, messages: Sequence[Any]) -> tuple[list[bytes], list[int]]:
         """The bytes of each message (settled ones from the cache), and the unsettled positions."""
@@ -235,7 +197,6 @@ class Transcript:
                 chunks[at] = data
                 missed += 1
                 at += 1
-        self.hits += len(chunks) - missed
         self.misses += missed
         return chunks, unsettled  # type: ignore[return-value]
 
@@ -244,11 +205,8 @@ class Transcript:
         by_id, refs, loose = self._cache
         if len(refs) <= 2 * sum(map(len, live)) + 1024:
             return
-        keep: set[int] = set()
-        for messages in live:
-            keep.update(map(id, messages))
-        items = list(by_id.items())
-        new_by_id = {key: data for key, data in items if key in keep}
+        keep = {id(message) for messages in live for message in messages}
+        new_by_id = {key: data for key, data in list(by_id.items()) if key in keep}
         self._cache = (new_by_id, {key: refs[key] for key in new_by_id}, loose & new_by_id.keys())
 
     def any_loose(self, messages: Sequence[Any]) -> bool:
@@ -274,9 +232,4 @@ def state_pieces(head: bytes, chunks: list[bytes], tail: bytes) -> list[bytes]:
     return pieces
 
 
-_epochs = itertools.count(1)
-
-
-def new_epoch() -> int:
-    """A number no other transcript layout in this process has."""
-    return next(_epochs)
+new_epoch = itertools.count(1).__next__  # a number no other transcript layout here has

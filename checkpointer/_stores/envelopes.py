@@ -1,10 +1,7 @@
 """``Envelopes``: any bytes ``Store`` as a ``StateStore``, one envelope per checkpoint.
 
-The writer never encodes a state itself: a ``StateStore`` stages it on the
-caller's thread (the only place it may be read safely) and commits it in a
-worker.  ``JournalStore`` is one itself; any other store is wrapped here
-(``state_store``) and written whole with ``store.write``, its messages
-encoded one by one through the writer's ``Transcript``.
+A state is staged (encoded) on the caller's thread, the only place it may be
+read safely, and committed whole with ``store.write`` in a worker.
 """
 
 from __future__ import annotations
@@ -30,14 +27,12 @@ KEEP_BYTES = 64 * 1024 * 1024
 """States encoded to at most this many bytes are compared byte for byte."""
 
 
+@dataclass(slots=True, eq=False)
 class _Whole:
     """A state encoded in one piece on the caller's thread."""
 
-    __slots__ = ("_digest", "data")
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self._digest: bytes | None = None
+    data: bytes
+    _digest: bytes | None = None
 
     def content(self) -> object:
         # Up to KEEP_BYTES the bytes themselves (memcmp, no hashing on the write
@@ -79,13 +74,7 @@ class _Prefix:
 
 
 class Envelopes:
-    """``StateStore`` over any bytes ``Store``: one envelope file per checkpoint.
-
-    Args:
-        store: where the bytes go (``store.write``, ``store.read``).
-        transcript: encode the messages one by one through its cache, and
-            join the file in the worker thread; None encodes the state whole.
-    """
+    """``StateStore`` over any bytes ``Store``; ``transcript`` None encodes states whole."""
 
     def __init__(self, store: Store, transcript: Transcript | None = None) -> None:
         self.store = store
@@ -111,12 +100,8 @@ class Envelopes:
     def _encode_messages(
         self, transcript: Transcript, key: str, messages: Sequence[Any]
     ) -> list[bytes]:
-        """The bytes of each message, strictly as the cache rule allows.
-
-        When the messages start with the very objects (``is``) of the last
-        stage, their bytes are reused by position (unsettled ones encoded
-        again) without a cache lookup each; else each goes through the cache.
-        """
+        """The bytes of each message: by position when the messages start with the very
+        objects (``is``) of the last stage (unsettled ones encoded again), else from the cache."""
         if isinstance(messages, list) and self._prefix_lock.acquire(blocking=False):
             try:  # not blocking: a signal handler may re-enter on this thread
                 chunks = self._extend_prefix(transcript, key, messages)
@@ -158,9 +143,7 @@ class Envelopes:
         if not isinstance(staged, (_Whole, _Spliced)):
             raise TypeError(f"Envelopes cannot commit {type(staged).__name__}")
         head, meta_json, middle, _, tail = envelope_chunks(meta, b"")
-        return self._write(key, [head, meta_json, middle, *staged.pieces(), tail], meta, expected)
-
-    def _write(self, key: str, chunks: list[bytes], meta: Meta, expected: str | None) -> int:
+        chunks = [head, meta_json, middle, *staged.pieces(), tail]
         return self.store.write(key, chunks, revision=meta.revision, expected=expected)
 
     def read_meta(self, key: str) -> Meta | None:
@@ -175,7 +158,8 @@ class Envelopes:
         if old is None or old.meta.revision != expected:  # refused before the write's check
             stored = None if old is None else old.meta.revision
             raise StaleWrite(key, expected=expected, stored=stored)
-        self._write(key, envelope_chunks(meta, bytes(old.state)), meta, expected)
+        chunks = envelope_chunks(meta, bytes(old.state))
+        self.store.write(key, chunks, revision=meta.revision, expected=expected)
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
         self.store.validate_key(key)
@@ -192,12 +176,7 @@ def read_for_load(store: Store, key: str) -> bytes | None:
 
 
 def state_store(store: Store, transcript: Transcript | None = None) -> StateStore:
-    """The ``StateStore`` a writer uses for ``store`` (and its ``transcript``).
-
-    Raises:
-        TypeError: the store cannot refuse a stale write (``fences``): its
-            ``write`` takes no ``expected`` revision.
-    """
+    """The ``StateStore`` a writer uses for ``store``; ``TypeError`` unless it ``fences``."""
     if isinstance(store, StateStore):
         if not fences(store):
             raise TypeError(f"{store!r}: its commit() takes no `expected` revision")

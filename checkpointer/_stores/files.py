@@ -1,8 +1,11 @@
 """The local-file store: key ``k`` at ``<root>/k.json``, one envelope file per key.
 
 Every write and delete runs under the key's lock (``<root>/k.lock``): the
-writer's, held for its life, or one taken for the call; so the revision
-check of a write and its rename are one step for every process.
+writer's, held for its life, or one taken for the call; and under this store
+object's lock of the key (threads share the first): so the revision check of
+a write and its rename are one step for every process and thread.  Bytes not
+an envelope of their revision (a wrapper's, compressed) get it on a first
+line of the store's own (``_MARK``), which ``read`` strips.
 """
 
 from __future__ import annotations
@@ -10,12 +13,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 
 from .._format.envelope import decode_meta, peek_meta
 from .atomic import fsync_dir, fsync_parents, sweep_temps, write_atomic
-from .base import KEY_PATTERN, KeyLock, check_key, landed
+from .base import KEY_PATTERN, KeyLock, check_key, landed, time_left
 from .flock import FileKeyLock, acquire_file_lock
 from .safefs import check_root, read_checked
 
@@ -31,6 +35,7 @@ SWEEP_EVERY = 300.0
 _swept: dict[tuple[int, int, int], float] = {}
 
 _PEEK = 4096  # bytes read to find a file's meta: a meta is a few hundred
+_MARK = b"\x00checkpointer-revision "  # + the revision + b"\n": no envelope starts so
 
 
 class FileStore:
@@ -56,6 +61,7 @@ class FileStore:
         self._root_synced = False
         self._synced_summaries: set[str] = set()  # keys whose sessions/<key>/ is durable
         self._locks: dict[str, FileKeyLock] = {}  # the key locks taken through lock()
+        self._mutexes: tuple[int, dict[str, threading.Lock]] = (os.getpid(), {})
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.root!r})"
@@ -90,19 +96,24 @@ class FileStore:
     ) -> int:
         """``Store.write``, under the key's lock: the writer's, else taken for the call."""
         check_key(key)
-        with self._owned(key):
+        with self._locked(key), self._owned(key):
             if landed(key, self.revision(key), revision, expected):
                 return sum(map(len, chunks))
+            meta = peek_meta(b"".join(chunks[:3]))  # an envelope's: prefix, meta, middle
+            if meta is None or meta.revision != revision:
+                chunks = [b"%s%s\n" % (_MARK, revision.encode()), *chunks]
             nbytes = write_atomic(self.location(key), chunks)
         self._sync_root()
         return nbytes
 
     def revision(self, key: str) -> str | None:
-        """``Store.revision``, from the file's meta (``CheckpointError`` if it has none)."""
+        """``Store.revision``, from ``_MARK`` or the file's meta (``CheckpointError`` if none)."""
         path = self.location(key)
         head = read_checked(path, limit=_PEEK)
         if head is None:
             return None
+        if head.startswith(_MARK):
+            return head[len(_MARK) : head.find(b"\n")].decode()
         meta = peek_meta(head)
         if meta is None:  # laid out by hand, or a meta past _PEEK: decode it all
             data = read_checked(path)
@@ -130,6 +141,29 @@ class FileStore:
                 del self._locks[key]
             lock.release()
 
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        """This store's lock of ``key``; ``TimeoutError`` past the caller's ``commit_deadline``."""
+        mutex = self._mutex(key)
+        if not mutex.acquire(timeout=time_left()):
+            raise TimeoutError(
+                f"cannot use {self.location(key)}: another write of this store did not "
+                "finish within the flush's timeout (exit_timeout); is the disk stuck?"
+            )
+        try:
+            yield
+        finally:
+            mutex.release()
+
+    def _mutex(self, key: str) -> threading.Lock:
+        pid, mutexes = self._mutexes
+        if pid != os.getpid():  # forked: a thread of the parent's may have held one
+            self._mutexes = pid, mutexes = os.getpid(), {}
+        return mutexes.setdefault(key, threading.Lock())
+
+    def _forget(self, key: str) -> None:
+        """What this store remembers of ``key``'s file, dropped (it is going away)."""
+
     def _sync_root(self) -> None:
         """After the first write of this store object: the root's own entry, durable."""
         if not self._root_synced:
@@ -139,7 +173,10 @@ class FileStore:
     def read(self, key: str) -> bytes | None:
         """The bytes of ``key``'s file, or None; ``UnsafeFile`` if something else is there."""
         check_key(key)
-        return read_checked(self.location(key), growing=self._grows)
+        data = read_checked(self.location(key), growing=self._grows)
+        if data is not None and data.startswith(_MARK):
+            return data[data.find(b"\n") + 1 :]
+        return data
 
     def keys(self) -> list[str]:
         try:
@@ -158,7 +195,8 @@ class FileStore:
         """``Store.delete``, durably, under the key's lock: this store's if it holds it
         (its writer's next write is then a conflict), else one taken for the call."""
         check_key(key)
-        with self._owned(key):
+        with self._locked(key), self._owned(key):
+            self._forget(key)
             try:
                 os.unlink(self.location(key))
             except FileNotFoundError:
@@ -168,14 +206,18 @@ class FileStore:
 
     def move_aside(self, key: str, suffix: str) -> str | None:
         check_key(key)
-        source = self.location(key)
+        with self._locked(key), self._owned(key):
+            return self._moved_aside(key, suffix)
+
+    def _moved_aside(self, key: str, suffix: str) -> str | None:
+        """``move_aside``, under the key's locks."""
+        self._forget(key)
         target = os.path.join(self.root, f"{key}.{suffix}")
-        with self._owned(key):
-            try:
-                # A rename moves and replaces names, never following a link at either.
-                os.replace(source, target)
-            except FileNotFoundError:
-                return None
+        try:
+            # A rename moves and replaces names, never following a link at either.
+            os.replace(self.location(key), target)
+        except FileNotFoundError:
+            return None
         fsync_dir(self.root)
         return target
 

@@ -1,10 +1,8 @@
 """One writer per key on a local disk: an ``fcntl.flock`` on ``<root>/<key>.lock``.
 
-The kernel drops the lock when its holder dies, even by SIGKILL: nothing
-guesses staleness from a pid.  The file names its holder (pid, host, start)
-for messages and for ``probe_file_lock``; nothing that writes decides on it.
-Why ``flock`` rather than ``lockf``, and how release avoids the unlink race:
-docs/concepts/one-writer-per-key.md.
+The kernel drops the lock when its holder dies, even by SIGKILL.  The file
+names its holder (pid, host, start) for messages and ``probe_file_lock`` only.
+Why ``flock``, and how release avoids the unlink race: docs/concepts/one-writer-per-key.md.
 """
 
 from __future__ import annotations
@@ -27,8 +25,8 @@ from .safefs import UnsafeFile, open_checked, read_checked
 __all__ = ["FileKeyLock", "LockProbe", "acquire_file_lock", "probe_file_lock"]
 
 _POLL = 0.05  # seconds between attempts while waiting for a lock
-
-
+_HOLDER_MAX = 4096  # a holder is ~70 bytes; more is not one
+_HOLDER_START = b'{"pid":'  # how the encoder starts every holder, a torn one too
 _HOLDER_ENCODER = msgspec.json.Encoder()
 _HOLDER_DECODER = msgspec.json.Decoder(LockHolder)
 
@@ -36,11 +34,9 @@ _HOLDER_DECODER = msgspec.json.Decoder(LockHolder)
 class FileKeyLock:
     """A held ``flock`` on a lock file; ``release`` removes the file.
 
-    A forked child shares the lock through the inherited descriptor:
-    unlocking or unlinking there would free it for a third process, and
-    keeping it open would hold the key past the parent's death.  So right
-    after a fork the child closes it (``_forget``), and a release in a
-    process other than the locker's only closes.
+    A forked child closes its inherited descriptor right away (``_forget``)
+    and a release there only closes: unlocking or unlinking would free the
+    parent's lock, and keeping it would hold the key past the parent's death.
     """
 
     def __init__(self, path: str, fd: int, holder: LockHolder) -> None:
@@ -98,14 +94,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def acquire_file_lock(path: str, *, key: str = "", timeout: float = 0.0) -> FileKeyLock:
-    """Take an exclusive ``flock`` on ``path`` (made if missing), waiting up to ``timeout`` s.
-
-    Raises:
-        KeyLocked: another holder still has it after ``timeout``.
-        UnsafeFile: ``path`` is not a regular single-link file of ours, or
-            holds something other than a lock holder; it is left as it is.
-        OSError: the file cannot be created or locked.
-    """
+    """Take an exclusive ``flock`` on ``path`` (made if missing), waiting up to ``timeout`` s;
+    ``KeyLocked`` if another holder still has it then."""
     if not (timeout >= 0 and math.isfinite(timeout)):
         raise ValueError(f"lock timeout must be a finite number of seconds >= 0, got {timeout!r}")
     makedirs_durable(os.path.dirname(path) or ".", 0o700)  # a new root, durably
@@ -114,6 +104,13 @@ def acquire_file_lock(path: str, *, key: str = "", timeout: float = 0.0) -> File
         fd, _ = open_checked(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if _same_file(fd, path):  # else its holder unlinked it as it let go: start over
+                _refuse_foreign(fd, path)
+                now = datetime.now(UTC)
+                holder = LockHolder(pid=os.getpid(), host=socket.gethostname(), started_at=now)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, _HOLDER_ENCODER.encode(holder), 0)
+                return FileKeyLock(path, fd, holder)
         except BlockingIOError:
             os.close(fd)
             if time.monotonic() >= deadline:
@@ -123,29 +120,12 @@ def acquire_file_lock(path: str, *, key: str = "", timeout: float = 0.0) -> File
         except BaseException:
             os.close(fd)
             raise
-        try:
-            if not _same_file(fd, path):  # its holder unlinked it as it let go: start over
-                os.close(fd)
-                continue
-            _refuse_foreign(fd, path)
-            holder = LockHolder(
-                pid=os.getpid(), host=socket.gethostname(), started_at=datetime.now(UTC)
-            )
-            data = _HOLDER_ENCODER.encode(holder)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        return FileKeyLock(path, fd, holder)
+        os.close(fd)
 
 
 def _refuse_foreign(fd: int, path: str) -> None:
-    """Raise ``UnsafeFile`` unless the lock file holds nothing, NULs or a (torn) holder.
-
-    Anything else was renamed in from elsewhere: truncating it would destroy
-    a file that is not ours.
-    """
+    """``UnsafeFile`` unless the lock file holds nothing, NULs or a (torn) holder: anything
+    else was renamed in from elsewhere, and truncating it would destroy a file not ours."""
     size = os.fstat(fd).st_size
     data = os.pread(fd, min(size, _HOLDER_MAX), 0)
     if size <= _HOLDER_MAX and (not data.strip(b"\0") or data.startswith(_HOLDER_START)):
@@ -154,10 +134,6 @@ def _refuse_foreign(fd: int, path: str) -> None:
     raise UnsafeFile(
         path, f"a file of {size} bytes that hold no lock holder ({shown!r})", expected="a lock file"
     )
-
-
-_HOLDER_MAX = 4096  # a holder is ~70 bytes; more is not one
-_HOLDER_START = b'{"pid":'  # how the encoder starts every holder, a torn one too
 
 
 def read_holder(path: str) -> LockHolder | None:
@@ -182,11 +158,10 @@ class LockProbe(msgspec.Struct, frozen=True, kw_only=True):
 def probe_file_lock(path: str) -> LockProbe | None:
     """Whether the lock file at ``path`` is held by a live process; None if there is none.
 
-    For display and cleanup (``ls``, ``prune``): stale as soon as returned;
-    only taking the lock is authoritative.  It never takes the lock a writer
-    may be taking: a holder named on this host is asked by its pid (a
-    zombie is dead); only a file naming none, or another host, gets a brief
-    ``LOCK_SH|LOCK_NB``.  A reused pid may be misread here, never when locking.
+    For display (``ls``, ``prune``), never authoritative.  A holder named on
+    this host is asked by its pid (a zombie is dead), so a writer's lock is
+    never contended; only a file naming none, or another host, gets a brief
+    ``LOCK_SH|LOCK_NB``.
     """
     try:
         fd, _ = open_checked(path, os.O_RDONLY)

@@ -1,13 +1,8 @@
 """Opening files under a store's root so that nothing planted there redirects a write.
 
-A root may be a directory others can write to.  Whatever is put in place of
-a file the library uses, nothing is written, truncated, locked or created
-outside the root: files written in place are opened with ``O_NOFOLLOW`` and
-must be regular, single-link and of a trusted owner (this user or root);
-files replaced by rename are never followed; directories below the root
-are opened relative to their parent's descriptor; reads follow no link,
-wait on no FIFO, and read exactly what ``fstat`` saw.  Anything else is an
-``UnsafeFile``, left as it is.
+Files are opened with ``O_NOFOLLOW`` and must be regular, single-link and
+owned by this user or root; directories below the root are opened through
+their parent's descriptor.  Anything else is an ``UnsafeFile``, left as it is.
 """
 
 from __future__ import annotations
@@ -43,36 +38,17 @@ _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 class UnsafeFile(OSError):
-    """A path under a store's root holds something the library will not use.
-
-    An ``OSError``, so it fails as an I/O error does (``Failed``, ``CheckpointError``).
-
-    Attributes:
-        path: where it is.
-        found: what is there ("a symbolic link to '/etc/passwd'", "a FIFO").
-    """
+    """A path under a store's root holds something the library will not use (an I/O error)."""
 
     def __init__(self, path: str, found: str, *, expected: str = "a file") -> None:
         super().__init__(
             f"{path} is {found}, not {expected} this library made; not following it, "
             "and leaving it as it is (remove it to go on)"
         )
-        self.path = path
-        self.found = found
 
 
 class UnreadableFile(OSError):
-    """A regular file that is not read whole: too large, or growing while read.
-
-    Attributes:
-        path: the file.
-        size: its size when it was opened, in bytes.
-    """
-
-    def __init__(self, path: str, size: int, message: str) -> None:
-        super().__init__(message)
-        self.path = path
-        self.size = size
+    """A regular file that is not read whole: too large, or growing while read."""
 
 
 _KINDS = {
@@ -107,10 +83,7 @@ def _lstat(path: str, dir_fd: int | None) -> os.stat_result | None:
 
 
 def _refusal(exc: OSError, path: str, dir_fd: int | None) -> OSError:
-    """The error for a failed open: ``UnsafeFile`` when a non-file is in the way.
-
-    Also for ENOENT: a device whose driver finds nothing behind it says so.
-    """
+    """``UnsafeFile`` when a non-file is in the way (a device may say ENOENT), else ``exc``."""
     st = _lstat(path, dir_fd)
     if st is None or stat.S_ISREG(st.st_mode):
         return exc
@@ -131,12 +104,9 @@ def _check_owner(st: os.stat_result, path: str, *, expected: str = "a file") -> 
 def open_checked(
     path: str, flags: int, *, mode: int = 0o600, dir_fd: int | None = None, links: bool = False
 ) -> tuple[int, os.stat_result]:
-    """Open a regular single-link file of ours to write in place; return it and its ``fstat``.
+    """Open a regular single-link file of ours (``links``: or more); return it and its ``fstat``.
 
-    With ``dir_fd`` (from ``open_dir``/``open_subdir``) the basename of
-    ``path`` is opened there; ``links`` accepts more than one hard link
-    (for a file the caller replaces by rename).  ``UnsafeFile`` if anything
-    else is there (nothing was written).
+    With ``dir_fd`` the basename of ``path`` is opened there.
     """
     try:
         fd = os.open(_name(path, dir_fd), flags | _NOFOLLOW, mode, dir_fd=dir_fd)
@@ -168,9 +138,7 @@ def read_checked(
 ) -> bytes | None:
     """The bytes of the regular file of ours at ``path`` (its first ``limit``); None if absent.
 
-    Hard links are allowed: reading changes nothing.  ``growing``: it may
-    grow by appends meanwhile (a journal read without its lock).  Raises
-    ``UnsafeFile``, ``UnreadableFile`` (``read_fd``), ``IsADirectoryError``.
+    Hard links are allowed: reading changes nothing.  ``growing``: see ``read_fd``.
     """
     try:
         fd = os.open(_name(path, dir_fd), os.O_RDONLY | _NOFOLLOW, dir_fd=dir_fd)
@@ -194,8 +162,7 @@ def read_checked(
 def read_fd(fd: int, size: int, path: str, *, growing: bool = False) -> bytes:
     """The first ``size`` bytes (its ``st_size``) of a regular file's descriptor, never more.
 
-    Fewer if it shrank meanwhile; ``UnreadableFile`` if it grew (unless
-    ``growing``) or a ``MemoryError`` came while reading.
+    ``UnreadableFile`` if it grew, unless ``growing`` (a journal read without its lock).
     """
     try:
         parts: list[bytes] = []
@@ -209,19 +176,14 @@ def read_fd(fd: int, size: int, path: str, *, growing: bool = False) -> bytes:
         data = parts[0] if len(parts) == 1 else b"".join(parts)
     except MemoryError:
         raise UnreadableFile(
-            path,
-            size,
             f"{path} is {_bytes(size)}, more than this process could allocate to read it "
-            "(MemoryError); free memory or raise the process's memory limit, or remove "
-            "the file if it is not a checkpoint",
+            "(MemoryError); free memory, or remove the file if it is not a checkpoint"
         ) from None
     if not growing and os.read(fd, 1):
         raise UnreadableFile(
-            path,
-            size,
             f"{path} grew while being read, from {_bytes(size)} when opened to "
             f"{_bytes(os.fstat(fd).st_size)}: something is writing into it in place, which "
-            "this library never does; not using what was read (try again, or find that writer)",
+            "this library never does; not using what was read (try again, or find that writer)"
         )
     return data
 
@@ -234,11 +196,8 @@ def _bytes(n: int) -> str:
 
 
 def refuse_unless_replaceable(path: str, *, dir_fd: int | None = None) -> None:
-    """Raise ``UnsafeFile`` unless ``path`` is missing or a regular file.
-
-    Before a rename over it: safe anyway, but a planted link is refused the
-    same way everywhere, and left for a person to see.
-    """
+    """Raise ``UnsafeFile`` unless ``path`` is missing or a regular file (before a rename over
+    it: safe anyway, but a planted link is refused everywhere alike, left for a person to see)."""
     st = _lstat(path, dir_fd)
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise UnsafeFile(path, describe(st, path, dir_fd))
@@ -258,15 +217,8 @@ def open_dir(path: str, *, create: bool = False, mode: int = 0o700) -> int:
 def open_subdir(
     parent_fd: int, name: str, path: str, *, create: bool = False, mode: int = 0o700
 ) -> int:
-    """A descriptor of the directory ``name`` in ``parent_fd``, never through a link.
-
-    ``path`` is its whole path, for messages; ``create`` makes it (``mode``).
-
-    Raises:
-        UnsafeFile: something else is there, or a directory of another owner.
-        FileNotFoundError: it is missing (and not ``create``), or went while opened.
-        OSError: it changed while being opened.
-    """
+    """A descriptor of the directory ``name`` (whole path ``path``) in ``parent_fd``, never
+    through a link, made if ``create``; ``UnsafeFile`` for anything else, or another owner's."""
     if create:
         try:
             os.mkdir(name, mode, dir_fd=parent_fd)
@@ -292,14 +244,11 @@ def _subdir_refusal(exc: OSError, path: str, parent_fd: int) -> OSError:
     if st is not None and not stat.S_ISDIR(st.st_mode):
         return UnsafeFile(path, describe(st, path, parent_fd), expected="a directory")
     # O_DIRECTORY|O_NOFOLLOW says ENOTDIR for a link too (ELOOP on some systems).
-    was = {
-        errno.ELOOP: "a symbolic link when opened",
-        errno.ENOTDIR: "not a directory when opened (a link or a file?)",
-    }.get(exc.errno or 0)
-    if st is not None and was is not None:  # a directory again: someone is swapping it
+    if st is not None and exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a directory again
         return UnsafeFile(
             path,
-            f"{was} and a directory just after (being swapped by another process?)",
+            "not a directory when opened (a link or a file?) and a directory just after "
+            "(being swapped by another process?)",
             expected="a directory",
         )
     if st is None:
@@ -315,11 +264,7 @@ _warned_lock = threading.Lock()
 
 
 def check_root(root: str) -> None:
-    """Warn once per process when users other than this one and root can change ``root``.
-
-    (Owned by another user, or writable by others or a group, without the
-    sticky bit.)  A root that cannot be looked at gets no warning.
-    """
+    """Warn once per process when users other than this one and root can change ``root``."""
     try:
         st = os.stat(root)
     except OSError:

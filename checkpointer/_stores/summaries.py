@@ -1,9 +1,6 @@
 """Summary checkpoints on disk: ``<root>/sessions/<key>/checkpoint.md``, written and read.
 
-``sessions/<key>/`` is reached without following a link below the root and
-written through its descriptor.  Directories already there may never have
-been made durable: they, the root and those above are fsynced before a
-key's first summary (once per key and ``FileStore``; every time for a path).
+``sessions/<key>/`` is reached without following a link below the root.
 """
 
 from __future__ import annotations
@@ -36,11 +33,8 @@ def summary_path(root: Root, key: str) -> str:
 def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
     """Write ``checkpoint`` atomically and durably; return its path.  Blocking.
 
-    Raises:
-        ValueError: a bad key, a negative count, a naive ``created_at``, or a
-            summary that is not Unicode text.
-        TypeError: a field of the wrong type.
-        OSError: the write failed; the previous file, if any, is intact.
+    ``ValueError`` or ``TypeError`` for a bad key or field; ``OSError`` if the
+    write failed (the previous file, if any, intact).
     """
     path = summary_path(root, key)
     data = encode_summary(key, checkpoint)
@@ -48,9 +42,8 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
     base = os.path.dirname(sessions) or "."
     check_root(base)
     with _dirs(base, sessions, key, create=True) as fds:
-        directory = fds[-1]
         synced = root._synced_summaries if isinstance(root, FileStore) else set()
-        if key not in synced:  # sessions/<key>/ and all above it, durable
+        if key not in synced:  # directories found there may never have been made durable
             fsync_fd(fds[1])
             fsync_fd(fds[0])
             if isinstance(root, FileStore):
@@ -58,8 +51,8 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
             else:
                 fsync_parents(base)
             synced.add(key)
-        refuse_unless_replaceable(path, dir_fd=directory)
-        write_atomic(path, [data], dir_fd=directory)
+        refuse_unless_replaceable(path, dir_fd=fds[-1])
+        write_atomic(path, [data], dir_fd=fds[-1])
     return path
 
 
@@ -79,10 +72,8 @@ def _dirs(root: str, sessions: str, key: str, *, create: bool) -> Iterator[list[
 def load_summary(root: Root, key: str) -> SummaryCheckpoint | None:
     """Load the summary checkpoint of ``key``; None if there is none.
 
-    Raises:
-        ValueError: ``key`` is not a valid key.
-        CheckpointError: the file exists but cannot be read or is not a
-            summary checkpoint (``.path`` is the file, ``.reason`` says why).
+    ``ValueError`` for an invalid key; ``CheckpointError`` if the file cannot
+    be read or is not a summary checkpoint.
     """
     path = summary_path(root, key)
     sessions = os.path.dirname(os.path.dirname(path))

@@ -3,47 +3,34 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Hashable
 from typing import Any
 
 import msgspec
 
-from .._values import Snapshot
-from .messages import get_field
+from .._values import Snapshot, transcript_messages
 
 __all__ = ["transcript_fingerprint"]
 
 
 def transcript_fingerprint(*, field: str = "messages") -> Callable[[Snapshot], Hashable]:
-    """A structural fingerprint of a transcript: the one ``Transcript`` gives the writer.
+    """The writer's unchanged check for a transcript (``Transcript`` gives it).
 
-    It is made of the key, the parent, the message count, the whole last
-    message and everything in the state but the messages (their JSON, as the
-    writer would encode them).  So any change of the last message is seen (a
-    streamed tool-call ``arguments``, a same-length text, ``2`` to ``2.0``),
-    and any change outside the messages (a title, a tool's state, a pin),
-    at a cost bounded by those: it costs the same at 10 and at 100,000
-    messages, because it never iterates, hashes or encodes the rest of the
-    history.  The price: an edit of an earlier message that leaves the count
-    and the last message as they were is not seen; give the snapshot a
-    revision counter as its own fingerprint, or use
-    ``write_now(force=True)``, after such edits.
-
-    The messages may be of any shape: a dict, a Struct, a dataclass,
-    anything msgspec encodes; an object it cannot encode is taken as its
-    class name and attributes (``__dict__`` and ``__slots__``), else its
-    ``repr``.
-
-    Args:
-        field: the state's field (dict key or attribute) holding the messages.
+    The key, the parent, the message count, the whole last message and the
+    state but its messages, as JSON: any change is seen but an edit of an
+    earlier message that keeps the count and the last message, at a cost
+    that does not grow with the history.  After such edits give the snapshot
+    a revision counter as its own fingerprint, or ``write_now(force=True)``.
+    A state without messages (``transcript_messages``) is taken whole, as JSON.
+    An object msgspec cannot encode counts as its class and attributes
+    (``__dict__``, ``__slots__``), else its ``repr``.
     """
 
     def fingerprint(snapshot: Snapshot) -> Hashable:
         state = snapshot.state
-        messages = get_field(state, field)
+        messages = transcript_messages(state, field)
         if messages is None:
-            raise TypeError(f"the state has no {field!r} field")
+            return (snapshot.key, snapshot.parent, _whole(state))
         count = len(messages)
         return (
             snapshot.key,
@@ -56,17 +43,11 @@ def transcript_fingerprint(*, field: str = "messages") -> Callable[[Snapshot], H
     return fingerprint
 
 
-def _without(state: Any, field: str) -> Any:
-    """``state`` without its messages: a dict of its other fields (their values as they are)."""
+def _without(state: Any, field: str) -> dict[str, Any]:
+    """``state`` (a dict or a Struct) without its messages: a dict of its other fields."""
     if isinstance(state, dict):
         return {k: v for k, v in state.items() if k != field}
-    if isinstance(state, msgspec.Struct):
-        names = state.__struct_fields__
-    elif dataclasses.is_dataclass(state):
-        names = tuple(f.name for f in dataclasses.fields(state))
-    else:
-        return None
-    return {name: getattr(state, name) for name in names if name != field}
+    return {name: getattr(state, name) for name in state.__struct_fields__ if name != field}
 
 
 def _attributes(obj: Any) -> Any:

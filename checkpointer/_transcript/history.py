@@ -1,15 +1,11 @@
-"""Agent transcripts: is a history sendable?  One pass over it says.
-
-A history is *sendable* when a model API would accept it: every result answers
-a call still open, every call is answered within its window (``Window``), and
-no id is used twice.  The scan is a left fold (``ScanState``, fed with
-``feed``), so the prepare step can keep its state for a history's settled prefix.
-"""
+"""Is a history sendable?  One pass says: every result answers an open call, every call is
+answered within its window, no id is used twice.  The scan is a left fold (``feed``)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
@@ -42,31 +38,13 @@ class HistoryScan(msgspec.Struct):
     turns: int  # assistant messages
 
 
-class _Mark(NamedTuple):
-    """Where a ``ScanState`` was, to go back there (``ScanState.undo``)."""
-
-    fed: int
-    problems: int
-    unclosed: int
-    running: int
-    called: int
-    answered: int
-    turns: int
-    deferring: bool
-    moved: int
-    open_calls: dict[str, tuple[int, Dialect]]
-    free_calls: dict[str, tuple[int, Dialect]]
-
-
 class ScanState:
-    """The scan after its first ``count`` messages.
+    """The scan after its first ``count`` messages: a left fold, fed more later (``feed``).
 
-    A left fold: it depends on those messages only, so it can be kept and
-    fed more messages later.  ``called_log`` and ``answered_log`` list the
-    ids added to ``called`` and ``answered`` since ``forget()``, so that a
-    feed can be undone exactly (``mark`` / ``undo``): a call id is added to
-    ``called`` only when it is not there, and to ``answered`` only when its
-    open call is answered, which happens once.
+    ``mark`` and ``undo`` take a feed back, cheaply at any length: the id sets
+    are not copied, and ``called_log`` / ``answered_log`` say what was added
+    to them since (a call id is added once, when new; an answer once, when it
+    closes an open call).  ``forget`` drops the logs, and the earlier marks.
     """
 
     __slots__ = (
@@ -104,41 +82,23 @@ class ScanState:
         # the last message of a dialect that does not defer (a user's, an assistant's)
         self.moved = -1
 
-    def mark(self) -> _Mark:
-        return _Mark(
-            self.count,
-            len(self.problems),
-            len(self.unclosed),
-            len(self.running),
-            len(self.called_log),
-            len(self.answered_log),
-            self.turns,
-            self.deferring,
-            self.moved,
-            dict(self.open_calls),  # the calls of one window: a few
-            dict(self.free_calls),  # Responses calls awaiting their output: a few
-        )
+    def mark(self) -> tuple[ScanState, int, int]:
+        saved = copy.copy(self)  # the few open calls copied; the id sets shared, logged
+        saved.problems, saved.unclosed = [*self.problems], [*self.unclosed]
+        saved.running, saved.open_calls = [*self.running], {**self.open_calls}
+        saved.free_calls = {**self.free_calls}
+        return saved, len(self.called_log), len(self.answered_log)
 
-    def undo(self, mark: _Mark) -> None:
-        """Back to ``mark``, taken since the last ``forget()``."""
-        self.called.difference_update(self.called_log[mark.called :])
-        del self.called_log[mark.called :]
-        self.answered.difference_update(self.answered_log[mark.answered :])
-        del self.answered_log[mark.answered :]
-        del self.problems[mark.problems :]
-        del self.unclosed[mark.unclosed :]
-        del self.running[mark.running :]
-        self.open_calls.clear()
-        self.open_calls.update(mark.open_calls)
-        self.free_calls.clear()
-        self.free_calls.update(mark.free_calls)
-        self.turns = mark.turns
-        self.deferring = mark.deferring
-        self.moved = mark.moved
-        self.count = mark.fed
+    def undo(self, mark: tuple[ScanState, int, int]) -> None:
+        saved, called, answered = mark
+        self.called.difference_update(self.called_log[called:])
+        self.answered.difference_update(self.answered_log[answered:])
+        for name in self.__slots__:
+            if name not in ("called", "answered", "called_log", "answered_log"):
+                setattr(self, name, getattr(saved, name))
+        del self.called_log[called:], self.answered_log[answered:]
 
     def forget(self) -> None:
-        """Keep what was fed: earlier marks can no longer be undone to."""
         self.called_log.clear()
         self.answered_log.clear()
 
@@ -147,12 +107,9 @@ class ScanState:
 
         A call still open at the end is *pending*, not unclosed, when its
         dialect defers and the run paused on it: a pydantic-ai call whose
-        window already answered others of its response (a deferred tool,
-        answered from ``deferred_tool_results`` on the next run), or a
+        window answered others of its response (a deferred tool), or a
         Responses call with only Responses items after it (an Agents SDK
-        approval, answered from its ``RunState``).  Closing either in a stored
-        copy would lose the approval, so ``transcript_prepare`` stores it
-        open; it is still a problem (``unclosed-call``, saying pending).
+        approval).  Closing it in a stored copy would lose the approval.
         """
         end = self.count
         unclosed, pending = list(self.unclosed), list[Unclosed]()
@@ -178,9 +135,8 @@ _PENDING = (
 
 
 def _unclosed(u: Unclosed, what: str) -> HistoryProblem:
-    detail = f"tool call {clipped(u.call_id)} {what}"
-    return HistoryProblem(
-        kind="unclosed-call", index=u.call_index, call_id=u.call_id, detail=detail
+    return _problem(
+        "unclosed-call", u.call_index, u.call_id, f"tool call {clipped(u.call_id)} {what}"
     )
 
 
@@ -193,14 +149,12 @@ def scan_history(messages: Sequence[Any]) -> HistoryScan:
 def feed(state: ScanState, items: Sequence[Any]) -> None:
     """Scan ``items``, the messages after the first ``state.count``, on top of ``state``.
 
-    A call opens when its message is seen, and results close open calls.  A
-    message that does not keep the window (a chat or LangChain ``tool``
-    message keeps it) ends the window of the calls still open, after its own
-    results are taken: those calls are unclosed, and a result that comes
-    later is an orphan.  A *free* call (Responses) stays open until answered.
+    Results close open calls.  A message that does not keep the window (a
+    ``tool`` message keeps it) then ends the window of the calls still open:
+    they are unclosed, and a later result is an orphan.  A *free* call
+    (Responses) stays open until answered.
     """
-    # The hot loop of every transcript write: state in locals, and a message
-    # without calls or results costs its classification and a few lookups.
+    # The hot loop of every transcript write: state in locals.
     start = state.count
     problems, unclosed, running = state.problems, state.unclosed, state.running
     open_calls, free_calls = state.open_calls, state.free_calls
@@ -210,7 +164,8 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
     for i, message in enumerate(items, start):
         dialect, (results, calls, turn, keeps, is_running) = classify(message)
         if dialect is None:  # left alone: answers nothing, ends no window
-            problems.append(_unrecognised(i, message))
+            shape = f"unrecognised message shape ({describe_shape(message)}): not checked"
+            problems.append(_problem("unrecognised", i, None, shape))
             continue
         if not dialect.defers:
             moved = i
@@ -220,7 +175,7 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
             elif isinstance(call_id, str) and call_id in free_calls:
                 del free_calls[call_id]
             else:
-                _stray(call_id, i, answered, problems)
+                problems.append(_stray(call_id, i, answered))
                 continue
             answered.add(call_id)
             answered_log.append(call_id)
@@ -241,7 +196,8 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
                 if not isinstance(call_id, str):
                     continue  # an id-less call cannot be answered or checked
                 if call_id in called:
-                    problems.append(_duplicate_call(call_id, i))
+                    detail = f"tool call id {clipped(call_id)} is used by an earlier call too"
+                    problems.append(_problem("duplicate-id", i, call_id, detail))
                     continue
                 called.add(call_id)
                 called_log.append(call_id)
@@ -250,51 +206,29 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
     state.count = start + len(items)
 
 
-def _unrecognised(index: int, message: Any) -> HistoryProblem:
-    return HistoryProblem(
-        kind="unrecognised",
-        index=index,
-        call_id=None,
-        detail=f"unrecognised message shape ({describe_shape(message)}): not checked",
-    )
+def _problem(kind: ProblemKind, index: int, call_id: Any, detail: str) -> HistoryProblem:
+    call_id = call_id if isinstance(call_id, str) else None
+    return HistoryProblem(kind=kind, index=index, call_id=call_id, detail=detail)
 
 
-def _duplicate_call(call_id: str, index: int) -> HistoryProblem:
-    detail = f"tool call id {clipped(call_id)} is used by an earlier call too"
-    return HistoryProblem(kind="duplicate-id", index=index, call_id=call_id, detail=detail)
-
-
-def _stray(call_id: Any, index: int, answered: set[str], problems: list[HistoryProblem]) -> None:
+def _stray(call_id: Any, index: int, answered: set[str]) -> HistoryProblem:
     """A result that answers no open call: a second answer, or an orphan."""
     if isinstance(call_id, str) and call_id in answered:
-        kind: ProblemKind = "duplicate-id"
         detail = f"tool call {clipped(call_id)} is answered a second time"
-    else:
-        kind = "orphan-result"
-        detail = f"tool result for {clipped(call_id)} answers no open tool call (orphan result)"
-    problems.append(
-        HistoryProblem(
-            kind=kind,
-            index=index,
-            call_id=call_id if isinstance(call_id, str) else None,
-            detail=detail,
-        )
-    )
+        return _problem("duplicate-id", index, call_id, detail)
+    detail = f"tool result for {clipped(call_id)} answers no open tool call (orphan result)"
+    return _problem("orphan-result", index, call_id, detail)
 
 
 def validate_history(messages: Sequence[Any]) -> list[HistoryProblem]:
     """Every reason a model API would refuse ``messages``, in one pass.
 
-    Args:
-        messages: messages of any dialect the helpers know (chat-completions,
-            Anthropic-style, OpenAI Responses / Agents SDK items, pydantic-ai,
-            LangChain), as dicts, Structs or the frameworks' objects, detected
-            per message.
-
-    Returns:
-        The problems in message order; empty when the history is sendable
-        (an empty history is).  A message of an unknown shape is a problem of
-        kind ``"unrecognised"``: not checked, not a reason to refuse.
+    ``messages`` may mix every dialect the helpers know (chat-completions,
+    Anthropic-style, OpenAI Responses / Agents SDK items, pydantic-ai,
+    LangChain), as dicts, Structs or the frameworks' objects.  Returns the
+    problems in message order, none for a sendable history (an empty one is);
+    a message of an unknown shape is an ``"unrecognised"`` problem, not checked
+    and not a reason to refuse.
     """
     return scan_history(messages).problems
 

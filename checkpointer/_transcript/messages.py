@@ -1,12 +1,4 @@
-"""Agent transcripts: our own message Structs, the fixed texts, and reading a message's fields.
-
-The Structs below are the two role-message shapes (chat-completions and
-Anthropic-style messages) as frozen msgspec Structs; the shapes the
-helpers understand, these and the frameworks' (``dialects``), may be
-plain dicts, these Structs, or any object with the same attribute names
-(``get_field``, ``block_type``); ``replaced`` copies a message of any of
-those kinds with some fields changed.
-"""
+"""Our own message Structs, the fixed texts, and reading fields of any message."""
 
 from __future__ import annotations
 
@@ -31,7 +23,6 @@ __all__ = [
     "block_type",
     "clipped",
     "get_field",
-    "is_sequence",
     "replaced",
 ]
 
@@ -44,9 +35,6 @@ INTERRUPTED_TEXT = (
     "Interrupted: the tool was still running when the session was checkpointed and did not finish."
 )
 """The reason given to a running item when it is settled as an error."""
-
-
-# -- chat-completions style --------------------------------------------------
 
 
 class ToolFunction(msgspec.Struct, frozen=True):
@@ -67,9 +55,8 @@ class ToolCall(msgspec.Struct, frozen=True):
 class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     """A chat-completions message (system, developer, user, assistant, tool).
 
-    ``status`` is not part of the API: an agent may mark a ``tool`` message
-    ``"running"`` while the tool runs; ``settle_running`` turns that into
-    ``"error"``.  Fields left at None are not written.
+    ``status`` is ours, not the API's: ``"running"`` while the tool runs
+    (``settle_running`` makes it ``"error"``).  Fields left at None are not written.
     """
 
     role: str
@@ -79,9 +66,6 @@ class ChatMessage(msgspec.Struct, frozen=True, omit_defaults=True):
     name: str | None = None
     id: str | None = None
     status: str | None = None
-
-
-# -- messages style ----------------------------------------------------------
 
 
 class TextBlock(msgspec.Struct, frozen=True, tag_field="type", tag="text"):
@@ -101,10 +85,7 @@ class ToolUseBlock(msgspec.Struct, frozen=True, tag_field="type", tag="tool_use"
 class ToolResultBlock(
     msgspec.Struct, frozen=True, omit_defaults=True, tag_field="type", tag="tool_result"
 ):
-    """A tool result in a user message (messages style).
-
-    ``status`` is not part of the API (see ``ChatMessage.status``).
-    """
+    """A tool result in a user message (messages style); ``status`` as ``ChatMessage``'s."""
 
     tool_use_id: str
     content: str | list[dict[str, Any]] = ""
@@ -126,8 +107,6 @@ class Message(msgspec.Struct, frozen=True, omit_defaults=True):
     content: str | tuple[ContentBlock, ...]
     id: str | None = None
 
-
-# -- problems ----------------------------------------------------------------
 
 ProblemKind: TypeAlias = Literal["orphan-result", "unclosed-call", "duplicate-id", "unrecognised"]
 
@@ -155,9 +134,6 @@ class HistoryProblem(msgspec.Struct, frozen=True, kw_only=True):
     def describe(self, path: str = "$") -> str:
         """The problem with its JSON path, e.g. ``$.messages[3]: ...``."""
         return f"{path}[{self.index}]: {self.detail}"
-
-
-# -- field access on dicts, Structs and plain objects ------------------------
 
 
 def get_field(obj: Any, name: str) -> Any:
@@ -190,15 +166,7 @@ def replaced(obj: Any, **changes: Any) -> Any:
     raise TypeError(f"cannot copy a {type(obj).__name__} message; use dicts or msgspec Structs")
 
 
-def is_sequence(value: Any) -> bool:
-    return isinstance(value, (list, tuple))
-
-
-CLIP = 40
-"""The characters of an id, a role or a key a message says (``clipped``)."""
-
-
-def clipped(value: Any, width: int = CLIP) -> str:
+def clipped(value: Any, width: int = 40) -> str:
     """``repr(value)`` of an id, a role or a key, cut as message texts are: a 2 MB call id is
     its first characters, ``...`` and its length, not 2 MB of a problem's detail."""
     if isinstance(value, str) and len(value) > width:

@@ -1,10 +1,5 @@
-"""Agent transcripts: the writer's prepare step (settle, close, validate), incrementally.
-
-At each checkpoint running results are settled and dangling calls closed on a
-copy, then the history is validated.  So that a long history of our own Structs
-is not scanned whole at every checkpoint, the step keeps per key the scan of
-its settled prefix and scans only what follows; the result is a full scan's.
-"""
+"""The writer's prepare step for transcripts: settle, close and validate on a copy, scanning
+only what follows the settled prefix it keeps per key (the result is a full scan's)."""
 
 from __future__ import annotations
 
@@ -17,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from .._values import Failed, Prepared, Snapshot
+from .._values import Failed, Prepared, Snapshot, transcript_messages
 from .history import HistoryScan, ScanState, feed, scan_history
 from .messages import (
     INTERRUPTED_TEXT,
@@ -28,8 +23,6 @@ from .messages import (
     ToolCall,
     ToolResultBlock,
     ToolUseBlock,
-    get_field,
-    is_sequence,
     replaced,
 )
 from .repair import close_calls, settle_results
@@ -42,44 +35,30 @@ logger = logging.getLogger("checkpointer")
 def transcript_prepare(
     *, field: str = "messages", settle: bool = True, repair: bool = True
 ) -> Callable[[Snapshot], Prepared | Failed]:
-    """The writer's ``prepare`` step for agent transcripts.
+    """The writer's ``prepare`` step for agent transcripts (``Transcript`` gives it).
 
     On each snapshot, before it is encoded: settle running results, close
     dangling tool calls (both on a copy, never in memory), then validate.
-    Calls *pending* in a paused run (a pydantic-ai deferred tool awaiting
-    approval, an Agents SDK ``needs_approval`` pause) are stored open, as
-    the framework persists them, so that it can still resume the run.
-    A history still not sendable (an orphan result, a duplicate id) is
-    ``Failed("not-sendable")`` naming the first problems' JSON paths; the
-    previous file stays.  ``Written.repaired`` / ``.settled`` say what was
-    repaired, and ``Meta.turns`` counts the turns written.  Messages of
-    every dialect the helpers know are understood (``validate_history``);
-    a message of a shape none recognises is written as it is, never a
-    reason to refuse the write, and said once in the log (per prepare step).
-
-    Each step keeps, per key (the last four keys), the scan of the
-    history's prefix of our own frozen message Structs: a checkpoint that
-    adds messages scans only those.  The result is always a full scan's.
+    Calls *pending* in a paused run (a pydantic-ai deferred tool, an Agents
+    SDK approval) are stored open, as the framework persists them.  A
+    history still not sendable (an orphan result, a duplicate id) is
+    ``Failed("not-sendable")`` naming the first problems' JSON paths.  A
+    message of a shape no dialect recognises is written as it is and said
+    once in the log.
 
     Args:
-        field: the state's field (dict key, Struct or dataclass attribute)
-            holding the messages.
+        field: the dict key or Struct attribute holding the messages; a
+            state without them (``transcript_messages``) passes as it is.
         settle: settle ``status: "running"`` results as errors.
         repair: close dangling tool calls.
-
-    Returns:
-        ``(Snapshot) -> Prepared | Failed``: the step ``Transcript`` gives the writer.
     """
     prefixes = _Prefixes()
     said: list[bool] = []  # the unrecognised shape is logged once per step
 
     def prepare(snapshot: Snapshot) -> Prepared | Failed:
-        messages = get_field(snapshot.state, field)
-        if not is_sequence(messages):
-            return Failed(
-                "snapshot-failed",
-                f"the state of key {snapshot.key!r} has no list at $.state.{field}",
-            )
+        messages = transcript_messages(snapshot.state, field)
+        if messages is None:  # a state without messages is written whole
+            return Prepared(snapshot=snapshot)
         with prefixes.scanner(snapshot.key, messages) as scan:
             live = scan(messages)
             copy, settled, repaired, problems = _repaired(messages, live, scan, settle, repair)
@@ -158,21 +137,12 @@ def _refusing(
 
 
 # -- the cache: the scan of a settled prefix ------------------------------------
-#
-# The scan is a left fold, so its state after a prefix can be kept and fed the
-# rest.  That is exact only while nothing the scan read of the prefix can have
-# changed: so only our own frozen message Structs enter it (``_settled``), whose
-# fields cannot be rebound and whose every value the scan reads is an exact str
-# or None, reached through tuples.  A dict, a list inside a Struct or a running
-# result stops the prefix, so an edit in place is always seen; an equal Struct
-# in place of one in the prefix reads the same (short of a value whose == lies,
-# such as mock.ANY).
+# Only our own frozen Structs with exact str fields, reached through tuples,
+# enter the prefix (``_settled``): the scan's view of them cannot change in
+# place, so an edit is always a new object, which ``_starts_with`` sees.
 
-_KEEP = 1
-"""The last message is never cached: it is the one an agent replaces (streaming)."""
-
-_KEYS = 4
-"""Keys whose prefix one prepare step keeps (a writer usually has one)."""
+_KEEP = 1  # the last message is never cached: an agent replaces it while streaming
+_KEYS = 4  # keys one prepare step keeps (a writer usually has one)
 
 
 def _settled(message: Any) -> bool:
@@ -226,11 +196,8 @@ class _Prefix:
 
 
 def _starts_with(messages: Sequence[Any], prefix: list[Any]) -> bool:
-    """Whether ``messages`` starts with ``prefix``: one list ``==``, in C, identity first.
-
-    No copy of the prefix is made: ``prefix`` is extended with the rest of
-    ``messages`` for the comparison and trimmed back.
-    """
+    """Whether ``messages`` starts with ``prefix``: one list ``==`` (in C, identity first),
+    ``prefix`` extended with the rest of ``messages`` and trimmed back."""
     count = len(prefix)
     if count == 0 or len(messages) < count:
         return count == 0
@@ -245,27 +212,19 @@ def _starts_with(messages: Sequence[Any], prefix: list[Any]) -> bool:
 
 
 def _advance(prefix: _Prefix, messages: Sequence[Any]) -> None:
-    """Take the settled messages after the prefix into it, up to the last ``_KEEP``.
-
-    It stops at the first message that is not ``_settled`` (that covers
-    running results) and before any message that ends a window with calls
-    still open, so the prefix's scan never holds a running result nor an
-    unclosed call: every repair lands after the prefix.
-    """
+    """Take the settled messages after the prefix into it, up to the last ``_KEEP``, and
+    stop where a window ends with calls open: every repair lands after the prefix."""
     state = prefix.state
     start = state.count
-    window = messages[start : len(messages) - _KEEP]  # what may be taken in: one copy
-    count = 0
-    for message in window:
+    taken = list(messages[start : len(messages) - _KEEP])
+    for count, message in enumerate(taken):
         if not _settled(message):
+            del taken[count:]
             break
-        count += 1
-    if count:
-        taken = window if type(window) is list else list(window)
-        del taken[count:]
+    if taken:
         mark = state.mark()
         feed(state, taken)
-        if state.unclosed:  # empty before: the first one is in what was just fed
+        if state.unclosed:  # none before: the first one is in what was just fed
             del taken[state.unclosed[0].window_end - start :]
             state.undo(mark)
             feed(state, taken)
@@ -295,8 +254,8 @@ class _Prefixes:
         """A scan function for ``messages`` and for copies that share its prefix.
 
         Without the lock (another thread, or a signal handler on this one,
-        is scanning), it is the plain full scan.  Any exception drops the
-        key's prefix, which may be half fed.
+        is scanning), it is the plain full scan.  An exception drops the key's
+        prefix, which may be half fed.
         """
         if not self._lock.acquire(blocking=False):
             yield scan_history

@@ -1,11 +1,4 @@
-"""Agent transcripts: repairs on a copy (running results settled, dangling calls closed).
-
-Repairs never mutate: ``settle_running`` and ``close_dangling_tool_calls``
-return a new list in which only the messages they change are new objects,
-built with ``dict`` copies, ``msgspec.structs.replace``,
-``dataclasses.replace`` or a pydantic model's ``model_copy``.  What an
-answer is, and where it goes, is the call's dialect's (``dialects``).
-"""
+"""Repairs on a copy: running results settled, dangling calls closed, by the call's dialect."""
 
 from __future__ import annotations
 
@@ -24,17 +17,14 @@ def settle_running(
 ) -> tuple[list[Any], int]:
     """Settle results still marked running as errors, on a copy.
 
-    A chat ``tool`` message or a ``tool_result`` block whose ``status`` is
-    ``"running"`` gets ``status: "error"`` and ``reason`` as its content
-    (blocks also ``is_error: True``); a Responses output item whose
-    ``status`` is ``"in_progress"`` (or ``"running"``) gets ``status:
-    "incomplete"`` and ``reason`` as its output.  Meant for a snapshot taken
-    while a tool ran: whoever resumes it will never see that tool finish.
+    A chat ``tool`` message or a ``tool_result`` block with ``status:
+    "running"`` gets ``status: "error"`` and ``reason`` as its content; a
+    Responses output item ``"in_progress"`` (or ``"running"``) gets ``status:
+    "incomplete"`` and ``reason`` as its output.
 
     Returns:
-        ``(copy, count)``: a new list (only the changed messages are new
-        objects; ``messages`` and its messages are never mutated) and the
-        number of items settled.
+        ``(copy, count)``: a new list (only changed messages are new objects)
+        and the number of items settled.
     """
     return settle_results(list(messages), scan_history(messages).running, reason)
 
@@ -42,24 +32,17 @@ def settle_running(
 def close_dangling_tool_calls(messages: Sequence[Any]) -> tuple[list[Any], int]:
     """Answer every unclosed tool call with an error result, on a copy.
 
-    Each call that gets no result in time is given one, saying
-    ``CLOSED_CALL_TEXT``, in the call's own dialect and where its API expects
-    it: chat and LangChain, a ``tool`` message after the call's other
-    results; Anthropic-style, a ``tool_result`` block at the start of the
-    next user message (a new user message if the next one is not);
-    pydantic-ai, a ``tool-return`` part after the next request's results (a
-    new request if the next message is not one); Responses, the call's
-    output item right after the call.  Orphan results and duplicate ids are
-    not touched (``validate_history`` still reports them).  Calls *pending*
-    at the end of a paused run (a pydantic-ai deferred tool, an Agents SDK
-    approval; see ``history.py``) are closed too: call this when you abandon
-    the paused run, not when you mean to approve it (``transcript_prepare``
-    leaves them open).
+    Each call without a result in time gets one saying ``CLOSED_CALL_TEXT``,
+    in its own dialect and where its API expects it: a ``tool`` message after
+    the call's other results (chat, LangChain); a ``tool_result`` block at the
+    start of the next user message (Anthropic); a ``tool-return`` part after
+    the next request's results (pydantic-ai); the output item right after the
+    call (Responses).  Orphan results and duplicate ids are left alone.  Calls
+    pending in a paused run are closed too: call this to abandon the run.
 
     Returns:
         ``(copy, count)``: a new list (only changed or added messages are new
-        objects; ``messages`` and its messages are never mutated) and the
-        number of calls closed.
+        objects) and the number of calls closed.
     """
     scan = scan_history(messages)
     unclosed = sorted([*scan.unclosed, *scan.pending], key=lambda u: u.call_index)

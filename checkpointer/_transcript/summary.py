@@ -1,10 +1,4 @@
-"""Agent transcripts: where a summary checkpoint cuts a history, and resuming from it.
-
-The pure part of summary checkpoints: no I/O.  The value is
-``_values.SummaryCheckpoint``, its file ``_stores/summaries.py``, and
-``collapse`` (which calls the summarizer and writes the file) is the async
-step that puts them together.
-"""
+"""Where a summary checkpoint cuts a history, and the context to resume from it."""
 
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ from .._text import describe_error
 from .._transcript.fingerprint import transcript_fingerprint
 from .._transcript.prepare import transcript_prepare
 from .._values import (
+    CheckpointError,
     Failed,
     Limits,
     Meta,
@@ -243,18 +244,14 @@ class Committer:
         """
         with self._holding(self._io_lock, timeout) as locked:
             if not locked:
-                logger.warning(
-                    "checkpointer: a write in flight did not finish within %ss; writing anyway",
-                    timeout,
-                )
+                logger.warning("checkpointer: a write outlasted %ss; writing anyway", timeout)
             result = self._execute_locked(job, locked)
             # A live write that fails while closing is followed by the final write.
             return self.record.account(result, quiet=not job.live or self.phase >= Phase.CLOSING)
 
     def _execute_locked(self, job: Job, locked: bool) -> Result:
         """The steps of one write: check, build and commit, record."""
-        if self.keys.to_finish:
-            self.keys.finish(self._locks)
+        self.keys.finish(self._locks)
         state = self.keys.by_key[job.key]
         if job.gen < state.newest_gen:
             return Skipped("unchanged")  # a newer snapshot is stored
@@ -290,7 +287,7 @@ class Committer:
         if isinstance(taken, Failed):
             if not state.known:  # expect what is stored now, before any wait for the lock
                 self.keys.look(key, state)
-            if taken.reason == "locked" and self._locks.waits:
+            if taken.reason == "locked":
                 taken = self._locks.acquire(key, location)  # up to lock_timeout
             if isinstance(taken, Failed):
                 return taken
@@ -361,6 +358,11 @@ class Committer:
             except Exception as exc:  # the bytes may have landed: meta stays in sent
                 state.content = None
                 location = self._store.location(key)
+                if base is None and not adopted and isinstance(exc, CheckpointError):
+                    # Expecting none, it found one nobody can read: as a first read does.
+                    with contextlib.suppress(Exception):
+                        self.keys.set_aside(key, exc)
+                        continue
                 return Failed("write-failed", f"cannot write {location}: {describe_error(exc)}")
             break
         if locked and state.overtaking is not None:
@@ -384,7 +386,9 @@ class Committer:
             )
 
     def finish(self, timeout: float = -1) -> None:
-        """Mark the keys the source moved away from (or ended at) not live, under the I/O lock."""
+        """Mark the keys the source moved away from (or ended at) not live (not in a fork)."""
+        if self.forked():
+            return
         with self._holding(self._io_lock, timeout) as locked:
             if locked:
                 self.keys.finish(self._locks)
@@ -401,7 +405,7 @@ class Committer:
                 return self.execute(job, self._exit_timeout)
             finally:
                 self.end(job)
-        if not live and self.keys.to_finish and not self.forked():
+        if not live and self.keys.to_finish:
             self.finish(self._exit_timeout)  # source() had no session
         return self.record.account(job, quiet=not live)
 
@@ -441,24 +445,17 @@ class Committer:
 def run_prepare(
     prepare: Callable[[Snapshot], Prepared | Failed] | None, snapshot: Snapshot
 ) -> Prepared | Failed:
-    """Run ``prepare`` on ``snapshot``; an exception or a bad return is ``Failed``.
+    """Run ``prepare`` (the transcript's repair step) on ``snapshot``; raising is ``Failed``.
 
     Also refuses, before anything is encoded, a ``parent`` that not every
     store can keep, so a session written to one store can move to any other.
     """
-    prepared: object = Prepared(snapshot=snapshot)
-    if prepare is not None:
-        try:
-            prepared = prepare(snapshot)
-        except Exception as exc:
-            return Failed("snapshot-failed", f"prepare() raised {describe_error(exc)}")
+    try:
+        prepared = Prepared(snapshot=snapshot) if prepare is None else prepare(snapshot)
+    except Exception as exc:
+        return Failed("snapshot-failed", f"prepare() raised {describe_error(exc)}")
     if isinstance(prepared, Failed):
         return prepared
-    if not isinstance(prepared, Prepared):
-        return Failed(
-            "snapshot-failed",
-            f"prepare() returned {type(prepared).__name__}, expected Prepared(...) or Failed(...)",
-        )
     parent = prepared.snapshot.parent
     if parent is None:
         return prepared

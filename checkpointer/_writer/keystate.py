@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import enum
 import logging
-import os
 from datetime import UTC, datetime
 
 import msgspec
@@ -108,12 +107,6 @@ class KeyLocks:
         self._store = store if isinstance(store, LockingStore) else None
         self._timeout = timeout
         self._held: dict[str, KeyLock] = {}
-        self._pid = os.getpid()
-
-    @property
-    def waits(self) -> bool:
-        """Whether ``acquire`` may wait for another holder (``lock_timeout`` > 0)."""
-        return self._store is not None and self._timeout > 0
 
     def acquire(self, key: str, location: str, *, wait: bool = True) -> Failed | bool:
         """Take ``key``'s lock unless held, waiting up to ``lock_timeout`` if ``wait``.
@@ -121,7 +114,6 @@ class KeyLocks:
         True when taken now, False when held already or the store does not
         lock, ``Failed`` (naming ``location``) when refused.
         """
-        self._forget_if_forked()
         if self._store is None or key in self._held:
             return False
         try:
@@ -133,7 +125,6 @@ class KeyLocks:
         return True
 
     def release(self, key: str) -> None:
-        self._forget_if_forked()
         lock = self._held.pop(key, None)
         if lock is not None:
             try:
@@ -144,13 +135,6 @@ class KeyLocks:
     def release_all(self) -> None:
         for key in list(self._held):
             self.release(key)
-
-    def _forget_if_forked(self) -> None:
-        # In a forked child the held locks are the parent's: releasing one
-        # (whatever the store) could release it for the parent.  Drop them.
-        if self._pid != os.getpid():
-            self._held.clear()
-            self._pid = os.getpid()
 
 
 class Keys:
@@ -193,21 +177,13 @@ class Keys:
     def resolve(self, key: str, state: KeyState) -> None:
         """Learn the base from the store if unknown (damage moved aside); refuse a newer one.
 
-        Raises:
-            NewerVersionError: the base is of a newer state version (kept).
-            OSError: the store cannot be read.
+        Raises NewerVersionError for a newer state version (kept), OSError if unreadable.
         """
         if not state.known:
             try:
                 state.base = self._states.read_meta(key)
-            except NewerVersionError:
-                raise  # not damage: never moved aside
             except CheckpointError as exc:
-                stamp = utcnow().strftime("%Y%m%dT%H%M%S.%fZ")
-                aside = self._store.move_aside(key, "corrupt-" + stamp)
-                logger.warning(
-                    "checkpointer: %s; moved it aside to %s and starting afresh", exc, aside
-                )
+                self.set_aside(key, exc)
                 state.base = None
             state.known = True
         base = state.base
@@ -219,12 +195,16 @@ class Keys:
                 "it (upgrade the program, or use another key)",
             )
 
-    def look(self, key: str, state: KeyState) -> None:
-        """Learn the base without the key's lock, before waiting for it (else under it).
+    def set_aside(self, key: str, exc: CheckpointError) -> None:
+        """Move ``key``'s damaged checkpoint aside (kept) to start afresh; raise a newer one's."""
+        if isinstance(exc, NewerVersionError):
+            raise exc  # not damage: kept for the newer version
+        aside = self._store.move_aside(key, utcnow().strftime("corrupt-%Y%m%dT%H%M%S.%fZ"))
+        logger.warning("checkpointer: %s; moved it aside to %s and starting afresh", exc, aside)
 
-        A writer that waits for another to let go then expects what was
-        stored when it first tried, not what that writer stores meanwhile.
-        """
+    def look(self, key: str, state: KeyState) -> None:
+        """Learn the base before waiting for the key's lock: a writer that waits for another
+        expects what was stored when it first tried, not what that one stores meanwhile."""
         with contextlib.suppress(Exception):
             state.base, state.known = self._states.read_meta(key), True
 
@@ -257,9 +237,9 @@ class Keys:
     def finish(self, locks: KeyLocks) -> None:
         """Mark this writer's live checkpoints of keys the source moved away from not live."""
         for key in list(self.to_finish):
-            state = self.by_key.get(key)
-            base = None if state is None else state.base
-            if state is not None and base is not None and state.own and base.live:
+            state = self.by_key[key]
+            base = state.base
+            if base is not None and state.own and base.live:
                 meta = msgspec.structs.replace(
                     base, seq=base.seq + 1, updated_at=utcnow(), live=False, revision=new_revision()
                 )

@@ -1,16 +1,8 @@
-"""LangGraph's ``BaseCheckpointSaver``, kept by checkpointer.
-
-``CheckpointSaver(store)`` is a LangGraph checkpointer over checkpointer's
-public API, with the sync and async methods (``delete_for_runs``,
-``copy_thread`` and ``prune`` included)::
-
-    async with CheckpointSaver(JournalStore("threads")) as saver:
-        graph = builder.compile(checkpointer=saver)
-        await graph.ainvoke(inputs, {"configurable": {"thread_id": "t1"}})
+"""LangGraph's ``BaseCheckpointSaver``, kept by checkpointer: ``CheckpointSaver(store)``.
 
 A thread is one key, ``thread_key(thread_id)``, holding a log of rows
-(``_log.py``), written by its writer or committer (``_threads.py``).
-Durability, conflicts and what SIGTERM keeps: docs/frameworks/langgraph.md.
+(``_log.py``) that its writer or committer writes (``_threads.py``).
+Durability, conflicts, what SIGTERM keeps: docs/frameworks/langgraph.md.
 """
 
 from checkpointer import CheckpointFailed

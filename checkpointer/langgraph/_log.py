@@ -99,13 +99,8 @@ def _array_header(count: int) -> bytes:
 
 def config_of(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
     """The config that names a checkpoint."""
-    return {
-        "configurable": {
-            "thread_id": thread_id,
-            "checkpoint_ns": ns,
-            "checkpoint_id": checkpoint_id,
-        }
-    }
+    ids = {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}
+    return {"configurable": ids}
 
 
 class Log:
@@ -280,25 +275,17 @@ class Log:
             versions = loads((put.type, put.checkpoint))["channel_versions"]
             needed.update((ns, channel, version) for channel, version in versions.items())
         rows: list[Row] = []
+        values: set[tuple[str, str, Version]] = set()  # kept so far (a tail's base comes first)
         for row in self.rows:
             if isinstance(row, Put | Write):
                 checkpoint_id = row.id if isinstance(row, Put) else row.checkpoint
                 if (row.ns, checkpoint_id) in kept:
                     rows.append(row)
             elif (row.ns, row.channel, row.version) in needed:
-                if isinstance(row, Tail) and not self._chain_kept(row, needed):
+                if isinstance(row, Tail) and (row.ns, row.channel, row.base) not in values:
                     typed = self.blob_bytes(row.ns, row.channel, row.version)
                     assert typed is not None
-                    rows.append(Blob(row.ns, row.channel, row.version, *typed))
-                else:
-                    rows.append(row)
+                    row = Blob(row.ns, row.channel, row.version, *typed)
+                rows.append(row)
+                values.add((row.ns, row.channel, row.version))
         return rows
-
-    def _chain_kept(self, row: Tail, needed: set[tuple[str, str, Version]]) -> bool:
-        cursor: Blob | Tail | None = row
-        while isinstance(cursor, Tail):
-            key = (row.ns, row.channel, cursor.base)
-            if key not in needed:
-                return False
-            cursor = self.blobs.get(key)
-        return cursor is not None

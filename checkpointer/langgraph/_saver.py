@@ -1,15 +1,8 @@
-"""``CheckpointSaver``: LangGraph's checkpointer interface over a thread's log and its owner.
-
-What LangGraph asks (get, list, put, put_writes, delete, copy, prune, each
-with its ``a*`` twin) on the threads in memory: ``_log.py`` is what a
-thread holds, ``_owners.py`` who writes it.
-"""
+"""``CheckpointSaver``: LangGraph's checkpointer interface over the threads of ``_threads.py``."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import AsyncIterator, Iterator, Sequence
-from types import TracebackType
 from typing import Any, Literal
 
 import anyio
@@ -25,9 +18,10 @@ from langgraph.checkpoint.base import (
     get_checkpoint_id,
     get_checkpoint_metadata,
 )
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from checkpointer import CheckpointFailed, Failed
+from checkpointer import CheckpointFailed
 from checkpointer._adapters import check_options, locked, raise_failed
 from checkpointer.stores import KeyLocked, Store
 
@@ -41,13 +35,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer whose threads are checkpointed by ``CheckpointWriter`` s.
 
     Args:
-        store: where the threads go; a ``JournalStore(root)`` makes each
-            checkpoint cost its new rows only.
+        store: where the threads go.
         serde: LangGraph's serializer (default: its ``JsonPlusSerializer``).
-        **writer_options: passed to each thread's ``CheckpointWriter``
-            (``debounce``, ``max_wait``, ``limits``, ``exit_hooks``...);
-            ``limits``, ``transcript`` and ``state_version`` to its
-            ``KeyCommitter`` too.
+        **writer_options: for each thread's ``CheckpointWriter``; ``limits``,
+            ``transcript`` and ``state_version`` for its ``KeyCommitter`` too.
 
     Use it as ``with`` (synchronous graphs) or ``async with`` (asyncio).
     """
@@ -64,46 +55,26 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     def __repr__(self) -> str:
         return f"<CheckpointSaver {self._mode} store={self.store!r} threads={len(self._threads)}>"
 
-    # -- lifecycle ------------------------------------------------------------
-
     def __enter__(self) -> CheckpointSaver:
         self._claim("sync")
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        failed = self._close_all()
+    def __exit__(self, _type: object, exc: object, _tb: object) -> None:
+        self._mode = "closed"
+        failed = self._threads.close()
         if exc is None:
             raise_failed(failed)
 
     def close(self) -> None:
-        """Close every thread's writer (a final write each); for ``with``.
-
-        Raises:
-            CheckpointFailed: a thread's final write failed (``"conflict"``:
-                another process wrote the thread; the error names the key).
-        """
-        raise_failed(self._close_all())
-
-    def _close_all(self) -> Failed | None:
-        self._mode = "closed"
-        return self._threads.close()
+        """Close every thread's writer (a final write each); ``CheckpointFailed`` if one failed."""
+        self.__exit__(None, None, None)
 
     async def __aenter__(self) -> CheckpointSaver:
         self._claim("async")
         await self._threads.aopen()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, _type: object, exc: object, _tb: object) -> None:
         failed = await self._threads.aclose()
         self._mode = "closed"
         if exc is None:
@@ -120,9 +91,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 f"this CheckpointSaver is {self._mode}: use it inside 'with' or 'async with'"
             )
 
-    # -- reading ----------------------------------------------------------------
-
-    def _get_tuple(self, thread: Thread, config: RunnableConfig) -> CheckpointTuple | None:
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint of ``config`` (its ``checkpoint_id``, else the thread's latest)."""
+        self._check_open()
+        thread = self._threads.get(_id(config))
         ns: str = config["configurable"].get("checkpoint_ns", "")
         with self._threads.lock:
             checkpoints = thread.checkpoints.get(ns)
@@ -134,13 +106,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 return None
             return thread.checkpoint_tuple(thread.thread_id, ns, row, self.serde.loads_typed)
 
-    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """The checkpoint of ``config`` (its ``checkpoint_id``, else the thread's latest)."""
-        self._check_open()
-        return self._get_tuple(self._threads.get(_id(config)), config)
-
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """Async ``get_tuple``."""
         self._check_open()
         await self._threads.settle(_id(config), wait=True)
         # Decoding the channels builds Python objects (LangChain messages): in a
@@ -149,12 +115,12 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 
     def _list(
         self,
-        threads: list[Thread],
         config: RunnableConfig | None,
         filter: dict[str, Any] | None,
         before: RunnableConfig | None,
         limit: int | None,
     ) -> list[CheckpointTuple]:
+        threads = [self._threads.get(_id(config))] if config else self._threads.all()
         loads = self.serde.loads_typed
         found: list[CheckpointTuple] = []
         with self._threads.lock:
@@ -175,8 +141,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     ) -> Iterator[CheckpointTuple]:
         """Checkpoints newest first, of ``config``'s thread (all threads for None)."""
         self._check_open()
-        threads = [self._threads.get(_id(config))] if config else self._threads.all()
-        yield from self._list(threads, config, filter, before, limit)
+        yield from self._list(config, filter, before, limit)
 
     async def alist(
         self,
@@ -186,20 +151,13 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        """Async ``list``."""
         self._check_open()
         ids = [_id(config)] if config else [t.thread_id for t in self._threads.values()]
         for thread_id in ids:
             await self._threads.settle(thread_id, wait=True)
-        if config:
-            threads = [await self._threads.aget(ids[0])]
-        else:
-            threads = await anyio.to_thread.run_sync(self._threads.all)
-        found = await anyio.to_thread.run_sync(self._list, threads, config, filter, before, limit)
+        found = await anyio.to_thread.run_sync(self._list, config, filter, before, limit)
         for item in found:
             yield item
-
-    # -- writing ----------------------------------------------------------------
 
     def _put(
         self,
@@ -230,11 +188,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Store a checkpoint and the channel values in ``new_versions``; see the durability rules.
-
-        Raises:
-            CheckpointFailed: a durable put (``"sync"``/``"exit"``) was not written.
-        """
+        """Store a checkpoint and its ``new_versions`` values; a durable put (``"sync"``,
+        ``"exit"``) that was not written raises ``CheckpointFailed``."""
         self._check_open()
         thread = self._threads.get(_id(config), look=False)
         stored = self._put(thread, config, checkpoint, metadata, new_versions)
@@ -248,19 +203,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        """Async ``put``.
-
-        The put is the thread's (a write, a signal's flush included, stores it)
-        from the call on, before the worker thread that encodes it has run.
-        """
         self._check_open()
-        await self._threads.settle(_id(config), wait=False)
-        thread = await self._threads.aget(_id(config), look=False)
-        self._threads.raise_failed_open(thread)
-        # Encoded here, on the loop's thread, before returning: the next node may
-        # change the channel values in place once aput returns (or while a worker
-        # thread would still be encoding them), and the checkpoint must be the
-        # values LangGraph handed over.
+        thread = await self._threads.for_put(_id(config))
+        # Encoded on the loop's thread before returning: once aput returns, the
+        # next node may change in place the channel values LangGraph handed over.
         stored = self._put(thread, config, checkpoint, metadata, new_versions)
         await self._threads.achanged(thread, _durability(config))
         return stored
@@ -308,15 +254,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        """Async ``put_writes``."""
         self._check_open()
-        await self._threads.settle(_id(config), wait=False)
-        thread = await self._threads.aget(_id(config), look=False)
-        self._threads.raise_failed_open(thread)
+        thread = await self._threads.for_put(_id(config))
         if self._put_writes(thread, config, writes, task_id, task_path):
             await self._threads.achanged(thread, _durability(config))
-
-    # -- deleting, copying, pruning ----------------------------------------------
 
     def _delete(self, thread_id: str) -> None:
         try:
@@ -326,15 +267,9 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             raise locked(exc, way_out) from exc
 
     def delete_thread(self, thread_id: str) -> None:
-        """Delete the thread's checkpoints and writes (its key), durably.
+        """Delete the thread's key, durably, dropping what this saver had not written of it.
 
-        A thread this saver writes is let go first: its writer closed, what
-        it had not written dropped.
-
-        Raises:
-            CheckpointFailed: ``"locked"``: a live writer of another process
-                (or of another store object) holds the thread; nothing was
-                deleted.  The message names it.
+        ``CheckpointFailed("locked")``, naming the holder, while another writer holds it.
         """
         self._check_open()
         thread = self._threads.let_go(thread_id)
@@ -343,7 +278,6 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         self._delete(thread_id)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        """Async ``delete_thread``."""
         self._check_open()
         thread = self._threads.let_go(thread_id)
         if thread is not None:
@@ -368,52 +302,43 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             self._threads.changed(target, "sync")
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Async ``copy_thread``."""
         self._check_open()
         source = await self._threads.aget(source_thread_id)
         target = await self._threads.aget(target_thread_id)
         if self._copy_thread(source, target):
             await self._threads.achanged(target, "sync")
 
-    def _keep(self, thread: Thread, kept: set[tuple[str, str]]) -> bool:
-        """Rewrite the log with only the checkpoints ``kept``; False if it keeps them all."""
+    def _keep(self, thread: Thread, drop: str | set[str]) -> bool:
+        """Rewrite the log without the checkpoints ``drop`` names: all but each namespace's
+        latest (``"keep_latest"``), all (``"delete"``), or a set of run ids'.  False if none go."""
+        loads = self.serde.loads_typed
         with self._threads.lock:
-            rows = thread.kept(kept, self.serde.loads_typed)
+            if isinstance(drop, set):
+                rows = thread.kept(thread.without_runs(drop, loads), loads)
+            else:
+                rows = thread.kept(thread.latest() if drop == "keep_latest" else set(), loads)
             if rows is None:
                 return False
             self._threads.hold(thread)
             thread.reset(rows)
             return True
 
-    def _prune(self, thread: Thread, strategy: str) -> bool:
-        if strategy not in ("keep_latest", "delete"):
-            raise ValueError(f"strategy must be 'keep_latest' or 'delete', got {strategy!r}")
-        with self._threads.lock:
-            return self._keep(thread, thread.latest() if strategy == "keep_latest" else set())
-
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """Keep only each namespace's latest checkpoint (``"keep_latest"``), or none (``"delete"``).
-
-        Raises:
-            ValueError: an unknown ``strategy``.
-        """
+        """Keep each namespace's latest checkpoint (``"keep_latest"``), or none (``"delete"``)."""
         self._check_open()
+        _check_strategy(strategy)
         for thread_id in thread_ids:
             thread = self._threads.get(thread_id)
-            if self._prune(thread, strategy):
+            if self._keep(thread, strategy):
                 self._threads.changed(thread, "sync")
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """Async ``prune``."""
         self._check_open()
+        _check_strategy(strategy)
         for thread_id in thread_ids:
             thread = await self._threads.aget(thread_id)
-            if self._prune(thread, strategy):
+            if self._keep(thread, strategy):
                 await self._threads.achanged(thread, "sync")
-
-    def _drop_runs(self, thread: Thread, run_ids: set[str]) -> bool:
-        with self._threads.lock:
-            return self._keep(thread, thread.without_runs(run_ids, self.serde.loads_typed))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) whose metadata's ``run_id`` is listed."""
@@ -421,32 +346,28 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         if not run_ids:
             return
         for thread in self._threads.all():
-            if self._drop_runs(thread, set(run_ids)):
+            if self._keep(thread, set(run_ids)):
                 self._threads.changed(thread, "sync")
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Async ``delete_for_runs``."""
         self._check_open()
         if not run_ids:
             return
         for thread in await anyio.to_thread.run_sync(self._threads.all):
-            if self._drop_runs(thread, set(run_ids)):
+            if self._keep(thread, set(run_ids)):
                 await self._threads.achanged(thread, "sync")
 
-    def get_next_version(self, current: str | None, channel: None) -> str:
-        """A version greater than ``current``: ``<counter>.<random>``, as LangGraph's savers do."""
-        if current is None:
-            current_v = 0
-        elif isinstance(current, int):
-            current_v = current
-        else:
-            current_v = int(current.split(".")[0])
-        return f"{current_v + 1:032}.{random.random():016}"
+    get_next_version = InMemorySaver.get_next_version  # "<counter>.<random>", as LangGraph's
 
 
 def _id(config: RunnableConfig) -> str:
     thread_id: str = config["configurable"]["thread_id"]
     return thread_id
+
+
+def _check_strategy(strategy: str) -> None:
+    if strategy not in ("keep_latest", "delete"):
+        raise ValueError(f"strategy must be 'keep_latest' or 'delete', got {strategy!r}")
 
 
 def _durability(config: RunnableConfig) -> str | None:

@@ -26,12 +26,7 @@ from checkpointer import (
     Snapshot,
     load,
 )
-from checkpointer._adapters import (
-    committer_options,
-    framework_key,
-    lock_timeout,
-    probe_lock,
-)
+from checkpointer._adapters import committer_options, framework_key, probe_lock
 from checkpointer.stores import Store
 
 from ._log import Log, State
@@ -48,22 +43,10 @@ def thread_key(thread_id: str) -> str:
 class Thread(Log):
     """One thread in memory: its log, and who writes it."""
 
-    __slots__ = (
-        "base",
-        "committer",
-        "held",
-        "key",
-        "opening",
-        "refusal",
-        "result",
-        "thread_id",
-        "writer",
-    )
-
-    def __init__(self, thread_id: str, key: str) -> None:
+    def __init__(self, thread_id: str) -> None:
         super().__init__()
         self.thread_id = thread_id
-        self.key = key
+        self.key = thread_key(thread_id)
         self.writer: CheckpointWriter[Snapshot] | None = None  # an async saver's
         self.committer: KeyCommitter | None = None  # a thread's with no writer
         self.base: Meta | None = None  # the checkpoint the rows were read from
@@ -95,15 +78,9 @@ class Threads:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    # -- reading ---------------------------------------------------------------------
-
     def get(self, thread_id: str, *, look: bool = True) -> Thread:
-        """The thread (blocking): read at first use, and again if ``look`` finds it changed.
-
-        ``look`` compares the stored revision (a read of its meta) for a
-        thread this saver does not hold.  A put does not look: it changes the
-        thread as LangGraph last read it, and its writer expects that revision.
-        """
+        """The thread (blocking): read at first use, and again if ``look`` finds another
+        revision stored (not for a put: it changes the thread as LangGraph last read it)."""
         with self.lock:
             thread = self._by_id.get(thread_id)
         key = thread_key(thread_id)
@@ -127,7 +104,7 @@ class Threads:
         with self.lock:
             thread = self._by_id.get(thread_id)
             if thread is None:
-                thread = self._by_id[thread_id] = Thread(thread_id, thread_key(thread_id))
+                thread = self._by_id[thread_id] = Thread(thread_id)
             thread.read(checkpoint)
             return thread
 
@@ -154,8 +131,6 @@ class Threads:
                 thread.held = False
             return thread
 
-    # -- the saver's lifecycle ------------------------------------------------------
-
     async def aopen(self) -> None:
         self._opening = anyio.Lock()
         task_group = anyio.create_task_group()
@@ -181,8 +156,7 @@ class Threads:
         return self._failures(threads)
 
     def _failures(self, threads: list[Thread]) -> Failed | None:
-        """The failed final writes of ``threads`` and the refusals no put raised, as one
-        ``Failed`` (the first reason), or None."""
+        """The failed final writes of ``threads`` and the refusals no put raised, as one."""
         failed = [*self._unraised, *(t.result for t in threads if isinstance(t.result, Failed))]
         if not failed:
             return None
@@ -214,16 +188,9 @@ class Threads:
                 thread.result = committer.commit(state, live=False)
             committer.close()
 
-    # -- holding a thread, and losing it --------------------------------------------
-
     def hold(self, thread: Thread) -> None:
-        """The saver changes the thread (under its lock): it holds it from now on.
-
-        Raises:
-            CheckpointFailed: the store refused a write of this saver's since
-                the thread was last read (``"conflict"``), or another writer
-                held it (``"locked"``).
-        """
+        """The saver changes the thread (under its lock): it holds it from now on, unless the
+        store refused a write of it since it was last read (raised as ``CheckpointFailed``)."""
         refusal = thread.refusal
         if refusal is not None:
             self._unraised = [f for f in self._unraised if f is not refusal]
@@ -242,10 +209,7 @@ class Threads:
 
     def _refuse(self, thread: Thread, failed: Failed, *, raised: bool) -> None:
         """The store refused the thread's write: its rows go, the other writer's work stays.
-
-        Until the next read a put raises the refusal; the close raises it if
-        nothing did (``raised``).
-        """
+        A put raises the refusal until the next read; the close, if nothing did (``raised``)."""
         with self.lock:
             thread.held, thread.refusal = False, failed
             thread.reset([])
@@ -271,11 +235,8 @@ class Threads:
         return CheckpointFailed(failed)
 
     async def settle(self, thread_id: str, *, wait: bool) -> None:
-        """Let go of the thread if its writer met a conflict in the background.
-
-        With ``wait``, a writer still opening is waited for (its first write
-        tells); a put does not wait for it, the put after it finds out.
-        """
+        """Let go of the thread if its writer met a conflict in the background; ``wait``: for
+        a writer still opening (a put does not: the put after it finds out)."""
         with self.lock:
             thread = self._by_id.get(thread_id)
         if thread is None:
@@ -288,20 +249,18 @@ class Threads:
             if isinstance(last, Failed) and last.reason == "conflict":
                 await self._refused(thread, last, raised=False)
 
-    @staticmethod
-    def raise_failed_open(thread: Thread) -> None:
-        """Raise the failure of the writer's opening in the background (the close raises it too)."""
+    async def for_put(self, thread_id: str) -> Thread:
+        """The thread an async put changes, as LangGraph last read it; raises the failure of
+        its writer's opening in the background (the close raises it too)."""
+        await self.settle(thread_id, wait=False)
+        thread = await self.aget(thread_id, look=False)
         if isinstance(thread.result, Failed) and thread.writer is None:
             raise CheckpointFailed(thread.result)
-
-    # -- writing a change ------------------------------------------------------------
+        return thread
 
     def changed(self, thread: Thread, durability: str | None) -> None:
-        """After a change on a sync method: notify the thread's writer, or write now.
-
-        A thread with no writer is committed at once, whatever the durability
-        (no timer would write it later): a refusal (``"locked"`` too) raises.
-        """
+        """After a change on a sync method: notify the thread's writer, or write now (always
+        for a thread with no writer: no timer would write it later)."""
         writer = thread.writer
         if writer is not None and durability not in DURABLE:
             writer.notify()
@@ -373,13 +332,10 @@ class Threads:
             return thread.writer
 
     def _check_unlocked(self, thread: Thread) -> None:
-        """Raise ``CheckpointFailed("locked")`` now if another writer holds the key (blocking).
-
-        The writer takes the lock at its first write, maybe in the background.
-        """
+        """Raise ``CheckpointFailed("locked")`` now if another writer holds the key (blocking)."""
         way_out = f"or run thread {thread.thread_id!r} under another thread_id"
         try:
-            probe_lock(self._store, thread.key, lock_timeout(self._options), way_out)
+            probe_lock(self._store, thread.key, self._options, way_out)
         except CheckpointFailed as exc:
             self._refuse(thread, exc.result, raised=True)
             raise

@@ -33,7 +33,8 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from checkpointer import FileStore, JournalStore, Written, load
 from checkpointer.langgraph import CheckpointFailed, CheckpointSaver, thread_key
-from tests._support import ROOT
+from checkpointer.langgraph._log import Blob, Log, Put, Tail
+from tests._support import ROOT, child_env
 from tests.children.adapter_child import (
     CONFIG,
     crash_in_tool,
@@ -179,6 +180,24 @@ async def test_prune_keeps_the_latest_value_whole(tmp_path: Path) -> None:
     async with CheckpointSaver(JournalStore(tmp_path)) as fresh:
         assert len([t async for t in fresh.alist(CONFIG)]) == 1
         assert (await langgraph_graph(fresh).aget_state(CONFIG)).values == state
+
+
+async def test_a_pruned_log_keeps_a_tail_whose_base_it_keeps() -> None:
+    """A kept list value stays a tail over a kept base, else is stored whole; each reads back."""
+    serde = JsonPlusSerializer()
+    log = Log()
+    for version, items in enumerate([["a"], ["a", "b"], ["a", "b", "c"]], 1):
+        rows, last = log.value_rows("", {"m": items}, {"m": version}, serde.dumps_typed)
+        checkpoint = {**empty_checkpoint(), "id": f"c{version}", "channel_versions": {"m": version}}
+        kind, data = serde.dumps_typed(checkpoint)
+        rows.append(Put("", f"c{version}", None, kind, data, *serde.dumps_typed({})))
+        log.extend(rows, last)
+    for kept, kinds in [({"c2", "c3"}, [Blob, Tail]), ({"c3"}, [Blob])]:
+        pruned = Log()
+        pruned.reset(log.kept({("", c) for c in kept}, serde.loads_typed) or [])
+        assert [type(row) for row in pruned.rows if not isinstance(row, Put)] == kinds
+        for version in (2, 3) if "c2" in kept else (3,):
+            assert pruned.blob_bytes("", "m", version) == log.blob_bytes("", "m", version)
 
 
 async def test_delete_thread_removes_its_key(tmp_path: Path) -> None:
@@ -424,14 +443,13 @@ anyio.run(main)
 
 
 def _lg_holder(root: Path) -> subprocess.Popen[str]:
-    repo = ROOT
     return subprocess.Popen(
         [sys.executable, "-c", _LG_HOLDER, str(root)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(repo)},
+        cwd=ROOT,
+        env=child_env(),
     )
 
 

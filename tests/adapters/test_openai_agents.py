@@ -25,7 +25,7 @@ from agents.memory import Session, SessionSettings
 from checkpointer import Failed, FileStore, JournalStore, load
 from checkpointer.messages import CLOSED_CALL_TEXT, close_dangling_tool_calls
 from checkpointer.openai_agents import CheckpointFailed, CheckpointSession, session_key
-from tests._support import ROOT
+from tests._support import ROOT, child_env
 from tests.children.adapter_child import crash_in_tool, openai_agent, responses_problems
 
 pytestmark = pytest.mark.anyio
@@ -213,14 +213,13 @@ def _child(command: str, store: str) -> Any:
     import subprocess
     import sys
 
-    repo = ROOT
     return subprocess.Popen(
         [sys.executable, "-m", "tests.children.session_child", command, store],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        cwd=repo,
-        env={**os.environ, "PYTHONPATH": str(repo)},
+        cwd=ROOT,
+        env=child_env(),
     )
 
 

@@ -20,6 +20,13 @@ is pinned to one CPU under SCHED_FIFO, so the child (on that CPU, at the same
 priority) waits behind it until it lets go.  A surviving child exits 0 after
 a while.  The program says ``CHILD`` and the child's exit status (-15 when
 the SIGTERM killed it), or ``SKIP`` where SCHED_FIFO is not allowed.
+
+With ``--fork-in-flush`` a one-worker fork pool runs an hour-long task, the
+writer (of ``--backend``) is open, and the program says ``READY`` and waits
+for a SIGTERM; the final write it starts calls ``source()``, which has a
+thread fork a ``multiprocessing`` process that sleeps for an hour (as a
+pool's worker, forked to replace one the group's SIGTERM ended, waits on its
+task queue for good) and says ``FORKED`` and its pid before it returns.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -105,18 +113,52 @@ def early_sigterm(root: str) -> None:
         say("CHILD", os.waitstatus_to_exitcode(status))
 
 
+def fork_in_flush() -> Snapshot:
+    def start() -> None:
+        worker = multiprocessing.get_context("fork").Process(target=time.sleep, args=(3600,))
+        worker.start()
+        say("FORKED", worker.pid)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join()
+    return Snapshot("k", dict(STATE))
+
+
+def wait_for_sigterm(args: argparse.Namespace) -> None:
+    writer = CheckpointWriter(fork_in_flush, FileStore(args.root), write_on_start=False)
+    pool = multiprocessing.get_context("fork").Pool(1)
+    pool.apply_async(time.sleep, (3600,))
+    if args.backend == "sync":
+        with writer:
+            say("READY")
+            time.sleep(60)
+    else:
+
+        async def wait() -> None:
+            async with writer:
+                say("READY")
+                await anyio.sleep(60)
+
+        anyio.run(wait, backend=args.backend)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("root")
     p.add_argument("--backend", choices=["asyncio", "trio", "sync"], default="sync")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--early-sigterm", action="store_true")
+    p.add_argument("--fork-in-flush", action="store_true")
     args = p.parse_args()
     for signum in (signal.SIGTERM, signal.SIGHUP):  # the test runner may ignore SIGHUP
         signal.signal(signum, signal.SIG_DFL)
     say("PID", os.getpid())
     if args.early_sigterm:
         early_sigterm(args.root)
+        return 0
+    if args.fork_in_flush:
+        wait_for_sigterm(args)
         return 0
     if args.backend == "sync":
         run_sync(args)

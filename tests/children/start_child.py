@@ -22,7 +22,7 @@ import sys
 
 import anyio
 
-from checkpointer import CheckpointWriter, Limits, Result, Snapshot, load
+from checkpointer import CheckpointError, CheckpointWriter, Limits, Result, Snapshot, load
 from checkpointer.stores import Store
 
 from .conflict_child import make_store
@@ -46,7 +46,10 @@ async def main(spec: str, name: str, turns: int, keys: list[str]) -> None:
 
 
 async def session(store: Store, key: str, name: str, turns: int, ran: dict[str, object]) -> None:
-    loaded = await anyio.to_thread.run_sync(load, store, key)
+    try:
+        loaded = await anyio.to_thread.run_sync(load, store, key)
+    except CheckpointError:
+        loaded = None  # unreadable: start afresh, as the resuming guide says
     # A person reads, thinks, types: the first write comes a while after the load.
     await anyio.sleep(random.uniform(0.0, 0.3))
     messages: list[str] = [] if loaded is None else loaded.state["messages"]

@@ -220,3 +220,27 @@ def test_readme_ls_columns_are_the_real_ones(tmp_path: Path) -> None:
     said = re.search(r"checkpointer ls \S+ +# one row per checkpoint: (.*)", readme)
     assert said is not None
     assert [c.strip() for c in said[1].split(",")] == header.lower().split()
+
+
+def test_no_store_takes_a_transcript_in_the_docs_or_benchmarks() -> None:
+    """The stores lost ``transcript=`` (the writer's applies): no page or benchmark prints it."""
+    said = re.compile(r"(File|Journal|Postgres\w*|S3\w*)Store\([^)]*transcript=")
+    places = [*pages(), *sorted((ROOT / "benchmarks").glob("*.py"))]
+    hits = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in places
+        if path.name != "changelog.md"
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if said.search(line)
+    ]
+    assert not hits
+
+
+def test_the_changelog_counts_and_lists_the_top_level_names() -> None:
+    """The CHANGELOG's "exports N names: ..." is the package's ``__all__``, count and list."""
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    found = re.search(r"`checkpointer` exports (\d+) names: (.*?)\. The rest", text, re.S)
+    assert found is not None
+    listed = set(re.findall(r"`(\w+)`", found.group(2)))
+    assert int(found.group(1)) == len(checkpointer.__all__)
+    assert listed == set(checkpointer.__all__)

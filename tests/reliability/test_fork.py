@@ -15,6 +15,7 @@ The in-process tests fork this test process and end the child with
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -27,9 +28,18 @@ from typing import Any
 
 import pytest
 
-from checkpointer import CheckpointWriter, FileStore, JournalStore, Limits, Snapshot, _exit, load
+from checkpointer import (
+    CheckpointWriter,
+    FileStore,
+    JournalStore,
+    Limits,
+    Skipped,
+    Snapshot,
+    Written,
+    _exit,
+    load,
+)
 from checkpointer._stores.flock import acquire_file_lock, probe_file_lock
-from checkpointer._writer.keystate import KeyLocks
 from checkpointer.stores import KeyLocked, Store
 from tests._support import CHILDREN, HANG_GUARD, Pumped
 from tests.pg import Cluster, find_binaries
@@ -344,37 +354,37 @@ def test_file_lock_release_in_child(tmp_path: Path) -> None:
     assert not os.path.exists(path)
 
 
-class RecordingLocks:
-    """A LockingStore whose locks append to ``released`` (a file) when released."""
-
-    def __init__(self, released: Path) -> None:
-        self.released = released
+class RecordingStore(FileStore):
+    """A FileStore whose key locks append to ``root/released`` (pid, key) when released."""
 
     def lock(self, key: str, *, timeout: float = 0.0) -> Any:
-        released = self.released
+        held, released = super().lock(key, timeout=timeout), Path(self.root) / "released"
 
-        class Held:
+        class Recording:
             def release(self) -> None:
                 with open(released, "a") as f:
                     f.write(f"{os.getpid()} {key}\n")
+                held.release()
 
-        return Held()
+        return Recording()
 
 
-def test_key_locks_forget_in_child(tmp_path: Path) -> None:
-    """In a forked child KeyLocks drops the inherited locks of any store, never releasing one."""
-    released = tmp_path / "released"
-    locks = KeyLocks(RecordingLocks(released), 0.0)
-    assert locks.acquire("a", "a") is True
+def test_a_writer_in_a_forked_child_never_releases_the_parents_locks(tmp_path: Path) -> None:
+    """The child's copy of a writer lets go of no lock, whatever the store, at close or exit."""
+    state = {"n": 1}
+    writer = CheckpointWriter(lambda: Snapshot("a", dict(state)), RecordingStore(tmp_path))
+    writer.open()
 
     def child() -> None:
-        locks.release_all()
-        assert locks.acquire("a", "a") is True  # the child's own lock, taken afresh
+        state["n"] = 2
+        assert writer.flush_sync("exit") == Skipped("closed")
+        assert writer.close() == Skipped("closed")
+        atexit._run_exitfuncs()
 
     assert in_child(child) == 0
-    assert not released.exists()
-    locks.release_all()
-    assert released.read_text() == f"{os.getpid()} a\n"
+    assert not (tmp_path / "released").exists()
+    assert isinstance(writer.close(), Written)
+    assert (tmp_path / "released").read_text() == f"{os.getpid()} a\n"
 
 
 def test_writer_opens_in_child_while_parent_registry_was_busy(tmp_path: Path) -> None:

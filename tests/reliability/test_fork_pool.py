@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +118,40 @@ def test_sigterm_before_the_child_first_runs(tmp_path: Path) -> None:
     err = (tmp_path / "stderr").read_text()
     assert proc.returncode == 0, err
     assert out.split() == ["PID", str(proc.pid), "CHILD", str(-signal.SIGTERM)], err
+
+
+def alive_in_group(group: int) -> list[str]:
+    """The pids of the group's processes that have not ended (zombies have)."""
+    out = subprocess.run(
+        ["ps", "-o", "pid=,stat=", "-g", str(group)], capture_output=True, text=True
+    ).stdout
+    return [pid for pid, stat in (line.split() for line in out.splitlines()) if stat[0] != "Z"]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio", "sync"])
+def test_the_children_a_sigterm_missed_end_with_the_program(tmp_path: Path, backend: str) -> None:
+    """A SIGTERM the program dies of, after its final write, ends the children it missed.
+
+    The process group's SIGTERM misses the workers a pool forks after it:
+    those forked while the final write runs (the signal's own, here) end as
+    they start; daemonic ones (a pool's, busy here) get SIGTERM as at any exit.
+    Without that they outlive the program, waiting on their task queue for good.
+    """
+    proc = run_child(tmp_path, "--fork-in-flush", "--backend", backend)
+    assert proc.stdout is not None
+    with proc.stdout:  # the worker may hold it open: read the program's lines, not to EOF
+        assert proc.stdout.readline().split()[0] == "PID"
+        assert proc.stdout.readline().strip() == "READY"
+        os.kill(proc.pid, signal.SIGTERM)  # the program only: its children are ours to see
+        forked = proc.stdout.readline()
+    assert proc.wait(HANG_GUARD) == -signal.SIGTERM, kill_group(proc, tmp_path)
+    assert forked.startswith("FORKED")
+    for _ in range(int(HANG_GUARD / 0.1)):  # reparented, they end as the signal lands
+        if not alive_in_group(proc.pid):
+            break
+        time.sleep(0.1)
+    left = alive_in_group(proc.pid)
+    kill_group(proc, tmp_path)
+    assert not left, f"{forked.strip()}; alive: {left}"
+    cp = load(FileStore(tmp_path / "root"), "k")
+    assert cp is not None and cp.meta.writer is not None and cp.meta.writer.pid == proc.pid

@@ -75,7 +75,7 @@ def test_filestore_creates_root_0700_on_first_write_not_before(tmp_path: Path) -
     store.write("s1", [b"{}"], revision="r1", expected=None)
     assert mode_of(root) == 0o700
     assert mode_of(root / "s1.json") == 0o600
-    assert (root / "s1.json").read_bytes() == b"{}"
+    assert (root / "s1.json").read_bytes() == b"\x00checkpointer-revision r1\n{}"
 
 
 def test_write_atomic_fsyncs_the_file_then_the_parent_directory(tmp_path: Path) -> None:
@@ -345,7 +345,7 @@ def test_move_aside_renames_out_of_the_key_space(tmp_path: Path) -> None:
     store.write("s1", [b"broken"], revision="r1", expected=None)
     target = store.move_aside("s1", "corrupt-1")
     assert target == str(tmp_path / "s1.corrupt-1")
-    assert Path(target).read_bytes() == b"broken"
+    assert Path(target).read_bytes() == b"\x00checkpointer-revision r1\nbroken"
     assert store.read("s1") is None
     assert store.keys() == []
     assert store.move_aside("s1", "corrupt-2") is None
@@ -445,9 +445,10 @@ def test_valid_edge_keys_round_trip(tmp_path: Path, key: str) -> None:
     """Edge-case valid keys are accepted and stored at root/<key>.json."""
     assert check_key(key) == key
     store = FileStore(tmp_path)
-    assert store.write(key, [b"{}"], revision="r1", expected=None) == 2
-    assert (tmp_path / f"{key}.json").read_bytes() == b"{}"
+    assert store.write(key, [b"{}"], revision="r1", expected=None) == 28
+    assert (tmp_path / f"{key}.json").read_bytes() == b"\x00checkpointer-revision r1\n{}"
     assert store.read(key) == b"{}"
+    assert store.revision(key) == "r1"
     assert store.keys() == [key]
     assert store.location(key) == str(tmp_path / f"{key}.json")
 

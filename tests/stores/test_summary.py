@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from checkpointer import CheckpointError, FileStore
+from checkpointer import CheckpointError, CheckpointWriter, FileStore, Snapshot
+from checkpointer._cli import main
 from checkpointer._format.frontmatter import front_matter
 from checkpointer._stores.atomic import write_atomic
 from checkpointer._transcript.summary import SUMMARY_PREFIX
@@ -181,6 +182,21 @@ MALFORMED = {
     "bad-quote": '---\nname: "unterminated\n' + GOOD_META + "---\n",
     "not-key-value": "---\n" + GOOD_META + "- a list item\n---\n",
     "too-deep": "---\nmetadata:\n  type:\n---\n",
+    # PyYAML parses these but cannot build them (ValueError, RecursionError), or our
+    # reader's int() refuses the digits, or the time leaves datetime's range in UTC.
+    "impossible-date": "---\n"
+    + GOOD_META.replace('"2025-05-01T00:00:00Z"', "2024-13-45")
+    + "---\n",
+    "year-0": "---\n"
+    + GOOD_META.replace('"2025-05-01T00:00:00Z"', "0000-01-01 00:00:00Z")
+    + "---\n",
+    "year-1-east": "---\n"
+    + GOOD_META.replace("2025-05-01T00:00:00Z", "0001-01-01T00:00+01:00")
+    + "---\n",
+    "deep-nesting": "---\nmetadata: " + "[" * 3000 + "]" * 3000 + "\n---\n",
+    "5000-digit-watermark": "---\n"
+    + GOOD_META.replace("watermark: 1", "watermark: " + "9" * 5000)
+    + "---\n",
 }
 
 
@@ -194,6 +210,20 @@ def test_malformed_is_an_error_with_the_path(tmp_path: Path, text: str) -> None:
         load_summary(tmp_path, "s")
     assert info.value.path == str(path)
     assert str(path) in str(info.value)
+
+
+def test_ls_shows_a_summary_yaml_cannot_build_as_damaged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``checkpointer ls`` marks it ``!`` and goes on, as for any damaged summary."""
+    with CheckpointWriter(lambda: Snapshot("k", {"n": 1}), FileStore(tmp_path), exit_hooks=False):
+        pass
+    path = Path(summary_path(tmp_path, "k"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(MALFORMED["impossible-date"], encoding="utf-8")
+    assert main(["ls", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1].split()[-1] == "!" and err.startswith(f"checkpointer ls: {path}: ")
 
 
 def test_not_utf8_is_an_error(tmp_path: Path) -> None:

@@ -327,24 +327,43 @@ def test_bad_configuration_raises_at_construction(
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("kwargs", "error", "match"),
     [
-        ({"retry_initial": 0}, "retry_initial must be a finite number of seconds > 0"),
-        ({"retry_max": math.inf}, "retry_max must be a finite number of seconds > 0"),
-        ({"retry_max": math.nan}, "retry_max must be a finite number of seconds > 0"),
-        ({"retry_initial": True}, "retry_initial must be a finite number"),
-        ({"retry_initial": 5.0, "retry_max": 1.0}, "must not exceed retry_max"),
-        ({"close_timeout": math.nan}, "close_timeout must be a finite number"),
-        ({"exit_timeout": -1}, "exit_timeout must be a finite number"),
-        ({"lock_timeout": math.inf}, "lock_timeout must be a finite number of seconds >= 0"),
-        ({"lock_timeout": True}, "lock_timeout must be a finite number"),
+        ({"retry_initial": 0}, ValueError, "retry_initial must be a number of seconds > 0 and"),
+        ({"retry_max": math.inf}, ValueError, "retry_max must be a number of seconds > 0 and"),
+        ({"retry_max": math.nan}, ValueError, "retry_max must be a number of seconds > 0 and"),
+        ({"retry_initial": True}, TypeError, "retry_initial must be a number of seconds, got True"),
+        ({"retry_initial": "1"}, TypeError, "retry_initial must be a number of seconds, got '1'"),
+        ({"retry_initial": 5.0, "retry_max": 1.0}, ValueError, "must not exceed retry_max"),
+        ({"close_timeout": math.nan}, ValueError, "close_timeout must be a number of seconds"),
+        ({"exit_timeout": -1}, ValueError, "exit_timeout must be a number of seconds"),
+        # Past threading's longest wait: open() and the exit flush would raise OverflowError.
+        ({"exit_timeout": 1e10}, ValueError, r"exit_timeout .* at most 4294967 \(about 49 days\)"),
+        ({"close_timeout": 2**1100}, ValueError, "close_timeout must be a number of seconds > 0"),
+        ({"lock_timeout": math.inf}, ValueError, "lock_timeout must be a number of seconds >= 0"),
+        ({"lock_timeout": True}, TypeError, "lock_timeout must be a number of seconds"),
     ],
     ids=lambda v: str(v)[:40] if isinstance(v, dict) else "",
 )
-def test_bad_limits_raise_naming_the_limit(kwargs: dict[str, Any], match: str) -> None:
-    """A retry wait or a timeout out of range is a ValueError naming it."""
-    with pytest.raises(ValueError, match=match):
+def test_bad_limits_raise_naming_the_limit(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    """A retry wait or a timeout out of range is a ValueError naming it; not a number, TypeError
+    (as the writer's durations)."""
+    with pytest.raises(error, match=match):
         Limits(**kwargs)
+
+
+def test_the_longest_limits_are_waited(tmp_path: Path) -> None:
+    """Every Limits field at its maximum: a sync writer opens, flushes as at exit, closes."""
+    most = 4_294_967
+    limits = Limits(
+        retry_initial=most, retry_max=most, close_timeout=most, exit_timeout=most, lock_timeout=most
+    )
+    writer = CheckpointWriter(Source(), FileStore(tmp_path), limits=limits, exit_hooks=False)
+    with writer:
+        assert isinstance(writer.flush_sync("exit"), Written)
+    assert writer.statistics().last_failure is None
 
 
 def test_max_wait_alone_below_the_default_interval_works(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ failed write.  Other processes are real ones, on real files.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -246,3 +247,33 @@ def test_a_forked_child_never_commits_nor_lets_the_key_go(tmp_path: Path) -> Non
     other.close()
     assert isinstance(committer.commit({"by": "parent again"}), Written)
     committer.close()
+
+
+_POOLED: KeyCommitter | None = None  # made before the pool forks, as a module-level one is
+
+
+def _pooled(n: int) -> str:
+    assert _POOLED is not None
+    return type(_POOLED.commit({"n": n})).__name__
+
+
+def test_a_committer_its_parent_never_used_commits_in_the_child(tmp_path: Path) -> None:
+    """Made in the parent, first used in forked children (a fork pool): each child writes."""
+    global _POOLED
+    _POOLED = KeyCommitter(FileStore(tmp_path), "k")
+    try:
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            results = pool.map(_pooled, range(4))
+    finally:
+        _POOLED = None
+    assert "Written" in results and set(results) <= {"Written", "Failed"}, results
+    assert load(FileStore(tmp_path), "k") is not None
+
+
+@pytest.mark.anyio
+async def test_async_with(tmp_path: Path, anyio_backend: str) -> None:
+    """``async with`` closes the committer, as ``with`` does."""
+    async with KeyCommitter(FileStore(tmp_path), "k") as committer:
+        assert isinstance(await committer.acommit({"a": 1}), Written)
+    stored = load(FileStore(tmp_path), "k")
+    assert stored is not None and not stored.meta.live

@@ -399,6 +399,8 @@ def test_event_reports_the_first_pending_change() -> None:
         ({"max_wait": math.nan}, ValueError, r"^max_wait must be a finite"),
         ({"debounce": math.inf}, ValueError, r"^debounce must be a finite number >= 0, got inf"),
         ({"max_wait": math.inf}, ValueError, r"^max_wait must be a finite"),
+        ({"max_wait": 2**1100}, ValueError, r"^max_wait must be a finite"),  # past float's range
+        ({"min_interval": 2**1100}, ValueError, r"^min_interval must be a finite"),
         ({"min_interval": -math.inf}, ValueError, r"^min_interval must be a finite"),
         ({"debounce": True}, TypeError, r"^debounce must be a number of seconds, got True"),
         ({"min_interval": False}, TypeError, r"^min_interval must be a number of seconds"),

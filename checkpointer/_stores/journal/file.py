@@ -15,7 +15,7 @@ import errno
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import msgspec
@@ -149,16 +149,6 @@ class JournalStore(JournalCore, FileStore):
         with self._locked(key):
             return self._revision(self._current(key))
 
-    def delete(self, key: str) -> bool:
-        with self._locked(key):
-            self._forget(key)
-            return super().delete(key)
-
-    def move_aside(self, key: str, suffix: str) -> str | None:
-        with self._locked(key):
-            self._forget(key)
-            return super().move_aside(key, suffix)
-
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
         check_key(key)
         data = read_for_load(self, key)
@@ -198,12 +188,9 @@ class JournalStore(JournalCore, FileStore):
         with self._locked(key):
             track = self._tracks.get(key)
             if track is not None and track.meta is not None and not track.broken:
-                try:
-                    st = os.lstat(self.location(key))
-                except FileNotFoundError:
-                    pass
-                else:
-                    if (st.st_ino, st.st_size, st.st_nlink) == (track.ino, track.size, 1):
+                with contextlib.suppress(FileNotFoundError):
+                    st = self._unchanged(key, track)
+                    if st is not None and st.st_nlink == 1:
                         return track.meta
             return self._open(key).meta
 
@@ -223,22 +210,8 @@ class JournalStore(JournalCore, FileStore):
                 self._tracks[key] = track._replace(meta=meta, size=track.size + len(row))
         self._sync_root()
 
-    @contextlib.contextmanager
-    def _locked(self, key: str) -> Iterator[None]:
-        """The store's lock, waited for no longer than the caller's ``commit_deadline``.
-
-        Raises:
-            TimeoutError: another commit of this store held it past the deadline.
-        """
-        if not self._lock.acquire(timeout=time_left()):
-            raise TimeoutError(
-                f"cannot use {self.location(key)}: another commit of this store did not "
-                "finish within the flush's timeout (exit_timeout); is the disk stuck?"
-            )
-        try:
-            yield
-        finally:
-            self._lock.release()
+    def _mutex(self, key: str) -> threading.Lock:
+        return self._lock  # one for all keys: it guards the tracks too
 
     def _overtake(self, key: str, meta: Meta, staged: object, expected: str | None) -> int:
         """Commit as a fresh file, without the lock a commit stuck past the flush's deadline holds.
@@ -297,7 +270,8 @@ class JournalStore(JournalCore, FileStore):
             # A reader (not the key's holder) may see another process append
             # meanwhile: it keeps what fstat saw, a batch or more behind.
             holder = self._holds(key)
-            scan = scan_journal(read_fd(fd, st.st_size, path, growing=not holder), path)
+            data = read_fd(fd, st.st_size, path, growing=not holder)
+            scan = scan_journal(data, path)
             linked = st.st_nlink > 1
             # Only the key's lock holder cuts an unfinished batch: to a reader it
             # may be another process's append in flight.
@@ -313,12 +287,29 @@ class JournalStore(JournalCore, FileStore):
         finally:
             os.close(fd)
         track = absent()._replace(
-            meta=scan.meta, size=scan.end, ino=st.st_ino, live=scan.live, broken=linked
+            meta=scan.meta,
+            size=scan.end,
+            ino=st.st_ino,
+            live=scan.live,
+            broken=linked,
+            first=data[: data.find(b"\n") + 1],
         )
         if linked:
             _warn_linked(path, st.st_nlink)
         self._tracks[key] = track
         return track
+
+    def _unchanged(self, key: str, track: Track) -> os.stat_result | None:
+        """The journal's ``fstat`` if it is the file ``track`` says, else None (or
+        ``FileNotFoundError``): the same inode, size and first line.  (A journal made
+        afresh in a deleted one's inode has another first line: its meta's revision.)"""
+        fd, st = open_checked(self.location(key), os.O_RDONLY, links=True)
+        try:
+            if (st.st_ino, st.st_size) != (track.ino, track.size):
+                return None
+            return st if os.pread(fd, len(track.first), 0) == track.first else None
+        finally:
+            os.close(fd)
 
     def _remembered(self, key: str, track: Track) -> Full:
         """The state on disk as a compaction, from memory when the track has it."""
@@ -337,12 +328,12 @@ class JournalStore(JournalCore, FileStore):
         if track.broken:
             return track  # rewrite from memory: the file is not to be trusted
         try:
-            st = os.lstat(self.location(key))  # a link planted in its place is a change
+            st = self._unchanged(key, track)
         except FileNotFoundError:
             if track.meta is None:
                 return track
         else:
-            if track.meta is not None and (st.st_ino, st.st_size) == (track.ino, track.size):
+            if st is not None:
                 if st.st_nlink > 1:  # linked since: rewrite it by rename, never append
                     _warn_linked(self.location(key), st.st_nlink)
                     track = self._tracks[key] = track._replace(broken=True)
@@ -356,7 +347,8 @@ class JournalStore(JournalCore, FileStore):
             return self._open(key)
         except CheckpointError as exc:  # as the writer does on its first read
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-            aside = FileStore.move_aside(self, key, "corrupt-" + stamp)
+            with self._owned(key):
+                aside = self._moved_aside(key, "corrupt-" + stamp)
             logger.warning("checkpointer: %s; moved it aside to %s", exc, aside)
             track = self._tracks[key] = absent()
             return track
@@ -400,14 +392,14 @@ class JournalStore(JournalCore, FileStore):
             or track.size + row_size > self.threshold(live)
         ):
             nbytes = write_atomic(path, [header, *row])
-            size, ino = nbytes, os.lstat(path).st_ino
+            size, ino, first = nbytes, os.lstat(path).st_ino, header
             self._rewrites += 1
         else:
             self._append(key, track, row)
-            nbytes, size, ino = row_size, track.size + row_size, track.ino
+            nbytes, size, ino, first = row_size, track.size + row_size, track.ino, track.first
             self._compactions += 1
         self._bytes += nbytes
-        self._tracks[key] = full.track(meta, size=size, ino=ino, live=live)
+        self._tracks[key] = full.track(meta, size=size, ino=ino, live=live)._replace(first=first)
         return nbytes
 
     def _append(self, key: str, track: Track, pieces: Sequence[bytes]) -> None:

@@ -1,10 +1,5 @@
-"""What the journals know of a key, and what they stage (``core.JournalCore`` uses them).
-
-* ``Known``: the messages written for one transcript layout (an *epoch*).
-* ``Track``: what the store knows of one key, replaced on every commit.
-* ``Full``: a whole state, to commit as a compaction; ``Delta``: new
-  messages on top of a track's prefix, to commit as an append.
-"""
+"""What the journals know of a key (``Known``, ``Track``) and what they stage (``Full``
+to commit as a compaction, ``Delta`` as an append); ``core.JournalCore`` uses them."""
 
 from __future__ import annotations
 
@@ -57,6 +52,7 @@ class Track(NamedTuple):
     head: bytes
     tail: bytes
     name: str | None
+    first: bytes = b""  # the file's first line (a file journal's): with ino, which file it is
 
 
 def absent() -> Track:
@@ -99,26 +95,11 @@ class Full:
                 meta=meta, size=size, ino=ino, live=live, head=self.head, tail=self.tail
             )
         count = self.count
-        known = Known(  # copies: a Full committed twice must not share its lists
-            self.epoch,
-            self.messages[:count],
-            self.chunks[:count],
-            list(self.unsettled),
-            loose=self.loose,
-        )
+        lists = (self.messages[:count], self.chunks[:count], list(self.unsettled))  # not shared
+        known = Known(self.epoch, *lists, loose=self.loose)
+        u, jlen = len(known.unsettled), len(known.joined)
         return Track(
-            meta=meta,
-            size=size,
-            ino=ino,
-            live=live,
-            broken=False,
-            known=known,
-            n=count,
-            u=len(known.unsettled),
-            jlen=len(known.joined),
-            head=self.head,
-            tail=self.tail,
-            name=self.name,
+            meta, size, ino, live, False, known, count, u, jlen, self.head, self.tail, self.name
         )
 
 
@@ -134,9 +115,6 @@ class Delta:
     tail: bytes
     loose: bool = field(kw_only=True)
     _full: Full | None = field(default=None, init=False)
-
-    def __post_init__(self) -> None:
-        assert self.base.known is not None
 
     def content(self) -> object:
         # (epoch, n) stands for the first n positions of the epoch, whose bytes
@@ -172,11 +150,8 @@ class Delta:
         return self._full
 
     def rebased(self, track: Track | None) -> Delta | None:
-        """This state on top of ``track``, if ``track`` is our base plus some of our messages.
-
-        So a delta staged while another commit of its key was in flight is
-        still an append (or a meta row) once that commit is on disk.
-        """
+        """This state on top of ``track``, if ``track`` is our base plus some of our messages
+        (a commit of the key in flight at our staging has since landed)."""
         base = self.base
         known = base.known
         if (

@@ -1,10 +1,8 @@
 """The connection of the PostgreSQL store: one per store, every call bounded.
 
-Timeouts bound the server's work, TCP keepalives a vanished host, and a
-watchdog thread shuts the socket down when a call outlives
-``statement_timeout`` by a second (a server that stopped answering): so a
-flush in a signal handler never hangs.  A broken connection is dropped and
-the next call reconnects; one lost while idle is replaced and the call made again.
+Timeouts bound the server's work, TCP keepalives a vanished host, and a watchdog
+thread shuts the socket down when a call outlives ``statement_timeout`` by a second,
+so a flush in a signal handler never hangs.  A forked child forgets its parent's.
 """
 
 from __future__ import annotations
@@ -15,43 +13,24 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
 from ... import _exit
 from ..._text import one_line
 from .errors import IdleLoss, PostgresStoreError
-from .schema import SchemaPart, grants_sql
+from .schema import QUERIES, SchemaPart, grants_sql, quote_schema
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = [
-    "SLOW_BYTES_PER_SECOND",
-    "ConnectionPart",
-    "Watchdog",
-    "describe_dsn",
-    "import_psycopg",
-    "seconds",
-]
+__all__ = ["SLOW_BYTES_PER_SECOND", "ConnectionPart"]
 
 _T = TypeVar("_T")
 
-_INSTALL_HINT = (
-    "PostgresStore needs psycopg 3: pip install 'psycopg[binary]>=3.1' "
-    "(the postgres extra: pip install -e '.[postgres]' in a clone of agent-checkpointer)"
-)
-
+# A write gets a second more per 8 MiB it sends (200 MB took 1.8 s to 12.7 s here).
 SLOW_BYTES_PER_SECOND = 8 << 20
-"""A write gets a second more per 8 MiB it sends (200 MB took 1.8 s to 12.7 s here)."""
-
-
-def import_psycopg() -> Any:
-    try:
-        import psycopg
-    except ImportError as exc:
-        raise ImportError(f"{_INSTALL_HINT} ({exc})") from exc
-    return psycopg
 
 
 def seconds(name: str, value: float) -> float:
@@ -74,12 +53,8 @@ def describe_dsn(params: dict[str, Any]) -> str:
 
 @final
 class Watchdog:
-    """Shuts a connection's socket down when a call on it outlives its deadline.
-
-    The blocked psycopg call then fails at once, whichever thread waits.
-    One daemon thread per store; it works on a duplicate of the socket's
-    descriptor, so it never hits a number the process reused meanwhile.
-    """
+    """Shuts a connection's socket down when a call on it outlives its deadline (one daemon
+    thread per store, on a duplicate of the descriptor: never a number reused meanwhile)."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -111,11 +86,8 @@ class Watchdog:
             os.close(dup)
 
     def close(self, *, wait: float = 1.0) -> None:
-        """Let the thread exit (a later ``watch`` starts another), waiting ``wait`` s at most.
-
-        At interpreter exit the daemon thread is frozen wherever it was,
-        maybe holding the condition's lock: so it is only tried.
-        """
+        """Let the thread exit, waiting ``wait`` s at most for the condition's lock (at
+        interpreter exit the daemon thread is frozen wherever it was, maybe holding it)."""
         stop, self._stop = self._stop, None
         if stop is None:
             return
@@ -143,38 +115,81 @@ class Watchdog:
 
 
 class ConnectionPart(SchemaPart):
-    """The part of ``PostgresStore`` that keeps its one connection and bounds every call.
+    """The part of ``PostgresStore`` that keeps its one connection and bounds every call
+    (in ``_session``: under the store's mutex, watched, errors as ``PostgresStoreError``)."""
 
-    Every call runs in ``_session`` (or ``_run``): under the store's mutex,
-    watched, psycopg errors turned into ``PostgresStoreError``.
-    """
+    def __init__(
+        self,
+        dsn: str = "",
+        *,
+        schema: str = "checkpointer",
+        create_schema: bool = True,
+        connect_timeout: float = 5.0,
+        statement_timeout: float = 10.0,
+        lock_timeout: float = 2.0,
+        application_name: str = "checkpointer",
+    ) -> None:
+        try:
+            import psycopg
+        except ImportError as exc:
+            raise ImportError(
+                "PostgresStore needs psycopg 3: pip install 'psycopg[binary]>=3.1' (the postgres "
+                f"extra: pip install -e '.[postgres]' in a clone of agent-checkpointer) ({exc})"
+            ) from exc
+        self._pg = psycopg
+        if not isinstance(dsn, str):
+            raise TypeError(f"dsn must be a str (a libpq connection string), got {dsn!r:.80}")
+        try:
+            params = self._pg.conninfo.conninfo_to_dict(dsn)
+        except self._pg.Error as exc:
+            raise ValueError(f"invalid PostgreSQL DSN: {one_line(str(exc))}") from None
+        self._dsn = dsn
+        self.schema = schema
+        self._quoted = quote_schema(schema)
+        self._create = bool(create_schema)
+        self.connect_timeout = seconds("connect_timeout", connect_timeout)
+        self.statement_timeout = seconds("statement_timeout", statement_timeout)
+        self.lock_timeout = seconds("lock_timeout", lock_timeout)
+        self._application_name = str(application_name)
+        self._where = describe_dsn(params)
+        self._sql = {name: q.format(s=self._quoted).encode() for name, q in QUERIES.items()}
+        self._schema_ok = False
+        # A call gets no answer a second after the server would have given up.
+        self._deadline = self.statement_timeout + 1.0
+        self._watching = self._deadline  # the deadline of the call in progress
+        self._busy_wait = self.connect_timeout + self._deadline + 1.0
+        self._start_fresh()
+        _all_stores.add(self)
 
-    _dsn: str
-    connect_timeout: float
-    statement_timeout: float
-    lock_timeout: float
-    _application_name: str
-    _mutex: threading.Lock
-    _conn: psycopg.Connection[Any] | None
-    _held: set[str]  # the keys whose lock the connection holds
-    _suspect: bool  # the connection may hold a lock we do not know of
-    _lost: bool  # the last call lost the server (for probe())
-    _backend: int | None  # the backend pid of _conn
-    _orphans: list[int]  # backends of connections dropped mid-call
-    _watchdog: Watchdog
-    _deadline: float  # a call gets no answer a second after the server gave up
-    _watching: float  # the deadline of the call in progress
-    _busy_wait: float
-    _pid: int  # the process whose connection _conn is
+    def _start_fresh(self) -> None:
+        """No connection, lock or watchdog yet: this process's own state (also after a fork)."""
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._backend: int | None = None  # the backend pid of _conn
+        self._held: set[str] = set()  # the keys whose lock the connection holds
+        self._suspect = False  # the connection may hold a lock we do not know of
+        self._lost = False  # the last call lost the server (for probe())
+        self._orphans: list[int] = []  # backends of connections dropped mid-call
+        self._watchdog = Watchdog(f"checkpointer-pg-watchdog {self._where}")
+
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh store; only this process's descriptor of the parent's
+        connection is closed (``close()`` would end the parent's session and locks)."""
+        if self._conn is not None:
+            _inherited.append(self._conn)
+            with contextlib.suppress(Exception):
+                os.close(self._conn.pgconn.socket)
+        if self._watchdog._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._watchdog._fd)
+        self._start_fresh()
 
     def location(self, key: str) -> str:
         return f"{self._where}/{self.schema}/{key}"
 
     def probe(self) -> bool:
-        """Whether the server answers again after this store lost it (``ProbingStore``).
-
-        No round trip unless the server was lost; a connection made is kept.
-        """
+        """Whether the server answers again after this store lost it (``ProbingStore``)."""
         if not self._lost:
             return False
         with _exit.busy():
@@ -202,13 +217,9 @@ class ConnectionPart(SchemaPart):
     def _session(
         self, *, ensure: bool = True, budget: float = 0.0
     ) -> Iterator[psycopg.Connection[Any]]:
-        """The live connection, under the store's mutex and the watchdog.
-
-        ``budget``: seconds more than the usual deadline (a large write).  A
-        broken connection is dropped, with its locks; one kept from an
-        earlier call and found broken fails as ``IdleLoss`` (retry at once).
-        A signal landing meanwhile waits for the mutex (``_exit.busy``).
-        """
+        """The live connection, under the store's mutex and the watchdog, ``budget`` seconds
+        more than the usual deadline.  A broken connection is dropped, with its locks; one
+        kept from an earlier call and found broken fails as ``IdleLoss`` (retry at once)."""
         with _exit.busy():
             if not self._mutex.acquire(timeout=self._busy_wait):
                 raise PostgresStoreError(
@@ -289,11 +300,8 @@ class ConnectionPart(SchemaPart):
         return conn
 
     def _drop(self, *, orphan: bool = False) -> None:
-        """Close and forget the connection and its locks.
-
-        ``orphan``: dropped mid-call, its backend may still run our statement
-        and hold the key's lock (``locks._acquire`` ends it).
-        """
+        """Close and forget the connection and its locks (``orphan``: dropped mid-call, its
+        backend may still hold a key's lock, which ``_acquire`` ends)."""
         conn, self._conn = self._conn, None
         if orphan and conn is not None and self._backend is not None:
             self._orphans = [*self._orphans[-7:], self._backend]
@@ -354,3 +362,15 @@ class ConnectionPart(SchemaPart):
         else:
             hint = "check the DSN"
         return f"cannot connect to PostgreSQL at {self._where}: {text}; {hint}"
+
+
+_all_stores: weakref.WeakSet[ConnectionPart] = weakref.WeakSet()
+_inherited: list[object] = []  # a forked child's copies of its parent's connections
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_all_stores):
+        store._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

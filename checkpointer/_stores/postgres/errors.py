@@ -9,17 +9,15 @@ __all__ = ["IdleLoss", "KeyLockedError", "PostgresStoreError", "StaleWriteError"
 
 class PostgresStoreError(OSError):
     """The PostgreSQL store could not do what was asked (the message names the server,
-    never the password, and the way out).  An ``OSError``, as the protocol promises."""
+    never the password, and the way out)."""
 
 
 class KeyLockedError(KeyLocked, PostgresStoreError):
-    """Another writer holds the key's lock in PostgreSQL: a ``KeyLocked`` (``location``
-    names the backend holding it) and a ``PostgresStoreError``."""
+    """Another writer holds the key's lock in PostgreSQL (``location`` names its backend)."""
 
 
 class StaleWriteError(StaleWrite, PostgresStoreError):
-    """The key's row does not hold the revision the writer expected: a ``StaleWrite``
-    and a ``PostgresStoreError``."""
+    """The key's row does not hold the revision the writer expected."""
 
 
 class IdleLoss(PostgresStoreError):

@@ -1,10 +1,8 @@
 """The PostgreSQL journal: a checkpoint inserts only the rows of what changed.
 
-A journal key's ``checkpoints`` row is its head (revision, meta, an empty
-state); ``<schema>.journal`` holds its rows, the file journal's lines.  An
-append inserts rows and updates the head; a compaction replaces the rows:
-one transaction either way, the head's write conditional on the revision.
-A failed commit forgets the key's track (the server may have committed it).
+A key's ``checkpoints`` row is its head (revision, meta, no state); ``<schema>.journal``
+holds its rows, the file journal's lines.  An append or a compaction is one
+transaction, the head's write conditional on the revision.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from ..base import check_key
 from ..envelopes import read_for_load
 from ..journal.core import JournalCore
 from ..journal.staging import Full, Track
-from .schema import HEAD_FORMAT
-from .store import PostgresStore
+from .store import PostgresStore, row_params
 
 if TYPE_CHECKING:
     import psycopg
@@ -87,10 +84,7 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         super().close()
 
     def commit(self, key: str, meta: Meta, staged: object, *, expected: str | None) -> int:
-        """Append or compact ``staged`` if the head holds ``expected`` (see ``StateStore``).
-
-        The head's conditional write and the rows are one transaction.
-        """
+        """Append or compact ``staged`` if the head holds ``expected``: one transaction."""
         check_key(key)
         track = self._tracks.get(key)
         if track is not None and (track.meta is None or track.meta.revision != expected):
@@ -103,8 +97,8 @@ class PostgresJournalStore(JournalCore, PostgresStore):
             return self._commit_on(key, track, meta, staged, expected)
 
     def read_meta(self, key: str) -> Meta | None:
-        """The meta of ``key``, all its rows checked: a damaged row is a ``CheckpointError``
-        here (the key is moved aside) rather than compacted away by the next commit."""
+        """The meta of ``key``, its rows checked: a damaged row is a ``CheckpointError`` here
+        (the key is moved aside), not compacted away by the next commit."""
         check_key(key)
         data = self.read(key)  # an OSError stays one: the key is not damaged, the server is away
         if data is None:
@@ -125,15 +119,10 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         return None if data is None else decode_raw(data, self.location(key))
 
     def _params(self, key: str, meta: Meta, expected: str | None) -> dict[str, Any]:
-        return {
-            "key": key,
-            "revision": meta.revision,
-            "expected": expected,
-            "format": HEAD_FORMAT,
-            "meta": _ENCODER.encode(meta).decode(),
-            "state": b"",  # the rows hold it
-            "journal": True,
-        }
+        # A head: its state is in the rows.
+        return row_params(
+            key, meta.revision, expected, _ENCODER.encode(meta).decode(), b"", journal=True
+        )
 
     def _insert(
         self,

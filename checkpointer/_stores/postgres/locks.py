@@ -1,9 +1,5 @@
-"""The writer lock of the PostgreSQL store: a session-level advisory lock per key.
-
-Held by the store's connection, so the server frees it when the process
-dies; ``<schema>.holders`` says who holds it, for the refusal's message.
-It refuses a second live writer early; the revision each write checks
-(``store.py``) keeps a writer that lost it from replacing newer work.
+"""The writer lock of the PostgreSQL store: a session-level advisory lock per key, which
+the server frees when the process dies; ``<schema>.holders`` says who holds it.
 """
 
 from __future__ import annotations
@@ -49,24 +45,22 @@ class PostgresKeyLock:
         return self.store._handles.get(self.key) is self and self.key in self.store.held()
 
     def release(self) -> None:
-        """Give the lock up; idempotent, never raises for I/O.
-
-        Only while it is this object that holds the key: a lock object
-        released already never frees the lock a later holder took.
-        """
+        """Give the lock up if this object still holds it; idempotent, never raises for I/O."""
         self.store._release_handle(self)
 
 
 class LocksPart(ConnectionPart):
     """The part of ``PostgresStore`` that holds the writer locks of its keys."""
 
-    _host: str
-    _handles: dict[str, PostgresKeyLock]  # key -> its holder (lock())
-    _handles_lock: threading.Lock
+    def _start_fresh(self) -> None:
+        super()._start_fresh()
+        self._host = socket.gethostname()
+        self._handles: dict[str, PostgresKeyLock] = {}  # key -> its holder (lock())
+        self._handles_lock = threading.Lock()
 
     def acquire(self, key: str) -> str | None:
-        """Take the writer lock of ``key`` for this store's connection, until ``release``,
-        ``close`` or the connection's end; None once held, else a line naming the holder."""
+        """Take the writer lock of ``key`` until ``release``, ``close`` or the connection's
+        end; None once held, else a line naming the holder."""
         refused = self._try_lock(key)
         return None if refused is None else str(refused)
 
@@ -77,11 +71,8 @@ class LocksPart(ConnectionPart):
         return self._run(lambda conn: self._acquire(conn, key))
 
     def lock(self, key: str, *, timeout: float = 0.0) -> PostgresKeyLock:
-        """``LockingStore.lock``: ``acquire``'s lock as an object whose ``release()`` gives it back.
-
-        One holder at a time, as with ``FileStore``: a second ``lock`` of a
-        key through this store is refused (the connection's lock is shared).
-        """
+        """``LockingStore.lock``: ``acquire``'s lock as an object; one holder at a time, as
+        with ``FileStore`` (a second ``lock`` of a key through this store is refused)."""
         if not (isinstance(timeout, (int, float)) and 0 <= timeout < math.inf):
             raise ValueError(
                 f"lock timeout must be a finite number of seconds >= 0, got {timeout!r}"
@@ -95,7 +86,7 @@ class LocksPart(ConnectionPart):
 
     @contextlib.contextmanager
     def _handles_held(self) -> Iterator[None]:
-        """``_handles_lock``, a signal landing meanwhile deferred: its flush takes it too."""
+        # A signal landing meanwhile waits: its flush takes the lock too.
         with _exit.busy(), self._handles_lock:
             yield
 
@@ -148,15 +139,12 @@ class LocksPart(ConnectionPart):
     def locked_by(self, key: str) -> str | None:
         """Who holds the writer lock of ``key`` (one line; this store counts), None if free."""
         check_key(key)
-        params = self._holder_params(key, self._lock_id(key))
-        row = self._run(lambda c: c.execute(self._sql["holder"], params).fetchone())
-        if row is None:
+        backend, refused = self._run(lambda conn: self._holder(conn, key, self._lock_id(key)))
+        if backend is None:
             return None
-        if row[1] is None:
-            return f"PostgreSQL backend {row[0]}"
-        return (
-            f"{LockHolder(pid=row[2], host=row[1], started_at=row[3]).describe()}, backend {row[0]}"
-        )
+        if refused.holder is None:
+            return f"PostgreSQL backend {backend}"
+        return f"{refused.holder.describe()}, backend {backend}"
 
     def held(self) -> frozenset[str]:
         """The keys whose writer lock this store holds (as far as it knows)."""
@@ -165,11 +153,9 @@ class LocksPart(ConnectionPart):
     def _lock_id(self, key: str) -> int:
         return int64(self._quoted.encode() + b"\0" + key.encode())
 
-    @staticmethod
-    def _holder_params(key: str, lock_id: int) -> dict[str, Any]:
-        return {"key": key, "hi": (lock_id >> 32) & 0xFFFFFFFF, "lo": lock_id & 0xFFFFFFFF}
-
-    def _acquire(self, conn: psycopg.Connection[Any], key: str) -> KeyLockedError | None:
+    def _acquire(
+        self, conn: psycopg.Connection[Any], key: str, tries: int = 3
+    ) -> KeyLockedError | None:
         """Take the key's lock on ``conn`` unless held; a refusal is returned."""
         if key in self._held:
             return None
@@ -189,6 +175,8 @@ class LocksPart(ConnectionPart):
             self._held.add(key)
             return None
         backend, refused = self._holder(conn, key, lock_id)
+        if backend is None and tries > 1:  # released between our try and our look
+            return self._acquire(conn, key, tries - 1)
         if backend in self._orphans and refused.holder is not None and self._ours(refused.holder):
             # Our own session dropped mid-call, still running: end it and take the
             # lock; one that outlives the wait is a failure to retry, not a refusal.
@@ -230,7 +218,7 @@ class LocksPart(ConnectionPart):
         self, conn: psycopg.Connection[Any], key: str, lock_id: int
     ) -> tuple[int | None, KeyLockedError]:
         """The backend holding ``key``'s lock, and the refusal to raise."""
-        params = self._holder_params(key, lock_id)
+        params = {"key": key, "hi": (lock_id >> 32) & 0xFFFFFFFF, "lo": lock_id & 0xFFFFFFFF}
         for _ in range(3):
             row = conn.execute(self._sql["holder"], params).fetchone()
             if row is None or row[1] is not None:

@@ -1,9 +1,5 @@
-"""The tables of the PostgreSQL store: their SQL, and installing them.
-
-One schema version, created on first use (or by ``pg-schema``) under a
-transaction-level advisory lock so that concurrent first users do not race;
-a store refuses tables of another version.  ``QUERIES``: every statement
-the store runs, one round trip each.
+"""The tables of the PostgreSQL store: their SQL (``QUERIES``: every statement the store
+runs, one round trip each), and installing them on first use (or by ``pg-schema``).
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
-    "HEAD_FORMAT",
     "QUERIES",
     "SCHEMA_VERSION",
     "SchemaPart",
@@ -29,8 +24,7 @@ __all__ = [
     "schema_sql",
 ]
 
-SCHEMA_VERSION = 1
-"""The version of the tables this library creates and uses."""
+SCHEMA_VERSION = 1  # of the tables this library creates and uses; a store refuses another
 
 _SCHEMA_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -79,9 +73,6 @@ CREATE TABLE IF NOT EXISTS {s}.aside (
 );
 INSERT INTO {s}.schema_version (version) VALUES ({version}) ON CONFLICT (one) DO NOTHING;
 """
-
-HEAD_FORMAT = 1
-"""The ``format`` of a journal key's head row (a higher one is refused as newer)."""
 
 _LZ4_SQL = (
     "ALTER TABLE {s}.checkpoints ALTER COLUMN state SET COMPRESSION lz4;"

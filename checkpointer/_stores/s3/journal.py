@@ -20,16 +20,17 @@ them)::
   file ``JournalStore`` would hold (a header, the rows, the head's meta
   closing them), read by the same reader.  A reader never sees a mix of
   two checkpoints: the head names only segments that were complete before
-  it was written.
+  it was written.  A segment it finds gone while the head has moved on (a
+  compaction removed it) is no damage: it reads the new head.
 * **Unreferenced segments** are removed, never one a head or a commit in
   flight could name: the segments a compaction's head replaced, right after
-  that head landed (a reader that fetched the old head meanwhile finds one
-  gone and reads the new head); the segment of a commit the head refused,
-  right after the refusal; and, when a writer first opens a key, any
-  segment no head names whose upload is older than ``GRACE`` (a crash
-  between a segment and its head, an answer lost).  A commit whose upload
-  took longer than half of ``GRACE`` is not committed (its segment may be
-  gone): the next one uploads again.
+  that head landed; the segment of a commit the head refused, right after
+  the refusal; the segments of a deleted head (deleted only if it is the
+  head read, ``If-Match``), right after; and, when a writer first opens or
+  deletes a key, any segment no head names whose upload is older than
+  ``GRACE`` (a crash between a segment and its head, an answer lost).  A
+  commit whose upload took longer than half of ``GRACE`` is not committed
+  (its segment may be gone): the next one uploads again.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from ..._values import Checkpoint, CheckpointError, Meta
 from ..base import StaleWrite, check_key, landed
 from ..journal.core import JournalCore
 from ..journal.staging import Delta, Full, Track, absent
+from .client import condition_failed
 from .store import S3Store
 
 __all__ = ["GRACE", "S3JournalStore"]
@@ -61,7 +63,7 @@ GRACE = 3600.0
 """Seconds an unreferenced segment is kept before a sweep may remove it."""
 
 _ENCODER = msgspec.json.Encoder()
-_READS = 3  # heads read when a segment is gone (a compaction moved the head meanwhile)
+_PATIENCE = 60.0  # seconds a read goes on while compactions move the head under it
 _FETCHES = 8  # segments fetched at once by a read
 
 
@@ -154,22 +156,29 @@ class S3JournalStore(JournalCore, S3Store):
             S3StoreError: the endpoint, bucket or credentials failed.
         """
         check_key(key)
-        missing = ""
-        for _ in range(_READS):
-            head = self._get_head(key)
-            if head is None:
-                return None
+        head = self._get_head(key)
+        deadline = time.monotonic() + _PATIENCE
+        while head is not None:
             segments = self._segments(key, [name for name, _ in head.segments])
-            missing = next((name for name, data in segments if data is None), "")
-            if not missing:
+            missing = next((name for name, data in segments if data is None), None)
+            if missing is None:
                 meta_json = _ENCODER.encode(head.meta)
                 parts = [header_line(meta_json), *(data or b"" for _, data in segments)]
                 return b"".join([*parts, meta_row(meta_json, LINE_END)])
-            # A compaction moved the head on meanwhile: read it again.
-        raise CheckpointError(
-            self.location(key),
-            f"segment {self._segment(key, missing)} that the head names is missing",
-        )
+            # Gone: a writer removes a segment only once a head naming it no longer
+            # does, so the head moved on meanwhile (read it again) or the key is damaged.
+            moved, head = head, self._get_head(key)
+            if head == moved:
+                raise CheckpointError(
+                    self.location(key),
+                    f"segment {self._segment(key, missing)} that the head names is missing",
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{self.location(key)}: compacted again each time it was read for "
+                    f"{_PATIENCE:.0f} s (a writer is busy on it); read it again"
+                )
+        return None
 
     def _segments(self, key: str, names: list[str]) -> list[tuple[str, bytes | None]]:
         """The bytes of ``key``'s segments ``names`` (None: gone), fetched a few at a time.
@@ -200,13 +209,33 @@ class S3JournalStore(JournalCore, S3Store):
             self._drop_track(key)  # the rows are not staged: the next commit compacts
         return len(data)
 
-    def delete(self, key: str) -> bool:
-        """Remove ``key``'s head, then its segments; False if there was no head."""
+    def delete(self, key: str, *, etag: str | None = None) -> bool:
+        """Remove ``key``'s head, then the segments it named; False if there was no head.
+
+        The head goes only if it is the one read (or has the ``etag`` given,
+        as ``S3Store.delete``): a writer that wrote, or created the key
+        again, meanwhile keeps its segments.  Segments no head names go as
+        a writer's first open sweeps them, once older than ``GRACE``.
+        """
         check_key(key)
         self._drop_track(key)
-        existed = self.remove(key + self.suffix, key)
-        self._remove(key, [name for name, _, _ in self.listing(key + ".segments/")], full=True)
-        return existed
+        while (found := self.fetch(key + self.suffix)) is not None:
+            data, read = found
+            try:
+                if not self.remove(key + self.suffix, etag or read):
+                    return False
+            except Exception as exc:
+                if etag is not None or not condition_failed(exc):
+                    raise
+                continue  # written since it was read: delete what it holds now
+            try:
+                named = [name for name, _ in self._decode_head(key, data).segments]
+            except CheckpointError:
+                named = []  # not a head this library reads: the sweep takes its segments
+            self._remove(key, named)
+            self._sweep(key, set())
+            return True
+        return False
 
     def move_aside(self, key: str, suffix: str) -> str | None:
         """Put the journal, as one file, at ``k.<suffix>`` (the head alone if it is damaged)."""
@@ -220,7 +249,7 @@ class S3JournalStore(JournalCore, S3Store):
             return None
         target = f"{key}.{suffix}"
         self.s3.call("put_object", Key=self.s3.prefix + target, Body=data)
-        self.remove(key + self.suffix, key)
+        self.remove(key + self.suffix)
         return self.s3.url(target)
 
     # -- the StateStore protocol ---------------------------------------------------
@@ -306,7 +335,7 @@ class S3JournalStore(JournalCore, S3Store):
         self.compactions += 1
         self._tracks[key] = full.track(meta, size=nbytes, ino=0, live=nbytes)
         if known is not None:  # the replaced segments: a reader finds one gone and reads again
-            self._remove(key, [n for n, _ in known.segments], full=False)
+            self._remove(key, [n for n, _ in known.segments])
         return nbytes
 
     # -- internals -------------------------------------------------------------------
@@ -343,7 +372,7 @@ class S3JournalStore(JournalCore, S3Store):
         size = sum(n for _, n in head.segments)
         live = head.segments[0][1] if head.segments else 0
         track = self._tracks[key] = absent()._replace(meta=head.meta, size=size, live=live)
-        self._sweep(key, known)
+        self._sweep(key, {name for name, _ in known.segments})
         return track
 
     def _get_head(self, key: str) -> _Head | None:
@@ -395,7 +424,7 @@ class S3JournalStore(JournalCore, S3Store):
             self.put(key + self.suffix, key, body, revision=meta.revision, expected=expected)
         except StaleWrite:
             self._drop_track(key)
-            self._remove(key, uploaded, full=False)  # no head names them, nor ever will
+            self._remove(key, uploaded)  # no head names them, nor ever will
             raise
         except BaseException:
             self._drop_track(key)  # it may have landed: read the head again next time
@@ -408,9 +437,8 @@ class S3JournalStore(JournalCore, S3Store):
             track.known.dead = True
         self._known.pop(key, None)
 
-    def _sweep(self, key: str, known: _Known) -> None:
+    def _sweep(self, key: str, named: set[str]) -> None:
         """Remove ``key``'s segments that its head does not name, uploaded before ``GRACE``."""
-        named = {name for name, _ in known.segments}
         folder = self._segment(key, "")
         cutoff = datetime.now(UTC) - timedelta(seconds=GRACE)
         try:
@@ -418,16 +446,16 @@ class S3JournalStore(JournalCore, S3Store):
         except OSError:
             return  # swept at another open
         old = [
-            name[len(folder) :]
-            for name, _, modified in listed
-            if name[len(folder) :] not in named and modified < cutoff
+            item.name[len(folder) :]
+            for item in listed
+            if item.name[len(folder) :] not in named and item.modified < cutoff
         ]
-        self._remove(key, old, full=False)
+        self._remove(key, old)
 
-    def _remove(self, key: str, names: list[str], *, full: bool) -> None:
-        """Delete segments of ``key`` (names under the prefix if ``full``), best effort."""
+    def _remove(self, key: str, names: list[str]) -> None:
+        """Delete segments of ``key``, best effort."""
         prefix = self.s3.prefix
-        keys = [prefix + (n if full else self._segment(key, n)) for n in names]
+        keys = [prefix + self._segment(key, n) for n in names]
         for start in range(0, len(keys), 1000):  # DeleteObjects takes 1,000 at a time
             batch = [{"Key": k} for k in keys[start : start + 1000]]
             try:

@@ -28,13 +28,24 @@ The connection, its timeouts, forks and errors: ``client.py``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from ..._format.envelope import decode_meta
 from ..base import KEY_PATTERN, check_key, landed
 from .client import S3Client, condition_failed, error_code
 
-__all__ = ["S3Store"]
+__all__ = ["Listed", "S3Store"]
+
+
+class Listed(NamedTuple):
+    """An object a LIST found."""
+
+    name: str  # under the prefix
+    size: int
+    modified: datetime
+    etag: str
+
 
 REVISION = "revision"
 """The user-metadata name of an object's revision (``x-amz-meta-revision``)."""
@@ -196,6 +207,11 @@ class S3Store:
 
     def get(self, name: str) -> bytes | None:
         """The bytes of the object ``name``, or None."""
+        found = self.fetch(name)
+        return None if found is None else found[0]
+
+    def fetch(self, name: str) -> tuple[bytes, str] | None:
+        """The bytes and ETag of the object ``name``, or None."""
         try:
             answer = self.s3.call("get_object", Key=self.s3.prefix + name)
         except Exception as exc:
@@ -207,7 +223,7 @@ class S3Store:
         revision = answer.get("Metadata", {}).get(REVISION)
         if revision is not None:
             self._remember(name, revision, answer["ETag"])
-        return data
+        return data, answer["ETag"]
 
     def read(self, key: str) -> bytes | None:
         """The bytes of ``key``'s object, or None."""
@@ -223,21 +239,21 @@ class S3Store:
         """The keys with a checkpoint under the prefix, sorted (one LIST per 1,000 objects)."""
         n = len(self.suffix)
         found = [
-            name[:-n]
-            for name, _, _ in self.listing()
-            if name.endswith(self.suffix) and KEY_PATTERN.fullmatch(name[:-n])
+            item.name[:-n]
+            for item in self.listing()
+            if item.name.endswith(self.suffix) and KEY_PATTERN.fullmatch(item.name[:-n])
         ]
         return sorted(found)
 
-    def listing(self, folder: str = "") -> list[tuple[str, int, Any]]:
-        """(name under the prefix, size, last modified) of the objects in ``folder``."""
-        found: list[tuple[str, int, Any]] = []
+    def listing(self, folder: str = "") -> list[Listed]:
+        """The objects in ``folder``, as one LIST per 1,000 gives them."""
+        found: list[Listed] = []
         params: dict[str, Any] = {"Prefix": self.s3.prefix + folder, "Delimiter": "/"}
         start = len(self.s3.prefix)
         while True:
             answer = self.s3.call("list_objects_v2", **params)
             found.extend(
-                (item["Key"][start:], item["Size"], item["LastModified"])
+                Listed(item["Key"][start:], item["Size"], item["LastModified"], item["ETag"])
                 for item in answer.get("Contents", [])
             )
             if not answer.get("IsTruncated"):
@@ -246,24 +262,33 @@ class S3Store:
 
     # -- deletes -------------------------------------------------------------
 
-    def delete(self, key: str) -> bool:
+    def delete(self, key: str, *, etag: str | None = None) -> bool:
         """Remove ``key``'s object; False if there was none.
 
         A writer of the key finds it gone at its next write (its If-Match
         meets no object) and never recreates it.  There is no lock to
         refuse the delete while a writer is live: delete keys whose
-        sessions are over.
+        sessions are over.  ``etag``: only if it is still that object (a
+        prune removes only what it looked at); else the service's refusal,
+        a botocore ``ClientError`` (``PreconditionFailed``), is raised.
         """
         check_key(key)
-        return self.remove(key + self.suffix, key)
+        return self.remove(key + self.suffix, etag)
 
-    def remove(self, name: str, key: str) -> bool:
-        """Delete the object ``name``; False if there was none."""
-        stored, _ = self.head(name, key)
+    def remove(self, name: str, etag: str | None = None) -> bool:
+        """Delete the object ``name`` (only if its ETag is ``etag``); False if there was none."""
         self._forget(name)
-        if stored is None:
-            return False
-        self.s3.call("delete_object", Key=self.s3.prefix + name)
+        params = {"Key": self.s3.prefix + name}
+        try:
+            if etag is None:  # S3 answers a DELETE alike whether the object was there or not
+                self.s3.call("head_object", **params)
+            else:
+                params["IfMatch"] = etag
+            self.s3.call("delete_object", **params)
+        except Exception as exc:
+            if error_code(exc) in ("NoSuchKey", "404"):
+                return False
+            raise
         return True
 
     def move_aside(self, key: str, suffix: str) -> str | None:

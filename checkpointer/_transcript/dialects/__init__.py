@@ -1,11 +1,4 @@
-"""Agent transcripts: the message shapes ("dialects") the helpers understand, as data.
-
-* ``base``: what a dialect says (``Dialect``, ``Reading``, ``Window``);
-* ``chat``, ``responses``, ``pydantic_ai``, ``langchain``: one per framework family;
-* ``detect``: a message's dialect, per message (``classify``, ``detect``).
-
-``docs/concepts/dialects.md`` lists the shapes, their windows and their repairs.
-"""
+"""The message shapes ("dialects") the transcript helpers understand, as data."""
 
 from .base import Dialect
 from .chat import CHAT

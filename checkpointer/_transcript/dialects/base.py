@@ -1,9 +1,4 @@
-"""Agent transcripts: what a message shape (a *dialect*) tells the helpers.
-
-A dialect reads a message of its shape for the scan (``Reading``), says where
-its calls must be answered (``Window``), answers and settles them on a copy,
-and shows a message to the CLI.  One module per framework family holds one.
-"""
+"""What a message shape (a *dialect*) tells the helpers, and field readers they share."""
 
 from __future__ import annotations
 
@@ -48,18 +43,14 @@ TURN: Reading = ((), (), True, False, False)
 class Dialect:
     """One message shape: how the helpers read it, answer its calls, settle and show it.
 
-    Attributes:
-        name: as the docs and ``HistoryProblem`` texts say it.
-        window: where a call's result must come (``Window``).
-        defers: the framework leaves a call open on purpose (a deferred tool,
-            one awaiting approval) and persists it so: such a call, still open
-            at the end of a paused run, is *pending*, not unclosed
-            (``history.ScanState.result`` says when).
+    ``defers``: the framework persists a call open on purpose (a deferred tool,
+    an approval): still open at the end of a paused run, it is *pending*.
     """
 
     name: str = ""
     window: Window = "run"
     defers: bool = False
+    call_id: str = "id"  # the field of a call (in ``calls``) that holds its id
 
     def __repr__(self) -> str:
         return f"<dialect {self.name}>"
@@ -68,15 +59,17 @@ class Dialect:
         """What the scan needs of ``message``: see ``Reading``."""
         raise NotImplementedError
 
-    # -- repairs ---------------------------------------------------------------
-
-    def answer(self, call_message: Any, call_id: str) -> Any:
-        """The result (a message, or a part for a *next* window) that closes ``call_id``."""
-        raise NotImplementedError
+    def calls(self, message: Any) -> Sequence[Any]:
+        """The calls of ``message``, for ``answer`` to build on (none by default)."""
+        return ()
 
     def answers(self, call_message: Any, call_ids: list[str]) -> list[Any]:
-        """``answer`` for each of ``call_ids``, all calls of ``call_message``."""
-        return [self.answer(call_message, call_id) for call_id in call_ids]
+        """The results (messages, or parts for *next* and *turn* windows) closing ``call_ids``."""
+        calls = first_by_id(self.calls(call_message), self.call_id)
+        return [self.answer(call_message, calls.get(c), c) for c in call_ids]
+
+    def answer(self, call_message: Any, call: Any, call_id: str) -> Any:
+        raise NotImplementedError
 
     def merge(self, follower: Any, answers: list[Any]) -> Any:
         """*next* windows: ``follower`` with ``answers`` added, or None if it cannot take them."""
@@ -90,22 +83,18 @@ class Dialect:
         """``message`` with its running results settled as errors, and how many."""
         return message, 0
 
-    # -- display (the CLI) -----------------------------------------------------
+    # The CLI's view: who speaks, what is said, the tools called, a user's text (else None).
 
     def label(self, message: Any) -> str:
-        """Who speaks, for one line of ``show``: a role, an item type, a result's call id."""
         return self.name
 
     def text(self, message: Any) -> str:
-        """What the message says."""
         return ""
 
     def call_names(self, message: Any) -> list[str]:
-        """The names of the tools it calls (``?`` for a call without one)."""
         return []
 
     def user_text(self, message: Any) -> str | None:
-        """The text of a user's message (the ``ls`` title), None for any other message."""
         return None
 
 
@@ -147,7 +136,7 @@ def first_by_id(calls: Sequence[Any], field: str) -> dict[Any, Any]:
     """The calls by their id, the first of each id (as a search in order finds it)."""
     found: dict[Any, Any] = {}
     for call in calls:
-        key = call.get(field) if type(call) is dict else get_field(call, field)
+        key = get_field(call, field)
         if isinstance(key, str):
             found.setdefault(key, call)
     return found
@@ -157,11 +146,8 @@ def first_by_id(calls: Sequence[Any], field: str) -> dict[Any, Any]:
 
 
 def framework_class(obj: Any, name: str) -> Any:
-    """The class ``name`` of ``obj``'s framework, if loaded: its module or a parent package.
-
-    Only ``sys.modules`` is searched: the framework is loaded, since its
-    objects are in hand, and nothing is imported.
-    """
+    """The class ``name`` of ``obj``'s framework, in its module or a parent package, from
+    ``sys.modules`` (loaded, since its objects are in hand)."""
     module = type(obj).__module__
     while module:
         found = getattr(sys.modules.get(module), name, None)

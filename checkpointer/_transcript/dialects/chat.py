@@ -1,10 +1,4 @@
-"""Agent transcripts: role messages, chat-completions style and Anthropic style.
-
-A role message is chat's unless its content holds ``tool_use`` / ``tool_result``
-blocks, which make it Anthropic's; ``read_role`` decides both in one pass.
-Answers are our Structs for our Structs and dicts for anything else (the openai
-package's objects included: the dicts are the input shapes its SDK takes).
-"""
+"""Role messages: chat-completions style, and Anthropic style (tool blocks in the content)."""
 
 from __future__ import annotations
 
@@ -40,49 +34,58 @@ __all__ = ["ANTHROPIC", "CHAT", "read_role"]
 class _Chat(Dialect):
     name: str = "chat"
     window: Window = "run"
+    kind: str = "role"  # the field that says who speaks; LangChain's is "type"
+    results: frozenset[str] = frozenset({"tool"})
+    user: str = "user"
+
+    def fields(self, message: Any) -> Any:
+        """Where the message's fields are (LangChain's dicts may wrap them in ``data``)."""
+        return message
 
     def read(self, message: Any) -> Reading:
         role, calls = get_field(message, "role"), get_field(message, "tool_calls")
         return read_role(role, calls, get_field(message, "content"), message)[1]
 
-    def answer(self, call_message: Any, call_id: str) -> Any:
+    def answer(self, call_message: Any, call: Any, call_id: str) -> Any:
         if isinstance(call_message, ChatMessage):
             return ChatMessage(role="tool", tool_call_id=call_id, content=CLOSED_CALL_TEXT)
         return {"role": "tool", "tool_call_id": call_id, "content": CLOSED_CALL_TEXT}
 
     def settle(self, message: Any, reason: str) -> tuple[Any, int]:
-        if get_field(message, "status") != "running":
+        fields = self.fields(message)
+        if get_field(fields, "status") != "running":
             return message, 0
-        return replaced(message, status="error", content=reason), 1
+        settled = replaced(fields, status="error", content=reason)
+        return (settled if fields is message else {**message, "data": settled}), 1
 
     def label(self, message: Any) -> str:
-        role = str(get_field(message, "role"))
-        call_id = get_field(message, "tool_call_id")
-        return f"tool[{short(call_id)}]" if role == "tool" and call_id is not None else role
+        kind = str(get_field(message, self.kind))
+        call_id = get_field(self.fields(message), "tool_call_id")
+        return f"{kind}[{short(call_id)}]" if kind in self.results and call_id is not None else kind
 
     def text(self, message: Any) -> str:
-        return text_of(get_field(message, "content"))
+        return text_of(get_field(self.fields(message), "content"))
 
     def call_names(self, message: Any) -> list[str]:
         names = []
-        for call in seq(get_field(message, "tool_calls")):
+        for call in seq(get_field(self.fields(message), "tool_calls")):
             function = get_field(call, "function")
             name = get_field(function, "name") if function is not None else None
             names.append(tool_name(name or get_field(call, "name")))
         return names
 
     def user_text(self, message: Any) -> str | None:
-        return self.text(message) if get_field(message, "role") == "user" else None
+        return self.text(message) if get_field(message, self.kind) == self.user else None
 
 
 class _Anthropic(_Chat):
-    """Reads as chat does (``read_role``); answers with ``tool_result`` blocks in the next
-    user message."""
+    """Read as chat (``read_role``); answered with ``tool_result`` blocks in the next user
+    message (never role ``tool``: such a message is chat's)."""
 
     name: str = "anthropic"
     window: Window = "next"
 
-    def answer(self, call_message: Any, call_id: str) -> Any:
+    def answer(self, call_message: Any, call: Any, call_id: str) -> Any:
         if isinstance(call_message, Message):
             return ToolResultBlock(tool_use_id=call_id, content=CLOSED_CALL_TEXT, is_error=True)
         return {
@@ -123,9 +126,6 @@ class _Anthropic(_Chat):
             return message, 0
         return replaced(message, content=type(content)(blocks)), count
 
-    def label(self, message: Any) -> str:
-        return str(get_field(message, "role"))
-
     def text(self, message: Any) -> str:
         content = get_field(message, "content")
         said = [text_of(content)]
@@ -151,21 +151,16 @@ _CHAT_TURN: Classified = (CHAT, TURN)
 
 def read_role(role: Any, calls: Any, content: Any, message: Any) -> Classified:
     """A role message's dialect (chat, or Anthropic when its content holds tool blocks) and
-    reading, in one pass: the hot path of the scan (dicts read inline, shared results)."""
+    reading, in one pass: the hot path of the scan."""
     if role == "assistant":
         if calls:
-            if type(calls) is list or isinstance(calls, (list, tuple)):
-                ids = [c.get("id") if type(c) is dict else get_field(c, "id") for c in calls]
-                return CHAT, ((), ids, True, False, False)
+            if isinstance(calls, (list, tuple)):
+                return CHAT, ((), [get_field(c, "id") for c in calls], True, False, False)
             return _CHAT_TURN
         if content is None or type(content) is str:
             return _CHAT_TURN
     elif role == "tool":
-        if type(message) is dict:
-            call_id, status = message.get("tool_call_id"), message.get("status")
-        else:
-            call_id = getattr(message, "tool_call_id", None)
-            status = getattr(message, "status", None)
+        call_id, status = get_field(message, "tool_call_id"), get_field(message, "status")
         return CHAT, ((call_id,), (), False, True, status == "running")
     elif not isinstance(role, str) or role not in _ROLES:
         return NONE
@@ -179,25 +174,18 @@ def read_role(role: Any, calls: Any, content: Any, message: Any) -> Classified:
 
 def _read_blocks(content: Any, assistant: bool) -> Classified:
     """A role message with a list of content blocks: Anthropic's if any is a tool block."""
-    ids = []
-    blocks = False
-    running = False
+    ids, blocks, running = [], False, False
     for block in content:
-        fields = block if type(block) is dict else None
-        kind = block_type(block) if fields is None else fields.get("type")
+        kind = block_type(block)
         if kind == "tool_use":
             blocks = True
             if assistant:
-                ids.append(get_field(block, "id") if fields is None else fields.get("id"))
+                ids.append(get_field(block, "id"))
         elif kind == "tool_result":
             blocks = True
             if not assistant:
-                if fields is None:
-                    ids.append(get_field(block, "tool_use_id"))
-                    running = running or get_field(block, "status") == "running"
-                else:
-                    ids.append(fields.get("tool_use_id"))
-                    running = running or fields.get("status") == "running"
+                ids.append(get_field(block, "tool_use_id"))
+                running = running or get_field(block, "status") == "running"
     if not blocks:
         return _CHAT_TURN if assistant else _CHAT_PLAIN
     if assistant:

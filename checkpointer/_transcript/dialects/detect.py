@@ -1,10 +1,4 @@
-"""Agent transcripts: which dialect a message is, per message, without configuration.
-
-No framework is imported: a dict costs a few lookups, an object is read by its
-class's declared fields (the choice cached per class).  A message no dialect
-recognises is left alone by every helper (it answers nothing, calls nothing and
-ends no window); the scan reports it, and nothing refuses it.
-"""
+"""Which dialect a message is, per message, without configuration or framework imports."""
 
 from __future__ import annotations
 
@@ -25,11 +19,10 @@ __all__ = ["classify", "describe_shape", "detect", "holds_results"]
 
 
 def classify(message: Any) -> Classified:
-    """``message``'s dialect and what the scan reads of it (``Reading``), in one call.
+    """``message``'s dialect (None: no dialect recognises it) and its ``Reading``.
 
-    The dialect is None when no dialect recognises the shape (the reading
-    is then empty).  A dict costs a few lookups; an object, its class's
-    classifier (chosen once per class from its declared fields) and reads.
+    An object is read by its class's classifier, chosen once per class from
+    its declared fields.
     """
     if type(message) is dict:  # inline: the hot path of the scan
         role = message.get("role")
@@ -87,14 +80,7 @@ def describe_shape(message: Any) -> str:
     return f"a {type(message).__qualname__}"
 
 
-# -- by type, and objects by their class -----------------------------------------
-
-
-_BY_TYPE: dict[str, Dialect] = {
-    **dict.fromkeys(ITEMS, RESPONSES),
-    **dict.fromkeys(TYPES, LANGCHAIN),
-}
-"""The dialects of a message without a role, by its ``type``."""
+_BY_TYPE = {**dict.fromkeys(ITEMS, RESPONSES), **dict.fromkeys(TYPES, LANGCHAIN)}
 
 
 def _by_type(kind: Any) -> Dialect | None:

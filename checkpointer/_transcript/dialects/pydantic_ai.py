@@ -1,14 +1,8 @@
-"""Agent transcripts: pydantic-ai's ``ModelRequest`` / ``ModelResponse`` (objects or JSON).
-
-A response's ``tool-call`` parts are answered by ``tool-return`` (or tool-bound
-``retry-prompt``) parts in the requests right after it: pydantic-ai merges
-consecutive requests before it sends them.  A deferred tool stays open on purpose
-until the next run, so this dialect defers.  Answers are built as pydantic-ai
-builds its own repairs, of its classes when its objects are in hand.
-"""
+"""pydantic-ai's ``ModelRequest`` / ``ModelResponse``, as objects or JSON."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -20,7 +14,6 @@ from .base import (
     Reading,
     Window,
     build,
-    first_by_id,
     framework_class,
     seq,
     short,
@@ -47,6 +40,7 @@ class _PydanticAI(Dialect):
     name: str = "pydantic-ai"
     window: Window = "turn"
     defers: bool = True
+    call_id: str = "tool_call_id"
 
     def read(self, message: Any) -> Reading:
         if get_field(message, "kind") == "response":
@@ -59,14 +53,10 @@ class _PydanticAI(Dialect):
         ids = [get_field(p, "tool_call_id") for p in results]
         return (ids, (), False, len(results) == len(parts), False) if results else PLAIN
 
-    def answer(self, call_message: Any, call_id: str) -> Any:
-        return self.answers(call_message, [call_id])[0]
+    def calls(self, message: Any) -> Sequence[Any]:
+        return seq(get_field(message, "parts"))
 
-    def answers(self, call_message: Any, call_ids: list[str]) -> list[Any]:
-        calls = first_by_id(seq(get_field(call_message, "parts")), "tool_call_id")
-        return [self._answer(call_message, calls.get(c), c) for c in call_ids]
-
-    def _answer(self, call_message: Any, call: Any, call_id: str) -> Any:
+    def answer(self, call_message: Any, call: Any, call_id: str) -> Any:
         fields: dict[str, Any] = {
             "tool_name": tool_name(get_field(call, "tool_name")),
             "content": CLOSED_CALL_TEXT,

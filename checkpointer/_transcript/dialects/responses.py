@@ -1,9 +1,4 @@
-"""Agent transcripts: OpenAI Responses / Agents SDK items (no role, a ``type``).
-
-A ``*_call`` item the client runs is answered by the ``*_call_output`` item with
-its ``call_id``, anywhere after it.  The Agents SDK pauses a run on a
-``needs_approval`` tool with the call open, so this dialect defers.
-"""
+"""OpenAI Responses / Agents SDK items: no role, a ``type``; a call is answered by id."""
 
 from __future__ import annotations
 
@@ -14,14 +9,8 @@ from .base import PLAIN, Dialect, Reading, Window, short, text_of, tool_name
 
 __all__ = ["ITEMS", "RESPONSES"]
 
-_CALL_OUTPUT = {
-    "function_call": "function_call_output",
-    "custom_tool_call": "custom_tool_call_output",
-    "computer_call": "computer_call_output",
-    "local_shell_call": "local_shell_call_output",
-    "shell_call": "shell_call_output",
-    "apply_patch_call": "apply_patch_call_output",
-}
+_CLIENT_CALLS = ("function", "custom_tool", "computer", "local_shell", "shell", "apply_patch")
+_CALL_OUTPUT = {f"{name}_call": f"{name}_call_output" for name in _CLIENT_CALLS}
 """Responses items that call a tool the client runs, and the type of the item that answers."""
 
 _OUTPUTS = frozenset(_CALL_OUTPUT.values())
@@ -82,7 +71,7 @@ class _Responses(Dialect):
             return ((get_field(message, "call_id"),), (), False, False, running)
         return PLAIN
 
-    def answer(self, call_message: Any, call_id: str) -> Any:
+    def answer(self, call_message: Any, call: Any, call_id: str) -> Any:
         output_type = _CALL_OUTPUT[get_field(call_message, "type")]
         return {
             "type": output_type,

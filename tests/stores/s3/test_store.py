@@ -269,7 +269,7 @@ def test_a_journal_compacts_at_max_segments_and_removes_what_it_replaced(place: 
                 assert isinstance(await w.write_now(), Written)
                 head = store._get_head("k")
                 assert head is not None and 1 <= len(head.segments) <= 3
-                listed = {name.rsplit("/", 1)[1] for name, _, _ in store.listing("k.segments/")}
+                listed = {name.rsplit("/", 1)[1] for name, *_ in store.listing("k.segments/")}
                 assert listed == {name for name, _ in head.segments}
                 loaded = load(place.store("s3journal"), "k")
                 assert loaded is not None and loaded.state == state
@@ -295,11 +295,11 @@ def test_segments_no_head_names_are_swept_once_old_enough(
     place.server.client().put_object(Bucket=place.bucket, Key="agents/" + orphan, Body=b"{}\n")
     fresh = place.store("s3journal")
     fresh.read_meta("k")
-    assert orphan in {name for name, _, _ in fresh.listing("k.segments/")}  # young: kept
+    assert orphan in {item.name for item in fresh.listing("k.segments/")}  # young: kept
     monkeypatch.setattr(s3journal, "GRACE", 0.0)
     fresh = place.store("s3journal")
     fresh.read_meta("k")
-    assert orphan not in {name for name, _, _ in fresh.listing("k.segments/")}
+    assert orphan not in {item.name for item in fresh.listing("k.segments/")}
     loaded = load(fresh, "k")
     assert loaded is not None and loaded.state == state
 

@@ -22,8 +22,7 @@ from checkpointer._stores.base import new_revision
 from checkpointer._stores.envelopes import state_store
 from checkpointer._stores.s3 import journal as s3journal
 from checkpointer._stores.s3.client import S3Client
-
-from ..s3 import Place
+from tests.s3 import Place
 
 
 @pytest.fixture

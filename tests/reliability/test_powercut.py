@@ -557,7 +557,9 @@ def test_a_move_aside_survives_a_power_cut(fuse: None, tmp_path: Path, store: st
         target = made.move_aside(KEY, "corrupt-1")
         assert target is not None
         fs.cut()
-        assert on_disk(fs) == [os.path.basename(target)]
+        # the key's lock file (taken for the move) may stay: it holds no state
+        kept = [name for name in on_disk(fs) if not name.endswith(".lock")]
+        assert kept == [os.path.basename(target)]
 
 
 def test_a_prune_survives_a_power_cut(fuse: None, tmp_path: Path) -> None:

@@ -548,7 +548,7 @@ class RunCheckpoint:
         writer: CheckpointWriter[Snapshot] = CheckpointWriter(
             self._source, conversations.store, resume_from=stored, **conversations._options
         )
-        # Its first write takes the run key's lock (cancelled, it closes unwritten).
+        # Its first write takes the run key's lock (cancelled, it closes as aclose() does).
         await writer.aopen()
         result = writer.statistics().last_result
         # Another run holds its key, or wrote it since it was read: refused for good.

@@ -62,7 +62,6 @@ class KeyState:
     # (generation, meta, staged) of an exit flush writing past a write stuck
     # in a worker thread (see Committer._commit).
     overtaking: tuple[int, Meta, Staged] | None = None
-    conflicted: bool = False  # the conflict was logged
 
     def holds(self, content: object, live: bool, parent: str | None, turns: int | None) -> bool:
         """Whether the store holds this state with the meta the caller controls."""
@@ -84,7 +83,6 @@ class KeyState:
         self.content = content
         self.newest_gen = gen
         self.sent.clear()
-        self.conflicted = False
 
 
 def _equal(held: object, content: object) -> bool:
@@ -229,9 +227,6 @@ class Keys:
             f"({self._store.location(key)}); not replacing it: load the key again and start "
             "a new writer from what it holds, or write to another key"
         )
-        if not state.conflicted:
-            state.conflicted = True
-            logger.warning("checkpointer: %s; not retrying until the session changes", error)
         return Failed("conflict", error)
 
     def finish(self, locks: KeyLocks) -> None:

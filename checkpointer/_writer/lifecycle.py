@@ -74,11 +74,6 @@ class Lifecycle:
         if self._exit_hooks:
             _exit.register(self.flush_final)
 
-    def failed_open(self) -> None:
-        """An open that raised: ``CLOSED``, the exit hooks removed."""
-        self._core.phase = Phase.CLOSED
-        self._remove_hooks()
-
     def begin_close(self) -> bool:
         """Claim the close (one, from any thread): ``CLOSING``, where live writes end."""
         with self._lock:
@@ -100,12 +95,17 @@ class Lifecycle:
 
         Or the result of the one in progress.  Raises what interrupted the
         wait, once the close is done, or what the close or timer task raised.
+        A writer not opened on an event loop (``open()``, or not at all) is
+        closed as ``close()`` closes it, in a worker thread.
         """
         if self.close is not None:  # another task is closing the writer: its result is ours
             with anyio.CancelScope(shield=True):
                 await self.close.done.wait()
             return self.close.result
-        assert self._timer.bound, "enter the writer with 'async with' first"
+        if not self._timer.bound:
+            result = await anyio.to_thread.run_sync(self.close_sync)
+            _exit.restore_pending()  # the signal handlers, if this is the main thread
+            return result
         if not self.begin_close():
             return Skipped("closed")  # close() runs in another thread
         close = self.close = Close(self, anyio.current_time() + self._limits.close_timeout)

@@ -1,7 +1,7 @@
 """What a writer reports about its writes: the counters of ``statistics()``, and the log.
 
-A failure is logged once per streak at WARNING (a conflict by ``Keys.conflict``
-instead), a recovery at INFO, every result at DEBUG; a failed final write
+A failure is logged at WARNING when a streak starts or its reason changes, a
+recovery at INFO, every result at DEBUG; a failed final write
 (close, exit, signal) at ERROR, as nothing retries it.
 """
 
@@ -46,7 +46,8 @@ class Record:
         self.last_failure: Failed | None = None
 
     def account(self, result: Result, *, quiet: bool) -> Result:
-        """Count ``result``; a failure is logged if it starts a streak, unless ``quiet``."""
+        """Count ``result``; a failure is logged if it starts a streak or changes its
+        reason, unless ``quiet``."""
         logger.debug("checkpointer: %r", result)
         self.last_result = result
         if isinstance(result, Written):
@@ -67,17 +68,20 @@ class Record:
             if result.reason == "unchanged":
                 self.failure_streak = 0
         else:
-            self.last_failure = result
+            last, self.last_failure = self.last_failure, result
             self.failures += 1
             self.failure_streak += 1
-            if self.failure_streak == 1 and not quiet and result.reason != "conflict":
+            new = self.failure_streak == 1 or last is None or last.reason != result.reason
+            if new and not quiet:
+                # A KeyCommitter's caller holds the Failed and decides: no schedule to name.
+                then = "not retrying until the session changes"
+                if result.reason not in REFUSED:
+                    then = "retrying with backoff"
                 logger.warning(
-                    "checkpointer: checkpoint failed (%s): %s; %s",
+                    "checkpointer: checkpoint failed (%s): %s%s",
                     result.reason,
                     result.error,
-                    "waiting for the session to change"
-                    if result.reason in REFUSED or not self.retried
-                    else "retrying with backoff",
+                    f"; {then}" if self.retried else "",
                 )
         return result
 

@@ -195,8 +195,8 @@ class CheckpointWriter(Generic[S]):
         """Open on this event loop: the store, the exit hooks, a first write, the timer.
 
         ``async with`` calls it; pair it with ``aclose()`` when the writer's
-        life is not one block.  A cancel during the first write closes the
-        writer and propagates.
+        life is not one block.  A cancel (or error) during the opening closes
+        the writer as ``aclose()`` does, then propagates.
 
         Returns:
             The writer itself.
@@ -206,9 +206,9 @@ class CheckpointWriter(Generic[S]):
         """
         self._life.claim_open()
         self._timer.bind()  # this event loop: the writes, and notify() waking the timer
-        await anyio.to_thread.run_sync(self._life.open_store)
-        self._life.install_hooks()
         try:
+            await anyio.to_thread.run_sync(self._life.open_store)
+            self._life.install_hooks()
             if self._write_on_start:
                 result = await self._timer.write(live=True)
                 if isinstance(result, Skipped) and result.reason == "no-identity":
@@ -216,7 +216,9 @@ class CheckpointWriter(Generic[S]):
             if self._core.phase is Phase.OPEN:  # else aclose() came during the first write
                 self._timer.start()
         except BaseException:
-            self._life.failed_open()
+            # Closed as aclose() closes: a first write still in flight is followed
+            # by the final one (live=False), and the key goes once both have ended.
+            await self._life.aclose()
             raise
         return self
 
@@ -232,6 +234,9 @@ class CheckpointWriter(Generic[S]):
 
         Returns:
             ``Written``, ``Skipped`` or ``Failed``; a failed write never raises.
+
+        Raises:
+            RuntimeError: the writer was not opened on an event loop.
         """
         if self._life.closed:
             return Skipped("closed")
@@ -244,7 +249,8 @@ class CheckpointWriter(Generic[S]):
         any order among writers: shielded from cancellation, bounded by
         ``Limits.close_timeout`` (a final write still running then goes on in
         a thread).  From its start live writes are ``Skipped("closed")``; a
-        second call waits for the first and returns its result.
+        second call waits for the first and returns its result.  A writer
+        opened with ``open()``, or not opened, is closed as ``close()`` does.
 
         Returns:
             The final write's result; ``Skipped("closed")`` if closed already.

@@ -81,7 +81,11 @@ class Timer:
     ) -> Result:
         """One write from the event loop; ``final``: a close's, by its deadline."""
         lock = self._lock
-        assert lock is not None, "enter the writer with 'async with' first"
+        if lock is None:
+            raise RuntimeError(
+                "write_now() needs the writer opened on an event loop ('async with' or "
+                "aopen()); a writer opened with open() writes on flush_sync()"
+            )
         deadline = math.inf if final is None else final[0]
         # Past the deadline a write in flight (write_now(), or the timer's
         # abandoned one) still holds the writer: the final write goes on

@@ -229,7 +229,7 @@ async def test_a_writer_refuses_a_key_a_newer_version_wrote(
         await clock.advance(3000.0)
         assert writer.statistics().writes == 1
     warned = [r.getMessage() for r in caplog.records if "newer-version" in r.getMessage()]
-    assert len(warned) == 1 and warned[0].endswith("; waiting for the session to change")
+    assert len(warned) == 1 and warned[0].endswith("; not retrying until the session changes")
     checkpoint = load(type(store)(tmp_path), "s")
     assert checkpoint is not None and checkpoint.state == {"n": 2}
 

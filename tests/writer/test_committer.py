@@ -8,6 +8,7 @@ failed write.  Other processes are real ones, on real files.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -105,6 +106,29 @@ def test_a_key_another_writer_holds_is_locked_until_it_lets_go(tmp_path: Path, k
     again = KeyCommitter(_store(kind, tmp_path), "k", resume_from=load(_store(kind, tmp_path), "k"))
     assert isinstance(again.commit({"by": "again"}), Written)
     again.close()
+
+
+def test_committer_failure_logs_do_not_promise_a_schedule(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A committer has no schedule: its locked and conflict warnings name none (a writer's do)."""
+    holder = KeyCommitter(FileStore(tmp_path), "k", resume_from=None)
+    assert isinstance(holder.commit({"by": "holder"}), Written)
+    late = KeyCommitter(FileStore(tmp_path), "k", resume_from=load(FileStore(tmp_path), "k"))
+    with caplog.at_level(logging.WARNING, logger="checkpointer"):
+        for _ in range(2):  # one streak: said once
+            locked = late.commit({"by": "late"})
+            assert isinstance(locked, Failed) and locked.reason == "locked"
+        holder.close()
+        conflict = late.commit({"by": "late"})
+        assert isinstance(conflict, Failed) and conflict.reason == "conflict"
+    late.close()
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(": ", 2)[1] for line in lines] == [
+        "checkpoint failed (locked)",
+        "checkpoint failed (conflict)",
+    ], lines
+    assert all(not line.endswith(("session changes", "backoff")) for line in lines), lines
 
 
 class _LosesItsLock(FileStore):

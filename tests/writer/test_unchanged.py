@@ -111,8 +111,8 @@ async def test_an_unsendable_history_waits_for_a_change(
     assert cp is not None and cp.state == {"messages": [{"role": "user", "content": "hi"}]}
     lines = [r.getMessage() for r in caplog.records if "not-sendable" in r.getMessage()]
     assert len(lines) == 1, lines
-    assert "waiting for the session to change" in lines[0]
-    assert "retrying" not in lines[0]
+    assert "not retrying until the session changes" in lines[0]
+    assert "retrying with backoff" not in lines[0]
 
 
 def test_an_unsendable_final_write_fails_and_keeps_the_file(tmp_path: Path) -> None:

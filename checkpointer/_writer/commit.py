@@ -349,6 +349,8 @@ class Committer:
                 if overtaken():
                     return Skipped("unchanged")  # the newer flush landed first
                 own = state.sent.get(exc.stored) if exc.stored is not None else None
+                if own is None and base is None and not adopted and self._unreadable(key):
+                    continue  # expecting none, it found one nobody can load: set aside
                 if own is None or adopted:
                     return self.keys.conflict(key, state, exc)
                 state.base, state.own, state.content = own, True, None
@@ -371,6 +373,19 @@ class Committer:
                 self._rewrite(key, flush[1], flush[2], expected=meta.revision)
                 return Skipped("unchanged")
         return meta, nbytes
+
+    def _unreadable(self, key: str) -> bool:
+        """Whether ``key`` holds a checkpoint no one can load (its meta may read well: a
+        torn state); if so it is moved aside, kept, as a first read does."""
+        try:
+            self._states.read_checkpoint(key)
+        except CheckpointError as exc:
+            with contextlib.suppress(Exception):
+                self.keys.set_aside(key, exc)  # a newer version's is kept: raised, suppressed
+                return True
+        except Exception:
+            pass  # the store did not answer: the conflict stands, the next write looks again
+        return False
 
     def _rewrite(self, key: str, meta: Meta, staged: Staged, *, expected: str) -> None:
         try:

@@ -29,6 +29,7 @@ import psycopg
 import pytest
 
 from checkpointer import (
+    CheckpointError,
     CheckpointWriter,
     Failed,
     FileStore,
@@ -635,3 +636,23 @@ async def test_a_conflict_waits_for_a_change_and_is_logged_once(
     assert load(FileStore(tmp_path), KEY) is not None
     cp = load(FileStore(tmp_path), KEY)
     assert cp is not None and cp.state == {"by": "other"}
+
+
+def test_a_fresh_start_over_a_torn_state_with_a_whole_meta_moves_it_aside(tmp_path: Path) -> None:
+    """``load`` raised (the state's tail is lost, its meta reads well), the program starts
+    afresh with ``resume_from=None``: the torn file is moved aside, bytes kept, and the new
+    session is written (not a conflict with a writer that never was)."""
+    store = FileStore(tmp_path)
+    with CheckpointWriter(lambda: Snapshot(KEY, {"messages": ["old"] * 5}), store) as writer:
+        writer.flush_sync()
+    path = Path(store.location(KEY))
+    torn = path.read_bytes()[:-15]
+    path.write_bytes(torn)
+    with pytest.raises(CheckpointError):
+        load(store, KEY)
+    new = {"messages": ["new"]}
+    with CheckpointWriter(lambda: Snapshot(KEY, new), store, resume_from=None):
+        pass  # its first write, on open
+    stored = load(store, KEY)
+    assert stored is not None and stored.state == new
+    assert [p.read_bytes() for p in tmp_path.glob(f"{KEY}.corrupt-*")] == [torn]

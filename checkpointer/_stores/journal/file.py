@@ -16,12 +16,11 @@ import logging
 import os
 import threading
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 import msgspec
 
 from ..._format.journal import LINE_END, JournalScan, assemble, header_line, meta_row, scan_journal
-from ..._values import Checkpoint, CheckpointError, Meta
+from ..._values import Checkpoint, Meta
 from ..atomic import fsync_fd, write_all, write_atomic
 from ..base import check_key, landed, time_left
 from ..envelopes import read_for_load
@@ -286,12 +285,14 @@ class JournalStore(JournalCore, FileStore):
                 )
         finally:
             os.close(fd)
+        # A file whose append failed here stays untrusted: its pages may never reach the disk.
+        was = self._tracks.get(key)
         track = absent()._replace(
             meta=scan.meta,
             size=scan.end,
             ino=st.st_ino,
             live=scan.live,
-            broken=linked,
+            broken=linked or (was is not None and was.broken and was.ino == st.st_ino),
             first=data[: data.find(b"\n") + 1],
         )
         if linked:
@@ -321,12 +322,15 @@ class JournalStore(JournalCore, FileStore):
         return Full(whole=assemble(scan, self.location(key)))
 
     def _current(self, key: str) -> Track:
-        """The track of ``key``, re-read if the file changed behind our back."""
+        """The track of ``key``, re-read if the file is not the one it says.
+
+        A broken track stands for the file it was taken from, like any other:
+        it only means that the next commit rewrites.  A reader never moves a
+        file aside: a damaged or newer journal is raised.
+        """
         track = self._tracks.get(key)
         if track is None:
             return self._open(key)
-        if track.broken:
-            return track  # rewrite from memory: the file is not to be trusted
         try:
             st = self._unchanged(key, track)
         except FileNotFoundError:
@@ -334,7 +338,7 @@ class JournalStore(JournalCore, FileStore):
                 return track
         else:
             if st is not None:
-                if st.st_nlink > 1:  # linked since: rewrite it by rename, never append
+                if st.st_nlink > 1 and not track.broken:  # linked since: rewrite, never append
                     _warn_linked(self.location(key), st.st_nlink)
                     track = self._tracks[key] = track._replace(broken=True)
                 return track
@@ -343,15 +347,7 @@ class JournalStore(JournalCore, FileStore):
                 "checkpointer: %s changed behind this store (another writer?); re-reading it",
                 self.location(key),
             )
-        try:
-            return self._open(key)
-        except CheckpointError as exc:  # as the writer does on its first read
-            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-            with self._owned(key):
-                aside = self._moved_aside(key, "corrupt-" + stamp)
-            logger.warning("checkpointer: %s; moved it aside to %s", exc, aside)
-            track = self._tracks[key] = absent()
-            return track
+        return self._open(key)
 
     def _append_rows(
         self,

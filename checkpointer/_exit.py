@@ -4,8 +4,10 @@
   (SIGTERM, SIGHUP), so we handle those two and write inside the handler,
   then chain so the exit status stays what it was: a previous Python handler
   is called, "ignore" kept, else the default restored and the signal raised
-  again.  SIGINT is left alone: asyncio's runner and trio install their
-  Ctrl-C handling only over Python's default handler.
+  again (not in a PID namespace's init, a container's PID 1, which the
+  default action does not end: it goes on with its children and its hooks).
+  SIGINT is left alone: asyncio's runner and trio install their Ctrl-C
+  handling only over Python's default handler.
 * A handler runs on the main thread between bytecodes, maybe inside a write
   (``busy()``) whose lock the flush needs: the signal is deferred until the
   write ends, rather than deadlock.
@@ -75,16 +77,24 @@ class _Handler:
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         global _dying
-        if self.previous in (signal.SIG_DFL, None):  # the process dies of it after the flush
+        previous = self.previous
+        if previous in (signal.SIG_DFL, None):  # None: a handler not installed from Python
+            # The default action ends the process, but for the init of a PID namespace (a
+            # container's PID 1), which the kernel spares: it goes on, as if it ignored it.
+            previous = signal.SIG_IGN if os.getpid() == 1 else signal.SIG_DFL
+        if previous is signal.SIG_DFL:  # it dies of the signal after the flush
             _dying = signum
         if busy_here():  # inside a write: handled as it ends
             _deferred.append((self, signum))
             return
         for flush in list(_writers):
             flush("signal")
-        if _dying:
+        if previous is signal.SIG_DFL:
             _end_daemonic_children()
-        _chain(self.previous, signum, frame)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        elif callable(previous):
+            previous(signum, frame)
 
 
 def _end_daemonic_children() -> None:
@@ -210,17 +220,6 @@ def busy() -> Iterator[None]:
 def busy_here() -> bool:
     """Whether this thread is inside a write or a store call (``busy``)."""
     return threading.get_ident() in _busy
-
-
-def _chain(previous: Any, signum: int, frame: FrameType | None) -> None:
-    if previous is signal.SIG_IGN:
-        return
-    if callable(previous):
-        previous(signum, frame)
-        return
-    # SIG_DFL, or None (a handler not installed from Python): die of it.
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
 
 
 # -- forks ------------------------------------------------------------------------

@@ -11,19 +11,21 @@ import re
 import stat
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
-from checkpointer import CheckpointError, FileStore, JournalStore
+from checkpointer import Checkpoint, CheckpointError, FileStore, JournalStore
 from checkpointer._stores.atomic import fsync_dir, fsync_fd
 from checkpointer._stores.base import KEY_PATTERN
+from checkpointer._stores.files import _MARK
 from checkpointer._stores.flock import probe_file_lock
-from checkpointer._stores.safefs import UnsafeFile, describe, open_dir, open_subdir
+from checkpointer._stores.safefs import UnsafeFile, describe, open_dir, open_subdir, read_checked
 from checkpointer.stores import KeyLocked
 from checkpointer.summaries import load_summary
 
 from .roots import (
     ASIDE,
     EPOCH,
+    FOREIGN,
     Entry,
     Extra,
     Extras,
@@ -81,6 +83,16 @@ class DirectoryRoot(Root):
         holder = probe.holder.describe() if probe.holder is not None else ""
         # A link, a FIFO, ... in place of the lock file: say so where the holder goes.
         return LockView(state, probe.problem or holder, probe.path, probe.problem)
+
+    def load(self, entry: Entry) -> Checkpoint[Any] | None:
+        try:
+            return super().load(entry)
+        except CheckpointError:
+            # FileStore's own first line before bytes a wrapper of the user's made (compressed,
+            # encrypted): not damage; the CLI does not have the wrapper to read them with.
+            if entry.kind == "snapshot" and _wrapped(entry.path):
+                raise CheckpointError(entry.path, FOREIGN) from None
+            raise
 
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
         try:
@@ -252,6 +264,14 @@ def _corrupt(entry: Entry) -> Extra | None:
     time = max(_moved_aside(entry.path), datetime.fromtimestamp(st.st_mtime, UTC))
     problem = _unsafe(entry.path, st)
     return Extra(entry, 0 if problem else st.st_size, time, problem)
+
+
+def _wrapped(path: str) -> bool:
+    """Whether the file at ``path`` starts with ``FileStore``'s line before a wrapper's bytes."""
+    try:
+        return (read_checked(path, limit=len(_MARK)) or b"") == _MARK
+    except OSError:  # UnsafeFile too: the error load() raised stands
+        return False
 
 
 def _unsafe(path: str, st: os.stat_result) -> str | None:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from . import report
 from .look import Row, inspect
-from .roots import Entry, Extra, Recheck, Removal, Root
+from .roots import FOREIGN, Entry, Extra, Recheck, Removal, Root
 
 HELP = "remove checkpoints not updated for a while, and stale locks"
 DESCRIPTION = (
@@ -125,7 +125,9 @@ class _Prune:
             if updated is None:
                 continue  # unreadable and no time of its own: never guess its age
             age = (self.now - updated).total_seconds()
-            if age > self.limit.seconds and row.pinned:
+            if age > self.limit.seconds and row.error == FOREIGN:
+                self.keep(entry.path, f"{FOREIGN}; its pin and age are unknown")
+            elif age > self.limit.seconds and row.pinned:
                 self.keep(entry.path, f"pinned (updated {report.ago(age)} ago)")
             elif age > self.limit.seconds:
                 old.append((entry, f"updated {report.ago(age)} ago"))

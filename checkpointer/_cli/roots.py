@@ -26,6 +26,11 @@ from checkpointer.stores import PostgresStoreError, S3StoreError
 EPOCH = datetime.fromtimestamp(0, UTC)
 ASIDE = re.compile(r"\.corrupt-(\d{8}T\d{6})(\.\d+)?Z$")  # a corrupt file a writer moved aside
 S3_SCHEME, PG_SCHEMES = "s3://", ("postgresql://", "postgres://")
+# Why ``load`` cannot read a checkpoint that is not damaged: no command calls it bad or ages it.
+FOREIGN = (
+    "written through a store of your own (a `checkpointer-revision` line, then that store's "
+    "bytes), which the CLI cannot read: load() it through that store"
+)
 
 
 class RootError(Exception):

@@ -12,7 +12,7 @@ from checkpointer.stores import TornTail
 
 from . import report
 from .look import History, history, read
-from .roots import CHAT, Entry, Root, clipped, describe_shape, detect, scan_history
+from .roots import CHAT, FOREIGN, Entry, Root, clipped, describe_shape, detect, scan_history
 
 HELP = "load every checkpoint and check agent histories; exit 1 if any is bad"
 DESCRIPTION = (
@@ -30,7 +30,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(root: Root, args: argparse.Namespace) -> int:
     entries = root.scan()
-    bad = 0
+    bad = unread = 0
     names = (
         "with tool calls open at the end",
         "with a torn tail ignored",
@@ -42,6 +42,11 @@ def run(root: Root, args: argparse.Namespace) -> int:
         if said.problem is not None:
             report.line(f"BAD  {entry.path}: {said.problem}")
             bad += 1
+            continue
+        if said.note == FOREIGN:  # not damage: only not ours to read
+            unread += 1
+            if not args.quiet:
+                report.line(f"note {entry.path}: {FOREIGN}; not checked")
             continue
         for count, text in zip(counts, (said.warning, said.torn, said.note), strict=True):
             counts[count] += text is not None
@@ -55,8 +60,9 @@ def run(root: Root, args: argparse.Namespace) -> int:
         report.line(f"no checkpoints in {root.where}")
         return report.OK
     also = ", ".join(f"{n} {count}" for count, n in counts.items() if n)
-    ok = f"{len(entries) - bad} ok" + (f" ({also})" if also else "")
-    report.line(f"{len(entries)} checkpoint(s): {ok}, {bad} bad")
+    ok = f"{len(entries) - bad - unread} ok" + (f" ({also})" if also else "")
+    not_read = f", {unread} not checked (written through a store of your own)" if unread else ""
+    report.line(f"{len(entries)} checkpoint(s): {ok}, {bad} bad{not_read}")
     return report.PROBLEM if bad else report.OK
 
 
@@ -74,7 +80,7 @@ def verdict(root: Root, entry: Entry) -> Verdict:
     """Load ``entry`` and check it: its meta names its key; its history is sendable."""
     loaded, error = read(root, root.load, entry)
     if loaded is None:
-        return Verdict(error, "")
+        return Verdict(None, "", note=FOREIGN) if error == FOREIGN else Verdict(error, "")
     meta = loaded.meta
     if meta.key != entry.key:
         return Verdict(

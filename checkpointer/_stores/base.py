@@ -180,7 +180,7 @@ def landed(key: str, stored: str | None, revision: str, expected: str | None) ->
 
 
 def unfenced(store: Any) -> Store:
-    """``store``, whose ``write`` cannot refuse a stale write, accepted as it is.
+    """``store``, whose ``write`` (or ``StateStore.commit``) cannot refuse a stale write, as it is.
 
     For a store that takes no ``expected`` revision: its writes go through
     unconditionally, so your program must make sure that one writer at a
@@ -205,6 +205,12 @@ class _Unfenced:
         self, key: str, chunks: Sequence[bytes], *, revision: str, expected: str | None
     ) -> int:
         return int(self._store.write(key, chunks))
+
+    def commit(self, key: str, meta: Meta, staged: Staged, *, expected: str | None) -> int:
+        return int(self._store.commit(key, meta, staged))
+
+    def update_meta(self, key: str, meta: Meta, *, expected: str) -> None:
+        self._store.update_meta(key, meta)
 
     def revision(self, key: str) -> str | None:
         own = getattr(self._store, "revision", None)

@@ -1,5 +1,6 @@
 """FileStore under the ownership contract: a store of the user's own over it, a delete
-through the writer's own store object, and a store written for the API before revisions."""
+through the writer's own store object, and stores (a Store, a StateStore) written for the
+API before revisions."""
 
 from __future__ import annotations
 
@@ -9,10 +10,20 @@ import threading
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from checkpointer import CheckpointWriter, Failed, FileStore, Snapshot, Written, load
+from checkpointer import (
+    CheckpointWriter,
+    Failed,
+    FileStore,
+    JournalStore,
+    Meta,
+    Snapshot,
+    Written,
+    load,
+)
 from checkpointer._stores import atomic, files
 from checkpointer.stores import KeyLock, check_key, unfenced
 
@@ -175,3 +186,46 @@ def test_unfenced_takes_a_store_without_revision(tmp_path: Path) -> None:
     checkpoint = load(store, "k")
     assert checkpoint is not None and checkpoint.state == {"n": 2}
     assert store.revision("k") == checkpoint.meta.revision
+
+
+class OldStateStore:
+    """A StateStore written for the API before revisions: ``commit`` and ``update_meta`` take
+    no ``expected`` (a journal underneath, which is told what it holds: no check)."""
+
+    def __init__(self, root: Path) -> None:
+        self.inner = JournalStore(root)
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def _held(self, key: str) -> str | None:
+        meta = self.inner.read_meta(key)
+        return None if meta is None else meta.revision
+
+    def commit(self, key: str, meta: Meta, staged: Any) -> int:
+        self.calls.append("commit")
+        return self.inner.commit(key, meta, staged, expected=self._held(key))
+
+    def update_meta(self, key: str, meta: Meta) -> None:
+        self.calls.append("update_meta")
+        held = self._held(key)
+        assert held is not None
+        self.inner.update_meta(key, meta, expected=held)
+
+
+def test_unfenced_takes_a_state_store_without_expected(tmp_path: Path) -> None:
+    """unfenced() over an old StateStore: commit and update_meta called without ``expected``."""
+    old = OldStateStore(tmp_path)
+    key = ["a"]
+    source = lambda: Snapshot(key[0], {"n": 1})  # noqa: E731
+    with CheckpointWriter(source, unfenced(old), exit_hooks=False) as writer:
+        key[0] = "b"  # the session moves on: "a" is marked not live (update_meta)
+        assert isinstance(writer.flush_sync(), Written)
+    assert old.calls[:3] == ["commit", "update_meta", "commit"]
+    for name in "ab":
+        checkpoint = load(old, name)
+        assert checkpoint is not None and (checkpoint.state, checkpoint.meta.live) == (
+            {"n": 1},
+            False,
+        )

@@ -194,6 +194,14 @@ def unfenced(store: Any) -> Store:
 class _Unfenced:
     def __init__(self, store: Any) -> None:
         self._store = store
+        # The store's methods on the instance: Python 3.12's isinstance() checks of the
+        # protocols (LockingStore, ProbingStore, ...) look them up statically, not
+        # through __getattr__.
+        for name in dir(store):
+            if not name.startswith("_") and not hasattr(_Unfenced, name):
+                value = getattr(store, name, None)
+                if callable(value):
+                    setattr(self, name, value)
 
     def __repr__(self) -> str:
         return f"unfenced({self._store!r})"

@@ -5,6 +5,7 @@ API before revisions."""
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import threading
 import zlib
@@ -229,3 +230,12 @@ def test_unfenced_takes_a_state_store_without_expected(tmp_path: Path) -> None:
             {"n": 1},
             False,
         )
+
+
+def test_unfenced_keeps_the_store_s_capabilities_when_looked_up_statically(tmp_path: Path) -> None:
+    """``unfenced(FileStore)`` keeps its lock and the rest of a ``Store`` when its
+    attributes are looked up without ``__getattr__``, as Python 3.12's ``isinstance()``
+    against a protocol does."""
+    wrapped = unfenced(FileStore(tmp_path))
+    for name in ("lock", "open", "read", "keys", "delete", "move_aside", "location"):
+        assert callable(inspect.getattr_static(wrapped, name)), name

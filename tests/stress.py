@@ -399,37 +399,24 @@ class _NoLock:
 
 
 class Probe:
-    """Follows the writer's jobs from ``_prepare`` to the end of ``_execute``.
+    """Follows the writer's jobs: ``running`` counts those executing in a thread.
 
-    A job abandoned by a cancelled ``write_now`` may still run in its thread
-    (trio runs it; anyio's asyncio pool skips one whose caller was cancelled
-    before a worker took it): a quiet point waits for the jobs running, and
-    gives the others a moment (``GRACE``) to start before it counts them as
-    never run.  One that runs later still lands in the commit order and the
-    next quiet point.
+    ``busy`` is the writer's own count of the jobs prepared and not ended
+    (``Committer.inflight``): one abandoned by a cancelled ``write_now`` ends
+    in its thread, or when the writer drops it (anyio's asyncio pool skips a
+    job whose caller was cancelled before a worker took it).  Never a time:
+    on a loaded machine a worker thread may start a second late.
     """
-
-    GRACE = 0.1
 
     def __init__(self, writer: CheckpointWriter[Any]) -> None:
         self.lock = threading.Lock()
-        self.waiting: dict[int, float] = {}  # gen -> when prepared
         self.running = 0
-        self.unrun = 0
         core = writer._core
-        prepare, execute = core.prepare, core.execute
-
-        def counted_prepare(*args: Any, **kwargs: Any) -> Any:
-            job = prepare(*args, **kwargs)
-            gen = getattr(job, "gen", None)
-            if gen is not None:  # a Job: execute may run for it
-                with self.lock:
-                    self.waiting[gen] = time.monotonic()
-            return job
+        self.inflight = core.inflight
+        execute = core.execute
 
         def counted_execute(job: Any, *args: Any, **kwargs: Any) -> Result:
             with self.lock:
-                self.waiting.pop(job.gen, None)
                 self.running += 1
             try:
                 return execute(job, *args, **kwargs)
@@ -437,7 +424,6 @@ class Probe:
                 with self.lock:
                     self.running -= 1
 
-        core.prepare = counted_prepare  # type: ignore[method-assign]
         core.execute = counted_execute  # type: ignore[method-assign]
 
     async def wait_running(self, timeout: float) -> None:
@@ -447,14 +433,8 @@ class Probe:
                 await anyio.sleep(0.0002)
 
     def busy(self) -> bool:
-        """Whether a job runs, or was prepared a moment ago and may still start."""
-        with self.lock:
-            now = time.monotonic()
-            for gen, since in list(self.waiting.items()):
-                if now - since > self.GRACE:
-                    del self.waiting[gen]
-                    self.unrun += 1
-            return bool(self.running or self.waiting)
+        """Whether a job the writer prepared has not ended (run, skipped or dropped)."""
+        return bool(self.inflight)
 
 
 # -- one run -------------------------------------------------------------------------

@@ -43,11 +43,12 @@ def transcript_fingerprint(*, field: str = "messages") -> Callable[[Snapshot], H
     return fingerprint
 
 
-def _without(state: Any, field: str) -> dict[str, Any]:
-    """``state`` (a dict or a Struct) without its messages: a dict of its other fields."""
+def _without(state: Any, field: str) -> Any:
+    """``state`` (a dict or a Struct) without its messages; a Struct stays one, so its
+    tag and renamed fields are encoded as the store encodes them."""
     if isinstance(state, dict):
         return {k: v for k, v in state.items() if k != field}
-    return {name: getattr(state, name) for name in state.__struct_fields__ if name != field}
+    return msgspec.structs.replace(state, **{field: ()})
 
 
 def _attributes(obj: Any) -> Any:

@@ -158,3 +158,44 @@ def test_a_change_outside_the_messages_is_written(
         assert isinstance(writer.flush_sync(), Written)
     cp = load(store, "s")
     assert cp is not None and msgspec.json.encode(cp.state) == msgspec.json.encode(state)
+
+
+class _Running(msgspec.Struct, tag=True):
+    messages: list[Any]
+    step: int
+
+
+class _Paused(msgspec.Struct, tag=True):
+    messages: list[Any]
+    step: int
+
+
+class _Camel(msgspec.Struct, rename="camel"):
+    messages: list[Any]
+    user_name: str
+
+
+@pytest.mark.parametrize("make", STORES)
+def test_a_struct_state_s_type_change_beside_the_messages_is_written(
+    tmp_path: Path, make: Callable[[Path], Store]
+) -> None:
+    """With a transcript, a Struct state that becomes another tagged Struct (a state
+    machine's step), or a dict that becomes a renaming Struct, is written: the part of the
+    state beside the messages is fingerprinted as the store encodes it."""
+    store = make(tmp_path)
+    message = {"role": "user", "content": "hi"}
+    states: list[Any] = [
+        _Running([message], 3),
+        _Paused([message], 3),
+        {"messages": [message], "user_name": "bob"},
+        _Camel([message], "bob"),
+    ]
+    state: list[Any] = [states[0]]
+    with CheckpointWriter(
+        lambda: Snapshot("k", state[0]), store, transcript=Transcript("messages")
+    ) as writer:
+        for new in states[1:]:
+            state[0] = new
+            assert isinstance(writer.flush_sync(), Written), new
+    stored = load(store, "k")
+    assert stored is not None and "userName" in stored.state

@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Literal, final
 
 import anyio
@@ -47,6 +48,7 @@ class Lifecycle:
         self._exit_hooks = exit_hooks
         self._lock = threading.Lock()  # a move may come from any thread
         self.close: Close | None = None  # an aclose() in progress
+        self._closing: Future[Result] | None = None  # a close_sync() in progress: its result
         self.unsubscribes: list[Callable[[], object]] = []
 
     @property
@@ -74,21 +76,31 @@ class Lifecycle:
         if self._exit_hooks:
             _exit.register(self.flush_final)
 
-    def begin_close(self) -> bool:
+    def begin_close(self, closing: Future[Result] | None = None) -> bool:
         """Claim the close (one, from any thread): ``CLOSING``, where live writes end."""
         with self._lock:
             if self._core.phase >= Phase.CLOSING:
                 return False
             self._core.phase = Phase.CLOSING
+            self._closing = closing
             return True
 
     def close_sync(self) -> Result:
-        """The close without an event loop: the final write on this thread, then ``shut``."""
-        if self.closed or not self.begin_close():
-            return Skipped("closed")
-        result = self._core.record.note_final(self._core.flush(live=False), "at close")
-        self.shut()
-        return result
+        """The close on this thread; or, one in progress, its result once it is done."""
+        closing: Future[Result] = Future()
+        if not self.begin_close(closing):
+            other = self._closing
+            return Skipped("closed") if other is None or self.closed else other.result()
+        self._timer.cancel()  # an aopen()ed writer's timer task, from any thread
+        result: Result = Skipped("closed")  # if flush raised a BaseException
+        try:
+            result = self._core.flush(live=False)
+        except Exception as exc:
+            result = _raised(exc)
+        finally:
+            self.shut()
+            closing.set_result(self._core.record.note_final(result, "at close"))
+        return closing.result()
 
     async def aclose(self) -> Result:
         """The close on the event loop, in a task of its own (``Close``), waited out.
@@ -102,12 +114,10 @@ class Lifecycle:
             with anyio.CancelScope(shield=True):
                 await self.close.done.wait()
             return self.close.result
-        if not self._timer.bound:
+        if not self._timer.bound or not self.begin_close():  # or close() is closing it
             result = await anyio.to_thread.run_sync(self.close_sync)
             _exit.restore_pending()  # the signal handlers, if this is the main thread
             return result
-        if not self.begin_close():
-            return Skipped("closed")  # close() runs in another thread
         close = self.close = Close(self, anyio.current_time() + self._limits.close_timeout)
         close.task = spawn_system_task(close.run, "checkpointer-close")
         interrupted = await _wait_through(close.done)
@@ -186,14 +196,16 @@ class Close:
         Cut short (the loop shutting down), the exit hooks stay and write it.
         """
         life, timer = self._life, self._life._timer
-        ended = False
+        cut_short = False
         try:
             with anyio.CancelScope(shield=True):  # trio: through the loop's shutdown too
                 # Cancelled, not waited for: a timer write in flight abandons its
                 # hop and lets the write lock go when the timer task next runs.
                 timer.cancel()
-                result = await timer.write(live=False, final=(self.deadline, self.commit))
-                ended = True
+                try:
+                    result = await timer.write(live=False, final=(self.deadline, self.commit))
+                except Exception as exc:  # prepare, on the loop: a store's validate_key, ...
+                    result = _raised(exc)
                 life._core.phase = Phase.CLOSED  # a write in flight lets the key go as it ends
                 # Releasing a lock may be a network round trip: not on the loop's
                 # thread.  Past the deadline, shut() releases them on the loop.
@@ -203,14 +215,12 @@ class Close:
                     await timer.ended()
                 self.result = life._core.record.note_final(result, "at close")
         except anyio.get_cancelled_exc_class():
-            raise  # the event loop is shutting down (asyncio); the exit hooks write
+            cut_short = not life.closed  # the loop is shutting down (asyncio): the exit hooks write
+            raise
         except BaseException as exc:  # a task of the loop's own must not raise (trio)
             self.crash = exc
         finally:
-            if ended:
-                life.shut()
-            else:
-                life.unsubscribe_all()
+            (life.unsubscribe_all if cut_short else life.shut)()
             self.done.set()
 
     async def commit(self, job: Job, deadline: float, behind: bool) -> Result:
@@ -264,6 +274,11 @@ class Close:
             f"wait up to exit_timeout={limits.exit_timeout}s for it); the key stays locked "
             "until then",
         )
+
+
+def _raised(exc: Exception) -> Failed:
+    """A final write that raised: a failure, a value as any other, and the close ends."""
+    return Failed("write-failed", f"the final write raised {describe_error(exc)}")
 
 
 async def _wait_through(done: anyio.Event) -> BaseException | None:

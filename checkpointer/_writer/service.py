@@ -147,7 +147,7 @@ class CheckpointWriter(Generic[S]):
             return
         self._events += 1
         if self._sched.event(self._now()):
-            self._timer.wake_threadsafe()
+            self._timer.threadsafe(self._timer.wake)  # from any thread
 
     def attach(self, subscribe: Subscribe) -> Callable[[], None]:
         """Subscribe ``notify`` to an event source.
@@ -276,9 +276,10 @@ class CheckpointWriter(Generic[S]):
         return self
 
     def close(self) -> Result:
-        """Write a final time (``live=False``), let the key go, remove the exit hooks.
+        """Stop the timer, write a final time (``live=False``), let the key go, remove the hooks.
 
-        From its start ``flush_sync("manual")`` and a second close are ``Skipped("closed")``.
+        From its start ``flush_sync("manual")`` is ``Skipped("closed")``; a second ``close()``
+        while it runs waits for it and returns its result, after it ``Skipped("closed")``.
         """
         return self._life.close_sync()
 

@@ -61,7 +61,7 @@ class Timer:
         self._crash: BaseException | None = None  # raised in the timer task (trio)
 
     def bind(self) -> None:
-        """Bind to the running event loop: the write lock, and ``wake_threadsafe`` through it."""
+        """Bind to the running event loop: the write lock, and ``threadsafe`` through it."""
         self._token = anyio.lowlevel.current_token()
         self._loop_thread = threading.get_ident()
         # Fast: no extra pass of the event loop per write (the hop yields anyway).
@@ -145,9 +145,10 @@ class Timer:
         self._task_ref = spawn_system_task(self._task, "checkpointer-timer")
 
     def cancel(self) -> None:
-        """Cancel the timer task; it ends the next time it runs (``ended``)."""
-        if self._scope is not None:
-            self._scope.cancel()
+        """Cancel the timer task, from any thread; it ends the next time it runs (``ended``)."""
+        scope, done = self._scope, self._done
+        if scope is not None and done is not None and not done.is_set():  # as for wake
+            self.threadsafe(scope.cancel)
 
     async def ended(self) -> None:
         if self._done is not None:
@@ -225,20 +226,19 @@ class Timer:
     def call_on_main_loop(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` soon on the writer's event loop if that runs on the main thread."""
         if self._loop_thread == threading.main_thread().ident:
-            self._soon(fn)
+            self.threadsafe(fn)
 
-    def wake_threadsafe(self) -> None:
-        """``wake`` from any thread (``notify()``), through the event loop."""
-        if self._done is None or self._forked():
-            return  # no timer task; or a forked child's, whose loop is not running
-        if threading.get_ident() == self._loop_thread:
-            self.wake()
-        else:
-            self._soon(self.wake)
+    def threadsafe(self, fn: Callable[[], object]) -> None:
+        """``fn()`` now on the event loop's thread, else soon through the loop.
 
-    def _soon(self, fn: Callable[[], object]) -> None:
+        Not in a forked child: its copy of the loop is not running.
+        """
         token = self._token
-        if token is not None and not self._forked():
+        if token is None or self._forked():
+            return
+        if threading.get_ident() == self._loop_thread:
+            fn()
+        else:
             with contextlib.suppress(Exception):  # the loop may be gone
                 token.backend_class.run_sync_soon(fn, (), token.native_token)
 

@@ -7,17 +7,30 @@ without ``python -O``: nothing rests on an ``assert``.
 
 from __future__ import annotations
 
+import gc
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
-from checkpointer import CheckpointWriter, FileStore, KeyCommitter, Skipped, Snapshot, Written, load
+from checkpointer import (
+    CheckpointWriter,
+    Failed,
+    FileStore,
+    KeyCommitter,
+    Skipped,
+    Snapshot,
+    Written,
+    load,
+)
 
 
 def _writer(root: Path, state: dict[str, Any]) -> CheckpointWriter[Snapshot]:
@@ -152,3 +165,102 @@ async def test_a_cancelled_aopen_leaves_the_key_as_a_close_would(tmp_path: Path)
     other = KeyCommitter(FileStore(tmp_path), "k")  # the key's lock was let go
     assert isinstance(other.commit({"n": 1}), Written)
     other.close()
+
+
+class _KeyServiceDown(FileStore):
+    """Its ``validate_key`` raises (not a ValueError) for its first ``down`` calls."""
+
+    def __init__(self, root: Path, down: int) -> None:
+        super().__init__(root)
+        self.down = down
+
+    def validate_key(self, key: str) -> None:
+        self.down -= 1
+        if self.down >= 0:
+            raise RuntimeError("key service unavailable")
+        super().validate_key(key)
+
+
+def _assert_closed_for_good(writer: CheckpointWriter[Snapshot], root: Path) -> None:
+    """Closed with a failed final write: no more writes, even at exit; the key let go."""
+    last = writer.statistics().last_result
+    assert isinstance(last, Failed) and "key service unavailable" in last.error, last
+    assert writer.close() == Skipped("closed")
+    assert writer.flush_sync("exit") == Skipped("closed")  # the exit hook's write
+    other = KeyCommitter(FileStore(root), "k")
+    assert isinstance(other.commit({"n": 2}), Written)
+    other.close()
+
+
+@pytest.mark.anyio
+async def test_a_close_whose_final_write_raises_on_the_loop_ends(tmp_path: Path) -> None:
+    """aopen()'s first write raises, then the final write of the close it runs: the close
+    still ends, its exit hooks gone (SIGTERM's handler back), its result a Failed."""
+    before = signal.getsignal(signal.SIGTERM)
+    store = _KeyServiceDown(tmp_path, down=2)
+    writer = CheckpointWriter(lambda: Snapshot("k", {"n": 1}), store)
+    with pytest.raises(RuntimeError, match="key service"):
+        await writer.aopen()
+    assert await writer.aclose() == Skipped("closed")
+    assert signal.getsignal(signal.SIGTERM) is before
+    _assert_closed_for_good(writer, tmp_path)
+
+
+def test_a_close_whose_final_write_raises_ends(tmp_path: Path) -> None:
+    """close() on its thread, the same: Failed, not raised; closed for good."""
+    store = _KeyServiceDown(tmp_path, down=1)
+    writer = CheckpointWriter(lambda: Snapshot("k", {"n": 1}), store, write_on_start=False)
+    result = writer.open().close()
+    assert isinstance(result, Failed) and result.reason == "write-failed", result
+    _assert_closed_for_good(writer, tmp_path)
+
+
+@pytest.mark.anyio
+async def test_a_second_aclose_of_a_sync_opened_writer_waits_for_the_first(
+    tmp_path: Path,
+) -> None:
+    """open(), then two aclose() at once: the second returns the first's result, once the
+    final write is stored."""
+    store = _HeldStore(tmp_path)
+    writer = CheckpointWriter(lambda: Snapshot("k", {"n": 1}), store, write_on_start=False)
+    writer.open()
+    results: list[tuple[object, object]] = []
+
+    async def close() -> None:
+        results.append((await writer.aclose(), load(FileStore(tmp_path), "k")))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(close)
+        await anyio.to_thread.run_sync(store.started.wait, 60)
+        tg.start_soon(close)
+        # Time for the second's thread to reach its wait: short, it would see the close
+        # done (Skipped) and fail; it never passes for a second close that does not wait.
+        await anyio.sleep(0.2)
+        store.release.set()
+    (first, stored), (second, stored_then) = results
+    assert isinstance(first, Written) and second == first, results
+    assert stored_then is not None and stored_then == stored
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("in_thread", [False, True], ids=["on-the-loop", "in-a-thread"])
+async def test_close_of_an_aopened_writer_stops_its_timer(tmp_path: Path, in_thread: bool) -> None:
+    """close() (sync, on the loop's thread or another) on a writer opened with aopen(): its
+    timer task ends, and with it the last reference to the source; a later aclose() is
+    Skipped("closed")."""
+
+    def source() -> Snapshot:
+        return Snapshot("k", {"n": 1})
+
+    held = weakref.ref(source)
+    writer = CheckpointWriter(source, FileStore(tmp_path), exit_hooks=False)
+    del source
+    await writer.aopen()
+    closed = await anyio.to_thread.run_sync(writer.close) if in_thread else writer.close()
+    assert isinstance(closed, Written)
+    assert await writer.aclose() == Skipped("closed")
+    del writer
+    for _ in range(10):  # the timer task ends the next time it runs
+        await anyio.lowlevel.checkpoint()
+    gc.collect()
+    assert held() is None, "the timer task still holds the writer's source"

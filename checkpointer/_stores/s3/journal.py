@@ -35,6 +35,7 @@ them)::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -47,7 +48,6 @@ import msgspec
 from ... import _exit
 from ..._format.envelope import FORMAT, newer_format
 from ..._format.journal import LINE_END, assemble, header_line, meta_row, scan_journal
-from ..._text import oserror
 from ..._values import Checkpoint, CheckpointError, Meta
 from ..base import StaleWrite, check_key, landed
 from ..journal.core import JournalCore
@@ -154,6 +154,7 @@ class S3JournalStore(JournalCore, S3Store):
         Raises:
             CheckpointError: a segment the head names is missing or the head is damaged.
             S3StoreError: the endpoint, bucket or credentials failed.
+            TimeoutError: compactions moved the head on each time it was read (a busy key).
         """
         check_key(key)
         head = self._get_head(key)
@@ -174,7 +175,7 @@ class S3JournalStore(JournalCore, S3Store):
                     f"segment {self._segment(key, missing)} that the head names is missing",
                 )
             if time.monotonic() > deadline:
-                raise TimeoutError(
+                raise TimeoutError(  # no damage: the CLI shows it, a writer does not move it aside
                     f"{self.location(key)}: compacted again each time it was read for "
                     f"{_PATIENCE:.0f} s (a writer is busy on it); read it again"
                 )
@@ -238,29 +239,24 @@ class S3JournalStore(JournalCore, S3Store):
         return False
 
     def move_aside(self, key: str, suffix: str) -> str | None:
-        """Put the journal, as one file, at ``k.<suffix>`` (the head alone if it is damaged)."""
+        """Put the journal, as one file, at ``k.<suffix>`` (the head alone if it is damaged),
+        then delete the head if it is still the one read (see ``S3Store.move_aside``)."""
         check_key(key)
         self._drop_track(key)
-        try:
-            data = self.read(key)
-        except CheckpointError:
-            data = self.get(key + self.suffix)
-        if data is None:
+        found = self.fetch(key + self.suffix)
+        if found is None:
             return None
-        target = f"{key}.{suffix}"
-        self.s3.call("put_object", Key=self.s3.prefix + target, Body=data)
-        self.remove(key + self.suffix)
-        return self.s3.url(target)
+        data, etag = found
+        with contextlib.suppress(CheckpointError):  # damaged: the head alone
+            data = self.read(key) or data  # a newer head meanwhile: not deleted below
+        return self.put_aside(key, suffix, data, etag)
 
     # -- the StateStore protocol ---------------------------------------------------
 
     def read_checkpoint(self, key: str) -> Checkpoint[msgspec.Raw] | None:
         check_key(key)
         location = self.location(key)
-        try:
-            data = self.read(key)
-        except OSError as exc:
-            raise CheckpointError(location, f"cannot be read: {oserror(exc)}") from None
+        data = self.read(key)  # an unreachable service or a busy key is no damage: raised
         if data is None:
             return None
         scan = scan_journal(data, location)

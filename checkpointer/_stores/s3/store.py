@@ -292,20 +292,24 @@ class S3Store:
         return True
 
     def move_aside(self, key: str, suffix: str) -> str | None:
-        """Copy ``key``'s object to ``k.<suffix>`` and delete it; where it went, or None."""
-        check_key(key)
-        return self.rename(key + self.suffix, f"{key}.{suffix}")
+        """Put ``key``'s object at ``k.<suffix>`` and delete it; where it went, or None.
 
-    def rename(self, name: str, target: str) -> str | None:
-        """Copy the object ``name`` to ``target`` (under the prefix), then delete it."""
-        prefix = self.s3.prefix
-        source = {"Bucket": self.s3.bucket, "Key": prefix + name}
+        None also when the object changed before its DELETE (a writer made
+        the key again): that object stays and the copy goes.
+        """
+        check_key(key)
+        found = self.fetch(key + self.suffix)
+        return None if found is None else self.put_aside(key, suffix, *found)
+
+    def put_aside(self, key: str, suffix: str, body: bytes, etag: str) -> str | None:
+        """PUT ``body`` at ``k.<suffix>``, then delete ``key``'s object if it is still ``etag``."""
+        target = f"{key}.{suffix}"
+        self.s3.call("put_object", Key=self.s3.prefix + target, Body=body)
         try:
-            self.s3.call("copy_object", Key=prefix + target, CopySource=source)
+            if self.remove(key + self.suffix, etag):
+                return self.s3.url(target)
         except Exception as exc:
-            if error_code(exc) in ("NoSuchKey", "404"):
-                return None
-            raise
-        self._forget(name)
-        self.s3.call("delete_object", Key=prefix + name)
-        return self.s3.url(target)
+            if not condition_failed(exc):
+                raise
+        self.remove(target)  # the key holds another object now: it stays, the copy goes
+        return None

@@ -172,7 +172,7 @@ def read_for_load(store: Store, key: str) -> bytes | None:
     try:
         return store.read(key)
     except OSError as exc:
-        raise CheckpointError(store.location(key), f"cannot be read: {oserror(exc)}") from None
+        raise CheckpointError(store.location(key), f"cannot be read: {oserror(exc)}") from exc
 
 
 def state_store(store: Store, transcript: Transcript | None = None) -> StateStore:

@@ -380,6 +380,8 @@ class Committer:
         try:
             self._states.read_checkpoint(key)
         except CheckpointError as exc:
+            if isinstance(exc.__cause__, OSError):
+                return False  # not read (an outage, a busy key): not known to be damaged
             with contextlib.suppress(Exception):
                 self.keys.set_aside(key, exc)  # a newer version's is kept: raised, suppressed
                 return True

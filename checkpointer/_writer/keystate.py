@@ -198,7 +198,10 @@ class Keys:
         if isinstance(exc, NewerVersionError):
             raise exc  # not damage: kept for the newer version
         aside = self._store.move_aside(key, utcnow().strftime("corrupt-%Y%m%dT%H%M%S.%fZ"))
-        logger.warning("checkpointer: %s; moved it aside to %s and starting afresh", exc, aside)
+        if aside is None:  # gone or rewritten meanwhile: nothing of it to keep aside
+            logger.warning("checkpointer: %s; it changed before it could be moved aside", exc)
+        else:
+            logger.warning("checkpointer: %s; moved it aside to %s and starting afresh", exc, aside)
 
     def look(self, key: str, state: KeyState) -> None:
         """Learn the base before waiting for the key's lock: a writer that waits for another

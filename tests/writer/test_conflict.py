@@ -656,3 +656,26 @@ def test_a_fresh_start_over_a_torn_state_with_a_whole_meta_moves_it_aside(tmp_pa
     stored = load(store, KEY)
     assert stored is not None and stored.state == new
     assert [p.read_bytes() for p in tmp_path.glob(f"{KEY}.corrupt-*")] == [torn]
+
+
+class _ReadsFail(FileStore):
+    """A store whose full reads fail as a dropped network does (the meta still reads)."""
+
+    def read(self, key: str) -> bytes | None:
+        raise ConnectionResetError("connection reset by peer")
+
+
+def test_a_fresh_start_that_cannot_read_the_stored_checkpoint_leaves_it(tmp_path: Path) -> None:
+    """Refused on a key that holds a checkpoint, a writer expecting none that cannot read it
+    (an outage, not damage) reports the conflict and moves nothing aside."""
+    with CheckpointWriter(lambda: Snapshot(KEY, {"messages": ["theirs"]}), FileStore(tmp_path)):
+        pass
+    store = _ReadsFail(tmp_path)
+    with CheckpointWriter(
+        lambda: Snapshot(KEY, {"messages": ["mine"]}), store, resume_from=None
+    ) as writer:
+        result = writer.statistics().last_result
+    assert isinstance(result, Failed) and result.reason == "conflict", result
+    assert list(tmp_path.glob(f"{KEY}.corrupt-*")) == []
+    stored = load(FileStore(tmp_path), KEY)
+    assert stored is not None and stored.state == {"messages": ["theirs"]}

@@ -1,29 +1,21 @@
 """Exit hooks: flush every open writer from atexit and from SIGTERM/SIGHUP.
 
-* atexit does not run when a signal Python does not handle kills the process
-  (SIGTERM, SIGHUP), so we handle those two and write inside the handler,
-  then chain so the exit status stays what it was: a previous Python handler
-  is called, "ignore" kept, else the default restored and the signal raised
-  again (not in a PID namespace's init, a container's PID 1, which the
-  default action does not end: it goes on with its children and its hooks).
-  SIGINT is left alone: asyncio's runner and trio install their Ctrl-C
-  handling only over Python's default handler.
-* A handler runs on the main thread between bytecodes, maybe inside a write
-  (``busy()``) whose lock the flush needs: the signal is deferred until the
-  write ends, rather than deadlock.
-* Handlers go in with the first writer opened on the main thread and the
-  ones they replaced come back with the last one gone (off the main thread:
-  at the main thread's next chance, ``restore_pending``), unless another was
-  installed over ours.  Each remembers what it replaced, so one opened over
-  an application handler that chains to ours adds a layer, not a loop.
-* A forked child inherits all this, but none of those writers is its own: it
-  forgets them and puts the old handlers back, so a child with no writer
-  dies of SIGTERM in the kernel (a ``multiprocessing`` worker blocked in libc
-  never runs a Python handler, and ``Pool.terminate()`` would wait forever).
-  The forking thread holds our signals pending across the fork meanwhile.
-  A process on its way to die of a signal SIGTERMs its daemonic ``multiprocessing``
-  children after the flush, as an exit does, and a child forked meanwhile (a pool
-  replacing workers the group's signal ended) sends itself the signal it missed.
+* A signal Python does not handle skips atexit, so SIGTERM and SIGHUP get a handler
+  that writes, then chains so the exit status stays the same: a previous Python
+  handler is called, "ignore" kept, else the default restored and the signal raised
+  again (not in a container's PID 1, which the default action does not end).
+  SIGINT is left to asyncio's and trio's Ctrl-C handling.
+* A handler that lands inside a write (``busy()``) whose lock the flush needs is
+  deferred until the write ends, rather than deadlock.
+* Handlers go in with the first writer opened on the main thread and the replaced
+  ones come back with the last one gone (``restore_pending`` off the main thread),
+  unless another was installed over ours; each remembers what it replaced.
+* A forked child forgets the parent's writers and restores the old handlers, so a
+  child with no writer dies of SIGTERM in the kernel (a blocked ``multiprocessing``
+  worker would otherwise hang ``Pool.terminate()``); the forking thread holds our
+  signals pending across the fork.  A process dying of a signal SIGTERMs its daemonic
+  ``multiprocessing`` children after the flush, as an exit does, and a child forked
+  meanwhile sends itself the signal it missed.
 """
 
 from __future__ import annotations

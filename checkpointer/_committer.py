@@ -64,9 +64,7 @@ class KeyCommitter:
         self._core = self._make()  # made now: a store that cannot fence is refused here
 
     def _make(self) -> Committer:
-        core = Committer(self._source, *self._args)
-        core.record.retried = False
-        return core
+        return Committer(self._source, *self._args, retried=False)
 
     def _forked(self) -> bool:
         """Whether this is a forked child's copy of a committer its parent used: such a

@@ -102,6 +102,8 @@ class Committer:
         state_version: int,
         limits: Limits,
         resume_from: Meta | Unknown | None,
+        *,
+        retried: bool = True,
     ) -> None:
         self._source = source
         self._store = store
@@ -124,7 +126,7 @@ class Committer:
         self.inflight: set[int] = set()  # generations prepared and not yet ended
         self.phase = Phase.NEW
         self.pid = os.getpid()
-        self.record = Record()
+        self.record = Record(retried=retried)
 
     def forked(self) -> bool:
         """Whether this is a forked child's copy of a writer its parent opened: such a copy

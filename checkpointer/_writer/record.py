@@ -36,9 +36,8 @@ def outcome(result: Result) -> Outcome:
 class Record:
     """The counters of one writer."""
 
-    retried = True  # False for a KeyCommitter's: the caller's next commit is the retry
-
-    def __init__(self) -> None:  # named as WriterStatistics names them
+    def __init__(self, *, retried: bool = True) -> None:  # named as WriterStatistics names them
+        self._retried = retried  # False for a KeyCommitter's: the caller's next commit retries
         self.writes = self.skipped = self.failures = self.failure_streak = 0
         self.bytes_written = self.repaired = self.settled = 0
         self.last_write_seconds: float | None = None
@@ -81,7 +80,7 @@ class Record:
                     "checkpointer: checkpoint failed (%s): %s%s",
                     result.reason,
                     result.error,
-                    f"; {then}" if self.retried else "",
+                    f"; {then}" if self._retried else "",
                 )
         return result
 
@@ -106,5 +105,5 @@ class Record:
         return result
 
     def statistics(self, *, events: int, pending: bool, key: str | None) -> WriterStatistics:
-        counters = {k: v for k, v in vars(self).items() if k != "retried"}
+        counters = {k: v for k, v in vars(self).items() if not k.startswith("_")}
         return WriterStatistics(events=events, pending=pending, key=key, **counters)

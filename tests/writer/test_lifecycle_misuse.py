@@ -233,9 +233,12 @@ async def test_a_second_aclose_of_a_sync_opened_writer_waits_for_the_first(
         tg.start_soon(close)
         await anyio.to_thread.run_sync(store.started.wait, 60)
         tg.start_soon(close)
-        # Time for the second's thread to reach its wait: short, it would see the close
-        # done (Skipped) and fail; it never passes for a second close that does not wait.
-        await anyio.sleep(0.2)
+        # The second close's thread is waiting on the first's result before the write ends.
+        closing = writer._life._closing
+        assert closing is not None
+        with anyio.fail_after(60):
+            while not closing._condition._waiters:  # type: ignore[attr-defined]  # noqa: ASYNC110
+                await anyio.sleep(0.005)
         store.release.set()
     (first, stored), (second, stored_then) = results
     assert isinstance(first, Written) and second == first, results

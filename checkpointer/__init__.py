@@ -1,6 +1,6 @@
 """checkpointer: debounced, durable checkpoints for async agent sessions.
 
-The writer, the per-key committer and what they take and give are here;
+The writer, the per-key committer, the session registry and what they take and give are here;
 the rest is in public submodules named for what they hold:
 ``checkpointer.stores`` (the store contract, for a store of your own),
 ``checkpointer.messages`` (agent message shapes and history checks),
@@ -10,6 +10,7 @@ the rest is in public submodules named for what they hold:
 
 from ._committer import KeyCommitter
 from ._load import load
+from ._registry import RegistryStatistics, SessionRegistry
 from ._stores.encoding import Transcript
 from ._stores.files import FileStore
 from ._stores.journal.file import JournalStore
@@ -48,9 +49,11 @@ __all__ = [
     "NewerVersionError",
     "PostgresJournalStore",
     "PostgresStore",
+    "RegistryStatistics",
     "Result",
     "S3JournalStore",
     "S3Store",
+    "SessionRegistry",
     "Skipped",
     "Snapshot",
     "Transcript",

@@ -1,0 +1,379 @@
+"""``SessionRegistry``: the writers of a server's many sessions, opened on first use,
+closed when idle or least recently used, flushed at exit by one hook for them all.
+
+Each key is an entry in one ``OrderedDict`` kept in order of last use, so the
+least recently used key is its first and the idle ones lead it.  An entry is
+``OPENING`` (its ``resume`` and first write running), ``OPEN``, or ``CLOSING``
+(its final write running); it leaves the dict once its writer has let the key
+go, so a key in use again waits for that and then resumes from what it wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import logging
+import math
+import os
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Literal, final
+
+import anyio
+import anyio.to_thread
+import msgspec
+
+from . import _exit
+from ._stores.base import Store
+from ._text import describe_error
+from ._values import Checkpoint, CheckpointFailed, Failed, Meta, Result, Skipped, Snapshot
+from ._writer.clock import Clock, MonotonicClock
+from ._writer.service import CheckpointWriter
+from ._writer.timer import spawn_system_task
+
+__all__ = ["RegistryStatistics", "SessionRegistry"]
+
+logger = logging.getLogger("checkpointer")
+
+_REFUSED = ("locked", "conflict", "newer-version")  # another writer's key: refused for good
+_CLOSING_AT_ONCE = 64  # final writes in flight at once: each runs in a thread of its own
+
+
+class RegistryStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of a registry's counters (``SessionRegistry.statistics()``).
+
+    Attributes:
+        open: sessions whose writer is open (or opening, or closing) now.
+        in_use: of those, sessions inside a ``session()`` block now.
+        opened: writers opened, reopens included.
+        closed_idle: writers closed after ``idle_timeout`` unused.
+        evicted: writers closed to stay within ``max_open``.
+        failed: opens that raised (``resume``, a refused first write, ...).
+    """
+
+    open: int
+    in_use: int
+    opened: int
+    closed_idle: int
+    evicted: int
+    failed: int
+
+
+class _Phase(enum.Enum):
+    OPENING = "opening"
+    OPEN = "open"
+    CLOSING = "closing"
+
+
+@final
+class _Entry:
+    __slots__ = ("changed", "error", "key", "last_used", "phase", "users", "writer")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.phase = _Phase.OPENING
+        self.writer: CheckpointWriter[Snapshot] | None = None
+        self.users = 0  # session() blocks inside it now: never closed while > 0
+        self.last_used = 0.0
+        self.changed = anyio.Event()  # set as the opening or the closing ends
+        self.error: BaseException | None = None  # why the opening failed (not a cancel)
+
+
+@final
+class SessionRegistry:
+    """Hands out the ``CheckpointWriter`` of each session of a server, opening and closing them.
+
+    A key's writer opens when ``session(key)`` first asks for it: ``resume(key)``
+    loads the session (and sets up your state of it), the writer resumes
+    from what it returned, fenced as any resume.  Unused for
+    ``idle_timeout`` seconds, or the least recently used when a key past
+    ``max_open`` opens, it closes: its final write done, then its lock and
+    descriptor let go, then ``on_close(key, result)`` (drop your state of it
+    there).  A key used again later opens again through ``resume``: what
+    another process wrote meanwhile is what you get.  One exit hook flushes
+    every open writer at exit and on SIGTERM/SIGHUP.  Use it as ``async
+    with SessionRegistry(...) as registry:`` on asyncio or trio.
+
+    Args:
+        source: ``source(key)`` returns the session's ``Snapshot(key, state)``
+            (or None without one), as a writer's source; on the event loop.
+        store: where the sessions go.
+        resume: ``resume(key)`` returns what ``load(store, key)`` returned
+            (the ``Checkpoint``, its ``Meta``, or None), having made your
+            state of the key from it; blocking, called in a worker thread.
+        on_close: ``on_close(key, result)`` once a key's writer has closed,
+            with its final write's result; on the event loop.  Also after
+            an opening that failed past ``resume``.
+        idle_timeout: seconds a key stays open with no ``session()`` block.
+        max_open: most keys open at once outside a ``session()`` block (one
+            descriptor each on a ``FileStore``).
+        clock: the clock idle time is read on (the writers' too).
+        **writer_options: for each ``CheckpointWriter`` (``debounce``,
+            ``transcript``, ``limits``, ...); not ``exit_hooks``.
+
+    Raises:
+        ValueError: ``idle_timeout`` or ``max_open`` is out of range.
+        TypeError: a writer option is one the registry sets itself.
+    """
+
+    def __init__(
+        self,
+        source: Callable[[str], Snapshot | None],
+        store: Store,
+        *,
+        resume: Callable[[str], Checkpoint[Any] | Meta | None],
+        on_close: Callable[[str, Result], object] | None = None,
+        idle_timeout: float = 300.0,
+        max_open: int = 512,
+        clock: Clock | None = None,
+        **writer_options: Any,
+    ) -> None:
+        if not idle_timeout > 0:
+            raise ValueError(f"idle_timeout must be > 0 seconds, got {idle_timeout!r}")
+        if type(max_open) is not int or max_open < 1:
+            raise ValueError(f"max_open must be an int >= 1, got {max_open!r}")
+        for reserved in ("resume_from", "exit_hooks"):
+            if reserved in writer_options:
+                raise TypeError(f"SessionRegistry sets {reserved!r} itself")
+        self._source = source
+        self._store = store
+        self._resume = resume
+        self._on_close = on_close
+        self._idle = float(idle_timeout)
+        self._max_open = max_open
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._options = writer_options
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._state: Literal["new", "open", "closing", "closed"] = "new"
+        self._pid = os.getpid()
+        self._closing = anyio.Semaphore(_CLOSING_AT_ONCE)
+        self._reaper: object = None  # the idle-closing task: keep a reference
+        self._nap: anyio.CancelScope | None = None  # the reaper's sleep, cancelled to wake it
+        self._napping_forever = False
+        self._reaped = anyio.Event()  # the reaper has ended
+        self._closed = anyio.Event()
+        self._counts = dict.fromkeys(("opened", "closed_idle", "evicted", "failed"), 0)
+
+    def __repr__(self) -> str:
+        return f"<SessionRegistry {self._state} store={self._store!r} open={len(self._entries)}>"
+
+    def statistics(self) -> RegistryStatistics:
+        """The registry's counters, as a frozen value."""
+        in_use = sum(1 for entry in self._entries.values() if entry.users)
+        return RegistryStatistics(open=len(self._entries), in_use=in_use, **self._counts)
+
+    async def __aenter__(self) -> SessionRegistry:
+        if self._state != "new":
+            raise RuntimeError(f"this SessionRegistry is {self._state}; create a new one")
+        self._state = "open"
+        self._reaper = spawn_system_task(self._reap, "checkpointer-registry")
+        _exit.register(self._flush_final)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    @contextlib.asynccontextmanager
+    async def session(self, key: str) -> AsyncIterator[CheckpointWriter[Snapshot]]:
+        """The key's open writer for the block, opened (``resume``, a first write) if it is not.
+
+        Inside the block the key is never closed; it counts as used as the
+        block ends.  A cancel while opening lets the key go as it found it.
+
+        Raises:
+            CheckpointFailed: the store refused the key's first write (another
+                writer holds it, wrote it since ``resume`` read it, or a newer
+                program did).
+            RuntimeError: the registry is not open, or was made in a parent
+                process (make one in the child).
+            BaseException: what ``resume`` raised.
+        """
+        entry = await self._acquire(key)
+        assert entry.writer is not None
+        try:
+            yield entry.writer
+        finally:
+            entry.users -= 1
+            self._touch(entry)
+            if entry.users == 0 and self._napping_forever and self._nap is not None:
+                self._nap.cancel()  # the reaper had nothing idle to wait for
+
+    def _touch(self, entry: _Entry) -> None:
+        entry.last_used = self._clock.now()
+        if self._entries.get(entry.key) is entry:
+            self._entries.move_to_end(entry.key)
+
+    async def _acquire(self, key: str) -> _Entry:
+        while True:
+            if self._state != "open" or self._pid != os.getpid():
+                raise RuntimeError(
+                    f"this SessionRegistry is {self._state}"
+                    + ("" if self._pid == os.getpid() else f" and belongs to process {self._pid}")
+                )
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Entry(key)
+                await self._open(entry)
+            if entry.phase is _Phase.OPEN:
+                entry.users += 1
+                self._touch(entry)
+                return entry
+            await entry.changed.wait()  # opening or closing: then look again
+            if entry.error is not None:
+                raise entry.error  # the opening failed: as it did for its opener
+
+    async def _open(self, entry: _Entry) -> None:
+        """Open the entry's writer: make room, ``resume``, a first write; else forget it."""
+        resumed = False
+        try:
+            await self._evict()
+            base = await anyio.to_thread.run_sync(self._resume, entry.key)
+            resumed = True
+            writer: CheckpointWriter[Snapshot] = CheckpointWriter(
+                functools.partial(self._snapshot, entry),
+                self._store,
+                resume_from=base,
+                exit_hooks=False,  # the registry's one hook flushes it
+                clock=self._clock,
+                **self._options,
+            )
+            await writer.aopen()
+            entry.writer = writer
+            _raise_refused(writer)
+        except BaseException as exc:
+            if not isinstance(exc, anyio.get_cancelled_exc_class()):
+                entry.error = exc
+                self._counts["failed"] += 1
+            with anyio.CancelScope(shield=True):
+                result = await entry.writer.aclose() if entry.writer is not None else None
+            self._forget(entry, result if resumed else None)
+            raise
+        entry.phase = _Phase.OPEN
+        self._counts["opened"] += 1
+        self._wake(entry)
+
+    def _snapshot(self, entry: _Entry) -> Snapshot | None:
+        # A key refused at its opening is another writer's: nothing to write at close.
+        return None if entry.error is not None else self._source(entry.key)
+
+    async def _evict(self) -> None:
+        """Close the least recently used keys not in use while more than ``max_open`` are open."""
+        while len(self._entries) > self._max_open:
+            victim = next(
+                (e for e in self._entries.values() if e.phase is _Phase.OPEN and not e.users),
+                None,
+            )
+            if victim is None:
+                return  # all in use: the blocks' ends make room
+            await self._close(victim, "evicted")
+
+    async def _close(self, entry: _Entry, why: Literal["closed_idle", "evicted", ""]) -> None:
+        """Close the entry's writer (its final write, then its lock), then ``on_close``."""
+        assert entry.writer is not None
+        entry.phase = _Phase.CLOSING
+        result: Result = Skipped("closed")
+        try:
+            async with self._closing:
+                result = await entry.writer.aclose()
+        except Exception as exc:  # source() raised in the timer task (trio): the key is let go
+            result = Failed("write-failed", f"the close raised {describe_error(exc)}")
+            logger.exception("checkpointer: closing %r: %s", entry.key, result.error)
+        finally:
+            if why:
+                self._counts[why] += 1
+            self._forget(entry, result)
+
+    def _forget(self, entry: _Entry, result: Result | None) -> None:
+        """The entry leaves the registry; ``on_close`` if it had been resumed."""
+        if self._entries.get(entry.key) is entry:
+            del self._entries[entry.key]
+        self._wake(entry)
+        if result is not None and self._on_close is not None:
+            try:
+                self._on_close(entry.key, result)
+            except Exception as exc:
+                logger.exception("checkpointer: on_close(%r) raised %s", entry.key, describe_error(exc))
+
+    def _wake(self, entry: _Entry) -> None:
+        changed, entry.changed = entry.changed, anyio.Event()
+        changed.set()
+
+    async def _reap(self) -> None:
+        """The registry's task: close each key ``idle_timeout`` after its last use."""
+        try:
+            while self._state == "open":
+                due, wait = self._due()
+                if due:
+                    async with anyio.create_task_group() as closing:
+                        for entry in due:
+                            closing.start_soon(self._close, entry, "closed_idle")
+                    continue
+                with anyio.CancelScope() as self._nap:
+                    self._napping_forever = math.isinf(wait)
+                    await self._clock.sleep(wait)
+                self._nap, self._napping_forever = None, False
+        finally:
+            self._reaped.set()
+
+    def _due(self) -> tuple[list[_Entry], float]:
+        """The keys idle past their time (oldest first), and the seconds until the next one."""
+        now = self._clock.now()
+        due: list[_Entry] = []
+        for entry in self._entries.values():  # in order of last use
+            if entry.phase is not _Phase.OPEN or entry.users:
+                continue
+            left = entry.last_used + self._idle - now
+            if left > 0:
+                return due, left
+            entry.phase = _Phase.CLOSING  # claimed here: no eviction takes it too
+            due.append(entry)
+        return due, math.inf
+
+    async def aclose(self) -> None:
+        """Close every open key (its final write, then its lock), and the exit hook.
+
+        From any task of the registry's loop; a second call waits for the
+        first.  Shielded from cancellation.  In a forked child it forgets
+        the parent's keys and closes nothing.
+        """
+        if self._state in ("closing", "closed"):
+            with anyio.CancelScope(shield=True):
+                await self._closed.wait()
+            return
+        was, self._state = self._state, "closing"
+        with anyio.CancelScope(shield=True):
+            try:
+                if self._pid != os.getpid():
+                    self._entries.clear()
+                elif was == "open":
+                    await self._close_all()
+            finally:
+                self._state = "closed"
+                _exit.unregister(self._flush_final)
+                self._closed.set()
+
+    async def _close_all(self) -> None:
+        if self._nap is not None:
+            self._nap.cancel()
+        await self._reaped.wait()
+        while self._entries:
+            async with anyio.create_task_group() as closing:
+                for entry in list(self._entries.values()):
+                    if entry.phase is _Phase.OPEN:
+                        closing.start_soon(self._close, entry, "")
+                    else:  # opening, or closing: look again once it is done
+                        closing.start_soon(entry.changed.wait)
+
+    def _flush_final(self, reason: Literal["exit", "signal"]) -> None:
+        """The exit hook: every open writer's final write (``live=False``), synchronously."""
+        for entry in list(self._entries.values()):
+            if entry.writer is not None:
+                entry.writer.flush_sync(reason)
+
+
+def _raise_refused(writer: CheckpointWriter[Snapshot]) -> None:
+    """Raise ``CheckpointFailed`` if the store refused the writer's first write for good."""
+    last = writer.statistics().last_result
+    if isinstance(last, Failed) and last.reason in _REFUSED:
+        raise CheckpointFailed(last)

@@ -292,8 +292,8 @@ class SessionRegistry:
         if result is not None and self._on_close is not None:
             try:
                 self._on_close(entry.key, result)
-            except Exception as exc:
-                logger.exception("checkpointer: on_close(%r) raised %s", entry.key, describe_error(exc))
+            except Exception:
+                logger.exception("checkpointer: on_close(%r) raised", entry.key)
 
     def _wake(self, entry: _Entry) -> None:
         changed, entry.changed = entry.changed, anyio.Event()

@@ -104,7 +104,7 @@ class SessionRegistry:
             state of the key from it; blocking, called in a worker thread.
         on_close: ``on_close(key, result)`` once a key's writer has closed,
             with its final write's result; on the event loop.  Also after
-            an opening that failed past ``resume``.
+            an opening that failed once ``resume`` was called.
         idle_timeout: seconds a key stays open with no ``session()`` block.
         max_open: most keys open at once outside a ``session()`` block (one
             descriptor each on a ``FileStore``).
@@ -228,8 +228,8 @@ class SessionRegistry:
         resumed = False
         try:
             await self._evict()
+            resumed = True  # from the call on: it may have made state of the key
             base = await anyio.to_thread.run_sync(self._resume, entry.key)
-            resumed = True
             writer: CheckpointWriter[Snapshot] = CheckpointWriter(
                 functools.partial(self._snapshot, entry),
                 self._store,
@@ -247,7 +247,7 @@ class SessionRegistry:
                 self._counts["failed"] += 1
             with anyio.CancelScope(shield=True):
                 result = await entry.writer.aclose() if entry.writer is not None else None
-            self._forget(entry, result if resumed else None)
+            self._forget(entry, (result or Skipped("closed")) if resumed else None)
             raise
         entry.phase = _Phase.OPEN
         self._counts["opened"] += 1

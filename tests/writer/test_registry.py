@@ -1,0 +1,287 @@
+"""``SessionRegistry`` in one process: opened on first use, closed when idle (exact virtual
+times) or least recently used, cancelled while opening, refused, closed from another task.
+
+Every test runs on asyncio and trio; idle time is a ``FakeClock``'s; checked on the bytes stored.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from checkpointer import (
+    Checkpoint,
+    CheckpointFailed,
+    FileStore,
+    Limits,
+    Result,
+    SessionRegistry,
+    Snapshot,
+    Written,
+    load,
+)
+from checkpointer import _exit
+from tests.conftest import FakeClock
+
+pytestmark = pytest.mark.anyio
+
+
+class Sessions:
+    """A server's state of its sessions: ``{"n": n}`` per key, made by ``resume``, dropped
+    by ``on_close``."""
+
+    def __init__(self, store: FileStore) -> None:
+        self.store = store
+        self.n: dict[str, int] = {}
+        self.resumed: list[str] = []
+        self.closed: list[tuple[str, Result]] = []
+        self.gate: threading.Event | None = None  # resume waits on it when set
+
+    def source(self, key: str) -> Snapshot | None:
+        return Snapshot(key, {"n": self.n[key]}) if key in self.n else None
+
+    def resume(self, key: str) -> Checkpoint[Any] | None:
+        if self.gate is not None:
+            assert self.gate.wait(60)
+        checkpoint = load(self.store, key)
+        self.n[key] = 0 if checkpoint is None else checkpoint.state["n"]
+        self.resumed.append(key)
+        return checkpoint
+
+    def on_close(self, key: str, result: Result) -> None:
+        self.closed.append((key, result))
+        del self.n[key]
+
+    def registry(self, **kw: Any) -> SessionRegistry:
+        kw.setdefault("debounce", 0.0)
+        return SessionRegistry(
+            self.source, self.store, resume=self.resume, on_close=self.on_close, **kw
+        )
+
+
+async def until_open(registry: SessionRegistry, n: int) -> None:
+    """Wait (real time, bounded) for the registry's closes in flight: their writes are threads."""
+    with anyio.fail_after(60):
+        while registry.statistics().open > n:
+            await anyio.sleep(0.001)
+
+
+def stored(store: FileStore, key: str) -> tuple[int, bool] | None:
+    checkpoint = load(store, key)
+    return None if checkpoint is None else (checkpoint.state["n"], checkpoint.meta.live)
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> Sessions:
+    return Sessions(FileStore(tmp_path))
+
+
+async def test_a_key_opens_once_and_its_last_state_is_stored_at_close(sessions: Sessions) -> None:
+    """The first use resumes and opens the key; later uses get the same writer; aclose writes."""
+    async with sessions.registry() as registry:
+        async with registry.session("a") as first:
+            sessions.n["a"] += 1
+            first.notify()
+        async with registry.session("a") as second:
+            assert second is first
+            sessions.n["a"] += 1
+        assert registry.statistics().open == 1
+    assert sessions.resumed == ["a"]
+    assert stored(sessions.store, "a") == (2, False)
+    assert [key for key, _ in sessions.closed] == ["a"]
+    assert isinstance(sessions.closed[0][1], Written)
+    assert sessions.n == {}  # on_close dropped the state
+
+
+async def test_a_key_closes_idle_timeout_after_its_last_use(
+    sessions: Sessions, clock: FakeClock
+) -> None:
+    """Closed at exactly last use + idle_timeout: final write, lock let go, on_close."""
+    async with sessions.registry(idle_timeout=10.0, clock=clock) as registry:
+        async with registry.session("a"):
+            sessions.n["a"] = 5
+        await clock.step(3.0, sleepers=2)  # the registry's task and the writer's timer
+        async with registry.session("a"):  # used again at 3: idle from 3 on
+            pass
+        await clock.advance(12.999, sleepers=2)
+        assert registry.statistics().open == 1
+        await clock.advance(13.0, sleepers=1)
+        await until_open(registry, 0)
+        assert registry.statistics().closed_idle == 1
+        assert registry.statistics().open == 0
+        assert stored(sessions.store, "a") == (5, False)
+        assert "a" not in sessions.n
+        FileStore(sessions.store.root).lock("a", timeout=0).release()  # let go
+
+
+async def test_a_key_in_use_is_never_closed_for_idleness(
+    sessions: Sessions, clock: FakeClock
+) -> None:
+    """Inside a session() block past idle_timeout the key stays open; idle from the block's end."""
+    async with sessions.registry(idle_timeout=10.0, clock=clock) as registry:
+        async with registry.session("a"):
+            await clock.advance(50.0, sleepers=2)
+            assert registry.statistics().open == 1
+        await clock.advance(59.9, sleepers=2)
+        assert registry.statistics().open == 1
+        await clock.advance(60.0, sleepers=1)
+        await until_open(registry, 0)
+        assert registry.statistics().closed_idle == 1
+
+
+async def test_an_idle_key_reopens_from_what_another_writer_stored_meanwhile(
+    sessions: Sessions, clock: FakeClock
+) -> None:
+    """A key closed for idleness resumes afresh: another writer's checkpoint is kept and built on."""
+    async with sessions.registry(idle_timeout=1.0, clock=clock) as registry:
+        async with registry.session("a"):
+            sessions.n["a"] = 1
+        await clock.advance(1.0, sleepers=1)
+        await until_open(registry, 0)
+        other = Sessions(FileStore(sessions.store.root))  # another store object: another writer
+        async with other.registry() as elsewhere, elsewhere.session("a"):
+            other.n["a"] = 100
+        async with registry.session("a") as writer:
+            assert sessions.n["a"] == 100
+            sessions.n["a"] += 1
+            assert isinstance(await writer.write_now(), Written)
+    assert stored(sessions.store, "a") == (101, False)
+
+
+async def test_the_least_recently_used_key_closes_first_past_max_open(sessions: Sessions) -> None:
+    """Past max_open the least recently used key closes (final write done) before a new one opens."""
+    async with sessions.registry(max_open=3) as registry:
+        for key in ("a", "b", "c"):
+            async with registry.session(key):
+                sessions.n[key] = ord(key)
+        async with registry.session("a"):  # a is used again: b is now the oldest
+            pass
+        async with registry.session("d"):
+            assert [key for key, _ in sessions.closed] == ["b"]
+            assert stored(sessions.store, "b") == (ord("b"), False)
+        stats = registry.statistics()
+        assert (stats.open, stats.evicted, stats.opened) == (3, 1, 4)
+
+
+async def test_keys_in_use_are_not_evicted(sessions: Sessions) -> None:
+    """Every open key in use: a new one opens past max_open rather than close one in use."""
+    async with sessions.registry(max_open=1) as registry:
+        async with registry.session("a"), registry.session("b"):
+            assert registry.statistics().open == 2
+            assert sessions.closed == []
+        async with registry.session("c"):
+            pass
+        assert registry.statistics().open == 1
+
+
+async def test_concurrent_first_uses_resume_once(sessions: Sessions) -> None:
+    """Tasks asking for one key at once share one opening and one writer."""
+    sessions.gate = threading.Event()
+    writers: list[Any] = []
+
+    async def use() -> None:
+        async with registry.session("a") as writer:
+            writers.append(writer)
+
+    async with sessions.registry() as registry:
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(use)
+            await anyio.wait_all_tasks_blocked()
+            sessions.gate.set()
+    assert sessions.resumed == ["a"]
+    assert len(writers) == 5 and len({id(w) for w in writers}) == 1
+
+
+async def test_a_cancel_while_opening_leaves_the_key_as_it_found_it(sessions: Sessions) -> None:
+    """Cancelled during resume: the key is not open, on_close undoes resume, a later use opens it."""
+    sessions.gate = threading.Event()
+    async with sessions.registry() as registry:
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+
+                async def use() -> None:
+                    async with registry.session("a"):
+                        raise AssertionError("opened through a cancel")
+
+                tg.start_soon(use)
+                await anyio.wait_all_tasks_blocked()
+                scope.cancel()
+                sessions.gate.set()
+        assert registry.statistics().open == 0
+        assert [key for key, _ in sessions.closed] == ["a"]
+        async with registry.session("a"):
+            sessions.n["a"] = 7
+    assert stored(sessions.store, "a") == (7, False)
+
+
+async def test_a_key_another_writer_holds_is_refused_at_once(sessions: Sessions) -> None:
+    """Another live writer holds the key: session() raises CheckpointFailed("locked")."""
+    holder = FileStore(sessions.store.root).lock("a", timeout=0)
+    try:
+        async with sessions.registry(limits=Limits(lock_timeout=0.0)) as registry:
+            with pytest.raises(CheckpointFailed) as caught:
+                async with registry.session("a"):
+                    raise AssertionError("opened a key another writer holds")
+            assert caught.value.result.reason == "locked"
+            stats = registry.statistics()
+            assert (stats.open, stats.failed) == (0, 1)
+    finally:
+        holder.release()
+    assert stored(sessions.store, "a") is None  # nothing written over the holder's key
+
+
+async def test_aclose_from_another_task_closes_every_key(sessions: Sessions) -> None:
+    """aclose() from another task, twice at once: every key's final write lands; no use after."""
+    registry = sessions.registry()
+    async with registry:
+        for i in range(20):
+            async with registry.session(f"k{i}"):
+                sessions.n[f"k{i}"] = i
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(registry.aclose)
+            tg.start_soon(registry.aclose)
+        with pytest.raises(RuntimeError, match="closed"):
+            async with registry.session("k0"):
+                pass
+    assert [stored(sessions.store, f"k{i}") for i in range(20)] == [(i, False) for i in range(20)]
+
+
+async def test_one_exit_hook_for_every_open_key(sessions: Sessions) -> None:
+    """The registry registers one exit hook however many keys it holds open, none after close."""
+    before = len(_exit._writers)
+    async with sessions.registry() as registry:
+        for i in range(30):
+            async with registry.session(f"k{i}"):
+                pass
+        assert len(_exit._writers) == before + 1
+    assert len(_exit._writers) == before
+
+
+async def test_churn_past_max_open_loses_no_use(sessions: Sessions) -> None:
+    """Tasks using random keys, far more than max_open, closing and reopening them all the time:
+    each key's stored count is every use of it (a reopen waits for the close it races)."""
+    rng = random.Random(7)
+    expected: dict[str, int] = {}
+
+    async def worker(registry: SessionRegistry, plan: list[str]) -> None:
+        for key in plan:
+            async with registry.session(key) as writer:
+                sessions.n[key] += 1
+                expected[key] = expected.get(key, 0) + 1
+                writer.notify()
+                await anyio.sleep(0)
+
+    async with sessions.registry(max_open=4, idle_timeout=0.001) as registry:
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(worker, registry, [f"k{rng.randrange(12)}" for _ in range(40)])
+        assert registry.statistics().evicted > 0
+    assert {key: stored(sessions.store, key) for key in expected} == {
+        key: (n, False) for key, n in expected.items()
+    }

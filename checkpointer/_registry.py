@@ -337,6 +337,10 @@ class SessionRegistry:
         first.  Shielded from cancellation.  In a forked child it forgets
         the parent's keys and closes nothing.
         """
+        if self._pid != os.getpid():  # the parent's loop objects and writers: not touched
+            self._entries.clear()
+            self._state = "closed"
+            return
         if self._state in ("closing", "closed"):
             with anyio.CancelScope(shield=True):
                 await self._closed.wait()
@@ -344,9 +348,7 @@ class SessionRegistry:
         was, self._state = self._state, "closing"
         with anyio.CancelScope(shield=True):
             try:
-                if self._pid != os.getpid():
-                    self._entries.clear()
-                elif was == "open":
+                if was == "open":
                     await self._close_all()
             finally:
                 self._state = "closed"

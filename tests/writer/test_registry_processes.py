@@ -1,0 +1,144 @@
+"""``SessionRegistry`` in real processes: 10,000 sessions under ``ulimit -n 1024``, SIGTERM to
+the process group of a server holding 1,000, a fork pool, a reopen after another process wrote.
+
+Checked on the bytes stored for each key (``tests/children/registry_child.py``).  Roots are on
+tmpfs when there is one: descriptors are the subject here, not fsync.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from checkpointer import FileStore, load
+from tests._support import HANG_GUARD, Pumped, child_env
+
+BACKENDS = ["asyncio", "trio"]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Iterator[Path]:
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        yield tmp_path / "store"
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=shm) as where:
+        yield Path(where) / "store"
+
+
+def child(command: str, root: Path, n: int, backend: str, **kw: object) -> Pumped:
+    argv = [sys.executable, "-m", "tests.children.registry_child", command, str(root), str(n)]
+    return Pumped([*argv, backend], **kw)  # type: ignore[arg-type]
+
+
+def run(command: str, root: Path, n: int, backend: str, timeout: float) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.children.registry_child", command, str(root), str(n), backend],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def counts(root: Path, n: int) -> dict[int, int]:
+    """``{n: keys}`` of the stored checkpoints, ``-1`` for a key with none, ``-2`` for one live."""
+    store = FileStore(root)
+    found: dict[int, int] = {}
+    for i in range(n):
+        checkpoint = load(store, f"k{i}")
+        value = -1 if checkpoint is None else -2 if checkpoint.meta.live else checkpoint.state["n"]
+        found[value] = found.get(value, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ten_thousand_sessions_under_ulimit_1024(root: Path, backend: str) -> None:
+    """10,000 keys, each used once, in a process limited to 1,024 descriptors: all stored."""
+    out = run("many", root, 10_000, backend, timeout=900)
+    stats = json.loads(out.splitlines()[-1])
+    assert stats["opened"] == 10_000 and stats["evicted"] == 10_000 - 512 and stats["failed"] == 0
+    assert counts(root, 10_000) == {1: 10_000}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigterm_to_the_group_of_a_server_holding_1000_sessions_loses_none(
+    root: Path, backend: str
+) -> None:
+    """SIGTERM to the process group while 1,000 keys hold changes debounced for an hour: each
+    key's last state is on disk (one exit hook flushed them all), and the process died of it."""
+    holder = child("hold", root, 1000, backend, new_session=True)
+    try:
+        holder.wait_line(lambda line: line == "ready", "the server holding 1,000 sessions")
+        assert counts(root, 1000) == {-2: 1000}  # written live at n = 0; n = 1 not yet
+        os.killpg(holder.proc.pid, signal.SIGTERM)
+        holder.proc.wait(HANG_GUARD)
+    finally:
+        holder.kill()
+    assert holder.proc.returncode == -signal.SIGTERM, holder.report()
+    assert counts(root, 1000) == {1: 1000}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fork_pool_leaves_the_parents_sessions_alone(root: Path, backend: str) -> None:
+    """Workers forked from a server use and close its registry, then are terminated: the parent
+    still holds every key, and its later writes land."""
+    for _ in range(3):  # the terminate race wants repeats
+        assert run("fork", root, 50, backend, timeout=HANG_GUARD).splitlines()[-1] == "ok"
+        assert counts(root, 50) == {2: 50}
+
+
+WRITE_ELSEWHERE = textwrap.dedent(
+    """
+    import sys
+    from checkpointer import CheckpointWriter, FileStore, Snapshot, load
+    store = FileStore(sys.argv[1])
+    base = load(store, "k0")
+    with CheckpointWriter(lambda: Snapshot("k0", {"n": 100}), store, resume_from=base):
+        pass
+    """
+)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_key_closed_for_idleness_reopens_from_another_process_write(
+    root: Path, backend: str
+) -> None:
+    """Closed for idleness, written by another process, used again: the server resumes from the
+    other's checkpoint and builds on it (101), never over it."""
+    server = child("reopen", root, 1, backend, stdin=subprocess.PIPE)
+    try:
+        server.wait_line(lambda line: line == "idle", "the key closed for idleness")
+        subprocess.run(
+            [sys.executable, "-c", WRITE_ELSEWHERE, str(root)],
+            env=child_env(),
+            check=True,
+            timeout=HANG_GUARD,
+        )
+        assert server.proc.stdin is not None
+        server.proc.stdin.write("go\n")
+        server.proc.stdin.close()
+        assert server.wait_line(lambda line: line.startswith("resumed"), "the reopen") == (
+            "resumed 100"
+        )
+        server.proc.wait(HANG_GUARD)
+    finally:
+        if server.proc.stdin is not None and not server.proc.stdin.closed:
+            server.proc.stdin.close()
+        server.kill()
+    assert server.proc.returncode == 0, server.report()
+    checkpoint = load(FileStore(root), "k0")
+    assert checkpoint is not None and checkpoint.state == {"n": 101}

@@ -47,7 +47,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from checkpointer import CheckpointWriter, FileStore, Snapshot
+from checkpointer import CheckpointWriter, FileStore, SessionRegistry, Snapshot, load
 
 from ._harness import Report, Table, ratio, scratch_dir, stat
 from ._recipes import message, write_floor
@@ -329,7 +329,86 @@ def main(quick: bool) -> dict[str, Any]:
     return msgspec.to_builtins(report)  # type: ignore[no-any-return]
 
 
-if __name__ == "__main__":  # one (backend, sessions, turns) for main(): JSON on stdout
+# -- the registry: a writer per session through SessionRegistry --------------------
+#
+# Open: ``registry.session(key)`` of a key not open (``resume`` in a worker
+# thread, the writer made and entered), per session; close: ``aclose()`` of the
+# registry holding them all (each writer's final write, 64 at a time, its lock
+# let go), per session; memory: the RSS the open sessions add.  Bars: open and
+# close at the most sessions within 1.5x of their cost at 100.
+
+
+async def _registry_run(n: int) -> dict[str, Any]:
+    """``n`` sessions opened through one registry on the running backend, then closed."""
+    with scratch_dir("registry-") as scratch:
+        store = FileStore(scratch)
+        states = {state["key"]: state for state in _states(n)}
+
+        def source(key: str) -> Snapshot:
+            return Snapshot(key, states[key])
+
+        registry = SessionRegistry(
+            source, store, resume=functools.partial(load, store), max_open=n, write_on_start=False
+        )
+        gc.collect()
+        rss0 = _rss()
+        async with registry:
+            t0 = time.perf_counter()
+            for key in states:
+                async with registry.session(key):
+                    pass
+            opened = (time.perf_counter() - t0) / n
+            gc.collect()
+            memory = (_rss() - rss0) / n
+            t0 = time.perf_counter()
+            await registry.aclose()
+            closed = (time.perf_counter() - t0) / n
+    return {"open": opened, "close": closed, "memory": memory}
+
+
+def registry_main(quick: bool) -> dict[str, Any]:
+    """The registry's section: open and close per session at each number of sessions."""
+    counts = QUICK_COUNTS if quick else COUNTS
+    report = Report(title="Sessions through a SessionRegistry: open and close per session")
+    figures: dict[tuple[str, int], dict[str, Any]] = {}
+    for backend in BACKENDS:
+        for n in counts:
+            out = subprocess.run(
+                [sys.executable, "-m", "benchmarks.bench_sessions", "registry", backend, str(n)],
+                capture_output=True,
+                check=True,
+                timeout=1200,
+                cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            )
+            figures[backend, n] = json.loads(out.stdout)
+    rows: list[list[Any]] = [
+        [backend, f"{n:,}", f["open"], f["close"], stat([f["memory"]], "B")]
+        for (backend, n), f in figures.items()
+    ]
+    columns = ["backend", "sessions", "open", "close", "memory"]
+    report.tables.append(
+        Table(title="per session, through the registry", columns=columns, rows=rows)
+    )
+    low, high = counts[0], counts[-1]
+    for backend in BACKENDS:
+        a, b = figures[backend, low], figures[backend, high]
+        for what in ("open", "close"):
+            report.ratios.append(
+                ratio(
+                    f"{backend}: registry {what} per session @{high:,} / @{low:,} sessions",
+                    b[what] / a[what],
+                    "<=",
+                    1.5,
+                    note=f"{b[what] * 1e6:.0f} µs vs {a[what] * 1e6:.0f} µs",
+                )
+            )
+    return msgspec.to_builtins(report)  # type: ignore[no-any-return]
+
+
+if __name__ == "__main__" and sys.argv[1] == "registry":  # registry_main's child
+    _raise_fd_limit(int(sys.argv[3]))
+    print(json.dumps(anyio.run(_registry_run, int(sys.argv[3]), backend=sys.argv[2])))
+elif __name__ == "__main__":  # one (backend, sessions, turns) for main(): JSON on stdout
     backend, n, turns = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     _raise_fd_limit(n)
     print(json.dumps(anyio.run(_run, n, turns, backend=backend)))

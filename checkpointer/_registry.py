@@ -268,7 +268,28 @@ class SessionRegistry:
                 return  # all in use: the blocks' ends make room
             await self._close(victim, "evicted")
 
-    async def _close(self, entry: _Entry, why: Literal["closed_idle", "evicted", ""]) -> None:
+    async def release(self, key: str) -> Result | None:
+        """Close the key's writer now (its final write, then its lock), then ``on_close``.
+
+        After an opening or a closing in progress.  Shielded from cancellation.
+
+        Returns:
+            The final write's result, or None if the key was not open.
+
+        Raises:
+            RuntimeError: the key is inside a ``session()`` block.
+        """
+        while (entry := self._entries.get(key)) is not None:
+            if entry.phase is not _Phase.OPEN:
+                await entry.changed.wait()
+                continue
+            if entry.users:
+                raise RuntimeError(f"session {key!r} is in use: release it after its block")
+            with anyio.CancelScope(shield=True):
+                return await self._close(entry, "")
+        return None
+
+    async def _close(self, entry: _Entry, why: Literal["closed_idle", "evicted", ""]) -> Result:
         """Close the entry's writer (its final write, then its lock), then ``on_close``."""
         assert entry.writer is not None
         entry.phase = _Phase.CLOSING
@@ -283,6 +304,7 @@ class SessionRegistry:
             if why:
                 self._counts[why] += 1
             self._forget(entry, result)
+        return result
 
     def _forget(self, entry: _Entry, result: Result | None) -> None:
         """The entry leaves the registry; ``on_close`` if it had been resumed."""

@@ -285,3 +285,18 @@ async def test_churn_past_max_open_loses_no_use(sessions: Sessions) -> None:
     assert {key: stored(sessions.store, key) for key in expected} == {
         key: (n, False) for key, n in expected.items()
     }
+
+
+async def test_release_closes_a_key_now_and_refuses_one_in_use(sessions: Sessions) -> None:
+    """release(key): the final write lands, on_close runs, a later use resumes; not inside a block."""
+    async with sessions.registry() as registry:
+        async with registry.session("a"):
+            sessions.n["a"] = 3
+            with pytest.raises(RuntimeError, match="in use"):
+                await registry.release("a")
+        assert isinstance(await registry.release("a"), Written)
+        assert await registry.release("a") is None
+        assert stored(sessions.store, "a") == (3, False)
+        assert "a" not in sessions.n
+        async with registry.session("a"):
+            assert sessions.n["a"] == 3

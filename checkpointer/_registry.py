@@ -93,7 +93,8 @@ class SessionRegistry:
     there).  A key used again later opens again through ``resume``: what
     another process wrote meanwhile is what you get.  One exit hook flushes
     every open writer at exit and on SIGTERM/SIGHUP.  Use it as ``async
-    with SessionRegistry(...) as registry:`` on asyncio or trio.
+    with SessionRegistry(...) as registry:`` on asyncio or trio, or let the
+    first ``session()`` open it on its loop and call ``aclose()``.
 
     Args:
         source: ``source(key)`` returns the session's ``Snapshot(key, state)``
@@ -206,6 +207,8 @@ class SessionRegistry:
 
     async def _acquire(self, key: str) -> _Entry:
         while True:
+            if self._state == "new" and self._pid == os.getpid():
+                await self.__aenter__()
             if self._state != "open" or self._pid != os.getpid():
                 raise RuntimeError(
                     f"this SessionRegistry is {self._state}"

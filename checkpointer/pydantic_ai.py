@@ -1,7 +1,8 @@
 """pydantic-ai's ``ConversationStore``, kept by checkpointer.
 
-A conversation is one key, ``conversation_key(id)``, committed by a
-``KeyCommitter`` at each save; ``checkpoint_run`` keeps a run in flight under
+A conversation is one key, ``conversation_key(id)``, written durably at each
+save by its writer in the store's ``SessionRegistry`` (held from its first save
+until idle, evicted or released); ``checkpoint_run`` keeps a run in flight under
 ``run_key(id)`` with a ``CheckpointWriter``.  Conflicts, deletes, resuming:
 docs/frameworks/pydantic-ai.md.
 
@@ -15,7 +16,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Literal
 
 import anyio
@@ -37,14 +38,14 @@ from checkpointer import (
     CheckpointFailed,
     CheckpointWriter,
     Failed,
-    KeyCommitter,
+    Result,
+    SessionRegistry,
     Snapshot,
     load,
 )
 from checkpointer._adapters import (
     check_durability,
     check_options,
-    committer_options,
     framework_key,
     lock_timeout,
     locked,
@@ -126,17 +127,16 @@ def _decode_messages(raws: Sequence[bytes]) -> list[ModelMessage]:
 class _Conversation:
     """A conversation's stored state, as this process last read or wrote it."""
 
-    __slots__ = ("checkpoint", "committer", "id", "index", "key", "raws", "record")
+    __slots__ = ("id", "index", "key", "raws", "record", "state")
 
     def __init__(self, record: ConversationRecord, checkpoint: Checkpoint[_State] | None) -> None:
         self.id = record.conversation_id
         self.key = conversation_key(self.id)
         self.record = record
-        self.checkpoint = checkpoint  # what its first save expects stored
         # the state's "messages" (encoded entries), and id -> (parent, message JSON, raw)
         self.raws: list[msgspec.Raw] = [] if checkpoint is None else checkpoint.state.messages
         self.index = dict(map(_indexed, self.raws))
-        self.committer: KeyCommitter | None = None  # holds the key from its first save here
+        self.state: dict[str, Any] | None = None  # what its writer writes: a save's, here
 
     def chain(self, head_id: str | None, limit: int | None = None) -> list[tuple[str, str | None]]:
         """``(id, parent)`` from the first entry up to ``head_id``, or its last ``limit``;
@@ -159,22 +159,65 @@ class CheckpointConversationStore(ConversationStore):
     Args:
         store: where the conversations go; a ``JournalStore(root)`` makes a
             save that only adds messages an append.
-        **writer_options: for each ``CheckpointWriter`` of ``checkpoint_run``;
-            ``limits``, ``transcript`` and ``state_version`` for the saves too.
+        idle_timeout: seconds a saved conversation's key stays held with no
+            save (``SessionRegistry``); then, or when past ``max_open``, it is
+            let go and read afresh at its next use.
+        max_open: most conversation keys held at once.
+        **writer_options: for each ``CheckpointWriter`` (the saves' and
+            ``checkpoint_run``'s).
 
     Use it as ``async with``, or call ``aclose()``: closing lets the keys go.
     """
 
-    def __init__(self, store: Store, **writer_options: Any) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        idle_timeout: float = 300.0,
+        max_open: int = 512,
+        **writer_options: Any,
+    ) -> None:
         self.store = store
         self._options = check_options("CheckpointConversationStore", writer_options)
         self._lock = threading.RLock()
-        self._writing = threading.Lock()  # one write_record/delete_record at a time
-        self._open: dict[str, _Conversation] = {}  # conversations with a writer
+        self._writing = anyio.Lock()  # one write_record/delete_record/release at a time
+        # conversation key -> the conversation as its writer holds it (None: absent when read)
+        self._open: dict[str, _Conversation | None] = {}
         self._where: dict[str, str] = {}  # entry id -> a conversation id that stores it
+        self._registry = SessionRegistry(
+            self._snapshot,
+            store,
+            resume=self._resume,
+            on_close=self._closed,
+            idle_timeout=idle_timeout,
+            max_open=max_open,
+            **{**self._options, "write_on_start": False},  # the first save takes the key
+        )
 
     def __repr__(self) -> str:
         return f"<CheckpointConversationStore store={self.store!r} open={len(self._open)}>"
+
+    def _resume(self, key: str) -> Checkpoint[_State] | None:
+        """The registry opens a conversation's key (at a save): read it afresh (blocking)."""
+        checkpoint = load(self.store, key, _State)
+        conversation = None
+        if checkpoint is not None:
+            record = _RECORDS.validate_json(bytes(checkpoint.state.record))
+            conversation = _Conversation(record, checkpoint)
+            self._remember(conversation)
+        with self._lock:
+            self._open[key] = conversation
+        return checkpoint
+
+    def _snapshot(self, key: str) -> Snapshot | None:
+        with self._lock:
+            conversation = self._open.get(key)
+        state = None if conversation is None else conversation.state
+        return None if state is None else Snapshot(key, state)
+
+    def _closed(self, key: str, _result: Result) -> None:
+        with self._lock:
+            self._open.pop(key, None)
 
     async def __aenter__(self) -> CheckpointConversationStore:
         return self
@@ -183,30 +226,14 @@ class CheckpointConversationStore(ConversationStore):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Let go of every conversation this store saved (``release``)."""
-        with self._lock:
-            conversations = list(self._open.values())
-        for conversation in conversations:
-            await self.release(conversation.id)
+        """Let go of every conversation this store saved (after a save running now)."""
+        async with self._writing:
+            await self._registry.aclose()
 
     async def release(self, conversation_id: str) -> None:
         """Let go of the conversation's key (marked not live), so another process may save it."""
-        await self._step(self._release, conversation_id)  # after a save running now
-
-    async def _step(self, step: Callable[..., None], *args: Any) -> None:
-        """Run a step that reads then writes in a worker thread, one step at a time."""
-
-        def locked() -> None:
-            with self._writing:
-                step(*args)
-
-        await anyio.to_thread.run_sync(locked)
-
-    def _release(self, conversation_id: str) -> None:
-        with self._lock:
-            conversation = self._open.pop(conversation_id, None)
-        if conversation is not None and conversation.committer is not None:
-            conversation.committer.close()
+        async with self._writing:  # after a save running now
+            await self._registry.release(conversation_key(conversation_id))
 
     # -- reading a conversation -----------------------------------------------
 
@@ -215,10 +242,10 @@ class CheckpointConversationStore(ConversationStore):
     ) -> _Conversation | None:
         """The conversation: this process's own while it holds the key, else ``checkpoint``
         (loaded already) or what the store holds."""
+        key = conversation_key(conversation_id)
         with self._lock:
-            held = self._open.get(conversation_id)
-        if held is not None:
-            return held
+            if key in self._open:
+                return self._open[key]
         if checkpoint is None:
             checkpoint = load(self.store, conversation_key(conversation_id), _State)
         if checkpoint is None:
@@ -251,7 +278,7 @@ class CheckpointConversationStore(ConversationStore):
         records: list[ConversationRecord] = []
         for checkpoint in self._checkpoints():
             with self._lock:
-                held = self._open.get(checkpoint.state.conversation_id)
+                held = self._open.get(conversation_key(checkpoint.state.conversation_id))
             raw = bytes(checkpoint.state.record)
             records.append(_RECORDS.validate_json(raw) if held is None else held.record)
         return records
@@ -313,20 +340,20 @@ class CheckpointConversationStore(ConversationStore):
         record: ConversationRecord,
         new_entries: list[ConversationEntry],
         expected_revision: str | None,
-    ) -> None:
+    ) -> _Conversation:
+        """The conversation as the save makes it, not yet written (blocking)."""
         conversation_id = record.conversation_id
         current = self._fetch(conversation_id)
         if (None if current is None else current.record.revision) != expected_revision:
             raise ConversationConflict(conversation_id)
-        if current is None:
-            current = _Conversation(record, None)
-        raws, index, record_raw = self._entries(current, record, new_entries)
-        state = {"conversation_id": conversation_id, "record": record_raw, "messages": raws}
-        self._commit(current, state)
-        current.raws, current.index, current.record = raws, index, record
-        with self._lock:
-            self._open[conversation_id] = current
-        self._remember(current)
+        saved = _Conversation(record, None)
+        saved.raws, saved.index, record_raw = self._entries(current or saved, record, new_entries)
+        saved.state = {
+            "conversation_id": conversation_id,
+            "record": record_raw,
+            "messages": saved.raws,
+        }
+        return saved
 
     def _entries(
         self,
@@ -362,27 +389,32 @@ class CheckpointConversationStore(ConversationStore):
             raise CheckpointFailed(failed) from None
         return raws, index, record_raw
 
-    def _commit(self, current: _Conversation, state: dict[str, Any]) -> None:
-        """Commit the conversation durably; its committer holds the key from then on."""
-        opened = current.committer is None
-        if current.committer is None:
-            current.committer = KeyCommitter(
-                self.store,
-                current.key,
-                resume_from=current.checkpoint,
-                **committer_options(self._options),
+    async def _save(
+        self,
+        record: ConversationRecord,
+        new_entries: list[ConversationEntry],
+        expected_revision: str | None,
+    ) -> None:
+        """Write the save durably through the key's writer, which holds the key from then on."""
+        key = conversation_key(record.conversation_id)
+        async with self._registry.session(key) as writer:
+            saved = await anyio.to_thread.run_sync(
+                self._write, record, new_entries, expected_revision
             )
-        result = current.committer.commit(state)
-        if isinstance(result, Failed):
-            lost = result.reason in ("conflict", "locked")  # another writer has the key
-            if opened or lost:
-                current.committer.close()
-                current.committer = None
-                with self._lock:
-                    self._open.pop(current.id, None)  # read it afresh next time
-            if lost:
-                raise ConversationConflict(current.id) from CheckpointFailed(result)
-            raise CheckpointFailed(result)
+            with self._lock:
+                before, self._open[key] = self._open.get(key), saved
+            result = await writer.write_now()
+        if not isinstance(result, Failed):
+            self._remember(saved)
+            return
+        lost = result.reason in ("conflict", "locked")  # another writer has the key
+        with self._lock:
+            self._open[key] = before if before is not None and not lost else None
+        if before is None or before.state is None or lost:
+            await self._registry.release(key)  # read it afresh next time
+        if lost:
+            raise ConversationConflict(record.conversation_id) from CheckpointFailed(result)
+        raise CheckpointFailed(result)
 
     async def write_record(
         self,
@@ -396,14 +428,14 @@ class CheckpointConversationStore(ConversationStore):
         ``ConversationConflict`` too if the record names an entry no
         conversation stores or another writer holds or changed the key.
         """
-        await self._step(self._write, record, list(new_entries), expected_revision)
+        async with self._writing:
+            await self._save(record, list(new_entries), expected_revision)
 
     def _delete(self, conversation_id: str, expected_revision: str | None) -> None:
         """Delete the conversation's key and its run's, if its record is ``expected_revision``.
 
         Both keys are locked, so no save or run lands between the check and the deletes.
         """
-        self._release(conversation_id)
         keys = (conversation_key(conversation_id), run_key(conversation_id))
         try:
             with self._holding(*keys):
@@ -435,7 +467,9 @@ class CheckpointConversationStore(ConversationStore):
     async def delete_record(self, conversation_id: str, *, expected_revision: str) -> None:
         """Delete the conversation's key and its run's (every entry it stored goes with it);
         ``CheckpointFailed("locked")`` while another writer holds either."""
-        await self._step(self._delete, conversation_id, expected_revision)
+        async with self._writing:
+            await self._registry.release(conversation_key(conversation_id))
+            await anyio.to_thread.run_sync(self._delete, conversation_id, expected_revision)
 
     async def delete(self, conversation_id: str, *, scope: str | None = None) -> None:
         """The framework's ``delete``; without ``scope``, the run of a conversation never
@@ -443,7 +477,9 @@ class CheckpointConversationStore(ConversationStore):
         await super().delete(conversation_id, scope=scope)
         if scope is None:
             with contextlib.suppress(ConversationConflict):  # saved again since: not ours
-                await self._step(self._delete, conversation_id, None)
+                async with self._writing:
+                    await self._registry.release(conversation_key(conversation_id))
+                    await anyio.to_thread.run_sync(self._delete, conversation_id, None)
 
     # -- runs in flight -----------------------------------------------------------
 

@@ -390,9 +390,9 @@ async def test_close_during_a_save_is_no_conflict(tmp_path: Path, closing: str) 
     started = anyio.Event()
     real = store._write
 
-    def write(*args: Any) -> None:
+    def write(*args: Any) -> Any:
         anyio.from_thread.run_sync(started.set)
-        real(*args)
+        return real(*args)
 
     store._write = write  # type: ignore[method-assign,assignment]
     async with anyio.create_task_group() as tg:

@@ -4,8 +4,8 @@
 
 Each key ``k<i>`` (``i < N``) of the ``FileStore`` at ``ROOT`` holds ``{"n": n}``.
 
-* ``many``: under ``ulimit -n 1024``, use every key once (``n`` + 1), then
-  close; print the registry's statistics as JSON.
+* ``many``: under ``ulimit -n 1024``, use every key once (``n`` + 1), 64
+  requests at a time, then close; print the registry's statistics as JSON.
 * ``hold``: open every key (written ``n`` = 0), set ``n`` = 1 and notify with a
   debounce of an hour; print ``ready``; sleep (the test sends SIGTERM).
 * ``fork``: open every key at ``n`` = 1, then a ``fork`` pool whose workers
@@ -59,9 +59,15 @@ class Server:
 async def many(root: str, n: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
     server = Server(root, debounce=3600.0, max_wait=3600.0, write_on_start=False)
-    async with server.registry:
-        for i in range(n):
+    keys = iter(range(n))
+
+    async def requests() -> None:  # a server's: many sessions asked for at once
+        for i in keys:
             await server.bump(f"k{i}")
+
+    async with server.registry, anyio.create_task_group() as tg:
+        for _ in range(64):
+            tg.start_soon(requests)
     print(json.dumps(msgspec_dict(server.registry.statistics())), flush=True)
 
 

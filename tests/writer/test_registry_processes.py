@@ -67,10 +67,12 @@ def counts(root: Path, n: int) -> dict[int, int]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_ten_thousand_sessions_under_ulimit_1024(root: Path, backend: str) -> None:
-    """10,000 keys, each used once, in a process limited to 1,024 descriptors: all stored."""
+    """10,000 keys, each used once (64 requests at a time), in a process limited to 1,024
+    descriptors: all stored."""
     out = run("many", root, 10_000, backend, timeout=900)
     stats = json.loads(out.splitlines()[-1])
-    assert stats["opened"] == 10_000 and stats["evicted"] == 10_000 - 512 and stats["failed"] == 0
+    assert (stats["opened"], stats["failed"]) == (10_000, 0)
+    assert stats["evicted"] >= 10_000 - 512  # openings in flight count as open too
     assert counts(root, 10_000) == {1: 10_000}
 
 

@@ -6,6 +6,8 @@ Each key ``k<i>`` (``i < N``) of the ``FileStore`` at ``ROOT`` holds ``{"n": n}`
 
 * ``many``: under ``ulimit -n 1024``, use every key once (``n`` + 1), 64
   requests at a time, then close; print the registry's statistics as JSON.
+* ``pydantic``: as ``many``, through a pydantic-ai ``CheckpointConversationStore``:
+  conversation ``c<i>`` saved with one message ``hi <i>``.
 * ``hold``: open every key (written ``n`` = 0), set ``n`` = 1 and notify with a
   debounce of an hour; print ``ready``; sleep (the test sends SIGTERM).
 * ``fork``: open every key at ``n`` = 1, then a ``fork`` pool whose workers
@@ -75,6 +77,28 @@ def msgspec_dict(value: Any) -> dict[str, Any]:
     import msgspec
 
     return msgspec.to_builtins(value)  # type: ignore[no-any-return]
+
+
+async def pydantic(root: str, n: int) -> None:
+    from pydantic_ai.conversation import Conversation
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+    from checkpointer.pydantic_ai import CheckpointConversationStore
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    keys = iter(range(n))
+
+    async def requests() -> None:
+        for i in keys:
+            conversation = Conversation(conversation_id=f"c{i}")
+            conversation.messages.append(ModelRequest(parts=[UserPromptPart(f"hi {i}")]))
+            await conversations.save(conversation)
+
+    async with CheckpointConversationStore(FileStore(root)) as conversations:
+        async with anyio.create_task_group() as tg:
+            for _ in range(64):
+                tg.start_soon(requests)
+        print(json.dumps(msgspec_dict(conversations._registry.statistics())), flush=True)
 
 
 async def hold(root: str, n: int) -> None:
@@ -152,6 +176,8 @@ async def reopen(root: str) -> None:
 def main(command: str, root: str, n: int, backend: str) -> None:
     if command == "many":
         anyio.run(many, root, n, backend=backend)
+    elif command == "pydantic":
+        anyio.run(pydantic, root, n, backend=backend)
     elif command == "hold":
         anyio.run(hold, root, n, backend=backend)
     elif command == "fork":

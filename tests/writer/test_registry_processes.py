@@ -43,7 +43,15 @@ def child(command: str, root: Path, n: int, backend: str, **kw: object) -> Pumpe
 
 def run(command: str, root: Path, n: int, backend: str, timeout: float) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "tests.children.registry_child", command, str(root), str(n), backend],
+        [
+            sys.executable,
+            "-m",
+            "tests.children.registry_child",
+            command,
+            str(root),
+            str(n),
+            backend,
+        ],
         env=child_env(),
         capture_output=True,
         text=True,
@@ -74,6 +82,28 @@ def test_ten_thousand_sessions_under_ulimit_1024(root: Path, backend: str) -> No
     assert (stats["opened"], stats["failed"]) == (10_000, 0)
     assert stats["evicted"] >= 10_000 - 512  # openings in flight count as open too
     assert counts(root, 10_000) == {1: 10_000}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_pydantic_ai_server_holds_ten_thousand_conversations_under_ulimit_1024(
+    root: Path, backend: str
+) -> None:
+    """A pydantic-ai ``CheckpointConversationStore`` saving 10,000 conversations (64 requests
+    at a time) in a process limited to 1,024 descriptors: each conversation's message stored."""
+    pytest.importorskip("pydantic_ai")
+    from checkpointer.pydantic_ai import conversation_key
+
+    out = run("pydantic", root, 10_000, backend, timeout=900)
+    stats = json.loads(out.splitlines()[-1])
+    assert (stats["opened"], stats["failed"]) == (10_000, 0)
+    store = FileStore(root)
+    wrong = []
+    for i in range(10_000):
+        checkpoint = load(store, conversation_key(f"c{i}"))
+        texts = [] if checkpoint is None else checkpoint.state["messages"]
+        if [m["message"]["parts"][0]["content"] for m in texts] != [f"hi {i}"]:
+            wrong.append(i)
+    assert wrong == []
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,4 +1,4 @@
-"""A server's ``SessionRegistry`` in a process of its own, for ``tests/writer/test_registry_processes.py``.
+"""A server's ``SessionRegistry`` in a process of its own (``test_registry_processes.py``).
 
     python -m tests.children.registry_child COMMAND ROOT N BACKEND
 
@@ -163,7 +163,7 @@ async def reopen(root: str) -> None:
     server = Server(root, idle_timeout=0.05)
     async with server.registry:
         await server.bump("k0")
-        while server.registry.statistics().closed_idle == 0:
+        while server.registry.statistics().closed_idle == 0:  # noqa: ASYNC110 -- a counter
             await anyio.sleep(0.01)
         print("idle", flush=True)
         await anyio.to_thread.run_sync(sys.stdin.readline)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from checkpointer import (
@@ -23,9 +24,9 @@ from checkpointer import (
     SessionRegistry,
     Snapshot,
     Written,
+    _exit,
     load,
 )
-from checkpointer import _exit
 from tests.conftest import FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -67,7 +68,7 @@ class Sessions:
 async def until_open(registry: SessionRegistry, n: int) -> None:
     """Wait (real time, bounded) for the registry's closes in flight: their writes are threads."""
     with anyio.fail_after(60):
-        while registry.statistics().open > n:
+        while registry.statistics().open > n:  # noqa: ASYNC110 -- ends in a thread
             await anyio.sleep(0.001)
 
 
@@ -137,7 +138,7 @@ async def test_a_key_in_use_is_never_closed_for_idleness(
 async def test_an_idle_key_reopens_from_what_another_writer_stored_meanwhile(
     sessions: Sessions, clock: FakeClock
 ) -> None:
-    """A key closed for idleness resumes afresh: another writer's checkpoint is kept and built on."""
+    """A key closed for idleness resumes afresh: another writer's checkpoint is built on."""
     async with sessions.registry(idle_timeout=1.0, clock=clock) as registry:
         async with registry.session("a"):
             sessions.n["a"] = 1
@@ -154,7 +155,7 @@ async def test_an_idle_key_reopens_from_what_another_writer_stored_meanwhile(
 
 
 async def test_the_least_recently_used_key_closes_first_past_max_open(sessions: Sessions) -> None:
-    """Past max_open the least recently used key closes (final write done) before a new one opens."""
+    """Past max_open the least recently used key closes (its final write done) first."""
     async with sessions.registry(max_open=3) as registry:
         for key in ("a", "b", "c"):
             async with registry.session(key):
@@ -188,18 +189,17 @@ async def test_concurrent_first_uses_resume_once(sessions: Sessions) -> None:
         async with registry.session("a") as writer:
             writers.append(writer)
 
-    async with sessions.registry() as registry:
-        async with anyio.create_task_group() as tg:
-            for _ in range(5):
-                tg.start_soon(use)
-            await anyio.wait_all_tasks_blocked()
-            sessions.gate.set()
+    async with sessions.registry() as registry, anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(use)
+        await anyio.wait_all_tasks_blocked()
+        sessions.gate.set()
     assert sessions.resumed == ["a"]
     assert len(writers) == 5 and len({id(w) for w in writers}) == 1
 
 
 async def test_a_cancel_while_opening_leaves_the_key_as_it_found_it(sessions: Sessions) -> None:
-    """Cancelled during resume: the key is not open, on_close undoes resume, a later use opens it."""
+    """Cancelled during resume: not open, on_close undoes resume, a later use opens it."""
     sessions.gate = threading.Event()
     async with sessions.registry() as registry:
         with anyio.CancelScope() as scope:
@@ -275,7 +275,7 @@ async def test_churn_past_max_open_loses_no_use(sessions: Sessions) -> None:
                 sessions.n[key] += 1
                 expected[key] = expected.get(key, 0) + 1
                 writer.notify()
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
 
     async with sessions.registry(max_open=4, idle_timeout=0.001) as registry:
         async with anyio.create_task_group() as tg:
@@ -288,7 +288,7 @@ async def test_churn_past_max_open_loses_no_use(sessions: Sessions) -> None:
 
 
 async def test_release_closes_a_key_now_and_refuses_one_in_use(sessions: Sessions) -> None:
-    """release(key): the final write lands, on_close runs, a later use resumes; not inside a block."""
+    """release(key): the final write lands, on_close runs, a later use resumes; not in a block."""
     async with sessions.registry() as registry:
         async with registry.session("a"):
             sessions.n["a"] = 3

@@ -43,6 +43,8 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     ),
     # the per-key committer: the writer's commit core without its schedule
     "_committer": frozenset({"_values", "_stores", "_writer"}),
+    # many sessions' writers, opened and closed as they are used, one exit hook
+    "_registry": frozenset({"_values", "_stores", "_writer", "_exit", "_text"}),
     # what the framework adapters share: over the public face, as they are
     "_adapters": frozenset({"__init__", "stores", "messages", "summaries", "clock"}),
     # the face and the edge

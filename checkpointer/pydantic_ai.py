@@ -184,6 +184,7 @@ class CheckpointConversationStore(ConversationStore):
         # conversation key -> the conversation as its writer holds it (None: absent when read)
         self._open: dict[str, _Conversation | None] = {}
         self._where: dict[str, str] = {}  # entry id -> a conversation id that stores it
+        self._saving: tuple[str, dict[str, Any] | None] | None = None  # the save being written
         self._registry = SessionRegistry(
             self._snapshot,
             store,
@@ -210,6 +211,8 @@ class CheckpointConversationStore(ConversationStore):
         return checkpoint
 
     def _snapshot(self, key: str) -> Snapshot | None:
+        if self._saving is not None and self._saving[0] == key:
+            return Snapshot(key, self._saving[1])
         with self._lock:
             conversation = self._open.get(key)
         state = None if conversation is None else conversation.state
@@ -401,16 +404,20 @@ class CheckpointConversationStore(ConversationStore):
             saved = await anyio.to_thread.run_sync(
                 self._write, record, new_entries, expected_revision
             )
+            self._saving = (key, saved.state)  # readers see it once it is durable
+            try:
+                result = await writer.write_now()
+            finally:
+                self._saving = None
+            if not isinstance(result, Failed):
+                with self._lock:
+                    self._open[key] = saved
+                self._remember(saved)
+                return
             with self._lock:
-                before, self._open[key] = self._open.get(key), saved
-            result = await writer.write_now()
-        if not isinstance(result, Failed):
-            self._remember(saved)
-            return
+                held = self._open.get(key)
         lost = result.reason in ("conflict", "locked")  # another writer has the key
-        with self._lock:
-            self._open[key] = before if before is not None and not lost else None
-        if before is None or before.state is None or lost:
+        if lost or held is None or held.state is None:
             await self._registry.release(key)  # read it afresh next time
         if lost:
             raise ConversationConflict(record.conversation_id) from CheckpointFailed(result)

@@ -12,6 +12,7 @@ tests take both backends that way.
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -202,3 +203,24 @@ def test_a_second_process_is_refused_and_delete_is_fenced(tmp_path: Path) -> Non
         _kill(holder)
     CheckpointSessionManager("chat", JournalStore(tmp_path)).delete()
     assert _stored(tmp_path) is None
+
+
+def test_two_processes_started_at_once_on_a_new_session(tmp_path: Path) -> None:
+    """Two processes open a new session at the same moment, twenty times: each either runs
+    its turn, stored, or is refused ("locked" or "conflict"); no stored turn is lost."""
+    trials = 20
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.children.strands_child", "race", str(tmp_path), f"{trials}"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=child_env(),
+        timeout=300,
+        check=True,
+    ).stdout
+    ran = {int(n): int(k) for n, k in re.findall(r"^trial (\d+) ran (\d+)$", out, re.M)}
+    assert len(ran) == trials, out
+    for trial, count in ran.items():
+        stored = _stored(tmp_path / str(trial))
+        assert count >= 1 and stored is not None and stored["state"] == {"turns": count}, out
+    assert "refused" in out  # the race was run: at least once both were live together

@@ -112,10 +112,51 @@ def turn(agent: Agent, n: int) -> None:
     agent(f"turn-{n}")
 
 
+def _one_turn(root: str, go: int) -> None:
+    """A forked racer: wait for ``go``, open the session, count one turn in the agent state,
+    save it, close; exit 0, or 3 if refused.  No model call: the racers overlap more."""
+    from checkpointer import CheckpointFailed, JournalStore
+    from checkpointer.strands import CheckpointSessionManager
+
+    os.read(go, 1)
+    try:
+        with CheckpointSessionManager("chat", JournalStore(root)) as manager:
+            agent = scripted_agent(manager)
+            agent.state.set("turns", (agent.state.get("turns") or 0) + 1)
+            manager.sync_agent(agent)
+    except CheckpointFailed as exc:
+        os.write(1, f"refused {exc.result.reason}\n".encode())
+        os._exit(3)
+    os._exit(0)
+
+
+def race(root: str, trials: int) -> None:
+    """Per trial, two forked processes open session ``chat`` under ``root/<trial>`` at once;
+    prints ``trial N ran K`` (K of them ran their turn)."""
+    for trial in range(trials):
+        go_read, go_write = os.pipe()
+        pids = []
+        for _ in range(2):
+            pid = os.fork()
+            if pid == 0:
+                os.close(go_write)
+                _one_turn(os.path.join(root, str(trial)), go_read)
+            pids.append(pid)
+        os.close(go_read)
+        os.write(go_write, b"gg")  # both start now
+        os.close(go_write)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        assert set(codes) <= {0, 3}, codes
+        print(f"trial {trial} ran {codes.count(0)}", flush=True)
+
+
 def main() -> None:
     from checkpointer import JournalStore
     from checkpointer.strands import CheckpointSessionManager
 
+    if sys.argv[1] == "race":
+        race(sys.argv[2], int(sys.argv[3]))
+        return
     root, session, turns = sys.argv[1], sys.argv[2], int(sys.argv[3])
     kill = len(sys.argv) > 4
     manager = CheckpointSessionManager(session, JournalStore(root))

@@ -22,6 +22,7 @@ host Strands' files.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -35,6 +36,7 @@ from ._harness import Report, Table, bytes_written, ratio, scratch_dir
 STRACE = "/usr/bin/strace"
 TEXT = "x" * 200
 _kill_in_tool = {"on": False}
+_ids = itertools.count()
 
 
 def _agent(manager: Any, window: int | None) -> Any:
@@ -62,7 +64,7 @@ def _agent(manager: Any, window: int | None) -> Any:
                 yield {"contentBlockStop": {}}
                 yield {"messageStop": {"stopReason": "end_turn"}}
                 return
-            use = {"toolUseId": f"t{len(messages)}", "name": "lookup"}
+            use = {"toolUseId": f"t{next(_ids)}", "name": "lookup"}  # unique, as a model's
             yield {"contentBlockStart": {"start": {"toolUse": use}}}
             yield {"contentBlockDelta": {"delta": {"toolUse": {"input": f'{{"q": "{TEXT}"}}'}}}}
             yield {"contentBlockStop": {}}

@@ -11,7 +11,12 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from strands.hooks import AfterInvocationEvent, AgentInitializedEvent, MessageAddedEvent
+from strands.hooks import (
+    AfterInvocationEvent,
+    AgentInitializedEvent,
+    MessageAddedEvent,
+    MultiAgentInitializedEvent,
+)
 from strands.session import SessionManager
 from strands.types._snapshot import SNAPSHOT_SCHEMA_VERSION, Snapshot
 from strands.types.exceptions import SessionException
@@ -110,10 +115,16 @@ class CheckpointSessionManager(SessionManager):
     # -- the SessionManager protocol --------------------------------------------
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
-        """Restore at the agent's initialization; save after each message and each invocation."""
+        """Restore at the agent's initialization; save after each message and each invocation.
+
+        A Graph or Swarm built with it raises Strands' ``NotImplementedError``: not kept.
+        """
         registry.add_callback(AgentInitializedEvent, lambda event: self.initialize(event.agent))
         registry.add_callback(MessageAddedEvent, self._on_change)
         registry.add_callback(AfterInvocationEvent, self._on_change)
+        registry.add_callback(
+            MultiAgentInitializedEvent, lambda event: self.initialize_multi_agent(event.source)
+        )
 
     async def _on_change(self, event: MessageAddedEvent | AfterInvocationEvent) -> None:
         # Captured on the agent's loop (copies), committed in a worker thread.

@@ -123,6 +123,18 @@ def test_one_agent_per_manager(tmp_path: Path) -> None:
         scripted_agent(manager, agent_id="other")
 
 
+def test_a_graph_is_refused(tmp_path: Path) -> None:
+    """A Graph built with it raises (Strands' NotImplementedError) instead of running unsaved."""
+    from strands.multiagent import GraphBuilder
+
+    builder = GraphBuilder()
+    builder.add_node(scripted_agent(None), "only")
+    builder.set_max_node_executions(1)
+    builder.set_session_manager(CheckpointSessionManager("graph", JournalStore(tmp_path)))
+    with pytest.raises(NotImplementedError, match="multi-agent"):
+        builder.build()
+
+
 def test_closed_manager_says_so(tmp_path: Path) -> None:
     """A turn after close() raises instead of running unsaved."""
     manager = CheckpointSessionManager("chat", JournalStore(tmp_path))

@@ -8,6 +8,7 @@ Durability, resuming, ownership: docs/frameworks/strands.md.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,15 @@ from strands.types._snapshot import SNAPSHOT_SCHEMA_VERSION, Snapshot
 from strands.types.exceptions import SessionException
 from strands.types.session import decode_bytes_values, encode_bytes_values
 
-from checkpointer import Checkpoint, CheckpointFailed, KeyCommitter, Transcript, load
+from checkpointer import (
+    Checkpoint,
+    CheckpointFailed,
+    KeyCommitter,
+    Result,
+    Skipped,
+    Transcript,
+    load,
+)
 from checkpointer._adapters import check_options, framework_key, locked, probe_lock, raise_failed
 from checkpointer.stores import KeyLocked, Store
 
@@ -79,6 +88,7 @@ class CheckpointSessionManager(SessionManager):
         self._agent_id: str | None = None
         self._committer: KeyCommitter | None = None
         self._closed = False
+        self._pid = os.getpid()
         self.resumed_from: Checkpoint[Any] | None = None  # None: a new session
 
     def __repr__(self) -> str:
@@ -129,7 +139,7 @@ class CheckpointSessionManager(SessionManager):
     async def _on_change(self, event: MessageAddedEvent | AfterInvocationEvent) -> None:
         # Captured on the agent's loop (copies), committed in a worker thread.
         committer, state = self._capture(event.agent)
-        raise_failed(await committer.acommit(state))
+        self._check(await committer.acommit(state))
 
     def initialize(self, agent: LocalAgent, **kwargs: Any) -> None:
         """Restore ``agent`` from the key (if stored) and take the key for this process.
@@ -156,6 +166,7 @@ class CheckpointSessionManager(SessionManager):
         self._committer = KeyCommitter(
             self._store, self.key, resume_from=checkpoint, **self._options
         )
+        self._pid = os.getpid()
         self.sync_agent(agent)
 
     def _restore(self, agent: LocalAgent, state: Any) -> None:
@@ -185,7 +196,17 @@ class CheckpointSessionManager(SessionManager):
     def sync_agent(self, agent: LocalAgent, **kwargs: Any) -> None:
         """Commit the agent now (blocking): Strands calls it after trimming to fit the context."""
         committer, state = self._capture(agent)
-        raise_failed(committer.commit(state))
+        self._check(committer.commit(state))
+
+    def _check(self, result: Result) -> None:
+        """Raise for a ``Failed``, and for a commit skipped as closed: a forked child's copy
+        of the manager (its parent holds the key) stores nothing."""
+        raise_failed(result)
+        if isinstance(result, Skipped) and result.reason == "closed":
+            raise RuntimeError(
+                f"CheckpointSessionManager {self.session_id!r} belongs to process "
+                f"{self._pid} (this is a forked child, or it was closed): this change is not saved"
+            )
 
     def append_message(self, message: Message, agent: LocalAgent, **kwargs: Any) -> None:
         """Nothing: the ``MessageAddedEvent`` hook commits the whole agent."""

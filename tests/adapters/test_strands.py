@@ -12,6 +12,7 @@ tests take both backends that way.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -133,6 +134,30 @@ def test_a_graph_is_refused(tmp_path: Path) -> None:
     builder.set_session_manager(CheckpointSessionManager("graph", JournalStore(tmp_path)))
     with pytest.raises(NotImplementedError, match="multi-agent"):
         builder.build()
+
+
+def test_a_forked_child_says_its_turn_is_not_saved(tmp_path: Path) -> None:
+    """A forked child's turn raises (its parent holds the key), and leaves the key as it was."""
+    with CheckpointSessionManager("chat", JournalStore(tmp_path)) as manager:
+        agent = scripted_agent(manager)
+        turn(agent, 0)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover -- the child
+            try:
+                turn(agent, 1)
+                os.write(write, b"saved?")
+            except RuntimeError as exc:
+                os.write(write, str(exc).encode())
+            os._exit(0)
+        os.close(write)
+        said = os.read(read, 4096).decode()
+        os.waitpid(pid, 0)
+        assert f"belongs to process {os.getpid()}" in said and "not saved" in said
+        assert (_stored(tmp_path) or {})["state"] == {"turns": 1}
+        turn(agent, 1)  # the parent goes on
+    stored = _stored(tmp_path)
+    assert stored is not None and stored["state"] == {"turns": 2}
 
 
 def test_closed_manager_says_so(tmp_path: Path) -> None:

@@ -68,10 +68,10 @@ def _in_tool(root: Path, turns: int) -> subprocess.Popen[str]:
     return child
 
 
-def _kill(child: subprocess.Popen[str]) -> None:
-    child.send_signal(signal.SIGKILL)
+def _kill(child: subprocess.Popen[str], signum: int = signal.SIGKILL) -> None:
+    child.send_signal(signum)
     child.communicate(timeout=60)
-    assert child.returncode == -signal.SIGKILL
+    assert child.returncode == -signum
 
 
 def test_is_a_strands_session_manager(tmp_path: Path) -> None:
@@ -185,15 +185,15 @@ async def test_from_an_async_program(tmp_path: Path, anyio_backend: str) -> None
 # -- killed inside a tool; a second process; a delete from another process ----------
 
 
-@pytest.fixture(scope="module")
-def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A session of four turns whose fourth was SIGKILLed inside its tool."""
+@pytest.fixture(scope="module", params=[signal.SIGKILL, signal.SIGTERM], ids=["KILL", "TERM"])
+def killed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """A session of four turns whose fourth was killed inside its tool (SIGKILL, SIGTERM)."""
     root = tmp_path_factory.mktemp("killed")
-    _kill(_in_tool(root, 4))
+    _kill(_in_tool(root, 4), request.param)
     return root
 
 
-def test_sigkill_inside_a_tool_keeps_the_call(killed: Path) -> None:
+def test_killed_inside_a_tool_keeps_the_call(killed: Path) -> None:
     """What is stored: the turns before, the last turn's prompt and its toolUse (closed by an
     error toolResult where the transcript's repair knows Converse), its state."""
     stored = _stored(killed)
@@ -207,7 +207,7 @@ def test_sigkill_inside_a_tool_keeps_the_call(killed: Path) -> None:
     assert len(messages) <= WINDOW + len(closing)
 
 
-def test_resumed_in_a_new_process_after_sigkill(killed: Path, tmp_path: Path) -> None:
+def test_resumed_in_a_new_process_after_a_kill(killed: Path, tmp_path: Path) -> None:
     """A new process resumes it: Strands closes the dangling call, the model accepts the
     history, the turn is stored."""
     root = tmp_path / "copy"

@@ -152,22 +152,31 @@ class CheckpointSessionManager(SessionManager):
                 deleted by another writer since it was loaded).
         """
         with self._lock:
-            if self._agent_id is not None or self._closed:
+            if self._closed:
+                raise SessionException(
+                    f"CheckpointSessionManager {self.session_id!r} is closed (or was refused): "
+                    "give the agent a new manager"
+                )
+            if self._agent_id is not None:
                 raise SessionException(
                     f"CheckpointSessionManager {self.session_id!r} keeps one agent "
                     f"({self._agent_id!r}): give agent {agent.agent_id!r} a manager of its own"
                 )
             self._agent_id = agent.agent_id
-        checkpoint = self.resumed_from = load(self._store, self.key)
-        way_out = f"or open session {self.session_id!r} under another key (key=)"
-        probe_lock(self._store, self.key, self._options, way_out)
-        if checkpoint is not None:
-            self._restore(agent, checkpoint.state)
-        self._committer = KeyCommitter(
-            self._store, self.key, resume_from=checkpoint, **self._options
-        )
-        self._pid = os.getpid()
-        self.sync_agent(agent)
+        try:
+            checkpoint = self.resumed_from = load(self._store, self.key)
+            way_out = f"or open session {self.session_id!r} under another key (key=)"
+            probe_lock(self._store, self.key, self._options, way_out)
+            if checkpoint is not None:
+                self._restore(agent, checkpoint.state)
+            self._committer = KeyCommitter(
+                self._store, self.key, resume_from=checkpoint, **self._options
+            )
+            self._pid = os.getpid()
+            self.sync_agent(agent)
+        except BaseException:
+            self.close()  # refused: nothing held, and the manager takes no other agent
+            raise
 
     def _restore(self, agent: LocalAgent, state: Any) -> None:
         stored = state.get("agent_id") if isinstance(state, dict) else None

@@ -85,6 +85,11 @@ EXPECTED = {
             "burst checkpoints/s @300 sessions / bare recipe",
         )
     ],
+    "strands": [
+        "bytes/turn trimming / not full",
+        "bytes/turn checkpointer / FileSessionManager",
+        "messages restored after SIGKILL",
+    ],
     "prepare": [
         "prepare after 1 append @100,000 vs @100 msgs",
         "prepare after 1 append @100,000 / one list == of 100,000 references",

@@ -1,4 +1,4 @@
-"""``SessionRegistry`` in real processes: 10,000 sessions under ``ulimit -n 1024``, SIGTERM to
+"""``SessionRegistry`` in real processes: more sessions than ``ulimit -n 1024`` allows, SIGTERM to
 the process group of a server holding 1,000, a fork pool, a reopen after another process wrote.
 
 Checked on the bytes stored for each key (``tests/children/registry_child.py``).  Roots are on
@@ -22,6 +22,9 @@ from checkpointer import FileStore, load
 from tests._support import HANG_GUARD, Pumped, child_env
 
 BACKENDS = ["asyncio", "trio"]
+# More keys than descriptors shows the bound; the issue's 10,000 take minutes, so they are
+# the long run's (CHECKPOINTER_LONG_TESTS=1).
+MANY = 10_000 if os.environ.get("CHECKPOINTER_LONG_TESTS") == "1" else 1_500
 
 
 @pytest.fixture
@@ -74,30 +77,30 @@ def counts(root: Path, n: int) -> dict[int, int]:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_ten_thousand_sessions_under_ulimit_1024(root: Path, backend: str) -> None:
-    """10,000 keys, each used once (64 requests at a time), in a process limited to 1,024
+def test_more_sessions_than_descriptors_under_ulimit_1024(root: Path, backend: str) -> None:
+    """``MANY`` keys, each used once (64 requests at a time), in a process limited to 1,024
     descriptors: all stored."""
-    out = run("many", root, 10_000, backend, timeout=900)
+    out = run("many", root, MANY, backend, timeout=900)
     stats = json.loads(out.splitlines()[-1])
-    assert (stats["opened"], stats["failed"]) == (10_000, 0)
-    assert stats["evicted"] >= 10_000 - 512  # openings in flight count as open too
-    assert counts(root, 10_000) == {1: 10_000}
+    assert (stats["opened"], stats["failed"]) == (MANY, 0)
+    assert stats["evicted"] >= MANY - 512  # openings in flight count as open too
+    assert counts(root, MANY) == {1: MANY}
 
 
-def test_a_pydantic_ai_server_holds_ten_thousand_conversations_under_ulimit_1024(
+def test_a_pydantic_ai_server_holds_more_conversations_than_descriptors(
     root: Path,
 ) -> None:
-    """A pydantic-ai ``CheckpointConversationStore`` saving 10,000 conversations (64 requests
+    """A pydantic-ai ``CheckpointConversationStore`` saving ``MANY`` conversations (64 requests
     at a time) in a process limited to 1,024 descriptors: each conversation's message stored."""
     pytest.importorskip("pydantic_ai")
     from checkpointer.pydantic_ai import conversation_key
 
-    out = run("pydantic", root, 10_000, "asyncio", timeout=900)  # pydantic-ai runs on asyncio
+    out = run("pydantic", root, MANY, "asyncio", timeout=900)  # pydantic-ai runs on asyncio
     stats = json.loads(out.splitlines()[-1])
-    assert (stats["opened"], stats["failed"]) == (10_000, 0)
+    assert (stats["opened"], stats["failed"]) == (MANY, 0)
     store = FileStore(root)
     wrong = []
-    for i in range(10_000):
+    for i in range(MANY):
         checkpoint = load(store, conversation_key(f"c{i}"))
         texts = [] if checkpoint is None else checkpoint.state["messages"]
         if [m["message"]["parts"][0]["content"] for m in texts] != [f"hi {i}"]:

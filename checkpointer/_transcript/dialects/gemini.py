@@ -146,9 +146,10 @@ class _Gemini(Dialect):
         fields = {
             "author": "user",
             "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"checkpointer:{ids}")),
-            "timestamp": get_field(call_message, "timestamp"),
             "content": content,
         }
+        if get_field(call_message, "timestamp") is not None:
+            fields["timestamp"] = get_field(call_message, "timestamp")
         if type(call_message) is not dict:
             fields["invocation_id"] = get_field(call_message, "invocation_id")
             return build(framework_class(call_message, "Event"), fields)

@@ -35,7 +35,7 @@ class HistoryScan(msgspec.Struct):
     unclosed: list[Unclosed]
     pending: list[Unclosed]  # open at the end on purpose: a paused run (see above)
     running: list[int]  # indices of messages holding running results
-    turns: int  # assistant messages
+    turns: int | None  # assistant messages; None: some message of a shape no dialect knows
 
 
 class ScanState:
@@ -126,7 +126,9 @@ class ScanState:
         problems = self.problems + [_unclosed(u, _NO_RESULT) for u in unclosed]
         problems += [_unclosed(u, _PENDING) for u in pending]
         problems.sort(key=lambda p: p.index)  # stable: per message, in the order found
-        return HistoryScan(problems, unclosed, pending, list(self.running), self.turns)
+        unknown = any(p.kind == "unrecognised" for p in self.problems)
+        turns = None if unknown else self.turns
+        return HistoryScan(problems, unclosed, pending, list(self.running), turns)
 
 
 _NO_RESULT = "has no result before the conversation goes on"
@@ -229,7 +231,8 @@ def validate_history(messages: Sequence[Any]) -> list[HistoryProblem]:
 
     ``messages`` may mix every dialect the helpers know (chat-completions,
     Anthropic-style, OpenAI Responses / Agents SDK items, pydantic-ai,
-    LangChain), as dicts, Structs or the frameworks' objects.  Returns the
+    LangChain, Bedrock Converse / Strands, Gemini / ADK events, Claude Code
+    transcript entries), as dicts, Structs or the frameworks' objects.  Returns the
     problems in message order, none for a sendable history (an empty one is);
     a message of an unknown shape is an ``"unrecognised"`` problem, not checked
     and not a reason to refuse.
@@ -237,6 +240,8 @@ def validate_history(messages: Sequence[Any]) -> list[HistoryProblem]:
     return scan_history(messages).problems
 
 
-def count_turns(messages: Sequence[Any]) -> int:
-    """The turns in ``messages``: assistant messages, pydantic-ai responses, LangChain ``ai``."""
+def count_turns(messages: Sequence[Any]) -> int | None:
+    """The turns in ``messages``: assistant messages (a response the Claude Code CLI split
+    into entries is one), pydantic-ai responses, LangChain ``ai``, Gemini ``model`` contents;
+    None when a message is of a shape no dialect recognises (the turns cannot be counted)."""
     return scan_history(messages).turns

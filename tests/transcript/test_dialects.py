@@ -445,4 +445,3 @@ def test_closing_k_parallel_calls_reads_their_message_a_few_times(dialect: str) 
     repaired, count = close_dangling_tool_calls([first, call])
     assert count == k and validate_history(repaired) == []
     assert _CountedList.passes < 10
-

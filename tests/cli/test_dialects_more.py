@@ -58,9 +58,10 @@ def test_verify_never_says_ok_of_a_broken_history(
     write(store, "a-dropped", {"messages": conversation(f, drop=True)})
     write(store, "b-orphan", {"messages": conversation(f, orphan=True)})
     write(store, "c-open", {"messages": conversation(f, drop=True, end_open=True)})
-    odd = {"role": "user", "content": [{"bogus": 1}]} if f.dialect == "converse" else None
-    odd = odd or {"role": "model", "parts": [{"bogus": 1}]}
-    if f.dialect == "claude-code":
+    odd: dict[str, Any] = {"role": "model", "parts": [{"bogus": 1}]}
+    if f.dialect == "converse":
+        odd = {"role": "user", "content": [{"bogus": 1}]}
+    elif f.dialect == "claude-code":
         odd = {"type": "assistant", "uuid": "x", "message": {"content": [{"type": "bogus"}]}}
     write(store, "d-unknown", {"messages": [f.user("hi"), odd]})
     status, out = run(capsys, "verify", tmp_path)

@@ -342,6 +342,10 @@ def test_claude_code_entries_that_are_not_turns_keep_the_window() -> None:
     another = f.answer("a second response, no result between")
     assert kinds([f.user("hi"), *call, another]) == [("unclosed-call", 2, "c1")]
     assert count_turns([f.user("hi"), *call, *aside]) == 1
+    parallel = f.call("p1", "p2")
+    first, second = f.results("p1", "p2")
+    first["message"]["content"].append({"type": "text", "text": "a hook said this"})
+    assert kinds([f.user("hi"), *parallel, first, second, f.answer("ok")]) == []
 
 
 def test_a_langchain_system_message_is_still_langchain() -> None:

@@ -79,7 +79,8 @@ def read_entry(entry: Any) -> Classified:
             False,
             False,
         )
-    return CLAUDE_CODE, (ids, (), False, answers == len(content) > 0, False)
+    # The CLI sends user entries in a row as one message: one holding results keeps the window.
+    return CLAUDE_CODE, (ids, (), False, answers > 0, False)
 
 
 class _ClaudeCode(Dialect):

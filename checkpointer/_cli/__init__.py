@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import logging
 import re
+import sys
 from collections.abc import Sequence
 
 from .. import PostgresStore
@@ -23,7 +24,15 @@ __all__ = ["main", "parse_duration"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser, commands = _build_parser()
-    args, extras = parser.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # After "--" only positionals (a key may start with "-"); argparse would fill them only
+    # if no option came between ROOT and "--", so they are filled here.
+    tail = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args, extras = parser.parse_known_args(argv[: len(argv) - len(tail) - bool(tail)])
+    for name in ("root", "key"):
+        if tail and name in args and getattr(args, name) is None:
+            setattr(args, name, tail.pop(0))
+    extras += tail
     if extras:  # said by the command's own parser, in the user's words
         commands.choices[args.command].error(f"unrecognized arguments: {' '.join(extras)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")

@@ -14,9 +14,8 @@ from checkpointer import Checkpoint, CheckpointError
 from checkpointer.messages import count_turns
 
 from . import report
-from .roots import EPOCH, Entry, LockView, Root, detect, why
+from .roots import EPOCH, Entry, LockView, Root, detect, scan_journal, why
 
-AT = "$.state.messages"
 T = TypeVar("T")
 
 
@@ -47,6 +46,7 @@ class Look(NamedTuple):
     row: Row
     loaded: Checkpoint[Any] | None  # None: unreadable
     lock: LockView | None
+    history: History | None = None
 
 
 def read(root: Root, get: Callable[[Entry], T | None], entry: Entry) -> tuple[T | None, str | None]:
@@ -82,13 +82,13 @@ def inspect(root: Root, entry: Entry, *, lock: bool = True) -> Look:
     row.updated_at, row.created_at = report.utc(meta.updated_at), report.utc(meta.created_at)
     row.mtime = mtime or row.updated_at  # a row's only time is its meta's
     row.seq, row.live, row.pinned, row.turns = meta.seq, meta.live, meta.pinned, meta.turns
-    found = history(loaded.state)
+    found = transcript(root, entry, loaded.state)
     listed = None if found is None else found.messages
-    if row.turns is None and listed is not None:
+    if row.turns is None and listed is not None:  # None again: a shape no dialect knows
         row.turns = count_turns(listed)
     row.messages = None if listed is None else len(listed)
     row.title = _title(listed)
-    return Look(row, loaded, view)
+    return Look(row, loaded, view, found)
 
 
 class History(NamedTuple):
@@ -99,18 +99,42 @@ class History(NamedTuple):
     note: str | None = None
 
 
-_plain = f"{AT}[{{}}]".format  # the JSON path of message i
 _LANGGRAPH_ROWS = frozenset({"checkpoint", "blob", "tail", "write"})
 
 
-def history(state: Any) -> History | None:
-    """The agent history in ``state["messages"]`` (or a pydantic-ai conversation's chain of
-    entries; a LangGraph thread log's serde bytes are not checked); None without one."""
-    if not isinstance(state, dict) or "messages" not in state:
+def transcript(root: Root, entry: Entry, state: Any) -> History | None:
+    """The agent history of a checkpoint: in ``messages``; else in the field its journal
+    recorded; else in the one list of the state whose first item a dialect knows."""
+    if not isinstance(state, dict) or "messages" in state:
+        return history(state)
+    field = _recorded(root, entry)
+    if field is None:
+        lists = [k for k, v in state.items() if isinstance(v, list) and v and detect(v[0])]
+        field = lists[0] if len(lists) == 1 else None
+    return None if field is None else history(state, field)
+
+
+def _recorded(root: Root, entry: Entry) -> str | None:
+    """The transcript field a journal names in its last compaction (a snapshot names none)."""
+    try:
+        data = root.raw(entry)
+        if not data or not data.startswith(b'{"kind":"header"'):
+            return None
+        return scan_journal(data, entry.path).compaction.transcript
+    except (CheckpointError, OSError):  # it loaded a moment ago: changed since, not said here
         return None
-    listed = state["messages"]
+
+
+def history(state: Any, field: str = "messages") -> History | None:
+    """The agent history in ``state[field]`` (or a pydantic-ai conversation's chain of
+    entries; a LangGraph thread log's serde bytes are not checked); None without one."""
+    if not isinstance(state, dict) or field not in state:
+        return None
+    at = f"$.state.{field}" if field.isidentifier() else f"$.state[{field!r}]"
+    _plain = f"{at}[{{}}]".format  # the JSON path of message i
+    listed = state[field]
     if not isinstance(listed, list):
-        why = f"{AT} is {report.json_type(listed)}, not a list of messages: not checked"
+        why = f"{at} is {report.json_type(listed)}, not a list of messages: not checked"
         return History(None, _plain, why)
     first = listed[0] if listed else None
     if isinstance(first, dict) and first.get("row") in _LANGGRAPH_ROWS and "thread_id" in state:
@@ -123,11 +147,11 @@ def history(state: Any) -> History | None:
     record = state.get("record")
     entries = isinstance(first, dict) and "parent_id" in first and "message" in first
     if isinstance(record, dict) and "head_id" in record and entries:
-        return _conversation(listed, record.get("head_id"))
+        return _conversation(listed, record.get("head_id"), at)
     return History(listed, _plain)
 
 
-def _conversation(entries: list[Any], head: Any) -> History:
+def _conversation(entries: list[Any], head: Any, at: str) -> History:
     """A pydantic-ai conversation: the messages of the entries chained up to ``head``."""
     where: dict[Any, tuple[int, Any]] = {}
     for k, entry in enumerate(entries):
@@ -142,11 +166,11 @@ def _conversation(entries: list[Any], head: Any) -> History:
                 f"a pydantic-ai conversation whose entries do not chain from its head_id "
                 f"{head!r} (at {cursor!r}): not checked"
             )
-            return History(None, _plain, why)
+            return History(None, f"{at}[{{}}]".format, why)
         chain.append(found[0])
         cursor = found[1]
     chain.reverse()
-    return History([entries[k]["message"] for k in chain], lambda i: f"{AT}[{chain[i]}].message")
+    return History([entries[k]["message"] for k in chain], lambda i: f"{at}[{chain[i]}].message")
 
 
 def _title(listed: list[Any] | None) -> str:

@@ -101,7 +101,7 @@ def _table(rows: list[Row], summaries: dict[str, Extra]) -> None:
                 report.when(r.updated_at),
                 report.size(r.size),
                 "-" if only else report.value(r.seq),
-                "-" if only else report.value(r.turns) if r.error or r.turns is not None else "-",
+                "-" if only else _turns(r),
                 "-" if only else report.value(r.live),
                 "-" if only else report.value(r.pinned),
                 r.lock or "-",
@@ -129,3 +129,10 @@ def _age(extra: Extra | None, now: datetime) -> str:
     if extra.problem or extra.unreadable:
         return "!"  # said on stderr
     return report.ago((now - extra.time).total_seconds()) + " ago"
+
+
+def _turns(r: Row) -> str:
+    """Its turns; ``?`` for a history with a message no dialect knows; ``-`` without one."""
+    if r.error or r.turns is not None:
+        return report.value(r.turns)
+    return "-" if r.messages is None else report.UNCOUNTED

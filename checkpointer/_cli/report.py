@@ -87,6 +87,10 @@ def silence() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+UNCOUNTED = "?"
+"""The turns of a history holding a message of a shape no dialect knows: not counted."""
+
+
 def message_line(message: Any, width: int = 100) -> str:
     """A message on one line, in its dialect's words (else its JSON): who, text, calls made."""
     dialect = detect(message)

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
 from checkpointer import Checkpoint, CheckpointError, PostgresStore, S3JournalStore, S3Store, load
+from checkpointer._format.journal import scan_journal as scan_journal
 from checkpointer._stores.base import KEY_PATTERN, check_key
 from checkpointer._stores.postgres.schema import schema_sql as schema_sql
 from checkpointer._stores.s3.client import error_code

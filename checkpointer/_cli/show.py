@@ -8,7 +8,7 @@ import difflib
 import msgspec
 
 from . import report
-from .look import history, inspect, read
+from .look import inspect, read
 from .roots import Entry, LockView, Root
 from .verify import torn_tail
 
@@ -90,9 +90,12 @@ def _show(root: Root, entry: Entry, last: int) -> int:
             fields.append((name, report.value(value)))
     if loaded.torn is not None:  # what load() dropped (the whole story on stderr, after)
         fields.append(("torn tail", f"line {loaded.torn.line} on, {loaded.torn.nbytes} bytes"))
-    if row.turns is not None and not any(name == "turns" for name, _ in fields):
-        fields.append(("turns", f"{row.turns} (assistant messages)"))
-    found = history(loaded.state)
+    found = look.history
+    if not any(name == "turns" for name, _ in fields):
+        if row.turns is not None:
+            fields.append(("turns", f"{row.turns} (assistant messages)"))
+        elif found is not None and found.messages is not None:
+            fields.append(("turns", f"{report.UNCOUNTED} (a message of a shape no dialect knows)"))
     listed = [] if found is None or found.messages is None else found.messages
     if found is None or found.messages is None:
         state = msgspec.json.encode(loaded.state).decode()

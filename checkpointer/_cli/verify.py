@@ -11,7 +11,7 @@ from checkpointer.messages import HistoryProblem
 from checkpointer.stores import TornTail
 
 from . import report
-from .look import History, history, read
+from .look import History, read, transcript
 from .roots import CHAT, FOREIGN, Entry, Root, clipped, describe_shape, detect, scan_history
 
 HELP = "load every checkpoint and check agent histories; exit 1 if any is bad"
@@ -88,7 +88,7 @@ def verdict(root: Root, entry: Entry) -> Verdict:
         )
     summary = f"seq {meta.seq}"
     torn = None if loaded.torn is None else torn_tail(loaded.torn)
-    found = history(loaded.state)
+    found = transcript(root, entry, loaded.state)
     if found is None or found.messages is None:
         return Verdict(None, summary, note=None if found is None else found.note, torn=torn)
     return _check(found, summary)._replace(torn=torn)

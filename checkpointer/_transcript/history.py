@@ -35,7 +35,7 @@ class HistoryScan(msgspec.Struct):
     unclosed: list[Unclosed]
     pending: list[Unclosed]  # open at the end on purpose: a paused run (see above)
     running: list[int]  # indices of messages holding running results
-    turns: int  # assistant messages
+    turns: int | None  # assistant messages; None: some message of a shape no dialect knows
 
 
 class ScanState:
@@ -55,6 +55,7 @@ class ScanState:
         "count",
         "deferring",
         "free_calls",
+        "last_turn",
         "moved",
         "open_calls",
         "problems",
@@ -77,6 +78,7 @@ class ScanState:
         self.called_log: list[str] = []
         self.answered_log: list[str] = []
         self.turns = 0
+        self.last_turn: bool | str = False  # the last message's turn: a part of it continues it
         # some calls of the open window were answered: the rest may be deferred
         self.deferring = False
         # the last message of a dialect that does not defer (a user's, an assistant's)
@@ -124,7 +126,9 @@ class ScanState:
         problems = self.problems + [_unclosed(u, _NO_RESULT) for u in unclosed]
         problems += [_unclosed(u, _PENDING) for u in pending]
         problems.sort(key=lambda p: p.index)  # stable: per message, in the order found
-        return HistoryScan(problems, unclosed, pending, list(self.running), self.turns)
+        unknown = any(p.kind == "unrecognised" for p in self.problems)
+        turns = None if unknown else self.turns
+        return HistoryScan(problems, unclosed, pending, list(self.running), turns)
 
 
 _NO_RESULT = "has no result before the conversation goes on"
@@ -150,7 +154,8 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
     """Scan ``items``, the messages after the first ``state.count``, on top of ``state``.
 
     Results close open calls.  A message that does not keep the window (a
-    ``tool`` message keeps it) then ends the window of the calls still open:
+    ``tool`` message keeps it), and is not a part of the turn before (see
+    ``Reading``), then ends the window of the calls still open:
     they are unclosed, and a later result is an orphan.  A *free* call
     (Responses) stays open until answered.
     """
@@ -160,7 +165,7 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
     open_calls, free_calls = state.open_calls, state.free_calls
     answered, answered_log = state.answered, state.answered_log
     called, called_log = state.called, state.called_log
-    turns, deferring, moved = state.turns, state.deferring, state.moved
+    turns, deferring, moved, last_turn = state.turns, state.deferring, state.moved, state.last_turn
     for i, message in enumerate(items, start):
         dialect, (results, calls, turn, keeps, is_running) = classify(message)
         if dialect is None:  # left alone: answers nothing, ends no window
@@ -184,12 +189,13 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
             running.append(i)
         if keeps:
             continue
-        if open_calls:
-            unclosed.extend(Unclosed(at, i, c, of) for c, (at, of) in open_calls.items())
-            open_calls.clear()
-        deferring = False
-        if turn:
-            turns += 1
+        if turn is True or not turn or turn != last_turn:  # not a part of the message before
+            if open_calls:
+                unclosed.extend(Unclosed(at, i, c, of) for c, (at, of) in open_calls.items())
+                open_calls.clear()
+            deferring = False
+            turns += bool(turn)
+            last_turn = turn
         if calls:
             into = free_calls if dialect.window == "free" else open_calls
             for call_id in calls:
@@ -202,7 +208,7 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
                 called.add(call_id)
                 called_log.append(call_id)
                 into[call_id] = (i, dialect)
-    state.turns, state.deferring, state.moved = turns, deferring, moved
+    state.turns, state.deferring, state.moved, state.last_turn = turns, deferring, moved, last_turn
     state.count = start + len(items)
 
 
@@ -225,7 +231,8 @@ def validate_history(messages: Sequence[Any]) -> list[HistoryProblem]:
 
     ``messages`` may mix every dialect the helpers know (chat-completions,
     Anthropic-style, OpenAI Responses / Agents SDK items, pydantic-ai,
-    LangChain), as dicts, Structs or the frameworks' objects.  Returns the
+    LangChain, Bedrock Converse / Strands, Gemini / ADK events, Claude Code
+    transcript entries), as dicts, Structs or the frameworks' objects.  Returns the
     problems in message order, none for a sendable history (an empty one is);
     a message of an unknown shape is an ``"unrecognised"`` problem, not checked
     and not a reason to refuse.
@@ -233,6 +240,8 @@ def validate_history(messages: Sequence[Any]) -> list[HistoryProblem]:
     return scan_history(messages).problems
 
 
-def count_turns(messages: Sequence[Any]) -> int:
-    """The turns in ``messages``: assistant messages, pydantic-ai responses, LangChain ``ai``."""
+def count_turns(messages: Sequence[Any]) -> int | None:
+    """The turns in ``messages``: assistant messages (a response the Claude Code CLI split
+    into entries is one), pydantic-ai responses, LangChain ``ai``, Gemini ``model`` contents;
+    None when a message is of a shape no dialect recognises (the turns cannot be counted)."""
     return scan_history(messages).turns

@@ -91,10 +91,13 @@ FORWARD: dict[str, tuple[str, ...]] = {
     "_transcript": (
         "messages",
         "dialects.base",
+        "dialects.converse",
         "dialects.chat",
         "dialects.responses",
         "dialects.pydantic_ai",
         "dialects.langchain",
+        "dialects.gemini",
+        "dialects.claude_code",
         "dialects.detect",
         "dialects",
         "history",

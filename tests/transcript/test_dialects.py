@@ -445,13 +445,3 @@ def test_closing_k_parallel_calls_reads_their_message_a_few_times(dialect: str) 
     repaired, count = close_dangling_tool_calls([first, call])
     assert count == k and validate_history(repaired) == []
     assert _CountedList.passes < 10
-
-
-def test_gemini_messages_are_unrecognised_users_included() -> None:
-    """Gemini's ``{"role": "user" | "model", "parts": [...]}`` is no dialect of ours, its user
-    messages too (not read as chat users with no content)."""
-    history = [
-        {"role": "user", "parts": [{"text": "hi"}]},
-        {"role": "model", "parts": [{"text": "yo"}]},
-    ]
-    assert kinds(history) == [("unrecognised", 0, None), ("unrecognised", 1, None)]

@@ -20,6 +20,7 @@ __all__ = [
     "build",
     "first_by_id",
     "framework_class",
+    "keyed",
     "seq",
     "short",
     "text_of",
@@ -32,9 +33,11 @@ of tool messages); *next*, in the message right after it; *turn*, in the request
 results after it (pydantic-ai sends consecutive requests as one); *free*, anywhere
 after it (the Responses API pairs a call and its output by id)."""
 
-Reading: TypeAlias = tuple[Sequence[Any], Sequence[Any], bool, bool, bool]
+Reading: TypeAlias = tuple[Sequence[Any], Sequence[Any], bool | str, bool, bool]
 """What the scan reads of a message: (result ids, call ids, is a turn, keeps
-the window of open calls, holds a running result)."""
+the window of open calls, holds a running result).  A turn may be a message id
+instead of True: messages in a row with the same id are parts of one turn (the
+Claude Code CLI writes each block of a response as an entry of its own)."""
 
 PLAIN: Reading = ((), (), False, False, False)
 TURN: Reading = ((), (), True, False, False)
@@ -119,6 +122,24 @@ def text_of(content: Any) -> str:
         parts = (p if isinstance(p, str) else get_field(p, "text") for p in content)
         return " ".join(p for p in parts if isinstance(p, str))
     return ""
+
+
+def keyed(block: Any, kinds: frozenset[str], marks: frozenset[str] = frozenset()) -> str | None:
+    """The kind of a block that says it by its one key (Converse's ``{"toolUse": ...}``,
+    Gemini's parts): the one key of ``kinds`` set (not None), beside ``marks`` (Gemini's
+    ``thought``); None for a block of another shape, or of a key no dialect knows.  An
+    object (a pydantic model) is read by its attributes."""
+    fields = block if type(block) is dict else getattr(block, "__dict__", None)
+    if type(fields) is not dict:
+        return None
+    found = None
+    for key, value in fields.items():
+        if value is None or key in marks:
+            continue
+        if found is not None or key not in kinds:
+            return None
+        found = key
+    return found
 
 
 def short(value: Any, width: int = 40) -> str:

@@ -27,6 +27,7 @@ from .base import (
     text_of,
     tool_name,
 )
+from .converse import read_converse
 
 __all__ = ["ANTHROPIC", "CHAT", "read_role"]
 
@@ -169,13 +170,16 @@ def read_role(role: Any, calls: Any, content: Any, message: Any) -> Classified:
     assistant = role == "assistant"
     if not content or not isinstance(content, (list, tuple)):
         return _CHAT_TURN if assistant else _CHAT_PLAIN
-    return _read_blocks(content, assistant)
+    return _read_blocks(role, content, assistant)
 
 
-def _read_blocks(content: Any, assistant: bool) -> Classified:
-    """A role message with a list of content blocks: Anthropic's if any is a tool block."""
+def _read_blocks(role: str, content: Any, assistant: bool) -> Classified:
+    """A role message with a list of content blocks: Anthropic's if any is a tool block,
+    Converse's if any block has no ``type`` (it says its kind by its key)."""
     ids, blocks, running = [], False, False
     for block in content:
+        if type(block) is dict and "type" not in block:
+            return read_converse(role, content)
         kind = block_type(block)
         if kind == "tool_use":
             blocks = True

@@ -11,6 +11,8 @@ import msgspec
 from ..messages import clipped
 from .base import NONE, Classified, Dialect
 from .chat import read_role
+from .claude_code import ENTRIES, read_entry
+from .gemini import GEMINI, is_event, read_gemini
 from .langchain import LANGCHAIN, TYPES
 from .pydantic_ai import PYDANTIC_AI
 from .responses import ITEMS, RESPONSES
@@ -27,16 +29,19 @@ def classify(message: Any) -> Classified:
     if type(message) is dict:  # inline: the hot path of the scan
         role = message.get("role")
         if role is not None:
-            # Gemini's role messages have parts, not content: not ours, users' included.
             if "parts" in message and "content" not in message:
-                return NONE
+                return read_gemini(message)
             if _by_type(message.get("type")) is not LANGCHAIN:
                 calls, content = message.get("tool_calls"), message.get("content")
                 return read_role(role, calls, content, message)
             return LANGCHAIN, LANGCHAIN.read(message)  # a LangChain ChatMessage's dump
         kind = message.get("type")
         if kind is not None:
+            if "parentUuid" in message or "uuid" in message or kind in _ENTRIES_ONLY:
+                return read_entry(message)  # LangChain has "system" too, without a uuid
             return _read(_by_type(kind), message)
+        if is_event(message):
+            return _event(message.get("content"))
         if message.get("kind") in ("request", "response") and isinstance(
             message.get("parts"), (list, tuple)
         ):
@@ -83,6 +88,17 @@ def describe_shape(message: Any) -> str:
 _BY_TYPE = {**dict.fromkeys(ITEMS, RESPONSES), **dict.fromkeys(TYPES, LANGCHAIN)}
 
 
+_ENTRIES_ONLY = ENTRIES - TYPES - ITEMS
+"""Claude Code's entry types that no other dialect uses (a summary entry has no uuid)."""
+
+
+def _event(content: Any) -> Classified:
+    """An ADK event: its content's reading; without one (a state change), not sent."""
+    if content is None:
+        return GEMINI, ((), (), False, True, False)
+    return read_gemini(content) if isinstance(content, dict) else NONE
+
+
 def _by_type(kind: Any) -> Dialect | None:
     return _BY_TYPE.get(kind) if isinstance(kind, str) else None
 
@@ -120,6 +136,11 @@ def _any_object(message: Any) -> Classified:
     return NONE
 
 
+def _event_object(message: Any) -> Classified:
+    content = message.content
+    return (GEMINI, ((), (), False, True, False)) if content is None else read_gemini(content)
+
+
 def _no_shape(message: Any) -> Classified:
     return NONE
 
@@ -141,7 +162,9 @@ def _classifier(cls: type) -> Callable[[Any], Classified]:
     if "type" in names:  # LangChain messages, Responses items (ChatMessage's dump: "chat")
         return _typed_object
     if "role" in names:
-        return _no_shape if "parts" in names and "content" not in names else _role_object
+        return read_gemini if "parts" in names and "content" not in names else _role_object
+    if "author" in names and "content" in names:  # an ADK Event
+        return _event_object
     if "kind" in names and "parts" in names:
         return _pydantic_ai_object
     return _no_shape

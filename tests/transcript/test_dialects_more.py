@@ -1,0 +1,354 @@
+"""Bedrock Converse (Strands), Gemini (google-genai, ADK events) and Claude Code transcript
+entries: detected per message, their problems found, their dangling calls closed in their own
+shape, and the repaired histories taken back by the frameworks' own request paths."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from checkpointer._transcript.dialects import detect
+from checkpointer.messages import (
+    CLOSED_CALL_TEXT,
+    close_dangling_tool_calls,
+    count_turns,
+    validate_history,
+)
+
+
+def kinds(messages: list[Any]) -> list[tuple[str, int, str | None]]:
+    return [(p.kind, p.index, p.call_id) for p in validate_history(messages)]
+
+
+# -- the pieces of a conversation in each dialect (as JSON, what a store holds) ----------
+
+
+class Converse:
+    name = dialect = "converse"
+
+    def user(self, text: str) -> Any:
+        return {"role": "user", "content": [{"text": text}]}
+
+    def answer(self, text: str) -> Any:
+        return {"role": "assistant", "content": [{"text": text}]}
+
+    def call(self, *ids: str) -> list[Any]:
+        uses = [{"toolUse": {"toolUseId": i, "name": "lookup", "input": {"q": 2}}} for i in ids]
+        return [{"role": "assistant", "content": [{"text": "let me look"}, *uses]}]
+
+    def results(self, *ids: str) -> list[Any]:
+        results = [
+            {"toolResult": {"toolUseId": i, "status": "success", "content": [{"text": f"r {i}"}]}}
+            for i in ids
+        ]
+        return [{"role": "user", "content": results}]
+
+
+class Gemini:
+    dialect = "gemini"
+
+    def __init__(self, camel: bool, events: bool) -> None:
+        self.camel, self.events = camel, events
+        self.name = f"gemini-{'camel' if camel else 'snake'}{'-events' if events else ''}"
+
+    def _message(self, role: str, parts: list[Any]) -> Any:
+        content = {"role": role, "parts": parts}
+        if not self.events:
+            return content
+        author = "user" if role == "user" else "agent"
+        invocation = "invocationId" if self.camel else "invocation_id"
+        return {"author": author, invocation: "i1", "timestamp": 1.5, "content": content}
+
+    def _part(self, kind: str, body: dict[str, Any]) -> Any:
+        camel = {"function_call": "functionCall", "function_response": "functionResponse"}
+        return {camel[kind] if self.camel else kind: body}
+
+    def user(self, text: str) -> Any:
+        return self._message("user", [{"text": text}])
+
+    def answer(self, text: str) -> Any:
+        return self._message("model", [{"text": text}])
+
+    def call(self, *ids: str) -> list[Any]:
+        calls = [self._part("function_call", {"id": i, "name": "lookup", "args": {}}) for i in ids]
+        return [self._message("model", [{"text": "let me look"}, *calls])]
+
+    def results(self, *ids: str) -> list[Any]:
+        body = [{"id": i, "name": "lookup", "response": {"output": f"r {i}"}} for i in ids]
+        return [self._message("user", [self._part("function_response", b) for b in body])]
+
+
+class ClaudeCode:
+    """Entries as the CLI writes them: each block of a response an entry of its own (same
+    ``message.id``), each result an entry whose parent is its call's entry."""
+
+    name = dialect = "claude-code"
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def _entry(self, kind: str, message: dict[str, Any], parent: str | None = None) -> Any:
+        self.n += 1
+        return {
+            "type": kind,
+            "uuid": f"u{self.n}",
+            "parentUuid": parent or f"u{self.n - 1}",
+            "isSidechain": False,
+            "sessionId": "s1",
+            "timestamp": "2026-12-02T03:00:00.000Z",
+            "message": message,
+        }
+
+    def user(self, text: str) -> Any:
+        return self._entry("user", {"role": "user", "content": text})
+
+    def answer(self, text: str) -> Any:
+        content = [{"type": "text", "text": text}]
+        return self._entry(
+            "assistant", {"id": f"msg{self.n}", "role": "assistant", "content": content}
+        )
+
+    def call(self, *ids: str) -> list[Any]:
+        message_id = f"msg{self.n}"
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": "let me look"}]
+        blocks += [{"type": "tool_use", "id": i, "name": "lookup", "input": {}} for i in ids]
+        return [
+            self._entry("assistant", {"id": message_id, "role": "assistant", "content": [b]})
+            for b in blocks
+        ]
+
+    def results(self, *ids: str) -> list[Any]:
+        return [
+            self._entry(
+                "user",
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": i, "content": f"r {i}"}],
+                },
+            )
+            for i in ids
+        ]
+
+
+FORMS: list[Callable[[], Any]] = [
+    Converse,
+    *(lambda c=c, e=e: Gemini(c, e) for c in (False, True) for e in (False, True)),
+    ClaudeCode,
+]
+NAMES = [
+    "converse",
+    "gemini-snake",
+    "gemini-snake-events",
+    "gemini-camel",
+    "gemini-camel-events",
+    "claude-code",
+]
+forms = pytest.mark.parametrize("make", FORMS, ids=NAMES)
+
+
+def conversation(
+    f: Any, *, drop: bool = False, orphan: bool = False, end_open: bool = False
+) -> list[Any]:
+    """A user asks, the model calls two tools, gets both answers, answers; then asks again."""
+    history = [f.user("hi"), *f.call("c1", "c2")]
+    history += [] if drop else f.results("c1", "c2")
+    if end_open:
+        return history
+    history += [f.answer("done"), f.user("again")]
+    history += f.results("c9") if orphan else []
+    return [*history, f.answer("bye")]
+
+
+@forms
+def test_each_message_is_detected_and_a_complete_history_sendable(make: Any) -> None:
+    """Every message of a sound history is read by the dialect; no problem; the turns count."""
+    f = make()
+    history = conversation(f)
+    assert {getattr(detect(m), "name", None) for m in history} == {f.dialect}
+    assert kinds(history) == []
+    assert count_turns(history) == 3  # the call, "done", "bye": a split response is one turn
+
+
+@forms
+def test_dangling_dropped_and_orphan_results_are_found(make: Any) -> None:
+    """A call left open at the end, results dropped mid-history, a result of no call."""
+    f = make()
+    open_end = conversation(f, end_open=True, drop=True)
+    assert [k for k, *_ in kinds(open_end)] == ["unclosed-call", "unclosed-call"]
+    assert [k for k, *_ in kinds(conversation(f, drop=True))] == ["unclosed-call"] * 2
+    assert [(k, c) for k, _, c in kinds(conversation(f, orphan=True))] == [("orphan-result", "c9")]
+
+
+@forms
+def test_a_dangling_call_is_closed_in_its_dialect(make: Any) -> None:
+    """The repair answers in the call's own shape, where its API wants it: sendable after."""
+    f = make()
+    for broken in (conversation(f, drop=True), conversation(f, drop=True, end_open=True)):
+        repaired, count = close_dangling_tool_calls(broken)
+        assert count == 2 and kinds(repaired) == []
+        added = [m for m in repaired if not any(m is b for b in broken)]
+        assert added and all(getattr(detect(m), "name", None) == f.dialect for m in added)
+        assert CLOSED_CALL_TEXT in str(added)
+
+
+def _unknown_blocks(name: str) -> list[Any]:
+    """Known messages holding what their dialect does not know (each must be reported)."""
+    if name == "converse":
+        return [
+            {"role": "assistant", "content": [{"toolUse": {"name": "f", "input": {}}}]},  # no id
+            {"role": "assistant", "content": [{"text": "a"}, {"bogusBlock": {}}]},
+            {
+                "role": "user",
+                "content": [{"toolUse": {"toolUseId": "x", "name": "f", "input": {}}}],
+            },
+            {"role": "assistant", "content": [{"text": "a", "toolUse": {"toolUseId": "y"}}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"text": "b"}]},
+        ]
+    if name.startswith("gemini"):
+        call = "functionCall" if "camel" in name else "function_call"
+        return [
+            {"role": "model", "parts": [{call: {"name": "f", "args": {}}}]},  # no id
+            {"role": "model", "parts": [{"text": "a"}, {"bogus_part": 1}]},
+            {"role": "user", "parts": [{call: {"id": "x", "name": "f", "args": {}}}]},
+            {"role": "system", "parts": [{"text": "a"}]},
+            {"author": "agent", "invocation_id": "i", "content": {"role": "model", "parts": [{}]}},
+        ]
+    return [
+        {
+            "type": "assistant",
+            "uuid": "a",
+            "message": {"role": "assistant", "content": [{"type": "bogus"}]},
+        },
+        {
+            "type": "assistant",
+            "uuid": "b",
+            "message": {"content": [{"type": "tool_use", "name": "f"}]},
+        },
+        {"type": "user", "uuid": "c", "message": {"content": [{"type": "tool_use", "id": "x"}]}},
+        {"type": "user", "uuid": "d", "message": None},
+        {"type": "no-such-entry", "uuid": "e"},
+    ]
+
+
+@forms
+def test_no_broken_history_passes_as_fine(make: Any) -> None:
+    """Each broken history, and each unknown block inside a known message, is a problem: never
+    a silent ok."""
+    f = make()
+    broken = [
+        conversation(f, drop=True),
+        conversation(f, drop=True, end_open=True),
+        conversation(f, orphan=True),
+        *([f.user("hi"), odd, f.answer("x")] for odd in _unknown_blocks(f.name)),
+    ]
+    for history in broken:
+        assert validate_history(history), history
+    for odd in _unknown_blocks(f.name):
+        assert detect(odd) is None, odd
+
+
+# -- the frameworks take the repaired histories back ---------------------------------------
+
+
+def test_strands_builds_a_bedrock_request_of_the_repaired_history() -> None:
+    """Strands' BedrockModel formats the repaired messages into a Converse request that
+    botocore's model of the API validates (built offline, never sent)."""
+    pytest.importorskip("strands")
+    from botocore.validate import validate_parameters
+    from strands.models.bedrock import BedrockModel
+
+    repaired, count = close_dangling_tool_calls(conversation(Converse(), drop=True))
+    assert count == 2
+    model = BedrockModel(
+        model_id="us.anthropic.claude-sonnet-4-20250514-v1:0", region_name="us-east-1"
+    )
+    request = model.format_request(repaired)
+    shape = model.client.meta.service_model.operation_model("Converse").input_shape
+    validate_parameters(request, shape)  # raises ParamValidationError on a bad shape
+    answered = request["messages"][2]["content"]
+    assert [b["toolResult"]["status"] for b in answered[:2]] == ["error", "error"]
+
+
+@pytest.mark.parametrize("camel", [False, True], ids=["snake", "camel"])
+def test_google_genai_and_adk_validate_the_repaired_contents(camel: bool) -> None:
+    """google-genai's ``Content`` and ADK's ``Event`` validate every repaired message."""
+    pytest.importorskip("google.adk")
+    from google.adk.events import Event
+    from google.genai import types
+
+    for events in (False, True):
+        repaired, count = close_dangling_tool_calls(conversation(Gemini(camel, events), drop=True))
+        assert count == 2
+        for message in repaired:
+            (Event if events else types.Content).model_validate(message)
+        closing = repaired[2]["content"] if events else repaired[2]
+        parts = types.Content.model_validate(closing).parts or []
+        assert [p.function_response.id for p in parts if p.function_response] == ["c1", "c2"]
+
+
+def test_gemini_and_adk_objects_are_read_and_repaired_as_objects() -> None:
+    """``types.Content`` and ``Event`` objects: detected, checked, answered with objects."""
+    pytest.importorskip("google.adk")
+    from google.adk.events import Event
+    from google.genai import types
+
+    for events in (False, True):
+        dicts = conversation(Gemini(False, events), drop=True, end_open=True)
+        objects = [(Event if events else types.Content).model_validate(m) for m in dicts]
+        assert [k for k, *_ in kinds(objects)] == ["unclosed-call"] * 2
+        repaired, count = close_dangling_tool_calls(objects)
+        assert count == 2 and kinds(repaired) == []
+        assert isinstance(repaired[-1], Event if events else types.Content)
+        assert repaired[-1].model_dump(mode="json")  # a whole object, not a dict inside one
+
+
+def test_the_claude_sdk_reads_the_closing_results_into_its_chain() -> None:
+    """The Claude Agent SDK's own transcript reader (the parentUuid chain) keeps the result
+    entries the repair adds."""
+    pytest.importorskip("claude_agent_sdk")
+    from claude_agent_sdk._internal.sessions import _build_conversation_chain
+
+    repaired, count = close_dangling_tool_calls(conversation(ClaudeCode(), drop=True))
+    chain = [e["uuid"] for e in _build_conversation_chain(repaired)]
+    assert count == 2 and chain == [e["uuid"] for e in repaired]
+
+
+def test_the_anthropic_shape_of_a_claude_code_repair() -> None:
+    """The Messages API's own types take the inner messages of a repaired transcript."""
+    anthropic = pytest.importorskip(
+        "anthropic", reason="the anthropic SDK is not installed: no Messages API shape to check"
+    )
+    from pydantic import TypeAdapter
+
+    repaired, _ = close_dangling_tool_calls(conversation(ClaudeCode(), drop=True))
+    adapter: TypeAdapter[Any] = TypeAdapter(list[anthropic.types.MessageParam])  # type: ignore[name-defined]
+    adapter.validate_python([e["message"] for e in repaired])
+
+
+def test_claude_code_entries_that_are_not_turns_keep_the_window() -> None:
+    """System, progress and attachment entries between a call and its result are not turns
+    and end no window; a new response (another message id) does."""
+    f = ClaudeCode()
+    call = f.call("c1")
+    aside = [
+        {"type": "system", "uuid": "s", "parentUuid": "u3", "subtype": "x", "content": "hook"},
+        {"type": "progress", "uuid": "p", "parentUuid": "s", "data": {}},
+        {"type": "summary", "summary": "older", "leafUuid": "u1"},
+        {"type": "file-history-snapshot", "messageId": "m", "snapshot": {}},
+    ]
+    assert kinds([f.user("hi"), *call, *aside, *f.results("c1"), f.answer("ok")]) == []
+    another = f.answer("a second response, no result between")
+    assert kinds([f.user("hi"), *call, another]) == [("unclosed-call", 2, "c1")]
+    assert count_turns([f.user("hi"), *call, *aside]) == 1
+    parallel = f.call("p1", "p2")
+    first, second = f.results("p1", "p2")
+    first["message"]["content"].append({"type": "text", "text": "a hook said this"})
+    assert kinds([f.user("hi"), *parallel, first, second, f.answer("ok")]) == []
+
+
+def test_a_langchain_system_message_is_still_langchain() -> None:
+    """``{"type": "system"}`` without a uuid is LangChain's, not a Claude Code entry."""
+    found = detect({"type": "system", "content": "be brief"})
+    assert found is not None and found.name == "langchain"

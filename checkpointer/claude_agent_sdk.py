@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.to_thread
 import msgspec
+from claude_agent_sdk import fold_session_summary
+from claude_agent_sdk.types import SessionStore
 
 from checkpointer import (
     Checkpoint,
@@ -34,17 +37,18 @@ if TYPE_CHECKING:
         SessionListSubkeysKey,
         SessionStoreEntry,
         SessionStoreListEntry,
+        SessionSummaryEntry,
     )
 
 __all__ = ["CheckpointFailed", "CheckpointSessionStore", "session_key"]
 
-_PLAIN = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_-]{0,63}")
+_PLAIN = re.compile(r"[A-Za-z0-9-][A-Za-z0-9_-]*")
 
 
-def _part(text: str) -> str:
+def _part(text: str, limit: int = 64) -> str:
     # Parts are joined with ".", so a part never holds one; a digest starts with "_",
     # which no plain part does, so no text's plain part is another's digest.
-    if _PLAIN.fullmatch(text) is not None:
+    if len(text) <= limit and _PLAIN.fullmatch(text) is not None:
         return text
     return "_" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -52,11 +56,13 @@ def _part(text: str) -> str:
 def session_key(key: SessionKey) -> str:
     """The checkpoint key of an SDK session key: ``project.session[.subpath parts]``.
 
-    Each part is itself if it is up to 64 letters, digits, ``-`` or ``_``
-    (not starting with ``_``), else ``_`` and a digest; a subpath's ``/``
-    becomes ``.``.  A session's subkeys start with its key and ``.``.
+    A part is itself if it is letters, digits, ``-`` or ``_`` (not starting
+    with ``_``) and short enough (a project 120 characters, a session 40,
+    each subpath part 64), else ``_`` and a digest; a subpath's ``/``
+    becomes ``.`` (a subpath too long for a key is one digest).  A
+    session's subkeys start with its key and ``.``.
     """
-    main = f"{_part(key['project_key'])}.{_part(key['session_id'])}"
+    main = f"{_part(key['project_key'], 120)}.{_part(key['session_id'], 40)}"
     subpath = key.get("subpath")
     if subpath is None:
         return main
@@ -70,12 +76,14 @@ class _Ident(msgspec.Struct):
     project_key: str
     session_id: str
     subpath: str | None = None
+    summary: dict[str, Any] | None = None  # the SDK's fold of a main transcript, opaque
 
 
 class _State(msgspec.Struct):
     project_key: str
     session_id: str
     subpath: str | None
+    summary: dict[str, Any] | None
     messages: list[Any]
 
 
@@ -95,28 +103,45 @@ class _Session:
 
     def __init__(self, key: str, ident: SessionKey, checkpoint: Checkpoint[_State] | None) -> None:
         self.key = key
+        self.sdk_key: SessionKey = {
+            "project_key": ident["project_key"],
+            "session_id": ident["session_id"],
+        }
         self.ident = _Ident(ident["project_key"], ident["session_id"], ident.get("subpath"))
         self.messages: list[Any] = [] if checkpoint is None else checkpoint.state.messages
         self.uuids = {e["uuid"] for e in self.messages if isinstance(e, dict) and "uuid" in e}
+        self.ident.summary = None if checkpoint is None else checkpoint.state.summary
+        self.mtime = 0  # of the last append, in ms: what listings show while it is open here
         self.writer: CheckpointWriter[Snapshot] | None = None
 
     def source(self) -> Snapshot:
-        ident = self.ident
-        state = _State(ident.project_key, ident.session_id, ident.subpath, self.messages)
+        i = self.ident
+        state = _State(i.project_key, i.session_id, i.subpath, i.summary, self.messages)
         return Snapshot(self.key, state)
 
     def add(self, entries: list[Any]) -> None:
         """Append the entries whose ``uuid`` is new (the SDK retries a failed batch)."""
+        added = []
         for entry in entries:
             uuid = entry.get("uuid") if isinstance(entry, dict) else None
             if isinstance(uuid, str):
                 if uuid in self.uuids:
                     continue
                 self.uuids.add(uuid)
-            self.messages.append(entry)
+            added.append(entry)
+        self.messages += added
+        self.mtime = int(time.time() * 1000)
+        if self.ident.subpath is None:  # a subagent's transcript is not the session's summary
+            ident = self.ident
+            prev = None if ident.summary is None else _summary(ident, 0)
+            ident.summary = fold_session_summary(prev, self.sdk_key, added)["data"]
 
 
-class CheckpointSessionStore:
+def _summary(ident: _Ident, mtime: int) -> SessionSummaryEntry:
+    return {"session_id": ident.session_id, "mtime": mtime, "data": ident.summary or {}}
+
+
+class CheckpointSessionStore(SessionStore):
     """A Claude Agent SDK ``SessionStore`` whose transcripts are checkpointer keys.
 
     ``append`` of a session not open here loads it (fenced on what ``load``
@@ -250,30 +275,48 @@ class CheckpointSessionStore:
         self._loaded[name] = None if checkpoint is None else checkpoint.meta
         return None if checkpoint is None else checkpoint.state.messages
 
-    def _idents(self, prefix: str) -> list[tuple[_Ident, int]]:
-        """The sessions stored under keys starting with ``prefix``, with their mtimes (ms)."""
-        found = []
-        for name in self.store.keys():  # noqa: SIM118 -- a Store, not a mapping
-            if name.startswith(prefix):
-                checkpoint = load(self.store, name, _Ident)
-                if checkpoint is not None:
-                    mtime = int(checkpoint.meta.updated_at.timestamp() * 1000)
-                    found.append((checkpoint.state, mtime))
-        return found
+    async def _idents(self, prefix: str) -> list[tuple[_Ident, int]]:
+        """The transcripts under keys starting with ``prefix``, with their mtimes (ms):
+        this process's own while open here, else as stored."""
+        held = {name: (s.ident, s.mtime) for name, s in self._open.items()}
 
-    async def list_sessions(self, project_key: str) -> list[SessionStoreListEntry]:
-        """The project's sessions (not their subagents') with their last write times."""
-        found = await anyio.to_thread.run_sync(self._idents, _part(project_key) + ".")
+        def read() -> list[tuple[_Ident, int]]:
+            found = []
+            for name in self.store.keys():  # noqa: SIM118 -- a Store, not a mapping
+                if name.startswith(prefix):
+                    checkpoint = None if name in held else load(self.store, name, _Ident)
+                    if checkpoint is not None:
+                        stamp = int(checkpoint.meta.updated_at.timestamp() * 1000)
+                        found.append((checkpoint.state, stamp))
+            return found
+
+        own = [found for name, found in held.items() if name.startswith(prefix)]
+        return own + await anyio.to_thread.run_sync(read)
+
+    async def _mains(self, project_key: str) -> list[tuple[_Ident, int]]:
+        found = await self._idents(_part(project_key, 120) + ".")
         return [
-            {"session_id": ident.session_id, "mtime": mtime}
+            (ident, mtime)
             for ident, mtime in found
             if ident.project_key == project_key and ident.subpath is None
         ]
 
+    async def list_sessions(self, project_key: str) -> list[SessionStoreListEntry]:
+        """The project's sessions (not their subagents') with their last write times."""
+        return [
+            {"session_id": i.session_id, "mtime": mtime}
+            for i, mtime in await self._mains(project_key)
+        ]
+
+    async def list_session_summaries(self, project_key: str) -> list[SessionSummaryEntry]:
+        """The project's sessions' summaries (the SDK's ``fold_session_summary``, kept in
+        each session's state), stamped as ``list_sessions`` stamps them."""
+        return [_summary(i, mtime) for i, mtime in await self._mains(project_key) if i.summary]
+
     async def list_subkeys(self, key: SessionListSubkeysKey) -> list[str]:
         """The subpaths stored under the session (its subagents' transcripts)."""
         main: SessionKey = {"project_key": key["project_key"], "session_id": key["session_id"]}
-        found = await anyio.to_thread.run_sync(self._idents, session_key(main) + ".")
+        found = await self._idents(session_key(main) + ".")
         return [
             ident.subpath
             for ident, _ in found

@@ -30,7 +30,7 @@ KEY: SessionKey = {
 }
 
 
-def _entry(uuid: str, text: str = "hi") -> dict[str, Any]:
+def _entry(uuid: str, text: str = "hi") -> Any:
     return {
         "type": "user",
         "uuid": uuid,
@@ -91,7 +91,7 @@ async def test_appends_are_journal_appends(tmp_path: Path) -> None:
 async def test_retried_batch_is_not_doubled(tmp_path: Path) -> None:
     """A batch the SDK sends again (its retry) adds its uuid'd entries once; others are kept."""
     async with CheckpointSessionStore(FileStore(tmp_path)) as sessions:
-        batch = [_entry("a"), {"type": "custom-title", "customTitle": "t"}]
+        batch: list[Any] = [_entry("a"), {"type": "custom-title", "customTitle": "t"}]
         await sessions.append(KEY, batch)
         await sessions.append(KEY, batch)
         loaded = await sessions.load(KEY)
@@ -112,7 +112,7 @@ async def test_load_returns_copies(tmp_path: Path) -> None:
 
 
 async def test_second_store_on_an_open_session_is_refused(tmp_path: Path) -> None:
-    """A second store object on a session this one holds gets CheckpointFailed('locked'), then takes it."""
+    """A second store object on a session this one holds is refused ('locked'), then takes it."""
     async with CheckpointSessionStore(FileStore(tmp_path)) as first:
         await first.append(KEY, [_entry("a")])
         second = CheckpointSessionStore(FileStore(tmp_path))

@@ -261,7 +261,12 @@ class CheckpointSessionStore(SessionStore):
             writer = CheckpointWriter(
                 session.source, self.store, resume_from=fence, **self._options
             )
-            session.writer = await writer.aopen()
+            await writer.aopen()
+            result = writer.statistics().last_result
+            if isinstance(result, Failed) and result.reason in ("locked", "conflict"):
+                await writer.aclose()  # taken or written by another since the probe: refused
+                raise CheckpointFailed(result)
+            session.writer = writer
             self._open[key] = session
             return session
 

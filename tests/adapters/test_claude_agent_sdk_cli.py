@@ -10,6 +10,7 @@ Each child runs on asyncio or trio (the SDK runs on both through anyio).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -44,6 +45,22 @@ def _child(*args: str) -> Pumped:
     return Pumped(argv, new_session=True)
 
 
+def _in_tool(flag: Path) -> str:
+    """A Bash command that writes its pid to ``flag``, then sleeps as that pid (so it can be
+    killed: the CLI starts its tools in a session of their own)."""
+    return f"echo $$ > {flag} && exec sleep 120"
+
+
+def _stop(child: Pumped, flag: Path | None = None) -> None:
+    """SIGKILL the child, its CLI (its process group) and the tool it runs."""
+    if child.proc.poll() is None:
+        os.killpg(child.proc.pid, signal.SIGKILL)
+    child.kill()
+    if flag is not None and flag.exists() and flag.read_text().strip():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(flag.read_text()), signal.SIGKILL)
+
+
 def _finish(child: Pumped) -> None:
     deadline = time.monotonic() + 2 * HANG_GUARD
     while child.proc.poll() is None and time.monotonic() < deadline:
@@ -76,7 +93,7 @@ def _kill_in_tool(
     root = tmp_path / "store"
     root.mkdir()
     flag = tmp_path / "in-tool"
-    child = _child(str(root), api.url, backend, f"first RUN: touch {flag} && sleep 120")
+    child = _child(str(root), api.url, backend, f"first RUN: {_in_tool(flag)}")
     session_id = child.wait_line(lambda line: line.startswith("session "), "session").split()[1]
     deadline = time.monotonic() + HANG_GUARD
     project = entries = None
@@ -90,10 +107,9 @@ def _kill_in_tool(
                 break
         time.sleep(0.1)
     else:
-        child.kill()
+        _stop(child, flag)
         pytest.fail(f"never in the tool with the call stored\n{child.report()}")
-    os.killpg(child.proc.pid, signal.SIGKILL)  # the SDK's process and its CLI
-    child.kill()
+    _stop(child, flag)  # the SDK's process, its CLI, the tool
     assert child.proc.returncode == -signal.SIGKILL
     stored = _stored(root, project, session_id)
     assert stored is not None and len(stored) >= len(entries)
@@ -110,7 +126,7 @@ def test_killed_in_tool_resumes_from_store_alone(
     prompts = [e for e in stored if e.get("type") == "user" and "first RUN:" in str(e["message"])]
     assert len(prompts) == 1
     [call] = _tool_uses(stored)
-    assert call["name"] == "Bash" and "sleep 120" in call["input"]["command"]
+    assert call["name"] == "Bash" and call["input"]["command"].endswith("exec sleep 120")
 
     sent = len(api.requests)
     child = _child(str(root), api.url, resumed, "second RUN: echo after-resume", session_id)
@@ -131,7 +147,7 @@ def test_second_process_on_a_live_session_is_told(tmp_path: Path, api: MessagesS
     root = tmp_path / "store"
     root.mkdir()
     flag = tmp_path / "in-tool"
-    holder = _child(str(root), api.url, "trio", f"first RUN: touch {flag} && sleep 120")
+    holder = _child(str(root), api.url, "trio", f"first RUN: {_in_tool(flag)}")
     session_id = holder.wait_line(lambda line: line.startswith("session "), "session").split()[1]
     deadline = time.monotonic() + HANG_GUARD
     while not (flag.exists() and JournalStore(root).keys()) and time.monotonic() < deadline:
@@ -148,9 +164,8 @@ def test_second_process_on_a_live_session_is_told(tmp_path: Path, api: MessagesS
         assert checkpoint is not None
         assert "intruder" not in str(checkpoint.state["messages"])
     finally:
-        second.kill()
-        os.killpg(holder.proc.pid, signal.SIGKILL)
-        holder.kill()
+        _stop(second)
+        _stop(holder, flag)
 
 
 def test_delete_from_another_process(tmp_path: Path, api: MessagesServer) -> None:
@@ -160,7 +175,7 @@ def test_delete_from_another_process(tmp_path: Path, api: MessagesServer) -> Non
     key = session_key({"project_key": project, "session_id": session_id})
     killed = JournalStore(root).revision(key)
     flag = tmp_path / "in-tool-again"
-    child = _child(str(root), api.url, "trio", f"again RUN: touch {flag} && sleep 120", session_id)
+    child = _child(str(root), api.url, "trio", f"again RUN: {_in_tool(flag)}", session_id)
     deadline = time.monotonic() + HANG_GUARD
     try:
         # Inside its tool, having written: its writer holds the key.
@@ -171,8 +186,7 @@ def test_delete_from_another_process(tmp_path: Path, api: MessagesServer) -> Non
         assert deleter.wait_line(lambda line: True, "answer") == "refused locked"
         _finish(deleter)
     finally:
-        os.killpg(child.proc.pid, signal.SIGKILL)
-        child.kill()
+        _stop(child, flag)
     deleter = _child("delete", str(root), session_id, "trio")
     assert deleter.wait_line(lambda line: True, "answer") == "deleted"
     _finish(deleter)

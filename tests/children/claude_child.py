@@ -30,27 +30,40 @@ def _sse(event: str, data: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message["content"]
+    return content if isinstance(content, list) else [{"type": "text", "text": content}]
+
+
 def _reply(body: dict[str, Any], n: int) -> tuple[list[dict[str, Any]], str]:
-    """The content blocks and stop reason the script answers ``body`` with."""
-    last = body["messages"][-1]
-    content = last["content"]
-    blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
-    results = [b for b in blocks if b.get("type") == "tool_result"]
+    """The content blocks and stop reason the script answers ``body`` with.
+
+    A prompt ``... RUN: command`` not yet answered with a call gets a Bash call
+    running it; else the answer quotes the result of the latest call.  (The
+    CLI merges a turn's prompt into the message of the previous tool results,
+    so the order of blocks says nothing.)
+    """
+    prompts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: dict[str, Any] = {}
+    for message in body["messages"]:
+        for block in _blocks(message):
+            text = block.get("text", "")
+            if message["role"] == "user" and "RUN:" in text and text not in prompts:
+                prompts.append(text)
+            elif block.get("type") == "tool_use":
+                calls.append(block)
+            elif block.get("type") == "tool_result":
+                results[block["tool_use_id"]] = block["content"]
     tools = {t.get("name") for t in body.get("tools") or ()}
-    if results:
-        out = results[-1]["content"]
+    if len(calls) < len(prompts) and "Bash" in tools:
+        command = prompts[-1].split("RUN:", 1)[1].strip()
+        call = {"type": "tool_use", "id": f"toolu_{n:04d}", "name": "Bash"}
+        return [{**call, "input": {"command": command}}], "tool_use"
+    if calls and calls[-1]["id"] in results:
+        out = results[calls[-1]["id"]]
         text = out if isinstance(out, str) else " ".join(c.get("text", "") for c in out)
         return [{"type": "text", "text": f"done: {text.strip()}"}], "end_turn"
-    texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
-    command = next((t.split("RUN:", 1)[1].strip() for t in texts if "RUN:" in t), None)
-    if command is not None and "Bash" in tools:
-        call = {
-            "type": "tool_use",
-            "id": f"toolu_{n:04d}",
-            "name": "Bash",
-            "input": {"command": command},
-        }
-        return [call], "tool_use"
     return [{"type": "text", "text": "ok"}], "end_turn"
 
 

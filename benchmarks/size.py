@@ -11,7 +11,13 @@ import ast
 import inspect
 import pathlib
 
-ADAPTERS = ("openai_agents.py", "pydantic_ai.py", "_adapters.py", "langgraph")
+ADAPTERS = (
+    "openai_agents.py",
+    "pydantic_ai.py",
+    "_adapters.py",
+    "langgraph",
+    "claude_agent_sdk.py",
+)
 OBJECT_STORAGE = ("_stores/s3/",)
 
 

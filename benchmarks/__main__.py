@@ -38,6 +38,7 @@ CASES: list[tuple[str, str]] = [
     ("journal", "benchmarks.bench_journal"),
     ("prepare", "benchmarks.bench_prepare"),
     ("adapters", "benchmarks.bench_adapters"),
+    ("claude", "benchmarks.bench_claude"),
     ("sessions", "benchmarks.bench_sessions"),
     ("strands", "benchmarks.bench_strands"),
     ("postgres", "benchmarks.bench_postgres"),

@@ -11,7 +11,15 @@ import ast
 import inspect
 import pathlib
 
-ADAPTERS = ("openai_agents.py", "pydantic_ai.py", "_adapters.py", "langgraph", "strands.py")
+ADAPTERS = (
+    "openai_agents.py",
+    "pydantic_ai.py",
+    "_adapters.py",
+    "langgraph",
+    "strands.py",
+    "claude_agent_sdk.py",
+    "google_adk.py",
+)
 OBJECT_STORAGE = ("_stores/s3/",)
 
 

@@ -1,0 +1,142 @@
+"""checkpointer.claude_agent_sdk: the Claude Agent SDK's SessionStore over checkpointer keys.
+
+The SDK drives its CLI through anyio, so these tests run on asyncio and
+trio.  The SDK's own conformance suite runs against the adapter on both
+file stores; the tests with the real CLI are in
+``test_claude_agent_sdk_cli.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("claude_agent_sdk")
+
+from claude_agent_sdk.testing.session_store_conformance import run_session_store_conformance
+from claude_agent_sdk.types import SessionKey
+
+from checkpointer import FileStore, JournalStore, load
+from checkpointer.claude_agent_sdk import CheckpointFailed, CheckpointSessionStore, session_key
+from checkpointer.stores import Store
+
+pytestmark = pytest.mark.anyio
+
+KEY: SessionKey = {
+    "project_key": "-work-proj",
+    "session_id": "0b6a5c1e-1d1f-4c1e-9a59-3d6a0c8f0e11",
+}
+
+
+def _entry(uuid: str, text: str = "hi") -> Any:
+    return {
+        "type": "user",
+        "uuid": uuid,
+        "parentUuid": None,
+        "message": {"role": "user", "content": [{"type": "text", "text": text}]},
+    }
+
+
+@pytest.mark.parametrize("kind", [FileStore, JournalStore])
+async def test_sdk_conformance(tmp_path: Path, kind: type[Store]) -> None:
+    """The SDK's own 14 SessionStore contracts hold, each on a fresh store root."""
+    roots = iter(range(100))
+    stores: list[CheckpointSessionStore] = []
+
+    def make() -> CheckpointSessionStore:
+        store = CheckpointSessionStore(kind(tmp_path / str(next(roots))))  # type: ignore[call-arg]
+        stores.append(store)
+        return store
+
+    try:
+        await run_session_store_conformance(make)
+    finally:
+        for store in stores:
+            assert await store.aclose() == []
+
+
+def test_session_keys() -> None:
+    """Keys keep readable parts, start with '-' as the SDK's project keys do, never collide."""
+    assert session_key(KEY) == f"-work-proj.{KEY['session_id']}"
+    sub = session_key({**KEY, "subpath": "subagents/agent-a1"})
+    assert sub == f"-work-proj.{KEY['session_id']}.subagents.agent-a1"
+    odd = [
+        {"project_key": "a.b", "session_id": "c"},
+        {"project_key": "a", "session_id": "b.c"},
+        {"project_key": "a", "session_id": "b", "subpath": "c"},
+        {"project_key": "_" + "0" * 32, "session_id": "b"},
+        {"project_key": "/" * 300, "session_id": "b", "subpath": "x/" * 120},
+    ]
+    keys = [session_key(k) for k in odd]  # type: ignore[arg-type]
+    assert len(set(keys)) == len(keys)
+    for key in keys:
+        FileStore.validate_key(FileStore, key)  # type: ignore[arg-type]
+
+
+async def test_appends_are_journal_appends(tmp_path: Path) -> None:
+    """On a JournalStore a turn's append writes its new entries only, not the transcript again."""
+    store = JournalStore(tmp_path)
+    async with CheckpointSessionStore(store, durability="sync") as sessions:
+        await sessions.append(KEY, [_entry(f"u{i}", "x" * 2000) for i in range(50)])
+        before = store.statistics().bytes_written
+        await sessions.append(KEY, [_entry("last")])
+        grew = store.statistics().bytes_written - before
+    assert grew < 1000
+    stored = load(store, session_key(KEY))
+    assert stored is not None and len(stored.state["messages"]) == 51
+
+
+async def test_retried_batch_is_not_doubled(tmp_path: Path) -> None:
+    """A batch the SDK sends again (its retry) adds its uuid'd entries once; others are kept."""
+    async with CheckpointSessionStore(FileStore(tmp_path)) as sessions:
+        batch: list[Any] = [_entry("a"), {"type": "custom-title", "customTitle": "t"}]
+        await sessions.append(KEY, batch)
+        await sessions.append(KEY, batch)
+        loaded = await sessions.load(KEY)
+    assert loaded is not None
+    assert [e.get("uuid") for e in loaded] == ["a", None, None]
+
+
+async def test_load_returns_copies(tmp_path: Path) -> None:
+    """What load returns and what append took are copies: changing them changes nothing stored."""
+    async with CheckpointSessionStore(FileStore(tmp_path)) as sessions:
+        entry = _entry("a")
+        await sessions.append(KEY, [entry])
+        entry["message"]["content"] = "changed"
+        loaded = await sessions.load(KEY)
+        assert loaded is not None
+        loaded[0]["type"] = "changed"
+        assert await sessions.load(KEY) == [_entry("a")]
+
+
+async def test_second_store_on_an_open_session_is_refused(tmp_path: Path) -> None:
+    """A second store object on a session this one holds is refused ('locked'), then takes it."""
+    async with CheckpointSessionStore(FileStore(tmp_path)) as first:
+        await first.append(KEY, [_entry("a")])
+        second = CheckpointSessionStore(FileStore(tmp_path))
+        assert await second.load(KEY) == [_entry("a")]  # reading is fine
+        with pytest.raises(CheckpointFailed) as info:
+            await second.append(KEY, [_entry("b")])
+        assert info.value.result.reason == "locked"
+        with pytest.raises(CheckpointFailed) as info:
+            await second.delete(KEY)
+        assert info.value.result.reason == "locked"
+    await second.append(KEY, [_entry("b")])  # fenced on what it loaded: still that revision
+    assert await second.load(KEY) == [_entry("a"), _entry("b")]
+    assert await second.aclose() == []
+
+
+async def test_stale_resume_is_a_conflict(tmp_path: Path) -> None:
+    """A process resumed from a load that another process has written past is refused."""
+    stale = CheckpointSessionStore(FileStore(tmp_path))
+    assert await stale.load(KEY) is None  # the SDK's resume load: "absent"
+    async with CheckpointSessionStore(FileStore(tmp_path)) as other:
+        await other.append(KEY, [_entry("other")])
+    with pytest.raises(CheckpointFailed) as info:
+        await stale.append(KEY, [_entry("mine")])
+    assert info.value.result.reason == "conflict"
+    await stale.aclose()
+    checkpoint = load(FileStore(tmp_path), session_key(KEY))
+    assert checkpoint is not None and checkpoint.state["messages"] == [_entry("other")]

@@ -51,6 +51,9 @@ FULL_ONLY = {
         "it starts a PostgreSQL server (quick: python -m benchmarks.bench_postgres --quick)"
     ),
     "s3": "it starts moto's S3 server (quick: python -m benchmarks.bench_s3 --quick)",
+    "claude": (
+        "it drives the Claude Code CLI, ~1 min (quick: python -m benchmarks.bench_claude --quick)"
+    ),
 }
 """Cases ``--quick`` leaves out, and why: the quick run stays within 20 s."""
 

@@ -73,7 +73,6 @@ EXPECTED = {
         for framework in ("openai-agents", "langgraph", "pydantic-ai")
         for what in ("bytes checkpointer /", "worst stall checkpointer /", "longest wait to disk")
     ],
-    "claude": ["bytes per turn, checkpointer", "syncs per turn, checkpointer", "entries kept by"],
     "sessions": [
         f"{backend}: {what}"
         for backend in ("asyncio", "trio")

@@ -35,6 +35,7 @@ from google.adk.sessions.state import State
 
 from checkpointer import (
     Checkpoint,
+    CheckpointError,
     CheckpointFailed,
     Failed,
     KeyCommitter,
@@ -302,7 +303,11 @@ class CheckpointSessionService(BaseSessionService):
             held = self._held.get(key)
             head: _Head | None = None if held is None else held.stored
             if head is None:
-                checkpoint = load(self.store, key, _Head)
+                try:
+                    checkpoint = load(self.store, key, _Head)
+                except CheckpointError as exc:  # another adapter's key, or damaged: not listed
+                    logger.warning("checkpointer: %s is not an ADK session: %s", key, exc)
+                    continue
                 head = None if checkpoint is None else checkpoint.state
             if head is not None and head.app_name == app_name and user_id in (None, head.user_id):
                 heads.append(head)
@@ -391,8 +396,8 @@ class CheckpointSessionService(BaseSessionService):
         if self.store.revision(held.key) is None:
             raise SessionNotFoundError(f"session {held.stored.id!r} was deleted by another process")
         raise StaleSessionError(
-            f"session {held.stored.id!r} was written by another process since this one read it "
-            f"({result.error}); get the session again"
+            f"session {held.stored.id!r} has been modified in storage by another process since "
+            f"it was loaded ({result.error}); get the session again"
         ) from CheckpointFailed(result)
 
     async def create_session(
@@ -479,7 +484,8 @@ class CheckpointSessionService(BaseSessionService):
             current = marker == held.marker
         if not current:
             raise StaleSessionError(
-                f"session {session.id!r} was appended to since this copy was read: get it again"
+                f"session {session.id!r} has been modified in storage since this copy was "
+                "loaded: get the session again before appending"
             )
 
     def _delete(self, key: str) -> None:

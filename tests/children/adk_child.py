@@ -124,7 +124,7 @@ async def main(command: str, root: str) -> None:
                     session: Any = await service.get_session(
                         app_name=APP, user_id=USER, session_id=SESSION
                     )
-                    event = Event(author="user", actions=EventActions(state_delta={"x": 1}))
+                    event = Event(author="user", actions=EventActions(state_delta={"x": 1, "user:x": 1}))
                     await service.append_event(session, event)
                 else:
                     await service.delete_session(app_name=APP, user_id=USER, session_id=SESSION)

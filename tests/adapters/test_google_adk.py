@@ -50,7 +50,15 @@ def anyio_backend() -> str:
 
 
 def _event(delta: dict[str, Any] | None = None, **fields: Any) -> Event:
-    return Event(author="user", invocation_id="inv", actions=EventActions(state_delta=delta or {}), **fields)
+    return Event(
+        author="user", invocation_id="inv", actions=EventActions(state_delta=delta or {}), **fields
+    )
+
+
+def _stored(store: JournalStore, key: str) -> Any:
+    checkpoint = load(store, key)
+    assert checkpoint is not None, key
+    return checkpoint.state
 
 
 async def test_state_scopes_live_in_their_own_keys(tmp_path: Path) -> None:
@@ -69,9 +77,9 @@ async def test_state_scopes_live_in_their_own_keys(tmp_path: Path) -> None:
         assert same_user.state == {"user:u": 6, "app:a": 3}
         assert other_user.state == {"app:a": 3}
         assert await service.get_user_state(app_name=APP, user_id="u1") == {"u": 6}
-    assert load(store, user_key(APP, "u1")).state["state"] == {"u": 6}
-    assert load(store, app_key(APP)).state["state"] == {"a": 3}
-    assert load(store, session_key(APP, "u1", "s1")).state["state"] == {"k": 5}
+    assert _stored(store, user_key(APP, "u1"))["state"] == {"u": 6}
+    assert _stored(store, app_key(APP))["state"] == {"a": 3}
+    assert _stored(store, session_key(APP, "u1", "s1"))["state"] == {"k": 5}
     assert not any(b"temp:" in path.read_bytes() for path in tmp_path.iterdir())
     async with CheckpointSessionService(JournalStore(tmp_path)) as service:
         again = await service.get_session(app_name=APP, user_id="u1", session_id="s1")
@@ -104,7 +112,7 @@ async def test_events_round_trip_exactly(tmp_path: Path) -> None:
     assert again.events == session.events
     assert [e.content for e in again.events] == _contents()
     assert not gemini_problems(_contents())
-    stored = load(JournalStore(tmp_path), session_key(APP, USER, SESSION)).state["events"]
+    stored = _stored(JournalStore(tmp_path), session_key(APP, USER, SESSION))["events"]
     assert stored[1]["content"]["parts"][0]["function_call"]["id"] == "call-7"
     assert stored == [e.model_dump(mode="json", exclude_none=True) for e in session.events]
 
@@ -176,7 +184,9 @@ async def test_a_stale_copy_is_refused(tmp_path: Path) -> None:
                 return_exceptions=True,
             )
             assert sum(isinstance(r, StaleSessionError) for r in results) == 1
-            assert "modified in storage" in str(next(r for r in results if isinstance(r, Exception)))
+            assert "modified in storage" in str(
+                next(r for r in results if isinstance(r, Exception))
+            )
         final = await service.get_session(app_name=APP, user_id=USER, session_id=SESSION)
     assert final is not None and len(final.events) == 8
     assert all((f"k{i}" in final.state) for i in range(8))
@@ -267,11 +277,16 @@ async def test_resume_after_sigkill_inside_a_tool(tmp_path: Path) -> None:
         session = await service.get_session(app_name=APP, user_id=USER, session_id=SESSION)
         assert session is not None
         parts = [e.content.parts[0] for e in session.events if e.content and e.content.parts]
-        assert [p.text or (p.function_call or p.function_response).name for p in parts] == [
+        named = [p.function_call or p.function_response for p in parts]
+        assert [p.text or (n and n.name) for p, n in zip(parts, named, strict=True)] == [
             "first", "lookup", "lookup", "done: answer:first", "second", "lookup",
         ]  # fmt: skip
         assert parts[5].function_call is not None and parts[5].function_call.id == "call-5"
-        assert session.state == {"turn_query": "first", "user:lookups": 1, "app:last_query": "first"}
+        assert session.state == {
+            "turn_query": "first",
+            "user:lookups": 1,
+            "app:last_query": "first",
+        }
         # ADK drops the call left without its response from the next request: the model takes it.
         events = await turn(service, "third")
         assert events[-1].content is not None and events[-1].content.parts is not None
@@ -295,7 +310,7 @@ async def test_a_second_process_is_refused(tmp_path: Path) -> None:
             with pytest.raises(CheckpointFailed) as raised:
                 await service.append_event(read, _event({"k": 1}))
             assert raised.value.result.reason == "locked"
-        assert load(JournalStore(tmp_path), session_key(APP, USER, SESSION)).state["events"] == []
+        assert _stored(JournalStore(tmp_path), session_key(APP, USER, SESSION))["events"] == []
         assert load(JournalStore(tmp_path), user_key(APP, USER)) is None  # nor the user's state
     finally:
         holder.communicate("\n", timeout=120)
@@ -330,6 +345,7 @@ async def test_a_resumed_session_runs_on(tmp_path: Path) -> None:
             await turn(service, text)
     async with CheckpointSessionService(JournalStore(tmp_path)) as service:
         events = await turn(service, "three")
+        assert events[-1].content is not None and events[-1].content.parts is not None
         assert events[-1].content.parts[0].text == "done: answer:three"
         session = await service.get_session(app_name=APP, user_id=USER, session_id=SESSION)
     assert session is not None and len(session.events) == 12

@@ -31,7 +31,7 @@ from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import Runner
-from google.adk.tools import ToolContext
+from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 
 from checkpointer import JournalStore
@@ -75,7 +75,9 @@ class ScriptedLlm(BaseLlm):
         call = types.FunctionCall(
             id=f"call-{len(contents)}", name="lookup", args={"q": parts[0].text or ""}
         )
-        yield LlmResponse(content=types.Content(role="model", parts=[types.Part(function_call=call)]))
+        yield LlmResponse(
+            content=types.Content(role="model", parts=[types.Part(function_call=call)])
+        )
 
 
 async def lookup(q: str, tool_context: ToolContext) -> str:
@@ -124,7 +126,9 @@ async def main(command: str, root: str) -> None:
                     session: Any = await service.get_session(
                         app_name=APP, user_id=USER, session_id=SESSION
                     )
-                    event = Event(author="user", actions=EventActions(state_delta={"x": 1, "user:x": 1}))
+                    event = Event(
+                        author="user", actions=EventActions(state_delta={"x": 1, "user:x": 1})
+                    )
                     await service.append_event(session, event)
                 else:
                     await service.delete_session(app_name=APP, user_id=USER, session_id=SESSION)

@@ -38,6 +38,7 @@ CASES: list[tuple[str, str]] = [
     ("journal", "benchmarks.bench_journal"),
     ("prepare", "benchmarks.bench_prepare"),
     ("adapters", "benchmarks.bench_adapters"),
+    ("adk", "benchmarks.bench_adk"),
     ("sessions", "benchmarks.bench_sessions"),
     ("postgres", "benchmarks.bench_postgres"),
     ("s3", "benchmarks.bench_s3"),

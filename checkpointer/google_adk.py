@@ -125,21 +125,20 @@ def _json_safe(state: dict[str, Any]) -> dict[str, Any]:
 
 def _split(state: dict[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The (app, user, session) parts of a state or delta, prefixes removed, ``temp:`` dropped."""
-    app: dict[str, Any] = {}
-    user: dict[str, Any] = {}
-    own: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {State.APP_PREFIX: {}, State.USER_PREFIX: {}, "": {}}
     for name, value in _json_safe(state or {}).items():
-        if name.startswith(State.APP_PREFIX):
-            app[name.removeprefix(State.APP_PREFIX)] = value
-        elif name.startswith(State.USER_PREFIX):
-            user[name.removeprefix(State.USER_PREFIX)] = value
-        elif not name.startswith(State.TEMP_PREFIX):
-            own[name] = value
-    return app, user, own
+        if not name.startswith(State.TEMP_PREFIX):
+            prefix = next((p for p in parts if name.startswith(p)), "")
+            parts[prefix][name.removeprefix(prefix)] = value
+    return parts[State.APP_PREFIX], parts[State.USER_PREFIX], parts[""]
 
 
-def _copy(value: Any) -> Any:
-    return msgspec.json.decode(msgspec.json.encode(value))
+def _merged(own: dict[str, Any], app: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a session's own state with the app's and the user's, prefixed."""
+    state: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(own))
+    state.update({State.APP_PREFIX + name: value for name, value in app.items()})
+    state.update({State.USER_PREFIX + name: value for name, value in user.items()})
+    return state
 
 
 class _Held:
@@ -176,14 +175,11 @@ class _Held:
             ]
             first = older[-1] + 1 if older else first
         stored = self.stored
-        state = _copy(stored.state)
-        state.update({State.APP_PREFIX + name: value for name, value in app.items()})
-        state.update({State.USER_PREFIX + name: value for name, value in user.items()})
         session = Session(
             app_name=stored.app_name,
             user_id=stored.user_id,
             id=stored.id,
-            state=state,
+            state=_merged(stored.state, app, user),
             events=[Event.model_validate_json(bytes(raw)) for raw in stored.events[first:]],
             last_update_time=stored.last_update_time,
         )
@@ -325,9 +321,7 @@ class CheckpointSessionService(BaseSessionService):
             if head.user_id not in users:
                 key = user_key(app_name, head.user_id)
                 users[head.user_id] = await anyio.to_thread.run_sync(self._scoped, key)
-            state = _copy(head.state)
-            state.update({State.APP_PREFIX + name: value for name, value in app.items()})
-            state.update({State.USER_PREFIX + k: v for k, v in users[head.user_id].items()})
+            state = _merged(head.state, app, users[head.user_id])
             sessions.append(
                 Session(
                     app_name=app_name,
@@ -372,11 +366,13 @@ class CheckpointSessionService(BaseSessionService):
         """Commit ``held.stored`` durably; its committer holds the key from then on."""
         opened = held.committer is None
         if held.committer is None:
+            t = self._template  # a transcript of its own per session: it keeps a cache
+            transcript = Transcript(t.field, repair=t.repair, fingerprint=t.fingerprint)
             held.committer = KeyCommitter(
                 self.store,
                 held.key,
                 resume_from=held.checkpoint,
-                transcript=self._transcript(),
+                transcript=transcript,
                 **self._scoped_options,
             )
         result = held.committer.commit(held.stored)
@@ -443,7 +439,7 @@ class CheckpointSessionService(BaseSessionService):
             event = self._trim_temp_delta_state(event)
             raw = msgspec.Raw(event.model_dump_json(exclude_none=True).encode())
             stamp = _Stamp(event.id, event.timestamp)
-            if any(s.id == stamp.id for s in held.stamps) and self._stored_as(held, raw):
+            if any(s.id == stamp.id for s in held.stamps) and raw in held.stored.events:
                 return event  # delivered again: stored once, applied once
             if held.committer is None:  # refused before the user's or app's state is written
                 way_out = "get the session again once that process has let go of it"
@@ -469,11 +465,6 @@ class CheckpointSessionService(BaseSessionService):
         return self._commit_event_to_session(session, event)
 
     @staticmethod
-    def _stored_as(held: _Held, raw: msgspec.Raw) -> bool:
-        new = bytes(raw)
-        return any(bytes(old) == new for old in reversed(held.stored.events))
-
-    @staticmethod
     def _check_current(session: Session, held: _Held) -> None:
         """Raise ``StaleSessionError`` if ``session`` is older than what is stored."""
         marker = session._storage_update_marker
@@ -488,24 +479,17 @@ class CheckpointSessionService(BaseSessionService):
                 "loaded: get the session again before appending"
             )
 
-    def _delete(self, key: str) -> None:
-        try:
-            with holding(self.store, key, timeout=self._lock_timeout()):
-                self.store.delete(key)
-        except KeyLocked as exc:
-            raise locked(exc, "session not deleted") from None
-
-    def _transcript(self) -> Transcript:
-        """A transcript of the template's settings for one session (each has its own cache)."""
-        t = self._template
-        return Transcript(t.field, repair=t.repair, fingerprint=t.fingerprint)
-
-    def _lock_timeout(self) -> float:
-        return lock_timeout(self._scoped_options)
-
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         """Delete the session's key (its events with it); ``CheckpointFailed("locked")`` while
         another process holds it.  The user's and app's state stay."""
         key = session_key(app_name, user_id, session_id.strip())
         await self._release(key)
-        await anyio.to_thread.run_sync(self._delete, key)
+
+        def delete() -> None:
+            try:
+                with holding(self.store, key, timeout=lock_timeout(self._scoped_options)):
+                    self.store.delete(key)
+            except KeyLocked as exc:
+                raise locked(exc, f"session {session_id!r} not deleted") from None
+
+        await anyio.to_thread.run_sync(delete)

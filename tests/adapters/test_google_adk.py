@@ -350,3 +350,20 @@ async def test_a_resumed_session_runs_on(tmp_path: Path) -> None:
         session = await service.get_session(app_name=APP, user_id=USER, session_id=SESSION)
     assert session is not None and len(session.events) == 12
     assert session.state["user:lookups"] == 3
+
+
+async def test_a_forked_child_does_not_write_its_parents_session(tmp_path: Path) -> None:
+    """A child forked while this process holds a session is refused its commit (RuntimeError),
+    not told it was stored."""
+    async with CheckpointSessionService(JournalStore(tmp_path)) as service:
+        await service.create_session(app_name=APP, user_id=USER, session_id=SESSION)
+        held = service._held[session_key(APP, USER, SESSION)]
+        pid = os.fork()
+        if pid == 0:  # the child: no event loop of its own, the commit step itself
+            try:
+                service._commit(held)
+            except RuntimeError as exc:
+                os._exit(0 if "forked" in str(exc) else 2)
+            os._exit(1)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

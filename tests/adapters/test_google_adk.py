@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
 
 pytest.importorskip("google.adk")
@@ -365,5 +366,5 @@ async def test_a_forked_child_does_not_write_its_parents_session(tmp_path: Path)
             except RuntimeError as exc:
                 os._exit(0 if "forked" in str(exc) else 2)
             os._exit(1)
-        _, status = os.waitpid(pid, 0)
+        _, status = await anyio.to_thread.run_sync(os.waitpid, pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0

@@ -203,7 +203,11 @@ def main(quick: bool) -> dict[str, Any]:
             rows[kind] = _measure(kind, history, turns) | {"lost": _killed(kind, 3)}
     report.tables.append(
         Table(
-            title=f"per turn of 4 events, after {history} turns ({turns} measured)",
+            title=(
+                f"per turn of 4 events, after {history} turns ({turns} measured"
+                + ("" if quick else "; time under strace, which slows each sync")
+                + ")"
+            ),
             columns=["persistence", "bytes written", "fsync+fdatasync", "time", "SIGKILL lost"],
             rows=[
                 [

@@ -11,7 +11,7 @@ import ast
 import inspect
 import pathlib
 
-ADAPTERS = ("openai_agents.py", "pydantic_ai.py", "_adapters.py", "langgraph")
+ADAPTERS = ("openai_agents.py", "pydantic_ai.py", "google_adk.py", "_adapters.py", "langgraph")
 OBJECT_STORAGE = ("_stores/s3/",)
 
 

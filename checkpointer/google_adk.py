@@ -417,8 +417,11 @@ class CheckpointSessionService(BaseSessionService):
         try:
             async with held.lock:
                 await anyio.to_thread.run_sync(self._commit, held)
-        except StaleSessionError:  # another process created it in between
-            raise AlreadyExistsError(f"Session with id {session_id} already exists.") from None
+        except (StaleSessionError, CheckpointFailed) as exc:
+            if isinstance(exc, CheckpointFailed) and exc.result.reason != "locked":
+                raise
+            # Another process created it in between, or holds it while it does.
+            raise AlreadyExistsError(f"Session with id {session_id} already exists.") from exc
         return await self._view(held)
 
     async def append_event(self, session: Session, event: Event) -> Event:

@@ -319,6 +319,30 @@ async def test_a_second_process_is_refused(tmp_path: Path) -> None:
     assert JournalStore(tmp_path).keys() == []
 
 
+async def test_a_create_that_loses_the_race_is_told_the_id_is_taken(tmp_path: Path) -> None:
+    """Another writer creates the session (and holds it) between this create's look and its
+    commit: AlreadyExistsError, not a lock error, and the other's session stays."""
+    from checkpointer import KeyCommitter
+
+    key = session_key(APP, USER, SESSION)
+    other = KeyCommitter(JournalStore(tmp_path), key, resume_from=None)
+
+    class Late(JournalStore):
+        def read_checkpoint(self, key: str) -> Any:
+            found = super().read_checkpoint(key)
+            if found is None:  # looked: absent; now the other writer creates it
+                other.commit({"app_name": APP, "user_id": USER, "id": SESSION, "events": []})
+            return found
+
+    try:
+        async with CheckpointSessionService(Late(tmp_path)) as service:
+            with pytest.raises(AlreadyExistsError):
+                await service.create_session(app_name=APP, user_id=USER, session_id=SESSION)
+    finally:
+        other.close()
+    assert _stored(JournalStore(tmp_path), key)["events"] == []
+
+
 async def test_a_session_written_by_another_process_is_stale(tmp_path: Path) -> None:
     """Read here, appended to by another process, then appended to here: StaleSessionError,
     and the other process's event stays; deleted by another: SessionNotFoundError."""

@@ -39,6 +39,7 @@ CASES: list[tuple[str, str]] = [
     ("prepare", "benchmarks.bench_prepare"),
     ("adapters", "benchmarks.bench_adapters"),
     ("claude", "benchmarks.bench_claude"),
+    ("adk", "benchmarks.bench_adk"),
     ("sessions", "benchmarks.bench_sessions"),
     ("strands", "benchmarks.bench_strands"),
     ("postgres", "benchmarks.bench_postgres"),

@@ -5,7 +5,9 @@ Over the public API only, as the adapters themselves; the core never imports it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from checkpointer import CheckpointFailed, Failed, Limits, Result
@@ -16,6 +18,7 @@ __all__ = [
     "check_options",
     "committer_options",
     "framework_key",
+    "holding",
     "lock_timeout",
     "locked",
     "probe_lock",
@@ -86,3 +89,16 @@ def probe_lock(store: Store, key: str, options: dict[str, Any], way_out: str) ->
             store.lock(key, timeout=lock_timeout(options)).release()
         except KeyLocked as exc:
             raise locked(exc, way_out) from None
+
+
+@contextlib.contextmanager
+def holding(store: Store, *keys: str, timeout: float) -> Iterator[None]:
+    """Hold these keys' locks for the block, each waited for up to ``timeout`` (``KeyLocked``).
+
+    A store without locks has nothing to hold: a delete there races writers.
+    """
+    with contextlib.ExitStack() as held:
+        if isinstance(store, LockingStore):
+            for key in keys:
+                held.callback(store.lock(key, timeout=timeout).release)
+        yield

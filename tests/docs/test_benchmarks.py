@@ -73,6 +73,7 @@ EXPECTED = {
         for framework in ("openai-agents", "langgraph", "pydantic-ai")
         for what in ("bytes checkpointer /", "worst stall checkpointer /", "longest wait to disk")
     ],
+    "adk": ["bytes per turn checkpointer / adk-sqlite"],
     "sessions": [
         f"{backend}: {what}"
         for backend in ("asyncio", "trio")

@@ -129,7 +129,7 @@ def write_atomic(
     mode: int = 0o600,
     dir_mode: int = 0o700,
     dir_fd: int | None = None,
-    fsync: Callable[[int], None] = os.fsync,
+    fsync: Callable[[int], None] = fsync_fd,
     replace: Callable[..., None] = os.replace,
 ) -> int:
     """Replace ``path`` with the joined ``chunks``, durably; blocking; return the bytes.

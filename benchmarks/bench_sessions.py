@@ -132,12 +132,12 @@ async def _wait_written(store: _Counter, target: int) -> None:
         await anyio.sleep(POLL)
 
 
-def _read_files(root: str, states: list[dict[str, Any]]) -> dict[str, bytes]:
+def _read_files(store: FileStore, states: list[dict[str, Any]]) -> dict[str, bytes]:
+    """Each session's file as the store holds it, for the bare recipe to write again."""
     files = {}
     for state in states:
-        name = state["key"] + ".json"
-        with open(os.path.join(root, name), "rb") as f:
-            files[name] = f.read()
+        with open(store.location(state["key"]), "rb") as f:
+            files[state["key"] + ".json"] = f.read()
     return files
 
 
@@ -221,12 +221,12 @@ async def _run(n: int, turns: int, kind: str = "file") -> dict[str, Any]:
         bares: list[float] = []
         firsts: list[float] = []
         for turn in range(turns):
-            for grouped in (True, False):
+            for grouped in (True, False) if turn % 2 else (False, True):
                 with _group_commit(grouped):
                     seconds, first = await _burst(store, states, writers, turn)
                 bursts[grouped].append(seconds)
                 firsts.append(first)
-            files = await anyio.to_thread.run_sync(_read_files, root, states)
+            files = await anyio.to_thread.run_sync(_read_files, store, states)
             bares.append(await anyio.to_thread.run_sync(_bare, bare_root, files))
         closing = anyio.Semaphore(THREADS)
 

@@ -17,7 +17,7 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -139,9 +139,8 @@ def _join_the_running_fsync() -> Callable[..., None]:
 
 
 @pytest.fixture
-def mutant(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def mutant(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(atomic, "sync_dir", _join_the_running_fsync())
-    yield
 
 
 @pytest.mark.usefixtures("mutant")

@@ -27,7 +27,7 @@ from checkpointer._stores import atomic
 from tests._powerfs import HANG_GUARD, PowerFS, unavailable
 
 WRITERS = 6
-CUTS = 6  # per model; each aims at a random step of a random write
+CUTS = 4  # per model; each aims at a random step of a random write
 MUTANT_CUTS = 40  # the most cuts the mutant may survive
 
 

@@ -27,7 +27,7 @@ from checkpointer._stores import atomic
 from tests._powerfs import HANG_GUARD, PowerFS, unavailable
 
 WRITERS = 6
-CUTS = 4  # per model; each aims at a random step of a random write
+CUTS = 10  # per model; each aims at a random step of a random write
 MUTANT_CUTS = 40  # the most cuts the mutant may survive
 
 
@@ -66,7 +66,7 @@ def one_cut(
     model: str,
     rng: random.Random,
     cut: int,
-    steps: tuple[str, ...] = ("rename temp.json", "fsyncdir"),
+    steps: tuple[str, ...] = ("rename temp.json", "rename temp.json", "fsyncdir"),
 ) -> list[str]:
     """Mount over what the last cut left, write from ``WRITERS`` threads, cut right after
     one of ``steps`` (a random one, its k-th call); the writes reported and lost."""

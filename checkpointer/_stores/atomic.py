@@ -5,6 +5,11 @@ and fsynced, renamed onto the target, then the directory fsynced.  After an
 fsync error the caller rewrites from memory into a fresh temp: a second
 fsync of the same file may "succeed" with its dirty pages dropped.
 
+Writes into one directory share its fsync (``sync_dir``, group commit): one
+that finds none running fsyncs at once; those whose rename comes while it
+runs wait and share the next, so a burst of N writes costs N file fsyncs and
+about two directory fsyncs, not N of each.
+
 A write holds an ``flock`` on its temp until after the rename, and the
 kernel drops it when the writer dies: so ``sweep_temps`` removes exactly
 the temps no live process holds, whatever pid namespace it runs in.
@@ -19,8 +24,11 @@ import os
 import re
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Callable, Sequence
+
+from .base import time_left
 
 __all__ = [
     "STALE_AFTER",
@@ -29,6 +37,7 @@ __all__ = [
     "fsync_parents",
     "makedirs_durable",
     "sweep_temps",
+    "sync_dir",
     "write_all",
     "write_atomic",
 ]
@@ -48,10 +57,10 @@ def fsync_fd(fd: int) -> None:
 
 
 def fsync_dir(directory: str, fsync: Callable[[int], None] = os.fsync) -> None:
-    """Make the entries of ``directory`` (renames, new files, unlinks) durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    """Make the entries of ``directory`` (renames, new files, unlinks) durable (``sync_dir``)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fsync(fd)
+        sync_dir(fd, fsync)
     finally:
         os.close(fd)
 
@@ -120,7 +129,7 @@ def write_atomic(
     mode: int = 0o600,
     dir_mode: int = 0o700,
     dir_fd: int | None = None,
-    fsync: Callable[[int], None] = os.fsync,
+    fsync: Callable[[int], None] = fsync_fd,
     replace: Callable[..., None] = os.replace,
 ) -> int:
     """Replace ``path`` with the joined ``chunks``, durably; blocking; return the bytes.
@@ -172,8 +181,108 @@ def _write_at(
             raise
     finally:
         os.close(fd)  # the lock goes with it, after the rename
-    fsync(dir_fd)
+    sync_dir(dir_fd, fsync)
     return size
+
+
+class _Batch:
+    """The writes one directory fsync covers; ``error`` is its failure, once ``done``."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.error: OSError | None = None
+
+
+class _GroupSync:
+    """Group commit of one directory's fsync, among the threads of this process.
+
+    ``pending`` is the batch a caller joins: it begins after every rename
+    made before the caller came, so its fsync covers them.  The first caller
+    to find no fsync ``running`` leads ``pending``: it fsyncs, the others of
+    the batch wait on ``cond`` and share its outcome.
+    """
+
+    __slots__ = ("cond", "pending", "running", "waiting")
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.pending = _Batch()
+        self.running: _Batch | None = None
+        self.waiting = 0  # callers in cond.wait: none left, and the group is dropped
+
+
+# (pid, {(st_dev, st_ino) of a directory: its group}): a forked child starts
+# afresh (a thread of the parent may have held a condition, or led a batch).
+_groups: tuple[int, dict[tuple[int, int], _GroupSync]] = (-1, {})
+
+
+def sync_dir(dir_fd: int, fsync: Callable[[int], None] = os.fsync) -> None:
+    """Return once a directory fsync begun after this call has ended; raise its error.
+
+    Each writer of a batch gets an ``OSError`` of its own with the fsync's
+    errno; none retries it (a second fsync may call clean what the first
+    dropped).  The wait for another thread's fsync is bounded by the
+    caller's ``commit_deadline`` (``TimeoutError`` past it).
+    """
+    pid, groups = _groups
+    if pid != os.getpid():
+        _set_groups((os.getpid(), groups := {}))
+    st = os.fstat(dir_fd)
+    key = (st.st_dev, st.st_ino)
+    group = groups.get(key) or groups.setdefault(key, _GroupSync())
+    with group.cond:
+        batch = group.pending
+        while group.running is not None and not batch.done:
+            group.waiting += 1
+            try:
+                woken = group.cond.wait(None if (left := time_left()) < 0 else left)
+            finally:
+                group.waiting -= 1
+            if not woken:
+                raise TimeoutError(
+                    errno.ETIMEDOUT, "another write's fsync of this directory did not end in time"
+                )
+        lead = not batch.done
+        if lead:  # none running, and this batch not begun: this thread fsyncs for it
+            group.running, group.pending = batch, _Batch()
+    if lead:
+        _lead(group, batch, dir_fd, fsync, groups, key)
+    if batch.error is not None:
+        error = batch.error
+        raise OSError(error.errno, error.strerror or str(error)) from error
+
+
+def _lead(
+    group: _GroupSync,
+    batch: _Batch,
+    dir_fd: int,
+    fsync: Callable[[int], None],
+    groups: dict[tuple[int, int], _GroupSync],
+    key: tuple[int, int],
+) -> None:
+    """Fsync the directory for ``batch``, then wake its writers (or drop the group if none
+    waits); anything but an OSError (an interrupt here) is an EIO for the others."""
+    try:
+        fsync(dir_fd)
+    except OSError as exc:
+        batch.error = exc
+    except BaseException as exc:
+        batch.error = OSError(errno.EIO, f"the directory's fsync was interrupted: {exc!r}")
+        raise
+    finally:
+        with group.cond:
+            batch.done, group.running = True, None
+            if group.waiting:
+                group.cond.notify_all()
+            elif groups.get(key) is group:  # a caller holding it still leads its own batches
+                del groups[key]
+
+
+def _set_groups(groups: tuple[int, dict[tuple[int, int], _GroupSync]]) -> None:
+    global _groups
+    _groups = groups
 
 
 def _create_temp(name: str, dir_fd: int) -> tuple[int, str]:

@@ -44,7 +44,9 @@ class FileStore:
     The root is created (mode 0700) on the first write.  Each write is a
     durable atomic replace (temp file, fsync, rename, directory fsync),
     under the key's lock ``root/k.lock``; the first one also fsyncs the
-    directories above the root.  Nothing planted in the root (a link, a
+    directories above the root.  Writes that fall due together (other keys'
+    writers, in other threads) share one directory fsync: each returns once
+    a directory fsync begun after its rename has ended.  Nothing planted in the root (a link, a
     FIFO, a hard link) is followed or written through.
 
     Args:
@@ -98,6 +100,7 @@ class FileStore:
         check_key(key)
         with self._locked(key), self._owned(key):
             if landed(key, self.revision(key), revision, expected):
+                fsync_dir(self.root)  # its answer may have been the directory fsync's error
                 return sum(map(len, chunks))
             meta = peek_meta(b"".join(chunks[:3]))  # an envelope's: prefix, meta, middle
             if meta is None or meta.revision != revision:

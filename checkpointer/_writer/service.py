@@ -147,7 +147,7 @@ class CheckpointWriter(Generic[S]):
             return
         self._events += 1
         if self._sched.event(self._now()):
-            self._timer.threadsafe(self._timer.wake)  # from any thread
+            self._timer.wake_soon()
 
     def attach(self, subscribe: Subscribe) -> Callable[[], None]:
         """Subscribe ``notify`` to an event source.

@@ -223,6 +223,16 @@ class Timer:
         if scope is not None and done is not None and not done.is_set():
             scope.cancel()
 
+    def wake_soon(self) -> None:
+        """``wake()``, from any thread.  On asyncio's own thread, from a callback of the
+        loop's rather than the caller's task: anyio's cancel formats the calling task's
+        repr (tens of µs), which every session's first ``notify()`` of a burst would pay."""
+        if threading.get_ident() == self._loop_thread and not _on_trio():
+            with contextlib.suppress(RuntimeError):  # the loop has ended: as threadsafe does
+                asyncio.get_running_loop().call_soon(self.wake)
+            return
+        self.threadsafe(self.wake)
+
     def call_on_main_loop(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` soon on the writer's event loop if that runs on the main thread."""
         if self._loop_thread == threading.main_thread().ident:

@@ -13,6 +13,7 @@ import pytest
 
 from checkpointer import CheckpointWriter, Failed, FileStore, Snapshot, load
 from checkpointer.stores import DecryptionError, Encryption, StaleWrite
+from tests.stores import sealed_cases
 
 SECRET = "my password is hunter2"
 STATE = {"messages": [{"role": "user", "content": SECRET}], "title": "Quarterly numbers"}
@@ -45,6 +46,29 @@ def test_a_sealed_file_loads_with_its_key_and_holds_no_plaintext(
     assert SECRET.encode() not in data and b"Quarterly" not in data
     loaded = load(store, "s1")
     assert loaded is not None and loaded.state == STATE and loaded.meta.seq == 2
+
+
+class FileRig:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def store(self, encryption: Encryption | None) -> FileStore:
+        return FileStore(self.root, encryption=encryption)
+
+    def get(self, key: str) -> bytes:
+        return (self.root / f"{key}.json").read_bytes()
+
+    def put(self, key: str, data: bytes) -> None:
+        (self.root / f"{key}.json").write_bytes(data)
+
+    def copy(self, src: str, dst: str) -> None:
+        self.put(dst, self.get(src))
+
+
+@pytest.mark.parametrize("case", sealed_cases.CASES)
+def test_tampering_is_refused(tmp_path: Path, case: Callable[[FileRig], None]) -> None:
+    """The cases every encrypted store refuses (tests/stores/sealed_cases.py), on files."""
+    case(FileRig(tmp_path))
 
 
 def test_the_revision_and_meta_read_without_the_key(tmp_path: Path) -> None:

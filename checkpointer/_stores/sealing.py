@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import hashlib
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,13 +30,23 @@ import msgspec
 from .._format.envelope import MIDDLE, PREFIX
 from .._values import CheckpointError, Meta
 
-__all__ = ["MAGIC", "DecryptionError", "Encryption", "is_sealed", "seal", "unseal"]
+__all__ = [
+    "MAGIC",
+    "DecryptionError",
+    "Encryption",
+    "is_sealed",
+    "open_row",
+    "seal",
+    "seal_rows",
+    "unseal",
+]
 
 MAGIC = b"\x00checkpointer-sealed "
 """How a sealed record starts: no plaintext record (JSON, a journal) starts with a NUL."""
 
 Algorithm = Literal["aes-256-gcm", "chacha20-poly1305"]
 Why = Literal["no-key", "wrong-key", "moved", "plaintext", "truncated"]
+_ROW_HEAD, _ROW_TAIL = b'{"sealed":"', b'"}'  # a journal row sealed: one line of JSON
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _NONCE, _TAG = 12, 16
 
@@ -322,3 +333,58 @@ def unseal(
         )
         raise DecryptionError(where, why, key=key, position=position, key_id=None, why="plaintext")
     return data
+
+
+def _row_position(first: bytes | None, offset: int) -> str:
+    """A journal row's position: its offset in the journal that ``first`` (its sealed
+    first line) begins; the first line's own is "0".  A row of another journal of the key
+    (one rewritten since: another first line) opens at no offset of this one."""
+    if first is None:
+        return "0"
+    return f"{hashlib.blake2b(first, digest_size=8).hexdigest()}+{offset}"
+
+
+def seal_rows(
+    encryption: Encryption | None,
+    rows: list[bytes],
+    *,
+    key: str,
+    first: bytes | None,
+    offset: int,
+) -> list[bytes]:
+    """A journal's write seam: ``rows`` (whole lines) to append at ``offset`` of the journal
+    whose sealed first line is ``first`` (None: ``rows`` begin a journal), each sealed."""
+    if encryption is None:
+        return rows
+    sealed: list[bytes] = []
+    for row in rows:
+        body = row.rstrip(b"\n")
+        record = b"".join(
+            encryption.seal([body], key=key, position=_row_position(first, offset), meta=None)
+        )
+        line = b"%s%s%s%s" % (_ROW_HEAD, base64.b64encode(record), _ROW_TAIL, row[len(body) :])
+        sealed.append(line)
+        first = line if first is None else first
+        offset += len(line)
+    return sealed
+
+
+def open_row(
+    encryption: Encryption | None,
+    line: bytes,
+    offset: int,
+    *,
+    key: str,
+    first: bytes,
+    where: str,
+) -> bytes:
+    """A journal's read seam: the plaintext of ``line`` (without its newline), found at
+    ``offset`` of the journal whose first line is ``first`` (with its newline)."""
+    record = line
+    if line.startswith(_ROW_HEAD):
+        record = MAGIC  # cut short (said truncated), unless it decodes
+        if line.endswith(_ROW_TAIL):
+            with contextlib.suppress(binascii.Error):
+                record = base64.b64decode(line[len(_ROW_HEAD) : -len(_ROW_TAIL)], validate=True)
+    position = _row_position(None if offset == 0 else first, offset)
+    return unseal(encryption, record, key=key, position=position, where=where)

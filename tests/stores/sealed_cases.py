@@ -56,10 +56,13 @@ def flipped(rig: Rig) -> None:
     store = rig.store(enc())
     save(store)
     data = rig.get("s1")
-    rig.put("s1", data[:-40] + bytes([data[-40] ^ 1]) + data[-39:])
+    other = b"A" if data[-40:-39] != b"A" else b"B"  # a journal's base64 stays base64
+    rig.put("s1", data[:-40] + other + data[-39:])
     error = refused(store)
     assert (error.why, error.key, error.key_id) == ("wrong-key", "s1", "k1")
-    assert error.position == store.revision("s1")
+    assert error.position in str(error)
+    if not getattr(rig, "journal", False):  # a journal row's position is its offset
+        assert error.position == store.revision("s1")
 
 
 def swapped(rig: Rig) -> None:
@@ -107,3 +110,4 @@ WRONG = pytest.mark.parametrize(
     ids=["same-id-other-key", "unknown-id", "no-encryption"],
 )
 CASES = [no_plaintext, flipped, swapped, planted, truncated]
+JOURNAL_CASES = [no_plaintext, flipped, swapped, planted]  # a cut at the end is a torn tail

@@ -170,7 +170,7 @@ class PostgresStore(LocksPart):
             return None
         fmt, meta, state, journal, _ = rows[0]
         meta_json = meta.encode()
-        if not journal and (self.encryption is not None or is_sealed(state)):
+        if self.encryption is not None or is_sealed(state):  # a journal's head: "plaintext"
             at = msgspec.json.decode(meta_json, type=_Revision).revision
             return unseal(self.encryption, state, key=key, position=at, where=self.location(key))
         if journal:  # a head of a newer format: its rows are left to that version

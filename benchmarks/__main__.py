@@ -41,6 +41,7 @@ CASES: list[tuple[str, str]] = [
     ("sessions", "benchmarks.bench_sessions"),
     ("postgres", "benchmarks.bench_postgres"),
     ("s3", "benchmarks.bench_s3"),
+    ("encryption", "benchmarks.bench_encryption"),
 ]
 """(case id, module with ``main(quick) -> dict``); adding a case is one entry."""
 

@@ -262,7 +262,9 @@ def is_sealed(data: bytes) -> bool:
     return data.startswith(MAGIC)
 
 
-def _split(record: bytes, *, key: str, position: str, where: str) -> tuple[bytes, _Header, bytes]:
+def _split(
+    record: bytes, *, key: str, position: str, where: str
+) -> tuple[bytes, _Header, memoryview]:
     end = record.find(b"\n", len(MAGIC))
     header = None
     if end >= 0:
@@ -271,7 +273,7 @@ def _split(record: bytes, *, key: str, position: str, where: str) -> tuple[bytes
     if header is None:
         why = f"the record of key {key!r} at position {position} has no whole header (truncated)"
         raise DecryptionError(where, why, key=key, position=position, key_id=None, why="truncated")
-    return record[: end + 1], header, record[end + 1 :]
+    return record[: end + 1], header, memoryview(record)[end + 1 :]  # never copied
 
 
 def _meta(header: _Header) -> Meta | None:

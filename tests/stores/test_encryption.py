@@ -215,3 +215,17 @@ def test_the_core_never_imports_cryptography() -> None:
         "assert 'cryptography' not in sys.modules, 'imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_no_summary_is_written_in_plaintext_beside_sealed_files(tmp_path: Path) -> None:
+    """write_summary refuses an encrypted FileStore: a title is what a user wrote."""
+    from datetime import UTC, datetime
+
+    from checkpointer.summaries import SummaryCheckpoint, write_summary
+
+    summary = SummaryCheckpoint(
+        watermark=1, summary=SECRET, created_at=datetime.now(UTC), covered_messages=1
+    )
+    with pytest.raises(ValueError, match="not encrypted"):
+        write_summary(FileStore(tmp_path, encryption=enc()), "s1", summary)
+    assert not (tmp_path / "sessions").exists()

@@ -12,7 +12,15 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
-from checkpointer import Checkpoint, CheckpointError, PostgresStore, S3JournalStore, S3Store, load
+from checkpointer import (
+    Checkpoint,
+    CheckpointError,
+    Meta,
+    PostgresStore,
+    S3JournalStore,
+    S3Store,
+    load,
+)
 from checkpointer._format.envelope import decode_raw as decode_raw
 from checkpointer._format.envelope import envelope_chunks as envelope_chunks
 from checkpointer._format.journal import LINE_END as LINE_END
@@ -131,12 +139,17 @@ class Root(ABC):
 
     encryption: Encryption | None = None  # the keys given (--key-file, CHECKPOINTER_KEYS)
 
+    @property
+    def sealed_metas(self) -> dict[str, Meta]:
+        """path -> the readable meta of a checkpoint that did not open (``load`` fills it)."""
+        return self.__dict__.setdefault("_sealed_metas", {})  # type: ignore[no-any-return]
+
     def load(self, entry: Entry) -> Checkpoint[Any] | None:
-        with sealed(self.encryption):
+        with sealed(self.encryption, self.sealed_metas):
             return load(self.stores[entry.kind], entry.key)
 
     def raw(self, entry: Entry) -> bytes | None:
-        with sealed(self.encryption):
+        with sealed(self.encryption, self.sealed_metas):
             data: bytes | None = self.stores[entry.kind].read(entry.key)
         return data
 
@@ -172,11 +185,14 @@ class Root(ABC):
 
 
 @contextlib.contextmanager
-def sealed(encryption: Encryption | None) -> Iterator[None]:
-    """A record that does not open, said as ``SEALED`` (``ENCRYPTED`` without keys)."""
+def sealed(encryption: Encryption | None, metas: dict[str, Meta]) -> Iterator[None]:
+    """A record that does not open, said as ``SEALED`` (``ENCRYPTED`` without keys); its
+    readable meta kept in ``metas``."""
     try:
         yield
     except DecryptionError as exc:
+        if exc.meta is not None:
+            metas[exc.path] = exc.meta
         reason = ENCRYPTED if encryption is None and exc.why == "no-key" else exc.reason
         if not reason.startswith(SEALED):
             reason = f"{SEALED}: {reason}"
@@ -270,7 +286,7 @@ class PostgresRoot(Root):
 
     def raw(self, entry: Entry) -> bytes | None:
         self._check(entry)
-        with sealed(self.encryption):
+        with sealed(self.encryption, self.sealed_metas):
             return self.store.read(entry.key) or b""
 
     def delete(

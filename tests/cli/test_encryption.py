@@ -4,6 +4,7 @@ pruned unopened; ``re-encrypt`` seals again with the current key, skipping a liv
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -68,6 +69,8 @@ def test_without_a_key_it_lists_and_says_encrypted_never_bad(
     """Each is listed and said encrypted, not damaged: ls and verify succeed."""
     status, out = run(capsys, "ls", root, "--json")
     assert status == 0 and out.count("encrypted") == 2 and "hunter2" not in out, out
+    rows = {row["key"]: row for row in json.loads(out)}
+    assert rows["snap"]["seq"] == 2 and rows["snap"]["updated_at"], rows  # its readable meta
     status, out = run(capsys, "verify", root)
     assert (
         status == 0 and "2 not checked" in out and out.count("encrypted, and no key given") == 2

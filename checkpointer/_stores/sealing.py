@@ -259,6 +259,7 @@ class Encryption:
 
 
 def is_sealed(data: bytes) -> bool:
+    """Whether ``data`` is a sealed record (read without any key)."""
     return data.startswith(MAGIC)
 
 

@@ -44,6 +44,7 @@ CASES: list[tuple[str, str]] = [
     ("strands", "benchmarks.bench_strands"),
     ("postgres", "benchmarks.bench_postgres"),
     ("s3", "benchmarks.bench_s3"),
+    ("encryption", "benchmarks.bench_encryption"),
 ]
 """(case id, module with ``main(quick) -> dict``); adding a case is one entry."""
 

@@ -3,7 +3,8 @@
 A store is any object with the methods of ``Store``; its ``write`` is
 conditional (``landed`` makes the decision, ``StaleWrite`` is the refusal).
 ``LockingStore`` and ``ProbingStore`` are optional capabilities;
-``unfenced`` accepts a store that cannot refuse a stale write.  Also here:
+``unfenced`` accepts a store that cannot refuse a stale write; ``Encryption``
+seals what a built-in store keeps (``FileStore(root, encryption=...)``).  Also here:
 the errors the built-in stores raise, and the values a checkpoint's meta
 and a journal report carry.  See the docs page "One writer per key",
 section "Writing a store of your own".
@@ -27,10 +28,13 @@ from ._stores.base import (
 from ._stores.journal.file import JournalStatistics
 from ._stores.postgres.errors import KeyLockedError, PostgresStoreError, StaleWriteError
 from ._stores.s3.client import S3StoreError
+from ._stores.sealing import DecryptionError, Encryption
 from ._values import TornTail, WriterInfo
 
 __all__ = [
     "KEY_PATTERN",
+    "DecryptionError",
+    "Encryption",
     "JournalStatistics",
     "KeyLock",
     "KeyLocked",

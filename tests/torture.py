@@ -27,7 +27,8 @@ or while it runs, and then checks the file:
   succeeded (the key's lock went with the killed process).
 
 It prints a summary per store; the exit status is 1 if anything was lost.
-``--store`` picks the store (``file``, ``file-transcript``, ``journal``,
+``--store`` picks the store (``file``, ``file-transcript``, ``journal``, their encrypted
+``file-sealed`` and ``journal-sealed``,
 ``s3``, ``s3journal``, ``all``); another store is one more entry in ``STORES``.  ``--store naive``
 is a deliberately unsafe store (writes in place) that shows the torture
 catching torn files.
@@ -71,6 +72,7 @@ from tests._support.harness import (
     on_loop,
     s3_store,
     say,
+    sealed,
     tapped,
     victim,
 )
@@ -128,6 +130,8 @@ STORES: dict[str, StoreKind] = {
     "file": StoreKind(FileStore, file_leftovers),
     "file-transcript": StoreKind(file_transcript, file_leftovers),
     "journal": StoreKind(JournalStore, file_leftovers),
+    "file-sealed": StoreKind(sealed(FileStore), file_leftovers),
+    "journal-sealed": StoreKind(sealed(JournalStore), file_leftovers),
     "s3": StoreKind(s3_store("s3"), _no_leftovers, setup=_serve),
     "s3journal": StoreKind(s3_store("s3journal"), _no_leftovers, setup=_serve),
     "naive": StoreKind(NaiveStore, file_leftovers, unsafe=True),

@@ -1,5 +1,6 @@
 """The ``checkpointer`` command line (also ``python -m checkpointer``): ``ls``, ``show``,
-``verify`` and ``prune``, each written once over a ``Root`` (``roots.py``); ``demo``; ``pg-schema``.
+``verify``, ``prune`` and ``re-encrypt``, each written once over a ``Root``
+(``roots.py``); ``demo``; ``pg-schema``.
 """
 
 from __future__ import annotations
@@ -7,17 +8,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
 
 from .. import PostgresStore
 from .. import __version__ as VERSION
-from ..stores import PostgresStoreError
-from . import demo, ls, prune, report, show, verify
+from ..stores import Encryption, PostgresStoreError
+from . import demo, ls, prune, reencrypt, report, show, verify
 from .directory import DirectoryRoot
 from .prune import parse_duration
-from .roots import PG_SCHEMES, S3_SCHEME, PostgresRoot, Root, RootError, S3Root, schema_sql
+from .roots import (
+    PG_SCHEMES,
+    S3_SCHEME,
+    PostgresRoot,
+    Root,
+    RootError,
+    S3Root,
+    schema_sql,
+)
 
 __all__ = ["main", "parse_duration"]
 
@@ -64,11 +74,30 @@ def _on_a_root(args: argparse.Namespace) -> int:
 
 
 def _open(args: argparse.Namespace) -> Root:
+    keys = _keys(args.key_file)
     if args.root.startswith(S3_SCHEME):
-        return S3Root(args.root, args.endpoint_url)
+        return S3Root(args.root, args.endpoint_url, keys)
     if args.dsn is not None or args.root.startswith(PG_SCHEMES):
-        return PostgresRoot(args.root, args.schema)
-    return DirectoryRoot(args.root)
+        return PostgresRoot(args.root, args.schema, keys)
+    return DirectoryRoot(args.root, keys)
+
+
+def _keys(key_file: str | None) -> Encryption | None:
+    """The keys of --key-file, else of CHECKPOINTER_KEYS, else None (RootError if bad)."""
+    where, text = "CHECKPOINTER_KEYS", os.environ.get("CHECKPOINTER_KEYS")
+    if key_file is not None:
+        where = key_file
+        try:
+            with open(key_file, encoding="utf-8") as file:
+                text = file.read()
+        except OSError as exc:
+            raise RootError(f"cannot read the key file {key_file}: {exc.strerror}") from None
+    if not text:
+        return None
+    try:
+        return Encryption.from_text(text)
+    except (ValueError, ImportError) as exc:
+        raise RootError(f"{where}: {exc}") from None
 
 
 def _settle_root(args: argparse.Namespace) -> None:
@@ -94,6 +123,10 @@ _DSN = (
     "a libpq connection string (host=db dbname=agents user=app) or URI, in place of ROOT: "
     "look at the PostgresStore there"
 )
+_KEY_FILE = (
+    "a file of the keys of an encrypted store, id:base64 each (the current one first); "
+    "else the CHECKPOINTER_KEYS environment variable holds them"
+)
 _ENDPOINT = (
     "with an s3://bucket/prefix ROOT: an S3-compatible endpoint (MinIO, R2, ...) instead "
     "of AWS; credentials and region as the AWS SDKs read them"
@@ -113,7 +146,8 @@ def _build_parser() -> tuple[
     )
     parser.add_argument("--version", action="version", version=f"agent-checkpointer {VERSION}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, command in (("ls", ls), ("show", show), ("verify", verify), ("prune", prune)):
+    named = (("ls", ls), ("show", show), ("verify", verify), ("prune", prune))
+    for name, command in (*named, ("re-encrypt", reencrypt)):
         sub = commands.add_parser(name, help=command.HELP, description=command.DESCRIPTION)
         # A value may start with "-" and a digit (--older-than -1d): argparse
         # would take it for an option and say only "expected one argument".
@@ -123,6 +157,7 @@ def _build_parser() -> tuple[
         sub.add_argument("--schema", default="checkpointer", help=_SCHEMA)
         sub.add_argument("--dsn", help=_DSN)
         sub.add_argument("--endpoint-url", help=_ENDPOINT)
+        sub.add_argument("--key-file", help=_KEY_FILE)
         sub.set_defaults(run=_on_a_root, on_root=command.run, parser=sub)
     sub = commands.add_parser(
         "demo",

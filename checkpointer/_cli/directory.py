@@ -19,6 +19,7 @@ from checkpointer._stores.base import KEY_PATTERN
 from checkpointer._stores.files import _MARK
 from checkpointer._stores.flock import probe_file_lock
 from checkpointer._stores.safefs import UnsafeFile, describe, open_dir, open_subdir, read_checked
+from checkpointer._stores.sealing import DecryptionError, Encryption
 from checkpointer.stores import KeyLocked
 from checkpointer.summaries import load_summary
 
@@ -48,10 +49,13 @@ class DirectoryRoot(Root):
     prune_noun = "file(s)"
     lock_files = has_extras = True
 
-    def __init__(self, root: str) -> None:
-        self.where = root
+    def __init__(self, root: str, encryption: Encryption | None = None) -> None:
+        self.where, self.encryption = root, encryption
         try:
-            self.stores = {"snapshot": FileStore(root), "journal": JournalStore(root)}
+            self.stores = {
+                "snapshot": FileStore(root, encryption=encryption),
+                "journal": JournalStore(root, encryption=encryption),
+            }
         except ValueError as exc:  # an empty path
             raise RootError(str(exc)) from None
 
@@ -87,6 +91,8 @@ class DirectoryRoot(Root):
     def load(self, entry: Entry) -> Checkpoint[Any] | None:
         try:
             return super().load(entry)
+        except DecryptionError:
+            raise  # its own line before a sealed record: said as such
         except CheckpointError:
             # FileStore's own first line before bytes a wrapper of the user's made (compressed,
             # encrypted): not damage; the CLI does not have the wrapper to read them with.

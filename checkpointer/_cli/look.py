@@ -76,12 +76,13 @@ def inspect(root: Root, entry: Entry, *, lock: bool = True) -> Look:
     row.size, mtime = measured
     row.mtime = mtime or row.mtime
     loaded, row.error = read(root, root.load, entry)
+    meta = loaded.meta if loaded is not None else root.sealed_metas.get(entry.path)
+    if meta is not None:  # an encrypted one's too: its meta is readable
+        row.updated_at, row.created_at = report.utc(meta.updated_at), report.utc(meta.created_at)
+        row.mtime = mtime or row.updated_at  # a row's only time is its meta's
+        row.seq, row.live, row.pinned, row.turns = meta.seq, meta.live, meta.pinned, meta.turns
     if loaded is None:
         return Look(row, None, view)
-    meta = loaded.meta
-    row.updated_at, row.created_at = report.utc(meta.updated_at), report.utc(meta.created_at)
-    row.mtime = mtime or row.updated_at  # a row's only time is its meta's
-    row.seq, row.live, row.pinned, row.turns = meta.seq, meta.live, meta.pinned, meta.turns
     found = transcript(root, entry, loaded.state)
     listed = None if found is None else found.messages
     if row.turns is None and listed is not None:  # None again: a shape no dialect knows

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from . import report
 from .look import Row, inspect
-from .roots import FOREIGN, Entry, Extra, Recheck, Removal, Root
+from .roots import FOREIGN, SEALED, Entry, Extra, Recheck, Removal, Root
 
 HELP = "remove checkpoints not updated for a while, and stale locks"
 DESCRIPTION = (
@@ -127,6 +127,8 @@ class _Prune:
             age = (self.now - updated).total_seconds()
             if age > self.limit.seconds and row.error == FOREIGN:
                 self.keep(entry.path, f"{FOREIGN}; its pin and age are unknown")
+            elif age > self.limit.seconds and (row.error or "").startswith(SEALED):
+                self.keep(entry.path, f"{row.error}; never removed unopened")
             elif age > self.limit.seconds and row.pinned:
                 self.keep(entry.path, f"pinned (updated {report.ago(age)} ago)")
             elif age > self.limit.seconds:

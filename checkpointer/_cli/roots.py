@@ -4,19 +4,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
-from checkpointer import Checkpoint, CheckpointError, PostgresStore, S3JournalStore, S3Store, load
+from checkpointer import (
+    Checkpoint,
+    CheckpointError,
+    Meta,
+    PostgresStore,
+    S3JournalStore,
+    S3Store,
+    load,
+)
+from checkpointer._format.envelope import decode_raw as decode_raw
+from checkpointer._format.envelope import envelope_chunks as envelope_chunks
+from checkpointer._format.journal import LINE_END as LINE_END
+from checkpointer._format.journal import compaction_row as compaction_row
+from checkpointer._format.journal import header_line as header_line
 from checkpointer._format.journal import scan_journal as scan_journal
 from checkpointer._stores.base import KEY_PATTERN, check_key
 from checkpointer._stores.postgres.schema import schema_sql as schema_sql
 from checkpointer._stores.s3.client import error_code
 from checkpointer._stores.s3.store import Listed
+from checkpointer._stores.sealing import DecryptionError as DecryptionError
+from checkpointer._stores.sealing import Encryption
 from checkpointer._transcript.dialects import CHAT as CHAT
 from checkpointer._transcript.dialects import describe_shape as describe_shape
 from checkpointer._transcript.dialects import detect as detect
@@ -31,6 +47,12 @@ S3_SCHEME, PG_SCHEMES = "s3://", ("postgresql://", "postgres://")
 FOREIGN = (
     "written through a store of your own (a `checkpointer-revision` line, then that store's "
     "bytes), which the CLI cannot read: load() it through that store"
+)
+
+SEALED = "encrypted"  # how every reason of a record that does not open starts: kept, never pruned
+ENCRYPTED = (
+    f"{SEALED}, and no key given (--key-file, or CHECKPOINTER_KEYS): only its revision and "
+    "meta are readable"
 )
 
 
@@ -116,11 +138,20 @@ class Root(ABC):
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
         """Size and time (None: its meta's)."""
 
+    encryption: Encryption | None = None  # the keys given (--key-file, CHECKPOINTER_KEYS)
+
+    @property
+    def sealed_metas(self) -> dict[str, Meta]:
+        """path -> the readable meta of a checkpoint that did not open (``load`` fills it)."""
+        return self.__dict__.setdefault("_sealed_metas", {})  # type: ignore[no-any-return]
+
     def load(self, entry: Entry) -> Checkpoint[Any] | None:
-        return load(self.stores[entry.kind], entry.key)
+        with sealed(self.encryption, self.sealed_metas):
+            return load(self.stores[entry.kind], entry.key)
 
     def raw(self, entry: Entry) -> bytes | None:
-        data: bytes | None = self.stores[entry.kind].read(entry.key)
+        with sealed(self.encryption, self.sealed_metas):
+            data: bytes | None = self.stores[entry.kind].read(entry.key)
         return data
 
     def lock(self, key: str) -> LockView | None:
@@ -154,6 +185,23 @@ class Root(ABC):
         return Removal(entry.path, "removed", why) if gone else None
 
 
+@contextlib.contextmanager
+def sealed(encryption: Encryption | None, metas: dict[str, Meta]) -> Iterator[None]:
+    """A record that does not open, said as ``SEALED`` (``ENCRYPTED`` without keys); its
+    readable meta kept in ``metas``."""
+    try:
+        yield
+    except DecryptionError as exc:
+        if exc.meta is not None:
+            metas[exc.path] = exc.meta
+        reason = ENCRYPTED if encryption is None and exc.why == "no-key" else exc.reason
+        if not reason.startswith(SEALED):
+            reason = f"{SEALED}: {reason}"
+        raise DecryptionError(
+            exc.path, reason, key=exc.key, position=exc.position, key_id=exc.key_id, why=exc.why
+        ) from None
+
+
 def each(
     old: Sequence[tuple[Entry, str]],
     recheck: Recheck,
@@ -182,9 +230,12 @@ class PostgresRoot(Root):
     mtimes = False
     failure = (PostgresStoreError,)
 
-    def __init__(self, dsn: str, schema: str) -> None:
+    def __init__(self, dsn: str, schema: str, encryption: Encryption | None = None) -> None:
+        self.encryption = encryption
         try:
-            self.store = PostgresStore(dsn, schema=schema, create_schema=False)
+            self.store = PostgresStore(
+                dsn, schema=schema, create_schema=False, encryption=encryption
+            )
         except (ImportError, ValueError) as exc:  # no psycopg, a bad DSN or schema name
             raise RootError(str(exc)) from None
         self.stores = {"row": self.store}
@@ -236,7 +287,8 @@ class PostgresRoot(Root):
 
     def raw(self, entry: Entry) -> bytes | None:
         self._check(entry)
-        return self.store.read(entry.key) or b""
+        with sealed(self.encryption, self.sealed_metas):
+            return self.store.read(entry.key) or b""
 
     def delete(
         self, key: str, old: Sequence[tuple[Entry, str]], *, recheck: Recheck, stale: str | None
@@ -263,11 +315,16 @@ class S3Root(Root):
     failure = (S3StoreError,)
     mtimes = False
 
-    def __init__(self, url: str, endpoint_url: str | None) -> None:
+    def __init__(
+        self, url: str, endpoint_url: str | None, encryption: Encryption | None = None
+    ) -> None:
         bucket, _, prefix = url[len(S3_SCHEME) :].partition("/")
+        self.encryption = encryption
         try:
             self.stores = {
-                "snapshot": S3Store(bucket, prefix, endpoint_url=endpoint_url),
+                "snapshot": S3Store(
+                    bucket, prefix, endpoint_url=endpoint_url, encryption=encryption
+                ),
                 "journal": S3JournalStore(bucket, prefix, endpoint_url=endpoint_url),
             }
         except (ImportError, ValueError) as exc:  # no botocore, a bad bucket name

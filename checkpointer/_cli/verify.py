@@ -12,7 +12,17 @@ from checkpointer.stores import TornTail
 
 from . import report
 from .look import History, read, transcript
-from .roots import CHAT, FOREIGN, Entry, Root, clipped, describe_shape, detect, scan_history
+from .roots import (
+    CHAT,
+    ENCRYPTED,
+    FOREIGN,
+    Entry,
+    Root,
+    clipped,
+    describe_shape,
+    detect,
+    scan_history,
+)
 
 HELP = "load every checkpoint and check agent histories; exit 1 if any is bad"
 DESCRIPTION = (
@@ -43,10 +53,10 @@ def run(root: Root, args: argparse.Namespace) -> int:
             report.line(f"BAD  {entry.path}: {said.problem}")
             bad += 1
             continue
-        if said.note == FOREIGN:  # not damage: only not ours to read
+        if said.note in (FOREIGN, ENCRYPTED):  # not damage: only not ours to read
             unread += 1
             if not args.quiet:
-                report.line(f"note {entry.path}: {FOREIGN}; not checked")
+                report.line(f"note {entry.path}: {said.note}; not checked")
             continue
         for count, text in zip(counts, (said.warning, said.torn, said.note), strict=True):
             counts[count] += text is not None
@@ -80,7 +90,8 @@ def verdict(root: Root, entry: Entry) -> Verdict:
     """Load ``entry`` and check it: its meta names its key; its history is sendable."""
     loaded, error = read(root, root.load, entry)
     if loaded is None:
-        return Verdict(None, "", note=FOREIGN) if error == FOREIGN else Verdict(error, "")
+        unread = error in (FOREIGN, ENCRYPTED)
+        return Verdict(None, "", note=error) if unread else Verdict(error, "")
     meta = loaded.meta
     if meta.key != entry.key:
         return Verdict(

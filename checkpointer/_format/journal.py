@@ -7,7 +7,7 @@ unfinished last batch (a ``TornTail``, ignored); other damage cannot be trusted.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import msgspec
@@ -99,11 +99,17 @@ class JournalScan(NamedTuple):
     torn: TornTail | None
 
 
-def scan_journal(data: bytes, path: str) -> JournalScan:
+def scan_journal(
+    data: bytes, path: str, open_row: Callable[[bytes, int], bytes] | None = None
+) -> JournalScan:
     """Parse a journal; ignore an unfinished last batch; reject any other damage.
 
+    ``open_row(line, offset)``: an encrypted journal's plaintext of each
+    complete line (a line cut short is a torn tail, never opened).
+
     Raises:
-        CheckpointError: damage a crash cannot leave (not in the last batch).
+        CheckpointError: damage a crash cannot leave (not in the last batch);
+            ``DecryptionError`` from ``open_row``.
         NewerVersionError: a row or a format that a newer version wrote.
     """
     if not data:
@@ -111,7 +117,7 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
     size, hole = len(data), ""
     if (nul := data.find(b"\0")) >= 0:  # JSON never holds a raw NUL: a hole of a crash
         data, hole = _cut_hole(data, nul, path)
-    rows, ends, partial, unparsable = _parse_rows(data, path)
+    rows, ends, partial, unparsable = _parse_rows(data, path, open_row)
     compaction, last_commit = _check_rows(rows, path)
     end = ends[last_commit]
     torn = None
@@ -142,7 +148,9 @@ def scan_journal(data: bytes, path: str) -> JournalScan:
     )
 
 
-def _parse_rows(data: bytes, path: str) -> tuple[list[_Row], list[int], bytes, str]:
+def _parse_rows(
+    data: bytes, path: str, open_row: Callable[[bytes, int], bytes] | None
+) -> tuple[list[_Row], list[int], bytes, str]:
     """The rows of the complete lines, the offset after each, the bytes after the last
     newline, and why the last complete line is no row ("" if it is one)."""
     lines = data.split(b"\n")
@@ -150,7 +158,8 @@ def _parse_rows(data: bytes, path: str) -> tuple[list[_Row], list[int], bytes, s
     rows: list[_Row] = []
     ends: list[int] = []
     offset = 0
-    for number, line in enumerate(lines, 1):
+    for number, stored in enumerate(lines, 1):
+        line = stored if open_row is None else open_row(stored, offset)
         try:
             row = _ROWS.decode(line)
         except (msgspec.DecodeError, RecursionError) as exc:  # ValidationError included
@@ -166,7 +175,7 @@ def _parse_rows(data: bytes, path: str) -> tuple[list[_Row], list[int], bytes, s
                 "the last line, so this journal cannot be trusted",
             ) from None
         rows.append(row)
-        offset += len(line) + 1
+        offset += len(stored) + 1
         ends.append(offset)
     return rows, ends, partial, ""
 

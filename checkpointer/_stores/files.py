@@ -22,6 +22,7 @@ from .atomic import fsync_dir, fsync_parents, sweep_temps, write_atomic
 from .base import KEY_PATTERN, KeyLock, check_key, landed, time_left
 from .flock import FileKeyLock, acquire_file_lock
 from .safefs import check_root, read_checked
+from .sealing import DecryptionError, Encryption, is_sealed, seal, unseal
 
 __all__ = ["FileStore"]
 
@@ -51,13 +52,18 @@ class FileStore:
 
     Args:
         root: the directory that holds the checkpoint files.
+        encryption: seal every file (``Encryption``): only its revision and
+            meta stay readable (see the docs page "Encryption at rest").
     """
 
     suffix = ".json"
     _grows = False  # JournalStore: appended in place, so a read without the lock sees it grow
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, encryption: Encryption | None = None
+    ) -> None:
         self.root = os.fspath(root)
+        self.encryption = encryption
         if not isinstance(self.root, str) or not self.root:
             raise ValueError(f"FileStore root must be a non-empty path, got {root!r}")
         self._root_synced = False
@@ -66,7 +72,8 @@ class FileStore:
         self._mutexes: tuple[int, dict[str, threading.Lock]] = (os.getpid(), {})
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.root!r})"
+        sealed = "" if self.encryption is None else f", encryption={self.encryption!r}"
+        return f"{type(self).__name__}({self.root!r}{sealed})"
 
     def validate_key(self, key: str) -> None:
         check_key(key)
@@ -102,9 +109,11 @@ class FileStore:
             if landed(key, self.revision(key), revision, expected):
                 fsync_dir(self.root)  # its answer may have been the directory fsync's error
                 return sum(map(len, chunks))
-            meta = peek_meta(b"".join(chunks[:3]))  # an envelope's: prefix, meta, middle
+            sealed = seal(self.encryption, chunks, key=key, position=revision)
+            # An envelope's prefix, meta, middle; a sealed record is never one.
+            meta = peek_meta(b"".join(chunks[:3])) if sealed is chunks else None
             if meta is None or meta.revision != revision:
-                chunks = [b"%s%s\n" % (_MARK, revision.encode()), *chunks]
+                chunks = [b"%s%s\n" % (_MARK, revision.encode()), *sealed]
             nbytes = write_atomic(self.location(key), chunks)
         self._sync_root()
         return nbytes
@@ -117,6 +126,9 @@ class FileStore:
             return None
         if head.startswith(_MARK):
             return head[len(_MARK) : head.find(b"\n")].decode()
+        if is_sealed(head):  # not damage: it may open once its line is put back
+            why = "a sealed record without its revision line (cut at the front?); kept"
+            raise DecryptionError(path, why, key=key, position="?", key_id=None, why="truncated")
         meta = peek_meta(head)
         if meta is None:  # laid out by hand, or a meta past _PEEK: decode it all
             data = read_checked(path)
@@ -176,10 +188,15 @@ class FileStore:
     def read(self, key: str) -> bytes | None:
         """The bytes of ``key``'s file, or None; ``UnsafeFile`` if something else is there."""
         check_key(key)
-        data = read_checked(self.location(key), growing=self._grows)
-        if data is not None and data.startswith(_MARK):
-            return data[data.find(b"\n") + 1 :]
-        return data
+        where = self.location(key)
+        data = read_checked(where, growing=self._grows)
+        if data is None:
+            return None
+        revision = "(its own meta's)"  # a plaintext envelope: said only if it is refused
+        if data.startswith(_MARK):
+            end = data.find(b"\n")
+            revision, data = data[len(_MARK) : end].decode(errors="replace"), data[end + 1 :]
+        return unseal(self.encryption, data, key=key, position=revision, where=where)
 
     def keys(self) -> list[str]:
         try:

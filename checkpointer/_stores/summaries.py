@@ -36,6 +36,8 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
     ``ValueError`` or ``TypeError`` for a bad key or field; ``OSError`` if the
     write failed (the previous file, if any, intact).
     """
+    if isinstance(root, FileStore) and root.encryption is not None:
+        raise ValueError(f"{root!r}: summary checkpoints are not encrypted; write none there")
     path = summary_path(root, key)
     data = encode_summary(key, checkpoint)
     sessions = os.path.dirname(os.path.dirname(path))

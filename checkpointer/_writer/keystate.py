@@ -26,6 +26,7 @@ from .._stores.base import (
     Store,
     new_revision,
 )
+from .._stores.sealing import DecryptionError
 from .._text import describe_error
 from .._values import CheckpointError, Failed, Meta, NewerVersionError
 
@@ -195,8 +196,8 @@ class Keys:
 
     def set_aside(self, key: str, exc: CheckpointError) -> None:
         """Move ``key``'s damaged checkpoint aside (kept) to start afresh; raise a newer one's."""
-        if isinstance(exc, NewerVersionError):
-            raise exc  # not damage: kept for the newer version
+        if isinstance(exc, NewerVersionError | DecryptionError):
+            raise exc  # not damage: kept for the newer version, or for the key that opens it
         aside = self._store.move_aside(key, utcnow().strftime("corrupt-%Y%m%dT%H%M%S.%fZ"))
         if aside is None:  # gone or rewritten meanwhile: nothing of it to keep aside
             logger.warning("checkpointer: %s; it changed before it could be moved aside", exc)

@@ -88,6 +88,17 @@ def file_transcript(root: str) -> Store:
     return FileStore(root)
 
 
+def sealed(make: Callable[..., Store]) -> Callable[[str], Store]:
+    """``make(root)`` with encryption on, under a fixed test key (every child opens it)."""
+
+    def make_sealed(root: str) -> Store:
+        from checkpointer.stores import Encryption
+
+        return make(root, encryption=Encryption(b"\x07" * 32, key_id="torture"))
+
+    return make_sealed
+
+
 def s3_store(kind: str) -> Callable[[str], Store]:
     """An S3 store on the local server started for the run, the root's name as its prefix."""
 

@@ -75,6 +75,7 @@ from tests._support.harness import (
     on_loop,
     returned,
     say,
+    sealed,
     state_for,
     victim,
 )
@@ -139,6 +140,8 @@ STORES: dict[str, PowerStore] = {
     "file": PowerStore(FileStore, _FILE_STEPS),
     "file-transcript": PowerStore(file_transcript, _FILE_STEPS),
     "journal": PowerStore(JournalStore, _JOURNAL_STEPS),
+    "file-sealed": PowerStore(sealed(FileStore), _FILE_STEPS),
+    "journal-sealed": PowerStore(sealed(JournalStore), _JOURNAL_STEPS),
     "summary": PowerStore(FileStore, _SUMMARY_STEPS, summaries=True),
 }
 """The stores to cut the power under; ``summary`` adds summary checkpoints to a ``FileStore``."""

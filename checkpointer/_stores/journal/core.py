@@ -268,6 +268,7 @@ class JournalCore:
         elif self._closing_meta:
             rows.append(meta_row(meta_json, end))
             kinds.append("meta")
+        rows = self._sealed(key, track, rows)
         nbytes = sum(map(len, rows))
         if track.broken or self._outgrown(key, track, nbytes):
             nbytes = self._compact(key, track, meta, delta.as_full(), expected, rewrite=True)
@@ -300,6 +301,10 @@ class JournalCore:
             head=delta.head,
             tail=delta.tail,
         )
+
+    def _sealed(self, key: str, track: Track, rows: list[bytes]) -> list[bytes]:
+        """``rows`` to append after ``track``, as stored (an encrypted sink seals them)."""
+        return rows
 
     def _compaction_row(self, meta_json: bytes, full: Full) -> list[bytes]:
         """The pieces of the compaction row of ``full``, under the meta ``meta_json``."""

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -26,6 +27,7 @@ from ..base import check_key, landed, time_left
 from ..envelopes import read_for_load
 from ..files import FileStore
 from ..safefs import open_checked, read_checked, read_fd
+from ..sealing import Encryption, open_row, seal_rows
 from .core import JournalCore
 from .staging import Delta, Full, Track, absent
 
@@ -83,6 +85,8 @@ class JournalStore(JournalCore, FileStore):
         rewrite_factor: rewrite the journal into a fresh file when it would
             grow past this many times its size at the last compaction (> 1).
         rewrite_min_bytes: ... but never below this size.
+        encryption: seal every row (``Encryption``), bound to the key and to
+            its offset in this journal (see the docs page "Encryption at rest").
 
     Raises:
         ValueError: a bad root, factor or size.
@@ -99,8 +103,9 @@ class JournalStore(JournalCore, FileStore):
         *,
         rewrite_factor: float = 2.0,
         rewrite_min_bytes: int = 1 << 20,
+        encryption: Encryption | None = None,
     ) -> None:
-        super().__init__(root)
+        super().__init__(root, encryption=encryption)
         self._init_journal(rewrite_factor, rewrite_min_bytes)
         self._lock = threading.Lock()
         self._appends = 0
@@ -139,9 +144,28 @@ class JournalStore(JournalCore, FileStore):
             if landed(key, self._revision(self._current(key)), revision, expected):
                 return sum(map(len, chunks))
             self._forget(key)
+            if self.encryption is not None:
+                lines = b"".join(chunks).splitlines(keepends=True)
+                chunks = seal_rows(self.encryption, lines, key=key, first=None, offset=0)
             nbytes = write_atomic(self.location(key), chunks)
         self._sync_root()
         return nbytes
+
+    def read(self, key: str) -> bytes | None:
+        """The journal's bytes as stored (sealed rows stay sealed: a scan opens them)."""
+        check_key(key)
+        return read_checked(self.location(key), growing=True)
+
+    def _opener(self, key: str, data: bytes) -> Callable[[bytes, int], bytes] | None:
+        """How a scan of ``data`` (the journal of ``key``) opens its rows; None: plaintext."""
+        if self.encryption is None and not data.startswith(b'{"sealed":'):
+            return None
+        first, where = data[: data.find(b"\n") + 1], self.location(key)
+        return functools.partial(open_row, self.encryption, key=key, first=first, where=where)
+
+    def _sealed(self, key: str, track: Track, rows: list[bytes]) -> list[bytes]:
+        first, offset = track.first, track.size
+        return seal_rows(self.encryption, rows, key=key, first=first, offset=offset)
 
     def revision(self, key: str) -> str | None:
         check_key(key)
@@ -154,7 +178,7 @@ class JournalStore(JournalCore, FileStore):
         if data is None:
             return None
         path = self.location(key)
-        scan = scan_journal(data, path)
+        scan = scan_journal(data, path, self._opener(key, data))
         state = msgspec.Raw(assemble(scan, path))
         return Checkpoint(meta=scan.meta, state=state, torn=scan.torn)
 
@@ -205,6 +229,7 @@ class JournalStore(JournalCore, FileStore):
                 self._compact(key, track, meta, remembered, expected, rewrite=True)
             else:
                 row = meta_row(_ENCODER.encode(meta), LINE_END)
+                [row] = self._sealed(key, track, [row])
                 self._append_rows(key, track, meta, ["meta"], [row], len(row), expected)
                 self._tracks[key] = track._replace(meta=meta, size=track.size + len(row))
         self._sync_root()
@@ -234,9 +259,8 @@ class JournalStore(JournalCore, FileStore):
         if landed(key, stored, meta.revision, expected):
             return 0
         meta_json = _ENCODER.encode(meta)
-        nbytes = write_atomic(
-            path, [header_line(meta_json), *self._compaction_row(meta_json, full)]
-        )
+        rows = [header_line(meta_json), b"".join(self._compaction_row(meta_json, full))]
+        nbytes = write_atomic(path, seal_rows(self.encryption, rows, key=key, first=None, offset=0))
         self._forget(key)  # whatever the stuck commit left meanwhile
         self._rewrites += 1
         self._bytes += nbytes
@@ -255,7 +279,7 @@ class JournalStore(JournalCore, FileStore):
         """The journal of ``key`` read whole and scanned; None if there is none."""
         path = self.location(key)
         data = read_checked(path)
-        return None if data is None else scan_journal(data, path)
+        return None if data is None else scan_journal(data, path, self._opener(key, data))
 
     def _open(self, key: str) -> Track:
         """Read the journal for writing: check it, truncate an unfinished append."""
@@ -270,7 +294,7 @@ class JournalStore(JournalCore, FileStore):
             # meanwhile: it keeps what fstat saw, a batch or more behind.
             holder = self._holds(key)
             data = read_fd(fd, st.st_size, path, growing=not holder)
-            scan = scan_journal(data, path)
+            scan = scan_journal(data, path, self._opener(key, data))
             linked = st.st_nlink > 1
             # Only the key's lock holder cuts an unfinished batch: to a reader it
             # may be another process's append in flight.
@@ -381,12 +405,17 @@ class JournalStore(JournalCore, FileStore):
         row_size = sum(map(len, row))
         live = len(header) + row_size
         path = self.location(key)
-        if (
+        fresh = (
             rewrite
             or track.meta is None
             or track.broken
             or track.size + row_size > self.threshold(live)
-        ):
+        )
+        if self.encryption is not None:  # sealed: the sizes are the stored ones
+            header, row = self._sealed_compaction(key, track, header, row, fresh=fresh)
+            row_size = sum(map(len, row))
+            live = len(header) + row_size
+        if fresh:
             nbytes = write_atomic(path, [header, *row])
             size, ino, first = nbytes, os.lstat(path).st_ino, header
             self._rewrites += 1
@@ -397,6 +426,16 @@ class JournalStore(JournalCore, FileStore):
         self._bytes += nbytes
         self._tracks[key] = full.track(meta, size=size, ino=ino, live=live)._replace(first=first)
         return nbytes
+
+    def _sealed_compaction(
+        self, key: str, track: Track, header: bytes, row: list[bytes], *, fresh: bool
+    ) -> tuple[bytes, list[bytes]]:
+        """A compaction's header and row sealed, for a fresh file or an append (its first line
+        then the file's)."""
+        first, offset = (None, 0) if fresh else (track.first, track.size)
+        rows = [header, b"".join(row)] if fresh else [b"".join(row)]
+        sealed = seal_rows(self.encryption, rows, key=key, first=first, offset=offset)
+        return (sealed[0] if fresh else track.first), sealed[-1:]
 
     def _append(self, key: str, track: Track, pieces: Sequence[bytes]) -> None:
         """Append ``pieces`` with one writev and one fsync, or mark the track broken."""

@@ -25,6 +25,8 @@ from .schema import QUERIES, SchemaPart, grants_sql, quote_schema
 if TYPE_CHECKING:
     import psycopg
 
+    from ..sealing import Encryption
+
 __all__ = ["SLOW_BYTES_PER_SECOND", "ConnectionPart"]
 
 _T = TypeVar("_T")
@@ -128,7 +130,9 @@ class ConnectionPart(SchemaPart):
         statement_timeout: float = 10.0,
         lock_timeout: float = 2.0,
         application_name: str = "checkpointer",
+        encryption: Encryption | None = None,
     ) -> None:
+        self.encryption = encryption
         try:
             import psycopg
         except ImportError as exc:

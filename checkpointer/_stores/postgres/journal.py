@@ -55,6 +55,10 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         rewrite_min_bytes: int = 1 << 20,
         **options: Any,
     ) -> None:
+        if options.get("encryption") is not None:  # its rows are not sealed yet: never silently
+            raise ValueError(
+                "PostgresJournalStore does not take encryption= yet; use PostgresStore"
+            )
         super().__init__(dsn, **options)
         self._init_journal(rewrite_factor, rewrite_min_bytes)
         self.appends = 0

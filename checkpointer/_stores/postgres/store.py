@@ -18,6 +18,7 @@ from ... import _exit
 from ..._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, check_format, decode_raw
 from ..._format.journal import assemble_rows
 from ..base import check_key
+from ..sealing import is_sealed, seal, unseal
 from .connection import SLOW_BYTES_PER_SECOND
 from .errors import IdleLoss, KeyLockedError, PostgresStoreError, StaleWriteError
 from .locks import LocksPart
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = ["PostgresStore", "row_params"]
+
+
+class _Revision(msgspec.Struct):
+    revision: str = "(none in its meta)"
 
 
 class PostgresStore(LocksPart):
@@ -48,6 +53,8 @@ class PostgresStore(LocksPart):
             call that gets no answer a second after that is cut off.
         lock_timeout: seconds a statement may wait for a table or row lock.
         application_name: shown in ``pg_stat_activity``.
+        encryption: seal every checkpoint (``Encryption``): its meta column
+            stays readable (see the docs page "Encryption at rest").
 
     Raises:
         ImportError: psycopg is not installed (the message names the extra).
@@ -76,6 +83,8 @@ class PostgresStore(LocksPart):
         """``Store.write``: one transaction, under the key's lock (taken if not held)."""
         check_key(key)
         meta_json, state = self._split(key, chunks)
+        if self.encryption is not None:  # the meta stays readable (a column), bound to the state
+            state = b"".join(seal(self.encryption, chunks, key=key, position=revision))
         params = row_params(key, revision, expected, meta_json.decode(), state, journal=False)
         nbytes = sum(len(chunk) for chunk in chunks)
         self._conditional_write(key, params, nbytes=nbytes)
@@ -161,6 +170,9 @@ class PostgresStore(LocksPart):
             return None
         fmt, meta, state, journal, _ = rows[0]
         meta_json = meta.encode()
+        if self.encryption is not None or is_sealed(state):  # a journal's head: "plaintext"
+            at = msgspec.json.decode(meta_json, type=_Revision).revision
+            return unseal(self.encryption, state, key=key, position=at, where=self.location(key))
         if journal:  # a head of a newer format: its rows are left to that version
             check_format(b'{"format":%d,"meta":%b}' % (fmt, meta_json), self.location(key))
             state = assemble_rows(meta_json, [row[4] for row in rows], self.location(key))

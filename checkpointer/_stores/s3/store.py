@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 
 from ..._format.envelope import decode_meta
 from ..base import KEY_PATTERN, check_key, landed
+from ..sealing import Encryption, seal, unseal
 from .client import S3Client, condition_failed, error_code
 
 __all__ = ["Listed", "S3Store"]
@@ -66,6 +67,8 @@ class S3Store:
             the profile).  Credentials and retries are always read that way.
         connect_timeout: seconds to connect, per attempt of each request.
         read_timeout: seconds to wait for data, per attempt of each request.
+        encryption: seal every object (``Encryption``): only its revision
+            and meta stay readable (see the docs page "Encryption at rest").
 
     Raises:
         ImportError: botocore is not installed (the ``s3`` extra).
@@ -83,7 +86,9 @@ class S3Store:
         region: str | None = None,
         connect_timeout: float = 5.0,
         read_timeout: float = 10.0,
+        encryption: Encryption | None = None,
     ) -> None:
+        self.encryption = encryption
         self.s3 = S3Client(
             bucket,
             prefix,
@@ -132,7 +137,8 @@ class S3Store:
             S3StoreError: the endpoint, bucket or credentials failed.
         """
         check_key(key)
-        body = b"".join(chunks)  # in the worker thread: a large join releases the GIL
+        sealed = seal(self.encryption, chunks, key=key, position=revision)
+        body = b"".join(sealed)  # in the worker thread: a large join releases the GIL
         self.put(key + self.suffix, key, body, revision=revision, expected=expected)
         return len(body)
 
@@ -228,7 +234,13 @@ class S3Store:
     def read(self, key: str) -> bytes | None:
         """The bytes of ``key``'s object, or None."""
         check_key(key)
-        return self.get(key + self.suffix)
+        name = key + self.suffix
+        found = self.fetch(name)
+        if found is None:
+            return None
+        seen = self._etags.get(name)  # the revision fetch saw on it (its metadata)
+        at = seen[0] if seen is not None and seen[1] == found[1] else "(none in its metadata)"
+        return unseal(self.encryption, found[0], key=key, position=at, where=self.location(key))
 
     def revision(self, key: str) -> str | None:
         """The revision ``key`` holds (None: no checkpoint): one HEAD."""

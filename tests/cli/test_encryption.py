@@ -1,0 +1,133 @@
+"""The CLI on an encrypted store directory: with the keys it reads everything; without, it
+lists what is readable and says the rest is encrypted; nothing sealed is called damaged or
+pruned unopened; ``re-encrypt`` seals again with the current key, skipping a live writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot, load
+from checkpointer._cli import main
+from checkpointer.stores import Encryption
+from tests.stores.sealed_cases import STATE, save
+
+OLD = "old:" + "AQ" * 21 + "A="  # 32 bytes of 0x01.. in base64
+NEW, OTHER = Encryption.new_key("new"), Encryption.new_key("other")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str]:
+    status = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return status, out + err
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """Two keys sealed with OLD: a snapshot file and a journal."""
+    keys = Encryption.from_text(OLD)
+    save(FileStore(tmp_path, encryption=keys), "snap")
+    save(JournalStore(tmp_path, encryption=keys), "chat")
+    return tmp_path
+
+
+def key_file(tmp_path: Path, *keys: str) -> Path:
+    path = tmp_path / "keys.txt"
+    path.write_text("\n".join(keys) + "\n")
+    return path
+
+
+def test_with_the_key_every_command_reads_it(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ls, show and verify with --key-file read titles and messages; all ok."""
+    keys = key_file(tmp_path / "..", OLD)
+    status, out = run(capsys, "ls", root, "--key-file", keys)
+    assert status == 0 and "my password" in out and "encrypted" not in out, out
+    status, out = run(capsys, "verify", root, "--key-file", keys)
+    assert status == 0 and "2 ok" in out, out
+    status, out = run(capsys, "show", root, "snap", "--key-file", keys)
+    assert status == 0 and "hunter2" in out, out
+
+
+def test_the_environment_gives_the_keys(
+    root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CHECKPOINTER_KEYS, when no --key-file is given."""
+    monkeypatch.setenv("CHECKPOINTER_KEYS", f"{NEW},{OLD}")
+    status, out = run(capsys, "verify", root)
+    assert status == 0 and "2 ok" in out, out
+
+
+def test_without_a_key_it_lists_and_says_encrypted_never_bad(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each is listed and said encrypted, not damaged: ls and verify succeed."""
+    status, out = run(capsys, "ls", root, "--json")
+    assert status == 0 and out.count("encrypted") == 2 and "hunter2" not in out, out
+    rows = {row["key"]: row for row in json.loads(out)}
+    assert rows["snap"]["seq"] == 2 and rows["snap"]["updated_at"], rows  # its readable meta
+    status, out = run(capsys, "verify", root)
+    assert (
+        status == 0 and "2 not checked" in out and out.count("encrypted, and no key given") == 2
+    ), out
+
+
+def test_with_the_wrong_key_it_is_bad_but_prune_keeps_it(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key that does not open them: reported (exit 1), and prune never removes them."""
+    keys = key_file(tmp_path / "..", OTHER)
+    status, out = run(capsys, "verify", root, "--key-file", keys)
+    assert status == 1 and "'old'" in out, out
+    past = time.time() - 30 * 86400
+    for name in ("snap.json", "chat.jsonl"):
+        os.utime(root / name, (past, past))
+    options: list[list[str]] = [["--key-file", str(keys)], []]
+    for given in options:
+        status, out = run(capsys, "prune", root, "--older-than", "1d", *given)
+        assert (root / "snap.json").exists() and (root / "chat.jsonl").exists(), out
+
+
+def test_re_encrypt_seals_with_the_current_key_and_skips_a_live_writer(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rotation: the key a live writer holds is left (exit 1) and its file untouched; the
+    writer writes on; run again after it closed, every checkpoint opens with NEW alone."""
+    keys = key_file(tmp_path / "..", NEW, OLD)
+    live_store = FileStore(root, encryption=Encryption.from_text(OLD))
+    state = {"n": 1}
+    with CheckpointWriter(lambda: Snapshot("snap", dict(state)), live_store, exit_hooks=False) as w:
+        held = (root / "snap.json").read_bytes()
+        status, out = run(capsys, "re-encrypt", root, "--key-file", keys)
+        assert status == 1 and "a live writer holds it" in out, out
+        assert (root / "snap.json").read_bytes() == held
+        state["n"] = 2
+        assert w.flush_sync().__class__.__name__ == "Written"
+    status, out = run(capsys, "re-encrypt", root, "--key-file", keys)
+    assert status == 0 and "2 sealed" in out, out
+    only_new = Encryption.from_text(NEW)
+    for store in (FileStore(root, encryption=only_new), JournalStore(root, encryption=only_new)):
+        key = "snap" if type(store) is FileStore else "chat"
+        loaded = load(store, key)
+        assert loaded is not None
+        assert loaded.state == ({"n": 2} if key == "snap" else STATE)
+
+
+def test_re_encrypt_seals_plaintext_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store from before encryption: left until --plaintext, then sealed."""
+    save(FileStore(tmp_path / "r"), "snap")
+    keys = key_file(tmp_path, NEW)
+    status, out = run(capsys, "re-encrypt", tmp_path / "r", "--key-file", keys)
+    assert status == 1 and "plaintext" in out, out
+    status, out = run(capsys, "re-encrypt", tmp_path / "r", "--key-file", keys, "--plaintext")
+    assert status == 0, out
+    assert b"hunter2" not in (tmp_path / "r" / "snap.json").read_bytes()
+    loaded = load(FileStore(tmp_path / "r", encryption=Encryption.from_text(NEW)), "snap")
+    assert loaded is not None and loaded.state == STATE

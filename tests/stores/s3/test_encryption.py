@@ -1,0 +1,62 @@
+"""S3Store with encryption, against moto's server: the tampering cases of every store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from checkpointer import S3Store
+from checkpointer.stores import Encryption
+from tests.s3 import Place
+from tests.stores import sealed_cases
+
+
+class S3Rig:
+    def __init__(self, place: Place) -> None:
+        self.place = place
+        self.raw = place.store("s3").s3
+
+    def store(self, encryption: Encryption | None) -> S3Store:
+        store: S3Store = self.place.store("s3", encryption=encryption)
+        return store
+
+    def _object(self, key: str) -> dict[str, Any]:
+        answer: dict[str, Any] = self.raw.call("get_object", Key=f"{self.raw.prefix}{key}.json")
+        return answer
+
+    def get(self, key: str) -> bytes:
+        with self._object(key)["Body"] as body:
+            data: bytes = body.read()
+        return data
+
+    def put(self, key: str, data: bytes, metadata: dict[str, str] | None = None) -> None:
+        metadata = metadata if metadata is not None else self._object(key)["Metadata"]
+        self.raw.call(
+            "put_object", Key=f"{self.raw.prefix}{key}.json", Body=data, Metadata=metadata
+        )
+
+    def copy(self, src: str, dst: str) -> None:
+        self.put(dst, self.get(src), self._object(src)["Metadata"])
+
+
+@pytest.fixture
+def rig() -> Iterator[S3Rig]:
+    place = Place()
+    yield S3Rig(place)
+    place.close()
+
+
+@pytest.mark.parametrize("case", sealed_cases.CASES)
+def test_tampering_is_refused(rig: S3Rig, case: Callable[[S3Rig], None]) -> None:
+    """A flipped byte, an object swapped between keys, plaintext planted, a cut object."""
+    case(rig)
+
+
+@sealed_cases.WRONG
+def test_a_writer_with_the_wrong_key_leaves_the_object(
+    rig: S3Rig, wrong: Callable[[], Encryption | None]
+) -> None:
+    """Never moved aside nor replaced: the write fails and the object is as it was."""
+    sealed_cases.wrong_key_writer(rig, wrong)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import msgspec
 
@@ -181,6 +182,9 @@ class CheckpointSession:
             if isinstance(last, Failed) and last.reason == "conflict":
                 raise CheckpointFailed(last)  # refused for good: no later change is stored either
             writer.notify()
+            # Let the loop in, as a session that writes in a thread does: the SDK's work
+            # before this call and after it are two stalls, not one.
+            await anyio.lowlevel.checkpoint()
             return
         raise_failed(await writer.write_now())
 

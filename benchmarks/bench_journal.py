@@ -47,7 +47,6 @@ from checkpointer.stores import Store
 from ._harness import Report, Table, ratio, scratch_dir, stat
 from .bench_growth import SIZE, Text, text
 
-
 Message = Text  # the growth case's: one step, measured alike in both cases
 
 

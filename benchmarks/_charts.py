@@ -11,10 +11,10 @@ beside it show the same numbers:
   sessions, group commit beside the per-file floor (the sessions case's
   ``groupcommit/<label>`` series, when it reports them).
 
-``python -m benchmarks`` draws PNGs next to its JSON; the pictures in the docs
-are SVGs redrawn from a run's JSON::
+``python -m benchmarks`` draws PNGs next to its JSON; the pictures of the
+performance page (``docs/charts/``) are SVGs redrawn from a run's JSON::
 
-    python -m benchmarks._charts benchmarks/results/full.json --out docs/pictures --format svg
+    python -m benchmarks._charts benchmarks/results/full.json
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ if __name__ == "__main__":
         prog="python -m benchmarks._charts", description="Draw the charts of a run's JSON."
     )
     parser.add_argument("results", help="a JSON written by python -m benchmarks")
-    parser.add_argument("--out", default="docs/pictures", help="where to write (%(default)s)")
+    parser.add_argument("--out", default="docs/charts", help="where to write (%(default)s)")
     parser.add_argument("--format", default="svg", choices=["svg", "png"])
     args = parser.parse_args()
     with open(args.results, encoding="utf-8") as f:

@@ -409,7 +409,7 @@ def main(quick: bool) -> dict[str, Any]:
 
 def _report_sizes(report: Report, quick: bool) -> None:
     """The Agents SDK adapter alone at a small and a large history."""
-    sizes, repeats = ((100, 10_000), 10) if quick else ((100, 100_000), 40)
+    sizes, repeats = ((100, 1_000), 5) if quick else ((100, 100_000), 40)
     try:
         with scratch_dir("adapters-sizes-") as root:
             figures = anyio.run(_openai_sizes, root, sizes, repeats)

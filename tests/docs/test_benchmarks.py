@@ -57,7 +57,7 @@ EXPECTED = {
     ],
     "growth": [
         f"{store}: cost @10,000 / @100 messages"
-        for store in ("FileStore", "FileStore+Transcript", "JournalStore")
+        for store in ("FileStore", "FileStore+Transcript", "JournalStore", "JournalStore, numbers")
     ],
     "fingerprint": ["fingerprint @100,000 vs @10 msgs"],
     "aiofiles": ["1 KiB on disk: aiofiles / one hop"],
@@ -73,7 +73,8 @@ EXPECTED = {
         f"{framework}: {what}"
         for framework in ("openai-agents", "langgraph", "pydantic-ai")
         for what in ("bytes checkpointer /", "worst stall checkpointer /", "longest wait to disk")
-    ],
+    ]
+    + ["openai-agents: write @1,000 / @100 items"],
     "sessions": [
         f"{backend}: {what}"
         for backend in ("asyncio", "trio")

@@ -13,6 +13,12 @@ history, then turns of one tool call each.
   pydantic-ai's ``InMemoryConversationStore`` with the conversation dumped
   to a file (``ConversationTypeAdapter``, atomic and fsynced) after each run.
 
+The Agents SDK adapter is also timed alone at 100 and 100,000 items
+(``sizes``): one ``add_items`` of one item with ``durability="sync"``
+(encode, append, fsync) and one ``get_items()``, each with the worst lag of
+a 1 ms ticker beside it; the two sessions interleaved.  Bar: a write at
+100,000 items within 2x of one at 100.
+
 Figures: bytes the process passed to write(2) during the turns
 (``/proc/self/io``), the worst lag of a 1 ms ticker (the event-loop stall),
 wall time per turn, and the longest a change waited before it was durable
@@ -34,7 +40,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from ._harness import Report, Table, bytes_written, ratio, scratch_dir, ticking
+from ._harness import Report, Table, bytes_written, ratio, scratch_dir, stat, ticking
 
 MAX_WAIT = 5.0  # the writer's default
 
@@ -163,6 +169,45 @@ async def _openai(root: str, history: int, turns: int, ours: bool) -> dict[str, 
         return await _measure(turns, run_peer)
     finally:
         peer.close()
+
+
+async def _openai_sizes(root: str, sizes: tuple[int, ...], repeats: int) -> dict[str, Any]:
+    """Per size: the wall time and worst ticker lag of a one-item write and of get_items."""
+    from checkpointer import JournalStore
+    from checkpointer.openai_agents import CheckpointSession
+
+    out: dict[str, Any] = {f"{what}/{n}": [] for n in sizes for what in _SIZE_FIGURES}
+    store = JournalStore(root)
+    sessions = [CheckpointSession(f"chat-{n}", store, durability="sync") for n in sizes]
+    for n, session in zip(sizes, sessions, strict=True):
+        async with session:
+            await session.add_items(_history(n))  # type: ignore[arg-type]
+    item = {"type": "function_call_output", "call_id": "c", "output": "x" * 100}
+    async with ticking() as ticker:
+        for session in sessions:
+            await session.__aenter__()
+        try:
+            for round_ in range(repeats):
+                for n, session in zip(sizes, sessions, strict=True):
+                    for what in ("write", "get_items"):
+                        if what == "get_items" and round_ % 5:
+                            continue  # a run start: fewer of them than writes
+                        mark = ticker.mark()
+                        t0 = time.perf_counter()
+                        if what == "write":
+                            await session.add_items([item])  # type: ignore[list-item]
+                        else:
+                            await session.get_items()
+                        out[f"{what}/{n}"].append(time.perf_counter() - t0)
+                        await anyio.sleep(0.003)  # the ticker's lag of this call lands
+                        out[f"{what} stall/{n}"].append(max(ticker.since(mark), default=0.0))
+        finally:
+            for session in sessions:
+                await session.aclose()
+    return out
+
+
+_SIZE_FIGURES = ("write", "write stall", "get_items", "get_items stall")
 
 
 # -- LangGraph --------------------------------------------------------------------
@@ -358,7 +403,40 @@ def main(quick: bool) -> dict[str, Any]:
                 MAX_WAIT + 1,
             ),
         ]
+    _report_sizes(report, quick)
     return msgspec.to_builtins(report)  # type: ignore[no-any-return]
+
+
+def _report_sizes(report: Report, quick: bool) -> None:
+    """The Agents SDK adapter alone at a small and a large history."""
+    sizes, repeats = ((100, 1_000), 5) if quick else ((100, 100_000), 40)
+    try:
+        with scratch_dir("adapters-sizes-") as root:
+            figures = anyio.run(_openai_sizes, root, sizes, repeats)
+    except ImportError as exc:
+        report.notes.append(f"openai-agents sizes: not run ({exc})")
+        return
+    report.tables.append(
+        Table(
+            title="openai-agents: CheckpointSession on a JournalStore alone, by history length "
+            "(add_items of one item, durability='sync'; get_items of all)",
+            columns=["items", *_SIZE_FIGURES, "repeats"],
+            rows=[
+                [f"{n:,}", *(stat(figures[f"{w}/{n}"]) for w in _SIZE_FIGURES), repeats]
+                for n in sizes
+            ],
+        )
+    )
+    small, large = (statistics.median(figures[f"write/{n}"]) for n in sizes)
+    report.ratios.append(
+        ratio(
+            f"openai-agents: write @{sizes[1]:,} / @{sizes[0]:,} items",
+            large / small,
+            "<=",
+            2,
+            note="one item added: encoded once, its prefix checked by pointer",
+        )
+    )
 
 
 def _median(runs: list[dict[str, float]]) -> dict[str, float]:

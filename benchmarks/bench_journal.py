@@ -9,9 +9,11 @@ Three figures, each against a baseline measured in the same run (shared
 machines are noisy: trust the ratios, not the absolutes):
 
 1. **Cost of one checkpoint that adds one message**, at 100 and at 100,000
-   messages of history (~300 B each): ``JournalStore`` against itself (the
-   growth ratio should stay within 2x) and against a full snapshot
-   (``FileStore``, the state encoded whole on the loop).  Wall time of
+   messages of history: ``JournalStore`` against itself (the growth ratio
+   should stay within 2x) and against a full snapshot (``FileStore``, the
+   state encoded whole on the loop).  The messages and the step are the
+   growth case's (``bench_growth.text``: ~200 B frozen Structs of strings);
+   this case adds the snapshot and dict rows beside them.  Wall time of
    ``await writer.write_now()``, fsync included; medians after a warm-up,
    the sessions interleaved so disk noise hits them alike.
 2. **Worst event-loop stall** (the lateness of a 1 ms ticker task) while
@@ -43,18 +45,13 @@ from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot, Tr
 from checkpointer.stores import Store
 
 from ._harness import Report, Table, ratio, scratch_dir, stat
+from .bench_growth import SIZE, Text, text
 
-
-class Message(msgspec.Struct, frozen=True):
-    """A settled chat message: frozen, strings only, so its bytes are cached."""
-
-    role: str
-    content: str
+Message = Text  # the growth case's: one step, measured alike in both cases
 
 
 def _message(i: int, size: int) -> Message:
-    text = f"message {i}: "
-    return Message("user" if i % 2 else "assistant", text + "x" * max(0, size - len(text)))
+    return text(i, size)
 
 
 class _Session:
@@ -115,7 +112,7 @@ def append_cost(root: str, *, quick: bool) -> dict[str, Any]:
         ("dicts", JournalStore, 100_000, 3 if quick else 21),
     ]
     times: dict[str, list[float]] = {}
-    history = [_message(i, 300) for i in range(max(n for _, _, n, _ in plan))]
+    history = [_message(i, SIZE) for i in range(max(n for _, _, n, _ in plan))]
 
     async def run() -> None:
         async with contextlib.AsyncExitStack() as stack:
@@ -123,7 +120,7 @@ def append_cost(root: str, *, quick: bool) -> dict[str, Any]:
             for kind, make, n, repeats in plan:
                 name = f"{kind}_{n}"
                 kind_of = _DictSession if kind == "dicts" else _Session
-                session = kind_of(name, n, 300, history)
+                session = kind_of(name, n, SIZE, history)
                 store = make(os.path.join(root, kind))
                 writer = await stack.enter_async_context(
                     _writer(session, store, cached=kind == "cached")
@@ -291,15 +288,14 @@ def main(quick: bool) -> dict[str, Any]:
     assert isinstance(samples, dict)
     report.tables.append(
         Table(
-            title="write_now() after appending one message of ~300 B (fsync included)",
+            title=f"write_now() after appending one message of ~{SIZE} B (fsync included; "
+            "the growth case's step)",
             columns=["store", "messages", "checkpoint cost", "repeats"],
             rows=[
                 [label, n, stat(samples[key]), len(samples[key])] for key, label, n in _COST_ROWS
             ],
         )
     )
-    for key, label, n in _COST_ROWS[:5]:  # the dict rows are one size: no growth line
-        report.series.setdefault(f"growth/{label}", []).append((float(n), stat(samples[key])))
     report.ratios += [
         ratio("JournalStore: cost @100,000 / @100 messages", figures["journal_growth_x"], "<=", 2),
         ratio(

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import msgspec
 
@@ -48,11 +49,28 @@ _DECODER = msgspec.json.Decoder()
 _ENCODER = msgspec.json.Encoder()
 
 
-def _copy(items: Sequence[Any]) -> list[Any]:
+_BATCH = 1024  # items decoded per call: the GIL is let go between batches
+
+
+def _stored(items: Sequence[Any]) -> list[msgspec.Raw]:
+    """Each item as its JSON bytes: what the session keeps.
+
+    Bytes nobody can edit: the store's check that the stored prefix is
+    unchanged is then one pointer comparison per item, never an encode.
+    """
+    encode = _ENCODER.encode
     try:
-        return _DECODER.decode(_ENCODER.encode(list(items)))  # type: ignore[no-any-return]
+        return [msgspec.Raw(encode(item)) for item in items]
     except (TypeError, msgspec.EncodeError) as exc:
         raise TypeError(f"session items must be JSON values (Responses-API dicts): {exc}") from exc
+
+
+def _decoded(stored: Sequence[msgspec.Raw]) -> list[Any]:
+    """Fresh items (dicts) of ``stored``, a batch at a time."""
+    items: list[Any] = []
+    for at in range(0, len(stored), _BATCH):
+        items += _DECODER.decode(b"[" + b",".join(stored[at : at + _BATCH]) + b"]")
+    return items
 
 
 class _State(msgspec.Struct):
@@ -92,7 +110,7 @@ class CheckpointSession:
         self.key = session_key(session_id) if key is None else key
         self._store = store
         store.validate_key(self.key)
-        self._items: list[Any] = []
+        self._items: list[msgspec.Raw] = []  # never edited in place: added to, popped, replaced
         # (type, call_id) -> the output close_dangling_tool_calls made up on load:
         # shown by get_items, never stored, dropped when the real one arrives.
         self._synthetic: dict[tuple[Any, Any], Any] = {}
@@ -134,11 +152,13 @@ class CheckpointSession:
     def _load(self) -> Checkpoint[Any] | None:
         checkpoint = self.resumed_from = load(self._store, self.key, _State)
         if checkpoint is not None:
-            stored = {id(item) for item in checkpoint.state.messages}
-            self._items, self.repaired = close_dangling_tool_calls(checkpoint.state.messages)
+            loaded = checkpoint.state.messages
+            stored = {id(item) for item in loaded}
+            items, self.repaired = close_dangling_tool_calls(loaded)
+            self._items = _stored(items)
             self._synthetic = {  # the outputs the repair made up: not among those stored
-                (item["type"], item["call_id"]): item
-                for item in self._items
+                (item["type"], item["call_id"]): kept
+                for item, kept in zip(items, self._items, strict=True)
                 if id(item) not in stored
             }
         return checkpoint
@@ -162,19 +182,27 @@ class CheckpointSession:
             if isinstance(last, Failed) and last.reason == "conflict":
                 raise CheckpointFailed(last)  # refused for good: no later change is stored either
             writer.notify()
+            # Let the loop in, as a session that writes in a thread does: the SDK's work
+            # before this call and after it are two stalls, not one.
+            await anyio.lowlevel.checkpoint()
             return
         raise_failed(await writer.write_now())
 
     # -- the Session protocol ---------------------------------------------------
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        """Copies of the latest ``limit`` items (or ``session_settings.limit``), oldest first."""
+        """Copies of the latest ``limit`` items (or ``session_settings.limit``), oldest first.
+
+        Decoded in a worker thread: a long history does not hold the event loop.
+        """
         if self.writer.statistics().writes == 0:  # the key is not held yet: is it as loaded?
             await anyio.to_thread.run_sync(self._check_as_loaded)
         if limit is None and self.session_settings is not None:
             limit = self.session_settings.limit
-        items = self._items if limit is None else self._items[-limit:] if limit > 0 else []
-        return _copy(items)
+        if limit is not None and limit <= 0:
+            return []
+        items = self._items[:] if limit is None else self._items[-limit:]
+        return await anyio.to_thread.run_sync(_decoded, items)
 
     def _check_as_loaded(self) -> None:
         """Raise if another writer wrote (or deleted) the key since this session loaded it:
@@ -195,13 +223,13 @@ class CheckpointSession:
         self.writer  # noqa: B018
         if not items:
             return
-        copied = _copy(items)
-        for item in copied if self._synthetic else ():  # a real output replaces a made-up one
-            if isinstance(item, dict):
+        stored = _stored(items)
+        for item in _decoded(stored) if self._synthetic else ():  # a real output replaces
+            if isinstance(item, dict):  # a made-up one
                 made_up = self._synthetic.pop((item.get("type"), item.get("call_id")), None)
                 if made_up is not None:
                     self._items = [old for old in self._items if old is not made_up]
-        self._items.extend(copied)
+        self._items.extend(stored)
         await self._changed()
 
     async def pop_item(self) -> TResponseInputItem | None:
@@ -213,7 +241,7 @@ class CheckpointSession:
         if self._synthetic:
             self._synthetic = {k: v for k, v in self._synthetic.items() if v is not item}
         await self._changed()
-        return item  # type: ignore[no-any-return]
+        return _DECODER.decode(item)  # type: ignore[no-any-return]
 
     async def clear_session(self) -> None:
         """Remove every item; the checkpoint keeps the key with an empty history."""

@@ -26,7 +26,7 @@ __all__ = ["Transcript", "is_settled", "new_epoch", "state_pieces"]
 # EXACT scalars equal (==) only values that encode the same; LOOSE ones do not:
 # 2 == 2.0 == True == Decimal("2"), encoded 2, 2.0, true and "2".
 _EXACT_SCALARS: Final = frozenset(
-    {str, bytes, type(None), uuid.UUID, datetime.date, datetime.timedelta}
+    {str, bytes, msgspec.Raw, type(None), uuid.UUID, datetime.date, datetime.timedelta}
 )
 _LOOSE_SCALARS: Final = frozenset({int, float, bool, decimal.Decimal})
 _TZ_TYPES: Final = (datetime.timezone, zoneinfo.ZoneInfo)

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,7 +57,7 @@ EXPECTED = {
     ],
     "growth": [
         f"{store}: cost @10,000 / @100 messages"
-        for store in ("FileStore", "FileStore+Transcript", "JournalStore")
+        for store in ("FileStore", "FileStore+Transcript", "JournalStore", "JournalStore, numbers")
     ],
     "fingerprint": ["fingerprint @100,000 vs @10 msgs"],
     "aiofiles": ["1 KiB on disk: aiofiles / one hop"],
@@ -72,7 +73,8 @@ EXPECTED = {
         f"{framework}: {what}"
         for framework in ("openai-agents", "langgraph", "pydantic-ai")
         for what in ("bytes checkpointer /", "worst stall checkpointer /", "longest wait to disk")
-    ],
+    ]
+    + ["openai-agents: write @1,000 / @100 items"],
     "adk": ["bytes per turn checkpointer / adk-sqlite"],
     "sessions": [
         f"{backend}: {what}"
@@ -302,3 +304,26 @@ def test_journal_quick_mode_prints_every_figure(tmp_path: Path) -> None:
     names = [m["name"] for m in map(JOURNAL_LINE.match, out.splitlines()) if m]
     assert names == JOURNAL_RATIOS, out
     assert os.listdir(tmp_path) == []  # the scratch space is cleaned up
+
+
+def test_charts_print_the_medians_of_the_tables(tmp_path: Path) -> None:
+    """Each point and bar of a chart carries its median as the tables print it."""
+    pytest.importorskip("matplotlib")
+    from benchmarks.__main__ import fmt_cell
+    from benchmarks._charts import draw
+
+    def point(median: float) -> dict[str, Any]:
+        return {"median": median, "p10": median, "p90": median, "unit": "s", "samples": []}
+
+    results = {
+        "growth": {
+            "series": {"growth/JournalStore": [[100, point(545e-6)], [1e5, point(0.00269)]]}
+        },
+        "stall": {"series": {"stall/one 10 MiB checkpoint/journal": [[10, point(0.0194)]]}},
+    }
+    draw(results, str(tmp_path), "", fmt="svg")
+    for chart, medians in (("growth", (545e-6, 2.69e-3)), ("stall", (0.0194,))):
+        svg = (tmp_path / f"{chart}.svg").read_text("utf-8")
+        for median in medians:
+            printed = fmt_cell(point(median))  # "545.0 µs", "2.69 ms": the table's cell
+            assert f"<!-- {printed} -->" in svg, (chart, printed)

@@ -138,9 +138,10 @@ class JournalCore:
         Fast path: the messages against the witnesses, then one encode of the
         prefix's unsettled messages compared with what was written.  With
         only ``EXACT`` witnesses the first step is one list ``==`` in C
-        (identity first; the witnesses are extended and trimmed back rather
-        than the prefix copied), else an identity scan.  The witness lock is
-        not waited for: a signal handler may re-enter here.
+        (identity first, so a pointer per message; the witnesses are
+        extended and trimmed back rather than the prefix copied), else an
+        identity scan.  The witness lock is not waited for: a signal handler
+        may re-enter here.
         """
         known = track.known
         assert known is not None
@@ -155,6 +156,15 @@ class JournalCore:
                 return None  # a newer commit extended them: this track is stale
             if known.loose:
                 same = all(map(operator.is_, messages, witnesses))
+            elif (
+                track.u == 0
+                and n
+                and (messages[0] is not witnesses[0] or messages[n - 1] is not witnesses[n - 1])
+            ):
+                # Other objects than the witnesses (a session reopened on this store):
+                # equal, they would pass ``==`` byte by byte at every stage.  Check
+                # their bytes once instead; the slow path adopts them.
+                same = False
             else:
                 live = messages if isinstance(messages, list) else list(messages)
                 witnesses.extend(live[n:])

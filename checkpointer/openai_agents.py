@@ -89,16 +89,6 @@ class _State(msgspec.Struct):
 class _Held:
     """A key's session while its writer is open: what ``resume`` loaded, and the changes since."""
 
-    __slots__ = (
-        "checkpoint",
-        "checks",
-        "items",
-        "open_calls",
-        "repaired",
-        "session_id",
-        "synthetic",
-    )
-
     def __init__(self, session_id: str, checkpoint: Checkpoint[Any] | None, checks: bool) -> None:
         self.session_id = session_id
         self.checks = checks  # refuse items a model API would reject (a transcript= given)
@@ -166,7 +156,7 @@ _OPENING: contextvars.ContextVar[str] = contextvars.ContextVar("checkpointer_ope
 class CheckpointSessions:
     """The Agents SDK sessions of a server: one ``SessionRegistry`` over ``store``.
 
-    ``sessions.session(session_id)`` is a ``CheckpointSession`` used without
+    ``CheckpointSession(session_id, sessions)`` is a session used without
     ``async with``: each call holds the key's writer for its duration; the
     registry opens the key at its first use (loading it afresh), closes it
     after ``idle_timeout`` unused or past ``max_open``, and flushes them all
@@ -202,22 +192,6 @@ class CheckpointSessions:
             idle_timeout=idle_timeout,
             max_open=max_open,
             **self.options,
-        )
-
-    def __repr__(self) -> str:
-        return f"<CheckpointSessions store={self.store!r} open={len(self._held)}>"
-
-    def session(
-        self,
-        session_id: str,
-        *,
-        session_settings: SessionSettings | None = None,
-        durability: Literal["async", "sync"] = "async",
-        key: str | None = None,
-    ) -> CheckpointSession:
-        """The SDK ``Session`` of ``session_id`` (see ``CheckpointSession``), no ``async with``."""
-        return CheckpointSession(
-            session_id, self, session_settings=session_settings, durability=durability, key=key
         )
 
     async def __aenter__(self) -> CheckpointSessions:
@@ -284,13 +258,12 @@ class CheckpointSession:
         self.session_id = session_id
         self.session_settings = session_settings
         self.key = session_key(session_id) if key is None else key
-        # A store: a registry of the session's own, made at 'async with'.
-        shared = isinstance(store, CheckpointSessions)
-        self._sessions = store if isinstance(store, CheckpointSessions) else None
-        self._own = None if isinstance(store, CheckpointSessions) else store
-        self._store = store.store if isinstance(store, CheckpointSessions) else store
         self._options = check_options("CheckpointSession", writer_options)
-        if shared and writer_options:
+        # A store: a registry of the session's own, made at 'async with'.
+        self._sessions = store if isinstance(store, CheckpointSessions) else None
+        self._own = self._sessions is None
+        self._store: Store = store.store if isinstance(store, CheckpointSessions) else store
+        if not self._own and writer_options:
             raise TypeError("the writer options of a CheckpointSessions' session go to it")
         self._store.validate_key(self.key)
         self._writer: CheckpointWriter[Snapshot] | None = None  # its own registry's, if open
@@ -311,13 +284,15 @@ class CheckpointSession:
         return self._writer
 
     async def __aenter__(self) -> CheckpointSession:
-        if self._own is None or self._sessions is not None:
-            what = "open already" if self._own is not None else "a CheckpointSessions' session"
+        if self._sessions is not None:
+            what = "open already" if self._own else "a CheckpointSessions' session"
             raise RuntimeError(f"CheckpointSession {self.session_id!r} is {what}: no 'async with'")
         way_out = f"or open session {self.session_id!r} under another key (key=)"
-        await anyio.to_thread.run_sync(probe_lock, self._own, self.key, self._options, way_out)
+        await anyio.to_thread.run_sync(probe_lock, self._store, self.key, self._options, way_out)
         # One key, never idle: its writer stays open (session.writer) until aclose.
-        sessions = CheckpointSessions(self._own, idle_timeout=math.inf, max_open=1, **self._options)
+        sessions = CheckpointSessions(
+            self._store, idle_timeout=math.inf, max_open=1, **self._options
+        )
         try:
             async with self._use(sessions) as (_held, writer):
                 self._writer = writer
@@ -337,10 +312,10 @@ class CheckpointSession:
         sessions = self._sessions
         if sessions is None:
             return None
-        if self._own is not None:
+        if self._own:
             self._sessions = self._writer = None
         result = await sessions.registry.release(self.key)
-        if self._own is not None:
+        if self._own:
             await sessions.aclose()
         return result
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -77,8 +78,14 @@ def test_a_server_holds_more_sessions_than_descriptors_under_ulimit_1024(root: P
     stats = json.loads(done.stdout.splitlines()[-1])
     assert (stats["opened"], stats["failed"]) == (MANY, 0)
     assert stats["evicted"] >= MANY - 512
+    _check_turns(root, MANY)
+
+
+def _check_turns(root: Path, n: int) -> None:
+    """Each session ``s<i>`` holds its one turn: the input ``hi <i>``, a call, its output, the
+    answer, as the model accepts them."""
     store, wrong = FileStore(root), []
-    for i in range(MANY):
+    for i in range(n):
         items = _items(store, f"s{i}") or []
         kinds = [item.get("type", item.get("role")) for item in items]
         if kinds != ["user", "function_call", "function_call_output", "message"]:
@@ -86,6 +93,23 @@ def test_a_server_holds_more_sessions_than_descriptors_under_ulimit_1024(root: P
         elif items[0]["content"] != f"hi {i}" or responses_problems(items):
             wrong.append((i, items))
     assert wrong == []
+
+
+def test_sigterm_to_a_server_group_writes_every_open_session(root: Path) -> None:
+    """SIGTERM to the process group of a server holding 200 sessions whose turns are debounced
+    for an hour: the registry's one exit hook wrote each, and the process died of it."""
+    server = Pumped(
+        [sys.executable, "-m", "tests.children.openai_server_child", "hold", str(root), "200"],
+        new_session=True,
+    )
+    try:
+        server.wait_line(lambda line: line == "ready", "the server holding 200 sessions")
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        server.proc.wait(HANG_GUARD)
+    finally:
+        server.kill()
+    assert server.proc.returncode == -signal.SIGTERM, server.report()
+    _check_turns(root, 200)
 
 
 def test_a_session_closed_for_idleness_reopens_from_another_process_write(root: Path) -> None:

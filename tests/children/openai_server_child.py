@@ -8,6 +8,8 @@ One ``CheckpointSessions`` over the ``FileStore`` at ``ROOT``; session ``s<i>``
 * ``many``: under ``ulimit -n 1024``, run one turn of the real ``Runner``
   (the offline model, a tool call) for every session, 64 requests at a time,
   then close; print the registry's statistics as JSON.
+* ``hold``: run one turn for every session with changes debounced for an hour,
+  keeping every key open; print ``ready``; sleep (the test sends SIGTERM).
 * ``reopen``: add an item ``first`` to session ``chat``, wait until its key
   closes for idleness; print ``idle``; wait for a line on stdin (another
   process writes the session meanwhile); print the items' contents as JSON;
@@ -74,6 +76,15 @@ async def many(root: str, n: int) -> None:
     print(json.dumps({"opened": stats.opened, "evicted": stats.evicted, "failed": stats.failed}))
 
 
+async def hold(root: str, n: int) -> None:
+    options: dict[str, Any] = {"debounce": 3600.0, "max_wait": 3600.0, "max_open": n}
+    async with CheckpointSessions(FileStore(root), **options) as sessions:
+        for i in range(n):
+            await Runner.run(agent(), f"hi {i}", session=CheckpointSession(f"s{i}", sessions))
+        print("ready", flush=True)
+        await asyncio.sleep(3600)
+
+
 async def reopen(root: str) -> None:
     sessions = CheckpointSessions(FileStore(root), idle_timeout=0.05)
     session: Any = CheckpointSession("chat", sessions)
@@ -90,7 +101,7 @@ async def reopen(root: str) -> None:
 
 if __name__ == "__main__":
     command, root = sys.argv[1], sys.argv[2]
-    if command == "many":
-        asyncio.run(many(root, int(sys.argv[3])))
+    if command in ("many", "hold"):
+        asyncio.run((many if command == "many" else hold)(root, int(sys.argv[3])))
     else:
         asyncio.run(reopen(root))

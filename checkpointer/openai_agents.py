@@ -1,12 +1,18 @@
-"""The OpenAI Agents SDK's ``Session``, kept by a ``CheckpointWriter``.
+"""The OpenAI Agents SDK's ``Session``, kept by the writers of a ``SessionRegistry``.
 
-Entering loads the stored items and opens the writer; leaving writes a final
-time.  Durability, resuming, ownership: docs/frameworks/openai-agents.md.
+A ``CheckpointSessions`` (one per store, or per server) holds the items of
+the keys open in its registry; a ``CheckpointSession`` is a handle on one key,
+whose calls each take the key's writer for their duration.  Alone,
+``async with CheckpointSession(id, store)`` is a handle over a registry of
+its own.  Durability, resuming, ownership: docs/frameworks/openai-agents.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+import math
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -20,7 +26,9 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     Result,
+    SessionRegistry,
     Snapshot,
+    Transcript,
     load,
 )
 from checkpointer._adapters import (
@@ -30,14 +38,14 @@ from checkpointer._adapters import (
     probe_lock,
     raise_failed,
 )
-from checkpointer.messages import close_dangling_tool_calls
+from checkpointer.messages import HistoryProblem, close_dangling_tool_calls, validate_history
 from checkpointer.stores import Store
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
     from agents.memory import SessionSettings
 
-__all__ = ["CheckpointFailed", "CheckpointSession", "session_key"]
+__all__ = ["CheckpointFailed", "CheckpointSession", "CheckpointSessions", "session_key"]
 
 
 def session_key(session_id: str) -> str:
@@ -78,25 +86,168 @@ class _State(msgspec.Struct):
     messages: list[Any]
 
 
+class _Held:
+    """A key's session while its writer is open: what ``resume`` loaded, and the changes since."""
+
+    def __init__(self, session_id: str, checkpoint: Checkpoint[Any] | None, checks: bool) -> None:
+        self.session_id = session_id
+        self.checks = checks  # refuse items a model API would reject (a transcript= given)
+        self.checkpoint = checkpoint  # None: a new session
+        self.items: list[msgspec.Raw] = []  # items are never edited: added, popped, replaced
+        # (type, call_id) -> the output close_dangling_tool_calls made up on load:
+        # shown by get_items, never stored, dropped when the real one arrives.
+        self.synthetic: dict[tuple[Any, Any], msgspec.Raw] = {}
+        self.repaired = 0  # tool calls closed on load
+        self.open_calls: list[Any] | None = []  # the stored calls not answered; None: not known
+        if checkpoint is not None:
+            loaded = checkpoint.state.messages
+            stored = {id(item) for item in loaded}
+            items, self.repaired = close_dangling_tool_calls(loaded)
+            self.items = _stored(items)
+            self.synthetic = {  # the outputs the repair made up: not among those stored
+                (item["type"], item["call_id"]): kept
+                for item, kept in zip(items, self.items, strict=True)
+                if id(item) not in stored
+            }
+            if checks:
+                self.open_calls = _open_calls(loaded, validate_history(loaded))
+
+    async def check(self, items: list[Any]) -> None:
+        """Raise ``CheckpointFailed("not-sendable")`` if ``items`` would make the stored history
+        one a model API refuses: checked with the calls still open, not the whole history."""
+        if not self.checks:
+            return
+        if self.open_calls is None:  # after a pop: read once from the stored items
+            self.open_calls = await anyio.to_thread.run_sync(_calls_open_in, self.stored())
+        window = [*self.open_calls, *items]
+        problems = validate_history(window)
+        start = len(self.open_calls)
+        refused = [p for p in problems if p.kind in ("orphan-result", "duplicate-id")]
+        if refused:
+            shown = "; ".join(f"item {p.index - start}: {p.detail}" for p in refused[:3])
+            error = (
+                f"add_items refused: a model API would reject the history of session "
+                f"{self.session_id!r} with these items: {shown}"
+            )
+            raise CheckpointFailed(Failed("not-sendable", error))
+        self.open_calls = _open_calls(window, problems)
+
+    def stored(self) -> list[msgspec.Raw]:
+        if not self.synthetic:
+            return self.items
+        made_up = {id(item) for item in self.synthetic.values()}
+        return [item for item in self.items if id(item) not in made_up]
+
+
+def _open_calls(window: Sequence[Any], problems: Sequence[HistoryProblem]) -> list[Any]:
+    """The items of ``window`` holding calls no later item answers."""
+    return [window[at] for at in sorted({p.index for p in problems if p.kind == "unclosed-call"})]
+
+
+def _calls_open_in(stored: Sequence[msgspec.Raw]) -> list[Any]:
+    items = _decoded(stored)
+    return _open_calls(items, validate_history(items))
+
+
+# The session id of the call that opens a key: ``resume(key)`` runs in that call's task.
+_OPENING: contextvars.ContextVar[str] = contextvars.ContextVar("checkpointer_openai_session")
+
+
+class CheckpointSessions:
+    """The Agents SDK sessions of a server: one ``SessionRegistry`` over ``store``.
+
+    ``CheckpointSession(session_id, sessions)`` is a session used without
+    ``async with``: each call holds the key's writer for its duration; the
+    registry opens the key at its first use (loading it afresh), closes it
+    after ``idle_timeout`` unused or past ``max_open``, and flushes them all
+    at exit.  ``sessions.registry`` gives ``statistics()`` and ``release(key)``.
+
+    Args:
+        store: where the sessions go.
+        idle_timeout: seconds a session's key stays open with no call.
+        max_open: most keys open at once (one descriptor each on a ``FileStore``).
+        **writer_options: for each ``CheckpointWriter``; a ``transcript=``
+            (with ``repair``) makes ``add_items`` refuse items a model API
+            would reject (checked on the new items and the calls still open).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        idle_timeout: float = 300.0,
+        max_open: int = 512,
+        **writer_options: Any,
+    ) -> None:
+        self.store = store
+        self.options = check_options("CheckpointSessions", writer_options)
+        transcript: Transcript | None = self.options.pop("transcript", None)
+        self._checks = transcript is not None and transcript.repair
+        self._held: dict[str, _Held] = {}
+        self.registry = SessionRegistry(
+            self._source,
+            store,
+            resume=self._resume,
+            on_close=lambda key, _result: self._held.pop(key, None),
+            idle_timeout=idle_timeout,
+            max_open=max_open,
+            **self.options,
+        )
+
+    async def __aenter__(self) -> CheckpointSessions:
+        await self.registry.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every open session (its final write, then its lock)."""
+        await self.registry.aclose()
+
+    def _resume(self, key: str) -> Checkpoint[Any] | None:
+        checkpoint = load(self.store, key, _State)
+        self._held[key] = _Held(_OPENING.get(), checkpoint, self._checks)
+        return checkpoint
+
+    def _source(self, key: str) -> Snapshot | None:
+        held = self._held.get(key)
+        if held is None:
+            return None
+        return Snapshot(key, {"session_id": held.session_id, "messages": held.stored()})
+
+    @contextlib.asynccontextmanager
+    async def _use(
+        self, key: str, session_id: str
+    ) -> AsyncIterator[tuple[_Held, CheckpointWriter[Snapshot]]]:
+        token = _OPENING.set(session_id)
+        try:
+            async with self.registry.session(key) as writer:
+                yield self._held[key], writer
+        finally:
+            _OPENING.reset(token)
+
+
 class CheckpointSession:
     """An Agents SDK ``Session`` whose items are checkpointed by a ``CheckpointWriter``.
 
     Args:
         session_id: the SDK's session id; the key is ``session_key(session_id)``
             unless ``key`` is given.
-        store: where the checkpoint goes.
+        store: where the checkpoint goes (use the session as ``async with``),
+            or a server's ``CheckpointSessions`` (no ``async with``).
         session_settings: the SDK's ``SessionSettings``, or None.
         durability: ``"async"`` (default): a change is a ``notify()``,
             written per the writer's timing rules; ``"sync"``: each change
             waits for its durable write.
         key: the checkpoint key, instead of one derived from the id.
-        **writer_options: passed to ``CheckpointWriter``.
+        **writer_options: passed to ``CheckpointWriter`` (with a ``Store``).
     """
 
     def __init__(
         self,
         session_id: str,
-        store: Store,
+        store: Store | CheckpointSessions,
         *,
         session_settings: SessionSettings | None = None,
         durability: Literal["async", "sync"] = "async",
@@ -104,64 +255,52 @@ class CheckpointSession:
         **writer_options: Any,
     ) -> None:
         self._durability = check_durability(durability)
-        self._options = check_options("CheckpointSession", writer_options)
         self.session_id = session_id
         self.session_settings = session_settings
         self.key = session_key(session_id) if key is None else key
-        self._store = store
-        store.validate_key(self.key)
-        self._items: list[msgspec.Raw] = []  # never edited in place: added to, popped, replaced
-        # (type, call_id) -> the output close_dangling_tool_calls made up on load:
-        # shown by get_items, never stored, dropped when the real one arrives.
-        self._synthetic: dict[tuple[Any, Any], Any] = {}
-        self._writer: CheckpointWriter[Snapshot] | None = None
+        self._options = check_options("CheckpointSession", writer_options)
+        # A store: a registry of the session's own, made at 'async with'.
+        self._sessions = store if isinstance(store, CheckpointSessions) else None
+        self._own = self._sessions is None
+        self._store: Store = store.store if isinstance(store, CheckpointSessions) else store
+        if not self._own and writer_options:
+            raise TypeError("the writer options of a CheckpointSessions' session go to it")
+        self._store.validate_key(self.key)
+        self._writer: CheckpointWriter[Snapshot] | None = None  # its own registry's, if open
         self.repaired = 0  # tool calls closed on load
         self.resumed_from: Checkpoint[Any] | None = None  # None: a new session
 
     def __repr__(self) -> str:
-        return f"<CheckpointSession {self.session_id!r} key={self.key!r} items={len(self._items)}>"
-
-    def _source(self) -> Snapshot:
-        items = self._items
-        if self._synthetic:
-            made_up = {id(item) for item in self._synthetic.values()}
-            items = [item for item in items if id(item) not in made_up]
-        return Snapshot(self.key, {"session_id": self.session_id, "messages": items})
+        return f"<CheckpointSession {self.session_id!r} key={self.key!r}>"
 
     @property
     def writer(self) -> CheckpointWriter[Snapshot]:
-        """The session's writer (for ``statistics()`` or ``write_now()``)."""
+        """The session's writer while it is open (for ``statistics()`` or ``write_now()``)."""
         if self._writer is None:
             raise RuntimeError(
-                f"CheckpointSession {self.session_id!r} is not open: use 'async with' first"
+                f"CheckpointSession {self.session_id!r} has no writer open: use 'async with' "
+                "first (a CheckpointSessions' session: its registry's session(key) block)"
             )
         return self._writer
 
     async def __aenter__(self) -> CheckpointSession:
-        if self._writer is not None:
-            raise RuntimeError(f"CheckpointSession {self.session_id!r} is open already")
-        checkpoint = await anyio.to_thread.run_sync(self._load)
+        if self._sessions is not None:
+            what = "open already" if self._own else "a CheckpointSessions' session"
+            raise RuntimeError(f"CheckpointSession {self.session_id!r} is {what}: no 'async with'")
         way_out = f"or open session {self.session_id!r} under another key (key=)"
         await anyio.to_thread.run_sync(probe_lock, self._store, self.key, self._options, way_out)
-        writer = CheckpointWriter(
-            self._source, self._store, resume_from=checkpoint, **self._options
+        # One key, never idle: its writer stays open (session.writer) until aclose.
+        sessions = CheckpointSessions(
+            self._store, idle_timeout=math.inf, max_open=1, **self._options
         )
-        self._writer = await writer.aopen()
+        try:
+            async with self._use(sessions) as (_held, writer):
+                self._writer = writer
+        except BaseException:
+            await sessions.aclose()
+            raise
+        self._sessions = sessions
         return self
-
-    def _load(self) -> Checkpoint[Any] | None:
-        checkpoint = self.resumed_from = load(self._store, self.key, _State)
-        if checkpoint is not None:
-            loaded = checkpoint.state.messages
-            stored = {id(item) for item in loaded}
-            items, self.repaired = close_dangling_tool_calls(loaded)
-            self._items = _stored(items)
-            self._synthetic = {  # the outputs the repair made up: not among those stored
-                (item["type"], item["call_id"]): kept
-                for item, kept in zip(items, self._items, strict=True)
-                if id(item) not in stored
-            }
-        return checkpoint
 
     async def __aexit__(self, _type: object, exc: object, _tb: object) -> None:
         result = await self.aclose()
@@ -169,14 +308,32 @@ class CheckpointSession:
             raise_failed(result)
 
     async def aclose(self) -> Result | None:
-        """Write a final time and close the writer; its result (None if not open)."""
-        writer, self._writer = self._writer, None
-        if writer is None:
+        """Write a final time and close the key's writer; its result (None if not open)."""
+        sessions = self._sessions
+        if sessions is None:
             return None
-        return await writer.aclose()
+        if self._own:
+            self._sessions = self._writer = None
+        result = await sessions.registry.release(self.key)
+        if self._own:
+            await sessions.aclose()
+        return result
 
-    async def _changed(self) -> None:
-        writer = self.writer
+    @contextlib.asynccontextmanager
+    async def _use(
+        self, sessions: CheckpointSessions | None = None
+    ) -> AsyncIterator[tuple[_Held, CheckpointWriter[Snapshot]]]:
+        """The key's items and writer for one call; never kept past it."""
+        sessions = sessions or self._sessions
+        if sessions is None:
+            raise RuntimeError(
+                f"CheckpointSession {self.session_id!r} is not open: use 'async with' first"
+            )
+        async with sessions._use(self.key, self.session_id) as (held, writer):
+            self.repaired, self.resumed_from = held.repaired, held.checkpoint
+            yield held, writer
+
+    async def _changed(self, writer: CheckpointWriter[Snapshot]) -> None:
         if self._durability == "async":
             last = writer.statistics().last_result
             if isinstance(last, Failed) and last.reason == "conflict":
@@ -195,24 +352,26 @@ class CheckpointSession:
 
         Decoded in a worker thread: a long history does not hold the event loop.
         """
-        if self.writer.statistics().writes == 0:  # the key is not held yet: is it as loaded?
-            await anyio.to_thread.run_sync(self._check_as_loaded)
-        if limit is None and self.session_settings is not None:
-            limit = self.session_settings.limit
-        if limit is not None and limit <= 0:
-            return []
-        items = self._items[:] if limit is None else self._items[-limit:]
+        async with self._use() as (held, writer):
+            if writer.statistics().writes == 0:  # the key is not held yet: is it as loaded?
+                await anyio.to_thread.run_sync(self._check_as_loaded, held)
+            if limit is None and self.session_settings is not None:
+                limit = self.session_settings.limit
+            if limit is not None and limit <= 0:
+                return []
+            items = held.items[:] if limit is None else held.items[-limit:]
         return await anyio.to_thread.run_sync(_decoded, items)
 
-    def _check_as_loaded(self) -> None:
+    def _check_as_loaded(self, held: _Held) -> None:
         """Raise if another writer wrote (or deleted) the key since this session loaded it:
         its writes would be refused, better said before the agent runs on stale items."""
-        loaded = None if self.resumed_from is None else self.resumed_from.meta.revision
-        stored = self._store.revision(self.key)
+        store = self._store
+        loaded = None if held.checkpoint is None else held.checkpoint.meta.revision
+        stored = store.revision(self.key)
         if stored != loaded:
             what = "deleted" if stored is None else "written by another writer"
             error = (
-                f"session {self.session_id!r} (key {self.key!r}, {self._store.location(self.key)}) "
+                f"session {self.session_id!r} (key {self.key!r}, {store.location(self.key)}) "
                 f"was {what} since this session loaded it; it cannot be written from here: "
                 "open the session again"
             )
@@ -220,32 +379,34 @@ class CheckpointSession:
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append copies of the items (TypeError if one is not a JSON value), then checkpoint."""
-        self.writer  # noqa: B018
-        if not items:
-            return
-        stored = _stored(items)
-        for item in _decoded(stored) if self._synthetic else ():  # a real output replaces
-            if isinstance(item, dict):  # a made-up one
-                made_up = self._synthetic.pop((item.get("type"), item.get("call_id")), None)
-                if made_up is not None:
-                    self._items = [old for old in self._items if old is not made_up]
-        self._items.extend(stored)
-        await self._changed()
+        async with self._use() as (held, writer):
+            if not items:
+                return
+            stored = _stored(items)
+            new = _decoded(stored) if held.synthetic or held.checks else []
+            await held.check(new)
+            for item in new if held.synthetic else ():  # a real output replaces a made-up one
+                if isinstance(item, dict):
+                    made_up = held.synthetic.pop((item.get("type"), item.get("call_id")), None)
+                    if made_up is not None:
+                        held.items = [old for old in held.items if old is not made_up]
+            held.items.extend(stored)
+            await self._changed(writer)
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Remove and return the latest item, or None when the session is empty."""
-        self.writer  # noqa: B018
-        if not self._items:
-            return None
-        item = self._items.pop()
-        if self._synthetic:
-            self._synthetic = {k: v for k, v in self._synthetic.items() if v is not item}
-        await self._changed()
+        async with self._use() as (held, writer):
+            if not held.items:
+                return None
+            item = held.items.pop()
+            if held.synthetic:
+                held.synthetic = {k: v for k, v in held.synthetic.items() if v is not item}
+            held.open_calls = None  # its call may be open again: read at the next add
+            await self._changed(writer)
         return _DECODER.decode(item)  # type: ignore[no-any-return]
 
     async def clear_session(self) -> None:
         """Remove every item; the checkpoint keeps the key with an empty history."""
-        self.writer  # noqa: B018
-        self._items = []
-        self._synthetic = {}
-        await self._changed()
+        async with self._use() as (held, writer):
+            held.items, held.synthetic, held.open_calls = [], {}, []
+            await self._changed(writer)

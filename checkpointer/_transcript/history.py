@@ -153,10 +153,11 @@ def scan_history(messages: Sequence[Any]) -> HistoryScan:
 def feed(state: ScanState, items: Sequence[Any]) -> None:
     """Scan ``items``, the messages after the first ``state.count``, on top of ``state``.
 
-    Results close open calls.  A message that does not keep the window (a
-    ``tool`` message keeps it), and is not a part of the turn before (see
-    ``Reading``), then ends the window of the calls still open:
-    they are unclosed, and a later result is an orphan.  A *free* call
+    Results close open calls of their own dialect (one of another is an
+    orphan).  A message that does not keep the window (a ``tool`` message
+    keeps it), and is not a part of the turn before (see ``Reading``), then
+    ends the window of the calls still open: they are unclosed, and a later
+    result is an orphan.  A *free* call
     (Responses) stays open until answered.
     """
     # The hot loop of every transcript write: state in locals.
@@ -175,13 +176,14 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
         if not dialect.defers:
             moved = i
         for call_id in results:
-            if isinstance(call_id, str) and call_id in open_calls:  # a list id answers nothing
-                del open_calls[call_id]
-            elif isinstance(call_id, str) and call_id in free_calls:
-                del free_calls[call_id]
-            else:
-                problems.append(_stray(call_id, i, answered))
+            call = None
+            if isinstance(call_id, str):  # a list id answers nothing
+                opened = open_calls if call_id in open_calls else free_calls
+                call = opened.get(call_id)
+            if call is None or call[1] is not dialect:  # the call's API takes only its own
+                problems.append(_stray(call_id, i, answered, dialect, call))
                 continue
+            del opened[call_id]
             answered.add(call_id)
             answered_log.append(call_id)
             deferring = True
@@ -217,8 +219,17 @@ def _problem(kind: ProblemKind, index: int, call_id: Any, detail: str) -> Histor
     return HistoryProblem(kind=kind, index=index, call_id=call_id, detail=detail)
 
 
-def _stray(call_id: Any, index: int, answered: set[str]) -> HistoryProblem:
-    """A result that answers no open call: a second answer, or an orphan."""
+def _stray(
+    call_id: Any, index: int, answered: set[str], of: Dialect, call: tuple[int, Dialect] | None
+) -> HistoryProblem:
+    """A result that answers no open call (a second answer, an orphan), or an open call
+    of another dialect (its API refuses the result: the call stays open)."""
+    if call is not None:
+        detail = (
+            f"tool result for {clipped(call_id)} is {of.name}'s, but its call (message "
+            f"{call[0]}) is {call[1].name}'s, whose API does not take it (orphan result)"
+        )
+        return _problem("orphan-result", index, call_id, detail)
     if isinstance(call_id, str) and call_id in answered:
         detail = f"tool call {clipped(call_id)} is answered a second time"
         return _problem("duplicate-id", index, call_id, detail)

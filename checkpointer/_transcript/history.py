@@ -201,8 +201,10 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
         if calls:
             into = free_calls if dialect.window == "free" else open_calls
             for call_id in calls:
-                if not isinstance(call_id, str):
-                    continue  # an id-less call cannot be answered or checked
+                if not isinstance(call_id, str):  # it cannot be answered, nor checked
+                    detail = f"tool call without an id ({describe_shape(call_id)}): not checked"
+                    problems.append(_problem("unrecognised", i, None, detail))
+                    continue
                 if call_id in called:
                     detail = f"tool call id {clipped(call_id)} is used by an earlier call too"
                     problems.append(_problem("duplicate-id", i, call_id, detail))

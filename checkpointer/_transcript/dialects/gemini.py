@@ -82,9 +82,10 @@ def read_gemini(content: Any) -> Classified:
     role = get_field(content, "role")
     calls: list[str] = []
     results: list[str] = []
-    if role not in ("user", "model"):
+    parts = get_field(content, "parts")
+    if role not in ("user", "model") or not isinstance(parts, (list, tuple, type(None))):
         return NONE
-    for part in seq(get_field(content, "parts")):
+    for part in parts or ():
         kind = keyed(part, PARTS, MARKS)
         if kind in _CALL or kind in _RESULT:
             if role != ("model" if kind in _CALL else "user"):

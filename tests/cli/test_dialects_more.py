@@ -91,6 +91,37 @@ def test_verify_and_show_follow_the_field_a_journal_recorded(
     assert "messages         2" in out
 
 
+def test_the_recorded_field_wins_over_messages_and_the_journal_is_read_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal that records ``events`` is checked there, though the state has a
+    ``messages`` list too (a UI's notifications): its dangling call is BAD, not a silent ok.
+    The field comes from the same read as the checkpoint."""
+    events = conversation(FORMS[1](), drop=True)  # ADK events, a call left unanswered
+    state = {"events": events, "messages": []}
+    write(JournalStore(tmp_path), "k", state, Transcript(field="events", repair=False))
+    reads: list[str] = []
+    real = JournalStore.read
+    monkeypatch.setattr(JournalStore, "read", lambda s, key: reads.append(key) or real(s, key))
+    status, out = run(capsys, "verify", tmp_path)
+    assert status == 1 and out.startswith("BAD  ") and "$.state.events[1]" in out, out
+    assert reads == ["k"]
+    status, out = run(capsys, "ls", "--json", tmp_path)
+    assert [(r["turns"], r["messages"]) for r in json.loads(out)] == [(3, 5)]
+
+
+def test_a_snapshot_with_several_histories_says_none_was_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A snapshot records no field: of two lists a dialect knows, neither is guessed, and
+    verify says so (a note naming both), never a silent ok."""
+    events = conversation(FORMS[1](), drop=True)
+    state = {"events": events, "log": [{"role": "user", "content": "audit line"}]}
+    write(FileStore(tmp_path), "k", state)
+    status, out = run(capsys, "verify", tmp_path)
+    assert out.startswith("note ") and "'events', 'log'" in out and "none checked" in out, out
+
+
 def test_a_snapshot_names_no_field_its_one_history_is_found(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

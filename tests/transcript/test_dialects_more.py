@@ -442,3 +442,83 @@ def test_the_content_parts_of_chat_and_responses_messages_are_known() -> None:
     for part in parts:
         message = {"role": "user", "content": [{"type": part}]}
         assert getattr(detect(message), "name", None) == "chat", part
+
+
+# -- ADK branches: a ParallelAgent's sub-agents interleave ---------------------------------
+
+
+def _parallel_agent_events() -> list[Any]:
+    """The events of a real ADK ParallelAgent run: two sub-agents, each calling a slow tool,
+    on branches ``par.a`` and ``par.b`` (a scripted model; no network)."""
+    pytest.importorskip("google.adk")
+    import asyncio
+    import itertools
+    import warnings
+    from collections.abc import AsyncGenerator
+
+    from google.adk.agents import LlmAgent, ParallelAgent
+    from google.adk.models.base_llm import BaseLlm
+    from google.adk.models.llm_request import LlmRequest
+    from google.adk.models.llm_response import LlmResponse
+    from google.adk.runners import InMemoryRunner
+    from google.genai import types
+
+    class Scripted(BaseLlm):
+        model: str = "scripted"
+
+        async def generate_content_async(
+            self, llm_request: LlmRequest, stream: bool = False
+        ) -> AsyncGenerator[LlmResponse, None]:
+            last = (llm_request.contents[-1].parts or [types.Part()])[0]
+            part = (
+                types.Part(text="done")
+                if last.function_response
+                else types.Part(function_call=types.FunctionCall(id=f"c{next(ids)}", name="slow"))
+            )
+            yield LlmResponse(content=types.Content(role="model", parts=[part]))
+
+    ids = itertools.count()
+
+    async def slow() -> str:
+        """A tool that takes a while: the other branch moves on meanwhile."""
+        await asyncio.sleep(0.05)
+        return "ok"
+
+    async def run() -> list[Any]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # ParallelAgent: still shipped
+            subs = [LlmAgent(name=n, model=Scripted(), tools=[slow]) for n in "ab"]
+            runner = InMemoryRunner(ParallelAgent(name="par", sub_agents=subs), app_name="app")
+        session = await runner.session_service.create_session(app_name="app", user_id="u")
+        for text in ("one", "two"):
+            message = types.Content(role="user", parts=[types.Part(text=text)])
+            async for _ in runner.run_async(
+                user_id="u", session_id=session.id, new_message=message
+            ):
+                pass
+        done = await runner.session_service.get_session(
+            app_name="app", user_id="u", session_id=session.id
+        )
+        assert done is not None
+        return list(done.events)
+
+    return asyncio.run(run())
+
+
+def test_a_parallel_agents_interleaved_branches_are_sendable() -> None:
+    """Branch ``b``'s events between a call of ``a`` and its response neither answer it nor end
+    its window (ADK builds ``a``'s request without them); a dropped response is still found,
+    and closed in its call's branch."""
+    events = _parallel_agent_events()
+    branches = [e.branch for e in events]
+    calls = [i for i, e in enumerate(events) if e.get_function_calls()]
+    assert any(branches[i + 1] != branches[i] for i in calls)  # the branches interleave
+    for history in (events, [e.model_dump(mode="json", exclude_none=True) for e in events]):
+        assert kinds(history) == [], history
+        last = max(i for i, e in enumerate(events) if e.get_function_responses())
+        dropped = history[:last] + history[last + 1 :]
+        assert [k for k, *_ in kinds(dropped)] == ["unclosed-call"]
+        repaired, count = close_dangling_tool_calls(dropped)
+        assert count == 1 and kinds(repaired) == []
+        added = [m for m in repaired if not any(m is d for d in dropped)]
+        assert [getattr(m, "branch", None) or m.get("branch") for m in added] == [branches[last]]

@@ -11,6 +11,7 @@ import pytest
 
 from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot, Transcript
 from checkpointer._cli import main
+from checkpointer.stores import Encryption
 from tests.transcript.test_dialects_more import FORMS, NAMES, conversation
 
 forms = pytest.mark.parametrize("make", FORMS, ids=NAMES)
@@ -151,3 +152,21 @@ def test_show_takes_a_key_that_starts_with_a_dash(
     ):
         status, out = run(capsys, *argv)
         assert status == 0 and "-home-me-proj" in out, argv
+
+
+def test_a_sealed_journal_is_checked_in_its_recorded_field_with_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An encrypted journal's rows are opened in the same one read that finds its field:
+    with the key its ``events`` are checked (a dangling call is BAD); without, it is
+    said to be encrypted, not damaged."""
+    key = Encryption.new_key("k1")
+    events = conversation(FORMS[1](), drop=True)
+    store = JournalStore(tmp_path / "root", encryption=Encryption.from_text(key))
+    write(store, "k", {"events": events, "messages": []}, Transcript("events", repair=False))
+    keys = tmp_path / "keys.txt"
+    keys.write_text(key + "\n")
+    status, out = run(capsys, "verify", tmp_path / "root", "--key-file", keys)
+    assert status == 1 and out.startswith("BAD  ") and "$.state.events[1]" in out, out
+    status, out = run(capsys, "verify", tmp_path / "root")
+    assert status == 0 and "encrypted" in out, out

@@ -103,7 +103,12 @@ def test_the_recorded_field_wins_over_messages_and_the_journal_is_read_once(
     write(JournalStore(tmp_path), "k", state, Transcript(field="events", repair=False))
     reads: list[str] = []
     real = JournalStore.read
-    monkeypatch.setattr(JournalStore, "read", lambda s, key: reads.append(key) or real(s, key))
+
+    def counted(store: JournalStore, key: str) -> bytes | None:
+        reads.append(key)
+        return real(store, key)
+
+    monkeypatch.setattr(JournalStore, "read", counted)
     status, out = run(capsys, "verify", tmp_path)
     assert status == 1 and out.startswith("BAD  ") and "$.state.events[1]" in out, out
     assert reads == ["k"]

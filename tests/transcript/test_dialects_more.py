@@ -456,7 +456,7 @@ def _parallel_agent_events() -> list[Any]:
     import warnings
     from collections.abc import AsyncGenerator
 
-    from google.adk.agents import LlmAgent, ParallelAgent
+    from google.adk.agents import BaseAgent, LlmAgent, ParallelAgent
     from google.adk.models.base_llm import BaseLlm
     from google.adk.models.llm_request import LlmRequest
     from google.adk.models.llm_response import LlmResponse
@@ -487,7 +487,7 @@ def _parallel_agent_events() -> list[Any]:
     async def run() -> list[Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # ParallelAgent: still shipped
-            subs = [LlmAgent(name=n, model=Scripted(), tools=[slow]) for n in "ab"]
+            subs: list[BaseAgent] = [LlmAgent(name=n, model=Scripted(), tools=[slow]) for n in "ab"]
             runner = InMemoryRunner(ParallelAgent(name="par", sub_agents=subs), app_name="app")
         session = await runner.session_service.create_session(app_name="app", user_id="u")
         for text in ("one", "two"):

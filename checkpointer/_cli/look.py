@@ -14,7 +14,16 @@ from checkpointer import Checkpoint, CheckpointError
 from checkpointer.messages import count_turns
 
 from . import report
-from .roots import EPOCH, Entry, LockView, Root, detect, scan_journal, why
+from .roots import (
+    EPOCH,
+    Entry,
+    LockView,
+    Root,
+    assemble,
+    decode_state,
+    detect,
+    why,
+)
 
 T = TypeVar("T")
 
@@ -49,6 +58,26 @@ class Look(NamedTuple):
     history: History | None = None
 
 
+class Loaded(NamedTuple):
+    checkpoint: Checkpoint[Any]
+    field: str | None  # the transcript field its journal recorded (a snapshot records none)
+
+
+def load(root: Root, entry: Entry) -> Loaded | None:
+    """``entry``'s checkpoint and the field its transcript is in, from one read: a journal's
+    bytes are scanned once for both (its last compaction names the field)."""
+    if entry.kind != "journal":
+        checkpoint = root.load(entry)
+        return None if checkpoint is None else Loaded(checkpoint, None)
+    scan = root.journal(entry)
+    if scan is None:
+        return None
+    state = decode_state(assemble(scan, entry.path), entry.path)
+    return Loaded(
+        Checkpoint(meta=scan.meta, state=state, torn=scan.torn), scan.compaction.transcript
+    )
+
+
 def read(root: Root, get: Callable[[Entry], T | None], entry: Entry) -> tuple[T | None, str | None]:
     """``get(entry)``: (what it gives, None), or (None, why it cannot be trusted)."""
     try:
@@ -75,15 +104,16 @@ def inspect(root: Root, entry: Entry, *, lock: bool = True) -> Look:
         return Look(row, None, view)
     row.size, mtime = measured
     row.mtime = mtime or row.mtime
-    loaded, row.error = read(root, root.load, entry)
+    got, row.error = read(root, lambda e: load(root, e), entry)
+    loaded = None if got is None else got.checkpoint
     meta = loaded.meta if loaded is not None else root.sealed_metas.get(entry.path)
     if meta is not None:  # an encrypted one's too: its meta is readable
         row.updated_at, row.created_at = report.utc(meta.updated_at), report.utc(meta.created_at)
         row.mtime = mtime or row.updated_at  # a row's only time is its meta's
         row.seq, row.live, row.pinned, row.turns = meta.seq, meta.live, meta.pinned, meta.turns
-    if loaded is None:
+    if got is None or loaded is None:
         return Look(row, None, view)
-    found = transcript(root, entry, loaded.state)
+    found = transcript(loaded.state, got.field)
     listed = None if found is None else found.messages
     if row.turns is None and listed is not None:  # None again: a shape no dialect knows
         row.turns = count_turns(listed)
@@ -103,27 +133,21 @@ class History(NamedTuple):
 _LANGGRAPH_ROWS = frozenset({"checkpoint", "blob", "tail", "write"})
 
 
-def transcript(root: Root, entry: Entry, state: Any) -> History | None:
-    """The agent history of a checkpoint: in ``messages``; else in the field its journal
-    recorded; else in the one list of the state whose first item a dialect knows."""
-    if not isinstance(state, dict) or "messages" in state:
-        return history(state)
-    field = _recorded(root, entry)
-    if field is None:
-        lists = [k for k, v in state.items() if isinstance(v, list) and v and detect(v[0])]
-        field = lists[0] if len(lists) == 1 else None
-    return None if field is None else history(state, field)
-
-
-def _recorded(root: Root, entry: Entry) -> str | None:
-    """The transcript field a journal names in its last compaction (a snapshot names none)."""
-    try:
-        data = root.raw(entry)
-        if not data or not data.startswith(b'{"kind":"header"'):
-            return None
-        return scan_journal(data, entry.path).compaction.transcript
-    except (CheckpointError, OSError):  # it loaded a moment ago: changed since, not said here
-        return None
+def transcript(state: Any, field: str | None) -> History | None:
+    """The agent history of a checkpoint: in the ``field`` its journal recorded; else in
+    ``messages``; else in the one list of the state whose first item a dialect knows (of
+    several, none is guessed: the note names them)."""
+    if field is not None or not isinstance(state, dict) or "messages" in state:
+        return history(state, field or "messages")
+    lists = [k for k, v in state.items() if isinstance(v, list) and v and detect(v[0])]
+    if len(lists) > 1:
+        names = ", ".join(map(repr, lists))
+        why = (
+            f"the lists {names} all hold messages: which is the history is not recorded "
+            "(a snapshot names no transcript field); none checked"
+        )
+        return History(None, "$.state[{}]".format, why)
+    return history(state, lists[0]) if lists else None
 
 
 def history(state: Any, field: str = "messages") -> History | None:

@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple
 from checkpointer import (
     Checkpoint,
     CheckpointError,
+    JournalStore,
     Meta,
     PostgresStore,
     S3JournalStore,
@@ -22,8 +23,11 @@ from checkpointer import (
     load,
 )
 from checkpointer._format.envelope import decode_raw as decode_raw
+from checkpointer._format.envelope import decode_state as decode_state
 from checkpointer._format.envelope import envelope_chunks as envelope_chunks
 from checkpointer._format.journal import LINE_END as LINE_END
+from checkpointer._format.journal import JournalScan
+from checkpointer._format.journal import assemble as assemble
 from checkpointer._format.journal import compaction_row as compaction_row
 from checkpointer._format.journal import header_line as header_line
 from checkpointer._format.journal import scan_journal as scan_journal
@@ -153,6 +157,16 @@ class Root(ABC):
         with sealed(self.encryption, self.sealed_metas):
             data: bytes | None = self.stores[entry.kind].read(entry.key)
         return data
+
+    def journal(self, entry: Entry) -> JournalScan | None:
+        """A journal entry scanned, its sealed rows opened with the keys given (one read)."""
+        store = self.stores[entry.kind]
+        with sealed(self.encryption, self.sealed_metas):
+            data: bytes | None = store.read(entry.key)
+            if data is None:
+                return None
+            opener = store._opener(entry.key, data) if isinstance(store, JournalStore) else None
+            return scan_journal(data, entry.path, opener)
 
     def lock(self, key: str) -> LockView | None:
         """Who holds ``key``'s writer lock, only looking; None: no lock."""

@@ -11,7 +11,7 @@ from checkpointer.messages import HistoryProblem
 from checkpointer.stores import TornTail
 
 from . import report
-from .look import History, read, transcript
+from .look import History, load, read, transcript
 from .roots import (
     CHAT,
     ENCRYPTED,
@@ -88,10 +88,11 @@ class Verdict(NamedTuple):
 
 def verdict(root: Root, entry: Entry) -> Verdict:
     """Load ``entry`` and check it: its meta names its key; its history is sendable."""
-    loaded, error = read(root, root.load, entry)
-    if loaded is None:
+    got, error = read(root, lambda e: load(root, e), entry)
+    if got is None:
         unread = error in (FOREIGN, ENCRYPTED)
         return Verdict(None, "", note=error) if unread else Verdict(error, "")
+    loaded = got.checkpoint
     meta = loaded.meta
     if meta.key != entry.key:
         return Verdict(
@@ -99,7 +100,7 @@ def verdict(root: Root, entry: Entry) -> Verdict:
         )
     summary = f"seq {meta.seq}"
     torn = None if loaded.torn is None else torn_tail(loaded.torn)
-    found = transcript(root, entry, loaded.state)
+    found = transcript(loaded.state, got.field)
     if found is None or found.messages is None:
         return Verdict(None, summary, note=None if found is None else found.note, torn=torn)
     return _check(found, summary)._replace(torn=torn)

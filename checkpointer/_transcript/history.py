@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 
@@ -28,6 +28,10 @@ class Unclosed(msgspec.Struct, frozen=True):
     window_end: int  # the message that closed its window (len(messages) at the end)
     call_id: str
     dialect: Dialect  # the call's: where its answer goes, and what it is
+
+
+Call: TypeAlias = tuple[int, Dialect, str | None]
+"""An open call: its message, its dialect, and its branch (ADK's; None: it sees all)."""
 
 
 class HistoryScan(msgspec.Struct):
@@ -69,10 +73,10 @@ class ScanState:
         self.problems: list[HistoryProblem] = []  # found in the loop, in message order
         self.unclosed: list[Unclosed] = []  # windows closed without an answer
         self.running: list[int] = []
-        # id -> (call index, the call's dialect): calls in their window, and
-        # calls whose window never ends (Responses), open until answered
-        self.open_calls: dict[str, tuple[int, Dialect]] = {}
-        self.free_calls: dict[str, tuple[int, Dialect]] = {}
+        # id -> (call index, the call's dialect, its branch): calls in their window,
+        # and calls whose window never ends (Responses), open until answered
+        self.open_calls: dict[str, Call] = {}
+        self.free_calls: dict[str, Call] = {}
         self.called: set[str] = set()
         self.answered: set[str] = set()
         self.called_log: list[str] = []
@@ -115,11 +119,11 @@ class ScanState:
         """
         end = self.count
         unclosed, pending = list(self.unclosed), list[Unclosed]()
-        for call_id, (at, of) in self.open_calls.items():
+        for call_id, (at, of, _) in self.open_calls.items():
             (pending if self.deferring and of.defers else unclosed).append(
                 Unclosed(at, end, call_id, of)
             )
-        for call_id, (at, of) in self.free_calls.items():
+        for call_id, (at, of, _) in self.free_calls.items():
             (pending if at > self.moved and of.defers else unclosed).append(
                 Unclosed(at, end, call_id, of)
             )
@@ -153,10 +157,11 @@ def scan_history(messages: Sequence[Any]) -> HistoryScan:
 def feed(state: ScanState, items: Sequence[Any]) -> None:
     """Scan ``items``, the messages after the first ``state.count``, on top of ``state``.
 
-    Results close open calls.  A message that does not keep the window (a
-    ``tool`` message keeps it), and is not a part of the turn before (see
-    ``Reading``), then ends the window of the calls still open:
-    they are unclosed, and a later result is an orphan.  A *free* call
+    Results close open calls of their own dialect (one of another is an
+    orphan).  A message that does not keep the window (a ``tool`` message
+    keeps it), and is not a part of the turn before (see ``Reading``), then
+    ends the window of the calls still open: they are unclosed, and a later
+    result is an orphan.  A *free* call
     (Responses) stays open until answered.
     """
     # The hot loop of every transcript write: state in locals.
@@ -174,14 +179,17 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
             continue
         if not dialect.defers:
             moved = i
+        branch = dialect.branch(message) if dialect.branched else None
         for call_id in results:
-            if isinstance(call_id, str) and call_id in open_calls:  # a list id answers nothing
-                del open_calls[call_id]
-            elif isinstance(call_id, str) and call_id in free_calls:
-                del free_calls[call_id]
-            else:
-                problems.append(_stray(call_id, i, answered))
+            call = None
+            if isinstance(call_id, str):  # a list id answers nothing
+                opened = open_calls if call_id in open_calls else free_calls
+                call = opened.get(call_id)
+            # the call's API takes only its own results, in a branch its call sees
+            if call is None or call[1] is not dialect or not _sees(call[2], branch):
+                problems.append(_stray(call_id, i, answered, (dialect, branch), call))
                 continue
+            del opened[call_id]
             answered.add(call_id)
             answered_log.append(call_id)
             deferring = True
@@ -191,23 +199,27 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
             continue
         if turn is True or not turn or turn != last_turn:  # not a part of the message before
             if open_calls:
-                unclosed.extend(Unclosed(at, i, c, of) for c, (at, of) in open_calls.items())
-                open_calls.clear()
+                ended = [c for c, call in open_calls.items() if _sees(call[2], branch)]
+                for call_id in ended:
+                    at, of, _ = open_calls.pop(call_id)
+                    unclosed.append(Unclosed(at, i, call_id, of))
             deferring = False
             turns += bool(turn)
             last_turn = turn
         if calls:
             into = free_calls if dialect.window == "free" else open_calls
             for call_id in calls:
-                if not isinstance(call_id, str):
-                    continue  # an id-less call cannot be answered or checked
+                if not isinstance(call_id, str):  # it cannot be answered, nor checked
+                    detail = f"tool call without an id ({describe_shape(call_id)}): not checked"
+                    problems.append(_problem("unrecognised", i, None, detail))
+                    continue
                 if call_id in called:
                     detail = f"tool call id {clipped(call_id)} is used by an earlier call too"
                     problems.append(_problem("duplicate-id", i, call_id, detail))
                     continue
                 called.add(call_id)
                 called_log.append(call_id)
-                into[call_id] = (i, dialect)
+                into[call_id] = (i, dialect, branch)
     state.turns, state.deferring, state.moved, state.last_turn = turns, deferring, moved, last_turn
     state.count = start + len(items)
 
@@ -217,8 +229,25 @@ def _problem(kind: ProblemKind, index: int, call_id: Any, detail: str) -> Histor
     return HistoryProblem(kind=kind, index=index, call_id=call_id, detail=detail)
 
 
-def _stray(call_id: Any, index: int, answered: set[str]) -> HistoryProblem:
-    """A result that answers no open call: a second answer, or an orphan."""
+def _sees(called: str | None, branch: str | None) -> bool:
+    """Whether a call of branch ``called`` sees a message of ``branch``: ADK builds a branch's
+    request of its own events, its ancestors' and those of no branch (not its siblings')."""
+    return not called or not branch or called == branch or called.startswith(branch + ".")
+
+
+def _stray(
+    call_id: Any, index: int, answered: set[str], of: tuple[Dialect, str | None], call: Call | None
+) -> HistoryProblem:
+    """A result that answers no open call (a second answer, an orphan), or an open call of
+    another dialect or a branch it does not see (its API refuses it: the call stays open)."""
+    if call is not None:
+        (dialect, branch), at = of, f"its call (message {call[0]})"
+        if dialect is not call[1]:
+            why = f"is {dialect.name}'s, but {at} is {call[1].name}'s, whose API does not take it"
+        else:
+            why = f"is of branch {clipped(branch)}, unseen by {at} of {clipped(call[2])}"
+        detail = f"tool result for {clipped(call_id)} {why} (orphan result)"
+        return _problem("orphan-result", index, call_id, detail)
     if isinstance(call_id, str) and call_id in answered:
         detail = f"tool call {clipped(call_id)} is answered a second time"
         return _problem("duplicate-id", index, call_id, detail)

@@ -11,6 +11,7 @@ import pytest
 
 from checkpointer import CheckpointWriter, FileStore, JournalStore, Snapshot, Transcript
 from checkpointer._cli import main
+from checkpointer.stores import Encryption
 from tests.transcript.test_dialects_more import FORMS, NAMES, conversation
 
 forms = pytest.mark.parametrize("make", FORMS, ids=NAMES)
@@ -91,6 +92,43 @@ def test_verify_and_show_follow_the_field_a_journal_recorded(
     assert "messages         2" in out
 
 
+def test_the_recorded_field_wins_over_messages_and_the_journal_is_read_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal that records ``events`` is checked there, though the state has a
+    ``messages`` list too (a UI's notifications): its dangling call is BAD, not a silent ok.
+    The field comes from the same read as the checkpoint."""
+    events = conversation(FORMS[1](), drop=True)  # ADK events, a call left unanswered
+    state = {"events": events, "messages": []}
+    write(JournalStore(tmp_path), "k", state, Transcript(field="events", repair=False))
+    reads: list[str] = []
+    real = JournalStore.read
+
+    def counted(store: JournalStore, key: str) -> bytes | None:
+        reads.append(key)
+        return real(store, key)
+
+    monkeypatch.setattr(JournalStore, "read", counted)
+    status, out = run(capsys, "verify", tmp_path)
+    assert status == 1 and out.startswith("BAD  ") and "$.state.events[1]" in out, out
+    assert reads == ["k"]
+    status, out = run(capsys, "ls", "--json", tmp_path)
+    assert [(r["turns"], r["messages"]) for r in json.loads(out)] == [(3, 5)]
+
+
+def test_a_snapshot_with_several_histories_says_none_was_checked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A snapshot records no field: of two lists a dialect knows, neither is guessed, and
+    verify says so (a note naming both), never a silent ok."""
+    events = conversation(FORMS[1](), drop=True)
+    state = {"events": events, "log": [{"role": "user", "content": "audit line"}]}
+    write(FileStore(tmp_path), "k", state)
+    status, out = run(capsys, "verify", tmp_path)
+    assert status == 0  # a note: not damage
+    assert out.startswith("note ") and "'events', 'log'" in out and "none checked" in out, out
+
+
 def test_a_snapshot_names_no_field_its_one_history_is_found(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -119,3 +157,21 @@ def test_show_takes_a_key_that_starts_with_a_dash(
     ):
         status, out = run(capsys, *argv)
         assert status == 0 and "-home-me-proj" in out, argv
+
+
+def test_a_sealed_journal_is_checked_in_its_recorded_field_with_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An encrypted journal's rows are opened in the same one read that finds its field:
+    with the key its ``events`` are checked (a dangling call is BAD); without, it is
+    said to be encrypted, not damaged."""
+    key = Encryption.new_key("k1")
+    events = conversation(FORMS[1](), drop=True)
+    store = JournalStore(tmp_path / "root", encryption=Encryption.from_text(key))
+    write(store, "k", {"events": events, "messages": []}, Transcript("events", repair=False))
+    keys = tmp_path / "keys.txt"
+    keys.write_text(key + "\n")
+    status, out = run(capsys, "verify", tmp_path / "root", "--key-file", keys)
+    assert status == 1 and out.startswith("BAD  ") and "$.state.events[1]" in out, out
+    status, out = run(capsys, "verify", tmp_path / "root")
+    assert status == 0 and "encrypted" in out, out

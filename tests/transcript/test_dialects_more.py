@@ -352,3 +352,173 @@ def test_a_langchain_system_message_is_still_langchain() -> None:
     """``{"type": "system"}`` without a uuid is LangChain's, not a Claude Code entry."""
     found = detect({"type": "system", "content": "be brief"})
     assert found is not None and found.name == "langchain"
+
+
+# -- a call answered in another dialect, and blocks no API takes ---------------------------
+
+_CHAT_CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+_BLOCK_RESULT = {"type": "tool_result", "tool_use_id": "c1", "content": "x"}
+_ANSWERED: dict[str, tuple[list[Any], list[Any]]] = {  # a call c1, and its result
+    "chat": (
+        [{"role": "assistant", "content": None, "tool_calls": [_CHAT_CALL]}],
+        [{"role": "tool", "tool_call_id": "c1", "content": "x"}],
+    ),
+    "anthropic": (
+        [{"role": "assistant", "content": [{"type": "tool_use", "id": "c1", "name": "f"}]}],
+        [{"role": "user", "content": [_BLOCK_RESULT]}],
+    ),
+    "responses": (
+        [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}],
+        [{"type": "function_call_output", "call_id": "c1", "output": "x"}],
+    ),
+    "langchain": (
+        [{"type": "ai", "content": "", "tool_calls": [{"name": "f", "args": {}, "id": "c1"}]}],
+        [{"type": "tool", "content": "x", "tool_call_id": "c1"}],
+    ),
+    **{
+        name: (f.call("c1"), f.results("c1"))
+        for name, f in (("converse", Converse()), ("gemini", Gemini(False, True)))
+    },
+    "claude-code": (ClaudeCode().call("c1"), ClaudeCode().results("c1")),
+}
+
+
+@pytest.mark.parametrize("called", list(_ANSWERED))
+def test_a_call_answered_in_another_dialect_is_not_answered(called: str) -> None:
+    """Each API takes only its own results: one of another dialect is an orphan (naming both),
+    the call stays open, and the repair closes it in its own dialect."""
+    calls, results = _ANSWERED[called]
+    assert kinds([*calls, *results]) == [], called
+    for answered, (_, others) in _ANSWERED.items():
+        if answered == called:
+            continue
+        history = [*calls, *others]
+        problems = validate_history(history)
+        orphan = [p for p in problems if p.kind == "orphan-result"]
+        assert [p.call_id for p in orphan] == ["c1"], (called, answered)
+        assert f"is {answered}'s, but its call" in orphan[0].detail, orphan[0].detail
+        assert [p.kind for p in problems].count("unclosed-call") == 1, (called, answered)
+        assert close_dangling_tool_calls(history)[1] == 1
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"role": "assistant", "content": [{"type": "frobnicate"}]},
+        {"role": "user", "content": [{"type": "text", "text": "q"}, "a bare string"]},
+        {"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]},
+        {"role": "assistant", "content": [_BLOCK_RESULT]},
+        {"role": "system", "content": [_BLOCK_RESULT]},
+        {"role": "assistant", "content": [{"type": "tool_use", "name": "f", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": ["c1"]}]},
+        {"role": "model", "parts": "hello"},
+        {"role": "user", "parts": {"text": "q"}},
+    ],
+    ids=lambda odd: str(odd)[:60],
+)
+def test_a_message_no_api_takes_is_unrecognised_in_every_role_dialect(odd: Any) -> None:
+    """Anthropic blocks of an unknown type, a tool block in the wrong role or without an id,
+    Gemini parts that are not a list: unrecognised, as the claude-code dialect reads the same
+    blocks, never a chat message that passes as fine."""
+    history = [{"role": "user", "content": "q"}, odd, {"role": "user", "content": "next"}]
+    assert detect(odd) is None
+    assert [(p.kind, p.index) for p in validate_history(history)] == [("unrecognised", 1)]
+    assert count_turns(history) is None
+    if odd["role"] in ("user", "assistant") and "content" in odd:  # in a Claude Code entry too
+        entry = {"type": odd["role"], "uuid": "u1", "message": odd}
+        assert detect(entry) is None
+
+
+def test_an_id_less_chat_call_is_not_checked_and_says_so() -> None:
+    """A call without an id can be neither answered nor checked: a note, not a silent ok."""
+    call = {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f"}}]}
+    assert kinds([{"role": "user", "content": "q"}, call]) == [("unrecognised", 1, None)]
+
+
+def test_the_content_parts_of_chat_and_responses_messages_are_known() -> None:
+    """Chat-completions' and Responses' content parts are chat messages, not unrecognised."""
+    parts = ["text", "image_url", "input_audio", "file", "input_text", "input_image"]
+    parts += ["input_file", "output_text", "refusal"]
+    for part in parts:
+        message = {"role": "user", "content": [{"type": part}]}
+        assert getattr(detect(message), "name", None) == "chat", part
+
+
+# -- ADK branches: a ParallelAgent's sub-agents interleave ---------------------------------
+
+
+def _parallel_agent_events() -> list[Any]:
+    """The events of a real ADK ParallelAgent run: two sub-agents, each calling a slow tool,
+    on branches ``par.a`` and ``par.b`` (a scripted model; no network)."""
+    pytest.importorskip("google.adk")
+    import asyncio
+    import itertools
+    import warnings
+    from collections.abc import AsyncGenerator
+
+    from google.adk.agents import BaseAgent, LlmAgent, ParallelAgent
+    from google.adk.models.base_llm import BaseLlm
+    from google.adk.models.llm_request import LlmRequest
+    from google.adk.models.llm_response import LlmResponse
+    from google.adk.runners import InMemoryRunner
+    from google.genai import types
+
+    class Scripted(BaseLlm):
+        model: str = "scripted"
+
+        async def generate_content_async(
+            self, llm_request: LlmRequest, stream: bool = False
+        ) -> AsyncGenerator[LlmResponse, None]:
+            last = (llm_request.contents[-1].parts or [types.Part()])[0]
+            part = (
+                types.Part(text="done")
+                if last.function_response
+                else types.Part(function_call=types.FunctionCall(id=f"c{next(ids)}", name="slow"))
+            )
+            yield LlmResponse(content=types.Content(role="model", parts=[part]))
+
+    ids = itertools.count()
+
+    async def slow() -> str:
+        """A tool that takes a while: the other branch moves on meanwhile."""
+        await asyncio.sleep(0.05)
+        return "ok"
+
+    async def run() -> list[Any]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # ParallelAgent: still shipped
+            subs: list[BaseAgent] = [LlmAgent(name=n, model=Scripted(), tools=[slow]) for n in "ab"]
+            runner = InMemoryRunner(ParallelAgent(name="par", sub_agents=subs), app_name="app")
+        session = await runner.session_service.create_session(app_name="app", user_id="u")
+        for text in ("one", "two"):
+            message = types.Content(role="user", parts=[types.Part(text=text)])
+            async for _ in runner.run_async(
+                user_id="u", session_id=session.id, new_message=message
+            ):
+                pass
+        done = await runner.session_service.get_session(
+            app_name="app", user_id="u", session_id=session.id
+        )
+        assert done is not None
+        return list(done.events)
+
+    return asyncio.run(run())
+
+
+def test_a_parallel_agents_interleaved_branches_are_sendable() -> None:
+    """Branch ``b``'s events between a call of ``a`` and its response neither answer it nor end
+    its window (ADK builds ``a``'s request without them); a dropped response is still found,
+    and closed in its call's branch."""
+    events = _parallel_agent_events()
+    branches = [e.branch for e in events]
+    calls = [i for i, e in enumerate(events) if e.get_function_calls()]
+    assert any(branches[i + 1] != branches[i] for i in calls)  # the branches interleave
+    for history in (events, [e.model_dump(mode="json", exclude_none=True) for e in events]):
+        assert kinds(history) == [], history
+        last = max(i for i, e in enumerate(events) if e.get_function_responses())
+        dropped = history[:last] + history[last + 1 :]
+        assert [k for k, *_ in kinds(dropped)] == ["unclosed-call"]
+        repaired, count = close_dangling_tool_calls(dropped)
+        assert count == 1 and kinds(repaired) == []
+        added = [m for m in repaired if not any(m is d for d in dropped)]
+        assert [getattr(m, "branch", None) or m.get("branch") for m in added] == [branches[last]]

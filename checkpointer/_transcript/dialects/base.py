@@ -54,6 +54,7 @@ class Dialect:
     window: Window = "run"
     defers: bool = False
     call_id: str = "id"  # the field of a call (in ``calls``) that holds its id
+    branched: bool = False  # its messages may be of a branch (``branch``)
 
     def __repr__(self) -> str:
         return f"<dialect {self.name}>"
@@ -61,6 +62,11 @@ class Dialect:
     def read(self, message: Any) -> Reading:
         """What the scan needs of ``message``: see ``Reading``."""
         raise NotImplementedError
+
+    def branch(self, message: Any) -> str | None:
+        """The branch of ``message`` (ADK's parallel agents): a call is answered, and its
+        window ended, only by messages of a branch it sees (None: every call sees it)."""
+        return None
 
     def calls(self, message: Any) -> Sequence[Any]:
         """The calls of ``message``, for ``answer`` to build on (none by default)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..messages import (
@@ -29,7 +30,7 @@ from .base import (
 )
 from .converse import read_converse
 
-__all__ = ["ANTHROPIC", "CHAT", "read_role"]
+__all__ = ["ANTHROPIC", "ANTHROPIC_BLOCKS", "CHAT", "read_role", "tool_blocks"]
 
 
 class _Chat(Dialect):
@@ -142,6 +143,21 @@ class _Anthropic(_Chat):
         return [tool_name(get_field(b, "name")) for b in blocks if block_type(b) == "tool_use"]
 
 
+ANTHROPIC_BLOCKS = frozenset(
+    {
+        *("text", "image", "document", "search_result", "tool_use", "tool_result", "thinking"),
+        *("redacted_thinking", "server_tool_use", "web_search_tool_result", "container_upload"),
+        *("web_fetch_tool_result", "code_execution_tool_result", "mcp_tool_use", "mcp_tool_result"),
+        *("bash_code_execution_tool_result", "text_editor_code_execution_tool_result"),
+        *("tool_search_tool_result", "tool_reference"),
+    }
+)
+"""Anthropic's content block types (the ones the server answers itself included)."""
+_PARTS = ANTHROPIC_BLOCKS.union(
+    ("image_url", "input_audio", "file", "refusal"),  # chat-completions' content parts
+    ("input_text", "input_image", "input_file", "output_text"),  # Responses' message content
+)
+
 CHAT = _Chat()
 ANTHROPIC = _Anthropic()
 
@@ -174,24 +190,36 @@ def read_role(role: Any, calls: Any, content: Any, message: Any) -> Classified:
 
 
 def _read_blocks(role: str, content: Any, assistant: bool) -> Classified:
-    """A role message with a list of content blocks: Anthropic's if any is a tool block,
-    Converse's if any block has no ``type`` (it says its kind by its key)."""
-    ids, blocks, running = [], False, False
-    for block in content:
-        if type(block) is dict and "type" not in block:
-            return read_converse(role, content)
-        kind = block_type(block)
-        if kind == "tool_use":
-            blocks = True
-            if assistant:
-                ids.append(get_field(block, "id"))
-        elif kind == "tool_result":
-            blocks = True
-            if not assistant:
-                ids.append(get_field(block, "tool_use_id"))
-                running = running or get_field(block, "status") == "running"
-    if not blocks:
+    """A role message with a list of content blocks: Converse's if a block has no ``type``
+    (it says its kind by its key); else Anthropic's if it holds tool blocks, else chat's."""
+    if any(type(block) is dict and "type" not in block for block in content):
+        return read_converse(role, content)
+    found = tool_blocks(role, content, _PARTS)
+    if found is None:
+        return NONE
+    ids, running = found
+    if not ids:
         return _CHAT_TURN if assistant else _CHAT_PLAIN
     if assistant:
         return ANTHROPIC, ((), ids, True, False, False)
     return ANTHROPIC, (ids, (), False, False, running)
+
+
+def tool_blocks(role: Any, content: Sequence[Any], kinds: frozenset[str]) -> Any:
+    """The ids of an Anthropic content's tool blocks (calls from the assistant, results from
+    the user) and whether a result is running, or None (not understood: unrecognised) when a
+    block's type is not of ``kinds``, or a tool block is in the wrong role or has no id."""
+    ids, running = [], False
+    for block in content:
+        kind = block_type(block)
+        if kind == "tool_use" or kind == "tool_result":
+            if role != ("assistant" if kind == "tool_use" else "user"):
+                return None
+            call_id = get_field(block, "id" if kind == "tool_use" else "tool_use_id")
+            if not isinstance(call_id, str):
+                return None
+            ids.append(call_id)
+            running = running or (kind == "tool_result" and get_field(block, "status") == "running")
+        elif not isinstance(kind, str) or kind not in kinds:
+            return None
+    return ids, running

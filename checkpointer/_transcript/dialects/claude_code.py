@@ -8,7 +8,7 @@ from typing import Any
 
 from ..messages import CLOSED_CALL_TEXT, block_type, get_field
 from .base import NONE, Classified, Dialect, Reading, Window, seq
-from .chat import ANTHROPIC
+from .chat import ANTHROPIC, ANTHROPIC_BLOCKS, tool_blocks
 
 __all__ = ["CLAUDE_CODE", "ENTRIES", "read_entry"]
 
@@ -29,16 +29,6 @@ ENTRIES = frozenset(
 """Every entry type the bundled CLI (claude-agent-sdk 0.2.189) reads back from a transcript;
 only ``user`` and ``assistant`` entries are sent to the model."""
 
-_BLOCKS = frozenset(
-    {
-        *("text", "image", "document", "search_result", "tool_use", "tool_result", "thinking"),
-        *("redacted_thinking", "server_tool_use", "web_search_tool_result", "container_upload"),
-        *("web_fetch_tool_result", "code_execution_tool_result", "mcp_tool_use", "mcp_tool_result"),
-        *("bash_code_execution_tool_result", "text_editor_code_execution_tool_result"),
-        *("tool_search_tool_result", "tool_reference"),
-    }
-)
-"""Anthropic's content block types (the ones the server answers itself included)."""
 
 _COPIED = ("isSidechain", "userType", "cwd", "sessionId", "version", "gitBranch", "agentId")
 _ASIDE: Reading = ((), (), False, True, False)  # not sent to the model: keeps the window
@@ -57,19 +47,10 @@ def read_entry(entry: Any) -> Classified:
         return (CLAUDE_CODE, ((), (), True, False, False)) if kind == "assistant" else _PROMPT
     if not isinstance(content, list):
         return NONE
-    ids, answers = [], 0
-    for block in content:
-        what = block_type(block) if type(block) is dict else None
-        if what not in _BLOCKS:
-            return NONE
-        if what == ("tool_use" if kind == "assistant" else "tool_result"):
-            call_id = block.get("id" if kind == "assistant" else "tool_use_id")
-            if not isinstance(call_id, str):
-                return NONE
-            ids.append(call_id)
-            answers += 1
-        elif what in ("tool_use", "tool_result"):  # a call from the user, a result from the model
-            return NONE
+    found = tool_blocks(kind, content, ANTHROPIC_BLOCKS)
+    if found is None:
+        return NONE
+    ids = found[0]
     if kind == "assistant":
         turn = message.get("id")
         return CLAUDE_CODE, (
@@ -80,7 +61,7 @@ def read_entry(entry: Any) -> Classified:
             False,
         )
     # The CLI sends user entries in a row as one message: one holding results keeps the window.
-    return CLAUDE_CODE, (ids, (), False, answers > 0, False)
+    return CLAUDE_CODE, (ids, (), False, bool(ids), False)
 
 
 class _ClaudeCode(Dialect):

@@ -82,9 +82,10 @@ def read_gemini(content: Any) -> Classified:
     role = get_field(content, "role")
     calls: list[str] = []
     results: list[str] = []
-    if role not in ("user", "model"):
+    parts = get_field(content, "parts")
+    if role not in ("user", "model") or not isinstance(parts, (list, tuple, type(None))):
         return NONE
-    for part in seq(get_field(content, "parts")):
+    for part in parts or ():
         kind = keyed(part, PARTS, MARKS)
         if kind in _CALL or kind in _RESULT:
             if role != ("model" if kind in _CALL else "user"):
@@ -104,6 +105,11 @@ def read_gemini(content: Any) -> Classified:
 class _Gemini(Dialect):
     name: str = "gemini"
     window: Window = "next"
+    branched: bool = True
+
+    def branch(self, message: Any) -> str | None:
+        branch = get_field(message, "branch") if _event(message) else None
+        return branch if isinstance(branch, str) else None
 
     def read(self, message: Any) -> Reading:
         content = _content(message)
@@ -148,8 +154,9 @@ class _Gemini(Dialect):
             "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"checkpointer:{ids}")),
             "content": content,
         }
-        if get_field(call_message, "timestamp") is not None:
-            fields["timestamp"] = get_field(call_message, "timestamp")
+        for name in ("timestamp", "branch"):  # in the call's branch: its agent sees it
+            if get_field(call_message, name) is not None:
+                fields[name] = get_field(call_message, name)
         if type(call_message) is not dict:
             fields["invocation_id"] = get_field(call_message, "invocation_id")
             return build(framework_class(call_message, "Event"), fields)

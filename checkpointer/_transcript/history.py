@@ -169,7 +169,6 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
     problems, unclosed, running = state.problems, state.unclosed, state.running
     open_calls, free_calls = state.open_calls, state.free_calls
     answered, answered_log = state.answered, state.answered_log
-    called, called_log = state.called, state.called_log
     turns, deferring, moved, last_turn = state.turns, state.deferring, state.moved, state.last_turn
     for i, message in enumerate(items, start):
         dialect, (results, calls, turn, keeps, is_running) = classify(message)
@@ -208,20 +207,27 @@ def feed(state: ScanState, items: Sequence[Any]) -> None:
             last_turn = turn
         if calls:
             into = free_calls if dialect.window == "free" else open_calls
-            for call_id in calls:
-                if not isinstance(call_id, str):  # it cannot be answered, nor checked
-                    detail = f"tool call without an id ({describe_shape(call_id)}): not checked"
-                    problems.append(_problem("unrecognised", i, None, detail))
-                    continue
-                if call_id in called:
-                    detail = f"tool call id {clipped(call_id)} is used by an earlier call too"
-                    problems.append(_problem("duplicate-id", i, call_id, detail))
-                    continue
-                called.add(call_id)
-                called_log.append(call_id)
-                into[call_id] = (i, dialect, branch)
+            _open(state, calls, i, (dialect, branch), into)
     state.turns, state.deferring, state.moved, state.last_turn = turns, deferring, moved, last_turn
     state.count = start + len(items)
+
+
+def _open(
+    state: ScanState, calls: Sequence[Any], i: int, of: tuple[Any, str | None], into: dict[str, Any]
+) -> None:
+    """Open message ``i``'s ``calls`` (of dialect and branch ``of``) in ``into``."""
+    for call_id in calls:
+        if not isinstance(call_id, str):  # it cannot be answered, nor checked
+            detail = f"tool call without an id ({describe_shape(call_id)}): not checked"
+            state.problems.append(_problem("unrecognised", i, None, detail))
+            continue
+        if call_id in state.called:
+            detail = f"tool call id {clipped(call_id)} is used by an earlier call too"
+            state.problems.append(_problem("duplicate-id", i, call_id, detail))
+            continue
+        state.called.add(call_id)
+        state.called_log.append(call_id)
+        into[call_id] = (i, *of)
 
 
 def _problem(kind: ProblemKind, index: int, call_id: Any, detail: str) -> HistoryProblem:

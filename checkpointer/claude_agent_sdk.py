@@ -26,6 +26,7 @@ from checkpointer import (
     Meta,
     Result,
     Snapshot,
+    Transcript,
     load,
 )
 from checkpointer._adapters import check_durability, check_options, locked, probe_lock
@@ -157,7 +158,9 @@ class CheckpointSessionStore(SessionStore):
             write an append of the new entries.
         durability: ``"async"`` (default): an append is a ``notify()``;
             ``"sync"``: it waits for its durable write.
-        **writer_options: for each session's ``CheckpointWriter``.
+        **writer_options: for each session's ``CheckpointWriter``; ``transcript``
+            defaults to ``Transcript("messages", repair=False)``: the entries as
+            the CLI wrote them (it closes a dangling call itself on resume).
 
     Use it as ``async with``, or call ``aclose()``.
     """
@@ -172,6 +175,7 @@ class CheckpointSessionStore(SessionStore):
         self.store = store
         self._durability = check_durability(durability)
         self._options = check_options("CheckpointSessionStore", writer_options)
+        self._options.setdefault("transcript", Transcript("messages", repair=False))
         self._open: dict[str, _Session] = {}
         self._loaded: dict[str, Meta | None] = {}  # what load() saw: the fence of a first append
         self._opening: anyio.Lock | None = None

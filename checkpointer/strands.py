@@ -63,7 +63,8 @@ class CheckpointSessionManager(SessionManager):
             unless ``key`` is given.
         store: where the checkpoint goes; a ``JournalStore`` appends new messages.
         key: the checkpoint key, instead of one derived from the id.
-        **writer_options: ``transcript`` (default ``Transcript("messages")``),
+        **writer_options: ``transcript`` (default ``Transcript("messages", repair=False)``:
+            stored as Strands wrote it, which closes a dangling call itself on resume),
             ``state_version`` and ``limits`` (its ``lock_timeout``), as a
             ``KeyCommitter`` takes them: Strands says when to save.
     """
@@ -78,7 +79,7 @@ class CheckpointSessionManager(SessionManager):
                 f"CheckpointSessionManager takes {', '.join(_COMMITTER_OPTIONS)}, not "
                 f"{', '.join(unknown)}: Strands says when to save (each message, each invocation)"
             )
-        options.setdefault("transcript", Transcript("messages"))
+        options.setdefault("transcript", Transcript("messages", repair=False))
         self.session_id = session_id
         self.key = session_key(session_id) if key is None else key
         store.validate_key(self.key)

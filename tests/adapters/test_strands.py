@@ -12,6 +12,7 @@ tests take both backends that way.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -305,5 +306,5 @@ def test_bytes_per_turn_follow_the_change_across_tool_calls(tmp_path: Path) -> N
         for n in range(20):
             turn(agent, n)
             sizes.append((tmp_path / "chat.jsonl").stat().st_size)
-    grown = [after - before for before, after in zip(sizes, sizes[1:], strict=False)]
+    grown = [after - before for before, after in itertools.pairwise(sizes)]
     assert max(grown) < 1.2 * grown[0], grown

@@ -8,6 +8,7 @@ file stores; the tests with the real CLI are in
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +141,53 @@ async def test_stale_resume_is_a_conflict(tmp_path: Path) -> None:
     await stale.aclose()
     checkpoint = load(FileStore(tmp_path), session_key(KEY))
     assert checkpoint is not None and checkpoint.state["messages"] == [_entry("other")]
+
+
+def _turn(n: int) -> list[Any]:
+    """One turn as the CLI mirrors it: a prompt, a tool call, its result, an answer."""
+    call = f"toolu_{n:03d}"
+
+    def entry(kind: str, uuid: str, parent: str, message: Any) -> Any:
+        return {"type": kind, "uuid": uuid, "parentUuid": parent, "message": message}
+
+    said = {"role": "assistant", "id": f"msg_{n}a"}
+    return [
+        entry("user", f"{n}-1", f"{n - 1}-4", {"role": "user", "content": f"q{n:03d} " * 40}),
+        entry(
+            "assistant",
+            f"{n}-2",
+            f"{n}-1",
+            {**said, "content": [{"type": "tool_use", "id": call, "name": "Bash", "input": {}}]},
+        ),
+        entry(
+            "user",
+            f"{n}-3",
+            f"{n}-2",
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call, "content": "ok " * 40}],
+            },
+        ),
+        entry(
+            "assistant",
+            f"{n}-4",
+            f"{n}-3",
+            {"role": "assistant", "id": f"msg_{n}b", "content": [{"type": "text", "text": "done"}]},
+        ),
+    ]
+
+
+async def test_bytes_per_turn_follow_the_change_across_tool_calls(tmp_path: Path) -> None:
+    """Mirrored as the CLI appends (the call, then its result, each durable), a turn costs
+    about the same bytes at turn 20 as at turn 2 on a ``JournalStore``: an append of its
+    entries, never a rewrite of the transcript."""
+    path = tmp_path / f"{session_key(KEY)}.jsonl"
+    async with CheckpointSessionStore(JournalStore(tmp_path), durability="sync") as store:
+        sizes = []
+        for n in range(20):
+            entries = _turn(n)
+            for batch in (entries[:2], entries[2:3], entries[3:]):  # a write with the call open
+                await store.append(KEY, batch)
+            sizes.append(path.stat().st_size)
+    grown = [after - before for before, after in itertools.pairwise(sizes)]
+    assert max(grown) < 1.2 * grown[0], grown

@@ -10,6 +10,7 @@ run that child and kill it, or hold the session from it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -392,3 +393,51 @@ async def test_a_forked_child_does_not_write_its_parents_session(tmp_path: Path)
             os._exit(1)
         _, status = await anyio.to_thread.run_sync(os.waitpid, pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "checkpointer", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=child_env(),
+        cwd=ROOT,
+    )
+
+
+async def test_verify_and_show_read_the_killed_session_as_gemini(tmp_path: Path) -> None:
+    """``verify`` and ``show`` on the store an agent killed inside its tool left: the model's
+    turns counted from the events (the gemini dialect), the call the kill left open said as a
+    warning (ADK drops it from the next request), no problem."""
+    with _child("crash", tmp_path) as child:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.startswith("in-tool ")
+        os.kill(int(line.split()[1]), signal.SIGKILL)
+    verified = _cli("verify", tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "1 tool call(s) open at the end" in verified.stdout
+    assert "unrecognised" not in verified.stdout and "0 bad" in verified.stdout
+    shown = _cli("show", tmp_path, session_key(APP, USER, SESSION))
+    assert shown.returncode == 0, shown.stderr
+    events = _stored(JournalStore(tmp_path), session_key(APP, USER, SESSION))["events"]
+    turns = sum(e.get("content", {}).get("role") == "model" for e in events)
+    assert turns == 3  # two calls and an answer
+    assert f"turns            {turns} (assistant messages)" in shown.stdout, shown.stdout
+    assert "-> 1 tool call(s): lookup" in shown.stdout.splitlines()[-1]  # stored open
+
+
+async def test_bytes_per_turn_follow_the_change_across_tool_calls(tmp_path: Path) -> None:
+    """A Runner's turns (a prompt, a call, its response, an answer) each append about the
+    same bytes at turn 20 as at turn 2 on a ``JournalStore``: no commit rewrites history."""
+    path = tmp_path / f"{session_key(APP, USER, SESSION)}.jsonl"
+    async with CheckpointSessionService(JournalStore(tmp_path)) as service:
+        await service.create_session(app_name=APP, user_id=USER, session_id=SESSION)
+        sizes = []
+        for n in range(20):
+            await turn(service, f"q{n:02d}")
+            sizes.append(path.stat().st_size)
+    grown = [after - before for before, after in itertools.pairwise(sizes)]
+    assert max(grown) < 1.2 * grown[0], grown

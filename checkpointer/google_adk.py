@@ -44,6 +44,7 @@ from checkpointer import (
     load,
 )
 from checkpointer._adapters import (
+    HELD,
     check_options,
     framework_key,
     holding,
@@ -243,6 +244,7 @@ class CheckpointSessionService(BaseSessionService):
         if held is not None and held.committer is not None:
             async with held.lock:  # after an append running now
                 await held.committer.aclose()
+                HELD.forget(held.committer)
 
     # -- reading ------------------------------------------------------------------
 
@@ -376,6 +378,7 @@ class CheckpointSessionService(BaseSessionService):
                 **self._scoped_options,
             )
         result = held.committer.commit(held.stored)
+        HELD.used(held.committer)  # past the process's bound, the least recently used lets go
         if isinstance(result, Skipped) and result.reason == "closed":
             raise RuntimeError(
                 f"session {held.stored.id!r} is held by the process that forked this one: "
@@ -385,6 +388,7 @@ class CheckpointSessionService(BaseSessionService):
             return
         if opened or result.reason in ("conflict", "locked"):  # read it afresh next time
             held.committer.close()
+            HELD.forget(held.committer)
             held.committer = None
             self._held.pop(held.key, None)
         if result.reason != "conflict":

@@ -32,7 +32,14 @@ from checkpointer import (
     Transcript,
     load,
 )
-from checkpointer._adapters import check_options, framework_key, locked, probe_lock, raise_failed
+from checkpointer._adapters import (
+    HELD,
+    check_options,
+    framework_key,
+    locked,
+    probe_lock,
+    raise_failed,
+)
 from checkpointer.stores import KeyLocked, Store
 
 if TYPE_CHECKING:
@@ -109,6 +116,7 @@ class CheckpointSessionManager(SessionManager):
             committer, self._committer = self._committer, None
         if committer is not None:
             committer.close()
+            HELD.forget(committer)
 
     def delete(self) -> None:
         """Let the key go and delete the session's checkpoint (fenced).
@@ -140,7 +148,7 @@ class CheckpointSessionManager(SessionManager):
     async def _on_change(self, event: MessageAddedEvent | AfterInvocationEvent) -> None:
         # Captured on the agent's loop (copies), committed in a worker thread.
         committer, state = self._capture(event.agent)
-        self._check(await committer.acommit(state))
+        self._check(committer, await committer.acommit(state))
 
     def initialize(self, agent: LocalAgent, **kwargs: Any) -> None:
         """Restore ``agent`` from the key (if stored) and take the key for this process.
@@ -206,11 +214,12 @@ class CheckpointSessionManager(SessionManager):
     def sync_agent(self, agent: LocalAgent, **kwargs: Any) -> None:
         """Commit the agent now (blocking): Strands calls it after trimming to fit the context."""
         committer, state = self._capture(agent)
-        self._check(committer.commit(state))
+        self._check(committer, committer.commit(state))
 
-    def _check(self, result: Result) -> None:
+    def _check(self, committer: KeyCommitter, result: Result) -> None:
         """Raise for a ``Failed``, and for a commit skipped as closed: a forked child's copy
         of the manager (its parent holds the key) stores nothing."""
+        HELD.used(committer)  # past the process's bound, the least recently used lets go
         raise_failed(result)
         if isinstance(result, Skipped) and result.reason == "closed":
             raise RuntimeError(

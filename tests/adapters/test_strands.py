@@ -18,6 +18,8 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -308,3 +310,80 @@ def test_bytes_per_turn_follow_the_change_across_tool_calls(tmp_path: Path) -> N
             sizes.append((tmp_path / "chat.jsonl").stat().st_size)
     grown = [after - before for before, after in itertools.pairwise(sizes)]
     assert max(grown) < 1.2 * grown[0], grown
+
+
+# -- a server's many sessions: descriptors, a lock let go ------------------------------
+
+MANY = 10_000 if os.environ.get("CHECKPOINTER_LONG_TESTS") == "1" else 1_500
+
+
+@pytest.fixture
+def shm_root(tmp_path: Path) -> Iterator[Path]:
+    """A root on tmpfs when there is one: descriptors are the subject here, not fsync."""
+    if not Path("/dev/shm").is_dir():
+        yield tmp_path / "store"
+        return
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as where:
+        yield Path(where) / "store"
+
+
+def test_a_server_holds_more_sessions_than_descriptors(shm_root: Path) -> None:
+    """``MANY`` agents, each with its manager, open together in a process limited to 1,024
+    descriptors, each one turn with a tool call: every session's turn is stored."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.children.strands_child", "many", str(shm_root), str(MANY)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=child_env(),
+        timeout=1800,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr[-3000:]
+    store = JournalStore(shm_root)
+    wrong = []
+    for i in range(MANY):
+        checkpoint = load(store, session_key(f"s{i}"))
+        state = {} if checkpoint is None else checkpoint.state
+        texts = [m["content"][0].get("text") for m in state.get("messages", [])[::3]]
+        live = checkpoint is None or checkpoint.meta.live
+        if live or (state["state"], texts) != (
+            {"turns": 1},
+            [f"turn-{i}", f"answer found:turn-{i}"],
+        ):
+            wrong.append(i)
+    assert wrong == []
+
+
+def test_a_session_let_go_then_written_elsewhere_is_refused_not_overwritten(
+    tmp_path: Path,
+) -> None:
+    """Past the process's bound a session's lock is let go; another process then takes the
+    session and writes it; the first one's next turn is refused ("conflict"), and what the
+    other wrote stays."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.children.strands_child", "let-go", str(tmp_path), "600"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=child_env(),
+    )
+    try:
+        assert server.stdout is not None and server.stdin is not None
+        assert server.stdout.readline() == "let-go\n"
+        other = _child(tmp_path, 1)  # resumes "chat" (one turn), adds one
+        out, err = other.communicate(timeout=120)
+        assert other.returncode == 0 and out == "done\n", err
+        theirs = JournalStore(tmp_path).revision(session_key("chat"))
+        server.stdin.write("go\n")
+        server.stdin.flush()
+        assert server.stdout.readline() == "refused conflict\n"
+        server.communicate(timeout=120)
+    finally:
+        server.kill()
+    assert server.returncode == 0
+    stored = _stored(tmp_path)
+    assert stored is not None and stored["state"] == {"turns": 2}
+    assert JournalStore(tmp_path).revision(session_key("chat")) == theirs

@@ -18,8 +18,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from strands.types.exceptions import SessionException
 from checkpointer import JournalStore, load
 from checkpointer.strands import CheckpointFailed, CheckpointSessionManager, session_key
 from tests._support import ROOT, child_env
+from tests.adapters.conftest import MANY
 from tests.children.strands_child import WINDOW, converse_problems, scripted_agent, turn
 
 
@@ -313,18 +312,6 @@ def test_bytes_per_turn_follow_the_change_across_tool_calls(tmp_path: Path) -> N
 
 
 # -- a server's many sessions: descriptors, a lock let go ------------------------------
-
-MANY = 10_000 if os.environ.get("CHECKPOINTER_LONG_TESTS") == "1" else 1_500
-
-
-@pytest.fixture
-def shm_root(tmp_path: Path) -> Iterator[Path]:
-    """A root on tmpfs when there is one: descriptors are the subject here, not fsync."""
-    if not Path("/dev/shm").is_dir():
-        yield tmp_path / "store"
-        return
-    with tempfile.TemporaryDirectory(dir="/dev/shm") as where:
-        yield Path(where) / "store"
 
 
 def test_a_server_holds_more_sessions_than_descriptors(shm_root: Path) -> None:

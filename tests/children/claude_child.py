@@ -253,7 +253,7 @@ async def delete(root: str, session_id: str) -> None:
             print("deleted", flush=True)
 
 
-def entry(uuid: str) -> dict[str, Any]:
+def entry(uuid: str) -> Any:
     """A user entry as the CLI writes it."""
     message = {"role": "user", "content": f"prompt {uuid}"}
     return {"type": "user", "uuid": uuid, "parentUuid": None, "message": message}

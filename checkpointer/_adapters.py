@@ -18,6 +18,7 @@ from checkpointer.stores import KEY_PATTERN, KeyLocked, LockingStore, Store
 __all__ = [
     "HELD",
     "Held",
+    "check_committer_options",
     "check_durability",
     "check_options",
     "committer_options",
@@ -53,9 +54,20 @@ def check_options(owner: str, options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+_COMMITTER = ("transcript", "state_version", "limits")  # the options a KeyCommitter takes
+
+
 def committer_options(options: dict[str, Any]) -> dict[str, Any]:
     """The writer options a ``KeyCommitter`` takes too (the timing ones are the writer's)."""
-    return {k: v for k, v in options.items() if k in ("transcript", "state_version", "limits")}
+    return {k: v for k, v in options.items() if k in _COMMITTER}
+
+
+def check_committer_options(owner: str, options: dict[str, Any], why: str) -> dict[str, Any]:
+    """``check_options``, and TypeError (saying ``why``) for one a ``KeyCommitter`` lacks."""
+    unknown = sorted(set(check_options(owner, options)) - set(_COMMITTER))
+    if unknown:
+        raise TypeError(f"{owner} takes {', '.join(_COMMITTER)}, not {', '.join(unknown)}: {why}")
+    return options
 
 
 def lock_timeout(options: dict[str, Any]) -> float:

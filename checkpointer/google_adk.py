@@ -45,7 +45,7 @@ from checkpointer import (
 )
 from checkpointer._adapters import (
     HELD,
-    check_options,
+    check_committer_options,
     framework_key,
     holding,
     lock_timeout,
@@ -65,7 +65,6 @@ __all__ = [
 logger = logging.getLogger("checkpointer")
 
 _PART = re.compile(r"[A-Za-z0-9_-]+")
-_OPTIONS = ("transcript", "state_version", "limits")  # what a KeyCommitter takes
 _TRIES = 8  # read-modify-write rounds of a user or app key lost to other processes
 
 
@@ -206,13 +205,8 @@ class CheckpointSessionService(BaseSessionService):
     """
 
     def __init__(self, store: Store, **writer_options: Any) -> None:
-        check_options("CheckpointSessionService", writer_options)
-        unknown = sorted(set(writer_options) - set(_OPTIONS))
-        if unknown:
-            raise TypeError(
-                f"CheckpointSessionService commits each event durably when ADK appends it: "
-                f"it takes only {', '.join(_OPTIONS)}, not {', '.join(unknown)}"
-            )
+        why = "it commits each event durably when ADK appends it"
+        check_committer_options("CheckpointSessionService", writer_options, why)
         self.store = store
         self._template: Transcript = writer_options.get(
             "transcript", Transcript("events", repair=False)

@@ -34,7 +34,7 @@ from checkpointer import (
 )
 from checkpointer._adapters import (
     HELD,
-    check_options,
+    check_committer_options,
     framework_key,
     locked,
     probe_lock,
@@ -48,8 +48,6 @@ if TYPE_CHECKING:
     from strands.types.content import Message
 
 __all__ = ["CheckpointFailed", "CheckpointSessionManager", "session_key"]
-
-_COMMITTER_OPTIONS = ("transcript", "state_version", "limits")
 
 
 def session_key(session_id: str) -> str:
@@ -79,13 +77,8 @@ class CheckpointSessionManager(SessionManager):
     def __init__(
         self, session_id: str, store: Store, *, key: str | None = None, **writer_options: Any
     ) -> None:
-        options = check_options("CheckpointSessionManager", writer_options)
-        unknown = sorted(set(options) - set(_COMMITTER_OPTIONS))
-        if unknown:
-            raise TypeError(
-                f"CheckpointSessionManager takes {', '.join(_COMMITTER_OPTIONS)}, not "
-                f"{', '.join(unknown)}: Strands says when to save (each message, each invocation)"
-            )
+        why = "Strands says when to save (each message, each invocation)"
+        options = check_committer_options("CheckpointSessionManager", writer_options, why)
         options.setdefault("transcript", Transcript("messages", repair=False))
         self.session_id = session_id
         self.key = session_key(session_id) if key is None else key

@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from checkpointer import CheckpointFailed, Failed, Limits, Result
+from checkpointer import CheckpointFailed, Failed, KeyCommitter, Limits, Result
 from checkpointer.stores import KEY_PATTERN, KeyLocked, LockingStore, Store
 
 __all__ = [
+    "HELD",
+    "Held",
+    "check_committer_options",
     "check_durability",
     "check_options",
     "committer_options",
@@ -49,9 +54,20 @@ def check_options(owner: str, options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+_COMMITTER = ("transcript", "state_version", "limits")  # the options a KeyCommitter takes
+
+
 def committer_options(options: dict[str, Any]) -> dict[str, Any]:
     """The writer options a ``KeyCommitter`` takes too (the timing ones are the writer's)."""
-    return {k: v for k, v in options.items() if k in ("transcript", "state_version", "limits")}
+    return {k: v for k, v in options.items() if k in _COMMITTER}
+
+
+def check_committer_options(owner: str, options: dict[str, Any], why: str) -> dict[str, Any]:
+    """``check_options``, and TypeError (saying ``why``) for one a ``KeyCommitter`` lacks."""
+    unknown = sorted(set(check_options(owner, options)) - set(_COMMITTER))
+    if unknown:
+        raise TypeError(f"{owner} takes {', '.join(_COMMITTER)}, not {', '.join(unknown)}: {why}")
+    return options
 
 
 def lock_timeout(options: dict[str, Any]) -> float:
@@ -102,3 +118,37 @@ def holding(store: Store, *keys: str, timeout: float) -> Iterator[None]:
             for key in keys:
                 held.callback(store.lock(key, timeout=timeout).release)
         yield
+
+
+class Held:
+    """The committers of this process holding their key's lock, at most ``limit``.
+
+    A file store spends a descriptor per held lock: past ``limit`` the least
+    recently used committer lets go (``KeyCommitter.release``), and its next
+    commit takes the lock again, fenced on what it wrote.  So a server keeps
+    any number of sessions under ``ulimit -n``; one recently used refuses a
+    second process at once, one let go refuses it at its next commit.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._order: OrderedDict[KeyCommitter, None] = OrderedDict()
+
+    def used(self, committer: KeyCommitter) -> None:
+        """``committer`` has committed (it holds its lock): the most recently used now."""
+        with self._lock:
+            self._order[committer] = None
+            self._order.move_to_end(committer)
+            over = len(self._order) - self._limit
+            oldest = [self._order.popitem(last=False)[0] for _ in range(max(over, 0))]
+        for committer_ in oldest:  # outside the lock: a release waits for no commit
+            committer_.release()
+
+    def forget(self, committer: KeyCommitter) -> None:
+        """``committer`` is closed: it holds nothing."""
+        with self._lock:
+            self._order.pop(committer, None)
+
+
+HELD = Held(512)  # the process's: every adapter's committers share the descriptors

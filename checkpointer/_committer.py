@@ -29,7 +29,7 @@ class KeyCommitter:
     Each commit is a ``CheckpointWriter``'s write: encoded, fenced on the
     revision expected (``resume_from``), durable when it returns, skipped
     when the state is unchanged, never raising for a failed write.  The
-    key's lock is taken at the first commit and held until ``close``.
+    key's lock is taken at the first commit and held until ``close`` (or ``release``).
     ``transcript`` and ``state_version`` are as ``CheckpointWriter``'s.
 
     Args:
@@ -113,6 +113,20 @@ class KeyCommitter:
     async def acommit(self, state: Any, *, live: bool = True) -> Result:
         """``commit`` in a worker thread; a commit that began runs to its end if cancelled."""
         return await anyio.to_thread.run_sync(functools.partial(self.commit, state, live=live))
+
+    def release(self) -> None:
+        """Let go of the key's lock, still expecting the revision this committer wrote.
+
+        The next commit takes the lock again; it is refused (``Failed("conflict")``)
+        if another writer wrote the key meanwhile.  Nothing is written.  Skipped
+        while a commit runs (it is in use).
+        """
+        if not self._forked() and self._lock.acquire(blocking=False):
+            try:
+                if self._pid is not None and not self._closed:
+                    self._core.release_locks()
+            finally:
+                self._lock.release()
 
     def close(self) -> None:
         """Mark the key's checkpoint not live (if this committer wrote it live), let the key go.

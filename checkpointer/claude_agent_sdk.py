@@ -12,7 +12,6 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-import anyio
 import anyio.to_thread
 import msgspec
 from claude_agent_sdk import fold_session_summary
@@ -25,7 +24,9 @@ from checkpointer import (
     Failed,
     Meta,
     Result,
+    SessionRegistry,
     Snapshot,
+    Transcript,
     load,
 )
 from checkpointer._adapters import check_durability, check_options, locked, probe_lock
@@ -144,12 +145,15 @@ def _summary(ident: _Ident, mtime: int) -> SessionSummaryEntry:
 class CheckpointSessionStore(SessionStore):
     """A Claude Agent SDK ``SessionStore`` whose transcripts are checkpointer keys.
 
+    Each session's writer is the store's ``SessionRegistry``'s: the first
     ``append`` of a session not open here loads it (fenced on what ``load``
-    returned before, if it did), takes its key (``CheckpointFailed("locked")``
-    while another process holds it) and opens its writer; the writer holds
-    the key until ``release`` or ``aclose``.  With ``durability="async"`` an
+    returned before, if it did), refuses it while another process holds it
+    (``CheckpointFailed("locked")``), and its first write takes the key; the
+    writer holds it until ``idle_timeout`` passes without an append, more
+    than ``max_open`` are open, ``release`` or ``aclose``.  A session let go
+    is read afresh at its next append.  With ``durability="async"`` an
     append is durable once the writer has written it (within ``max_wait``,
-    5 s; at once on ``aclose``, exit or SIGTERM); with ``"sync"`` when
+    5 s; at once on release, exit or SIGTERM); with ``"sync"`` when
     ``append`` returns.  The CLI's own transcript is never fsynced.
 
     Args:
@@ -157,7 +161,11 @@ class CheckpointSessionStore(SessionStore):
             write an append of the new entries.
         durability: ``"async"`` (default): an append is a ``notify()``;
             ``"sync"``: it waits for its durable write.
-        **writer_options: for each session's ``CheckpointWriter``.
+        idle_timeout: seconds a session's key stays held with no append.
+        max_open: most sessions held at once (a descriptor each on a file store).
+        **writer_options: for each session's ``CheckpointWriter``; ``transcript``
+            defaults to ``Transcript("messages", repair=False)``: the entries as
+            the CLI wrote them (it closes a dangling call itself on resume).
 
     Use it as ``async with``, or call ``aclose()``.
     """
@@ -167,14 +175,28 @@ class CheckpointSessionStore(SessionStore):
         store: Store,
         *,
         durability: Literal["async", "sync"] = "async",
+        idle_timeout: float = 300.0,
+        max_open: int = 512,
         **writer_options: Any,
     ) -> None:
         self.store = store
         self._durability = check_durability(durability)
-        self._options = check_options("CheckpointSessionStore", writer_options)
-        self._open: dict[str, _Session] = {}
+        options = check_options("CheckpointSessionStore", writer_options)
+        options.setdefault("transcript", Transcript("messages", repair=False))
+        self._options = options
+        self._open: dict[str, _Session] = {}  # the sessions whose writer is open
+        self._resumed: dict[str, Checkpoint[_State] | None] = {}  # read, its session not made
         self._loaded: dict[str, Meta | None] = {}  # what load() saw: the fence of a first append
-        self._opening: anyio.Lock | None = None
+        self._failed: list[Failed] = []  # final writes that failed, for aclose
+        self._registry = SessionRegistry(
+            self._snapshot,
+            store,
+            resume=self._resume,
+            on_close=self._closed,
+            idle_timeout=idle_timeout,
+            max_open=max_open,
+            **{**options, "write_on_start": False},  # the first append's write takes the key
+        )
 
     def __repr__(self) -> str:
         return f"<CheckpointSessionStore store={self.store!r} open={len(self._open)}>"
@@ -188,29 +210,37 @@ class CheckpointSessionStore(SessionStore):
             raise CheckpointFailed(failed[0])
 
     async def aclose(self) -> list[Failed]:
-        """Write each open session a final time and let its key go; the failures."""
-        failed: list[Failed] = []
-        for key in list(self._open):
-            result = await self._release(key)
-            if isinstance(result, Failed):
-                failed.append(result)
+        """Write each open session a final time and let its key go; the final writes that
+        failed (those of sessions let go before too)."""
+        await self._registry.aclose()
+        failed, self._failed = self._failed, []
         return failed
 
     async def release(self, key: SessionKey) -> Failed | None:
         """Write the session a final time and let its key go (another process may take it)."""
-        return await self._release(session_key(key))
+        result = await self._registry.release(session_key(key))
+        if isinstance(result, Failed):
+            self._failed.remove(result)
+            return result
+        return None
 
-    async def _release(self, key: str) -> Failed | None:
-        session = self._open.pop(key, None)
-        if session is None or session.writer is None:
-            return None
-        result = await session.writer.aclose()
-        return result if isinstance(result, Failed) else None
+    def _resume(self, key: str) -> Meta | None:
+        """The registry opens a session (blocking): read it; refuse it if another holds it."""
+        checkpoint = load(self.store, key, _State)
+        way_out = "or mirror the session to another store"
+        probe_lock(self.store, key, self._options, way_out)
+        self._resumed[key] = checkpoint
+        return self._loaded.pop(key, None if checkpoint is None else checkpoint.meta)
 
-    def writer(self, key: SessionKey) -> CheckpointWriter[Snapshot] | None:
-        """The writer of a session open here (for ``statistics()`` or ``write_now()``)."""
-        session = self._open.get(session_key(key))
-        return None if session is None else session.writer
+    def _snapshot(self, key: str) -> Snapshot | None:
+        session = self._open.get(key)
+        return None if session is None else session.source()
+
+    def _closed(self, key: str, result: Result) -> None:
+        self._open.pop(key, None)
+        self._resumed.pop(key, None)
+        if isinstance(result, Failed):
+            self._failed.append(result)
 
     # -- the SessionStore protocol ----------------------------------------------
 
@@ -225,50 +255,25 @@ class CheckpointSessionStore(SessionStore):
         if not entries:
             return
         copied = _copy(entries)
-        session = self._open.get(session_key(key))
-        if session is None:
-            session = await self._start(key, copied)  # its first write holds them
-        else:
+        name = session_key(key)
+        async with self._registry.session(name) as writer:
+            session = self._open.get(name)
+            first = session is None  # its write takes the key, as the session opens
+            if session is None:
+                session = self._open[name] = _Session(name, key, self._resumed.pop(name))
             session.add(copied)
-        writer = session.writer
-        assert writer is not None
-        result: Result | None
-        if self._durability == "sync":
-            result = await writer.write_now()
-        else:
-            result = writer.statistics().last_result
-            writer.notify()
-        if isinstance(result, Failed) and (
-            self._durability == "sync" or result.reason == "conflict"
-        ):
-            raise CheckpointFailed(result)
-
-    async def _start(self, ident: SessionKey, entries: list[Any]) -> _Session:
-        """Load the session, add ``entries``, take its key, open its writer (one at a time)."""
-        if self._opening is None:
-            self._opening = anyio.Lock()
-        async with self._opening:
-            key = session_key(ident)
-            if key in self._open:
-                self._open[key].add(entries)
-                return self._open[key]
-            checkpoint = await anyio.to_thread.run_sync(load, self.store, key, _State)
-            fence = self._loaded.pop(key, None if checkpoint is None else checkpoint.meta)
-            way_out = f"or mirror session {ident['session_id']!r} to another store"
-            await anyio.to_thread.run_sync(probe_lock, self.store, key, self._options, way_out)
-            session = _Session(key, ident, checkpoint)
-            session.add(entries)
-            writer = CheckpointWriter(
-                session.source, self.store, resume_from=fence, **self._options
-            )
-            await writer.aopen()
-            result = writer.statistics().last_result
-            if isinstance(result, Failed) and result.reason in ("locked", "conflict"):
-                await writer.aclose()  # taken or written by another since the probe: refused
+            result: Result | None
+            if self._durability == "sync" or first:
+                result = await writer.write_now()
+            else:
+                result = writer.statistics().last_result
+                writer.notify()
+        if isinstance(result, Failed):
+            if result.reason in ("locked", "conflict"):  # another's: read it afresh next time
+                self._open.pop(name, None)  # so its final write writes nothing
+                await self._registry.release(name)
+            if self._durability == "sync" or result.reason in ("locked", "conflict"):
                 raise CheckpointFailed(result)
-            session.writer = writer
-            self._open[key] = session
-            return session
 
     async def load(self, key: SessionKey) -> list[SessionStoreEntry] | None:
         """Copies of the session's entries (this process's own while it holds it), or None."""
@@ -345,7 +350,7 @@ class CheckpointSessionStore(SessionStore):
                 if n.startswith(name + ".")
             ]
         for each in names:
-            await self._release(each)
+            await self._registry.release(each)
             self._loaded.pop(each, None)
             try:
                 await anyio.to_thread.run_sync(self.store.delete, each)

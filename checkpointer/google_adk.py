@@ -44,7 +44,8 @@ from checkpointer import (
     load,
 )
 from checkpointer._adapters import (
-    check_options,
+    HELD,
+    check_committer_options,
     framework_key,
     holding,
     lock_timeout,
@@ -64,7 +65,6 @@ __all__ = [
 logger = logging.getLogger("checkpointer")
 
 _PART = re.compile(r"[A-Za-z0-9_-]+")
-_OPTIONS = ("transcript", "state_version", "limits")  # what a KeyCommitter takes
 _TRIES = 8  # read-modify-write rounds of a user or app key lost to other processes
 
 
@@ -205,13 +205,8 @@ class CheckpointSessionService(BaseSessionService):
     """
 
     def __init__(self, store: Store, **writer_options: Any) -> None:
-        check_options("CheckpointSessionService", writer_options)
-        unknown = sorted(set(writer_options) - set(_OPTIONS))
-        if unknown:
-            raise TypeError(
-                f"CheckpointSessionService commits each event durably when ADK appends it: "
-                f"it takes only {', '.join(_OPTIONS)}, not {', '.join(unknown)}"
-            )
+        why = "it commits each event durably when ADK appends it"
+        check_committer_options("CheckpointSessionService", writer_options, why)
         self.store = store
         self._template: Transcript = writer_options.get(
             "transcript", Transcript("events", repair=False)
@@ -243,6 +238,7 @@ class CheckpointSessionService(BaseSessionService):
         if held is not None and held.committer is not None:
             async with held.lock:  # after an append running now
                 await held.committer.aclose()
+                HELD.forget(held.committer)
 
     # -- reading ------------------------------------------------------------------
 
@@ -376,6 +372,7 @@ class CheckpointSessionService(BaseSessionService):
                 **self._scoped_options,
             )
         result = held.committer.commit(held.stored)
+        HELD.used(held.committer)  # past the process's bound, the least recently used lets go
         if isinstance(result, Skipped) and result.reason == "closed":
             raise RuntimeError(
                 f"session {held.stored.id!r} is held by the process that forked this one: "
@@ -385,6 +382,7 @@ class CheckpointSessionService(BaseSessionService):
             return
         if opened or result.reason in ("conflict", "locked"):  # read it afresh next time
             held.committer.close()
+            HELD.forget(held.committer)
             held.committer = None
             self._held.pop(held.key, None)
         if result.reason != "conflict":

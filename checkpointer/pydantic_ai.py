@@ -47,11 +47,12 @@ from checkpointer._adapters import (
     check_durability,
     check_options,
     framework_key,
+    holding,
     lock_timeout,
     locked,
     raise_failed,
 )
-from checkpointer.stores import KeyLocked, LockingStore, Store
+from checkpointer.stores import KeyLocked, Store
 
 __all__ = [
     "CheckpointConversationStore",
@@ -445,7 +446,7 @@ class CheckpointConversationStore(ConversationStore):
         """
         keys = (conversation_key(conversation_id), run_key(conversation_id))
         try:
-            with self._holding(*keys):
+            with holding(self.store, *keys, timeout=lock_timeout(self._options)):
                 current = self._fetch(conversation_id)
                 if (None if current is None else current.record.revision) != expected_revision:
                     raise ConversationConflict(conversation_id)
@@ -459,17 +460,6 @@ class CheckpointConversationStore(ConversationStore):
             for entry_id in current.index:
                 if self._where.get(entry_id) == conversation_id:
                     del self._where[entry_id]
-
-    @contextlib.contextmanager
-    def _holding(self, *keys: str, wait: bool = True) -> Iterator[None]:
-        """Hold these keys' locks for the block (``wait``: up to ``lock_timeout`` each)."""
-        store = self.store
-        with contextlib.ExitStack() as held:
-            if isinstance(store, LockingStore):  # else nothing to hold: a delete races writers
-                timeout = lock_timeout(self._options) if wait else 0.0
-                for key in keys:
-                    held.callback(store.lock(key, timeout=timeout).release)
-            yield
 
     async def delete_record(self, conversation_id: str, *, expected_revision: str) -> None:
         """Delete the conversation's key and its run's (every entry it stored goes with it);
@@ -528,7 +518,7 @@ class CheckpointConversationStore(ConversationStore):
         lock: a run holding it now is left alone.
         """
         key = run_key(conversation_id)
-        with contextlib.suppress(KeyLocked), self._holding(key, wait=False):
+        with contextlib.suppress(KeyLocked), holding(self.store, key, timeout=0.0):
             run = load(self.store, key, _RunState)
             if run is not None and run.state.revision != revision:
                 self.store.delete(key)

@@ -32,7 +32,14 @@ from checkpointer import (
     Transcript,
     load,
 )
-from checkpointer._adapters import check_options, framework_key, locked, probe_lock, raise_failed
+from checkpointer._adapters import (
+    HELD,
+    check_committer_options,
+    framework_key,
+    locked,
+    probe_lock,
+    raise_failed,
+)
 from checkpointer.stores import KeyLocked, Store
 
 if TYPE_CHECKING:
@@ -41,8 +48,6 @@ if TYPE_CHECKING:
     from strands.types.content import Message
 
 __all__ = ["CheckpointFailed", "CheckpointSessionManager", "session_key"]
-
-_COMMITTER_OPTIONS = ("transcript", "state_version", "limits")
 
 
 def session_key(session_id: str) -> str:
@@ -63,7 +68,8 @@ class CheckpointSessionManager(SessionManager):
             unless ``key`` is given.
         store: where the checkpoint goes; a ``JournalStore`` appends new messages.
         key: the checkpoint key, instead of one derived from the id.
-        **writer_options: ``transcript`` (default ``Transcript("messages")``),
+        **writer_options: ``transcript`` (default ``Transcript("messages", repair=False)``:
+            stored as Strands wrote it, which closes a dangling call itself on resume),
             ``state_version`` and ``limits`` (its ``lock_timeout``), as a
             ``KeyCommitter`` takes them: Strands says when to save.
     """
@@ -71,14 +77,9 @@ class CheckpointSessionManager(SessionManager):
     def __init__(
         self, session_id: str, store: Store, *, key: str | None = None, **writer_options: Any
     ) -> None:
-        options = check_options("CheckpointSessionManager", writer_options)
-        unknown = sorted(set(options) - set(_COMMITTER_OPTIONS))
-        if unknown:
-            raise TypeError(
-                f"CheckpointSessionManager takes {', '.join(_COMMITTER_OPTIONS)}, not "
-                f"{', '.join(unknown)}: Strands says when to save (each message, each invocation)"
-            )
-        options.setdefault("transcript", Transcript("messages"))
+        why = "Strands says when to save (each message, each invocation)"
+        options = check_committer_options("CheckpointSessionManager", writer_options, why)
+        options.setdefault("transcript", Transcript("messages", repair=False))
         self.session_id = session_id
         self.key = session_key(session_id) if key is None else key
         store.validate_key(self.key)
@@ -108,6 +109,7 @@ class CheckpointSessionManager(SessionManager):
             committer, self._committer = self._committer, None
         if committer is not None:
             committer.close()
+            HELD.forget(committer)
 
     def delete(self) -> None:
         """Let the key go and delete the session's checkpoint (fenced).
@@ -139,7 +141,7 @@ class CheckpointSessionManager(SessionManager):
     async def _on_change(self, event: MessageAddedEvent | AfterInvocationEvent) -> None:
         # Captured on the agent's loop (copies), committed in a worker thread.
         committer, state = self._capture(event.agent)
-        self._check(await committer.acommit(state))
+        self._check(committer, await committer.acommit(state))
 
     def initialize(self, agent: LocalAgent, **kwargs: Any) -> None:
         """Restore ``agent`` from the key (if stored) and take the key for this process.
@@ -205,11 +207,12 @@ class CheckpointSessionManager(SessionManager):
     def sync_agent(self, agent: LocalAgent, **kwargs: Any) -> None:
         """Commit the agent now (blocking): Strands calls it after trimming to fit the context."""
         committer, state = self._capture(agent)
-        self._check(committer.commit(state))
+        self._check(committer, committer.commit(state))
 
-    def _check(self, result: Result) -> None:
+    def _check(self, committer: KeyCommitter, result: Result) -> None:
         """Raise for a ``Failed``, and for a commit skipped as closed: a forked child's copy
         of the manager (its parent holds the key) stores nothing."""
+        HELD.used(committer)  # past the process's bound, the least recently used lets go
         raise_failed(result)
         if isinstance(result, Skipped) and result.reason == "closed":
             raise RuntimeError(

@@ -8,6 +8,10 @@ file stores; the tests with the real CLI are in
 
 from __future__ import annotations
 
+import itertools
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,8 @@ from claude_agent_sdk.types import SessionKey
 from checkpointer import FileStore, JournalStore, load
 from checkpointer.claude_agent_sdk import CheckpointFailed, CheckpointSessionStore, session_key
 from checkpointer.stores import Store
+from tests._support import ROOT, child_env
+from tests.adapters.conftest import MANY
 
 pytestmark = pytest.mark.anyio
 
@@ -140,3 +146,133 @@ async def test_stale_resume_is_a_conflict(tmp_path: Path) -> None:
     await stale.aclose()
     checkpoint = load(FileStore(tmp_path), session_key(KEY))
     assert checkpoint is not None and checkpoint.state["messages"] == [_entry("other")]
+
+
+def _turn(n: int) -> list[Any]:
+    """One turn as the CLI mirrors it: a prompt, a tool call, its result, an answer."""
+    call = f"toolu_{n:03d}"
+
+    def entry(kind: str, uuid: str, parent: str, message: Any) -> Any:
+        return {"type": kind, "uuid": uuid, "parentUuid": parent, "message": message}
+
+    said = {"role": "assistant", "id": f"msg_{n}a"}
+    return [
+        entry("user", f"{n}-1", f"{n - 1}-4", {"role": "user", "content": f"q{n:03d} " * 40}),
+        entry(
+            "assistant",
+            f"{n}-2",
+            f"{n}-1",
+            {**said, "content": [{"type": "tool_use", "id": call, "name": "Bash", "input": {}}]},
+        ),
+        entry(
+            "user",
+            f"{n}-3",
+            f"{n}-2",
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": call, "content": "ok " * 40}],
+            },
+        ),
+        entry(
+            "assistant",
+            f"{n}-4",
+            f"{n}-3",
+            {"role": "assistant", "id": f"msg_{n}b", "content": [{"type": "text", "text": "done"}]},
+        ),
+    ]
+
+
+async def test_bytes_per_turn_follow_the_change_across_tool_calls(tmp_path: Path) -> None:
+    """Mirrored as the CLI appends (the call, then its result, each durable), a turn costs
+    about the same bytes at turn 20 as at turn 2 on a ``JournalStore``: an append of its
+    entries, never a rewrite of the transcript."""
+    path = tmp_path / f"{session_key(KEY)}.jsonl"
+    async with CheckpointSessionStore(JournalStore(tmp_path), durability="sync") as store:
+        sizes = []
+        for n in range(20):
+            entries = _turn(n)
+            for batch in (entries[:2], entries[2:3], entries[3:]):  # a write with the call open
+                await store.append(KEY, batch)
+            sizes.append(path.stat().st_size)
+    grown = [after - before for before, after in itertools.pairwise(sizes)]
+    assert max(grown) < 1.2 * grown[0], grown
+
+
+# -- a server's many sessions: descriptors, a session closed for idleness --------------
+
+
+def _run(*args: str, **kw: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.children.claude_child", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=child_env(),
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_server_holds_more_sessions_than_descriptors(shm_root: Path, backend: str) -> None:
+    """``MANY`` sessions, each given an entry (64 at a time) by one store in a process limited
+    to 1,024 descriptors: every session's entry is stored, not live."""
+    child = _run("many", str(shm_root), str(MANY), backend)
+    out, err = child.communicate(timeout=1800)
+    assert child.returncode == 0, err[-3000:]
+    stats = json.loads(out.splitlines()[-1])
+    assert (stats["opened"], stats["failed"]) == (MANY, 0)
+    store = JournalStore(shm_root)
+    wrong = []
+    for i in range(MANY):
+        checkpoint = load(store, session_key({"project_key": "proj", "session_id": f"s{i}"}))
+        uuids = [] if checkpoint is None else [e["uuid"] for e in checkpoint.state["messages"]]
+        if checkpoint is None or checkpoint.meta.live or uuids != [f"u{i}"]:
+            wrong.append(i)
+    assert wrong == []
+
+
+OTHER_PROCESS = """
+import sys, anyio
+from checkpointer import JournalStore
+from checkpointer.claude_agent_sdk import CheckpointSessionStore
+from tests.children.claude_child import entry
+
+async def main() -> None:
+    key = {"project_key": "proj", "session_id": "s0"}
+    async with CheckpointSessionStore(JournalStore(sys.argv[1])) as sessions:
+        await sessions.load(key)  # the SDK's resume
+        await sessions.append(key, [entry("other")])
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_session_closed_for_idleness_resumes_from_another_process_write(
+    tmp_path: Path, backend: str
+) -> None:
+    """Closed for idleness, appended to by another process, appended to again: the server
+    resumes from the other's entries and adds to them, never over them."""
+    server = _run("reopen", str(tmp_path), backend, stdin=subprocess.PIPE)
+    try:
+        assert server.stdout is not None and server.stdin is not None
+        assert server.stdout.readline() == "idle\n"
+        subprocess.run(
+            [sys.executable, "-c", OTHER_PROCESS, str(tmp_path)],
+            cwd=ROOT,
+            env=child_env(),
+            check=True,
+            timeout=120,
+        )
+        server.stdin.write("go\n")
+        server.stdin.flush()
+        assert server.stdout.readline() == "resumed first other mine\n"
+        server.communicate(timeout=120)
+    finally:
+        server.kill()
+    assert server.returncode == 0
+    key = session_key({"project_key": "proj", "session_id": "s0"})
+    checkpoint = load(JournalStore(tmp_path), key)
+    assert checkpoint is not None
+    assert [e["uuid"] for e in checkpoint.state["messages"]] == ["first", "other", "mine"]

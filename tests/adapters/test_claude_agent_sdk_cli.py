@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -191,3 +192,24 @@ def test_delete_from_another_process(tmp_path: Path, api: MessagesServer) -> Non
     assert deleter.wait_line(lambda line: True, "answer") == "deleted"
     _finish(deleter)
     assert _stored(root, project, session_id) is None
+
+
+def test_verify_and_show_read_the_killed_transcript(tmp_path: Path, api: MessagesServer) -> None:
+    """``verify`` and ``show`` on the store a SIGKILLed session left: the CLI's entries read in
+    the claude-code dialect (the responses counted), the call the kill left open said as a
+    warning (the CLI closes it itself on resume), no problem, nothing unrecognised."""
+    root, project, session_id, stored = _kill_in_tool(tmp_path, api, "asyncio")
+
+    def cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "checkpointer", *map(str, args)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+    verified = cli("verify", root)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "1 tool call(s) open at the end" in verified.stdout, verified.stdout
+    assert "unrecognised" not in verified.stdout and "0 bad" in verified.stdout
+    key = session_key({"project_key": project, "session_id": session_id})
+    shown = cli("show", root, "--", key)
+    assert shown.returncode == 0, shown.stderr
+    responses = {e["message"]["id"] for e in stored if e.get("type") == "assistant"}
+    assert f"turns            {len(responses)} (assistant messages)" in shown.stdout, shown.stdout

@@ -10,6 +10,7 @@ run that child and kill it, or hold the session from it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -39,6 +40,7 @@ from checkpointer.google_adk import (
     user_key,
 )
 from tests._support import ROOT, child_env
+from tests.adapters.conftest import MANY
 from tests.children.adk_child import APP, SESSION, USER, gemini_problems, turn
 
 pytestmark = pytest.mark.anyio
@@ -249,9 +251,9 @@ def test_keys_of_any_ids() -> None:
 # -- other processes: a kill inside a tool, a second holder, a delete ----------------
 
 
-def _child(command: str, root: Path) -> subprocess.Popen[str]:
+def _child(command: str, root: Path, *n: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.children.adk_child", command, str(root)],
+        [sys.executable, "-m", "tests.children.adk_child", command, str(root), *n],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -392,3 +394,106 @@ async def test_a_forked_child_does_not_write_its_parents_session(tmp_path: Path)
             os._exit(1)
         _, status = await anyio.to_thread.run_sync(os.waitpid, pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "checkpointer", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=child_env(),
+        cwd=ROOT,
+    )
+
+
+async def test_verify_and_show_read_the_killed_session_as_gemini(tmp_path: Path) -> None:
+    """``verify`` and ``show`` on the store an agent killed inside its tool left: the model's
+    turns counted from the events (the gemini dialect), the call the kill left open said as a
+    warning (ADK drops it from the next request), no problem."""
+    with _child("crash", tmp_path) as child:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.startswith("in-tool ")
+        os.kill(int(line.split()[1]), signal.SIGKILL)
+    verified = _cli("verify", tmp_path)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "1 tool call(s) open at the end" in verified.stdout
+    assert "unrecognised" not in verified.stdout and "0 bad" in verified.stdout
+    shown = _cli("show", tmp_path, session_key(APP, USER, SESSION))
+    assert shown.returncode == 0, shown.stderr
+    events = _stored(JournalStore(tmp_path), session_key(APP, USER, SESSION))["events"]
+    turns = sum(e.get("content", {}).get("role") == "model" for e in events)
+    assert turns == 3  # two calls and an answer
+    assert f"turns            {turns} (assistant messages)" in shown.stdout, shown.stdout
+    assert "-> 1 tool call(s): lookup" in shown.stdout.splitlines()[-1]  # stored open
+
+
+async def test_bytes_per_turn_follow_the_change_across_tool_calls(tmp_path: Path) -> None:
+    """A Runner's turns (a prompt, a call, its response, an answer) each append about the
+    same bytes at turn 20 as at turn 2 on a ``JournalStore``: no commit rewrites history."""
+    path = tmp_path / f"{session_key(APP, USER, SESSION)}.jsonl"
+    async with CheckpointSessionService(JournalStore(tmp_path)) as service:
+        await service.create_session(app_name=APP, user_id=USER, session_id=SESSION)
+        sizes = []
+        for n in range(20):
+            await turn(service, f"q{n:02d}")
+            sizes.append(path.stat().st_size)
+    grown = [after - before for before, after in itertools.pairwise(sizes)]
+    assert max(grown) < 1.2 * grown[0], grown
+
+
+# -- a server's many sessions: descriptors, a lock let go ------------------------------
+
+
+def test_a_server_holds_more_sessions_than_descriptors(shm_root: Path) -> None:
+    """``MANY`` sessions created and each given a message by one service in a process limited
+    to 1,024 descriptors: every session's event is stored."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.children.adk_child", "many", str(shm_root), str(MANY)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=child_env(),
+        timeout=1800,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout == "done\n", done.stderr[-3000:]
+    store = JournalStore(shm_root)
+    wrong = []
+    for i in range(MANY):
+        checkpoint = load(store, session_key(APP, USER, f"s{i}"))
+        events = [] if checkpoint is None else checkpoint.state["events"]
+        texts = [e["content"]["parts"][0]["text"] for e in events]
+        if checkpoint is None or checkpoint.meta.live or texts != [f"q{i}"]:
+            wrong.append(i)
+    assert wrong == []
+
+
+def test_a_session_let_go_then_written_elsewhere_is_stale_then_read_afresh(
+    tmp_path: Path,
+) -> None:
+    """Past the process's bound a session's lock is let go; another process appends to it;
+    the first one's next turn is refused (``StaleSessionError``), never stored over it, and
+    the turn after builds on what the other wrote."""
+    server = _child("let-go", tmp_path, "600")
+    try:
+        assert server.stdout is not None and server.stdin is not None
+        assert server.stdout.readline() == "let-go\n"
+        assert _told("append", tmp_path) == "ok"
+        key = session_key(APP, USER, SESSION)
+        theirs = JournalStore(tmp_path).revision(key)
+        server.stdin.write("go\n")
+        server.stdin.flush()
+        assert server.stdout.readline() == "StaleSessionError\n"
+        assert JournalStore(tmp_path).revision(key) == theirs
+        assert server.stdout.readline() == "saved\n"
+        server.communicate(timeout=120)
+    finally:
+        server.kill()
+    assert server.returncode == 0
+    events = _stored(JournalStore(tmp_path), key)["events"]
+    said = [e.get("content", {}).get("parts", [{}])[0].get("text") for e in events]
+    assert said[:4] == ["first", None, None, "done: answer:first"]
+    assert "actions" in events[4] and said[5:] == ["third", None, None, "done: answer:third"]

@@ -11,6 +11,13 @@ On a ``JournalStore(ROOT)``, session ``APP``/``USER``/``SESSION``:
   wait for a line on stdin, close.
 * ``append`` / ``delete``: append one event to the session (or delete it)
   and print ``ok``, or the error's class name and message on one line.
+* ``many N``: a server under ``ulimit -n 1024``: ``N`` sessions ``s<i>``
+  created, each given one user message ``q<i>`` (an event, no model call:
+  a Runner's turn costs 0.1 s of CPU), the service closed; print ``done``.
+* ``let-go N``: one turn of the session, then ``N`` other sessions created
+  (its key's lock let go past the process's bound); print ``let-go``; wait
+  for a line on stdin (another process appends); a turn (print ``saved`` or
+  the error's class name), then the turn again; print ``saved``.
 
 The model is a ``BaseLlm`` of ours, offline: a ``function_call`` (with an
 id) to the tool, then text once the tool's ``function_response`` is in the
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import sys
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -98,20 +106,51 @@ def runner(service: CheckpointSessionService) -> Runner:
     return Runner(agent=agent, app_name=APP, session_service=service)
 
 
-async def turn(service: CheckpointSessionService, text: str) -> list[Event]:
+async def turn(
+    service: CheckpointSessionService, text: str, session_id: str = SESSION
+) -> list[Event]:
     """Run one user turn; the events it produced."""
     message = types.Content(role="user", parts=[types.Part(text=text)])
     return [
         event
         async for event in runner(service).run_async(
-            user_id=USER, session_id=SESSION, new_message=message
+            user_id=USER, session_id=session_id, new_message=message
         )
     ]
 
 
-async def main(command: str, root: str) -> None:
+async def server(service: CheckpointSessionService, command: str, n: int) -> None:
+    """``many`` and ``let-go``: a server's many sessions."""
+    if command == "let-go":
+        await service.create_session(app_name=APP, user_id=USER, session_id=SESSION)
+        await turn(service, "first")
+    for i in range(n):
+        session = await service.create_session(app_name=APP, user_id=USER, session_id=f"s{i}")
+        if command == "many":
+            text = types.Content(role="user", parts=[types.Part(text=f"q{i}")])
+            await service.append_event(session, Event(author="user", content=text))
+    if command == "many":
+        print("done", flush=True)
+        return
+    print("let-go", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)
+    try:
+        await turn(service, "second")
+    except Exception as exc:  # told to the test on stdout
+        print(type(exc).__name__, flush=True)
+    else:
+        print("saved", flush=True)
+    await turn(service, "third")
+    print("saved", flush=True)
+
+
+async def main(command: str, root: str, *n: str) -> None:
+    if n:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
     async with CheckpointSessionService(JournalStore(root)) as service:
-        if command == "crash":
+        if n:
+            await server(service, command, int(n[0]))
+        elif command == "crash":
             await service.create_session(app_name=APP, user_id=USER, session_id=SESSION)
             await turn(service, "first")
             _block["on"] = True
@@ -139,4 +178,4 @@ async def main(command: str, root: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(*sys.argv[1:]))

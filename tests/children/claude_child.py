@@ -8,6 +8,14 @@ session (``query`` with a ``CheckpointSessionStore`` on a ``JournalStore``)
 in an empty ``CLAUDE_CONFIG_DIR``: ``python -m tests.children.claude_child
 ROOT BASE_URL BACKEND PROMPT [RESUME_ID]``; ``... delete ROOT SESSION_ID BACKEND``
 deletes one through the SDK's ``delete_session_via_store``.
+
+A server's many sessions, without the CLI (``test_claude_agent_sdk.py``):
+``... many ROOT N BACKEND``: under ``ulimit -n 1024``, sessions ``s<i>`` of
+project ``proj`` each get one entry (uuid ``u<i>``), 64 at a time; closed, the
+registry's statistics printed as JSON.  ``... reopen ROOT BACKEND``: session
+``s0`` gets entry ``first``, is closed for idleness (``idle``), waits for a
+line on stdin (another process appends meanwhile), gets entry ``mine``; prints
+the uuids it resumed from.
 """
 
 from __future__ import annotations
@@ -245,10 +253,62 @@ async def delete(root: str, session_id: str) -> None:
             print("deleted", flush=True)
 
 
+def entry(uuid: str) -> Any:
+    """A user entry as the CLI writes it."""
+    message = {"role": "user", "content": f"prompt {uuid}"}
+    return {"type": "user", "uuid": uuid, "parentUuid": None, "message": message}
+
+
+async def many(root: str, n: int) -> None:
+    import resource
+
+    import anyio
+    import msgspec
+
+    from checkpointer import JournalStore
+    from checkpointer.claude_agent_sdk import CheckpointSessionStore
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    keys = iter(range(n))
+
+    async def requests() -> None:  # a server's: many sessions at once
+        for i in keys:
+            await sessions.append({"project_key": "proj", "session_id": f"s{i}"}, [entry(f"u{i}")])
+
+    async with CheckpointSessionStore(JournalStore(root)) as sessions:
+        async with anyio.create_task_group() as tg:
+            for _ in range(64):
+                tg.start_soon(requests)
+        stats = sessions._registry.statistics()
+    print(json.dumps(msgspec.to_builtins(stats)), flush=True)
+
+
+async def reopen(root: str) -> None:
+    import anyio
+    import anyio.to_thread
+
+    from checkpointer import JournalStore
+    from checkpointer.claude_agent_sdk import CheckpointSessionStore
+
+    key: Any = {"project_key": "proj", "session_id": "s0"}
+    async with CheckpointSessionStore(JournalStore(root), idle_timeout=0.05) as sessions:
+        await sessions.append(key, [entry("first")])
+        while sessions._registry.statistics().closed_idle == 0:  # noqa: ASYNC110 -- a counter
+            await anyio.sleep(0.01)
+        print("idle", flush=True)
+        await anyio.to_thread.run_sync(sys.stdin.readline)
+        await sessions.append(key, [entry("mine")])
+        print("resumed", *[e["uuid"] for e in await sessions.load(key) or []], flush=True)
+
+
 if __name__ == "__main__":
     import anyio
 
-    if sys.argv[1] == "delete":
+    if sys.argv[1] == "many":
+        anyio.run(many, sys.argv[2], int(sys.argv[3]), backend=sys.argv[4])
+    elif sys.argv[1] == "reopen":
+        anyio.run(reopen, sys.argv[2], backend=sys.argv[3])
+    elif sys.argv[1] == "delete":
         root, session_id, backend = sys.argv[2:5]
         anyio.run(delete, root, session_id, backend=backend)
     else:

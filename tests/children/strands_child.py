@@ -7,7 +7,19 @@ tool's result), each turn's prompt ``turn-<n>``; the agent state counts the
 turns and the conversation manager is a ``SlidingWindowConversationManager(10)``
 so its state (``removed_message_count``) moves.  With ``KILL`` the last
 turn's tool prints ``in-tool PID`` and blocks: the parent test SIGKILLs it.
-Prints ``done`` after the last turn.  The tests import ``scripted_agent`` to
+Prints ``done`` after the last turn.
+
+    python -m tests.children.strands_child many ROOT N
+
+A server under ``ulimit -n 1024``: ``N`` sessions ``s<i>``, each its own agent
+and manager, kept open together, each one turn; then all closed; prints ``done``.
+
+    python -m tests.children.strands_child let-go ROOT N
+
+Session ``chat``: one turn; then ``N`` other sessions opened (its lock let go
+past the process's bound); prints ``let-go``; waits for a line on stdin
+(another process writes ``chat``); a second turn: prints ``refused REASON``
+or ``saved``.  The tests import ``scripted_agent`` to
 resume in-process and ``converse_problems`` to check a history as Bedrock does.
 """
 
@@ -150,12 +162,59 @@ def race(root: str, trials: int) -> None:
         print(f"trial {trial} ran {codes.count(0)}", flush=True)
 
 
+def many(root: str, n: int) -> None:
+    """``n`` sessions open at once, each one turn, in a process of 1,024 descriptors."""
+    import resource
+
+    from checkpointer import JournalStore
+    from checkpointer.strands import CheckpointSessionManager
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    store = JournalStore(root)
+    managers = [CheckpointSessionManager(f"s{i}", store) for i in range(n)]
+    for i, manager in enumerate(managers):
+        turn(scripted_agent(manager), i)
+    for manager in managers:
+        manager.close()
+    print("done", flush=True)
+
+
+def let_go(root: str, n: int) -> None:
+    """A session whose lock this process let go, written by another, then used again."""
+    from checkpointer import CheckpointFailed, JournalStore
+    from checkpointer.strands import CheckpointSessionManager
+
+    store = JournalStore(root)
+    first = CheckpointSessionManager("chat", store)
+    agent = scripted_agent(first)
+    turn(agent, 0)
+    others = [CheckpointSessionManager(f"s{i}", store) for i in range(n)]
+    for other in others:
+        scripted_agent(other)  # its initialization commits: it holds its lock
+    print("let-go", flush=True)
+    sys.stdin.readline()
+    try:
+        turn(agent, 1)
+    except CheckpointFailed as exc:
+        print(f"refused {exc.result.reason}", flush=True)
+    else:
+        print("saved", flush=True)
+    for manager in [first, *others]:
+        manager.close()
+
+
 def main() -> None:
     from checkpointer import JournalStore
     from checkpointer.strands import CheckpointSessionManager
 
     if sys.argv[1] == "race":
         race(sys.argv[2], int(sys.argv[3]))
+        return
+    if sys.argv[1] == "many":
+        many(sys.argv[2], int(sys.argv[3]))
+        return
+    if sys.argv[1] == "let-go":
+        let_go(sys.argv[2], int(sys.argv[3]))
         return
     root, session, turns = sys.argv[1], sys.argv[2], int(sys.argv[3])
     kill = len(sys.argv) > 4

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 
 from checkpointer import (
@@ -30,7 +31,7 @@ from checkpointer import (
     Snapshot,
     load,
 )
-from checkpointer._adapters import committer_options, framework_key, probe_lock
+from checkpointer._adapters import committer_options, framework_key, probe_lock, raise_failed
 from checkpointer.stores import Store
 
 from ._log import Log, State
@@ -58,12 +59,14 @@ class Thread(Log):
         self.held = False  # changed by this saver: never read again
         self.refusal: Failed | None = None  # raised by a put until the thread is read again
         self.result: Result | None = None  # its committer's final commit's
+        self.taken = 0  # rows its writer's last snapshot took
+        self.stored: int | None = None  # its writer closed, these rows stored: base is stale
 
     def read(self, checkpoint: Checkpoint[State] | None) -> None:
         """Take what the store holds (``load``'s answer) as the thread, unless it is held."""
         if not self.held:
             self.base = None if checkpoint is None else checkpoint.meta
-            self.refusal = None
+            self.refusal, self.stored = None, None
             self.reset([] if checkpoint is None else checkpoint.state.messages)
 
 
@@ -88,6 +91,7 @@ class Threads:
             **{**options, "write_on_start": False},  # the first put takes the key
         )
         self._async = False  # entered with ``async with``: the registry writes the threads
+        self._tasks: anyio.abc.TaskGroup | None = None  # an async saver's
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -150,99 +154,126 @@ class Threads:
 
     async def aopen(self) -> None:
         await self.registry.__aenter__()
-        self._async = True
+        tasks = anyio.create_task_group()  # an "async" put's session, when it must wait
+        await tasks.__aenter__()
+        self._tasks, self._async = tasks, True
 
     async def aclose(self) -> Failed | None:
         """Close every thread's writer (its final write); what the close raises."""
+        tasks, self._tasks = self._tasks, None
+        if tasks is not None:
+            await tasks.__aexit__(None, None, None)
         await self.registry.aclose()
         return self._failures([])
 
     def _resume(self, key: str) -> Meta | None:
         """The registry opens a thread's writer (blocking): from the revision the thread was
-        read from; ``CheckpointFailed("locked")`` now if another writer holds it."""
+        read from; ``CheckpointFailed`` now if another writer holds it, or wrote it since
+        this saver's writer of it closed."""
         with self.lock:
             thread = self._by_key.get(key)
-        if thread is None:  # not read here yet, or closed since: read it now
+        if thread is None:  # a put's thread is in memory: this is a read's
             checkpoint = load(self._store, key, State)
-            if checkpoint is not None:
-                thread = self._install(checkpoint.state.thread_id, checkpoint)
-        way_out = "or run the thread under another thread_id"
-        probe_lock(self._store, key, self._options, way_out)
+            thread = (
+                None
+                if checkpoint is None
+                else self._install(checkpoint.state.thread_id, checkpoint)
+            )
+        elif thread.stored is not None:  # written here, then let go: is it as it was left?
+            checkpoint = load(self._store, key, State)
+            with self.lock:
+                rows = [] if checkpoint is None else checkpoint.state.messages
+                if rows != thread.rows[: thread.stored]:
+                    error = f"{key!r} was written by another writer since this saver let it go"
+                    raise CheckpointFailed(Failed("conflict", error))
+                # Changed while its writer closed: held again, from what that writer left.
+                thread.held = thread.held or len(thread.rows) > thread.stored
+                thread.base, thread.stored = (None if checkpoint is None else checkpoint.meta), None
+        probe_lock(self._store, key, self._options, "or run the thread under another thread_id")
         return None if thread is None else thread.base
 
     def _source(self, key: str) -> Snapshot | None:
         with self.lock:
             thread = self._by_key.get(key)
-        state = None if thread is None else self._state(thread)
+            state = None if thread is None else self._state(thread)
+            if thread is not None and state is not None:
+                thread.taken = len(thread.rows)
         return None if state is None else Snapshot(key, state)
 
     def _closed(self, key: str, result: Result) -> None:
-        """The thread's writer closed: it leaves memory (read afresh at its next use), unless
-        its final write failed (its next put and the saver's close raise that)."""
+        """The thread's writer closed: its rows stay, as a read's, until one looks again;
+        a failed final write is a refusal (the next put raises it, else the close)."""
         with self.lock:
             thread = self._by_key.get(key)
-            if thread is not None and isinstance(result, Failed) and thread.held:
+            if thread is None or not thread.held:
+                return
+            if isinstance(result, Failed):
                 self._refuse(thread, result, raised=False)
-            elif thread is not None and thread.refusal is None:
-                del self._by_key[key]
+            else:
+                thread.held, thread.stored = False, thread.taken
 
     async def achange(
         self, thread_id: str, change: Change | None, durability: str | None, *, look: bool = False
     ) -> None:
-        """Change the thread in its writer's session, then notify it (or write now: durable).
-
-        Raises a refusal found on the way (the store's answer to this put, an
-        earlier one, a conflict its writer met in the background) and lets the
-        key go.  ``change`` None only looks, leaving the refusal to the close;
-        ``look`` reads an unheld thread again first if another revision is stored.
+        """Change the thread (before any wait: LangGraph's next node may change in place the
+        values a put was handed), then in its writer's session notify it, or write now
+        (durable: a refusal is raised, and the key let go).  An "async" put does that in a
+        task of the saver's, so no put waits for a writer to open; a refusal found there is
+        raised by the next put, or the close.  ``change`` None only looks for a conflict
+        met in the background; ``look`` reads an unheld thread again if it changed.
         """
         if not self._async:  # a synchronous saver: its committer, in a worker thread
             await anyio.to_thread.run_sync(self.change, thread_id, change, durability, look)
             return
-        if look:
-            await self.aget(thread_id)
-        key = thread_key(thread_id)
-        thread: Thread | None = None
-        try:
-            async with self.registry.session(key) as writer:
-                with self.lock:
-                    thread = self._by_key.get(key) or self._install(thread_id, None)
-                conflict = _background_conflict(writer, thread)
-                if conflict is not None:
-                    self._refuse(thread, conflict, raised=change is not None)
-                elif thread.refusal is None and change is not None:
-                    await self._apply(thread, writer, change, durability)
-        finally:
-            if thread is not None and thread.refusal is not None:
-                # Its writer expects a revision no longer stored: it goes (if another put is
-                # in its block, the last one out lets it go).
-                with anyio.CancelScope(shield=True), contextlib.suppress(RuntimeError):
-                    await self.registry.release(key)  # not held: no final write
-        refused = thread.refusal
-        if refused is not None and change is not None:
-            self._unraised = [f for f in self._unraised if f is not refused]
-            raise CheckpointFailed(refused)
-
-    async def _apply(
-        self,
-        thread: Thread,
-        writer: CheckpointWriter[Snapshot],
-        change: Change,
-        durability: str | None,
-    ) -> None:
-        """``change``, then notify the writer, or write now (a refusal refuses the thread)."""
+        thread = await self.aget(thread_id, look=look)  # waits only for a thread not read yet
         with self.lock:
-            if not change(thread):
+            if change is not None and not change(thread):  # hold() raises a refusal
                 return
-        if durability not in DURABLE:
-            writer.notify()
+        if change is not None and durability not in DURABLE and self._tasks is not None:
+            self._tasks.start_soon(self._session, thread, None)
             return
-        result = await writer.write_now()
-        if _refusal(result, durability):
-            assert isinstance(result, Failed)
-            self._refuse(thread, result, raised=True)
-        elif isinstance(result, Failed):
-            raise CheckpointFailed(result)
+        failed = await self._session(thread, durability if change is not None else None)
+        if change is not None:
+            self.hold(thread)  # raises the refusal of this write
+            raise_failed(failed)
+
+    async def _session(self, thread: Thread, durability: str | None) -> Failed | None:
+        """Use the thread's writer in its session; a refusal (its opening's, its write's, a
+        conflict met in the background) refuses the thread and lets the key go.  Returns a
+        durable write's other failure."""
+        failed = None
+        try:
+            async with self.registry.session(thread.key) as writer:
+                failed = await self._use(thread, writer, durability)
+        except Exception as exc:  # the opening: another writer holds or wrote the key, ...
+            refusal = exc.result if isinstance(exc, CheckpointFailed) else None
+            error = f"cannot open the writer of {thread.key!r}: {type(exc).__name__}: {exc}"
+            self._refuse(thread, refusal or Failed("write-failed", error), raised=False)
+        finally:
+            if thread.refusal is not None:
+                # Its writer expects a revision no longer stored: it goes (if another put
+                # is in its block, the last one out lets it go).
+                with anyio.CancelScope(shield=True), contextlib.suppress(RuntimeError):
+                    await self.registry.release(thread.key)  # not held: no final write
+        return failed
+
+    async def _use(
+        self, thread: Thread, writer: CheckpointWriter[Snapshot], durability: str | None
+    ) -> Failed | None:
+        last = writer.statistics().last_result
+        if thread.held and isinstance(last, Failed) and last.reason == "conflict":
+            self._refuse(thread, last, raised=False)
+        elif durability not in DURABLE:
+            if thread.held:
+                writer.notify()
+        else:
+            result = await writer.write_now()
+            if _refusal(result, durability):
+                assert isinstance(result, Failed)
+                self._refuse(thread, result, raised=False)
+            elif isinstance(result, Failed):
+                return result
+        return None
 
     # -- a synchronous saver's: a committer per thread ---------------------------------------
 

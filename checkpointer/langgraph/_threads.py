@@ -88,7 +88,7 @@ class Threads:
             on_close=self._closed,
             idle_timeout=idle_timeout,
             max_open=max_open,
-            **{**options, "write_on_start": False},  # the first put takes the key
+            **options,  # its opening writes the put that opened it (and takes the key)
         )
         self._async = False  # entered with ``async with``: the registry writes the threads
         self._tasks: anyio.abc.TaskGroup | None = None  # an async saver's
@@ -189,7 +189,10 @@ class Threads:
                 # Changed while its writer closed: held again, from what that writer left.
                 thread.held = thread.held or len(thread.rows) > thread.stored
                 thread.base, thread.stored = (None if checkpoint is None else checkpoint.meta), None
-        probe_lock(self._store, key, self._options, "or run the thread under another thread_id")
+        name = key if thread is None else thread.thread_id
+        probe_lock(
+            self._store, key, self._options, f"or run thread {name!r} under another thread_id"
+        )
         return None if thread is None else thread.base
 
     def _source(self, key: str) -> Snapshot | None:

@@ -499,3 +499,63 @@ async def test_a_thread_closed_for_idleness_reopens_from_another_process_write(
     assert server.turns("c0") == [*_turn("a0"), *_turn("b0"), *_turn("c0")]
     assert server.close() == {"pid": server.pid, "step": "close"}
     assert await _stored(kind, tmp_path) == [*_turn("a0"), *_turn("b0"), *_turn("c0")]
+
+
+class _LetGo(CheckpointSaver):
+    """Each put after the first waits until the thread's writer was closed for idleness; the
+    third runs ``meanwhile`` first (LangGraph runs a step's put and put_writes at once)."""
+
+    def __init__(self, store: Store, meanwhile: Callable[[], object] | None = None) -> None:
+        super().__init__(store, idle_timeout=0.01)
+        self._meanwhile = meanwhile
+        self._puts = 0
+
+    async def _wait(self) -> None:
+        self._puts += 1
+        while self._puts > 1 and self._threads.registry.statistics().open:  # noqa: ASYNC110
+            await anyio.sleep(0.005)
+        meanwhile = self._meanwhile
+        if self._puts >= 3 and meanwhile is not None:
+            self._meanwhile = None
+            await anyio.to_thread.run_sync(meanwhile)
+
+    async def aput(self, config: RunnableConfig, *args: Any) -> RunnableConfig:
+        await self._wait()
+        return await super().aput(config, *args)
+
+    async def aput_writes(self, config: RunnableConfig, *args: Any) -> None:
+        await self._wait()
+        await super().aput_writes(config, *args)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_run_goes_on_over_its_thread_let_go_between_puts(tmp_path: Path, kind: str) -> None:
+    """The thread's writer closes for idleness between each two puts of a run: each reopening
+    goes on from what the last one wrote, and the turn is stored whole."""
+    async with _LetGo(_store(kind, tmp_path)) as saver:
+        result = await langgraph_graph(saver).ainvoke(
+            {"messages": [HumanMessage("a0")]}, CONFIG, durability="sync"
+        )
+        assert saver._threads.registry.statistics().closed_idle >= 3
+    assert [m.content for m in result["messages"]] == _turn("a0")
+    assert await _stored(kind, tmp_path) == _turn("a0")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_another_process_writing_while_a_run_s_thread_is_let_go_is_a_conflict(
+    tmp_path: Path, kind: str, agents: Callable[..., Agent]
+) -> None:
+    """Another process runs a turn while a run's thread is let go between two puts: the run's
+    next put raises "conflict", and the other's turn stays (never built over)."""
+    theirs: list[str] = []
+    with pytest.raises(CheckpointFailed) as raised:
+        async with _LetGo(
+            _store(kind, tmp_path), _other_process(kind, tmp_path, agents, theirs)
+        ) as saver:
+            await langgraph_graph(saver).ainvoke(
+                {"messages": [HumanMessage("a0")]}, CONFIG, durability="sync"
+            )
+    assert raised.value.result.reason == "conflict"
+    assert "since this saver let it go" in str(raised.value)
+    assert theirs[-4:] == _turn("b2")
+    assert await _stored(kind, tmp_path) == theirs

@@ -241,9 +241,7 @@ async def _langgraph(root: str, history: int, turns: int, ours: bool) -> dict[st
                     tg.start_soon(wait.run)
                     await drive(saver)
                     _turns_done.append(time.perf_counter())
-                    wait.writers = [
-                        t.writer for t in saver._threads.values() if t.writer is not None
-                    ]
+                    wait.writers = _lg_writers(saver)
                     while any(w.statistics().pending for w in wait.writers):  # noqa: ASYNC110
                         await anyio.sleep(0.001)
                     wait.sample()
@@ -251,7 +249,7 @@ async def _langgraph(root: str, history: int, turns: int, ours: bool) -> dict[st
                 return wait.longest
 
             # Writers appear at the first put: watch them from the prefill on.
-            wait.writers = [t.writer for t in saver._threads.values() if t.writer is not None]
+            wait.writers = _lg_writers(saver)
             return await _measure(turns, run_ours)
     from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
@@ -457,3 +455,9 @@ if __name__ == "__main__":
     import sys
 
     print(json.dumps(main("--quick" in sys.argv), indent=1)[:20000])
+
+
+def _lg_writers(saver: Any) -> list[Any]:
+    """The writers open in a LangGraph saver's registry."""
+    entries = saver._threads.registry._entries.values()
+    return [entry.writer for entry in entries if entry.writer is not None]

@@ -21,7 +21,6 @@ from langgraph.checkpoint.base import (
 
 Version = str | int | float
 Loads = Callable[[tuple[str, bytes]], Any]
-Dumps = Callable[[Any], tuple[str, bytes]]
 Last = dict[tuple[str, str], tuple[Version, int, bytes] | None]
 
 
@@ -166,20 +165,20 @@ class Log:
         return "msgpack", b"".join([_array_header(count), *tails])
 
     def value_rows(
-        self, ns: str, values: Mapping[str, Any], versions: Mapping[str, Version], dumps: Dumps
+        self, ns: str, typed: Mapping[str, tuple[str, bytes]], versions: Mapping[str, Version]
     ) -> tuple[list[Row], Last]:
-        """The rows of the channel ``versions`` (their ``values``), and the list values they store.
-
-        A full value, or a tail when it extends the channel's last list value.
+        """The rows of the channel ``versions`` (their values serialized: ``typed``), and the
+        list values they store.  A full value, or a tail when it extends the channel's last
+        list value.
         """
         rows: list[Row] = []
         last: Last = {}
         for channel, version in versions.items():
             last[(ns, channel)] = None
-            if channel not in values:
+            if channel not in typed:
                 rows.append(Blob(ns, channel, version, "empty", b""))
                 continue
-            kind, data = dumps(values[channel])
+            kind, data = typed[channel]
             split = _split_array(data) if kind == "msgpack" else None
             tail = self._tail(ns, channel, version, data, split)
             rows.append(tail or Blob(ns, channel, version, kind, data))

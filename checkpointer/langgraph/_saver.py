@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, Literal
+import functools
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from typing import Any, Literal, TypeVar
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -25,10 +29,15 @@ from checkpointer import CheckpointFailed
 from checkpointer._adapters import check_options, locked, raise_failed
 from checkpointer.stores import KeyLocked, Store
 
-from ._log import Put, Write, config_of
+from ._log import Put, Row, Version, Write, config_of
 from ._threads import Thread, Threads, thread_key
 
 __all__ = ["CheckpointFailed", "CheckpointSaver", "thread_key"]
+
+T = TypeVar("T")
+Typed = dict[str, tuple[str, bytes]]  # channel -> its value serialized
+Writes = list[tuple[int, str, str, bytes]]  # (index, channel, type, data) of a task's writes
+Rows = list[Row]
 
 
 class CheckpointSaver(BaseCheckpointSaver[str]):
@@ -37,6 +46,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     Args:
         store: where the threads go.
         serde: LangGraph's serializer (default: its ``JsonPlusSerializer``).
+        idle_timeout: seconds an async saver holds a thread's key with no put
+            (``SessionRegistry``); then, or when past ``max_open``, its
+            writer closes and the thread is read afresh at its next use.
+        max_open: most threads' keys an async saver holds at once.
         **writer_options: for each thread's ``CheckpointWriter``; ``limits``,
             ``transcript`` and ``state_version`` for its ``KeyCommitter`` too.
 
@@ -44,13 +57,20 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     """
 
     def __init__(
-        self, store: Store, *, serde: SerializerProtocol | None = None, **writer_options: Any
+        self,
+        store: Store,
+        *,
+        serde: SerializerProtocol | None = None,
+        idle_timeout: float = 300.0,
+        max_open: int = 512,
+        **writer_options: Any,
     ) -> None:
         super().__init__(serde=serde)
         self.store = store
         self._options = check_options("CheckpointSaver", writer_options)
         self._mode: Literal["new", "sync", "async", "closed"] = "new"
-        self._threads = Threads(store, self._options)
+        self._threads = Threads(store, self._options, idle_timeout=idle_timeout, max_open=max_open)
+        self._loop: tuple[anyio.lowlevel.EventLoopToken, int] | None = None  # an async saver's
 
     def __repr__(self) -> str:
         return f"<CheckpointSaver {self._mode} store={self.store!r} threads={len(self._threads)}>"
@@ -71,6 +91,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
 
     async def __aenter__(self) -> CheckpointSaver:
         self._claim("async")
+        self._loop = anyio.lowlevel.current_token(), threading.get_ident()
         await self._threads.aopen()
         return self
 
@@ -91,6 +112,17 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 f"this CheckpointSaver is {self._mode}: use it inside 'with' or 'async with'"
             )
 
+    def _on_loop(self, method: Callable[..., Coroutine[Any, Any, T]], *args: Any) -> T:
+        """A change by a sync method of an async saver: its async twin on the saver's loop
+        (as LangGraph's own async savers do), refused on that loop's thread (it would block)."""
+        assert self._loop is not None
+        token, loop_thread = self._loop
+        if threading.get_ident() == loop_thread:
+            raise RuntimeError(
+                f"this CheckpointSaver is async: await {method.__name__}() on its event loop"
+            )
+        return anyio.from_thread.run(method, *args, token=token)
+
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint of ``config`` (its ``checkpoint_id``, else the thread's latest)."""
         self._check_open()
@@ -106,9 +138,15 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
                 return None
             return thread.checkpoint_tuple(thread.thread_id, ns, row, self.serde.loads_typed)
 
+    async def _settle(self, thread_id: str) -> None:
+        """Before a read: a held thread whose writer met a conflict in the background is let go."""
+        thread = await self._threads.aget(thread_id, look=False)
+        if thread.held:
+            await self._threads.achange(thread_id, None, None)
+
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         self._check_open()
-        await self._threads.settle(_id(config), wait=True)
+        await self._settle(_id(config))
         # Decoding the channels builds Python objects (LangChain messages): in a
         # worker thread the loop gets the GIL back between them.
         return await anyio.to_thread.run_sync(self.get_tuple, config)
@@ -154,32 +192,39 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         self._check_open()
         ids = [_id(config)] if config else [t.thread_id for t in self._threads.values()]
         for thread_id in ids:
-            await self._threads.settle(thread_id, wait=True)
+            await self._settle(thread_id)
         found = await anyio.to_thread.run_sync(self._list, config, filter, before, limit)
         for item in found:
             yield item
 
-    def _put(
+    def _encoded_put(
         self,
-        thread: Thread,
         config: RunnableConfig,
         checkpoint: Checkpoint,
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
-    ) -> RunnableConfig:
+    ) -> Callable[[Thread], bool]:
+        """The put as a change of its thread, serialized now: once ``aput`` waits, the next
+        node may change in place the channel values LangGraph handed over."""
         dumps = self.serde.dumps_typed
-        ns: str = config["configurable"]["checkpoint_ns"]
         copied = checkpoint.copy()
         values: dict[str, Any] = copied.pop("channel_values")  # type: ignore[misc]
-        with self._threads.lock:
-            rows, last = thread.value_rows(ns, values, new_versions, dumps)
-            kind, data = dumps(copied)
-            meta_kind, meta_data = dumps(get_checkpoint_metadata(config, metadata))
-            parent = config["configurable"].get("checkpoint_id")
-            rows.append(Put(ns, checkpoint["id"], parent, kind, data, meta_kind, meta_data))
-            self._threads.hold(thread)
-            thread.extend(rows, last)
-        return config_of(thread.thread_id, ns, checkpoint["id"])
+        typed = {c: dumps(values[c]) for c in new_versions if c in values}
+        kind, data = dumps(copied)
+        meta_kind, meta_data = dumps(get_checkpoint_metadata(config, metadata))
+        ns: str = config["configurable"]["checkpoint_ns"]
+        parent = config["configurable"].get("checkpoint_id")
+        put = Put(ns, checkpoint["id"], parent, kind, data, meta_kind, meta_data)
+        return functools.partial(self._apply_put, put, typed, dict(new_versions))
+
+    def _apply_put(
+        self, put: Put, typed: Typed, versions: dict[str, Version], thread: Thread
+    ) -> bool:
+        rows, last = thread.value_rows(put.ns, typed, versions)
+        rows.append(put)
+        self._threads.hold(thread)
+        thread.extend(rows, last)
+        return True
 
     def put(
         self,
@@ -191,10 +236,11 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         """Store a checkpoint and its ``new_versions`` values; a durable put (``"sync"``,
         ``"exit"``) that was not written raises ``CheckpointFailed``."""
         self._check_open()
-        thread = self._threads.get(_id(config), look=False)
-        stored = self._put(thread, config, checkpoint, metadata, new_versions)
-        self._threads.changed(thread, _durability(config))
-        return stored
+        if self._mode == "async":
+            return self._on_loop(self.aput, config, checkpoint, metadata, new_versions)
+        change = self._encoded_put(config, checkpoint, metadata, new_versions)
+        self._threads.change(_id(config), change, _durability(config))
+        return config_of(_id(config), config["configurable"]["checkpoint_ns"], checkpoint["id"])
 
     async def aput(
         self,
@@ -204,34 +250,34 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         self._check_open()
-        thread = await self._threads.for_put(_id(config))
-        # Encoded on the loop's thread before returning: once aput returns, the
-        # next node may change in place the channel values LangGraph handed over.
-        stored = self._put(thread, config, checkpoint, metadata, new_versions)
-        await self._threads.achanged(thread, _durability(config))
-        return stored
+        change = self._encoded_put(config, checkpoint, metadata, new_versions)
+        await self._threads.achange(_id(config), change, _durability(config))
+        return config_of(_id(config), config["configurable"]["checkpoint_ns"], checkpoint["id"])
 
-    def _put_writes(
-        self,
-        thread: Thread,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str,
-    ) -> bool:
+    def _encoded_writes(
+        self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str, path: str
+    ) -> Callable[[Thread], bool]:
+        """The task's writes as a change of their thread, serialized now (see ``_encoded_put``)."""
+        dumps = self.serde.dumps_typed
+        typed: Writes = [
+            (WRITES_IDX_MAP.get(channel, idx), channel, *dumps(value))
+            for idx, (channel, value) in enumerate(writes)
+        ]
         ns: str = config["configurable"].get("checkpoint_ns", "")
         checkpoint_id: str = config["configurable"]["checkpoint_id"]
+        return functools.partial(self._apply_writes, ns, checkpoint_id, task_id, path, typed)
+
+    def _apply_writes(
+        self, ns: str, checkpoint_id: str, task_id: str, path: str, typed: Writes, thread: Thread
+    ) -> bool:
+        stored = thread.writes.get((ns, checkpoint_id), {})
         added = False
-        with self._threads.lock:
-            stored = thread.writes.get((ns, checkpoint_id), {})
-            for idx, (channel, value) in enumerate(writes):
-                index = WRITES_IDX_MAP.get(channel, idx)
-                if index >= 0 and (task_id, index) in stored:
-                    continue
-                kind, data = self.serde.dumps_typed(value)
-                self._threads.hold(thread)
-                thread.add(Write(ns, checkpoint_id, task_id, index, channel, kind, data, task_path))
-                added = True
+        for index, channel, kind, data in typed:
+            if index >= 0 and (task_id, index) in stored:
+                continue
+            self._threads.hold(thread)
+            thread.add(Write(ns, checkpoint_id, task_id, index, channel, kind, data, path))
+            added = True
         return added
 
     def put_writes(
@@ -243,9 +289,11 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """Store a task's pending writes for the checkpoint of ``config``."""
         self._check_open()
-        thread = self._threads.get(_id(config), look=False)
-        if self._put_writes(thread, config, writes, task_id, task_path):
-            self._threads.changed(thread, _durability(config))
+        if self._mode == "async":
+            return self._on_loop(self.aput_writes, config, writes, task_id, task_path)
+        change = self._encoded_writes(config, writes, task_id, task_path)
+        self._threads.change(_id(config), change, _durability(config))
+        return None
 
     async def aput_writes(
         self,
@@ -255,9 +303,8 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         self._check_open()
-        thread = await self._threads.for_put(_id(config))
-        if self._put_writes(thread, config, writes, task_id, task_path):
-            await self._threads.achanged(thread, _durability(config))
+        change = self._encoded_writes(config, writes, task_id, task_path)
+        await self._threads.achange(_id(config), change, _durability(config))
 
     def _delete(self, thread_id: str) -> None:
         try:
@@ -272,90 +319,98 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         ``CheckpointFailed("locked")``, naming the holder, while another writer holds it.
         """
         self._check_open()
+        if self._mode == "async":
+            return self._on_loop(self.adelete_thread, thread_id)
         thread = self._threads.let_go(thread_id)
         if thread is not None:
-            self._threads.close_thread(thread)
+            self._threads.end_committer(thread)
         self._delete(thread_id)
+        return None
 
     async def adelete_thread(self, thread_id: str) -> None:
         self._check_open()
-        thread = self._threads.let_go(thread_id)
-        if thread is not None:
-            await self._threads.aclose_thread(thread)
+        if self._mode == "sync":
+            await anyio.to_thread.run_sync(self.delete_thread, thread_id)
+            return
+        self._threads.let_go(thread_id)  # its writer writes nothing more
+        await self._threads.registry.release(thread_key(thread_id))
         await anyio.to_thread.run_sync(self._delete, thread_id)
 
     def _copy_thread(self, source: Thread, target: Thread) -> bool:
-        with self._threads.lock:
-            rows = list(source.rows)
-            if rows:
-                self._threads.hold(target)
-            for row in rows:
-                target.add(row)
-            target.last.clear()  # the source's last values are not the target's
-            return bool(rows)
+        rows = list(source.rows)
+        if rows:
+            self._threads.hold(target)
+        for row in rows:
+            target.add(row)
+        target.last.clear()  # the source's last values are not the target's
+        return bool(rows)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of one thread onto another, durably."""
         self._check_open()
-        target = self._threads.get(target_thread_id)
-        if self._copy_thread(self._threads.get(source_thread_id), target):
-            self._threads.changed(target, "sync")
+        if self._mode == "async":
+            return self._on_loop(self.acopy_thread, source_thread_id, target_thread_id)
+        change = functools.partial(self._copy_thread, self._threads.get(source_thread_id))
+        self._threads.change(target_thread_id, change, "sync", look=True)
+        return None
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         self._check_open()
-        source = await self._threads.aget(source_thread_id)
-        target = await self._threads.aget(target_thread_id)
-        if self._copy_thread(source, target):
-            await self._threads.achanged(target, "sync")
+        change = functools.partial(self._copy_thread, await self._threads.aget(source_thread_id))
+        await self._threads.achange(target_thread_id, change, "sync", look=True)
 
-    def _keep(self, thread: Thread, drop: str | set[str]) -> bool:
-        """Rewrite the log without the checkpoints ``drop`` names: all but each namespace's
-        latest (``"keep_latest"``), all (``"delete"``), or a set of run ids'.  False if none go."""
+    def _kept(self, thread: Thread, drop: str | set[str]) -> Rows | None:
+        """The log without the checkpoints ``drop`` names: all but each namespace's latest
+        (``"keep_latest"``), all (``"delete"``), or a set of run ids'.  None if none go."""
         loads = self.serde.loads_typed
         with self._threads.lock:
             if isinstance(drop, set):
-                rows = thread.kept(thread.without_runs(drop, loads), loads)
-            else:
-                rows = thread.kept(thread.latest() if drop == "keep_latest" else set(), loads)
-            if rows is None:
-                return False
-            self._threads.hold(thread)
-            thread.reset(rows)
-            return True
+                return thread.kept(thread.without_runs(drop, loads), loads)
+            return thread.kept(thread.latest() if drop == "keep_latest" else set(), loads)
+
+    def _keep(self, drop: str | set[str], thread: Thread) -> bool:
+        rows = self._kept(thread, drop)
+        if rows is None:
+            return False
+        self._threads.hold(thread)
+        thread.reset(rows)
+        return True
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Keep each namespace's latest checkpoint (``"keep_latest"``), or none (``"delete"``)."""
         self._check_open()
+        if self._mode == "async":
+            return self._on_loop(functools.partial(self.aprune, strategy=strategy), thread_ids)
         _check_strategy(strategy)
         for thread_id in thread_ids:
-            thread = self._threads.get(thread_id)
-            if self._keep(thread, strategy):
-                self._threads.changed(thread, "sync")
+            self._threads.change(thread_id, functools.partial(self._keep, strategy), "sync", True)
+        return None
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         self._check_open()
         _check_strategy(strategy)
         for thread_id in thread_ids:
-            thread = await self._threads.aget(thread_id)
-            if self._keep(thread, strategy):
-                await self._threads.achanged(thread, "sync")
+            change = functools.partial(self._keep, strategy)
+            await self._threads.achange(thread_id, change, "sync", look=True)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) whose metadata's ``run_id`` is listed."""
         self._check_open()
-        if not run_ids:
-            return
-        for thread in self._threads.all():
-            if self._keep(thread, set(run_ids)):
-                self._threads.changed(thread, "sync")
+        if self._mode == "async":
+            return self._on_loop(self.adelete_for_runs, run_ids)
+        drop = set(run_ids)
+        for thread in self._threads.all() if drop else []:
+            if self._kept(thread, drop) is not None:
+                self._threads.change(thread.thread_id, functools.partial(self._keep, drop), "sync")
+        return None
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         self._check_open()
-        if not run_ids:
-            return
-        for thread in await anyio.to_thread.run_sync(self._threads.all):
-            if self._keep(thread, set(run_ids)):
-                await self._threads.achanged(thread, "sync")
+        drop = set(run_ids)
+        for thread in await anyio.to_thread.run_sync(self._threads.all) if drop else []:
+            if self._kept(thread, drop) is not None:  # only a thread it changes is opened
+                change = functools.partial(self._keep, drop)
+                await self._threads.achange(thread.thread_id, change, "sync")
 
     get_next_version = InMemorySaver.get_next_version  # "<counter>.<random>", as LangGraph's
 

@@ -187,7 +187,7 @@ async def test_a_pruned_log_keeps_a_tail_whose_base_it_keeps() -> None:
     serde = JsonPlusSerializer()
     log = Log()
     for version, items in enumerate([["a"], ["a", "b"], ["a", "b", "c"]], 1):
-        rows, last = log.value_rows("", {"m": items}, {"m": version}, serde.dumps_typed)
+        rows, last = log.value_rows("", {"m": serde.dumps_typed(items)}, {"m": version})
         checkpoint = {**empty_checkpoint(), "id": f"c{version}", "channel_versions": {"m": version}}
         kind, data = serde.dumps_typed(checkpoint)
         rows.append(Put("", f"c{version}", None, kind, data, *serde.dumps_typed({})))
@@ -243,8 +243,8 @@ def _async_put(
 
 
 def _flush(saver: CheckpointSaver) -> Any:
-    """What the SIGTERM handler does to the thread's writer."""
-    writer = saver._threads.get("chat", look=False).writer
+    """What the SIGTERM handler does to the thread's writer (open in the saver's registry)."""
+    writer = saver._threads.registry._entries[thread_key("chat")].writer
     assert writer is not None
     return writer.flush_sync()
 

@@ -12,8 +12,10 @@ LangGraph nodes.  Asyncio only, as LangGraph's async API.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -64,8 +66,8 @@ def _child(*args: str) -> subprocess.Popen[str]:
 class Agent:
     """A LangGraph agent in a process of its own (``langgraph_child serve``) on thread "chat"."""
 
-    def __init__(self, kind: str, root: Path) -> None:
-        self.proc = _child("serve", f"{kind}:{root}", "chat")
+    def __init__(self, kind: str, root: Path, *idle_timeout: str) -> None:
+        self.proc = _child("serve", f"{kind}:{root}", "chat", *idle_timeout)
         self.pid = self.proc.pid
         self._watchdog = threading.Timer(TIMEOUT, self.proc.kill)
         self._watchdog.start()
@@ -107,11 +109,11 @@ class Agent:
 
 
 @pytest.fixture
-def agents() -> Iterator[Callable[[str, Path], Agent]]:
+def agents() -> Iterator[Callable[..., Agent]]:
     started: list[Agent] = []
 
-    def start(kind: str, root: Path) -> Agent:
-        agent = Agent(kind, root)
+    def start(kind: str, root: Path, *idle_timeout: str) -> Agent:
+        agent = Agent(kind, root, *idle_timeout)
         started.append(agent)
         return agent
 
@@ -444,3 +446,116 @@ async def test_two_processes_started_at_once_on_a_new_thread_lose_no_turn(
         outcomes.append((after, *sorted((len(a["turns"]), len(b["turns"])))))
     # -s shows how the repetitions went: (one began after the other closed, turns, turns)
     print(f"{kind}: {sorted(Counter(outcomes).items())}")
+
+
+# -- a server of many threads; a thread let go for idleness -------------------------------------
+
+# More threads than descriptors shows the bound; the issue's 10,000 take minutes, so they are the
+# long run's (CHECKPOINTER_LONG_TESTS=1).
+MANY = 10_000 if os.environ.get("CHECKPOINTER_LONG_TESTS") == "1" else 1_500
+
+
+def test_a_server_holds_more_threads_than_descriptors_under_ulimit_1024(tmp_path: Path) -> None:
+    """``MANY`` threads, one turn each (``"sync"``: each key taken), 64 runs at a time, in a
+    process limited to 1,024 descriptors: each thread's turn stored, its key let go."""
+    root = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path  # descriptors, not fsync
+    with tempfile.TemporaryDirectory(dir=root) as where:
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.children.langgraph_child", "many", where, str(MANY)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=child_env(),
+            timeout=1800,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        stats = json.loads(done.stdout.splitlines()[-1])
+        assert (stats["opened"], stats["failed"], stats["open"]) == (MANY, 0, 0)
+        assert stats["evicted"] >= MANY - 512
+        wrong = []
+        with CheckpointSaver(FileStore(where)) as saver:
+            graph = langgraph_graph(saver)
+            for i in range(MANY):
+                stored = load(FileStore(where), thread_key(f"t{i}"))
+                state = graph.get_state({"configurable": {"thread_id": f"t{i}"}})
+                if stored is None or stored.meta.live or _contents(state) != _turn(f"hi {i}"):
+                    wrong.append(i)
+        assert wrong == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_thread_closed_for_idleness_reopens_from_another_process_write(
+    tmp_path: Path, kind: str, agents: Callable[..., Agent]
+) -> None:
+    """A server's thread, let go for idleness, gets a turn from another process; the server's
+    next turn goes on from it, and the store holds the three turns."""
+    server = agents(kind, tmp_path, "0.05")
+    server.turns("a0")
+    assert server.send("idle")["step"] == "idle"
+    other = agents(kind, tmp_path)
+    assert other.turns("b0") == [*_turn("a0"), *_turn("b0")]
+    other.close()
+    assert server.turns("c0") == [*_turn("a0"), *_turn("b0"), *_turn("c0")]
+    assert server.close() == {"pid": server.pid, "step": "close"}
+    assert await _stored(kind, tmp_path) == [*_turn("a0"), *_turn("b0"), *_turn("c0")]
+
+
+class _LetGo(CheckpointSaver):
+    """Each put after the first waits until the thread's writer was closed for idleness; the
+    third runs ``meanwhile`` first (LangGraph runs a step's put and put_writes at once)."""
+
+    def __init__(self, store: Store, meanwhile: Callable[[], object] | None = None) -> None:
+        super().__init__(store, idle_timeout=0.01)
+        self._meanwhile = meanwhile
+        self._puts = 0
+
+    async def _wait(self) -> None:
+        self._puts += 1
+        while self._puts > 1 and self._threads.registry.statistics().open:  # noqa: ASYNC110
+            await anyio.sleep(0.005)
+        meanwhile = self._meanwhile
+        if self._puts >= 3 and meanwhile is not None:
+            self._meanwhile = None
+            await anyio.to_thread.run_sync(meanwhile)
+
+    async def aput(self, config: RunnableConfig, *args: Any) -> RunnableConfig:
+        await self._wait()
+        return await super().aput(config, *args)
+
+    async def aput_writes(self, config: RunnableConfig, *args: Any) -> None:
+        await self._wait()
+        await super().aput_writes(config, *args)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_run_goes_on_over_its_thread_let_go_between_puts(tmp_path: Path, kind: str) -> None:
+    """The thread's writer closes for idleness between each two puts of a run: each reopening
+    goes on from what the last one wrote, and the turn is stored whole."""
+    async with _LetGo(_store(kind, tmp_path)) as saver:
+        result = await langgraph_graph(saver).ainvoke(
+            {"messages": [HumanMessage("a0")]}, CONFIG, durability="sync"
+        )
+        assert saver._threads.registry.statistics().closed_idle >= 3
+    assert [m.content for m in result["messages"]] == _turn("a0")
+    assert await _stored(kind, tmp_path) == _turn("a0")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_another_process_writing_while_a_run_s_thread_is_let_go_is_a_conflict(
+    tmp_path: Path, kind: str, agents: Callable[..., Agent]
+) -> None:
+    """Another process runs a turn while a run's thread is let go between two puts: the run's
+    next put raises "conflict", and the other's turn stays (never built over)."""
+    theirs: list[str] = []
+    with pytest.raises(CheckpointFailed) as raised:
+        async with _LetGo(
+            _store(kind, tmp_path), _other_process(kind, tmp_path, agents, theirs)
+        ) as saver:
+            await langgraph_graph(saver).ainvoke(
+                {"messages": [HumanMessage("a0")]}, CONFIG, durability="sync"
+            )
+    assert raised.value.result.reason == "conflict"
+    assert "since this saver let it go" in str(raised.value)
+    assert theirs[-4:] == _turn("b2")
+    assert await _stored(kind, tmp_path) == theirs

@@ -1,7 +1,8 @@
 """LangGraph agents in processes of their own, for ``tests/adapters/test_langgraph_owners.py``.
 
-    python -m tests.children.langgraph_child serve STORE THREAD
+    python -m tests.children.langgraph_child serve STORE THREAD [IDLE_TIMEOUT]
     python -m tests.children.langgraph_child race STORE ROOT REPEATS
+    python -m tests.children.langgraph_child many ROOT N
 
 ``STORE`` is ``file``, ``journal``, ``unlocked-file`` or ``unlocked-journal``
 (a store of one's own that forwards every method but ``lock()``: it fences
@@ -17,6 +18,8 @@ stdin, one command a line, and answers each with one JSON line:
   or the ``CheckpointFailed`` it raised (``reason``, ``error``);
 * ``state``: the messages ``aget_state`` shows;
 * ``delete``: ``adelete_thread``;
+* ``idle``: wait until the saver's registry has closed every thread's writer
+  (``IDLE_TIMEOUT``, seconds, is the saver's ``idle_timeout``);
 * ``close``: leave the ``async with`` (what its exit raised, if anything).
 
 ``race`` imports LangGraph once, then for each repetition forks two agents,
@@ -28,6 +31,11 @@ closes its saver, then prints ``{"rep": n, "name": ..., "turns": [...],
 the first ``CheckpointFailed`` (or None), and when its first turn began
 and its saver had closed (``time.monotonic()``: one clock for every
 process of the machine).
+
+``many`` is a server under ``ulimit -n 1024``: one saver on the ``FileStore``
+at ``ROOT``, threads ``t0`` ... ``t<N-1>`` one turn each (``"hi <i>"``,
+``durability="sync"``: each thread's key taken as its run puts), 64 runs at a
+time; then it closes the saver and prints the registry's statistics.
 """
 
 from __future__ import annotations
@@ -72,7 +80,7 @@ def failure(exc: CheckpointFailed) -> dict[str, str]:
     return {"reason": exc.result.reason, "error": exc.result.error}
 
 
-async def serve(spec: str, thread_id: str) -> None:
+async def serve(spec: str, thread_id: str, idle_timeout: float) -> None:
     from langchain_core.messages import HumanMessage
 
     from checkpointer.langgraph import CheckpointSaver
@@ -80,7 +88,7 @@ async def serve(spec: str, thread_id: str) -> None:
 
     kind, _, root = spec.partition(":")
     config: Any = {"configurable": {"thread_id": thread_id}}
-    saver = CheckpointSaver(make_store(kind, root))
+    saver = CheckpointSaver(make_store(kind, root), idle_timeout=idle_timeout)
     await saver.__aenter__()
     graph = langgraph_graph(saver)
     say(step="ready")
@@ -95,6 +103,10 @@ async def serve(spec: str, thread_id: str) -> None:
             elif command == "state":
                 state = await graph.aget_state(config)
                 say(step="state", messages=[m.content for m in state.values.get("messages", [])])
+            elif command == "idle":
+                while saver._threads.registry.statistics().open:  # noqa: ASYNC110 -- a counter
+                    await asyncio.sleep(0.01)
+                say(step="idle")
             elif command == "delete":
                 await saver.adelete_thread(thread_id)
                 say(step="delete")
@@ -161,9 +173,37 @@ def race(kind: str, base: str, repeats: int) -> None:
                 raise SystemExit(f"agent {pid} of repetition {rep} exited with {status}")
 
 
+async def many(root: str, n: int) -> None:
+    import resource
+
+    import msgspec
+    from langchain_core.messages import HumanMessage
+
+    from checkpointer.langgraph import CheckpointSaver
+    from tests.children.adapter_child import langgraph_graph
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    ids = iter(range(n))
+    saver = CheckpointSaver(FileStore(root))
+    graph = langgraph_graph(saver)
+
+    async def runs() -> None:  # a server's: many threads asked for at once
+        for i in ids:
+            config: Any = {"configurable": {"thread_id": f"t{i}"}}
+            inputs = {"messages": [HumanMessage(f"hi {i}")]}
+            await graph.ainvoke(inputs, config, durability="sync")
+
+    async with saver:
+        await asyncio.gather(*(runs() for _ in range(64)))
+    say(step="done", **msgspec.to_builtins(saver._threads.registry.statistics()))
+
+
 def main() -> None:
     if sys.argv[1] == "serve":
-        asyncio.run(serve(sys.argv[2], sys.argv[3]))
+        idle = float(sys.argv[4]) if len(sys.argv) > 4 else 300.0
+        asyncio.run(serve(sys.argv[2], sys.argv[3], idle))
+    elif sys.argv[1] == "many":
+        asyncio.run(many(sys.argv[2], int(sys.argv[3])))
     else:
         race(sys.argv[2], sys.argv[3], int(sys.argv[4]))
 

@@ -34,12 +34,14 @@ __all__ = [
     "MAGIC",
     "DecryptionError",
     "Encryption",
+    "first_row",
     "is_sealed",
-    "open_row",
     "open_end",
+    "open_row",
     "open_rows",
     "seal",
     "seal_end",
+    "seal_epoch",
     "seal_rows",
     "unseal",
 ]
@@ -396,6 +398,12 @@ def open_row(
     return unseal(encryption, record, key=key, position=position, where=where)
 
 
+def first_row(row: bytes) -> bytes:
+    """What a headed journal's rows are bound to (``seal_rows``' ``first``): a digest of its
+    sealed compaction row (kept in place of the row, which may be large)."""
+    return hashlib.blake2b(row, digest_size=16).digest()
+
+
 def seal_end(encryption: Encryption | None, *, key: str, first: bytes, size: int) -> bytes:
     """What a journal's head keeps of its rows (the first ``first``, ``size`` bytes in all),
     sealed: an empty record at their end, so a row dropped from the end is refused too."""
@@ -403,6 +411,19 @@ def seal_end(encryption: Encryption | None, *, key: str, first: bytes, size: int
         return b""
     position = f"end {_row_position(first, size)}"
     return b"".join(encryption.seal([], key=key, position=position, meta=None))
+
+
+def seal_epoch(
+    encryption: Encryption | None, rows: list[bytes], *, key: str
+) -> tuple[list[bytes], bytes, bytes]:
+    """A headed journal's compaction seam: ``rows`` that begin its rows (a compaction
+    first) sealed, their ``first_row`` and their end sealed (as they are and b"" if plain)."""
+    if encryption is None:
+        return rows, b"", b""
+    [head] = seal_rows(encryption, rows[:1], key=key, first=None, offset=0)
+    first = first_row(head)
+    sealed = [head, *seal_rows(encryption, rows[1:], key=key, first=first, offset=len(head))]
+    return sealed, first, seal_end(encryption, key=key, first=first, size=sum(map(len, sealed)))
 
 
 def open_end(encryption: Encryption | None, end: bytes, *, key: str, where: str) -> None:
@@ -418,13 +439,13 @@ def open_rows(
     encryption: Encryption | None, rows: list[bytes], end: bytes, *, key: str, where: str
 ) -> list[bytes]:
     """A headed journal's read seam (S3, PostgreSQL): the plaintext of ``rows`` (as stored,
-    each with its row end, its compaction first), checked against ``end`` (``seal_end``).
+    each with its row end, its compaction first: ``first_row``), checked against ``end``.
 
     Raises:
         DecryptionError: a row or the end that does not open there ("truncated": rows
             dropped from the end, or added after it).
     """
-    first, offset, opened = rows[0] if rows else b"", 0, []
+    first, offset, opened = first_row(rows[0] if rows else b""), 0, []
     for row in rows:
         line = row.rstrip(b"\n")
         opened.append(open_row(encryption, line, offset, key=key, first=first, where=where))

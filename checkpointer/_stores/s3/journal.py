@@ -58,7 +58,7 @@ from ..._values import Checkpoint, CheckpointError, Meta
 from ..base import StaleWrite, check_key, landed
 from ..journal.core import JournalCore
 from ..journal.staging import Delta, Full, Track, absent
-from ..sealing import Encryption, open_end, open_rows, seal_end, seal_rows
+from ..sealing import Encryption, open_end, open_rows, seal_end, seal_epoch
 from .client import condition_failed
 from .store import S3Store
 
@@ -218,14 +218,10 @@ class S3JournalStore(JournalCore, S3Store):
         check_key(key)
         data = b"".join(chunks)
         scan = scan_journal(data, self.location(key))
-        rows = [data[data.index(b"\n") + 1 : scan.end]]
+        rows = data[data.index(b"\n") + 1 : scan.end].splitlines(keepends=True)
         meta = msgspec.structs.replace(scan.meta, revision=revision)  # the head's meta closes them
-        if self.encryption is not None:
-            rows = seal_rows(
-                self.encryption, rows[0].splitlines(True), key=key, first=None, offset=0
-            )
+        rows, _, end = seal_epoch(self.encryption, rows, key=key)
         size = sum(map(len, rows))
-        end = seal_end(self.encryption, key=key, first=rows[0], size=size)
         with _exit.busy():
             self._drop_track(key)
             started = time.time()
@@ -349,17 +345,16 @@ class S3JournalStore(JournalCore, S3Store):
     ) -> int:
         known = self._known.get(key)
         pieces = self._compaction_row(_ENCODER.encode(meta), full)
-        if self.encryption is not None:
-            pieces = seal_rows(self.encryption, [b"".join(pieces)], key=key, first=None, offset=0)
+        first = end = b""
+        if self.encryption is not None:  # else as they are: not joined
+            pieces, first, end = seal_epoch(self.encryption, [b"".join(pieces)], key=key)
         nbytes = sum(map(len, pieces))
-        first = pieces[0] if self.encryption is not None else b""
-        end = seal_end(self.encryption, key=key, first=first, size=nbytes)
         started = time.time()
         name = self._put_segment(key, meta, pieces)
         self._put_head(key, meta, ((name, nbytes),), expected, [name], started, end=end)
         self.compactions += 1
-        track = full.track(meta, size=nbytes, ino=0, live=nbytes)._replace(first=first)
-        self._tracks[key] = track
+        track = full.track(meta, size=nbytes, ino=0, live=nbytes)
+        self._tracks[key] = track._replace(first=first)
         if known is not None:  # the replaced segments: a reader finds one gone and reads again
             self._remove(key, [n for n, _ in known.segments])
         return nbytes

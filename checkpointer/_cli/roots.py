@@ -16,7 +16,7 @@ from checkpointer import (
     Checkpoint,
     CheckpointError,
     Meta,
-    PostgresStore,
+    PostgresJournalStore,
     S3JournalStore,
     S3Store,
     load,
@@ -221,7 +221,8 @@ def why(exc: OSError) -> str:
 
 
 class PostgresRoot(Root):
-    """The keys of a ``PostgresStore`` (snapshot and journal keys alike); advisory locks."""
+    """The keys of a ``PostgresStore`` (snapshot and journal keys alike: read through a
+    ``PostgresJournalStore``, which reads both and writes either kind); advisory locks."""
 
     noun = "row"
     unreadable = "{n} key(s) cannot be read; `checkpointer verify` says why"
@@ -233,7 +234,7 @@ class PostgresRoot(Root):
     def __init__(self, dsn: str, schema: str, encryption: Encryption | None = None) -> None:
         self.encryption = encryption
         try:
-            self.store = PostgresStore(
+            self.store = PostgresJournalStore(
                 dsn, schema=schema, create_schema=False, encryption=encryption
             )
         except (ImportError, ValueError) as exc:  # no psycopg, a bad DSN or schema name
@@ -325,7 +326,9 @@ class S3Root(Root):
                 "snapshot": S3Store(
                     bucket, prefix, endpoint_url=endpoint_url, encryption=encryption
                 ),
-                "journal": S3JournalStore(bucket, prefix, endpoint_url=endpoint_url),
+                "journal": S3JournalStore(
+                    bucket, prefix, endpoint_url=endpoint_url, encryption=encryption
+                ),
             }
         except (ImportError, ValueError) as exc:  # no botocore, a bad bucket name
             raise RootError(str(exc)) from None

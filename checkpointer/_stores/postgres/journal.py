@@ -104,6 +104,12 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         with _exit.busy():
             return self._commit_on(key, track, meta, staged, expected)
 
+    def is_journal(self, key: str) -> bool | None:
+        """Whether ``key``'s row is a journal's head (False: a snapshot row; None: no row)."""
+        check_key(key)
+        row = self._run(lambda c: c.execute(self._sql["journal"], {"key": key}).fetchone())
+        return None if row is None else bool(row[0])
+
     def read_meta(self, key: str) -> Meta | None:
         """The meta of ``key``, its rows checked: a damaged row is a ``CheckpointError`` here
         (the key is moved aside), not compacted away by the next commit."""

@@ -224,11 +224,25 @@ class S3JournalStore(JournalCore, S3Store):
         size = sum(map(len, rows))
         with _exit.busy():
             self._drop_track(key)
+            replaced = self._replaced(key, expected)
             started = time.time()
             name = self._put_segment(key, meta, rows)
             self._put_head(key, meta, ((name, size),), expected, [name], started, end=end)
             self._drop_track(key)  # the rows are not staged: the next commit compacts
+            self._remove(key, replaced)  # as a compaction does (a re-encrypt: the old key's)
         return len(data)
+
+    def _replaced(self, key: str, expected: str | None) -> list[str]:
+        """The segments of the head that a write expecting ``expected`` replaces (its ETag
+        kept: the PUT replaces that very head, or none)."""
+        found = None if expected is None else self.fetch(key + self.suffix)
+        if found is None:
+            return []
+        with contextlib.suppress(CheckpointError):
+            head = self._decode_head(key, found[0])
+            if head.meta.revision == expected:
+                return [name for name, _ in head.segments]
+        return []
 
     def delete(self, key: str, *, etag: str | None = None) -> bool:
         """Remove ``key``'s head, then the segments it named; False if there was no head.

@@ -3,15 +3,19 @@ store, and those of a journal kept under a head (rows moved, dropped, replayed).
 
 from __future__ import annotations
 
+import contextlib
+import io
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from checkpointer import PostgresJournalStore
+from checkpointer import PostgresJournalStore, PostgresStore, load
+from checkpointer._cli import main
 from checkpointer.stores import Encryption
-from tests.pg import Cluster
+from tests.pg import PASSWORD, USER, Cluster
 from tests.stores import sealed_cases
 from tests.stores.postgres.test_store import cluster, pg, pytestmark, schema  # noqa: F401
 
@@ -86,3 +90,52 @@ def test_a_writer_with_the_wrong_key_leaves_the_rows(
 ) -> None:
     """Never moved aside nor replaced: the write fails and the rows are as they were."""
     sealed_cases.wrong_key_writer(rig, wrong)
+
+
+OLD, NEW = "old:" + "AQ" * 21 + "A=", Encryption.new_key("new")
+
+
+def reencrypt(rig: PgJournalRig, tmp_path: Path, port: int, *args: str) -> tuple[int, str]:
+    (tmp_path / "keys.txt").write_text(f"{NEW}\n{OLD}\n")
+    root = f"postgresql://{USER}@127.0.0.1:{port}/postgres"
+    argv = ["re-encrypt", root, "--schema", rig.schema, "--key-file", str(tmp_path / "keys.txt")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        status = main([*argv, *args])
+    return status, out.getvalue()
+
+
+def test_re_encrypt_seals_journal_and_snapshot_keys_each_as_it_was(
+    rig: PgJournalRig,
+    pg: Cluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+) -> None:
+    """A journal key sealed with OLD is compacted at its revision with NEW (still a journal,
+    its old rows gone); a snapshot row sealed again; a plaintext journal only with
+    --plaintext; NEW alone opens everything after."""
+    monkeypatch.setenv("PGPASSWORD", PASSWORD)
+    old = Encryption.from_text(OLD)
+    state = sealed_cases.chat(rig.store(old), 4, "chat")
+    plain_state = sealed_cases.chat(rig.store(None), 2, "plain")
+    snapshots = PostgresStore(rig.dsn, schema=rig.schema, encryption=old)
+    sealed_cases.save(snapshots, "snap")
+    snapshots.close()
+    for store in rig.made:
+        store.close()
+    before = rig.store(old).revision("chat")
+    status, out = reencrypt(rig, tmp_path, pg.port)
+    assert status == 1 and "3 checkpoint(s): 2 sealed" in out and "plaintext" in out, out
+    status, out = reencrypt(rig, tmp_path, pg.port, "--plaintext")
+    assert status == 0 and "3 sealed" in out, out
+    store = rig.store(Encryption.from_text(NEW))
+    for key, expected in [("chat", state), ("plain", plain_state), ("snap", sealed_cases.STATE)]:
+        loaded = load(store, key)
+        assert loaded is not None and loaded.state == expected, key
+    assert (store.is_journal("chat"), store.is_journal("plain"), store.is_journal("snap")) == (
+        True,
+        True,
+        False,
+    )
+    assert store.revision("chat") == before
+    assert len(rig.rows("chat")) == 1  # one compaction: the rows sealed with OLD are gone

@@ -280,7 +280,10 @@ class PostgresRoot(Root):
         return None if holder is None else LockView("alive", holder, None)
 
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
-        return len(self.raw(entry) or b""), None  # a damaged journal row: CheckpointError
+        try:
+            return len(self.raw(entry) or b""), None  # a damaged journal row: CheckpointError
+        except DecryptionError:
+            return 0, None  # its plaintext's size is sealed; ``load`` says why, with its meta
 
     def load(self, entry: Entry) -> Checkpoint[Any] | None:
         self._check(entry)

@@ -436,15 +436,31 @@ def open_end(encryption: Encryption | None, end: bytes, *, key: str, where: str)
 
 
 def open_rows(
-    encryption: Encryption | None, rows: list[bytes], end: bytes, *, key: str, where: str
+    encryption: Encryption | None,
+    rows: list[bytes],
+    end: bytes,
+    *,
+    key: str,
+    where: str,
+    meta: Meta | None,
 ) -> list[bytes]:
     """A headed journal's read seam (S3, PostgreSQL): the plaintext of ``rows`` (as stored,
     each with its row end, its compaction first: ``first_row``), checked against ``end``.
 
     Raises:
         DecryptionError: a row or the end that does not open there ("truncated": rows
-            dropped from the end, or added after it).
+            dropped from the end, or added after it), with ``meta`` (the head's, readable).
     """
+    try:
+        return _open_rows(encryption, rows, end, key=key, where=where)
+    except DecryptionError as exc:
+        exc.meta = exc.meta or meta
+        raise
+
+
+def _open_rows(
+    encryption: Encryption | None, rows: list[bytes], end: bytes, *, key: str, where: str
+) -> list[bytes]:
     first, offset, opened = first_row(rows[0] if rows else b""), 0, []
     for row in rows:
         line = row.rstrip(b"\n")

@@ -17,6 +17,7 @@ import msgspec
 from ... import _exit
 from ..._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, check_format, decode_raw
 from ..._format.journal import assemble_rows
+from ..._values import Meta
 from ..base import check_key
 from ..sealing import is_sealed, open_rows, seal, unseal
 from .connection import SLOW_BYTES_PER_SECOND
@@ -174,7 +175,10 @@ class PostgresStore(LocksPart):
             check_format(b'{"format":%d,"meta":%b}' % (fmt, meta_json), where)
             bodies = [row[4] for row in rows if row[4] is not None]
             if self.encryption is not None or is_sealed(state):  # a head's state: the end
-                bodies = open_rows(self.encryption, bodies, state, key=key, where=where)
+                readable = msgspec.json.decode(meta_json, type=Meta)  # on a DecryptionError
+                bodies = open_rows(
+                    self.encryption, bodies, state, key=key, where=where, meta=readable
+                )
             state = assemble_rows(meta_json, bodies, where)
         elif self.encryption is not None or is_sealed(state):
             at = msgspec.json.decode(meta_json, type=_Revision).revision

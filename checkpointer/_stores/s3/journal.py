@@ -179,8 +179,9 @@ class S3JournalStore(JournalCore, S3Store):
                 rows = [data or b"" for _, data in segments]
                 if self.encryption is not None or head.end:
                     rows = b"".join(rows).splitlines(keepends=True)
+                    where, meta = self.location(key), head.meta
                     rows = open_rows(
-                        self.encryption, rows, head.end, key=key, where=self.location(key)
+                        self.encryption, rows, head.end, key=key, where=where, meta=meta
                     )
                 meta_json = _ENCODER.encode(head.meta)
                 return b"".join([header_line(meta_json), *rows, meta_row(meta_json, LINE_END)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def rig(pg: Cluster, schema: str) -> Iterator[PgJournalRig]:  # noqa: F811
         store.close()
 
 
-@pytest.mark.parametrize("case", sealed_cases.CASES + sealed_cases.HEADED_JOURNAL_CASES)
+@pytest.mark.parametrize("case", [*sealed_cases.CASES, *sealed_cases.HEADED_JOURNAL_CASES])
 def test_tampering_is_refused(rig: PgJournalRig, case: Callable[[PgJournalRig], None]) -> None:
     """A flipped byte, a key's rows swapped for another's, plaintext planted, a row cut
     short, rows reordered, dropped or replayed from before a compaction."""
@@ -107,9 +108,9 @@ def reencrypt(rig: PgJournalRig, tmp_path: Path, port: int, *args: str) -> tuple
 
 def test_re_encrypt_seals_journal_and_snapshot_keys_each_as_it_was(
     rig: PgJournalRig,
-    pg: Cluster,
+    pg: Cluster,  # noqa: F811
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A journal key sealed with OLD is compacted at its revision with NEW (still a journal,
     its old rows gone); a snapshot row sealed again; a plaintext journal only with
@@ -139,3 +140,23 @@ def test_re_encrypt_seals_journal_and_snapshot_keys_each_as_it_was(
     )
     assert store.revision("chat") == before
     assert len(rig.rows("chat")) == 1  # one compaction: the rows sealed with OLD are gone
+
+
+def test_without_a_key_the_cli_lists_a_journal_key_as_encrypted(
+    rig: PgJournalRig,
+    pg: Cluster,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ls without a key: the key listed with its readable meta, said encrypted, never bad."""
+    monkeypatch.setenv("PGPASSWORD", PASSWORD)
+    monkeypatch.delenv("CHECKPOINTER_KEYS", raising=False)
+    sealed_cases.chat(rig.store(Encryption.from_text(OLD)), 3, "chat")
+    root = f"postgresql://{USER}@127.0.0.1:{pg.port}/postgres"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        status = main(["ls", root, "--schema", rig.schema, "--json"])
+    [row] = json.loads(out.getvalue())
+    loaded = load(rig.store(Encryption.from_text(OLD)), "chat")
+    assert loaded is not None
+    assert status == 0 and row["seq"] == loaded.meta.seq and "encrypted" in json.dumps(row), row
+    assert sealed_cases.SECRET not in out.getvalue()

@@ -77,7 +77,7 @@ def rig() -> Iterator[S3JournalRig]:
     place.close()
 
 
-@pytest.mark.parametrize("case", sealed_cases.CASES + sealed_cases.HEADED_JOURNAL_CASES)
+@pytest.mark.parametrize("case", [*sealed_cases.CASES, *sealed_cases.HEADED_JOURNAL_CASES])
 def test_tampering_is_refused(rig: S3JournalRig, case: Callable[[S3JournalRig], None]) -> None:
     """A flipped byte, a key's journal swapped for another's, plaintext planted, a segment
     cut short, rows reordered, dropped or replayed from before a compaction."""

@@ -180,7 +180,24 @@ def replayed_compaction(rig: RowsRig) -> None:
     assert refused(rig.store(enc())).why == "truncated"
 
 
+def fenced(rig: RowsRig) -> None:
+    """Fencing as without encryption: a writer resumed from a checkpoint another writer
+    has since replaced gets a conflict, and what the other wrote loads."""
+    state = chat(rig.store(enc()), 2)
+    stale = load(rig.store(enc()), "s1")
+    newer = chat(rig.store(enc()), 3)
+    mine = {"messages": [*state["messages"], {"role": "user", "content": "late"}]}
+    with CheckpointWriter(
+        lambda: Snapshot("s1", mine), rig.store(enc()), exit_hooks=False, resume_from=stale
+    ) as writer:
+        result = writer.flush_sync()
+    assert isinstance(result, Failed) and result.reason == "conflict", result
+    loaded = load(rig.store(enc()), "s1")
+    assert loaded is not None and loaded.state == newer
+
+
 HEADED_JOURNAL_CASES = [
+    fenced,
     appended_and_compacted,
     rows_reordered,
     row_dropped_inside,

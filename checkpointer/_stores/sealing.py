@@ -34,7 +34,6 @@ __all__ = [
     "MAGIC",
     "DecryptionError",
     "Encryption",
-    "first_row",
     "is_sealed",
     "open_end",
     "open_row",
@@ -398,7 +397,7 @@ def open_row(
     return unseal(encryption, record, key=key, position=position, where=where)
 
 
-def first_row(row: bytes) -> bytes:
+def _first_row(row: bytes) -> bytes:
     """What a headed journal's rows are bound to (``seal_rows``' ``first``): a digest of its
     sealed compaction row (kept in place of the row, which may be large)."""
     return hashlib.blake2b(row, digest_size=16).digest()
@@ -417,11 +416,11 @@ def seal_epoch(
     encryption: Encryption | None, rows: list[bytes], *, key: str
 ) -> tuple[list[bytes], bytes, bytes]:
     """A headed journal's compaction seam: ``rows`` that begin its rows (a compaction
-    first) sealed, their ``first_row`` and their end sealed (as they are and b"" if plain)."""
+    first) sealed, the digest they are bound to, and their end sealed (plain: as they are)."""
     if encryption is None:
         return rows, b"", b""
     [head] = seal_rows(encryption, rows[:1], key=key, first=None, offset=0)
-    first = first_row(head)
+    first = _first_row(head)
     sealed = [head, *seal_rows(encryption, rows[1:], key=key, first=first, offset=len(head))]
     return sealed, first, seal_end(encryption, key=key, first=first, size=sum(map(len, sealed)))
 
@@ -445,39 +444,31 @@ def open_rows(
     meta: Meta | None,
 ) -> list[bytes]:
     """A headed journal's read seam (S3, PostgreSQL): the plaintext of ``rows`` (as stored,
-    each with its row end, its compaction first: ``first_row``), checked against ``end``.
+    each with its row end, its compaction first), checked against ``end``.
 
     Raises:
         DecryptionError: a row or the end that does not open there ("truncated": rows
             dropped from the end, or added after it), with ``meta`` (the head's, readable).
     """
+    first, offset, opened, at = _first_row(rows[0] if rows else b""), 0, [], ""
     try:
-        return _open_rows(encryption, rows, end, key=key, where=where)
-    except DecryptionError as exc:
-        exc.meta = exc.meta or meta
-        raise
-
-
-def _open_rows(
-    encryption: Encryption | None, rows: list[bytes], end: bytes, *, key: str, where: str
-) -> list[bytes]:
-    first, offset, opened = first_row(rows[0] if rows else b""), 0, []
-    for row in rows:
-        line = row.rstrip(b"\n")
-        opened.append(open_row(encryption, line, offset, key=key, first=first, where=where))
-        opened[-1] += row[len(line) :]
-        offset += len(row)
-    at = f"end {_row_position(first, offset)}"
-    try:
+        for row in rows:
+            line = row.rstrip(b"\n")
+            opened.append(open_row(encryption, line, offset, key=key, first=first, where=where))
+            opened[-1] += row[len(line) :]
+            offset += len(row)
+        at = f"end {_row_position(first, offset)}"
         unseal(encryption, end, key=key, position=at, where=where)
     except DecryptionError as exc:
-        if exc.why != "moved":
+        exc.meta = exc.meta or meta
+        if exc.why != "moved" or exc.position != at:
             raise
         why = (
             f"the rows of key {key!r} end at {at}, not where its head (sealed with key id "
             f"{exc.key_id!r}) says: rows were dropped from the end, or added; not loaded"
         )
+        kid = exc.key_id
         raise DecryptionError(
-            where, why, key=key, position=at, key_id=exc.key_id, why="truncated"
+            where, why, key=key, position=at, key_id=kid, why="truncated", meta=meta
         ) from None
     return opened

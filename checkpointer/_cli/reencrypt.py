@@ -15,13 +15,13 @@ import argparse
 from typing import Any
 
 from checkpointer import JournalStore, PostgresJournalStore, S3JournalStore
-from checkpointer._stores.journal.staging import Full
 from checkpointer.stores import KeyLocked, KeyLockedError, StaleWrite
 
 from . import report
 from .roots import (
     LINE_END,
     DecryptionError,
+    Full,
     Root,
     compaction_row,
     decode_raw,

@@ -28,6 +28,7 @@ from checkpointer._format.journal import compaction_row as compaction_row
 from checkpointer._format.journal import header_line as header_line
 from checkpointer._format.journal import scan_journal as scan_journal
 from checkpointer._stores.base import KEY_PATTERN, check_key
+from checkpointer._stores.journal.staging import Full as Full
 from checkpointer._stores.postgres.schema import schema_sql as schema_sql
 from checkpointer._stores.s3.client import error_code
 from checkpointer._stores.s3.store import Listed

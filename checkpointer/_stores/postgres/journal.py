@@ -25,7 +25,7 @@ from ..base import check_key
 from ..envelopes import read_for_load
 from ..journal.core import JournalCore
 from ..journal.staging import Full, Track
-from ..sealing import seal_end, seal_epoch
+from ..sealing import Encryption, seal_end, seal_epoch
 from .store import PostgresStore, row_params
 
 if TYPE_CHECKING:
@@ -61,9 +61,10 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         *,
         rewrite_factor: float = 2.0,
         rewrite_min_bytes: int = 1 << 20,
+        encryption: Encryption | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(dsn, **options)
+        super().__init__(dsn, encryption=encryption, **options)
         self._init_journal(rewrite_factor, rewrite_min_bytes)
         self.appends = 0
         self.compactions = 0

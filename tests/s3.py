@@ -333,15 +333,20 @@ def make_s3_store(spec: str, prefix: str = "agents") -> Any:
 
     With ``CHECKPOINTER_S3_MUTANT=unconditional`` in the environment, a store
     whose PUTs carry no condition: the tests of fencing must fail with it.
+    With ``CHECKPOINTER_KEYS``, an encrypted one.
     """
     from checkpointer import S3JournalStore, S3Store
+    from checkpointer.stores import Encryption
 
     kind, _, where = spec.partition(":")
     bucket, _, url = where.partition("@")
     bucket, _, named = bucket.partition("/")  # s3:BUCKET/PREFIX@URL names the prefix
     prefix = named or prefix
     cls = S3JournalStore if kind == "s3journal" else S3Store
-    store = cls(bucket, prefix, endpoint_url=url, connect_timeout=2.0, read_timeout=5.0)
+    keys = os.environ.get("CHECKPOINTER_KEYS")
+    encryption = None if keys is None else Encryption.from_text(keys)
+    options: dict[str, Any] = {"connect_timeout": 2.0, "read_timeout": 5.0}
+    store = cls(bucket, prefix, endpoint_url=url, encryption=encryption, **options)
     if os.environ.get("CHECKPOINTER_S3_MUTANT") == "unconditional":
         unconditional(store)
     return store

@@ -3,8 +3,10 @@
 Each checkpoint is written again at its own revision, by the store's conditional write
 and under the key's writer lock where the store has one: a writer that expects that
 revision writes on undisturbed; a key a live writer holds is skipped and said, never
-overwritten; one written since it was read is left (its writer sealed it).  A plaintext
-checkpoint is sealed only with ``--plaintext``; one that no key opens is left as it is.
+overwritten; one written since it was read is left (its writer sealed it).  A journal
+stays a journal (a PostgreSQL one is compacted at its revision, in one transaction; an
+S3 one is one new segment, the old ones removed).  A plaintext checkpoint is sealed only
+with ``--plaintext``; one that no key opens is left as it is.
 """
 
 from __future__ import annotations
@@ -12,14 +14,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from checkpointer import JournalStore
+from checkpointer import JournalStore, PostgresJournalStore, S3JournalStore
 from checkpointer.stores import KeyLocked, KeyLockedError, StaleWrite
 
 from . import report
 from .roots import (
     LINE_END,
     DecryptionError,
-    PostgresRoot,
+    Full,
     Root,
     compaction_row,
     decode_raw,
@@ -49,9 +51,6 @@ def run(root: Root, args: argparse.Namespace) -> int:
     if root.encryption is None:
         report.error("re-encrypt", "give the keys: --key-file FILE or CHECKPOINTER_KEYS")
         return report.PROBLEM
-    if args.plaintext and isinstance(root, PostgresRoot):
-        report.error("re-encrypt", "--plaintext is not for a PostgreSQL root yet")
-        return report.PROBLEM
     entries = root.scan()
     sealed = left = 0
     for entry in entries:
@@ -69,14 +68,17 @@ def run(root: Root, args: argparse.Namespace) -> int:
 
 def _reseal(store: Any, key: str, *, plaintext: bool) -> str | None:
     """Seal ``key``'s checkpoint again with the current key; None, or why it was left."""
-    if getattr(store, "encryption", None) is None:
-        return f"{type(store).__name__} is not encrypted (not supported yet)"
     try:
         revision = store.revision(key)
-        chunks = _plain(store, key, plaintext=plaintext)
-        if revision is None or chunks is None:
+        found = _plain(store, key, plaintext=plaintext)
+        if revision is None or found is None:
             return "removed meanwhile"
-        store.write(key, chunks, revision=revision, expected=revision)
+        meta, state = found
+        if isinstance(store, PostgresJournalStore) and store.is_journal(key):
+            store.commit(key, meta, Full(whole=state), expected=revision)  # a compaction
+        else:
+            chunks = _chunks(store, meta, state)
+            store.write(key, chunks, revision=revision, expected=revision)
     except DecryptionError as exc:
         return exc.reason
     except (KeyLocked, KeyLockedError) as exc:
@@ -86,9 +88,9 @@ def _reseal(store: Any, key: str, *, plaintext: bool) -> str | None:
     return None
 
 
-def _plain(store: Any, key: str, *, plaintext: bool) -> list[bytes] | None:
-    """The checkpoint of ``key`` as plaintext chunks for ``store.write``; a plaintext one
-    (``DecryptionError`` "plaintext") only with ``plaintext``."""
+def _plain(store: Any, key: str, *, plaintext: bool) -> tuple[Any, bytes] | None:
+    """The meta and state of ``key``'s checkpoint; a plaintext one (``DecryptionError``
+    "plaintext") only with ``plaintext``."""
     keys = store.encryption
     try:
         checkpoint = _checkpoint(store, key)
@@ -100,17 +102,19 @@ def _plain(store: Any, key: str, *, plaintext: bool) -> list[bytes] | None:
             checkpoint = _checkpoint(store, key)
         finally:
             store.encryption = keys
-    if checkpoint is None:
-        return None
-    meta, state = checkpoint
-    if isinstance(store, JournalStore):  # a fresh journal: its header and one compaction
+    return checkpoint
+
+
+def _chunks(store: Any, meta: Any, state: bytes) -> list[bytes]:
+    """What ``store.write`` takes: a journal file (a header and one compaction) or an envelope."""
+    if isinstance(store, JournalStore | S3JournalStore):
         meta_json = envelope_chunks(meta, b"")[1]
         return [header_line(meta_json), *compaction_row(meta_json, None, [state], LINE_END)]
     return envelope_chunks(meta, state)
 
 
 def _checkpoint(store: Any, key: str) -> tuple[Any, bytes] | None:
-    if isinstance(store, JournalStore):
+    if isinstance(store, JournalStore | S3JournalStore):
         found = store.read_checkpoint(key)
         return None if found is None else (found.meta, bytes(found.state))
     data = store.read(key)

@@ -17,7 +17,7 @@ from checkpointer import (
     CheckpointError,
     JournalStore,
     Meta,
-    PostgresStore,
+    PostgresJournalStore,
     S3JournalStore,
     S3Store,
     load,
@@ -32,6 +32,7 @@ from checkpointer._format.journal import compaction_row as compaction_row
 from checkpointer._format.journal import header_line as header_line
 from checkpointer._format.journal import scan_journal as scan_journal
 from checkpointer._stores.base import KEY_PATTERN, check_key
+from checkpointer._stores.journal.staging import Full as Full
 from checkpointer._stores.postgres.schema import schema_sql as schema_sql
 from checkpointer._stores.s3.client import error_code
 from checkpointer._stores.s3.store import Listed
@@ -235,7 +236,8 @@ def why(exc: OSError) -> str:
 
 
 class PostgresRoot(Root):
-    """The keys of a ``PostgresStore`` (snapshot and journal keys alike); advisory locks."""
+    """The keys of a ``PostgresStore`` (snapshot and journal keys alike: read through a
+    ``PostgresJournalStore``, which reads both and writes either kind); advisory locks."""
 
     noun = "row"
     unreadable = "{n} key(s) cannot be read; `checkpointer verify` says why"
@@ -247,7 +249,7 @@ class PostgresRoot(Root):
     def __init__(self, dsn: str, schema: str, encryption: Encryption | None = None) -> None:
         self.encryption = encryption
         try:
-            self.store = PostgresStore(
+            self.store = PostgresJournalStore(
                 dsn, schema=schema, create_schema=False, encryption=encryption
             )
         except (ImportError, ValueError) as exc:  # no psycopg, a bad DSN or schema name
@@ -293,7 +295,10 @@ class PostgresRoot(Root):
         return None if holder is None else LockView("alive", holder, None)
 
     def measure(self, entry: Entry) -> tuple[int, datetime | None]:
-        return len(self.raw(entry) or b""), None  # a damaged journal row: CheckpointError
+        try:
+            return len(self.raw(entry) or b""), None  # a damaged journal row: CheckpointError
+        except DecryptionError:
+            return 0, None  # its plaintext's size is sealed; ``load`` says why, with its meta
 
     def load(self, entry: Entry) -> Checkpoint[Any] | None:
         self._check(entry)
@@ -339,7 +344,9 @@ class S3Root(Root):
                 "snapshot": S3Store(
                     bucket, prefix, endpoint_url=endpoint_url, encryption=encryption
                 ),
-                "journal": S3JournalStore(bucket, prefix, endpoint_url=endpoint_url),
+                "journal": S3JournalStore(
+                    bucket, prefix, endpoint_url=endpoint_url, encryption=encryption
+                ),
             }
         except (ImportError, ValueError) as exc:  # no botocore, a bad bucket name
             raise RootError(str(exc)) from None

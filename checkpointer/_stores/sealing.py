@@ -5,7 +5,7 @@ A sealed record is one readable header line, then the nonce and the ciphertext::
     b"\\x00checkpointer-sealed " + JSON header + b"\\n" + nonce (12 bytes) + ciphertext + tag
 
 The header names the algorithm, the key id, the store key and the position
-(a checkpoint's revision, a journal row's index) the record was sealed for,
+(a checkpoint's revision, a journal row's offset) the record was sealed for,
 the plaintext's size, and what the store keeps readable (a checkpoint's
 meta).  The whole header line is the associated data: a record opened at
 another key or position, cut short, or with its header edited, fails; so does
@@ -35,8 +35,12 @@ __all__ = [
     "DecryptionError",
     "Encryption",
     "is_sealed",
+    "open_end",
     "open_row",
+    "open_rows",
     "seal",
+    "seal_end",
+    "seal_epoch",
     "seal_rows",
     "unseal",
 ]
@@ -391,3 +395,80 @@ def open_row(
                 record = base64.b64decode(line[len(_ROW_HEAD) : -len(_ROW_TAIL)], validate=True)
     position = _row_position(None if offset == 0 else first, offset)
     return unseal(encryption, record, key=key, position=position, where=where)
+
+
+def _first_row(row: bytes) -> bytes:
+    """What a headed journal's rows are bound to (``seal_rows``' ``first``): a digest of its
+    sealed compaction row (kept in place of the row, which may be large)."""
+    return hashlib.blake2b(row, digest_size=16).digest()
+
+
+def seal_end(encryption: Encryption | None, *, key: str, first: bytes, size: int) -> bytes:
+    """What a journal's head keeps of its rows (the first ``first``, ``size`` bytes in all),
+    sealed: an empty record at their end, so a row dropped from the end is refused too."""
+    if encryption is None:
+        return b""
+    position = f"end {_row_position(first, size)}"
+    return b"".join(encryption.seal([], key=key, position=position, meta=None))
+
+
+def seal_epoch(
+    encryption: Encryption | None, rows: list[bytes], *, key: str
+) -> tuple[list[bytes], bytes, bytes]:
+    """A headed journal's compaction seam: ``rows`` that begin its rows (a compaction
+    first) sealed, the digest they are bound to, and their end sealed (plain: as they are)."""
+    if encryption is None:
+        return rows, b"", b""
+    [head] = seal_rows(encryption, rows[:1], key=key, first=None, offset=0)
+    first = _first_row(head)
+    sealed = [head, *seal_rows(encryption, rows[1:], key=key, first=first, offset=len(head))]
+    return sealed, first, seal_end(encryption, key=key, first=first, size=sum(map(len, sealed)))
+
+
+def open_end(encryption: Encryption | None, end: bytes, *, key: str, where: str) -> None:
+    """Check that ``encryption`` opens a journal head's ``end`` (at the position it names):
+    a writer's check before it writes over rows it has not read (``DecryptionError``)."""
+    position = "end"
+    if is_sealed(end):
+        position = _split(end, key=key, position=position, where=where)[1].at
+    unseal(encryption, end, key=key, position=position, where=where)
+
+
+def open_rows(
+    encryption: Encryption | None,
+    rows: list[bytes],
+    end: bytes,
+    *,
+    key: str,
+    where: str,
+    meta: Meta | None,
+) -> list[bytes]:
+    """A headed journal's read seam (S3, PostgreSQL): the plaintext of ``rows`` (as stored,
+    each with its row end, its compaction first), checked against ``end``.
+
+    Raises:
+        DecryptionError: a row or the end that does not open there ("truncated": rows
+            dropped from the end, or added after it), with ``meta`` (the head's, readable).
+    """
+    first, offset, opened, at = _first_row(rows[0] if rows else b""), 0, [], ""
+    try:
+        for row in rows:
+            line = row.rstrip(b"\n")
+            opened.append(open_row(encryption, line, offset, key=key, first=first, where=where))
+            opened[-1] += row[len(line) :]
+            offset += len(row)
+        at = f"end {_row_position(first, offset)}"
+        unseal(encryption, end, key=key, position=at, where=where)
+    except DecryptionError as exc:
+        exc.meta = exc.meta or meta
+        if exc.why != "moved" or exc.position != at:
+            raise
+        why = (
+            f"the rows of key {key!r} end at {at}, not where its head (sealed with key id "
+            f"{exc.key_id!r}) says: rows were dropped from the end, or added; not loaded"
+        )
+        kid = exc.key_id
+        raise DecryptionError(
+            where, why, key=key, position=at, key_id=kid, why="truncated", meta=meta
+        ) from None
+    return opened

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from checkpointer import CheckpointWriter, Failed, Snapshot, load
+from checkpointer import CheckpointWriter, Failed, Snapshot, Transcript, load
 from checkpointer.stores import DecryptionError, Encryption
 
 SECRET = "my password is hunter2"
@@ -25,6 +25,14 @@ class Rig(Protocol):
     def copy(self, src: str, dst: str) -> None: ...  # record and revision marker both
 
 
+class RowsRig(Rig, Protocol):
+    """A journal kept under a head (S3, PostgreSQL): its rows read and written raw."""
+
+    def store(self, encryption: Encryption | None, **kw: Any) -> Any: ...
+    def rows(self, key: str) -> list[bytes]: ...  # as stored, each with its row end
+    def set_rows(self, key: str, rows: list[bytes]) -> None: ...  # the head left as it is
+
+
 def enc(key_id: str = "k1", fill: int = 1, **kw: Any) -> Encryption:
     return Encryption(bytes([fill]) * 32, key_id=key_id, **kw)
 
@@ -33,6 +41,18 @@ def save(store: Any, key: str = "s1", state: object = STATE) -> None:
     with CheckpointWriter(lambda: Snapshot(key, state), store, exit_hooks=False):
         pass  # written on open, and at close
     assert store.revision(key) is not None
+
+
+def chat(store: Any, turns: int, key: str = "s1") -> dict[str, list[dict[str, str]]]:
+    """A session of ``turns`` messages, each checkpointed (an append each)."""
+    state: dict[str, list[dict[str, str]]] = {"messages": []}
+    with CheckpointWriter(
+        lambda: Snapshot(key, state), store, exit_hooks=False, transcript=Transcript()
+    ) as writer:
+        for n in range(turns):
+            state["messages"] = [*state["messages"], {"role": "user", "content": f"{SECRET} {n}"}]
+            writer.flush_sync()
+    return state
 
 
 def refused(store: Any, key: str = "s1") -> DecryptionError:
@@ -111,3 +131,76 @@ WRONG = pytest.mark.parametrize(
 )
 CASES = [no_plaintext, flipped, swapped, planted, truncated]
 JOURNAL_CASES = [no_plaintext, flipped, swapped, planted]  # a cut at the end is a torn tail
+
+
+def appended_and_compacted(rig: RowsRig) -> None:
+    """Messages appended row by row, then compacted: every row sealed, all of it loads."""
+    store = rig.store(enc(), rewrite_factor=1.5, rewrite_min_bytes=0)
+    state = chat(store, 12)
+    assert store.appends > 0 and store.compactions > 1, (store.appends, store.compactions)
+    rows = rig.rows("s1")
+    assert len(rows) > 1 and all(row.startswith(b'{"sealed":"') for row in rows), rows
+    assert not any(SECRET.encode() in row for row in rows)
+    loaded = load(rig.store(enc()), "s1")
+    assert loaded is not None and loaded.state == state
+
+
+def rows_reordered(rig: RowsRig) -> None:
+    """Two rows of the key swapped: refused as moved."""
+    chat(rig.store(enc()), 3)
+    rows = rig.rows("s1")
+    rig.set_rows("s1", [rows[0], rows[2], rows[1], *rows[3:]])
+    assert refused(rig.store(enc())).why == "moved"
+
+
+def row_dropped_inside(rig: RowsRig) -> None:
+    """A row taken out between two others: the rows after it are refused as moved."""
+    chat(rig.store(enc()), 3)
+    rows = rig.rows("s1")
+    rig.set_rows("s1", [rows[0], *rows[2:]])
+    assert refused(rig.store(enc())).why == "moved"
+
+
+def last_row_dropped(rig: RowsRig) -> None:
+    """The last row taken out (an earlier checkpoint's rows under the head): truncated."""
+    chat(rig.store(enc()), 3)
+    rig.set_rows("s1", rig.rows("s1")[:-1])
+    error = refused(rig.store(enc()))
+    assert error.why == "truncated" and "dropped" in str(error), error
+
+
+def replayed_compaction(rig: RowsRig) -> None:
+    """The key's rows put back as they were before its last compaction: refused."""
+    store = rig.store(enc(), rewrite_factor=1.01, rewrite_min_bytes=0)
+    chat(store, 2)
+    old = rig.rows("s1")
+    chat(store, 3)  # compacted again: a new first row
+    assert rig.rows("s1")[0] != old[0]
+    rig.set_rows("s1", old)
+    assert refused(rig.store(enc())).why == "truncated"
+
+
+def fenced(rig: RowsRig) -> None:
+    """Fencing as without encryption: a writer resumed from a checkpoint another writer
+    has since replaced gets a conflict, and what the other wrote loads."""
+    state = chat(rig.store(enc()), 2)
+    stale = load(rig.store(enc()), "s1")
+    newer = chat(rig.store(enc()), 3)
+    mine = {"messages": [*state["messages"], {"role": "user", "content": "late"}]}
+    with CheckpointWriter(
+        lambda: Snapshot("s1", mine), rig.store(enc()), exit_hooks=False, resume_from=stale
+    ) as writer:
+        result = writer.flush_sync()
+    assert isinstance(result, Failed) and result.reason == "conflict", result
+    loaded = load(rig.store(enc()), "s1")
+    assert loaded is not None and loaded.state == newer
+
+
+HEADED_JOURNAL_CASES = [
+    fenced,
+    appended_and_compacted,
+    rows_reordered,
+    row_dropped_inside,
+    last_row_dropped,
+    replayed_compaction,
+]

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from checkpointer import CheckpointWriter, JournalStore, Snapshot, Transcript, load
+from checkpointer import JournalStore, load
 from checkpointer.stores import Encryption
 from tests.stores import sealed_cases
-from tests.stores.sealed_cases import SECRET, enc, refused
+from tests.stores.sealed_cases import SECRET, chat, enc, refused
 
 
 class JournalRig:
@@ -32,18 +32,6 @@ class JournalRig:
 
     def copy(self, src: str, dst: str) -> None:
         self.put(dst, self.get(src))
-
-
-def chat(store: JournalStore, turns: int, key: str = "s1") -> dict[str, list[dict[str, str]]]:
-    """A session of ``turns`` messages, each checkpointed (an append each)."""
-    state: dict[str, list[dict[str, str]]] = {"messages": []}
-    with CheckpointWriter(
-        lambda: Snapshot(key, state), store, exit_hooks=False, transcript=Transcript()
-    ) as writer:
-        for n in range(turns):
-            state["messages"] = [*state["messages"], {"role": "user", "content": f"{SECRET} {n}"}]
-            writer.flush_sync()
-    return state
 
 
 @pytest.mark.parametrize("case", sealed_cases.JOURNAL_CASES)

@@ -26,6 +26,7 @@ import msgspec
 from ..._format.journal import compaction_row, message_rows, meta_row, state_row
 from ..._values import Meta
 from ..encoding import Transcript
+from ..sealing import Encryption, seal_rows
 from .staging import Delta, Full, Track
 
 __all__ = ["JournalCore"]
@@ -54,6 +55,7 @@ class JournalCore:
     _closing_meta: bool
     rewrite_factor: float
     rewrite_min_bytes: int
+    encryption: Encryption | None  # the sink's: rows are sealed at their offset (``_sealed``)
     # What the sink stores: an append of ``rows`` (their ``kinds``, ``nbytes`` in all)
     # after ``track``; ``full`` as a compaction (``rewrite``: a fresh start), setting
     # the key's track.  Both get the ``expected`` revision for a write that checks it.
@@ -313,8 +315,10 @@ class JournalCore:
         )
 
     def _sealed(self, key: str, track: Track, rows: list[bytes]) -> list[bytes]:
-        """``rows`` to append after ``track``, as stored (an encrypted sink seals them)."""
-        return rows
+        """``rows`` to append after ``track``, as stored: sealed at their offsets after the
+        track's first row if the sink is encrypted (``sealing.seal_rows``)."""
+        first, offset = track.first, track.size
+        return seal_rows(self.encryption, rows, key=key, first=first, offset=offset)
 
     def _compaction_row(self, meta_json: bytes, full: Full) -> list[bytes]:
         """The pieces of the compaction row of ``full``, under the meta ``meta_json``."""

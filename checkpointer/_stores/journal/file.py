@@ -163,10 +163,6 @@ class JournalStore(JournalCore, FileStore):
         first, where = data[: data.find(b"\n") + 1], self.location(key)
         return functools.partial(open_row, self.encryption, key=key, first=first, where=where)
 
-    def _sealed(self, key: str, track: Track, rows: list[bytes]) -> list[bytes]:
-        first, offset = track.first, track.size
-        return seal_rows(self.encryption, rows, key=key, first=first, offset=offset)
-
     def revision(self, key: str) -> str | None:
         check_key(key)
         with self._locked(key):

@@ -3,6 +3,11 @@
 A key's ``checkpoints`` row is its head (revision, meta, no state); ``<schema>.journal``
 holds its rows, the file journal's lines.  An append or a compaction is one
 transaction, the head's write conditional on the revision.
+
+With ``encryption``, each row is sealed at its offset in the key's rows (after
+their first, the compaction row: the server numbers the rows, the writer knows
+their bytes), as ``JournalStore`` seals a file's rows; the head's state is where
+they end, sealed: a row moved, swapped, dropped or planted is refused.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from ..base import check_key
 from ..envelopes import read_for_load
 from ..journal.core import JournalCore
 from ..journal.staging import Full, Track
+from ..sealing import Encryption, seal_end, seal_epoch
 from .store import PostgresStore, row_params
 
 if TYPE_CHECKING:
@@ -39,6 +45,8 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         rewrite_factor: compact a key when its rows would grow past this
             many times the size of its last compaction row (> 1).
         rewrite_min_bytes: ... but never below this size.
+        encryption: seal every row (``Encryption``), bound to the key and its
+            offset (see the docs page "Encryption at rest").
 
     Keys written by a plain ``PostgresStore`` load, and are compacted into a
     journal on this store's first commit; a plain store reads journal keys.
@@ -53,13 +61,10 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         *,
         rewrite_factor: float = 2.0,
         rewrite_min_bytes: int = 1 << 20,
+        encryption: Encryption | None = None,
         **options: Any,
     ) -> None:
-        if options.get("encryption") is not None:  # its rows are not sealed yet: never silently
-            raise ValueError(
-                "PostgresJournalStore does not take encryption= yet; use PostgresStore"
-            )
-        super().__init__(dsn, **options)
+        super().__init__(dsn, encryption=encryption, **options)
         self._init_journal(rewrite_factor, rewrite_min_bytes)
         self.appends = 0
         self.compactions = 0
@@ -100,6 +105,12 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         with _exit.busy():
             return self._commit_on(key, track, meta, staged, expected)
 
+    def is_journal(self, key: str) -> bool | None:
+        """Whether ``key``'s row is a journal's head (False: a snapshot row; None: no row)."""
+        check_key(key)
+        row = self._run(lambda c: c.execute(self._sql["journal"], {"key": key}).fetchone())
+        return None if row is None else bool(row[0])
+
     def read_meta(self, key: str) -> Meta | None:
         """The meta of ``key``, its rows checked: a damaged row is a ``CheckpointError`` here
         (the key is moved aside), not compacted away by the next commit."""
@@ -122,11 +133,12 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         data = read_for_load(self, key)
         return None if data is None else decode_raw(data, self.location(key))
 
-    def _params(self, key: str, meta: Meta, expected: str | None) -> dict[str, Any]:
-        # A head: its state is in the rows.
-        return row_params(
-            key, meta.revision, expected, _ENCODER.encode(meta).decode(), b"", journal=True
-        )
+    def _params(
+        self, key: str, meta: Meta, expected: str | None, end: bytes = b""
+    ) -> dict[str, Any]:
+        # A head: its state is in the rows; it keeps where they end (sealed) if encrypted.
+        meta_json = _ENCODER.encode(meta).decode()
+        return row_params(key, meta.revision, expected, meta_json, end, journal=True)
 
     def _insert(
         self,
@@ -137,6 +149,7 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         expected: str | None,
         *,
         clear: bool,
+        end: bytes,
     ) -> None:
         def rows(conn: psycopg.Connection[Any]) -> None:
             if clear:  # a compaction: one row
@@ -147,7 +160,7 @@ class PostgresJournalStore(JournalCore, PostgresStore):
                     self._sql["journal_append"], {"key": key, "kinds": kinds, "bodies": bodies}
                 )
 
-        params = self._params(key, meta, expected)
+        params = self._params(key, meta, expected, end)
         try:
             self._conditional_write(key, params, rows, nbytes=sum(map(len, bodies)))
         except BaseException:
@@ -164,7 +177,8 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         nbytes: int,
         expected: str | None,
     ) -> None:
-        self._insert(key, meta, kinds, rows, expected, clear=False)
+        end = seal_end(self.encryption, key=key, first=track.first, size=track.size + nbytes)
+        self._insert(key, meta, kinds, rows, expected, clear=False, end=end)
         self.appends += 1
 
     def _compact(
@@ -178,7 +192,9 @@ class PostgresJournalStore(JournalCore, PostgresStore):
         rewrite: bool = False,
     ) -> int:
         body = b"".join(self._compaction_row(_ENCODER.encode(meta), full))
-        self._insert(key, meta, ["compaction"], [body], expected, clear=True)
+        [body], first, end = seal_epoch(self.encryption, [body], key=key)
+        self._insert(key, meta, ["compaction"], [body], expected, clear=True, end=end)
         self.compactions += 1
-        self._tracks[key] = full.track(meta, size=len(body), ino=0, live=len(body))
+        track = full.track(meta, size=len(body), ino=0, live=len(body))
+        self._tracks[key] = track._replace(first=first)
         return len(body)

@@ -127,6 +127,7 @@ QUERIES = {
         WHERE key = %(key)s AND revision = %(expected)s
         RETURNING 1""",
     "revision": "SELECT revision FROM {s}.checkpoints WHERE key = %(key)s",
+    "journal": "SELECT journal FROM {s}.checkpoints WHERE key = %(key)s",
     # One statement, so the head and the rows come from one snapshot.
     "read": """
         SELECT c.format, c.meta::text, c.state, c.journal, j.body

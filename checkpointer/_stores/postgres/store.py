@@ -17,8 +17,9 @@ import msgspec
 from ... import _exit
 from ..._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, check_format, decode_raw
 from ..._format.journal import assemble_rows
+from ..._values import Meta
 from ..base import check_key
-from ..sealing import is_sealed, seal, unseal
+from ..sealing import is_sealed, open_rows, seal, unseal
 from .connection import SLOW_BYTES_PER_SECOND
 from .errors import IdleLoss, KeyLockedError, PostgresStoreError, StaleWriteError
 from .locks import LocksPart
@@ -169,13 +170,19 @@ class PostgresStore(LocksPart):
         if not rows:
             return None
         fmt, meta, state, journal, _ = rows[0]
-        meta_json = meta.encode()
-        if self.encryption is not None or is_sealed(state):  # a journal's head: "plaintext"
-            at = msgspec.json.decode(meta_json, type=_Revision).revision
-            return unseal(self.encryption, state, key=key, position=at, where=self.location(key))
+        meta_json, where = meta.encode(), self.location(key)
         if journal:  # a head of a newer format: its rows are left to that version
-            check_format(b'{"format":%d,"meta":%b}' % (fmt, meta_json), self.location(key))
-            state = assemble_rows(meta_json, [row[4] for row in rows], self.location(key))
+            check_format(b'{"format":%d,"meta":%b}' % (fmt, meta_json), where)
+            bodies = [row[4] for row in rows if row[4] is not None]
+            if self.encryption is not None or is_sealed(state):  # a head's state: the end
+                readable = msgspec.json.decode(meta_json, type=Meta)  # on a DecryptionError
+                bodies = open_rows(
+                    self.encryption, bodies, state, key=key, where=where, meta=readable
+                )
+            state = assemble_rows(meta_json, bodies, where)
+        elif self.encryption is not None or is_sealed(state):
+            at = msgspec.json.decode(meta_json, type=_Revision).revision
+            return unseal(self.encryption, state, key=key, position=at, where=where)
         return b"".join([b'{"format":%d,"meta":' % fmt, meta_json, MIDDLE, state, SUFFIX])
 
     def keys(self) -> list[str]:

@@ -7,6 +7,12 @@ them)::
 
     {"format":1,"meta":{...},"segments":[["000000000007-9f...jsonl",48213],...]}
 
+With ``encryption``, each row is sealed at its offset in the segments' rows
+(after their first, the compaction row), as ``JournalStore`` seals a file's
+rows, and the head keeps where they end, sealed (``"end"``): a row moved,
+swapped, dropped or planted is refused.  The head's meta and segment names
+stay readable.
+
 * **A checkpoint** uploads one new segment (an append: the new messages'
   rows; a compaction: the whole state as one row), then PUTs the head that
   names it, conditionally (``If-Match`` on the head this store expects,
@@ -52,6 +58,7 @@ from ..._values import Checkpoint, CheckpointError, Meta
 from ..base import StaleWrite, check_key, landed
 from ..journal.core import JournalCore
 from ..journal.staging import Delta, Full, Track, absent
+from ..sealing import Encryption, open_end, open_rows, seal_end, seal_epoch
 from .client import condition_failed
 from .store import S3Store
 
@@ -67,10 +74,11 @@ _PATIENCE = 60.0  # seconds a read goes on while compactions move the head under
 _FETCHES = 8  # segments fetched at once by a read
 
 
-class _Head(msgspec.Struct, frozen=True):
+class _Head(msgspec.Struct, frozen=True, omit_defaults=True):
     format: int
     meta: Meta
     segments: list[tuple[str, int]]  # (name under k.segments/, bytes), oldest first
+    end: bytes = b""  # encrypted: where the rows end, sealed (``sealing.seal_end``)
 
 
 class _Format(msgspec.Struct):
@@ -86,6 +94,7 @@ class _Known(NamedTuple):
 
     revision: str
     segments: tuple[tuple[str, int], ...]
+    end: bytes
 
 
 class S3JournalStore(JournalCore, S3Store):
@@ -98,6 +107,8 @@ class S3JournalStore(JournalCore, S3Store):
             this many times the size of its last compaction (> 1).
         rewrite_min_bytes: ... but never below this size.
         max_segments: compact a key whose head names this many segments.
+        encryption: seal every row (``Encryption``), bound to the key and its
+            offset (see the docs page "Encryption at rest").
     """
 
     suffix = ".journal"
@@ -116,6 +127,7 @@ class S3JournalStore(JournalCore, S3Store):
         rewrite_factor: float = 2.0,
         rewrite_min_bytes: int = 1 << 20,
         max_segments: int = 32,
+        encryption: Encryption | None = None,
     ) -> None:
         if not (isinstance(max_segments, int) and max_segments >= 1):
             raise ValueError(f"max_segments must be an int >= 1, got {max_segments!r}")
@@ -126,6 +138,7 @@ class S3JournalStore(JournalCore, S3Store):
             region=region,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
+            encryption=encryption,
         )
         self._init_journal(rewrite_factor, rewrite_min_bytes)
         self.max_segments = max_segments
@@ -149,7 +162,7 @@ class S3JournalStore(JournalCore, S3Store):
         return self._decode_head(key, data).meta.revision
 
     def read(self, key: str) -> bytes | None:
-        """The journal ``key``'s head names, as ``JournalStore``'s file would hold it.
+        """The journal ``key``'s head names, as ``JournalStore``'s file would hold it (opened).
 
         Raises:
             CheckpointError: a segment the head names is missing or the head is damaged.
@@ -163,9 +176,15 @@ class S3JournalStore(JournalCore, S3Store):
             segments = self._segments(key, [name for name, _ in head.segments])
             missing = next((name for name, data in segments if data is None), None)
             if missing is None:
+                rows = [data or b"" for _, data in segments]
+                if self.encryption is not None or head.end:
+                    rows = b"".join(rows).splitlines(keepends=True)
+                    where, meta = self.location(key), head.meta
+                    rows = open_rows(
+                        self.encryption, rows, head.end, key=key, where=where, meta=meta
+                    )
                 meta_json = _ENCODER.encode(head.meta)
-                parts = [header_line(meta_json), *(data or b"" for _, data in segments)]
-                return b"".join([*parts, meta_row(meta_json, LINE_END)])
+                return b"".join([header_line(meta_json), *rows, meta_row(meta_json, LINE_END)])
             # Gone: a writer removes a segment only once a head naming it no longer
             # does, so the head moved on meanwhile (read it again) or the key is damaged.
             moved, head = head, self._get_head(key)
@@ -200,15 +219,31 @@ class S3JournalStore(JournalCore, S3Store):
         check_key(key)
         data = b"".join(chunks)
         scan = scan_journal(data, self.location(key))
-        rows = data[data.index(b"\n") + 1 : scan.end]
+        rows = data[data.index(b"\n") + 1 : scan.end].splitlines(keepends=True)
         meta = msgspec.structs.replace(scan.meta, revision=revision)  # the head's meta closes them
+        rows, _, end = seal_epoch(self.encryption, rows, key=key)
+        size = sum(map(len, rows))
         with _exit.busy():
             self._drop_track(key)
+            replaced = self._replaced(key, expected)
             started = time.time()
-            name = self._put_segment(key, meta, [rows])
-            self._put_head(key, meta, ((name, len(rows)),), expected, [name], started)
+            name = self._put_segment(key, meta, rows)
+            self._put_head(key, meta, ((name, size),), expected, [name], started, end=end)
             self._drop_track(key)  # the rows are not staged: the next commit compacts
+            self._remove(key, replaced)  # as a compaction does (a re-encrypt: the old key's)
         return len(data)
+
+    def _replaced(self, key: str, expected: str | None) -> list[str]:
+        """The segments of the head that a write expecting ``expected`` replaces (its ETag
+        kept: the PUT replaces that very head, or none)."""
+        found = None if expected is None else self.fetch(key + self.suffix)
+        if found is None:
+            return []
+        with contextlib.suppress(CheckpointError):
+            head = self._decode_head(key, found[0])
+            if head.meta.revision == expected:
+                return [name for name, _ in head.segments]
+        return []
 
     def delete(self, key: str, *, etag: str | None = None) -> bool:
         """Remove ``key``'s head, then the segments it named; False if there was no head.
@@ -286,8 +321,8 @@ class S3JournalStore(JournalCore, S3Store):
             track = self._current(key, expected)
             if landed(key, _revision(track), meta.revision, expected):
                 return
-            segments = self._known[key].segments
-            self._put_head(key, meta, segments, expected, [])
+            known = self._known[key]
+            self._put_head(key, meta, known.segments, expected, [], end=known.end)
             self._tracks[key] = track._replace(meta=meta)
 
     # -- what the core stores ------------------------------------------------------
@@ -304,12 +339,13 @@ class S3JournalStore(JournalCore, S3Store):
     ) -> None:
         known = self._known[key]
         if not rows:  # only the meta changed: the head alone
-            self._put_head(key, meta, known.segments, expected, [])
+            self._put_head(key, meta, known.segments, expected, [], end=known.end)
             return
         started = time.time()
         name = self._put_segment(key, meta, rows)
         segments = (*known.segments, (name, nbytes))
-        self._put_head(key, meta, segments, expected, [name], started)
+        end = seal_end(self.encryption, key=key, first=track.first, size=track.size + nbytes)
+        self._put_head(key, meta, segments, expected, [name], started, end=end)
         self.appends += 1
 
     def _compact(
@@ -324,12 +360,16 @@ class S3JournalStore(JournalCore, S3Store):
     ) -> int:
         known = self._known.get(key)
         pieces = self._compaction_row(_ENCODER.encode(meta), full)
+        first = end = b""
+        if self.encryption is not None:  # else as they are: not joined
+            pieces, first, end = seal_epoch(self.encryption, [b"".join(pieces)], key=key)
         nbytes = sum(map(len, pieces))
         started = time.time()
         name = self._put_segment(key, meta, pieces)
-        self._put_head(key, meta, ((name, nbytes),), expected, [name], started)
+        self._put_head(key, meta, ((name, nbytes),), expected, [name], started, end=end)
         self.compactions += 1
-        self._tracks[key] = full.track(meta, size=nbytes, ino=0, live=nbytes)
+        track = full.track(meta, size=nbytes, ino=0, live=nbytes)
+        self._tracks[key] = track._replace(first=first)
         if known is not None:  # the replaced segments: a reader finds one gone and reads again
             self._remove(key, [n for n, _ in known.segments])
         return nbytes
@@ -359,7 +399,10 @@ class S3JournalStore(JournalCore, S3Store):
             self._drop_track(key)
             track = self._tracks[key] = absent()
             return track
-        known = _Known(head.meta.revision, tuple(head.segments))
+        # Its rows are not read: that this store's keys open its end is checked instead,
+        # or a writer with another key would compact over them.
+        open_end(self.encryption, head.end, key=key, where=self.location(key))
+        known = _Known(head.meta.revision, tuple(head.segments), head.end)
         kept = self._tracks.get(key)
         if kept is not None and self._known.get(key) == known:
             return kept  # what this store wrote last: append on
@@ -406,16 +449,18 @@ class S3JournalStore(JournalCore, S3Store):
         expected: str | None,
         uploaded: list[str],
         started: float = 0.0,
+        *,
+        end: bytes = b"",
     ) -> None:
         """PUT the head naming ``segments``, if it holds ``expected``: the commit point.
 
         ``uploaded``: the segments this commit uploaded, from ``started``
-        (``time.time()``) on.
+        (``time.time()``) on; ``end``: where the rows end, sealed.
         """
         if uploaded and time.time() - started > GRACE / 2:
             self._drop_track(key)
             raise OSError(f"{self.location(key)}: the upload took too long; will upload again")
-        body = _ENCODER.encode(_Head(format=FORMAT, meta=meta, segments=list(segments)))
+        body = _ENCODER.encode(_Head(FORMAT, meta, list(segments), end))
         try:
             self.put(key + self.suffix, key, body, revision=meta.revision, expected=expected)
         except StaleWrite:
@@ -425,7 +470,7 @@ class S3JournalStore(JournalCore, S3Store):
         except BaseException:
             self._drop_track(key)  # it may have landed: read the head again next time
             raise
-        self._known[key] = _Known(meta.revision, tuple(segments))
+        self._known[key] = _Known(meta.revision, tuple(segments), end)
 
     def _drop_track(self, key: str) -> None:
         track = self._tracks.pop(key, None)

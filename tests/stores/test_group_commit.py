@@ -284,6 +284,42 @@ def _interrupted_at(step: int) -> Callable[[Any, str, object], None]:
     return profile
 
 
+def _interrupt_once(directory: Path, role: str, step: int) -> bool:
+    """``sync_dir`` on ``directory`` interrupted at ``step`` (if it gets that far), then
+    another thread's write into it; whether the interrupt came."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fsync, results, gone = HeldFsync(), list[object](), threading.Event()
+    threads = []
+    if role == "waiter":  # another thread leads; it ends once this one waits (or is gone)
+        threads.append(run(lambda: sync_dir(fd, fsync), results))
+        assert fsync.entered.wait(HANG_GUARD)
+
+        def release() -> None:  # once this thread waits for it, or is gone
+            until(lambda: waiting(directory) > 0 or gone.is_set())
+            fsync.go.set()
+
+        threads.append(run(release, results))
+    else:
+        fsync.go.set()
+    sys.setprofile(_interrupted_at(step))
+    try:
+        sync_dir(fd)
+        interrupted = False
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        sys.setprofile(None)
+        gone.set()
+    other = run(lambda: write_atomic(str(directory / "other.json"), [b"other"]), results)
+    for thread in (other, *threads):
+        thread.join(HANG_GUARD)
+    os.close(fd)
+    assert not other.is_alive(), f"interrupted at step {step}: the directory is wedged"
+    assert (directory / "other.json").read_bytes() == b"other"
+    assert atomic._inside == {}
+    return interrupted
+
+
 @pytest.mark.parametrize("role", ["leader", "waiter"])
 def test_an_interrupt_anywhere_in_sync_dir_leaves_the_directory_usable(
     tmp_path: Path, role: str
@@ -295,38 +331,32 @@ def test_an_interrupt_anywhere_in_sync_dir_leaves_the_directory_usable(
         step += 1
         directory = tmp_path / str(step)
         directory.mkdir()
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        fsync, results, threads = HeldFsync(), list[object](), []
-        if role == "waiter":  # another thread leads; it ends once this one waits (or is gone)
-            threads.append(run(lambda: sync_dir(fd, fsync), results))
-            assert fsync.entered.wait(HANG_GUARD)
-            gone = threading.Event()
-            threads.append(
-                run(
-                    lambda: (until(lambda: waiting(directory) or gone.is_set()), fsync.go.set()),
-                    results,
-                )
-            )
-        else:
-            fsync.go.set()
-        sys.setprofile(_interrupted_at(step))
-        try:
-            sync_dir(fd)
-            interrupted = False
-        except KeyboardInterrupt:
-            interrupted = True
-        finally:
-            sys.setprofile(None)
-        if role == "waiter":
-            gone.set()
-        other = run(lambda: write_atomic(str(directory / "other.json"), [b"other"]), results)
-        other.join(HANG_GUARD)
-        for thread in threads:
-            thread.join(HANG_GUARD)
-        os.close(fd)
-        assert not other.is_alive(), f"interrupted at step {step}: the directory is wedged"
-        assert (directory / "other.json").read_bytes() == b"other"
-        assert atomic._inside == {}
-        if not interrupted:
+        if not _interrupt_once(directory, role, step):
             break
     assert step > 5  # the points were reached
+
+
+def test_a_write_retried_after_its_directory_fsync_failed_is_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory's fsync fails after the rename; the caller retries the same revision:
+    the store writes it again (a new file, fsynced, renamed, the directory fsynced), never
+    calling it durable on a second fsync of the directory alone."""
+    store = FileStore(tmp_path / "root")
+    store.write("k", [b"seed"], revision="r0", expected=None)
+    calls: list[str] = []
+
+    def fsync(fd: int) -> None:
+        kind = "dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file"
+        calls.append(kind)
+        if calls == ["file", "dir"]:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        REAL_FSYNC(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="Input/output"):
+        store.write("k", [b"hello"], revision="r1", expected="r0")
+    assert store.revision("k") == "r1"  # in place, not known durable
+    store.write("k", [b"hello"], revision="r1", expected="r0")
+    assert calls == ["file", "dir", "file", "dir"]
+    assert store.read("k") == b"hello"

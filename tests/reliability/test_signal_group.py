@@ -10,9 +10,11 @@ for the interrupted fsync.  Real processes, real signals, the bytes stored.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from checkpointer import FileStore, load
@@ -35,13 +37,14 @@ for i in range(n):
     writers.append(w)
 for s in states:
     s["n"] = 2  # changed, not written: only the SIGTERM flush writes it
-print("READY", flush=True)
 i = 0
 while True:
     key = f"t{i % 4}"
     with open(store.location(key), "wb") as f:
         f.write(b"x")
     store.delete(key)
+    if i == 100:
+        print("READY", flush=True)  # deleting, fsyncing the root, on the main thread
     i += 1
 """
 
@@ -49,6 +52,7 @@ while True:
 def test_sigterm_during_a_main_thread_directory_fsync_flushes_every_writer(
     tmp_path: Path,
 ) -> None:
+    rng = random.Random("sigterm/group")
     for trial in range(TRIALS):
         root = tmp_path / f"r{trial}"
         child = subprocess.Popen(
@@ -60,6 +64,7 @@ def test_sigterm_during_a_main_thread_directory_fsync_flushes_every_writer(
         )
         assert child.stdout is not None
         assert child.stdout.readline().strip() == "READY"
+        time.sleep(rng.uniform(0.01, 0.2))  # not in step with the child's loop
         child.send_signal(signal.SIGTERM)
         try:
             _, err = child.communicate(timeout=HANG_GUARD)

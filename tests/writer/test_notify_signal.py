@@ -43,7 +43,11 @@ async def test_notify_from_a_signal_handler_wakes_an_idle_loop(
     token = anyio.lowlevel.current_token()
     loop_tid = threading.get_native_id()
     async with CheckpointWriter(
-        lambda: Snapshot("k", dict(state)), store, debounce=0.01, exit_hooks=False
+        lambda: Snapshot("k", dict(state)),
+        store,
+        debounce=0.01,
+        min_interval=0.01,
+        exit_hooks=False,
     ) as writer:
         await writer.write_now()
 

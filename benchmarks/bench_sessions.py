@@ -174,8 +174,8 @@ def _group_commit(on: bool) -> Iterator[None]:
         atomic.sync_dir = grouped
 
 
-def _fsync_alone(dir_fd: int, fsync: Callable[[int], None] = os.fsync) -> None:
-    fsync(dir_fd)
+def _fsync_alone(dir_fd: int, fsync: Callable[[int], None] | None = None) -> None:
+    (fsync or atomic.fsync_fd)(dir_fd)
 
 
 async def _burst(

@@ -26,6 +26,7 @@ import secrets
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from .base import time_left
@@ -56,7 +57,7 @@ def fsync_fd(fd: int) -> None:
     os.fsync(fd)
 
 
-def fsync_dir(directory: str, fsync: Callable[[int], None] = os.fsync) -> None:
+def fsync_dir(directory: str, fsync: Callable[[int], None] = fsync_fd) -> None:
     """Make the entries of ``directory`` (renames, new files, unlinks) durable (``sync_dir``)."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -91,7 +92,7 @@ def fsync_parents(directory: str, fsync: Callable[[int], None] = fsync_fd) -> No
 
 
 def makedirs_durable(
-    directory: str, mode: int = 0o777, fsync: Callable[[int], None] = os.fsync
+    directory: str, mode: int = 0o777, fsync: Callable[[int], None] = fsync_fd
 ) -> None:
     """``os.makedirs(directory, mode, exist_ok=True)``, fsyncing the parent of each one made.
 
@@ -185,104 +186,136 @@ def _write_at(
     return size
 
 
-class _Batch:
-    """The writes one directory fsync covers; ``error`` is its failure, once ``done``."""
+_RELEASE = type(threading.Lock()).release
 
-    __slots__ = ("done", "error")
+
+class _Batch:
+    """The writes one directory fsync covers; ``error`` is its failure, once ``done``.
+
+    ``gates``: a lock per caller waiting for this batch to end, each held by
+    its caller and released by ``wake``: one C call that releases them all,
+    so no signal handler's exception can fall between two of them.
+    """
+
+    __slots__ = ("done", "error", "gates", "wake")
 
     def __init__(self) -> None:
         self.done = False
         self.error: OSError | None = None
+        self.gates: list[threading.Lock] = []
+        self.wake = map(_RELEASE, self.gates)  # lazy: sees the gates added until it runs
 
 
-class _GroupSync:
+class _Group:
     """Group commit of one directory's fsync, among the threads of this process.
 
-    ``pending`` is the batch a caller joins: it begins after every rename
-    made before the caller came, so its fsync covers them.  The first caller
-    to find no fsync ``running`` leads ``pending``: it fsyncs, the others of
-    the batch wait on ``cond`` and share its outcome.
+    ``pending`` is the batch a caller joins: its fsync begins after every
+    rename made before the caller came.  The first caller to find no batch
+    ``running`` leads ``pending``; the others wait for the running one to
+    end, then lead theirs or find it done.  ``lock`` is held only around
+    assignments and C calls, never across a wait or an fsync, and a signal
+    handler on a thread inside ``sync_dir`` never takes it (``_inside``): so
+    neither an interrupt nor a re-entry can leave it held.
     """
 
-    __slots__ = ("cond", "pending", "running", "waiting")
+    __slots__ = ("lock", "pending", "running")
 
     def __init__(self) -> None:
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
         self.pending = _Batch()
         self.running: _Batch | None = None
-        self.waiting = 0  # callers in cond.wait: none left, and the group is dropped
 
 
-# (pid, {(st_dev, st_ino) of a directory: its group}): a forked child starts
-# afresh (a thread of the parent may have held a condition, or led a batch).
-_groups: tuple[int, dict[tuple[int, int], _GroupSync]] = (-1, {})
+# {(st_dev, st_ino) of a directory: its group}, and the threads inside sync_dir: a
+# forked child starts afresh (a thread of the parent may have led a batch).
+_groups: dict[tuple[int, int], _Group] = {}
+_inside: dict[int, None] = {}
 
 
-def sync_dir(dir_fd: int, fsync: Callable[[int], None] = os.fsync) -> None:
+def _forget_groups() -> None:
+    _groups.clear()
+    _inside.clear()
+
+
+os.register_at_fork(after_in_child=_forget_groups)
+
+
+def sync_dir(dir_fd: int, fsync: Callable[[int], None] | None = None) -> None:
     """Return once a directory fsync begun after this call has ended; raise its error.
 
     Each writer of a batch gets an ``OSError`` of its own with the fsync's
     errno; none retries it (a second fsync may call clean what the first
     dropped).  The wait for another thread's fsync is bounded by the
-    caller's ``commit_deadline`` (``TimeoutError`` past it).
+    caller's ``commit_deadline`` (``TimeoutError`` past it).  Re-entered on
+    a thread already inside (a signal handler's flush), it fsyncs by itself:
+    the batch it would wait for may be the one this thread leads.
+    ``fsync``: a test seam (default ``fsync_fd``).
     """
-    pid, groups = _groups
-    if pid != os.getpid():
-        _set_groups((os.getpid(), groups := {}))
-    st = os.fstat(dir_fd)
-    key = (st.st_dev, st.st_ino)
-    group = groups.get(key) or groups.setdefault(key, _GroupSync())
-    with group.cond:
-        batch = group.pending
-        while group.running is not None and not batch.done:
-            group.waiting += 1
-            try:
-                woken = group.cond.wait(None if (left := time_left()) < 0 else left)
-            finally:
-                group.waiting -= 1
-            if not woken:
-                raise TimeoutError(
-                    errno.ETIMEDOUT, "another write's fsync of this directory did not end in time"
-                )
-        lead = not batch.done
-        if lead:  # none running, and this batch not begun: this thread fsyncs for it
-            group.running, group.pending = batch, _Batch()
-    if lead:
-        _lead(group, batch, dir_fd, fsync, groups, key)
+    fsync = fsync or fsync_fd
+    me = threading.get_ident()
+    if me in _inside:
+        fsync(dir_fd)
+        return
+    _inside[me] = None
+    try:
+        batch = _grouped(dir_fd, fsync)
+    finally:
+        _inside.pop(me, None)
     if batch.error is not None:
         error = batch.error
         raise OSError(error.errno, error.strerror or str(error)) from error
 
 
-def _lead(
-    group: _GroupSync,
-    batch: _Batch,
-    dir_fd: int,
-    fsync: Callable[[int], None],
-    groups: dict[tuple[int, int], _GroupSync],
-    key: tuple[int, int],
-) -> None:
-    """Fsync the directory for ``batch``, then wake its writers (or drop the group if none
-    waits); anything but an OSError (an interrupt here) is an EIO for the others."""
+def _grouped(dir_fd: int, fsync: Callable[[int], None]) -> _Batch:
+    """``sync_dir`` through the directory's group: the caller's batch, ended.
+
+    Leading is decided and undone under the group's lock inside one ``try``,
+    and the batch's end and its callers' wake are one step: an exception
+    between any two bytecodes (a signal handler's) ends the batch it led.
+    Anything but an OSError in its fsync is an EIO for the others.
+    """
+    st = os.fstat(dir_fd)
+    key = (st.st_dev, st.st_ino)
+    group = _groups.get(key) or _groups.setdefault(key, _Group())
+    batch, leads = group.pending, False
     try:
+        while True:
+            gate = threading.Lock()
+            gate.acquire()
+            with group.lock:
+                running = group.running
+                if batch.done:
+                    return batch
+                if running is None:  # none running, this batch not begun: it fsyncs for it
+                    group.running, group.pending, leads = batch, _Batch(), True
+                    break
+                running.gates.append(gate)
+            _wait(gate)
         fsync(dir_fd)
     except OSError as exc:
+        if not leads:
+            raise
         batch.error = exc
     except BaseException as exc:
-        batch.error = OSError(errno.EIO, f"the directory's fsync was interrupted: {exc!r}")
+        if leads:
+            batch.error = OSError(errno.EIO, f"the directory's fsync was interrupted: {exc!r}")
         raise
     finally:
-        with group.cond:
-            batch.done, group.running = True, None
-            if group.waiting:
-                group.cond.notify_all()
-            elif groups.get(key) is group:  # a caller holding it still leads its own batches
-                del groups[key]
+        if leads:
+            with group.lock:
+                batch.done, group.running = True, None
+                deque(batch.wake, 0)
+                if not batch.gates and _groups.get(key) is group:
+                    del _groups[key]  # none waits (one holding it leads its own batches)
+    return batch
 
 
-def _set_groups(groups: tuple[int, dict[tuple[int, int], _GroupSync]]) -> None:
-    global _groups
-    _groups = groups
+def _wait(gate: threading.Lock) -> None:
+    """Wait for the running batch to release ``gate``, up to the caller's ``commit_deadline``."""
+    if not gate.acquire(timeout=-1 if (left := time_left()) < 0 else left):
+        raise TimeoutError(
+            errno.ETIMEDOUT, "another write's fsync of this directory did not end in time"
+        )
 
 
 def _create_temp(name: str, dir_fd: int) -> tuple[int, str]:

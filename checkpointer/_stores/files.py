@@ -106,9 +106,10 @@ class FileStore:
         """``Store.write``, under the key's lock: the writer's, else taken for the call."""
         check_key(key)
         with self._locked(key), self._owned(key):
-            if landed(key, self.revision(key), revision, expected):
-                fsync_dir(self.root)  # its answer may have been the directory fsync's error
-                return sum(map(len, chunks))
+            # This very write landed, its answer lost: written again, not fsynced again,
+            # for that answer may have been the directory fsync's error, and a second
+            # fsync may call clean what the first dropped.
+            landed(key, self.revision(key), revision, expected)
             sealed = seal(self.encryption, chunks, key=key, position=revision)
             # An envelope's prefix, meta, middle; a sealed record is never one.
             meta = peek_meta(b"".join(chunks[:3])) if sealed is chunks else None

@@ -88,7 +88,9 @@ class Record:
         """The final write's result (``when``: "at close", "at exit", ...): a failure is an error.
 
         Nothing retries it: the changes since the last checkpoint written are
-        not on disk.  Kept for ``statistics()`` like any result.
+        not known to be on disk (a write that failed past its rename, in the
+        directory's fsync, leaves its file in place, not known durable).
+        Kept for ``statistics()`` like any result.
         """
         if isinstance(result, Skipped) and result.reason == "closed":
             return result  # no final write happened here
@@ -96,8 +98,9 @@ class Record:
         if isinstance(result, Failed):
             self.last_failure = result
             logger.error(
-                "checkpointer: the final write %s failed (%s): %s; the store keeps the "
-                "checkpoint written before it, without the changes since",
+                "checkpointer: the final write %s failed (%s): %s; the changes since the "
+                "checkpoint written before it are not known to be on disk (the store holds "
+                "that one, or this one not made durable if it failed after its rename)",
                 when,
                 result.reason,
                 result.error,

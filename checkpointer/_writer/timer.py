@@ -224,14 +224,28 @@ class Timer:
             scope.cancel()
 
     def wake_soon(self) -> None:
-        """``wake()``, from any thread.  On asyncio's own thread, from a callback of the
-        loop's rather than the caller's task: anyio's cancel formats the calling task's
-        repr (tens of µs), which every session's first ``notify()`` of a burst would pay."""
-        if threading.get_ident() == self._loop_thread and not _on_trio():
-            with contextlib.suppress(RuntimeError):  # the loop has ended: as threadsafe does
-                asyncio.get_running_loop().call_soon(self.wake)
+        """``wake()``, from any thread or a signal handler, by the loop the writer is bound to.
+
+        From an asyncio task, through a callback of the loop's rather than now:
+        anyio's cancel formats the calling task's repr (tens of µs), which every
+        session's first ``notify()`` of a burst would pay.  Elsewhere (another
+        thread, a signal handler while the loop waits on its selector, trio
+        outside a task) by the loop's thread-safe call, which wakes that wait.
+        """
+        token = self._token
+        if token is None or self._forked():
             return
-        self.threadsafe(self.wake)
+        loop, here = token.native_token, threading.get_ident() == self._loop_thread
+        if here and _on_trio():
+            self.wake()
+            return
+        with contextlib.suppress(Exception):  # the loop has ended
+            if not isinstance(loop, asyncio.AbstractEventLoop):
+                token.backend_class.run_sync_soon(self.wake, (), loop)
+            elif here and asyncio.current_task(loop) is not None:
+                loop.call_soon(self.wake)  # the loop goes round before it waits again
+            else:
+                loop.call_soon_threadsafe(self.wake)
 
     def call_on_main_loop(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` soon on the writer's event loop if that runs on the main thread."""

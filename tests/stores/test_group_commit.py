@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,10 +37,11 @@ def until(condition: Callable[[], bool]) -> None:
 
 
 def waiting(directory: Path) -> int:
-    """How many callers wait on ``directory``'s group (0 if it has none)."""
+    """How many callers wait for ``directory``'s running fsync (0 if none runs)."""
     st = os.stat(directory)
-    group = atomic._groups[1].get((st.st_dev, st.st_ino))
-    return 0 if group is None else group.waiting
+    group = atomic._groups.get((st.st_dev, st.st_ino))
+    running = None if group is None else group.running
+    return 0 if running is None else len(running.gates)
 
 
 class HeldFsync:
@@ -81,7 +85,7 @@ def run(target: Callable[[], object], out: list[object]) -> threading.Thread:
         except BaseException as exc:
             out.append(exc)
 
-    thread = threading.Thread(target=body)
+    thread = threading.Thread(target=body, daemon=True)  # one left wedged fails its test only
     thread.start()
     return thread
 
@@ -93,7 +97,7 @@ def test_a_lone_caller_fsyncs_at_once_and_leaves_no_group(tmp_path: Path, dir_fd
     assert calls == [dir_fd]
     assert waiting(tmp_path) == 0
     st = os.stat(tmp_path)
-    assert (st.st_dev, st.st_ino) not in atomic._groups[1]
+    assert (st.st_dev, st.st_ino) not in atomic._groups
 
 
 def test_callers_during_an_fsync_share_the_next_one(tmp_path: Path, dir_fd: int) -> None:
@@ -193,11 +197,11 @@ def test_a_forked_child_writes_while_its_parent_is_in_a_batch(tmp_path: Path, di
     leader = run(lambda: sync_dir(dir_fd, fsync), results)
     assert fsync.entered.wait(HANG_GUARD)
     st = os.stat(tmp_path)
-    group = atomic._groups[1][st.st_dev, st.st_ino]
+    group = atomic._groups[st.st_dev, st.st_ino]
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with group.cond:
+        with group.lock:
             held.set()
             release.wait(HANG_GUARD)
 
@@ -234,3 +238,125 @@ def wait_child(pid: int) -> int | None:
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     return None
+
+
+def test_a_signal_handler_on_the_leading_thread_fsyncs_by_itself(
+    tmp_path: Path, dir_fd: int
+) -> None:
+    """A signal lands on the thread that leads the batch, in its fsync (an exit flush from
+    SIGTERM): the handler's own ``sync_dir`` fsyncs by itself, never waiting on its thread."""
+    calls: list[str] = []
+    outcome: list[object] = []
+
+    def handler(signum: int, frame: object) -> None:
+        try:
+            with commit_deadline(HANG_GUARD):  # bounds the old wait on its own batch
+                sync_dir(dir_fd, lambda fd: calls.append("handler"))
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    def fsync(fd: int) -> None:
+        calls.append("leader")
+        os.kill(os.getpid(), signal.SIGUSR1)  # handled on this thread as the call returns
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        sync_dir(dir_fd, fsync)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert outcome == [None]
+    assert calls == ["leader", "handler"]
+    assert waiting(tmp_path) == 0
+
+
+def _interrupted_at(step: int) -> Callable[[Any, str, object], None]:
+    """A profile function raising KeyboardInterrupt at the ``step``-th point of atomic.py
+    where a signal handler can run: a function's entry, a C call's return."""
+    seen = [0]
+
+    def profile(frame: Any, event: str, arg: object) -> None:
+        if event in ("call", "c_return") and frame.f_code.co_filename == atomic.__file__:
+            seen[0] += 1
+            if seen[0] == step:
+                raise KeyboardInterrupt
+
+    return profile
+
+
+def _interrupt_once(directory: Path, role: str, step: int) -> bool:
+    """``sync_dir`` on ``directory`` interrupted at ``step`` (if it gets that far), then
+    another thread's write into it; whether the interrupt came."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    fsync, results, gone = HeldFsync(), list[object](), threading.Event()
+    threads = []
+    if role == "waiter":  # another thread leads; it ends once this one waits (or is gone)
+        threads.append(run(lambda: sync_dir(fd, fsync), results))
+        assert fsync.entered.wait(HANG_GUARD)
+
+        def release() -> None:  # once this thread waits for it, or is gone
+            until(lambda: waiting(directory) > 0 or gone.is_set())
+            fsync.go.set()
+
+        threads.append(run(release, results))
+    else:
+        fsync.go.set()
+    sys.setprofile(_interrupted_at(step))
+    try:
+        sync_dir(fd)
+        interrupted = False
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        sys.setprofile(None)
+        gone.set()
+    other = run(lambda: write_atomic(str(directory / "other.json"), [b"other"]), results)
+    for thread in (other, *threads):
+        thread.join(HANG_GUARD)
+    os.close(fd)
+    assert not other.is_alive(), f"interrupted at step {step}: the directory is wedged"
+    assert (directory / "other.json").read_bytes() == b"other"
+    assert atomic._inside == {}
+    return interrupted
+
+
+@pytest.mark.parametrize("role", ["leader", "waiter"])
+def test_an_interrupt_anywhere_in_sync_dir_leaves_the_directory_usable(
+    tmp_path: Path, role: str
+) -> None:
+    """Ctrl-C at each point of a ``sync_dir`` (leading its batch, or waiting for another
+    thread's): once the call is gone, another thread's write into the directory completes."""
+    step = 0
+    while True:
+        step += 1
+        directory = tmp_path / str(step)
+        directory.mkdir()
+        if not _interrupt_once(directory, role, step):
+            break
+    assert step > 5  # the points were reached
+
+
+def test_a_write_retried_after_its_directory_fsync_failed_is_written_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory's fsync fails after the rename; the caller retries the same revision:
+    the store writes it again (a new file, fsynced, renamed, the directory fsynced), never
+    calling it durable on a second fsync of the directory alone."""
+    store = FileStore(tmp_path / "root")
+    store.write("k", [b"seed"], revision="r0", expected=None)
+    calls: list[str] = []
+
+    def fsync(fd: int) -> None:
+        kind = "dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "file"
+        calls.append(kind)
+        if calls == ["file", "dir"]:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        REAL_FSYNC(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="Input/output"):
+        store.write("k", [b"hello"], revision="r1", expected="r0")
+    assert store.revision("k") == "r1"  # in place, not known durable
+    store.write("k", [b"hello"], revision="r1", expected="r0")
+    assert calls == ["file", "dir", "file", "dir"]
+    assert store.read("k") == b"hello"

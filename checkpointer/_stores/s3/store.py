@@ -215,7 +215,7 @@ class S3Store:
             f"a sealed object without its revision metadata (x-amz-meta-{REVISION}): restored "
             "from a backup, or copied by a tool that drops user metadata?  Its revision is "
             "unknown, so it is neither loaded nor written over; copy it back with its metadata "
-            f"({REVISION} = the revision its header line names, \"at\")"
+            f'({REVISION} = the revision its header line names, "at")'
         )
         where = self.location(key)
         return DecryptionError(where, why, key=key, position="?", key_id=None, why="truncated")

@@ -121,7 +121,8 @@ class Encryption:
         algorithm: ``"aes-256-gcm"`` (the default) or ``"chacha20-poly1305"``.
 
     Raises:
-        ValueError: a key that is not 32 bytes, a bad id, an unknown algorithm.
+        ValueError: a key that is not 32 bytes, a bad id, an id given to two keys, an
+            unknown algorithm.
         ImportError: ``cryptography`` is not installed (the ``encryption`` extra).
     """
 
@@ -147,7 +148,10 @@ class Encryption:
         self._kinds = {"aes-256-gcm": aead.AESGCM, "chacha20-poly1305": aead.ChaCha20Poly1305}
         self.algorithm: Algorithm = algorithm
         self.key_id = key_id
-        keys = {key_id: key, **{k: v for k, v in (old_keys or {}).items() if k != key_id}}
+        old_keys = dict(old_keys or {})
+        if old_keys.get(key_id, key) != key:
+            raise ValueError(f"key id {key_id!r} is given twice: each key needs an id of its own")
+        keys = {key_id: key, **old_keys}
         for kid, value in keys.items():
             if not isinstance(kid, str) or _KEY_ID.fullmatch(kid) is None:
                 raise ValueError(f"a key id is 1-64 letters, digits, '.', '_', '-'; got {kid!r}")
@@ -155,6 +159,10 @@ class Encryption:
                 raise ValueError(f"key {kid!r} must be 32 bytes (os.urandom(32))")
         self._keys = keys
         self._aead: dict[tuple[str, str], Any] = {}
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the keys and algorithm; ciphers made anew
+        old = {kid: key for kid, key in self._keys.items() if kid != self.key_id}
+        return (_rebuild, (self._keys[self.key_id], self.key_id, old, self.algorithm))
 
     def __repr__(self) -> str:  # ids only: never a key
         return f"Encryption(key_id={self.key_id!r}, ids={sorted(self._keys)}, {self.algorithm})"
@@ -164,18 +172,24 @@ class Encryption:
         """Keys written as ``id:base64`` (whitespace or commas between; ``#`` comments), the
         first the current one: a key file's or ``CHECKPOINTER_KEYS``'s form.  ValueError if bad."""
         tokens = [t for line in text.splitlines() for t in re.split(r"[\s,]+", line.split("#")[0])]
-        pairs: list[tuple[str, bytes]] = []
-        for token in filter(None, tokens):
+        pairs: dict[str, bytes] = {}
+        for number, token in enumerate(filter(None, tokens), 1):
             kid, colon, encoded = token.partition(":")
             try:
-                pairs.append((kid, base64.b64decode(encoded, validate=True)))
+                key = base64.b64decode(encoded, validate=True)
             except binascii.Error:
                 colon = ""
-            if not colon:
-                raise ValueError(f"a key is written id:base64-of-32-bytes, got {kid!r}:...")
+            if not colon or _KEY_ID.fullmatch(kid) is None:  # kid may be the key: never said
+                raise ValueError(
+                    f"key {number} is not written id:base64-of-32-bytes (its id, a colon, "
+                    "then the key)"
+                )
+            if kid in pairs:
+                raise ValueError(f"key id {kid!r} is given twice: each key needs an id of its own")
+            pairs[kid] = key
         if not pairs:
             raise ValueError("no key given (id:base64-of-32-bytes, the current one first)")
-        (kid, key), *old = pairs
+        (kid, key), *old = pairs.items()
         return cls(key, key_id=kid, old_keys=dict(old), algorithm=algorithm)
 
     @staticmethod
@@ -236,9 +250,16 @@ class Encryption:
                 f"{_NONCE + header.size + _TAG} bytes after its header (truncated)"
             )
             raise fail(why, "truncated")
-        if header.kid not in self._keys or header.alg not in self._kinds:
+        if header.alg not in self._kinds:
             why = (
-                f"the record of {at} is sealed with key id {header.kid!r} ({header.alg}), "
+                f"the record of {at} (key id {header.kid!r}) names an algorithm this "
+                f"agent-checkpointer does not know, {header.alg!r}: its header was edited, "
+                "or a newer version wrote it; kept as it is"
+            )
+            raise fail(why, "wrong-key")
+        if header.kid not in self._keys:
+            why = (
+                f"the record of {at} is sealed with key id {header.kid!r}, "
                 f"which this store's Encryption does not have (it has {sorted(self._keys)}): "
                 "add that key to old_keys to read it; the record is kept as it is"
             )
@@ -256,6 +277,12 @@ class Encryption:
                 "kept as it is, not moved aside"
             )
             raise fail(why, "wrong-key") from None
+
+
+def _rebuild(
+    key: bytes, key_id: str, old_keys: dict[str, bytes], algorithm: Algorithm
+) -> Encryption:
+    return Encryption(key, key_id=key_id, old_keys=old_keys, algorithm=algorithm)
 
 
 def is_sealed(data: bytes) -> bool:

@@ -131,3 +131,16 @@ def test_re_encrypt_seals_plaintext_only_when_asked(
     assert b"hunter2" not in (tmp_path / "r" / "snap.json").read_bytes()
     loaded = load(FileStore(tmp_path / "r", encryption=Encryption.from_text(NEW)), "snap")
     assert loaded is not None and loaded.state == STATE
+
+
+def test_a_bad_key_is_refused_without_being_printed(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key file or CHECKPOINTER_KEYS holding a bare key (no ``id:``): an error that
+    never shows the key."""
+    secret = NEW.partition(":")[2]
+    status, out = run(capsys, "ls", root, "--key-file", key_file(tmp_path / "..", secret))
+    assert status != 0 and "id:base64" in out and secret not in out and secret[:8] not in out
+    monkeypatch.setenv("CHECKPOINTER_KEYS", secret)
+    status, out = run(capsys, "ls", root)
+    assert status != 0 and "id:base64" in out and secret not in out and secret[:8] not in out

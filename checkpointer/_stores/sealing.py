@@ -45,10 +45,11 @@ MAGIC = b"\x00checkpointer-sealed "
 """How a sealed record starts: no plaintext record (JSON, a journal) starts with a NUL."""
 
 Algorithm = Literal["aes-256-gcm", "chacha20-poly1305"]
-Why = Literal["no-key", "wrong-key", "moved", "plaintext", "truncated"]
+Why = Literal["no-key", "wrong-key", "moved", "plaintext", "truncated", "damaged"]
 _ROW_HEAD, _ROW_TAIL = b'{"sealed":"', b'"}'  # a journal row sealed: one line of JSON
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _NONCE, _TAG = 12, 16
+_JSON_STARTS = frozenset(bytes([c]) for c in b'{["-0123456789tfn')  # how plaintext begins
 
 
 class _Header(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -72,8 +73,10 @@ class DecryptionError(CheckpointError):
     No key of the store's ``Encryption`` opens it (``why`` "no-key", or
     "wrong-key": the key of that id does not authenticate it, or its bytes
     were changed), it was sealed for another key or position ("moved"), it is
-    cut short ("truncated"), or it is plaintext where a sealed record belongs
-    ("plaintext").  A writer never moves it aside nor replaces it.
+    cut short or without its revision ("truncated"), it is plaintext where a
+    sealed record belongs ("plaintext"), or it is neither a sealed record nor
+    plaintext (its marker damaged: "damaged").  A writer never moves
+    it aside nor replaces it.
 
     Attributes:
         key: the store key.
@@ -336,7 +339,8 @@ def unseal(
     Raises:
         DecryptionError: a sealed record and no ``encryption`` ("no-key", its
             readable meta on it), or one that does not open; plaintext where
-            ``encryption`` expects a sealed record ("plaintext").
+            ``encryption`` expects a sealed record ("plaintext"); neither ("damaged").
+        CheckpointError: an empty record where a sealed one belongs (nothing sealed in it).
     """
     if encryption is not None and is_sealed(data):
         return encryption.open(data, key=key, position=position, where=where)
@@ -355,6 +359,14 @@ def unseal(
             why="no-key",
             meta=_meta(header),
         )
+    if encryption is not None and not data:  # nothing sealed is lost if it is set aside
+        raise CheckpointError(where, f"the record at key {key!r} position {position} is empty")
+    if encryption is not None and data.lstrip()[:1] not in _JSON_STARTS:
+        why = (
+            f"the record at key {key!r} position {position} is neither sealed nor plaintext "
+            "(its marker damaged?): kept as it is"
+        )
+        raise DecryptionError(where, why, key=key, position=position, key_id=None, why="damaged")
     if encryption is not None:
         why = (
             f"a plaintext record at key {key!r} position {position} of an encrypted store: "

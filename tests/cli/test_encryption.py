@@ -144,3 +144,23 @@ def test_a_bad_key_is_refused_without_being_printed(
     monkeypatch.setenv("CHECKPOINTER_KEYS", secret)
     status, out = run(capsys, "ls", root)
     assert status != 0 and "id:base64" in out and secret not in out and secret[:8] not in out
+
+
+def test_re_encrypt_says_what_it_cannot_read_and_goes_on(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sealed file with its marker damaged, a plaintext one cut short: each left and
+    said (never "--plaintext seals it" for the first), the others sealed, exit 1."""
+    save(FileStore(root), "cut")
+    (root / "cut.json").write_bytes((root / "cut.json").read_bytes()[:40])
+    damaged = bytearray((root / "snap.json").read_bytes())
+    damaged[damaged.find(b"checkpointer-sealed")] ^= 1
+    (root / "snap.json").write_bytes(bytes(damaged))
+    keys = key_file(tmp_path / "..", NEW, OLD)
+    status, out = run(capsys, "re-encrypt", root, "--key-file", keys, "--plaintext")
+    assert status == 1 and "1 sealed" in out and "2 left" in out, out
+    left = {line.split()[1]: line for line in out.splitlines() if line.startswith("left")}
+    assert "neither sealed nor plaintext" in left[str(root / "snap.json") + ":"], out
+    assert "--plaintext" not in left[str(root / "snap.json") + ":"], out
+    assert "cannot be read" in left[str(root / "cut.json") + ":"], out
+    assert load(JournalStore(root, encryption=Encryption.from_text(NEW)), "chat") is not None

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from checkpointer import CheckpointWriter, Failed, FileStore, Snapshot, load
+from checkpointer import CheckpointError, CheckpointWriter, Failed, FileStore, Snapshot, load
 from checkpointer.stores import DecryptionError, Encryption, StaleWrite
 from tests.stores import sealed_cases
 
@@ -275,3 +275,17 @@ def test_an_edited_algorithm_is_not_said_a_missing_key(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes().replace(b'"alg":"aes-256-gcm"', b'"alg":"aes-256-gcn"'))
     error = refused(store)
     assert "'aes-256-gcn'" in str(error) and "does not have" not in str(error)
+
+
+def test_an_empty_file_is_damage_a_writer_sets_aside(tmp_path: Path) -> None:
+    """Nothing sealed is in it: moved aside like a damaged plaintext file, never a key
+    blocked for good."""
+    (tmp_path / "s1.json").write_bytes(b"")
+    store = FileStore(tmp_path, encryption=enc())
+    with pytest.raises(CheckpointError, match="empty") as info:
+        load(store, "s1")
+    assert not isinstance(info.value, DecryptionError)
+    save(store)
+    assert any(".corrupt-" in name for name in os.listdir(tmp_path))
+    loaded = load(store, "s1")
+    assert loaded is not None and loaded.state == STATE

@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from checkpointer import CheckpointError, CheckpointWriter, Failed, FileStore, Snapshot, load
+from checkpointer import (
+    CheckpointError,
+    CheckpointWriter,
+    Failed,
+    FileStore,
+    JournalStore,
+    Snapshot,
+    load,
+)
 from checkpointer.stores import DecryptionError, Encryption, StaleWrite
 from tests.stores import sealed_cases
 
@@ -226,7 +234,7 @@ def test_no_summary_is_written_in_plaintext_beside_sealed_files(tmp_path: Path) 
     summary = SummaryCheckpoint(
         watermark=1, summary=SECRET, created_at=datetime.now(UTC), covered_messages=1
     )
-    with pytest.raises(ValueError, match="not encrypted"):
+    with pytest.raises(ValueError, match="summary checkpoints are not"):
         write_summary(FileStore(tmp_path, encryption=enc()), "s1", summary)
     assert not (tmp_path / "sessions").exists()
 
@@ -289,3 +297,25 @@ def test_an_empty_file_is_damage_a_writer_sets_aside(tmp_path: Path) -> None:
     assert any(".corrupt-" in name for name in os.listdir(tmp_path))
     loaded = load(store, "s1")
     assert loaded is not None and loaded.state == STATE
+
+
+@pytest.mark.parametrize(
+    ("store", "given"),
+    [(FileStore, "store"), (FileStore, "directory"), (JournalStore, "directory")],
+)
+def test_collapse_writes_no_summary_beside_sealed_files(
+    tmp_path: Path, store: type[FileStore] | type[JournalStore], given: str
+) -> None:
+    """Given the store or its directory, collapse returns SummaryFailed and writes nothing:
+    the directory's checkpoint of that key is sealed."""
+    import anyio
+
+    from checkpointer.summaries import SummaryFailed, collapse
+
+    sealed = store(tmp_path, encryption=enc())
+    save(sealed)
+    messages = [{"role": "user", "content": f"{SECRET} {n}"} for n in range(30)]
+    root = sealed if given == "store" else tmp_path
+    result = anyio.run(collapse, lambda m: m[0]["content"], root, "s1", messages)
+    assert isinstance(result, SummaryFailed) and "encrypted" in result.error, result
+    assert not (tmp_path / "sessions").exists()

@@ -20,6 +20,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import hmac
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,6 +35,7 @@ __all__ = [
     "MAGIC",
     "DecryptionError",
     "Encryption",
+    "check_sealer",
     "is_sealed",
     "open_row",
     "seal",
@@ -59,6 +61,7 @@ class _Header(msgspec.Struct, frozen=True, omit_defaults=True):
     at: str
     size: int
     meta: msgspec.Raw = msgspec.Raw(b"null")  # Raw | None does not decode
+    fp: str = ""  # the key's fingerprint ("": sealed before there was one)
     v: int = 1
 
 
@@ -161,6 +164,7 @@ class Encryption:
             if not isinstance(value, bytes) or len(value) != 32:
                 raise ValueError(f"key {kid!r} must be 32 bytes (os.urandom(32))")
         self._keys = keys
+        self._prints = {kid: _fingerprint(value) for kid, value in keys.items()}
         self._aead: dict[tuple[str, str], Any] = {}
 
     def __reduce__(self) -> tuple[Any, ...]:  # the keys and algorithm; ciphers made anew
@@ -206,6 +210,32 @@ class Encryption:
             found = self._aead[alg, kid] = self._kinds[alg](self._keys[kid])
         return found
 
+    def _refusal(self, header: _Header, at: str) -> tuple[str, Why] | None:
+        """Why a record with ``header`` (found at ``at``) cannot open here, told without
+        decrypting it; None if it may."""
+        if header.alg not in self._kinds:
+            why = (
+                f"the record of {at} (key id {header.kid!r}) names an algorithm this "
+                f"agent-checkpointer does not know, {header.alg!r}: its header was edited, "
+                "or a newer version wrote it; kept as it is"
+            )
+            return why, "wrong-key"
+        if header.kid not in self._keys:
+            why = (
+                f"the record of {at} is sealed with key id {header.kid!r}, "
+                f"which this store's Encryption does not have (it has {sorted(self._keys)}): "
+                "add that key to old_keys to read it; the record is kept as it is"
+            )
+            return why, "no-key"
+        if header.fp and header.fp != self._prints[header.kid]:
+            why = (
+                f"the record of {at} was sealed with another key under the id "
+                f"{header.kid!r} than this store's Encryption has (the key's fingerprint "
+                "differs): give the key that sealed it; the record is kept as it is"
+            )
+            return why, "wrong-key"
+        return None
+
     def seal(
         self, chunks: Iterable[bytes], *, key: str, position: str, meta: bytes | None
     ) -> list[bytes]:
@@ -219,6 +249,7 @@ class Encryption:
             position,
             len(data),
             msgspec.Raw(b"null" if meta is None else meta),
+            self._prints[self.key_id],
         )
         line = MAGIC + _ENCODE(header) + b"\n"
         nonce = os.urandom(_NONCE)
@@ -253,20 +284,9 @@ class Encryption:
                 f"{_NONCE + header.size + _TAG} bytes after its header (truncated)"
             )
             raise fail(why, "truncated")
-        if header.alg not in self._kinds:
-            why = (
-                f"the record of {at} (key id {header.kid!r}) names an algorithm this "
-                f"agent-checkpointer does not know, {header.alg!r}: its header was edited, "
-                "or a newer version wrote it; kept as it is"
-            )
-            raise fail(why, "wrong-key")
-        if header.kid not in self._keys:
-            why = (
-                f"the record of {at} is sealed with key id {header.kid!r}, "
-                f"which this store's Encryption does not have (it has {sorted(self._keys)}): "
-                "add that key to old_keys to read it; the record is kept as it is"
-            )
-            raise fail(why, "no-key")
+        refused = self._refusal(header, at)
+        if refused is not None:
+            raise fail(*refused)
         from cryptography.exceptions import InvalidTag
 
         try:
@@ -280,6 +300,32 @@ class Encryption:
                 "kept as it is, not moved aside"
             )
             raise fail(why, "wrong-key") from None
+
+
+def _fingerprint(key: bytes) -> str:
+    """What a record says of the key that sealed it: a MAC of a constant under the key
+    (a wrong key is told apart without decrypting), never the key."""
+    return hmac.new(key, b"checkpointer key fingerprint", hashlib.sha256).hexdigest()[:16]
+
+
+def check_sealer(encryption: Encryption | None, head: bytes, *, key: str, where: str) -> None:
+    """A writer's check before it replaces a record it has not opened (``head``, its first
+    bytes), without decrypting: ``DecryptionError`` if it is sealed with a key
+    ``encryption`` does not hold (an id it lacks, the same id with another fingerprint, or
+    no ``encryption`` at all)."""
+    if not is_sealed(head):
+        return
+    _, header, _ = _split(head, key=key, position="?", where=where)
+    if encryption is None:
+        unseal(None, head, key=key, position=header.at, where=where)  # raises "no-key"
+        return
+    refused = encryption._refusal(header, f"key {key!r} at position {header.at}")
+    if refused is not None:
+        reason, why = refused
+        meta = _meta(header)
+        raise DecryptionError(
+            where, reason, key=key, position=header.at, key_id=header.kid, why=why, meta=meta
+        )
 
 
 def _rebuild(

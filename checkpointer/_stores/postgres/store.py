@@ -17,6 +17,7 @@ import msgspec
 from ... import _exit
 from ..._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, check_format, decode_raw
 from ..._format.journal import assemble_rows
+from ..._values import CheckpointError
 from ..base import check_key
 from ..sealing import is_sealed, seal, unseal
 from .connection import SLOW_BYTES_PER_SECOND
@@ -32,6 +33,14 @@ __all__ = ["PostgresStore", "row_params"]
 
 class _Revision(msgspec.Struct):
     revision: str = "(none in its meta)"
+
+
+def _revision(meta_json: bytes, where: str) -> str:
+    """The revision a row's meta names: where its sealed state opens."""
+    try:
+        return msgspec.json.decode(meta_json, type=_Revision).revision
+    except msgspec.ValidationError as exc:
+        raise CheckpointError(where, f"the meta column is no checkpoint's meta ({exc})") from None
 
 
 class PostgresStore(LocksPart):
@@ -171,7 +180,7 @@ class PostgresStore(LocksPart):
         fmt, meta, state, journal, _ = rows[0]
         meta_json = meta.encode()
         if self.encryption is not None or is_sealed(state):  # a journal's head: "plaintext"
-            at = msgspec.json.decode(meta_json, type=_Revision).revision
+            at = _revision(meta_json, self.location(key))
             return unseal(self.encryption, state, key=key, position=at, where=self.location(key))
         if journal:  # a head of a newer format: its rows are left to that version
             check_format(b'{"format":%d,"meta":%b}' % (fmt, meta_json), self.location(key))

@@ -164,3 +164,17 @@ def test_re_encrypt_says_what_it_cannot_read_and_goes_on(
     assert "--plaintext" not in left[str(root / "snap.json") + ":"], out
     assert "cannot be read" in left[str(root / "cut.json") + ":"], out
     assert load(JournalStore(root, encryption=Encryption.from_text(NEW)), "chat") is not None
+
+
+def test_without_a_key_it_names_the_key_id_and_only_claims_a_meta_it_has(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each says the key id it needs; the snapshot's meta is readable, the journal's is not
+    (it is inside its sealed rows), and the summary does not call them a store of the
+    user's own."""
+    status, out = run(capsys, "verify", root)
+    lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("note")}
+    snap, chat = lines[f"{root / 'snap.json'}:"], lines[f"{root / 'chat.jsonl'}:"]
+    assert status == 0 and "key id 'old'" in snap and "key id 'old'" in chat, out
+    assert "meta is readable" in snap and "meta" not in chat, out
+    assert out.splitlines()[-1].endswith("2 not checked (encrypted)"), out

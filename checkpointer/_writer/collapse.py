@@ -47,9 +47,8 @@ async def collapse(
     Returns:
         The ``SummaryCheckpoint`` written; ``SummaryFailed`` (nothing written,
         the exception in it) when ``summarize`` raised or returned no str of
-        Unicode text, or the write failed or was refused (a sealed checkpoint is
-        there); None when there is nothing to collapse.  Cancellation propagates,
-        and nothing is written then.
+        Unicode text, or the write failed or was refused (sealed checkpoints); None
+        when there is nothing to collapse.  Cancellation propagates, nothing written.
 
     Raises:
         ValueError: a bad key or a negative ``keep_last``.

@@ -11,7 +11,7 @@ from typing import Any
 
 from . import report
 from .look import Row, inspect
-from .roots import ENCRYPTED, FOREIGN, Extra, Root
+from .roots import Extra, Root, not_ours
 
 HELP = "list the checkpoints of a store"
 DESCRIPTION = (
@@ -64,7 +64,7 @@ def run(root: Root, args: argparse.Namespace) -> int:
     for extra in extras.found:  # something planted in place of one, or a damaged summary
         if extra.problem or extra.unreadable:
             report.error("ls", extra.problem or f"{extra.entry.path}: {extra.unreadable}")
-    bad = sum(1 for r in rows if r.error not in (None, FOREIGN, ENCRYPTED))  # said, not damage
+    bad = sum(1 for r in rows if r.error is not None and not not_ours(r.error))
     if args.json:
         report.json_rows(rows)  # each unreadable one with its "error"
     elif rows:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from checkpointer import JournalStore, PostgresJournalStore, S3JournalStore
+from checkpointer import CheckpointError, JournalStore, PostgresJournalStore, S3JournalStore
 from checkpointer.stores import KeyLocked, KeyLockedError, StaleWrite
 
 from . import report
@@ -85,6 +85,8 @@ def _reseal(store: Any, key: str, *, plaintext: bool) -> str | None:
         return f"a live writer holds it, not overwritten: {exc}"
     except StaleWrite:
         return "written since it was read (by a writer, which sealed it)"
+    except CheckpointError as exc:  # damaged: said, and on to the next key
+        return f"it cannot be read, left as it is: {exc.reason}"
     return None
 
 

@@ -55,10 +55,12 @@ FOREIGN = (
 )
 
 SEALED = "encrypted"  # how every reason of a record that does not open starts: kept, never pruned
-ENCRYPTED = (
-    f"{SEALED}, and no key given (--key-file, or CHECKPOINTER_KEYS): only its revision and "
-    "meta are readable"
-)
+ENCRYPTED = f"{SEALED}, and no key given (--key-file, or CHECKPOINTER_KEYS)"
+
+
+def not_ours(error: str | None) -> bool:
+    """Whether ``error`` says a record is only not ours to read (not damage)."""
+    return error is not None and (error == FOREIGN or error.startswith(ENCRYPTED))
 
 
 class RootError(Exception):
@@ -209,7 +211,10 @@ def sealed(encryption: Encryption | None, metas: dict[str, Meta]) -> Iterator[No
     except DecryptionError as exc:
         if exc.meta is not None:
             metas[exc.path] = exc.meta
-        reason = ENCRYPTED if encryption is None and exc.why == "no-key" else exc.reason
+        reason = exc.reason
+        if encryption is None and exc.why == "no-key":
+            readable = "; its meta is readable" if exc.meta is not None else ""
+            reason = f"{ENCRYPTED}: sealed with key id {exc.key_id!r}{readable}"
         if not reason.startswith(SEALED):
             reason = f"{SEALED}: {reason}"
         raise DecryptionError(

@@ -14,13 +14,14 @@ from . import report
 from .look import History, load, read, transcript
 from .roots import (
     CHAT,
-    ENCRYPTED,
     FOREIGN,
+    SEALED,
     Entry,
     Root,
     clipped,
     describe_shape,
     detect,
+    not_ours,
     scan_history,
 )
 
@@ -41,6 +42,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 def run(root: Root, args: argparse.Namespace) -> int:
     entries = root.scan()
     bad = unread = 0
+    whys: set[str] = set()  # why those not checked were not
     names = (
         "with tool calls open at the end",
         "with a torn tail ignored",
@@ -53,8 +55,9 @@ def run(root: Root, args: argparse.Namespace) -> int:
             report.line(f"BAD  {entry.path}: {said.problem}")
             bad += 1
             continue
-        if said.note in (FOREIGN, ENCRYPTED):  # not damage: only not ours to read
+        if not_ours(said.note):  # not damage: only not ours to read
             unread += 1
+            whys.add("written through a store of your own" if said.note == FOREIGN else SEALED)
             if not args.quiet:
                 report.line(f"note {entry.path}: {said.note}; not checked")
             continue
@@ -71,7 +74,7 @@ def run(root: Root, args: argparse.Namespace) -> int:
         return report.OK
     also = ", ".join(f"{n} {count}" for count, n in counts.items() if n)
     ok = f"{len(entries) - bad - unread} ok" + (f" ({also})" if also else "")
-    not_read = f", {unread} not checked (written through a store of your own)" if unread else ""
+    not_read = f", {unread} not checked ({'; '.join(sorted(whys))})" if unread else ""
     report.line(f"{len(entries)} checkpoint(s): {ok}, {bad} bad{not_read}")
     return report.PROBLEM if bad else report.OK
 
@@ -90,7 +93,7 @@ def verdict(root: Root, entry: Entry) -> Verdict:
     """Load ``entry`` and check it: its meta names its key; its history is sendable."""
     got, error = read(root, lambda e: load(root, e), entry)
     if got is None:
-        unread = error in (FOREIGN, ENCRYPTED)
+        unread = not_ours(error)
         return Verdict(None, "", note=error) if unread else Verdict(error, "")
     loaded = got.checkpoint
     meta = loaded.meta

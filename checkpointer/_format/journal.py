@@ -116,7 +116,7 @@ def scan_journal(
         raise CheckpointError(path, "the journal is empty (its creation never finished?)")
     size, hole = len(data), ""
     if (nul := data.find(b"\0")) >= 0:  # JSON never holds a raw NUL: a hole of a crash
-        data, hole = _cut_hole(data, nul, path)
+        data, hole = _cut_hole(data, nul, path, open_row)
     rows, ends, partial, unparsable = _parse_rows(data, path, open_row)
     compaction, last_commit = _check_rows(rows, path)
     end = ends[last_commit]
@@ -263,13 +263,17 @@ def _newer_row(path: str, number: int, what: str, meta: object) -> NewerVersionE
     )
 
 
-def _cut_hole(data: bytes, nul: int, path: str) -> tuple[bytes, str]:
+def _cut_hole(
+    data: bytes, nul: int, path: str, open_row: Callable[[bytes, int], bytes] | None
+) -> tuple[bytes, str]:
     """The journal before the line holding its first NUL byte, and why the rest is a torn tail.
 
     Our JSON never holds a raw NUL: zeros are a hole a power cut left in the
     last append (pages reached the disk out of order).  So from that line on,
     every line must be a hole or a row of one batch, its closing row last;
     anything else, or a NUL in line 1 (fsynced before its rename), is damage.
+    A sealed row after the hole is opened where it lies (``DecryptionError`` if
+    it does not open: never damage).
     """
     start = data.rfind(b"\n", 0, nul) + 1
     number = data.count(b"\n", 0, start) + 1
@@ -278,9 +282,10 @@ def _cut_hole(data: bytes, nul: int, path: str) -> tuple[bytes, str]:
             path, "line 1 holds NUL bytes: a damaged file, not a journal a crash can leave"
         )
     rest = data[start:].split(b"\n")
-    closed = False
-    for offset, line in enumerate(rest):
+    closed, at = False, start
+    for offset, stored in enumerate(rest):
         where = f"line {number + offset}"
+        line, at = stored, at + len(stored) + 1
         if closed and (line or offset < len(rest) - 1):
             raise CheckpointError(
                 path,
@@ -289,6 +294,8 @@ def _cut_hole(data: bytes, nul: int, path: str) -> tuple[bytes, str]:
             )
         if b"\0" in line or offset == len(rest) - 1:
             continue  # a hole, or the last line cut short
+        if open_row is not None:
+            line = open_row(stored, at - len(stored) - 1)
         try:
             row = _ROWS.decode(line)
         except (msgspec.DecodeError, RecursionError) as exc:

@@ -22,7 +22,7 @@ from .atomic import fsync_dir, fsync_parents, sweep_temps, write_atomic
 from .base import KEY_PATTERN, KeyLock, check_key, landed, time_left
 from .flock import FileKeyLock, acquire_file_lock
 from .safefs import check_root, read_checked
-from .sealing import DecryptionError, Encryption, is_sealed, seal, unseal
+from .sealing import DecryptionError, Encryption, check_sealer, is_sealed, seal, unseal
 
 __all__ = ["FileStore"]
 
@@ -106,10 +106,12 @@ class FileStore:
         """``Store.write``, under the key's lock: the writer's, else taken for the call."""
         check_key(key)
         with self._locked(key), self._owned(key):
+            stored, head = self._peek(key)
             # This very write landed, its answer lost: written again, not fsynced again,
             # for that answer may have been the directory fsync's error, and a second
             # fsync may call clean what the first dropped.
-            landed(key, self.revision(key), revision, expected)
+            landed(key, stored, revision, expected)
+            check_sealer(self.encryption, head, key=key, where=self.location(key))
             sealed = seal(self.encryption, chunks, key=key, position=revision)
             # An envelope's prefix, meta, middle; a sealed record is never one.
             meta = peek_meta(b"".join(chunks[:3])) if sealed is chunks else None
@@ -121,12 +123,17 @@ class FileStore:
 
     def revision(self, key: str) -> str | None:
         """``Store.revision``, from ``_MARK`` or the file's meta (``CheckpointError`` if none)."""
+        return self._peek(key)[0]
+
+    def _peek(self, key: str) -> tuple[str | None, bytes]:
+        """The revision of ``key``'s file and its record's first bytes (b"" if none)."""
         path = self.location(key)
         head = read_checked(path, limit=_PEEK)
         if head is None:
-            return None
+            return None, b""
         if head.startswith(_MARK):
-            return head[len(_MARK) : head.find(b"\n")].decode()
+            end = head.find(b"\n")
+            return head[len(_MARK) : end].decode(), head[end + 1 :]
         if is_sealed(head):  # not damage: it may open once its line is put back
             why = "a sealed record without its revision line (cut at the front?); kept"
             raise DecryptionError(path, why, key=key, position="?", key_id=None, why="truncated")
@@ -134,9 +141,9 @@ class FileStore:
         if meta is None:  # laid out by hand, or a meta past _PEEK: decode it all
             data = read_checked(path)
             if data is None:
-                return None
+                return None, b""
             meta = decode_meta(data, path)
-        return meta.revision
+        return meta.revision, head
 
     def _holds(self, key: str) -> bool:
         """Whether this store holds ``key``'s lock now (a writer's, or one taken for a call)."""

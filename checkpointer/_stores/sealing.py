@@ -20,6 +20,7 @@ import base64
 import binascii
 import contextlib
 import hashlib
+import hmac
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -34,6 +35,7 @@ __all__ = [
     "MAGIC",
     "DecryptionError",
     "Encryption",
+    "check_sealer",
     "is_sealed",
     "open_end",
     "open_row",
@@ -49,10 +51,11 @@ MAGIC = b"\x00checkpointer-sealed "
 """How a sealed record starts: no plaintext record (JSON, a journal) starts with a NUL."""
 
 Algorithm = Literal["aes-256-gcm", "chacha20-poly1305"]
-Why = Literal["no-key", "wrong-key", "moved", "plaintext", "truncated"]
+Why = Literal["no-key", "wrong-key", "moved", "plaintext", "truncated", "damaged"]
 _ROW_HEAD, _ROW_TAIL = b'{"sealed":"', b'"}'  # a journal row sealed: one line of JSON
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _NONCE, _TAG = 12, 16
+_JSON_STARTS = frozenset(bytes([c]) for c in b'{["-0123456789tfn')  # how plaintext begins
 
 
 class _Header(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -62,6 +65,7 @@ class _Header(msgspec.Struct, frozen=True, omit_defaults=True):
     at: str
     size: int
     meta: msgspec.Raw = msgspec.Raw(b"null")  # Raw | None does not decode
+    fp: str = ""  # the key's fingerprint ("": sealed before there was one)
     v: int = 1
 
 
@@ -76,8 +80,10 @@ class DecryptionError(CheckpointError):
     No key of the store's ``Encryption`` opens it (``why`` "no-key", or
     "wrong-key": the key of that id does not authenticate it, or its bytes
     were changed), it was sealed for another key or position ("moved"), it is
-    cut short ("truncated"), or it is plaintext where a sealed record belongs
-    ("plaintext").  A writer never moves it aside nor replaces it.
+    cut short or without its revision ("truncated"), it is plaintext where a
+    sealed record belongs ("plaintext"), or it is neither a sealed record nor
+    plaintext (its marker damaged: "damaged").  A writer never moves
+    it aside nor replaces it.
 
     Attributes:
         key: the store key.
@@ -125,7 +131,8 @@ class Encryption:
         algorithm: ``"aes-256-gcm"`` (the default) or ``"chacha20-poly1305"``.
 
     Raises:
-        ValueError: a key that is not 32 bytes, a bad id, an unknown algorithm.
+        ValueError: a key that is not 32 bytes, a bad id, an id given to two keys, an
+            unknown algorithm.
         ImportError: ``cryptography`` is not installed (the ``encryption`` extra).
     """
 
@@ -151,14 +158,22 @@ class Encryption:
         self._kinds = {"aes-256-gcm": aead.AESGCM, "chacha20-poly1305": aead.ChaCha20Poly1305}
         self.algorithm: Algorithm = algorithm
         self.key_id = key_id
-        keys = {key_id: key, **{k: v for k, v in (old_keys or {}).items() if k != key_id}}
+        old_keys = dict(old_keys or {})
+        if old_keys.get(key_id, key) != key:
+            raise ValueError(f"key id {key_id!r} is given twice: each key needs an id of its own")
+        keys = {key_id: key, **old_keys}
         for kid, value in keys.items():
             if not isinstance(kid, str) or _KEY_ID.fullmatch(kid) is None:
                 raise ValueError(f"a key id is 1-64 letters, digits, '.', '_', '-'; got {kid!r}")
             if not isinstance(value, bytes) or len(value) != 32:
                 raise ValueError(f"key {kid!r} must be 32 bytes (os.urandom(32))")
         self._keys = keys
+        self._prints = {kid: _fingerprint(value) for kid, value in keys.items()}
         self._aead: dict[tuple[str, str], Any] = {}
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the keys and algorithm; ciphers made anew
+        old = {kid: key for kid, key in self._keys.items() if kid != self.key_id}
+        return (_rebuild, (self._keys[self.key_id], self.key_id, old, self.algorithm))
 
     def __repr__(self) -> str:  # ids only: never a key
         return f"Encryption(key_id={self.key_id!r}, ids={sorted(self._keys)}, {self.algorithm})"
@@ -168,18 +183,24 @@ class Encryption:
         """Keys written as ``id:base64`` (whitespace or commas between; ``#`` comments), the
         first the current one: a key file's or ``CHECKPOINTER_KEYS``'s form.  ValueError if bad."""
         tokens = [t for line in text.splitlines() for t in re.split(r"[\s,]+", line.split("#")[0])]
-        pairs: list[tuple[str, bytes]] = []
-        for token in filter(None, tokens):
+        pairs: dict[str, bytes] = {}
+        for number, token in enumerate(filter(None, tokens), 1):
             kid, colon, encoded = token.partition(":")
             try:
-                pairs.append((kid, base64.b64decode(encoded, validate=True)))
+                key = base64.b64decode(encoded, validate=True)
             except binascii.Error:
                 colon = ""
-            if not colon:
-                raise ValueError(f"a key is written id:base64-of-32-bytes, got {kid!r}:...")
+            if not colon or _KEY_ID.fullmatch(kid) is None:  # kid may be the key: never said
+                raise ValueError(
+                    f"key {number} is not written id:base64-of-32-bytes (its id, a colon, "
+                    "then the key)"
+                )
+            if kid in pairs:
+                raise ValueError(f"key id {kid!r} is given twice: each key needs an id of its own")
+            pairs[kid] = key
         if not pairs:
             raise ValueError("no key given (id:base64-of-32-bytes, the current one first)")
-        (kid, key), *old = pairs
+        (kid, key), *old = pairs.items()
         return cls(key, key_id=kid, old_keys=dict(old), algorithm=algorithm)
 
     @staticmethod
@@ -192,6 +213,32 @@ class Encryption:
         if found is None:
             found = self._aead[alg, kid] = self._kinds[alg](self._keys[kid])
         return found
+
+    def _refusal(self, header: _Header, at: str) -> tuple[str, Why] | None:
+        """Why a record with ``header`` (found at ``at``) cannot open here, told without
+        decrypting it; None if it may."""
+        if header.alg not in self._kinds:
+            why = (
+                f"the record of {at} (key id {header.kid!r}) names an algorithm this "
+                f"agent-checkpointer does not know, {header.alg!r}: its header was edited, "
+                "or a newer version wrote it; kept as it is"
+            )
+            return why, "wrong-key"
+        if header.kid not in self._keys:
+            why = (
+                f"the record of {at} is sealed with key id {header.kid!r}, "
+                f"which this store's Encryption does not have (it has {sorted(self._keys)}): "
+                "add that key to old_keys to read it; the record is kept as it is"
+            )
+            return why, "no-key"
+        if header.fp and header.fp != self._prints[header.kid]:
+            why = (
+                f"the record of {at} was sealed with another key under the id "
+                f"{header.kid!r} than this store's Encryption has (the key's fingerprint "
+                "differs): give the key that sealed it; the record is kept as it is"
+            )
+            return why, "wrong-key"
+        return None
 
     def seal(
         self, chunks: Iterable[bytes], *, key: str, position: str, meta: bytes | None
@@ -206,6 +253,7 @@ class Encryption:
             position,
             len(data),
             msgspec.Raw(b"null" if meta is None else meta),
+            self._prints[self.key_id],
         )
         line = MAGIC + _ENCODE(header) + b"\n"
         nonce = os.urandom(_NONCE)
@@ -240,13 +288,9 @@ class Encryption:
                 f"{_NONCE + header.size + _TAG} bytes after its header (truncated)"
             )
             raise fail(why, "truncated")
-        if header.kid not in self._keys or header.alg not in self._kinds:
-            why = (
-                f"the record of {at} is sealed with key id {header.kid!r} ({header.alg}), "
-                f"which this store's Encryption does not have (it has {sorted(self._keys)}): "
-                "add that key to old_keys to read it; the record is kept as it is"
-            )
-            raise fail(why, "no-key")
+        refused = self._refusal(header, at)
+        if refused is not None:
+            raise fail(*refused)
         from cryptography.exceptions import InvalidTag
 
         try:
@@ -260,6 +304,38 @@ class Encryption:
                 "kept as it is, not moved aside"
             )
             raise fail(why, "wrong-key") from None
+
+
+def _fingerprint(key: bytes) -> str:
+    """What a record says of the key that sealed it: a MAC of a constant under the key
+    (a wrong key is told apart without decrypting), never the key."""
+    return hmac.new(key, b"checkpointer key fingerprint", hashlib.sha256).hexdigest()[:16]
+
+
+def check_sealer(encryption: Encryption | None, head: bytes, *, key: str, where: str) -> None:
+    """A writer's check before it replaces a record it has not opened (``head``, its first
+    bytes), without decrypting: ``DecryptionError`` if it is sealed with a key
+    ``encryption`` does not hold (an id it lacks, the same id with another fingerprint, or
+    no ``encryption`` at all)."""
+    if not is_sealed(head):
+        return
+    _, header, _ = _split(head, key=key, position="?", where=where)
+    if encryption is None:
+        unseal(None, head, key=key, position=header.at, where=where)  # raises "no-key"
+        return
+    refused = encryption._refusal(header, f"key {key!r} at position {header.at}")
+    if refused is not None:
+        reason, why = refused
+        meta = _meta(header)
+        raise DecryptionError(
+            where, reason, key=key, position=header.at, key_id=header.kid, why=why, meta=meta
+        )
+
+
+def _rebuild(
+    key: bytes, key_id: str, old_keys: dict[str, bytes], algorithm: Algorithm
+) -> Encryption:
+    return Encryption(key, key_id=key_id, old_keys=old_keys, algorithm=algorithm)
 
 
 def is_sealed(data: bytes) -> bool:
@@ -313,7 +389,8 @@ def unseal(
     Raises:
         DecryptionError: a sealed record and no ``encryption`` ("no-key", its
             readable meta on it), or one that does not open; plaintext where
-            ``encryption`` expects a sealed record ("plaintext").
+            ``encryption`` expects a sealed record ("plaintext"); neither ("damaged").
+        CheckpointError: an empty record where a sealed one belongs (nothing sealed in it).
     """
     if encryption is not None and is_sealed(data):
         return encryption.open(data, key=key, position=position, where=where)
@@ -332,6 +409,14 @@ def unseal(
             why="no-key",
             meta=_meta(header),
         )
+    if encryption is not None and not data:  # nothing sealed is lost if it is set aside
+        raise CheckpointError(where, f"the record at key {key!r} position {position} is empty")
+    if encryption is not None and data.lstrip()[:1] not in _JSON_STARTS:
+        why = (
+            f"the record at key {key!r} position {position} is neither sealed nor plaintext "
+            "(its marker damaged?): kept as it is"
+        )
+        raise DecryptionError(where, why, key=key, position=position, key_id=None, why="damaged")
     if encryption is not None:
         why = (
             f"a plaintext record at key {key!r} position {position} of an encrypted store: "

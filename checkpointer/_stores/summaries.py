@@ -13,8 +13,9 @@ from .._format.summary import decode_summary, encode_summary
 from .._values import CheckpointError, SummaryCheckpoint
 from .atomic import fsync_fd, fsync_parents, write_atomic
 from .base import check_key
-from .files import FileStore
+from .files import _MARK, FileStore
 from .safefs import check_root, open_dir, open_subdir, read_checked, refuse_unless_replaceable
+from .sealing import _ROW_HEAD, is_sealed
 
 __all__ = ["Root", "load_summary", "summary_path", "write_summary"]
 
@@ -36,9 +37,12 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
     ``ValueError`` or ``TypeError`` for a bad key or field; ``OSError`` if the
     write failed (the previous file, if any, intact).
     """
-    if isinstance(root, FileStore) and root.encryption is not None:
-        raise ValueError(f"{root!r}: summary checkpoints are not encrypted; write none there")
     path = summary_path(root, key)
+    if (isinstance(root, FileStore) and root.encryption is not None) or _sealed_beside(path, key):
+        raise ValueError(
+            f"{path}: the checkpoints there are encrypted and summary checkpoints are not; "
+            "none is written"
+        )
     data = encode_summary(key, checkpoint)
     sessions = os.path.dirname(os.path.dirname(path))
     base = os.path.dirname(sessions) or "."
@@ -56,6 +60,20 @@ def write_summary(root: Root, key: str, checkpoint: SummaryCheckpoint) -> str:
         refuse_unless_replaceable(path, dir_fd=fds[-1])
         write_atomic(path, [data], dir_fd=fds[-1])
     return path
+
+
+def _sealed_beside(path: str, key: str) -> bool:
+    """Whether the checkpoint of ``key`` beside summary ``path`` is sealed (a snapshot, its
+    revision line first, or a journal): a summary in plaintext would sit beside it."""
+    base = os.path.dirname(os.path.dirname(os.path.dirname(path)))
+    for name in (f"{key}.json", f"{key}.jsonl"):
+        with contextlib.suppress(OSError, CheckpointError):
+            head = read_checked(os.path.join(base, name), limit=256) or b""
+            if head.startswith(_MARK):
+                head = head[head.find(b"\n") + 1 :]
+            if is_sealed(head) or head.startswith(_ROW_HEAD):
+                return True
+    return False
 
 
 @contextlib.contextmanager

@@ -47,8 +47,8 @@ async def collapse(
     Returns:
         The ``SummaryCheckpoint`` written; ``SummaryFailed`` (nothing written,
         the exception in it) when ``summarize`` raised or returned no str of
-        Unicode text, or the write failed; None when there is nothing to
-        collapse.  Cancellation propagates, and nothing is written then.
+        Unicode text, or the write failed or was refused (sealed checkpoints); None
+        when there is nothing to collapse.  Cancellation propagates, nothing written.
 
     Raises:
         ValueError: a bad key or a negative ``keep_last``.
@@ -75,7 +75,7 @@ async def collapse(
     checkpoint = SummaryCheckpoint(watermark, summary, datetime.now(UTC), watermark)
     try:
         await anyio.to_thread.run_sync(write_summary, root, key, checkpoint)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: an encrypted root's, refused
         return SummaryFailed(
             reason="write-failed",
             error=f"cannot write {summary_path(root, key)}: {describe_error(exc, width=None)}",

@@ -131,3 +131,50 @@ def test_re_encrypt_seals_plaintext_only_when_asked(
     assert b"hunter2" not in (tmp_path / "r" / "snap.json").read_bytes()
     loaded = load(FileStore(tmp_path / "r", encryption=Encryption.from_text(NEW)), "snap")
     assert loaded is not None and loaded.state == STATE
+
+
+def test_a_bad_key_is_refused_without_being_printed(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key file or CHECKPOINTER_KEYS holding a bare key (no ``id:``): an error that
+    never shows the key."""
+    secret = NEW.partition(":")[2]
+    status, out = run(capsys, "ls", root, "--key-file", key_file(tmp_path / "..", secret))
+    assert status != 0 and "id:base64" in out and secret not in out and secret[:8] not in out
+    monkeypatch.setenv("CHECKPOINTER_KEYS", secret)
+    status, out = run(capsys, "ls", root)
+    assert status != 0 and "id:base64" in out and secret not in out and secret[:8] not in out
+
+
+def test_re_encrypt_says_what_it_cannot_read_and_goes_on(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A sealed file with its marker damaged, a plaintext one cut short: each left and
+    said (never "--plaintext seals it" for the first), the others sealed, exit 1."""
+    save(FileStore(root), "cut")
+    (root / "cut.json").write_bytes((root / "cut.json").read_bytes()[:40])
+    damaged = bytearray((root / "snap.json").read_bytes())
+    damaged[damaged.find(b"checkpointer-sealed")] ^= 1
+    (root / "snap.json").write_bytes(bytes(damaged))
+    keys = key_file(tmp_path / "..", NEW, OLD)
+    status, out = run(capsys, "re-encrypt", root, "--key-file", keys, "--plaintext")
+    assert status == 1 and "1 sealed" in out and "2 left" in out, out
+    left = {line.split()[1]: line for line in out.splitlines() if line.startswith("left")}
+    assert "neither sealed nor plaintext" in left[str(root / "snap.json") + ":"], out
+    assert "--plaintext" not in left[str(root / "snap.json") + ":"], out
+    assert "cannot be read" in left[str(root / "cut.json") + ":"], out
+    assert load(JournalStore(root, encryption=Encryption.from_text(NEW)), "chat") is not None
+
+
+def test_without_a_key_it_names_the_key_id_and_only_claims_a_meta_it_has(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each says the key id it needs; the snapshot's meta is readable, the journal's is not
+    (it is inside its sealed rows), and the summary does not call them a store of the
+    user's own."""
+    status, out = run(capsys, "verify", root)
+    lines = {line.split()[1]: line for line in out.splitlines() if line.startswith("note")}
+    snap, chat = lines[f"{root / 'snap.json'}:"], lines[f"{root / 'chat.jsonl'}:"]
+    assert status == 0 and "key id 'old'" in snap and "key id 'old'" in chat, out
+    assert "meta is readable" in snap and "meta" not in chat, out
+    assert out.splitlines()[-1].endswith("2 not checked (encrypted)"), out

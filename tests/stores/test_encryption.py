@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from checkpointer import CheckpointWriter, Failed, FileStore, Snapshot, load
+from checkpointer import (
+    CheckpointError,
+    CheckpointWriter,
+    Failed,
+    FileStore,
+    JournalStore,
+    Snapshot,
+    load,
+)
 from checkpointer.stores import DecryptionError, Encryption, StaleWrite
 from tests.stores import sealed_cases
 
@@ -226,6 +234,88 @@ def test_no_summary_is_written_in_plaintext_beside_sealed_files(tmp_path: Path) 
     summary = SummaryCheckpoint(
         watermark=1, summary=SECRET, created_at=datetime.now(UTC), covered_messages=1
     )
-    with pytest.raises(ValueError, match="not encrypted"):
+    with pytest.raises(ValueError, match="summary checkpoints are not"):
         write_summary(FileStore(tmp_path, encryption=enc()), "s1", summary)
+    assert not (tmp_path / "sessions").exists()
+
+
+def test_key_text_never_says_a_key() -> None:
+    """A bare key (no ``id:``), or a key with a bad id: refused without echoing it."""
+    secret = Encryption.new_key("k1").partition(":")[2]
+    for text in (secret, f"{Encryption.new_key('ok')}\n{secret}", f"bad/id:{secret}"):
+        with pytest.raises(ValueError, match="id:base64") as info:
+            Encryption.from_text(text)
+        assert secret not in str(info.value) and secret[:8] not in str(info.value)
+
+
+@pytest.mark.parametrize("ids", [("prod", "prod"), ("new", "old", "old")])
+def test_an_id_given_to_two_keys_is_refused_naming_it(ids: tuple[str, ...]) -> None:
+    """Two keys under one id: one would be dropped and what it sealed not open."""
+    text = "\n".join(Encryption.new_key(kid) for kid in ids)
+    with pytest.raises(ValueError, match=f"key id {ids[-1]!r} is given twice"):
+        Encryption.from_text(text)
+    with pytest.raises(ValueError, match="given twice"):
+        Encryption(b"\1" * 32, key_id="k1", old_keys={"k1": b"\2" * 32})
+
+
+def test_an_encryption_pickles_for_a_spawned_process(tmp_path: Path) -> None:
+    """Its keys and algorithm go through pickle (a spawn or forkserver pool's way); its
+    ciphers are made anew there, and what it seals opens with the original."""
+    import multiprocessing
+    import pickle
+
+    keys = enc(algorithm="chacha20-poly1305", old_keys={"k0": b"\2" * 32})
+    save(FileStore(tmp_path, encryption=keys))
+    copy = pickle.loads(pickle.dumps(keys))
+    assert repr(copy) == repr(keys)
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        pool.apply(save, (FileStore(tmp_path, encryption=copy), "s2"))
+    for key in ("s1", "s2"):
+        loaded = load(FileStore(tmp_path, encryption=keys), key)
+        assert loaded is not None and loaded.state == STATE
+
+
+def test_an_edited_algorithm_is_not_said_a_missing_key(tmp_path: Path) -> None:
+    """The header names an algorithm nobody knows: said so, not "no key k1" beside "has k1"."""
+    store = FileStore(tmp_path, encryption=enc())
+    save(store)
+    path = tmp_path / "s1.json"
+    path.write_bytes(path.read_bytes().replace(b'"alg":"aes-256-gcm"', b'"alg":"aes-256-gcn"'))
+    error = refused(store)
+    assert "'aes-256-gcn'" in str(error) and "does not have" not in str(error)
+
+
+def test_an_empty_file_is_damage_a_writer_sets_aside(tmp_path: Path) -> None:
+    """Nothing sealed is in it: moved aside like a damaged plaintext file, never a key
+    blocked for good."""
+    (tmp_path / "s1.json").write_bytes(b"")
+    store = FileStore(tmp_path, encryption=enc())
+    with pytest.raises(CheckpointError, match="empty") as info:
+        load(store, "s1")
+    assert not isinstance(info.value, DecryptionError)
+    save(store)
+    assert any(".corrupt-" in name for name in os.listdir(tmp_path))
+    loaded = load(store, "s1")
+    assert loaded is not None and loaded.state == STATE
+
+
+@pytest.mark.parametrize(
+    ("store", "given"),
+    [(FileStore, "store"), (FileStore, "directory"), (JournalStore, "directory")],
+)
+def test_collapse_writes_no_summary_beside_sealed_files(
+    tmp_path: Path, store: type[FileStore] | type[JournalStore], given: str
+) -> None:
+    """Given the store or its directory, collapse returns SummaryFailed and writes nothing:
+    the directory's checkpoint of that key is sealed."""
+    import anyio
+
+    from checkpointer.summaries import SummaryFailed, collapse
+
+    sealed = store(tmp_path, encryption=enc())
+    save(sealed)
+    messages = [{"role": "user", "content": f"{SECRET} {n}"} for n in range(30)]
+    root = sealed if given == "store" else tmp_path
+    result = anyio.run(collapse, lambda m: m[0]["content"], root, "s1", messages)
+    assert isinstance(result, SummaryFailed) and "encrypted" in result.error, result
     assert not (tmp_path / "sessions").exists()

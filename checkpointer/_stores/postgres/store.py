@@ -17,7 +17,7 @@ import msgspec
 from ... import _exit
 from ..._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, check_format, decode_raw
 from ..._format.journal import assemble_rows
-from ..._values import Meta
+from ..._values import CheckpointError, Meta
 from ..base import check_key
 from ..sealing import is_sealed, open_rows, seal, unseal
 from .connection import SLOW_BYTES_PER_SECOND
@@ -33,6 +33,14 @@ __all__ = ["PostgresStore", "row_params"]
 
 class _Revision(msgspec.Struct):
     revision: str = "(none in its meta)"
+
+
+def _revision(meta_json: bytes, where: str) -> str:
+    """The revision a row's meta names: where its sealed state opens."""
+    try:
+        return msgspec.json.decode(meta_json, type=_Revision).revision
+    except msgspec.ValidationError as exc:
+        raise CheckpointError(where, f"the meta column is no checkpoint's meta ({exc})") from None
 
 
 class PostgresStore(LocksPart):
@@ -181,7 +189,7 @@ class PostgresStore(LocksPart):
                 )
             state = assemble_rows(meta_json, bodies, where)
         elif self.encryption is not None or is_sealed(state):
-            at = msgspec.json.decode(meta_json, type=_Revision).revision
+            at = _revision(meta_json, where)
             return unseal(self.encryption, state, key=key, position=at, where=where)
         return b"".join([b'{"format":%d,"meta":' % fmt, meta_json, MIDDLE, state, SUFFIX])
 

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from ..._format.envelope import decode_meta
 from ..base import KEY_PATTERN, check_key, landed
-from ..sealing import Encryption, seal, unseal
+from ..sealing import DecryptionError, Encryption, is_sealed, seal, unseal
 from .client import S3Client, condition_failed, error_code
 
 __all__ = ["Listed", "S3Store"]
@@ -204,8 +204,21 @@ class S3Store:
         revision = answer.get("Metadata", {}).get(REVISION)
         if revision is None:  # put there by another tool: the revision is in the bytes
             data = self.get(name)
+            if data is not None and is_sealed(data):
+                raise self._unbound(key)
             revision = None if data is None else self.revision_in(key, data)
         return revision, answer["ETag"]
+
+    def _unbound(self, key: str) -> DecryptionError:
+        """A sealed object without the metadata that says its revision: not damage."""
+        why = (
+            f"a sealed object without its revision metadata (x-amz-meta-{REVISION}): restored "
+            "from a backup, or copied by a tool that drops user metadata?  Its revision is "
+            "unknown, so it is neither loaded nor written over; copy it back with its metadata "
+            f'({REVISION} = the revision its header line names, "at")'
+        )
+        where = self.location(key)
+        return DecryptionError(where, why, key=key, position="?", key_id=None, why="truncated")
 
     def revision_in(self, key: str, data: bytes) -> str | None:
         """The revision an object's bytes say (an envelope's meta)."""
@@ -239,7 +252,11 @@ class S3Store:
         if found is None:
             return None
         seen = self._etags.get(name)  # the revision fetch saw on it (its metadata)
-        at = seen[0] if seen is not None and seen[1] == found[1] else "(none in its metadata)"
+        if seen is None or seen[1] != found[1]:
+            if self.encryption is not None and is_sealed(found[0]):
+                raise self._unbound(key)
+            seen = ("(none in its metadata)", "")
+        at = seen[0]
         return unseal(self.encryption, found[0], key=key, position=at, where=self.location(key))
 
     def revision(self, key: str) -> str | None:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 
-from checkpointer import PostgresStore
+from checkpointer import CheckpointError, PostgresStore, load
 from checkpointer.stores import Encryption
 from tests.pg import Cluster
 from tests.stores import sealed_cases
@@ -65,3 +65,13 @@ def test_a_writer_with_the_wrong_key_leaves_the_row(
 ) -> None:
     """Never moved aside nor replaced: the write fails and the row is as it was."""
     sealed_cases.wrong_key_writer(rig, wrong)
+
+
+def test_a_meta_column_with_a_revision_of_another_type_is_a_checkpoint_error(
+    rig: PgRig,
+) -> None:
+    """Edited by hand: load raises CheckpointError naming the row, not msgspec's error."""
+    sealed_cases.save(rig.store(sealed_cases.enc()))
+    rig._sql("UPDATE {s}.checkpoints SET meta = jsonb_set(meta, '{revision}', '5')")
+    with pytest.raises(CheckpointError, match="meta column"):
+        load(rig.store(sealed_cases.enc()), "s1")

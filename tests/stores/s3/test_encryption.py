@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from checkpointer import S3Store
-from checkpointer.stores import Encryption
+from checkpointer import CheckpointWriter, Failed, S3Store, Snapshot
+from checkpointer.stores import DecryptionError, Encryption
 from tests.s3 import Place
 from tests.stores import sealed_cases
 
@@ -60,3 +60,21 @@ def test_a_writer_with_the_wrong_key_leaves_the_object(
 ) -> None:
     """Never moved aside nor replaced: the write fails and the object is as it was."""
     sealed_cases.wrong_key_writer(rig, wrong)
+
+
+def test_a_sealed_object_without_its_revision_metadata_is_kept(rig: S3Rig) -> None:
+    """Restored from a backup, or copied by a tool that drops x-amz-meta-*: load and
+    revision() say so, and a writer resumed from "absent" fails without moving it aside."""
+    sealed_cases.save(rig.store(sealed_cases.enc()))
+    data = rig.get("s1")
+    rig.put("s1", data, metadata={})
+    store = rig.store(sealed_cases.enc())
+    assert "without its revision metadata" in str(sealed_cases.refused(store))
+    with pytest.raises(DecryptionError, match="without its revision metadata"):
+        store.revision("s1")
+    with CheckpointWriter(
+        lambda: Snapshot("s1", {"n": 1}), store, exit_hooks=False, resume_from=None
+    ) as writer:
+        assert isinstance(writer.flush_sync(), Failed)
+    names = [o["Key"] for o in rig.raw.call("list_objects_v2").get("Contents", [])]
+    assert names == [f"{rig.raw.prefix}s1.json"] and rig.get("s1") == data

@@ -46,23 +46,21 @@ def sessions(tmp_path: Path) -> Iterator[Sessions]:
 async def test_an_eviction_whose_request_is_cancelled_still_stores_the_victim(
     sessions: Sessions, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The request that evicts "v" times out while v's close waits for a slot: v's last change
-    is stored all the same, and on_close gets its final write."""
-    monkeypatch.setattr(_registry, "_CLOSING_AT_ONCE", 1)  # one close at a time: "slow" has it
+    """The request that evicts "v" is cancelled while v's close waits for a slot: v's last
+    change is stored all the same, and on_close gets its final write."""
+    monkeypatch.setattr(_registry, "_CLOSING_AT_ONCE", 1)  # one close at a time: "slow"'s
     store = sessions.store
     assert isinstance(store, GatedStore)
     async with sessions.registry(max_open=2) as registry:
         for key in ("slow", "v"):
-            async with registry.session(key):
-                pass
-        store.gated.add("slow")
+            await _use(registry, key)
         sessions.n["slow"], sessions.n["v"] = 1, 42  # written only by their final writes
+        store.gated.add("slow")
         async with anyio.create_task_group() as tg:
-            tg.start_soon(registry.release, "slow")
+            tg.start_soon(_use, registry, "w")  # evicts "slow", whose close holds the slot
             await anyio.wait_all_tasks_blocked()
-            await _use(registry, "w")  # "slow" closing: "w" needs no room; "x" will
             with anyio.CancelScope() as request:
-                request.cancel()  # lands while the opening of "x" waits for v's close
+                request.cancel()  # lands as the opening of "x" waits for v's close
                 async with registry.session("x"):
                     raise AssertionError("opened through a cancel")
             store.gate.set()

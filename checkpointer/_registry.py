@@ -127,8 +127,9 @@ class SessionRegistry:
             ``transcript``, ``limits``, ...); not ``exit_hooks``.
 
     Raises:
-        ValueError: ``idle_timeout`` or ``max_open`` is out of range.
-        TypeError: a writer option is one the registry sets itself.
+        ValueError: ``idle_timeout``, ``max_open`` or a writer option is out of range.
+        TypeError: a writer option is unknown, of the wrong type, or one the
+            registry sets itself.
     """
 
     def __init__(
@@ -158,6 +159,8 @@ class SessionRegistry:
         self._max_open = max_open
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._options = writer_options
+        # Checked once here as each writer checks them: a typo fails now, not every request.
+        CheckpointWriter(lambda: None, store, resume_from=None, exit_hooks=False, **writer_options)
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._state: Literal["new", "open", "closing", "closed"] = "new"
         self._pid = os.getpid()

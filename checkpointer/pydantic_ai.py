@@ -179,6 +179,9 @@ class CheckpointConversationStore(ConversationStore):
     ) -> None:
         self.store = store
         self._options = check_options("CheckpointConversationStore", writer_options)
+        for reserved in ("exit_hooks", "write_on_start"):  # a save's first write takes the key
+            if reserved in writer_options:
+                raise TypeError(f"CheckpointConversationStore sets {reserved!r} itself")
         self._lock = threading.RLock()
         # conversation key -> its write_record/delete_record/release lock and their number now
         self._writing: dict[str, tuple[anyio.Lock, int]] = {}

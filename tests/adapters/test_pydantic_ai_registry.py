@@ -72,3 +72,10 @@ async def test_memory_follows_the_conversations_held(tmp_path: Path) -> None:
         assert len(store._locks) == held
         assert len(store._mutexes.by_key) == 0
     assert (len(conversations._where), len(store._locks)) == (0, 0)
+
+
+@pytest.mark.parametrize("option", ["write_on_start", "exit_hooks"])
+def test_options_the_store_sets_itself_are_refused_in_its_name(tmp_path: Path, option: str) -> None:
+    """Not silently overridden, and the error names the class the user called."""
+    with pytest.raises(TypeError, match=f"CheckpointConversationStore sets '{option}'"):
+        CheckpointConversationStore(FileStore(tmp_path), **{option: False})

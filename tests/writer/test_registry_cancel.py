@@ -1,7 +1,8 @@
 """``SessionRegistry`` under cancels and concurrent closes: an evicting request cancelled, aclose()
 while a block runs, openings racing for room, a native cancel while ``resume`` runs.
 
-Checked on the bytes stored; the store's writes are held on an event where a close must be in flight.
+Checked on the bytes stored; a store's writes are held on an event where a close must be in
+flight.
 """
 
 from __future__ import annotations

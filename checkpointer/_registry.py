@@ -16,6 +16,7 @@ import functools
 import logging
 import math
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal, final
@@ -68,7 +69,17 @@ class _Phase(enum.Enum):
 
 @final
 class _Entry:
-    __slots__ = ("changed", "error", "key", "last_used", "phase", "users", "writer")
+    __slots__ = (
+        "changed",
+        "closer",
+        "error",
+        "key",
+        "last_used",
+        "phase",
+        "result",
+        "users",
+        "writer",
+    )
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -78,6 +89,8 @@ class _Entry:
         self.last_used = 0.0
         self.changed = anyio.Event()  # set as the opening or the closing ends
         self.error: BaseException | None = None  # why the opening failed (not a cancel)
+        self.closer: object = None  # the registry's task closing it: keep a reference
+        self.result: Result = Skipped("closed")  # its final write's, once closed
 
 
 @final
@@ -114,8 +127,9 @@ class SessionRegistry:
             ``transcript``, ``limits``, ...); not ``exit_hooks``.
 
     Raises:
-        ValueError: ``idle_timeout`` or ``max_open`` is out of range.
-        TypeError: a writer option is one the registry sets itself.
+        ValueError: ``idle_timeout``, ``max_open`` or a writer option is out of range.
+        TypeError: a writer option is unknown, of the wrong type, or one the
+            registry sets itself.
     """
 
     def __init__(
@@ -145,6 +159,8 @@ class SessionRegistry:
         self._max_open = max_open
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._options = writer_options
+        # Checked once here as each writer checks them: a typo fails now, not every request.
+        CheckpointWriter(lambda: None, store, resume_from=None, exit_hooks=False, **writer_options)
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._state: Literal["new", "open", "closing", "closed"] = "new"
         self._pid = os.getpid()
@@ -180,7 +196,8 @@ class SessionRegistry:
         """The key's open writer for the block, opened (``resume``, a first write) if it is not.
 
         Inside the block the key is never closed; it counts as used as the
-        block ends.  A cancel while opening lets the key go as it found it.
+        block ends (and closes then if ``aclose()`` is waiting for it).  A
+        cancel while opening lets the key go as it found it.
 
         Raises:
             CheckpointFailed: the store refused the key's first write (another
@@ -197,7 +214,9 @@ class SessionRegistry:
         finally:
             entry.users -= 1
             self._touch(entry)
-            if entry.users == 0 and self._napping_forever and self._nap is not None:
+            if entry.users == 0 and self._state == "closing" and entry.phase is _Phase.OPEN:
+                self._start_close(entry, "")  # aclose() waits for it
+            elif entry.users == 0 and self._napping_forever and self._nap is not None:
                 self._nap.cancel()  # the reaper had nothing idle to wait for
 
     def _touch(self, entry: _Entry) -> None:
@@ -228,11 +247,10 @@ class SessionRegistry:
 
     async def _open(self, entry: _Entry) -> None:
         """Open the entry's writer: make room, ``resume``, a first write; else forget it."""
-        resumed = False
+        resuming = _Resuming(self._resume, entry.key)
         try:
             await self._evict()
-            resumed = True  # from the call on: it may have made state of the key
-            base = await anyio.to_thread.run_sync(self._resume, entry.key)
+            base = await anyio.to_thread.run_sync(resuming)
             writer: CheckpointWriter[Snapshot] = CheckpointWriter(
                 functools.partial(self._snapshot, entry),
                 self._store,
@@ -249,6 +267,10 @@ class SessionRegistry:
                 entry.error = exc
                 self._counts["failed"] += 1
             with anyio.CancelScope(shield=True):
+                # A cancel on asyncio may land while resume still runs in its thread.
+                resumed = resuming.settle(blocking=False)
+                if resumed is None:
+                    resumed = await anyio.to_thread.run_sync(resuming.settle)
                 result = await entry.writer.aclose() if entry.writer is not None else None
             self._forget(entry, (result or Skipped("closed")) if resumed else None)
             raise
@@ -261,15 +283,17 @@ class SessionRegistry:
         return None if entry.error is not None else self._source(entry.key)
 
     async def _evict(self) -> None:
-        """Close the least recently used keys not in use while more than ``max_open`` are open."""
-        while len(self._entries) > self._max_open:
+        """Close the least recently used keys not in use while more than ``max_open`` are open
+        (closing ones not counted: each opening in flight makes room for itself only)."""
+        while True:
+            staying = sum(1 for e in self._entries.values() if e.phase is not _Phase.CLOSING)
             victim = next(
                 (e for e in self._entries.values() if e.phase is _Phase.OPEN and not e.users),
                 None,
             )
-            if victim is None:
-                return  # all in use: the blocks' ends make room
-            await self._close(victim, "evicted")
+            if staying <= self._max_open or victim is None:
+                return  # room, or all in use: the blocks' ends make room
+            await self._start_close(victim, "evicted").wait()
 
     async def release(self, key: str) -> Result | None:
         """Close the key's writer now (its final write, then its lock), then ``on_close``.
@@ -289,25 +313,37 @@ class SessionRegistry:
             if entry.users:
                 raise RuntimeError(f"session {key!r} is in use: release it after its block")
             with anyio.CancelScope(shield=True):
-                return await self._close(entry, "")
+                await self._start_close(entry, "").wait()
+            return entry.result
         return None
 
-    async def _close(self, entry: _Entry, why: Literal["closed_idle", "evicted", ""]) -> Result:
-        """Close the entry's writer (its final write, then its lock), then ``on_close``."""
-        assert entry.writer is not None
+    def _start_close(
+        self, entry: _Entry, why: Literal["closed_idle", "evicted", ""]
+    ) -> anyio.Event:
+        """Close the entry in a task of the registry's own, so a caller cancelled meanwhile
+        (a request's timeout, Ctrl-C) never leaves it half closed; set once it is gone."""
         entry.phase = _Phase.CLOSING
-        result: Result = Skipped("closed")
+        done = entry.changed
+        entry.closer = spawn_system_task(
+            functools.partial(self._close, entry, why), "checkpointer-registry-close"
+        )
+        return done
+
+    async def _close(self, entry: _Entry, why: Literal["closed_idle", "evicted", ""]) -> None:
+        """Close the entry's writer (its final write, then its lock), then ``on_close``.
+
+        It stays in the registry, so in the exit hook's reach, until its final write is done."""
+        assert entry.writer is not None
         try:
             async with self._closing:
-                result = await entry.writer.aclose()
+                entry.result = await entry.writer.aclose()
         except Exception as exc:  # source() raised in the timer task (trio): the key is let go
-            result = Failed("write-failed", f"the close raised {describe_error(exc)}")
-            logger.exception("checkpointer: closing %r: %s", entry.key, result.error)
+            entry.result = Failed("write-failed", f"the close raised {describe_error(exc)}")
+            logger.exception("checkpointer: closing %r: %s", entry.key, entry.result.error)
         finally:
             if why:
                 self._counts[why] += 1
-            self._forget(entry, result)
-        return result
+            self._forget(entry, entry.result)
 
     def _forget(self, entry: _Entry, result: Result | None) -> None:
         """The entry leaves the registry; ``on_close`` if it had been resumed."""
@@ -319,6 +355,7 @@ class SessionRegistry:
                 self._on_close(entry.key, result)
             except Exception:
                 logger.exception("checkpointer: on_close(%r) raised", entry.key)
+        self._settle()
 
     def _wake(self, entry: _Entry) -> None:
         changed, entry.changed = entry.changed, anyio.Event()
@@ -329,10 +366,9 @@ class SessionRegistry:
         try:
             while self._state == "open":
                 due, wait = self._due()
+                for entry in due:
+                    self._start_close(entry, "closed_idle")
                 if due:
-                    async with anyio.create_task_group() as closing:
-                        for entry in due:
-                            closing.start_soon(self._close, entry, "closed_idle")
                     continue
                 with anyio.CancelScope() as self._nap:
                     self._napping_forever = math.isinf(wait)
@@ -351,52 +387,85 @@ class SessionRegistry:
             left = entry.last_used + self._idle - now
             if left > 0:
                 return due, left
-            entry.phase = _Phase.CLOSING  # claimed here: no eviction takes it too
             due.append(entry)
         return due, math.inf
 
     async def aclose(self) -> None:
         """Close every open key (its final write, then its lock), and the exit hook.
 
-        From any task of the registry's loop; a second call waits for the
-        first.  Shielded from cancellation.  In a forked child it forgets
-        the parent's keys and closes nothing.
+        A key inside a ``session()`` block closes as the block ends: cancel
+        those tasks first (the end of a task group does).  From any task of
+        the registry's loop; a second call waits for the first.  Shielded
+        from cancellation, except while waiting for blocks to end: cancelled
+        then, each such key still closes at its block's end.  In a forked
+        child it forgets the parent's keys and closes nothing.
         """
         if self._pid != os.getpid():  # the parent's loop objects and writers: not touched
             self._entries.clear()
             self._state = "closed"
             return
-        if self._state in ("closing", "closed"):
+        if self._state == "new":
+            self._state = "closed"
+            self._closed.set()
+        if self._state == "open":
+            self._state = "closing"
+            if self._nap is not None:
+                self._nap.cancel()
             with anyio.CancelScope(shield=True):
-                await self._closed.wait()
-            return
-        was, self._state = self._state, "closing"
-        with anyio.CancelScope(shield=True):
-            try:
-                if was == "open":
-                    await self._close_all()
-            finally:
-                self._state = "closed"
-                _exit.unregister(self._flush_final)
-                self._closed.set()
-
-    async def _close_all(self) -> None:
-        if self._nap is not None:
-            self._nap.cancel()
-        await self._reaped.wait()
-        while self._entries:
-            async with anyio.create_task_group() as closing:
+                await self._reaped.wait()
+            self._settle()
+        while not self._closed.is_set():
+            with anyio.CancelScope(shield=True):
                 for entry in list(self._entries.values()):
-                    if entry.phase is _Phase.OPEN:
-                        closing.start_soon(self._close, entry, "")
-                    else:  # opening, or closing: look again once it is done
-                        closing.start_soon(entry.changed.wait)
+                    if entry.phase is _Phase.OPEN and not entry.users:
+                        self._start_close(entry, "")
+                for entry in list(self._entries.values()):
+                    if self._entries.get(entry.key) is entry and not entry.users:
+                        await entry.changed.wait()  # closing, or opening: then look again
+            in_use = [entry.changed for entry in self._entries.values() if entry.users]
+            if in_use:
+                await in_use[0].wait()  # closed as its block ends; cancellable
+
+    def _settle(self) -> None:
+        """Once closing and no key is left: closed, and the exit hook goes."""
+        if self._state == "closing" and not self._entries:
+            self._state = "closed"
+            _exit.unregister(self._flush_final)
+            self._closed.set()
 
     def _flush_final(self, reason: Literal["exit", "signal"]) -> None:
         """The exit hook: every open writer's final write (``live=False``), synchronously."""
         for entry in list(self._entries.values()):
             if entry.writer is not None:
                 entry.writer.flush_sync(reason)
+
+
+@final
+class _Resuming:
+    """``resume(key)`` for a worker thread, once; ``settle()`` says whether it was called,
+    after waiting for it to return, and keeps it from starting after (a cancelled opening)."""
+
+    def __init__(self, resume: Callable[[str], Checkpoint[Any] | Meta | None], key: str) -> None:
+        self._resume = resume
+        self._key = key
+        self._guard = threading.Lock()
+        self._state: Literal["new", "called", "settled"] = "new"
+
+    def __call__(self) -> Checkpoint[Any] | Meta | None:
+        with self._guard:
+            if self._state == "settled":
+                raise RuntimeError("the opening was cancelled")
+            self._state = "called"
+            return self._resume(self._key)
+
+    def settle(self, blocking: bool = True) -> bool | None:
+        if not self._guard.acquire(blocking):
+            return None  # resume runs now
+        try:
+            called, self._state = self._state == "called", "settled"
+            return called
+        finally:
+            self._guard.release()
 
 
 def _raise_refused(writer: CheckpointWriter[Snapshot]) -> None:

@@ -180,12 +180,16 @@ class CheckpointConversationStore(ConversationStore):
     ) -> None:
         self.store = store
         self._options = check_options("CheckpointConversationStore", writer_options)
+        for reserved in ("exit_hooks", "write_on_start"):  # a save's first write takes the key
+            if reserved in writer_options:
+                raise TypeError(f"CheckpointConversationStore sets {reserved!r} itself")
         self._lock = threading.RLock()
-        self._writing = anyio.Lock()  # one write_record/delete_record/release at a time
+        # conversation key -> its write_record/delete_record/release lock and their number now
+        self._writing: dict[str, tuple[anyio.Lock, int]] = {}
         # conversation key -> the conversation as its writer holds it (None: absent when read)
         self._open: dict[str, _Conversation | None] = {}
         self._where: dict[str, str] = {}  # entry id -> a conversation id that stores it
-        self._saving: tuple[str, dict[str, Any] | None] | None = None  # the save being written
+        self._saving: dict[str, dict[str, Any] | None] = {}  # key -> its save being written
         self._registry = SessionRegistry(
             self._snapshot,
             store,
@@ -212,8 +216,8 @@ class CheckpointConversationStore(ConversationStore):
         return checkpoint
 
     def _snapshot(self, key: str) -> Snapshot | None:
-        if self._saving is not None and self._saving[0] == key:
-            return Snapshot(key, self._saving[1])
+        if key in self._saving:
+            return Snapshot(key, self._saving[key])
         with self._lock:
             conversation = self._open.get(key)
         state = None if conversation is None else conversation.state
@@ -221,7 +225,12 @@ class CheckpointConversationStore(ConversationStore):
 
     def _closed(self, key: str, _result: Result) -> None:
         with self._lock:
-            self._open.pop(key, None)
+            conversation = self._open.pop(key, None)
+            if conversation is None:
+                return
+            for entry_id in conversation.index:  # a conversation let go is read afresh
+                if self._where.get(entry_id) == conversation.id:
+                    del self._where[entry_id]
 
     async def __aenter__(self) -> CheckpointConversationStore:
         return self
@@ -230,14 +239,28 @@ class CheckpointConversationStore(ConversationStore):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Let go of every conversation this store saved (after a save running now)."""
-        async with self._writing:
-            await self._registry.aclose()
+        """Let go of every conversation this store saved (after the saves running now)."""
+        await self._registry.aclose()
 
     async def release(self, conversation_id: str) -> None:
         """Let go of the conversation's key (marked not live), so another process may save it."""
-        async with self._writing:  # after a save running now
+        async with self._serial(conversation_id):  # after a save of it running now
             await self._registry.release(conversation_key(conversation_id))
+
+    @contextlib.asynccontextmanager
+    async def _serial(self, conversation_id: str) -> AsyncIterator[None]:
+        """One save, delete or release of the conversation at a time; other conversations'
+        alongside.  Its lock is kept while it has callers only."""
+        key = conversation_key(conversation_id)
+        lock, callers = self._writing.get(key, (anyio.Lock(), 0))
+        self._writing[key] = (lock, callers + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, callers = self._writing.pop(key)
+            if callers > 1:
+                self._writing[key] = (lock, callers - 1)
 
     # -- reading a conversation -----------------------------------------------
 
@@ -405,11 +428,11 @@ class CheckpointConversationStore(ConversationStore):
             saved = await anyio.to_thread.run_sync(
                 self._write, record, new_entries, expected_revision
             )
-            self._saving = (key, saved.state)  # readers see it once it is durable
+            self._saving[key] = saved.state  # readers see it once it is durable
             try:
                 result = await writer.write_now()
             finally:
-                self._saving = None
+                del self._saving[key]
             if not isinstance(result, Failed):
                 with self._lock:
                     self._open[key] = saved
@@ -436,7 +459,7 @@ class CheckpointConversationStore(ConversationStore):
         ``ConversationConflict`` too if the record names an entry no
         conversation stores or another writer holds or changed the key.
         """
-        async with self._writing:
+        async with self._serial(record.conversation_id):
             await self._save(record, list(new_entries), expected_revision)
 
     def _delete(self, conversation_id: str, expected_revision: str | None) -> None:
@@ -464,7 +487,7 @@ class CheckpointConversationStore(ConversationStore):
     async def delete_record(self, conversation_id: str, *, expected_revision: str) -> None:
         """Delete the conversation's key and its run's (every entry it stored goes with it);
         ``CheckpointFailed("locked")`` while another writer holds either."""
-        async with self._writing:
+        async with self._serial(conversation_id):
             await self._registry.release(conversation_key(conversation_id))
             await anyio.to_thread.run_sync(self._delete, conversation_id, expected_revision)
 
@@ -474,7 +497,7 @@ class CheckpointConversationStore(ConversationStore):
         await super().delete(conversation_id, scope=scope)
         if scope is None:
             with contextlib.suppress(ConversationConflict):  # saved again since: not ours
-                async with self._writing:
+                async with self._serial(conversation_id):
                     await self._registry.release(conversation_key(conversation_id))
                     await anyio.to_thread.run_sync(self._delete, conversation_id, None)
 

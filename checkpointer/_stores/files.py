@@ -15,6 +15,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 
 from .._format.envelope import decode_meta, peek_meta
@@ -68,8 +69,10 @@ class FileStore:
             raise ValueError(f"FileStore root must be a non-empty path, got {root!r}")
         self._root_synced = False
         self._synced_summaries: set[str] = set()  # keys whose sessions/<key>/ is durable
-        self._locks: dict[str, FileKeyLock] = {}  # the key locks taken through lock()
-        self._mutexes: tuple[int, dict[str, threading.Lock]] = (os.getpid(), {})
+        # The key locks taken through lock(), and this object's mutex per key: weak, so each
+        # goes with the last user of its key (a server opens keys without end).
+        self._locks: weakref.WeakValueDictionary[str, FileKeyLock] = weakref.WeakValueDictionary()
+        self._mutexes = _Mutexes()
 
     def __repr__(self) -> str:
         sealed = "" if self.encryption is None else f", encryption={self.encryption!r}"
@@ -179,10 +182,11 @@ class FileStore:
             mutex.release()
 
     def _mutex(self, key: str) -> threading.Lock:
-        pid, mutexes = self._mutexes
-        if pid != os.getpid():  # forked: a thread of the parent's may have held one
-            self._mutexes = pid, mutexes = os.getpid(), {}
-        return mutexes.setdefault(key, threading.Lock())
+        if self._mutexes.pid != os.getpid():  # forked: a thread of the parent's may have held one
+            self._mutexes = _Mutexes()
+        mutexes = self._mutexes
+        with mutexes.guard:  # a weak dict's setdefault is not atomic
+            return mutexes.by_key.setdefault(key, threading.Lock())
 
     def _forget(self, key: str) -> None:
         """What this store remembers of ``key``'s file, dropped (it is going away)."""
@@ -257,3 +261,16 @@ class FileStore:
 
     def _lock_path(self, key: str) -> str:
         return os.path.join(self.root, key + ".lock")
+
+
+class _Mutexes:
+    """A store object's mutex per key, each kept while a thread holds or waits for it."""
+
+    __slots__ = ("by_key", "guard", "pid")
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.guard = threading.Lock()
+        self.by_key: weakref.WeakValueDictionary[str, threading.Lock] = (
+            weakref.WeakValueDictionary()
+        )

@@ -303,3 +303,22 @@ async def test_release_closes_a_key_now_and_refuses_one_in_use(sessions: Session
         assert "a" not in sessions.n
         async with registry.session("a"):
             assert sessions.n["a"] == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"debouce": 0.5}, TypeError),
+        ({"debounce": -1}, ValueError),
+        ({"debounce": 60.0}, ValueError),  # past max_wait
+        ({"limits": "fast"}, TypeError),
+        ({"exit_hooks": False}, TypeError),
+    ],
+)
+def test_bad_writer_options_are_refused_at_construction(
+    sessions: Sessions, options: dict[str, Any], error: type[Exception]
+) -> None:
+    """Refused by the constructor, before any request resumes a key."""
+    with pytest.raises(error):
+        sessions.registry(**options)
+    assert sessions.resumed == []

@@ -1,5 +1,9 @@
 """Encryption at rest: ``Encryption`` (the keys) and the sealed record every store keeps.
 
+Past 500 lines on purpose: the keys, the record's format and every refusal
+(no key, wrong key, moved, truncated, plaintext, damaged) read as one
+contract; split, each half would need the other to be understood.
+
 A sealed record is one readable header line, then the nonce and the ciphertext::
 
     b"\\x00checkpointer-sealed " + JSON header + b"\\n" + nonce (12 bytes) + ciphertext + tag

@@ -1,5 +1,8 @@
 """The object-storage journal: a checkpoint uploads only what changed (``S3JournalStore``).
 
+Past 500 lines on purpose: the head, its segments and their sealing are one
+conditional-write protocol; the S3 client's own concerns live in ``client.py``.
+
 Key ``k`` is a small *head* object, ``k.journal``, naming the immutable
 *segments* ``k.segments/<seq>-<revision>.jsonl`` that hold its journal
 rows (the rows of ``_format/journal.py``, as a ``JournalStore`` file holds

@@ -17,6 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from .._format.envelope import decode_meta, peek_meta
 from .atomic import fsync_dir, fsync_parents, sweep_temps, write_atomic
@@ -72,6 +73,17 @@ class FileStore:
         # The key locks taken through lock(), and this object's mutex per key: weak, so each
         # goes with the last user of its key (a server opens keys without end).
         self._locks: weakref.WeakValueDictionary[str, FileKeyLock] = weakref.WeakValueDictionary()
+        self._mutexes = _Mutexes()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """For a spawned process: the key locks and mutexes are this process's own."""
+        state = self.__dict__.copy()
+        del state["_locks"], state["_mutexes"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._locks = weakref.WeakValueDictionary()
         self._mutexes = _Mutexes()
 
     def __repr__(self) -> str:

@@ -148,7 +148,15 @@ def test_check_flags_a_missing_file_after_a_reported_write(tmp_path: Path) -> No
 def test_stores_are_a_parameter() -> None:
     """Every store in STORES makes a Store; only the naive one is marked unsafe."""
     safe = {name for name, kind in torture.STORES.items() if not kind.unsafe}
-    assert safe == {"file", "file-transcript", "journal", "s3", "s3journal"}
+    assert safe == {
+        "file",
+        "file-transcript",
+        "journal",
+        "s3",
+        "s3journal",
+        "file-sealed",
+        "journal-sealed",
+    }
     for kind in torture.STORES.values():
         if kind.setup is None:  # the S3 ones need the server their setup starts
             assert kind.make("/nonexistent/root").location(KEY).startswith("/nonexistent/root/")

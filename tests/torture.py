@@ -50,6 +50,7 @@ import contextlib
 import os
 import random
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -338,10 +339,20 @@ def _started_well(child: Run) -> list[str]:
     return []
 
 
+def _killed_before_its_lock(path: str) -> bool:
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode) == 0
+    except OSError:
+        return False
+
+
 def _swept(kind: StoreKind, root: str, debris: set[str], summary: Summary) -> list[str]:
     """After an open: count the debris that went; a problem for any that stayed."""
     unswept = sorted(p for p in debris if os.path.exists(p))
     unswept += [p for p in kind.leftovers(root) if p not in debris]
+    # A temp killed before its lock (mode 000) is kept until old (atomic.STALE_AFTER):
+    # the sweep cannot tell it from a write that is about to lock it.
+    unswept = [p for p in unswept if not _killed_before_its_lock(p)]
     summary.swept += len(debris) - len(unswept)
     debris.clear()
     return [f"an open left a dead writer's leftovers {unswept}"] if unswept else []

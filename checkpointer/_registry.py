@@ -162,6 +162,7 @@ class SessionRegistry:
         # Checked once here as each writer checks them: a typo fails now, not every request.
         CheckpointWriter(lambda: None, store, resume_from=None, exit_hooks=False, **writer_options)
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._closing_now = 0  # entries CLOSING: an opening's room is counted without them
         self._state: Literal["new", "open", "closing", "closed"] = "new"
         self._pid = os.getpid()
         self._closing = anyio.Semaphore(_CLOSING_AT_ONCE)
@@ -285,14 +286,13 @@ class SessionRegistry:
     async def _evict(self) -> None:
         """Close the least recently used keys not in use while more than ``max_open`` are open
         (closing ones not counted: each opening in flight makes room for itself only)."""
-        while True:
-            staying = sum(1 for e in self._entries.values() if e.phase is not _Phase.CLOSING)
+        while len(self._entries) - self._closing_now > self._max_open:
             victim = next(
                 (e for e in self._entries.values() if e.phase is _Phase.OPEN and not e.users),
                 None,
             )
-            if staying <= self._max_open or victim is None:
-                return  # room, or all in use: the blocks' ends make room
+            if victim is None:
+                return  # all in use: the blocks' ends make room
             await self._start_close(victim, "evicted").wait()
 
     async def release(self, key: str) -> Result | None:
@@ -323,6 +323,7 @@ class SessionRegistry:
         """Close the entry in a task of the registry's own, so a caller cancelled meanwhile
         (a request's timeout, Ctrl-C) never leaves it half closed; set once it is gone."""
         entry.phase = _Phase.CLOSING
+        self._closing_now += 1
         done = entry.changed
         entry.closer = spawn_system_task(
             functools.partial(self._close, entry, why), "checkpointer-registry-close"
@@ -349,6 +350,7 @@ class SessionRegistry:
         """The entry leaves the registry; ``on_close`` if it had been resumed."""
         if self._entries.get(entry.key) is entry:
             del self._entries[entry.key]
+            self._closing_now -= entry.phase is _Phase.CLOSING
         self._wake(entry)
         if result is not None and self._on_close is not None:
             try:

@@ -8,8 +8,9 @@ beside it show the same numbers:
 * ``stall``: worst event-loop stall per approach (stall, peers, journal);
 * ``sessions``: per-writer costs against the number of sessions;
 * ``groupcommit``: a burst's checkpoints per second against the number of
-  sessions, per backend: group commit, each directory fsync alone, and the
-  bare per-file recipe (the sessions case's burst series).
+  sessions, per backend: group commit, each directory fsync alone, the
+  bare per-file recipe, and that recipe without its directory fsync (the
+  ceiling of sharing it; the sessions case's burst series).
 
 ``python -m benchmarks`` draws PNGs next to its JSON; the pictures of the
 performance page (``docs/charts/``) are SVGs redrawn from a run's JSON::
@@ -39,7 +40,12 @@ CHARTS: dict[str, tuple[str, ...]] = {
 
 _PREFIX = {"growth": "growth/", "stall": "stall/", "sessions": "sessions/"}
 _PREFIX["groupcommit"] = "sessions/"
-_BURSTS = {"burst": "group commit", "burst-alone": "each dir fsync alone", "bare": "bare recipe"}
+_BURSTS = {
+    "burst": "group commit",
+    "burst-alone": "each dir fsync alone",
+    "bare": "bare recipe",
+    "ceiling": "bare, no dir fsync (not durable)",
+}
 """The sessions case's burst series (``sessions/<metric>/<backend>``): the groupcommit chart's."""
 
 
@@ -157,7 +163,7 @@ def _groupcommit(plt: Any, sessions: dict[str, Points]) -> Any:
             if not points:
                 continue
             xs = [x for x, _ in points]
-            style = "--" if what == "bare" else "-"
+            style = "--" if what in ("bare", "ceiling") else "-"
             ax.plot(xs, [p["median"] for _, p in points], style, marker="o", label=label)
             for x, (_, p) in zip(xs, points, strict=True):
                 _label(ax, x, p["median"], _number(p["median"], p.get("unit", "")))

@@ -26,7 +26,6 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     Result,
-    SessionRegistry,
     Snapshot,
     Transcript,
     load,
@@ -37,6 +36,7 @@ from checkpointer._adapters import (
     framework_key,
     probe_lock,
     raise_failed,
+    session_registry,
 )
 from checkpointer.messages import HistoryProblem, close_dangling_tool_calls, validate_history
 from checkpointer.stores import Store
@@ -196,14 +196,8 @@ class CheckpointSessions:
         transcript: Transcript | None = self.options.pop("transcript", None)
         self._checks = transcript is not None and transcript.repair
         self._held: dict[str, _Held] = {}
-        self.registry = SessionRegistry(
-            self._source,
-            store,
-            resume=self._resume,
-            on_close=lambda key, _result: self._held.pop(key, None),
-            idle_timeout=idle_timeout,
-            max_open=max_open,
-            **self.options,
+        self.registry = session_registry(
+            self, store, self.options, idle_timeout=idle_timeout, max_open=max_open
         )
 
     async def __aenter__(self) -> CheckpointSessions:
@@ -222,11 +216,14 @@ class CheckpointSessions:
         self._held[key] = _Held(_OPENING.get(), checkpoint, self._checks)
         return checkpoint
 
-    def _source(self, key: str) -> Snapshot | None:
+    def _snapshot(self, key: str) -> Snapshot | None:
         held = self._held.get(key)
         if held is None:
             return None
         return Snapshot(key, {"session_id": held.session_id, "messages": held.stored()})
+
+    def _closed(self, key: str, _result: Result) -> None:
+        self._held.pop(key, None)
 
     @contextlib.asynccontextmanager
     async def _use(

@@ -29,6 +29,7 @@ from checkpointer.stores import KEY_PATTERN, KeyLocked, LockingStore, Store
 __all__ = [
     "HELD",
     "Held",
+    "Keeper",
     "check_committer_options",
     "check_durability",
     "check_options",

@@ -188,6 +188,9 @@ async def _openai(root: str, history: int, turns: int, side: str) -> dict[str, f
                     while session.writer.statistics().pending:  # noqa: ASYNC110 -- no event to wait on
                         await anyio.sleep(0.001)
                     wait.sample()
+                    # The write begun is not yet counted in the bytes: wait for it (nothing
+                    # changed since, so this writes nothing more).
+                    await session.writer.write_now()
                     tg.cancel_scope.cancel()
                 return wait.longest
 

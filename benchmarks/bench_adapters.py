@@ -101,7 +101,9 @@ async def _measure(turns: int, run: Callable[[], Awaitable[float]]) -> dict[str,
     # A full GC pass (~150 ms over this process's heap) falls in whichever run
     # crosses its threshold, debt of the runs before included: each run starts
     # with none, and a pass its own allocations call for still counts.
+    t0 = time.thread_time()
     gc.collect()
+    full_gc = time.thread_time() - t0
     async with ticking() as ticker:
         mark = ticker.mark()
         before = _wchar()
@@ -117,6 +119,7 @@ async def _measure(turns: int, run: Callable[[], Awaitable[float]]) -> dict[str,
         "stall": max(lags, default=0.0),
         "turn": wall / turns,
         "wait": wait,
+        "full gc": full_gc,
     }
 
 
@@ -436,6 +439,10 @@ def main(quick: bool) -> dict[str, Any]:
                     *([_FLOORS[kind], *_cells(run)] for run in floor),
                 ],
             )
+        )
+        report.notes.append(
+            f"{kind}: a full GC pass over this process's heap took "
+            f"{ours['full gc'] * 1e3:.0f} ms of CPU (done before each run)"
         )
         if floor:
             report.ratios.append(

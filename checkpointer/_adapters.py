@@ -1,4 +1,5 @@
-"""What the framework adapters share: the key of a framework's id, option checks, lock refusals.
+"""What the framework adapters share: the key of a framework's id, option checks, lock refusals,
+the registry of an adapter's sessions.
 
 Over the public API only, as the adapters themselves; the core never imports it.
 """
@@ -10,14 +11,25 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from checkpointer import CheckpointFailed, Failed, KeyCommitter, Limits, Result
+from checkpointer import (
+    Checkpoint,
+    CheckpointFailed,
+    Failed,
+    KeyCommitter,
+    Limits,
+    Meta,
+    Result,
+    SessionRegistry,
+    Snapshot,
+)
 from checkpointer.stores import KEY_PATTERN, KeyLocked, LockingStore, Store
 
 __all__ = [
     "HELD",
     "Held",
+    "Keeper",
     "check_committer_options",
     "check_durability",
     "check_options",
@@ -28,6 +40,7 @@ __all__ = [
     "locked",
     "probe_lock",
     "raise_failed",
+    "session_registry",
 ]
 
 Durability = Literal["async", "sync"]
@@ -68,6 +81,47 @@ def check_committer_options(owner: str, options: dict[str, Any], why: str) -> di
     if unknown:
         raise TypeError(f"{owner} takes {', '.join(_COMMITTER)}, not {', '.join(unknown)}: {why}")
     return options
+
+
+class Keeper(Protocol):
+    """An adapter that keeps its sessions' state for the writers of a ``SessionRegistry``."""
+
+    def _snapshot(self, key: str) -> Snapshot | None:
+        """The key's state now (the registry's ``source``)."""
+
+    def _resume(self, key: str) -> Checkpoint[Any] | Meta | None:
+        """Load the key as the registry opens it (blocking) and set up its state."""
+
+    def _closed(self, key: str, result: Result) -> None:
+        """Drop the key's state: its writer closed with ``result``."""
+
+
+def session_registry(
+    keeper: Keeper,
+    store: Store,
+    options: dict[str, Any],
+    *,
+    idle_timeout: float,
+    max_open: int,
+    first_write_takes_key: bool = False,
+) -> SessionRegistry:
+    """The ``SessionRegistry`` over ``store`` of ``keeper``'s sessions; ``options`` (checked
+    by ``check_options``) for each writer.
+
+    ``first_write_takes_key``: a key opened to be read is not written (nor
+    locked) until its first change (``write_on_start=False``).
+    """
+    if first_write_takes_key:
+        options = {**options, "write_on_start": False}
+    return SessionRegistry(
+        keeper._snapshot,
+        store,
+        resume=keeper._resume,
+        on_close=keeper._closed,
+        idle_timeout=idle_timeout,
+        max_open=max_open,
+        **options,
+    )
 
 
 def lock_timeout(options: dict[str, Any]) -> float:

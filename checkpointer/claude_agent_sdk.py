@@ -24,12 +24,17 @@ from checkpointer import (
     Failed,
     Meta,
     Result,
-    SessionRegistry,
     Snapshot,
     Transcript,
     load,
 )
-from checkpointer._adapters import check_durability, check_options, locked, probe_lock
+from checkpointer._adapters import (
+    check_durability,
+    check_options,
+    locked,
+    probe_lock,
+    session_registry,
+)
 from checkpointer.stores import KeyLocked, Store
 
 if TYPE_CHECKING:
@@ -188,14 +193,13 @@ class CheckpointSessionStore(SessionStore):
         self._resumed: dict[str, Checkpoint[_State] | None] = {}  # read, its session not made
         self._loaded: dict[str, Meta | None] = {}  # what load() saw: the fence of a first append
         self._failed: list[Failed] = []  # final writes that failed, for aclose
-        self._registry = SessionRegistry(
-            self._snapshot,
+        self._registry = session_registry(  # the first append's write takes the key
+            self,
             store,
-            resume=self._resume,
-            on_close=self._closed,
+            options,
             idle_timeout=idle_timeout,
             max_open=max_open,
-            **{**options, "write_on_start": False},  # the first append's write takes the key
+            first_write_takes_key=True,
         )
 
     def __repr__(self) -> str:

@@ -39,7 +39,6 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     Result,
-    SessionRegistry,
     Snapshot,
     load,
 )
@@ -51,6 +50,7 @@ from checkpointer._adapters import (
     lock_timeout,
     locked,
     raise_failed,
+    session_registry,
 )
 from checkpointer.stores import KeyLocked, Store
 
@@ -190,14 +190,13 @@ class CheckpointConversationStore(ConversationStore):
         self._open: dict[str, _Conversation | None] = {}
         self._where: dict[str, str] = {}  # entry id -> a conversation id that stores it
         self._saving: dict[str, dict[str, Any] | None] = {}  # key -> its save being written
-        self._registry = SessionRegistry(
-            self._snapshot,
+        self._registry = session_registry(  # the first save takes the key
+            self,
             store,
-            resume=self._resume,
-            on_close=self._closed,
+            self._options,
             idle_timeout=idle_timeout,
             max_open=max_open,
-            **{**self._options, "write_on_start": False},  # the first save takes the key
+            first_write_takes_key=True,
         )
 
     def __repr__(self) -> str:

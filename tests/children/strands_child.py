@@ -107,11 +107,12 @@ def lookup(q: str) -> str:
 
 
 def scripted_agent(session_manager: Any, **kwargs: Any) -> Agent:
-    """The agent of these tests: the scripted model, ``lookup``, a window of ``WINDOW``."""
+    """The agent of these tests: the scripted model, ``lookup``, a window of ``WINDOW``
+    (the benchmark's: its own ``lookup``, its own window)."""
     kwargs.setdefault("conversation_manager", SlidingWindowConversationManager(WINDOW))
+    kwargs.setdefault("tools", [lookup])
     return Agent(
         model=ScriptedModel(),
-        tools=[lookup],
         session_manager=session_manager,
         callback_handler=None,
         **kwargs,

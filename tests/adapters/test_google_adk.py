@@ -39,8 +39,8 @@ from checkpointer.google_adk import (
     session_key,
     user_key,
 )
-from tests._support import ROOT, child_env
-from tests.adapters.conftest import MANY
+from tests._support import MANY, MAX_OPEN, ROOT, child_env
+from tests.adapters.conftest import serve_many
 from tests.children.adk_child import APP, SESSION, USER, gemini_problems, turn
 
 pytestmark = pytest.mark.anyio
@@ -449,18 +449,8 @@ async def test_bytes_per_turn_follow_the_change_across_tool_calls(tmp_path: Path
 
 def test_a_server_holds_more_sessions_than_descriptors(shm_root: Path) -> None:
     """``MANY`` sessions created and each given a message by one service in a process limited
-    to 1,024 descriptors: every session's event is stored."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.children.adk_child", "many", str(shm_root), str(MANY)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=child_env(),
-        timeout=1800,
-        check=False,
-    )
-    assert done.returncode == 0 and done.stdout == "done\n", done.stderr[-3000:]
-    store = JournalStore(shm_root)
+    to ``DESCRIPTORS`` (fewer): every session's event is stored."""
+    store = serve_many("adk_child", shm_root)
     wrong = []
     for i in range(MANY):
         checkpoint = load(store, session_key(APP, USER, f"s{i}"))
@@ -477,7 +467,7 @@ def test_a_session_let_go_then_written_elsewhere_is_stale_then_read_afresh(
     """Past the process's bound a session's lock is let go; another process appends to it;
     the first one's next turn is refused (``StaleSessionError``), never stored over it, and
     the turn after builds on what the other wrote."""
-    server = _child("let-go", tmp_path, "600")
+    server = _child("let-go", tmp_path, str(MAX_OPEN + 8))
     try:
         assert server.stdout is not None and server.stdin is not None
         assert server.stdout.readline() == "let-go\n"

@@ -32,8 +32,8 @@ from strands.types.exceptions import SessionException
 
 from checkpointer import JournalStore, load
 from checkpointer.strands import CheckpointFailed, CheckpointSessionManager, session_key
-from tests._support import ROOT, child_env
-from tests.adapters.conftest import MANY
+from tests._support import MANY, MAX_OPEN, ROOT, child_env
+from tests.adapters.conftest import serve_many
 from tests.children.strands_child import WINDOW, converse_problems, scripted_agent, turn
 
 
@@ -315,19 +315,9 @@ def test_bytes_per_turn_follow_the_change_across_tool_calls(tmp_path: Path) -> N
 
 
 def test_a_server_holds_more_sessions_than_descriptors(shm_root: Path) -> None:
-    """``MANY`` agents, each with its manager, open together in a process limited to 1,024
-    descriptors, each one turn with a tool call: every session's turn is stored."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.children.strands_child", "many", str(shm_root), str(MANY)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=child_env(),
-        timeout=1800,
-        check=False,
-    )
-    assert done.returncode == 0 and done.stdout == "done\n", done.stderr[-3000:]
-    store = JournalStore(shm_root)
+    """``MANY`` agents, each with its manager, open together in a process limited to
+    ``DESCRIPTORS`` (fewer), each one turn with a tool call: every session's turn is stored."""
+    store = serve_many("strands_child", shm_root)
     wrong = []
     for i in range(MANY):
         checkpoint = load(store, session_key(f"s{i}"))
@@ -348,8 +338,9 @@ def test_a_session_let_go_then_written_elsewhere_is_refused_not_overwritten(
     """Past the process's bound a session's lock is let go; another process then takes the
     session and writes it; the first one's next turn is refused ("conflict"), and what the
     other wrote stays."""
+    past = str(MAX_OPEN + 8)  # sessions opened after chat's turn: past the bound, chat let go
     server = subprocess.Popen(
-        [sys.executable, "-m", "tests.children.strands_child", "let-go", str(tmp_path), "600"],
+        [sys.executable, "-m", "tests.children.strands_child", "let-go", str(tmp_path), past],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

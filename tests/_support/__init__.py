@@ -7,6 +7,7 @@ import os
 import queue
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -121,6 +122,19 @@ def child_env(base: Mapping[str, str] | None = None, **extra: str) -> dict[str, 
     under test, whatever is installed.
     """
     return {**(os.environ if base is None else base), "PYTHONPATH": str(ROOT), **extra}
+
+
+def cli(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
+    """``python -m checkpointer ARGS`` of this checkout, to its end: its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "checkpointer", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=child_env(),
+        cwd=ROOT,
+    )
 
 
 @contextlib.contextmanager

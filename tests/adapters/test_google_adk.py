@@ -39,7 +39,7 @@ from checkpointer.google_adk import (
     session_key,
     user_key,
 )
-from tests._support import MANY, MAX_OPEN, ROOT, child_env
+from tests._support import MANY, MAX_OPEN, ROOT, child_env, cli
 from tests.adapters.conftest import serve_many
 from tests.children.adk_child import APP, SESSION, USER, gemini_problems, turn
 
@@ -396,18 +396,6 @@ async def test_a_forked_child_does_not_write_its_parents_session(tmp_path: Path)
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "checkpointer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=child_env(),
-        cwd=ROOT,
-    )
-
-
 async def test_verify_and_show_read_the_killed_session_as_gemini(tmp_path: Path) -> None:
     """``verify`` and ``show`` on the store an agent killed inside its tool left: the model's
     turns counted from the events (the gemini dialect), the call the kill left open said as a
@@ -417,11 +405,11 @@ async def test_verify_and_show_read_the_killed_session_as_gemini(tmp_path: Path)
         line = child.stdout.readline()
         assert line.startswith("in-tool ")
         os.kill(int(line.split()[1]), signal.SIGKILL)
-    verified = _cli("verify", tmp_path)
+    verified = cli("verify", tmp_path)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "1 tool call(s) open at the end" in verified.stdout
     assert "unrecognised" not in verified.stdout and "0 bad" in verified.stdout
-    shown = _cli("show", tmp_path, session_key(APP, USER, SESSION))
+    shown = cli("show", tmp_path, session_key(APP, USER, SESSION))
     assert shown.returncode == 0, shown.stderr
     events = _stored(JournalStore(tmp_path), session_key(APP, USER, SESSION))["events"]
     turns = sum(e.get("content", {}).get("role") == "model" for e in events)

@@ -32,7 +32,7 @@ from strands.types.exceptions import SessionException
 
 from checkpointer import JournalStore, load
 from checkpointer.strands import CheckpointFailed, CheckpointSessionManager, session_key
-from tests._support import MANY, MAX_OPEN, ROOT, child_env
+from tests._support import MANY, MAX_OPEN, ROOT, child_env, cli
 from tests.adapters.conftest import serve_many
 from tests.children.strands_child import WINDOW, converse_problems, scripted_agent, turn
 
@@ -268,27 +268,15 @@ def test_two_processes_started_at_once_on_a_new_session(tmp_path: Path) -> None:
     assert "refused" in out  # the race was run: at least once both were live together
 
 
-def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "checkpointer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=child_env(),
-        cwd=ROOT,
-    )
-
-
 def test_verify_and_show_read_the_killed_session_as_converse(killed: Path) -> None:
     """``verify`` and ``show`` on the store a killed agent left: the turns counted in the
     Converse dialect, the call the kill left open said as a warning (what Strands wrote,
     closed by Strands on resume), no problem."""
-    verified = _cli("verify", killed)
+    verified = cli("verify", killed)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "1 tool call(s) open at the end" in verified.stdout
     assert "unrecognised" not in verified.stdout and "0 bad" in verified.stdout
-    shown = _cli("show", killed, session_key("chat"))
+    shown = cli("show", killed, session_key("chat"))
     assert shown.returncode == 0, shown.stderr
     messages = _stored(killed)["messages"]  # type: ignore[index]
     turns = sum(m["role"] == "assistant" for m in messages)

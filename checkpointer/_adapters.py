@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import resource
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -184,17 +185,26 @@ class Held:
     second process at once, one let go refuses it at its next commit.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self._limit = limit
         self._lock = threading.Lock()
         self._order: OrderedDict[KeyCommitter, None] = OrderedDict()
 
+    def limit(self) -> int:
+        """``limit``; without one, 512 or half the process's descriptors if fewer (read at
+        each use: a server may raise its ``ulimit -n`` after import)."""
+        if self._limit is not None:
+            return self._limit
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return 512 if soft == resource.RLIM_INFINITY else max(8, min(512, soft // 2))
+
     def used(self, committer: KeyCommitter) -> None:
         """``committer`` has committed (it holds its lock): the most recently used now."""
+        limit = self.limit()
         with self._lock:
             self._order[committer] = None
             self._order.move_to_end(committer)
-            over = len(self._order) - self._limit
+            over = len(self._order) - limit
             oldest = [self._order.popitem(last=False)[0] for _ in range(max(over, 0))]
         for committer_ in oldest:  # outside the lock: a release waits for no commit
             committer_.release()
@@ -205,4 +215,4 @@ class Held:
             self._order.pop(committer, None)
 
 
-HELD = Held(512)  # the process's: every adapter's committers share the descriptors
+HELD = Held()  # the process's: every adapter's committers share the descriptors

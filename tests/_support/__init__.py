@@ -152,11 +152,8 @@ def scratch(root: str | os.PathLike[str] | None, name: str) -> Iterator[str]:
 
 
 def limit_descriptors() -> None:
-    """In a child serving ``MANY`` sessions: ``ulimit -n DESCRIPTORS``, and the bound on the
-    locks the adapters' committers hold (``HELD``, shared by the process) to ``MAX_OPEN``."""
+    """In a child serving ``MANY`` sessions: ``ulimit -n DESCRIPTORS`` (the locks the
+    adapters' committers hold follow it: at most half, and 512)."""
     import resource
 
-    from checkpointer._adapters import HELD
-
     resource.setrlimit(resource.RLIMIT_NOFILE, (DESCRIPTORS, DESCRIPTORS))
-    HELD._limit = MAX_OPEN  # no option for it: the library's 512 is for 1,024

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -12,12 +11,7 @@ from pathlib import Path
 import pytest
 
 from checkpointer import JournalStore
-from tests._support import MANY as SERVED
-from tests._support import ROOT, child_env
-
-# The Claude Agent SDK's test's count, until its child limits its descriptors as
-# ``tests._support.limit_descriptors`` does (then ``tests._support.MANY`` serves it too).
-MANY = 10_000 if os.environ.get("CHECKPOINTER_LONG_TESTS") == "1" else 1_500
+from tests._support import MANY, ROOT, child_env
 
 
 @pytest.fixture
@@ -34,7 +28,7 @@ def serve_many(child: str, root: Path) -> JournalStore:
     """``python -m tests.children.<child> many ROOT MANY`` (a server limited to
     ``DESCRIPTORS``) run to its ``done``; the store it served."""
     done = subprocess.run(
-        [sys.executable, "-m", f"tests.children.{child}", "many", str(root), str(SERVED)],
+        [sys.executable, "-m", f"tests.children.{child}", "many", str(root), str(MANY)],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import resource
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from checkpointer import (
     SessionRegistry,
     Snapshot,
 )
+from checkpointer._registry import open_bound
 from checkpointer.stores import KEY_PATTERN, KeyLocked, LockingStore, Store
 
 __all__ = [
@@ -103,7 +103,7 @@ def session_registry(
     options: dict[str, Any],
     *,
     idle_timeout: float,
-    max_open: int,
+    max_open: int | None,
     first_write_takes_key: bool = False,
 ) -> SessionRegistry:
     """The ``SessionRegistry`` over ``store`` of ``keeper``'s sessions; ``options`` (checked
@@ -191,12 +191,9 @@ class Held:
         self._order: OrderedDict[KeyCommitter, None] = OrderedDict()
 
     def limit(self) -> int:
-        """``limit``; without one, 512 or half the process's descriptors if fewer (read at
-        each use: a server may raise its ``ulimit -n`` after import)."""
-        if self._limit is not None:
-            return self._limit
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        return 512 if soft == resource.RLIM_INFINITY else max(8, min(512, soft // 2))
+        """``limit``; without one, ``open_bound()`` (read at each use: a server may raise its
+        ``ulimit -n`` after import)."""
+        return open_bound() if self._limit is None else self._limit
 
     def used(self, committer: KeyCommitter) -> None:
         """``committer`` has committed (it holds its lock): the most recently used now."""

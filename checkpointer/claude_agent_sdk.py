@@ -167,7 +167,8 @@ class CheckpointSessionStore(SessionStore):
         durability: ``"async"`` (default): an append is a ``notify()``;
             ``"sync"``: it waits for its durable write.
         idle_timeout: seconds a session's key stays held with no append.
-        max_open: most sessions held at once (a descriptor each on a file store).
+        max_open: most sessions held at once (a descriptor each on a file store); None:
+            512, or half the process's ``ulimit -n`` if less.
         **writer_options: for each session's ``CheckpointWriter``; ``transcript``
             defaults to ``Transcript("messages", repair=False)``: the entries as
             the CLI wrote them (it closes a dangling call itself on resume).
@@ -181,7 +182,7 @@ class CheckpointSessionStore(SessionStore):
         *,
         durability: Literal["async", "sync"] = "async",
         idle_timeout: float = 300.0,
-        max_open: int = 512,
+        max_open: int | None = None,
         **writer_options: Any,
     ) -> None:
         self.store = store

@@ -177,7 +177,8 @@ class CheckpointSessions:
     Args:
         store: where the sessions go.
         idle_timeout: seconds a session's key stays open with no call.
-        max_open: most keys open at once (one descriptor each on a ``FileStore``).
+        max_open: most keys open at once (one descriptor each on a ``FileStore``); None:
+            512, or half the process's ``ulimit -n`` if less.
         **writer_options: for each ``CheckpointWriter``; a ``transcript=``
             (with ``repair``) makes ``add_items`` refuse items a model API
             would reject (checked on the new items and the calls still open).
@@ -188,7 +189,7 @@ class CheckpointSessions:
         store: Store,
         *,
         idle_timeout: float = 300.0,
-        max_open: int = 512,
+        max_open: int | None = None,
         **writer_options: Any,
     ) -> None:
         self.store = store

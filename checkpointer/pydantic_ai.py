@@ -163,7 +163,8 @@ class CheckpointConversationStore(ConversationStore):
         idle_timeout: seconds a saved conversation's key stays held with no
             save (``SessionRegistry``); then, or when past ``max_open``, it is
             let go and read afresh at its next use.
-        max_open: most conversation keys held at once.
+        max_open: most conversation keys held at once; None: 512, or half the
+            process's ``ulimit -n`` if less.
         **writer_options: for each ``CheckpointWriter`` (the saves' and
             ``checkpoint_run``'s).
 
@@ -175,7 +176,7 @@ class CheckpointConversationStore(ConversationStore):
         store: Store,
         *,
         idle_timeout: float = 300.0,
-        max_open: int = 512,
+        max_open: int | None = None,
         **writer_options: Any,
     ) -> None:
         self.store = store

@@ -220,7 +220,9 @@ class Encryption:
             found = self._aead[alg, kid] = self._kinds[alg](self._keys[kid])
         return found
 
-    def _refusal(self, kid: str, fp: str, at: str, alg: str | None = None) -> tuple[str, Why] | None:
+    def _refusal(
+        self, kid: str, fp: str, at: str, alg: str | None = None
+    ) -> tuple[str, Why] | None:
         """Why a record sealed with key ``kid`` of fingerprint ``fp`` (by ``alg``; found at
         ``at``) cannot open here, told without decrypting it; None if it may."""
         if alg is not None and alg not in self._kinds:
@@ -355,6 +357,7 @@ def check_sealed_by(
     if not sealer:
         return
     kid, _, fp = sealer.partition(":")
+    why: Why
     if encryption is None:
         reason, why = _no_key(kid), "no-key"
     else:

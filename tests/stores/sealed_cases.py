@@ -143,9 +143,11 @@ def wrong_key_overwrite(rig: Rig, wrong: Callable[[], Encryption | None]) -> Non
         result = writer.flush_sync()
     assert isinstance(result, Failed) and result.reason == "write-failed", result
     assert "'k1'" in result.error, result
-    stored = store.revision("s1")
+    stored = resumed.meta.revision
     meta = msgspec.structs.replace(resumed.meta, revision=new_revision())
-    calls = [lambda: store.write("s1", [data], revision=new_revision(), expected=stored)]
+    calls: list[Callable[[], object]] = [
+        lambda: store.write("s1", [data], revision=new_revision(), expected=stored)
+    ]
     if hasattr(store, "update_meta"):
         calls.append(lambda: store.update_meta("s1", meta, expected=stored))
     for call in calls:

@@ -170,7 +170,9 @@ class S3Store:
         """PUT ``body`` at ``name`` (of ``key``) if it holds ``expected``: the fenced write."""
         params: dict[str, Any] = {"Key": self.s3.prefix + name, "Body": body}
         sealer = sealed_by(self.encryption)
-        params["Metadata"] = {REVISION: revision, SEALER: sealer} if sealer else {REVISION: revision}
+        params["Metadata"] = {REVISION: revision}
+        if sealer:  # read back by the HEAD or GET a writer's If-Match is learnt from
+            params["Metadata"][SEALER] = sealer
         params["ContentType"] = "application/json"
         if expected is None:
             params["IfNoneMatch"] = "*"

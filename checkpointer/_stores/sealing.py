@@ -39,6 +39,7 @@ __all__ = [
     "MAGIC",
     "DecryptionError",
     "Encryption",
+    "check_sealed_by",
     "check_sealer",
     "is_sealed",
     "open_end",
@@ -48,6 +49,7 @@ __all__ = [
     "seal_end",
     "seal_epoch",
     "seal_rows",
+    "sealed_by",
     "unseal",
 ]
 
@@ -218,27 +220,29 @@ class Encryption:
             found = self._aead[alg, kid] = self._kinds[alg](self._keys[kid])
         return found
 
-    def _refusal(self, header: _Header, at: str) -> tuple[str, Why] | None:
-        """Why a record with ``header`` (found at ``at``) cannot open here, told without
-        decrypting it; None if it may."""
-        if header.alg not in self._kinds:
+    def _refusal(
+        self, kid: str, fp: str, at: str, alg: str | None = None
+    ) -> tuple[str, Why] | None:
+        """Why a record sealed with key ``kid`` of fingerprint ``fp`` (by ``alg``; found at
+        ``at``) cannot open here, told without decrypting it; None if it may."""
+        if alg is not None and alg not in self._kinds:
             why = (
-                f"the record of {at} (key id {header.kid!r}) names an algorithm this "
-                f"agent-checkpointer does not know, {header.alg!r}: its header was edited, "
+                f"the record of {at} (key id {kid!r}) names an algorithm this "
+                f"agent-checkpointer does not know, {alg!r}: its header was edited, "
                 "or a newer version wrote it; kept as it is"
             )
             return why, "wrong-key"
-        if header.kid not in self._keys:
+        if kid not in self._keys:
             why = (
-                f"the record of {at} is sealed with key id {header.kid!r}, "
+                f"the record of {at} is sealed with key id {kid!r}, "
                 f"which this store's Encryption does not have (it has {sorted(self._keys)}): "
                 "add that key to old_keys to read it; the record is kept as it is"
             )
             return why, "no-key"
-        if header.fp and header.fp != self._prints[header.kid]:
+        if fp and fp != self._prints[kid]:
             why = (
                 f"the record of {at} was sealed with another key under the id "
-                f"{header.kid!r} than this store's Encryption has (the key's fingerprint "
+                f"{kid!r} than this store's Encryption has (the key's fingerprint "
                 "differs): give the key that sealed it; the record is kept as it is"
             )
             return why, "wrong-key"
@@ -292,7 +296,7 @@ class Encryption:
                 f"{_NONCE + header.size + _TAG} bytes after its header (truncated)"
             )
             raise fail(why, "truncated")
-        refused = self._refusal(header, at)
+        refused = self._refusal(header.kid, header.fp, at, header.alg)
         if refused is not None:
             raise fail(*refused)
         from cryptography.exceptions import InvalidTag
@@ -327,13 +331,48 @@ def check_sealer(encryption: Encryption | None, head: bytes, *, key: str, where:
     if encryption is None:
         unseal(None, head, key=key, position=header.at, where=where)  # raises "no-key"
         return
-    refused = encryption._refusal(header, f"key {key!r} at position {header.at}")
+    at = f"key {key!r} at position {header.at}"
+    refused = encryption._refusal(header.kid, header.fp, at, header.alg)
     if refused is not None:
         reason, why = refused
         meta = _meta(header)
         raise DecryptionError(
             where, reason, key=key, position=header.at, key_id=header.kid, why=why, meta=meta
         )
+
+
+def sealed_by(encryption: Encryption | None) -> str:
+    """What a store keeps beside a record of the key that sealed it, readable without a
+    key: ``"key_id:fingerprint"`` ("" without ``encryption``: plaintext)."""
+    if encryption is None:
+        return ""
+    return f"{encryption.key_id}:{encryption._prints[encryption.key_id]}"
+
+
+def check_sealed_by(
+    encryption: Encryption | None, sealer: str, *, key: str, position: str, where: str
+) -> None:
+    """``check_sealer`` for a record whose ``sealed_by`` is kept beside it (an object's
+    metadata): refused, never replaced, by a writer without the key that sealed it."""
+    if not sealer:
+        return
+    kid, _, fp = sealer.partition(":")
+    why: Why
+    if encryption is None:
+        reason, why = _no_key(kid), "no-key"
+    else:
+        refused = encryption._refusal(kid, fp, f"key {key!r} at position {position}")
+        if refused is None:
+            return
+        reason, why = refused
+    raise DecryptionError(where, reason, key=key, position=position, key_id=kid, why=why)
+
+
+def _no_key(kid: str) -> str:
+    return (
+        f"encrypted (key id {kid!r}): give the store an Encryption with that key "
+        "to read it (the CLI: --key-file or CHECKPOINTER_KEYS)"
+    )
 
 
 def _rebuild(
@@ -400,13 +439,9 @@ def unseal(
         return encryption.open(data, key=key, position=position, where=where)
     if encryption is None and is_sealed(data):
         _, header, _ = _split(data, key=key, position=position, where=where)
-        why = (
-            f"encrypted (key id {header.kid!r}): give the store an Encryption with that key "
-            "to read it (the CLI: --key-file or CHECKPOINTER_KEYS)"
-        )
         raise DecryptionError(
             where,
-            why,
+            _no_key(header.kid),
             key=key,
             position=position,
             key_id=header.kid,

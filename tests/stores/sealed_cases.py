@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import msgspec
 import pytest
 
 from checkpointer import CheckpointWriter, Failed, Snapshot, Transcript, load
+from checkpointer._stores.base import new_revision
 from checkpointer.stores import DecryptionError, Encryption
 
 SECRET = "my password is hunter2"
@@ -120,6 +122,39 @@ def wrong_key_writer(rig: Rig, wrong: Callable[[], Encryption | None]) -> None:
         result = writer.flush_sync()
     assert isinstance(result, Failed) and result.reason == "write-failed", result
     assert rig.get("s1") == before
+    loaded = load(rig.store(enc()), "s1")
+    assert loaded is not None and loaded.state == STATE
+
+
+def wrong_key_overwrite(rig: Rig, wrong: Callable[[], Encryption | None]) -> None:
+    """Refused by the write itself, whatever told the writer what is stored: a writer
+    resumed from a load made with the right key (a fleet's worker with a stale key config)
+    fails naming the key id, and so do a write and a meta update expecting the stored
+    revision; the record still opens with its key, at the revision it had."""
+    save(rig.store(enc()))
+    before, right = rig.get("s1"), rig.store(enc())
+    resumed, data = load(right, "s1"), right.read("s1")  # its own form, which write() takes
+    assert resumed is not None and data is not None
+    store, box = rig.store(wrong()), {"n": 2}
+    with CheckpointWriter(
+        lambda: Snapshot("s1", dict(box)), store, exit_hooks=False, resume_from=resumed
+    ) as writer:
+        box["n"] = 3
+        result = writer.flush_sync()
+    assert isinstance(result, Failed) and result.reason == "write-failed", result
+    assert "'k1'" in result.error, result
+    stored = resumed.meta.revision
+    meta = msgspec.structs.replace(resumed.meta, revision=new_revision())
+    calls: list[Callable[[], object]] = [
+        lambda: store.write("s1", [data], revision=new_revision(), expected=stored)
+    ]
+    if hasattr(store, "update_meta"):
+        calls.append(lambda: store.update_meta("s1", meta, expected=stored))
+    for call in calls:
+        with pytest.raises(DecryptionError) as info:
+            call()
+        assert info.value.key_id == "k1", info.value
+    assert rig.get("s1") == before and right.revision("s1") == resumed.meta.revision
     loaded = load(rig.store(enc()), "s1")
     assert loaded is not None and loaded.state == STATE
 

@@ -9,6 +9,7 @@ import hashlib
 import re
 from typing import TYPE_CHECKING, Any
 
+from ..sealing import MAGIC
 from .errors import PostgresStoreError
 
 if TYPE_CHECKING:
@@ -79,6 +80,19 @@ _LZ4_SQL = (
     " ALTER TABLE {s}.journal ALTER COLUMN body SET COMPRESSION lz4;"
 )
 
+# What a write replaces, read by the statement that replaces it: the row locked, its
+# state's first bytes.  Returned (below) only if sealed: the header line of its record
+# (a snapshot's, or a head's end), for the writer to check that it holds the key that
+# sealed it (``sealing.check_sealer``); a refusal rolls the transaction back.
+_REPLACED = """
+        WITH o AS (
+            SELECT key, substring(state FOR 4096) AS head FROM {s}.checkpoints
+            WHERE key = %(key)s AND revision = %(expected)s FOR UPDATE)"""
+_SEALED_HEAD = f"""
+        RETURNING CASE WHEN substring(o.head FOR {len(MAGIC)}) = '\\x{MAGIC.hex()}'::bytea
+            THEN substring(o.head FOR coalesce(nullif(position('\\x0a'::bytea IN o.head), 0),
+                4096)) END"""
+
 # Each statement is one round trip.  {s} is the quoted schema name.
 QUERIES = {
     "version": "SELECT version FROM {s}.schema_version",
@@ -113,19 +127,21 @@ QUERIES = {
         INSERT INTO {s}.checkpoints (key, revision, format, meta, state, journal)
         VALUES (%(key)s, %(revision)s, %(format)s, %(meta)s::jsonb, %(state)b, %(journal)s)
         ON CONFLICT (key) DO NOTHING
-        RETURNING 1""",
+        RETURNING NULL::bytea""",
     # A revision expected: an update of that revision only (a deleted row is not there).
-    "update": """
-        UPDATE {s}.checkpoints SET revision = %(revision)s, format = %(format)s,
+    "update": _REPLACED
+    + """
+        UPDATE {s}.checkpoints c SET revision = %(revision)s, format = %(format)s,
             meta = %(meta)s::jsonb, state = %(state)b, journal = %(journal)s, updated_at = now()
-        WHERE key = %(key)s AND revision = %(expected)s
-        RETURNING 1""",
+        FROM o WHERE c.key = o.key"""
+    + _SEALED_HEAD,
     # The meta alone (a journal's head, or a snapshot row: read() joins the meta column).
-    "update_meta": """
-        UPDATE {s}.checkpoints SET revision = %(revision)s, meta = %(meta)s::jsonb,
+    "update_meta": _REPLACED
+    + """
+        UPDATE {s}.checkpoints c SET revision = %(revision)s, meta = %(meta)s::jsonb,
             updated_at = now()
-        WHERE key = %(key)s AND revision = %(expected)s
-        RETURNING 1""",
+        FROM o WHERE c.key = o.key"""
+    + _SEALED_HEAD,
     "revision": "SELECT revision FROM {s}.checkpoints WHERE key = %(key)s",
     "journal": "SELECT journal FROM {s}.checkpoints WHERE key = %(key)s",
     # One statement, so the head and the rows come from one snapshot.

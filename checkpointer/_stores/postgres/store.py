@@ -2,7 +2,9 @@
 
 A write is one transaction whose first statement writes only over the revision
 expected: the revision makes it safe, the advisory lock only refuses a second
-live writer early.
+live writer early.  The same statement returns the header line of a sealed
+record it replaced: a writer without the key that sealed it is refused
+(``DecryptionError``) and the transaction rolled back, never a record lost.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..._format.envelope import FORMAT, MIDDLE, PREFIX, SUFFIX, check_format, de
 from ..._format.journal import assemble_rows
 from ..._values import CheckpointError, Meta
 from ..base import check_key
-from ..sealing import is_sealed, open_rows, seal, unseal
+from ..sealing import check_sealer, is_sealed, open_rows, seal, unseal
 from .connection import SLOW_BYTES_PER_SECOND
 from .errors import IdleLoss, KeyLockedError, PostgresStoreError, StaleWriteError
 from .locks import LocksPart
@@ -157,9 +159,14 @@ class PostgresStore(LocksPart):
     def _apply(
         self, conn: psycopg.Connection[Any], key: str, statement: str, params: dict[str, Any]
     ) -> bool:
-        """The conditional write: True if it wrote, False if the row holds its revision."""
+        """The conditional write: True if it wrote, False if the row holds its revision.
+
+        Raises:
+            DecryptionError: it replaced a record sealed with a key this store's
+                ``Encryption`` lacks (or it has none): the transaction rolls back.
+        """
         revision, expected = params["revision"], params["expected"]
-        while conn.execute(self._sql[statement], params).fetchone() is None:
+        while (written := conn.execute(self._sql[statement], params).fetchone()) is None:
             row = conn.execute(self._sql["revision"], {"key": key}).fetchone()
             stored = None if row is None else str(row[0])
             if stored == revision:
@@ -168,6 +175,8 @@ class PostgresStore(LocksPart):
                 raise StaleWriteError(key, expected=expected, stored=stored)
             # Changed back between the two statements (a row that stopped an
             # insert, deleted by hand since): the write may go ahead after all.
+        if written[0] is not None:
+            check_sealer(self.encryption, bytes(written[0]), key=key, where=self.location(key))
         return True
 
     def read(self, key: str) -> bytes | None:

@@ -61,7 +61,7 @@ from ..._values import Checkpoint, CheckpointError, Meta
 from ..base import StaleWrite, check_key, landed
 from ..journal.core import JournalCore
 from ..journal.staging import Delta, Full, Track, absent
-from ..sealing import Encryption, open_end, open_rows, seal_end, seal_epoch
+from ..sealing import DecryptionError, Encryption, open_end, open_rows, seal_end, seal_epoch
 from .client import condition_failed
 from .store import S3Store
 
@@ -466,8 +466,8 @@ class S3JournalStore(JournalCore, S3Store):
         body = _ENCODER.encode(_Head(FORMAT, meta, list(segments), end))
         try:
             self.put(key + self.suffix, key, body, revision=meta.revision, expected=expected)
-        except StaleWrite:
-            self._drop_track(key)
+        except (StaleWrite, DecryptionError):  # refused: another's head, or one sealed with
+            self._drop_track(key)  # a key this store lacks
             self._remove(key, uploaded)  # no head names them, nor ever will
             raise
         except BaseException:

@@ -17,6 +17,12 @@
   two live writers of one key both start, and the second learns of the
   first at its first write (``Failed("conflict")``); neither ever replaces
   what the other wrote after it looked.
+* **Sealed records are never replaced by a writer without their key.**
+  With ``encryption``, an object keeps the id and fingerprint of the key
+  that sealed it readable (``x-amz-meta-sealer``): the HEAD that finds the
+  ETag to fence on (or the GET that remembered it) tells a writer whose
+  ``Encryption`` does not hold that key, or that has none, and its write
+  is refused (``DecryptionError``) without a request more.
 * **Atomic and durable.**  One PUT replaces the whole object: a reader sees
   the old checkpoint or the new one.  It is durable when S3 answers 200.
 * **Deletes** are writes: a writer whose key was deleted finds it gone at
@@ -33,7 +39,15 @@ from typing import Any, NamedTuple
 
 from ..._format.envelope import decode_meta
 from ..base import KEY_PATTERN, check_key, landed
-from ..sealing import DecryptionError, Encryption, is_sealed, seal, unseal
+from ..sealing import (
+    DecryptionError,
+    Encryption,
+    check_sealed_by,
+    is_sealed,
+    seal,
+    sealed_by,
+    unseal,
+)
 from .client import S3Client, condition_failed, error_code
 
 __all__ = ["Listed", "S3Store"]
@@ -50,6 +64,16 @@ class Listed(NamedTuple):
 
 REVISION = "revision"
 """The user-metadata name of an object's revision (``x-amz-meta-revision``)."""
+SEALER = "sealer"
+"""The user-metadata name of the key that sealed an object (``sealing.sealed_by``)."""
+
+
+class Seen(NamedTuple):
+    """What a HEAD or GET of an object said (None: no object)."""
+
+    revision: str | None
+    etag: str | None
+    sealer: str = ""  # "key_id:fingerprint" of the key that sealed it ("": plaintext)
 
 
 class S3Store:
@@ -97,9 +121,9 @@ class S3Store:
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
         )
-        # object name -> (revision, ETag) last seen; each update is one dict operation,
+        # object name -> what was last seen of it; each update is one dict operation,
         # atomic without a lock (none to be left held in a forked child)
-        self._etags: dict[str, tuple[str, str]] = {}
+        self._etags: dict[str, Seen] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.s3.where!r})"
@@ -145,7 +169,10 @@ class S3Store:
     def put(self, name: str, key: str, body: bytes, *, revision: str, expected: str | None) -> None:
         """PUT ``body`` at ``name`` (of ``key``) if it holds ``expected``: the fenced write."""
         params: dict[str, Any] = {"Key": self.s3.prefix + name, "Body": body}
+        sealer = sealed_by(self.encryption)
         params["Metadata"] = {REVISION: revision}
+        if sealer:  # read back by the HEAD or GET a writer's If-Match is learnt from
+            params["Metadata"][SEALER] = sealer
         params["ContentType"] = "application/json"
         if expected is None:
             params["IfNoneMatch"] = "*"
@@ -160,54 +187,57 @@ class S3Store:
             self._forget(name)
             if not condition_failed(exc):
                 raise
-            stored, etag = self.head(name, key)
-            if not landed(key, stored, revision, expected):
+            seen = self.head(name, key)
+            if not landed(key, seen.revision, revision, expected):
                 raced = f"{self.s3.url(name)}: a concurrent write raced; will retry"
                 raise OSError(raced) from None
-            self._remember(name, revision, etag)
+            self._remember(name, Seen(revision, seen.etag, sealer))
             return
-        self._remember(name, revision, answer["ETag"])
+        self._remember(name, Seen(revision, answer["ETag"], sealer))
 
     def _etag(self, name: str, key: str, revision: str, expected: str) -> str | None:
         """The ETag of the object holding ``expected``; None if it holds ``revision`` already.
 
         Raises:
             StaleWrite: it holds neither.
+            DecryptionError: it is sealed with a key this store's ``Encryption`` lacks.
         """
         seen = self._etags.get(name)
-        if seen is not None and seen[0] == expected:
-            return seen[1]
-        stored, etag = self.head(name, key)
-        if landed(key, stored, revision, expected):
-            return None
-        return etag
+        if seen is None or seen.revision != expected:
+            seen = self.head(name, key)
+            if landed(key, seen.revision, revision, expected):
+                return None
+        where = self.location(key)
+        check_sealed_by(self.encryption, seen.sealer, key=key, position=expected, where=where)
+        return seen.etag
 
-    def _remember(self, name: str, revision: str | None, etag: str | None) -> None:
-        if revision is None or etag is None:
+    def _remember(self, name: str, seen: Seen) -> None:
+        if seen.revision is None or seen.etag is None:
             self._etags.pop(name, None)
         else:
-            self._etags[name] = (revision, etag)
+            self._etags[name] = seen
 
     def _forget(self, name: str) -> None:
-        self._remember(name, None, None)
+        self._remember(name, Seen(None, None))
 
     # -- reads ---------------------------------------------------------------
 
-    def head(self, name: str, key: str) -> tuple[str | None, str | None]:
-        """The revision and ETag of the object ``name`` now; (None, None) if there is none."""
+    def head(self, name: str, key: str) -> Seen:
+        """What the object ``name`` holds now (its revision None if there is none)."""
         try:
             answer = self.s3.call("head_object", Key=self.s3.prefix + name)
         except Exception as exc:
             if error_code(exc) in ("NoSuchKey", "404"):
-                return None, None
+                return Seen(None, None)
             raise
-        revision = answer.get("Metadata", {}).get(REVISION)
+        metadata = answer.get("Metadata", {})
+        revision = metadata.get(REVISION)
         if revision is None:  # put there by another tool: the revision is in the bytes
             data = self.get(name)
             if data is not None and is_sealed(data):
                 raise self._unbound(key)
             revision = None if data is None else self.revision_in(key, data)
-        return revision, answer["ETag"]
+        return Seen(revision, answer["ETag"], metadata.get(SEALER, ""))
 
     def _unbound(self, key: str) -> DecryptionError:
         """A sealed object without the metadata that says its revision: not damage."""
@@ -239,9 +269,10 @@ class S3Store:
             raise
         with answer["Body"] as body:
             data: bytes = body.read()
-        revision = answer.get("Metadata", {}).get(REVISION)
+        metadata = answer.get("Metadata", {})
+        revision = metadata.get(REVISION)
         if revision is not None:
-            self._remember(name, revision, answer["ETag"])
+            self._remember(name, Seen(revision, answer["ETag"], metadata.get(SEALER, "")))
         return data, answer["ETag"]
 
     def read(self, key: str) -> bytes | None:
@@ -252,17 +283,17 @@ class S3Store:
         if found is None:
             return None
         seen = self._etags.get(name)  # the revision fetch saw on it (its metadata)
-        if seen is None or seen[1] != found[1]:
-            if self.encryption is not None and is_sealed(found[0]):
-                raise self._unbound(key)
-            seen = ("(none in its metadata)", "")
-        at = seen[0]
+        at = "(none in its metadata)"
+        if seen is not None and seen.etag == found[1] and seen.revision is not None:
+            at = seen.revision
+        elif self.encryption is not None and is_sealed(found[0]):
+            raise self._unbound(key)
         return unseal(self.encryption, found[0], key=key, position=at, where=self.location(key))
 
     def revision(self, key: str) -> str | None:
         """The revision ``key`` holds (None: no checkpoint): one HEAD."""
         check_key(key)
-        return self.head(key + self.suffix, key)[0]
+        return self.head(key + self.suffix, key).revision
 
     def keys(self) -> list[str]:
         """The keys with a checkpoint under the prefix, sorted (one LIST per 1,000 objects)."""

@@ -70,6 +70,15 @@ def test_a_writer_with_the_wrong_key_leaves_the_row(
     sealed_cases.wrong_key_writer(rig, wrong)
 
 
+@sealed_cases.WRONG
+def test_a_write_with_the_wrong_key_is_refused_by_the_store(
+    rig: PgRig, wrong: Callable[[], Encryption | None]
+) -> None:
+    """Checked at the write, not only at a read before it: a writer handed the meta, a
+    write and a meta update expecting the stored revision all fail; the row as it was."""
+    sealed_cases.wrong_key_overwrite(rig, wrong)
+
+
 def test_a_meta_column_with_a_revision_of_another_type_is_a_checkpoint_error(
     rig: PgRig,
 ) -> None:

@@ -79,6 +79,15 @@ def test_a_writer_with_the_wrong_key_leaves_the_rows(
     sealed_cases.wrong_key_writer(rig, wrong)
 
 
+@sealed_cases.WRONG
+def test_a_write_with_the_wrong_key_is_refused_by_the_store(
+    rig: PgJournalRig, wrong: Callable[[], Encryption | None]
+) -> None:
+    """Checked at the write, not only at a read before it: a writer handed the meta, a
+    write and a meta update expecting the stored revision all fail; the rows as it was."""
+    sealed_cases.wrong_key_overwrite(rig, wrong)
+
+
 OLD, NEW = "old:" + "AQ" * 21 + "A=", Encryption.new_key("new")
 
 

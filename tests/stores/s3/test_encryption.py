@@ -62,6 +62,15 @@ def test_a_writer_with_the_wrong_key_leaves_the_object(
     sealed_cases.wrong_key_writer(rig, wrong)
 
 
+@sealed_cases.WRONG
+def test_a_write_with_the_wrong_key_is_refused_by_the_store(
+    rig: S3Rig, wrong: Callable[[], Encryption | None]
+) -> None:
+    """Checked at the write, not only at a read before it: a writer handed the meta, a
+    write and a meta update expecting the stored revision all fail; the object as it was."""
+    sealed_cases.wrong_key_overwrite(rig, wrong)
+
+
 def test_a_sealed_object_without_its_revision_metadata_is_kept(rig: S3Rig) -> None:
     """Restored from a backup, or copied by a tool that drops x-amz-meta-*: load and
     revision() say so, and a writer resumed from "absent" fails without moving it aside."""

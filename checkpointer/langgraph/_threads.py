@@ -61,6 +61,9 @@ class Thread(Log):
         self.result: Result | None = None  # its committer's final commit's
         self.taken = 0  # rows its writer's last snapshot took
         self.stored: int | None = None  # its writer closed, these rows stored: base is stale
+        # A synchronous saver's puts commit from LangGraph's worker threads at once: a state
+        # is taken and committed under it, so an older state never lands after a newer one.
+        self.committing = threading.Lock()
 
     def read(self, checkpoint: Checkpoint[State] | None) -> None:
         """Take what the store holds (``load``'s answer) as the thread, unless it is held."""
@@ -300,10 +303,11 @@ class Threads:
     def _commit(self, thread: Thread, durability: str | None) -> None:
         """Commit the thread now (no timer would write it later); raise a refusal, or a failure
         of a durable put."""
-        state = self._state(thread)
-        if state is None:
-            return  # deleted or refused meanwhile: nothing of this saver's to write
-        result = self._committer(thread).commit(state)
+        with thread.committing:
+            state = self._state(thread)
+            if state is None:
+                return  # deleted or refused meanwhile: nothing of this saver's to write
+            result = self._committer(thread).commit(state)
         if _refusal(result, "sync"):
             assert isinstance(result, Failed)
             self._refuse(thread, result, raised=True)

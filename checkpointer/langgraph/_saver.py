@@ -49,7 +49,10 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         idle_timeout: seconds an async saver holds a thread's key with no put
             (``SessionRegistry``); then, or when past ``max_open``, its
             writer closes and the thread is read afresh at its next use.
-        max_open: most threads' keys an async saver holds at once.
+        max_open: most threads' keys a saver holds at once (a descriptor each
+            on a ``FileStore``); a synchronous saver's least recently used
+            thread past it lets its lock go and takes it again at its next
+            put, refused if another writer wrote the thread meanwhile.
         **writer_options: for each thread's ``CheckpointWriter``; ``limits``,
             ``transcript`` and ``state_version`` for its ``KeyCommitter`` too.
 

@@ -4,7 +4,9 @@ A thread the saver changed is *held*.  An async saver's ``SessionRegistry``
 writes it: each change runs inside the key's session (its writer opened
 from the revision the thread was read from, so no close comes mid-put), and
 the thread leaves memory once its writer closed (idle, evicted, the saver's
-close).  A synchronous saver's ``KeyCommitter`` commits each change at once.
+close).  A synchronous saver's ``KeyCommitter`` commits each change at once; past
+``max_open`` the least recently used lets its key's lock go (``Held``) and takes
+it again at its next commit, fenced on what it wrote.
 When the store refuses, the rows are dropped and the refusal raised.
 """
 
@@ -31,7 +33,13 @@ from checkpointer import (
     Snapshot,
     load,
 )
-from checkpointer._adapters import committer_options, framework_key, probe_lock, raise_failed
+from checkpointer._adapters import (
+    Held,
+    committer_options,
+    framework_key,
+    probe_lock,
+    raise_failed,
+)
 from checkpointer.stores import Store
 
 from ._log import Log, State
@@ -94,6 +102,7 @@ class Threads:
             **options,  # its opening writes the put that opened it (and takes the key)
         )
         self._async = False  # entered with ``async with``: the registry writes the threads
+        self._held = Held(max_open)  # a synchronous saver's committers holding their lock
         self._tasks: anyio.abc.TaskGroup | None = None  # an async saver's
 
     def __len__(self) -> int:
@@ -307,7 +316,9 @@ class Threads:
             state = self._state(thread)
             if state is None:
                 return  # deleted or refused meanwhile: nothing of this saver's to write
-            result = self._committer(thread).commit(state)
+            committer = self._committer(thread)
+            result = committer.commit(state)
+        self._held.used(committer)  # past max_open, the least recently used lets its lock go
         if _refusal(result, "sync"):
             assert isinstance(result, Failed)
             self._refuse(thread, result, raised=True)
@@ -332,10 +343,12 @@ class Threads:
         with self.lock:
             committer, thread.committer = thread.committer, None
         if committer is not None:
-            state = self._state(thread)
-            if state is not None:
-                thread.result = committer.commit(state, live=False)
+            with thread.committing:
+                state = self._state(thread)
+                if state is not None:
+                    thread.result = committer.commit(state, live=False)
             committer.close()
+            self._held.forget(committer)
 
     # -- both ------------------------------------------------------------------------------
 

@@ -569,7 +569,8 @@ def test_a_sync_server_holds_more_threads_than_descriptors_under_ulimit_256(
 ) -> None:
     """A ``with`` saver (``max_open=100``) serving 400 threads from 8 request threads under
     ``ulimit -n 256``: each turn stored; a thread let go resumes fenced (one another process
-    wrote meanwhile raises "conflict", the other's turn kept; one it did not goes on)."""
+    wrote meanwhile raises "conflict", and a new run goes on from the other's turn; one it
+    did not write goes on)."""
     root = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path  # descriptors, not fsync
     with tempfile.TemporaryDirectory(dir=root) as where:
         server = subprocess.Popen(
@@ -602,7 +603,9 @@ def test_a_sync_server_holds_more_threads_than_descriptors_under_ulimit_256(
         assert json.loads(out) == {"step": "closed"}
         assert again["t0"]["reason"] == "conflict", again
         assert again["t1"] == [*_turn("hi 1"), *_turn("again 1")]
-        expected = {0: [*_turn("hi 0"), *_turn("b0")], 1: again["t1"]}
+        theirs = [*_turn("hi 0"), *_turn("b0")]
+        assert again["t0_retried"] == [*theirs, *_turn("again 0")]  # from what they wrote
+        expected = {0: again["t0_retried"], 1: again["t1"]}
         wrong = []
         with CheckpointSaver(FileStore(where)) as saver:
             graph = langgraph_graph(saver)

@@ -8,8 +8,9 @@ One ``CheckpointSaver`` (``with``, ``max_open=MAX_OPEN``) on the ``FileStore`` a
 prints ``{"step": "served", "descriptors": ...}`` (its open descriptors then).
 It waits for a line on stdin (the test writes thread ``t0`` from its own process
 meanwhile), runs a turn ``"again <i>"`` on ``t0`` and ``t1``, and prints
-``{"step": "again", "t0": ..., "t1": ...}``: each the messages after the turn, or
-the ``CheckpointFailed`` it raised (``reason``, ``error``).  Then it closes the saver
+``{"step": "again", "t0": ..., "t1": ..., "t0_retried": ...}`` (``t0``'s turn run
+again): each the messages after the turn, or the ``CheckpointFailed`` it raised
+(``reason``, ``error``).  Then it closes the saver
 and prints ``{"step": "closed"}``.
 """
 
@@ -54,7 +55,8 @@ def main(root: str, n: int, max_open: int) -> None:
             raise SystemExit(f"threads {failed[:5]} failed: {served[failed[0]]}")
         say(step="served", descriptors=len(os.listdir("/proc/self/fd")))
         sys.stdin.readline()
-        say(step="again", t0=turn(graph, "t0", "again 0"), t1=turn(graph, "t1", "again 1"))
+        t0, t1 = turn(graph, "t0", "again 0"), turn(graph, "t1", "again 1")
+        say(step="again", t0=t0, t1=t1, t0_retried=turn(graph, "t0", "again 0"))
     say(step="closed")
 
 

@@ -7,9 +7,10 @@ beside it show the same numbers:
 * ``growth``: checkpoint cost against history length (the growth case);
 * ``stall``: worst event-loop stall per approach (stall, peers, journal);
 * ``sessions``: per-writer costs against the number of sessions;
-* ``groupcommit``: burst checkpoints per second against the number of
-  sessions, group commit beside the per-file floor (the sessions case's
-  ``groupcommit/<label>`` series, when it reports them).
+* ``groupcommit``: a burst's checkpoints per second against the number of
+  sessions, per backend: group commit, each directory fsync alone, the
+  bare per-file recipe, and that recipe without its directory fsync (the
+  ceiling of sharing it; the sessions case's burst series).
 
 ``python -m benchmarks`` draws PNGs next to its JSON; the pictures of the
 performance page (``docs/charts/``) are SVGs redrawn from a run's JSON::
@@ -38,7 +39,14 @@ CHARTS: dict[str, tuple[str, ...]] = {
 """Chart -> the cases whose series it draws (a series name starts with the chart's prefix)."""
 
 _PREFIX = {"growth": "growth/", "stall": "stall/", "sessions": "sessions/"}
-_PREFIX["groupcommit"] = "groupcommit/"
+_PREFIX["groupcommit"] = "sessions/"
+_BURSTS = {
+    "burst": "group commit",
+    "burst-alone": "each dir fsync alone",
+    "bare": "bare recipe",
+    "ceiling": "bare, no dir fsync (not durable)",
+}
+"""The sessions case's burst series (``sessions/<metric>/<backend>``): the groupcommit chart's."""
 
 
 def _series(results: dict[str, Any], chart: str) -> dict[str, Points]:
@@ -118,22 +126,20 @@ def _sessions(plt: Any, sessions: dict[str, Points]) -> Any:
         ("close", "close, per writer (µs)", 1e6),
         ("memory", "RSS per open writer (KiB)", 1 / 1024),
         ("notify", "notify() in a burst (ns)", 1e9),
-        ("burst", "checkpoints/s of a burst", 1.0),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 4.2), squeeze=False)
     for ax, (metric, label, scale) in zip(axes[0], panels, strict=True):
         for name, points in sessions.items():
             what, _, backend = name.partition("/")
-            if what != metric and not (metric == "burst" and what == "bare"):
+            if what != metric:
                 continue
             xs = [x for x, _ in points]
             ax.plot(
                 xs,
                 [p["median"] * scale for _, p in points],
-                "--" if what == "bare" else "-",
                 color={"asyncio": "tab:blue", "trio": "tab:orange"}.get(backend),
                 marker="o",
-                label=f"{backend} (bare recipe)" if what == "bare" else backend,
+                label=backend,
             )
             for x, (_, p) in zip(xs, points, strict=True):
                 _label(ax, x, p["median"] * scale, _number(p["median"], p.get("unit", "s")))
@@ -148,20 +154,28 @@ def _sessions(plt: Any, sessions: dict[str, Points]) -> Any:
     return fig
 
 
-def _groupcommit(plt: Any, lines: dict[str, Points]) -> Any:
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for label, points in lines.items():
-        xs = [x for x, _ in points]
-        ax.plot(xs, [p["median"] for _, p in points], marker="o", label=label)
-        for x, (_, p) in zip(xs, points, strict=True):
-            _label(ax, x, p["median"], _number(p["median"], p.get("unit", "")))
-    ax.set_xscale("log")
-    ax.set_xlabel("sessions changing at once")
-    ax.set_ylabel("checkpoints per second reaching disk")
-    ax.set_title("A burst of every session: group commit against the per-file floor")
-    ax.set_ylim(bottom=0)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+def _groupcommit(plt: Any, sessions: dict[str, Points]) -> Any:
+    backends = sorted({name.partition("/")[2] for name in sessions})
+    fig, axes = plt.subplots(1, len(backends), figsize=(5.5 * len(backends), 4.6), squeeze=False)
+    for ax, backend in zip(axes[0], backends, strict=True):
+        for what, label in _BURSTS.items():
+            points = sessions.get(f"{what}/{backend}")
+            if not points:
+                continue
+            xs = [x for x, _ in points]
+            style = "--" if what in ("bare", "ceiling") else "-"
+            ax.plot(xs, [p["median"] for _, p in points], style, marker="o", label=label)
+            for x, (_, p) in zip(xs, points, strict=True):
+                _label(ax, x, p["median"], _number(p["median"], p.get("unit", "")))
+        ax.set_xscale("log")
+        ax.minorticks_off()
+        ax.set_xlabel("sessions changing at once")
+        ax.set_title(backend, fontsize=9)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("checkpoints per second reaching disk")
+    fig.suptitle("A burst of every session (FileStore): group commit against the per-file recipe")
     return fig
 
 

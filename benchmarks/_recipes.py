@@ -110,11 +110,15 @@ def transcript_of(nbytes: int) -> dict[str, Any]:
     return {"messages": transcript(round(nbytes / MESSAGE_BYTES), MESSAGE_BYTES)}
 
 
-def write_floor(path: str, data: bytes, fsync: Callable[[int], None] = os.fsync) -> None:
+def write_floor(
+    path: str, data: bytes, fsync: Callable[[int], None] = os.fsync, *, dir_fsync: bool = True
+) -> None:
     """The floor: a durable atomic replace of ``path`` with bare ``os`` calls.
 
     ``fsync`` is a seam for the floor case's breakdown, which times the
-    write calls alone (without the disk's flush).
+    write calls alone (without the disk's flush).  ``dir_fsync=False`` leaves
+    the rename not durable: the most that sharing the directory's fsync
+    between writes could save (the sessions case's ceiling).
     """
     directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(prefix=".floor.", suffix=".tmp", dir=directory)
@@ -126,6 +130,8 @@ def write_floor(path: str, data: bytes, fsync: Callable[[int], None] = os.fsync)
     finally:
         os.close(fd)
     os.replace(tmp, path)
+    if not dir_fsync:
+        return
     dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fsync(dfd)

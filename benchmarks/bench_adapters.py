@@ -13,11 +13,16 @@ history, then turns of one tool call each.
   pydantic-ai's ``InMemoryConversationStore`` with the conversation dumped
   to a file (``ConversationTypeAdapter``, atomic and fsynced) after each run.
 
+The Agents SDK's run is also made with a session that keeps a list (the
+SDK's own work, nothing stored): the floor of its stall.  Each run starts
+after a full GC pass, so that a pass due from the runs before lands in none.
+
 The Agents SDK adapter is also timed alone at 100 and 100,000 items
 (``sizes``): one ``add_items`` of one item with ``durability="sync"``
 (encode, append, fsync) and one ``get_items()``, each with the worst lag of
-a 1 ms ticker beside it; the two sessions interleaved.  Bar: a write at
-100,000 items within 2x of one at 100.
+a 1 ms ticker beside it, then the lag of the caller dropping the items
+``get_items()`` returned (freeing 100,000 dicts: any session's); the two
+sessions interleaved.  Bar: a write at 100,000 items within 2x of one at 100.
 
 Figures: bytes the process passed to write(2) during the turns
 (``/proc/self/io``), the worst lag of a 1 ms ticker (the event-loop stall),
@@ -30,6 +35,7 @@ Bars: fewer bytes and less stall than each peer; a wait within the writer's
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import statistics
@@ -40,7 +46,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from ._harness import Report, Table, bytes_written, ratio, scratch_dir, stat, ticking
+from ._harness import Cell, Report, Table, bytes_written, ratio, scratch_dir, stat, ticking
 
 MAX_WAIT = 5.0  # the writer's default
 
@@ -92,6 +98,12 @@ _turns_done: list[float] = []  # perf_counter when the last turn returned (not t
 
 
 async def _measure(turns: int, run: Callable[[], Awaitable[float]]) -> dict[str, float]:
+    # A full GC pass (~150 ms over this process's heap) falls in whichever run
+    # crosses its threshold, debt of the runs before included: each run starts
+    # with none, and a pass its own allocations call for still counts.
+    t0 = time.thread_time()
+    gc.collect()
+    full_gc = time.thread_time() - t0
     async with ticking() as ticker:
         mark = ticker.mark()
         before = _wchar()
@@ -107,6 +119,7 @@ async def _measure(turns: int, run: Callable[[], Awaitable[float]]) -> dict[str,
         "stall": max(lags, default=0.0),
         "turn": wall / turns,
         "wait": wait,
+        "full gc": full_gc,
     }
 
 
@@ -120,7 +133,29 @@ def _history(n: int) -> list[dict[str, Any]]:
     ]
 
 
-async def _openai(root: str, history: int, turns: int, ours: bool) -> dict[str, float]:
+class _ListSession:
+    """An Agents SDK session that keeps its items in a list: the SDK's own work, no persistence."""
+
+    session_settings = None
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.items: list[Any] = []
+
+    async def get_items(self, limit: int | None = None) -> list[Any]:
+        return self.items[-limit:] if limit else self.items[:]
+
+    async def add_items(self, items: list[Any]) -> None:
+        self.items += items
+
+    async def pop_item(self) -> Any:
+        return self.items.pop() if self.items else None
+
+    async def clear_session(self) -> None:
+        self.items = []
+
+
+async def _openai(root: str, history: int, turns: int, side: str) -> dict[str, float]:
     from agents import Runner
     from agents.memory import SQLiteSession
 
@@ -130,7 +165,17 @@ async def _openai(root: str, history: int, turns: int, ours: bool) -> dict[str, 
     from ._models import openai_agent
 
     agent = openai_agent()
-    if ours:
+    if side == "floor":
+        floor = _ListSession("chat")
+        await floor.add_items(_history(history))
+
+        async def run_floor() -> float:
+            for turn in range(turns):
+                await Runner.run(agent, f"turn {turn}", session=floor)  # type: ignore[arg-type]
+            return 0.0
+
+        return await _measure(turns, run_floor)
+    if side == "ours":
         async with CheckpointSession("chat", JournalStore(root), durability="sync") as session:
             await session.add_items(_history(history))  # type: ignore[arg-type]
         async with CheckpointSession("chat", JournalStore(root)) as session:
@@ -146,6 +191,9 @@ async def _openai(root: str, history: int, turns: int, ours: bool) -> dict[str, 
                     while session.writer.statistics().pending:  # noqa: ASYNC110 -- no event to wait on
                         await anyio.sleep(0.001)
                     wait.sample()
+                    # The write begun is not yet counted in the bytes: wait for it (nothing
+                    # changed since, so this writes nothing more).
+                    await session.writer.write_now()
                     tg.cancel_scope.cancel()
                 return wait.longest
 
@@ -194,26 +242,32 @@ async def _openai_sizes(root: str, sizes: tuple[int, ...], repeats: int) -> dict
                             continue  # a run start: fewer of them than writes
                         mark = ticker.mark()
                         t0 = time.perf_counter()
+                        got = None
                         if what == "write":
                             await session.add_items([item])  # type: ignore[list-item]
                         else:
-                            await session.get_items()
+                            got = await session.get_items()
                         out[f"{what}/{n}"].append(time.perf_counter() - t0)
                         await anyio.sleep(0.003)  # the ticker's lag of this call lands
                         out[f"{what} stall/{n}"].append(max(ticker.since(mark), default=0.0))
+                        if got is not None:  # the caller lets the items go: its stall
+                            mark = ticker.mark()
+                            del got
+                            await anyio.sleep(0.003)
+                            out[f"freed stall/{n}"].append(max(ticker.since(mark), default=0.0))
         finally:
             for session in sessions:
                 await session.aclose()
     return out
 
 
-_SIZE_FIGURES = ("write", "write stall", "get_items", "get_items stall")
+_SIZE_FIGURES = ("write", "write stall", "get_items", "get_items stall", "freed stall")
 
 
 # -- LangGraph --------------------------------------------------------------------
 
 
-async def _langgraph(root: str, history: int, turns: int, ours: bool) -> dict[str, float]:
+async def _langgraph(root: str, history: int, turns: int, side: str) -> dict[str, float]:
     from langchain_core.messages import AIMessage, HumanMessage
 
     from checkpointer import JournalStore
@@ -231,7 +285,7 @@ async def _langgraph(root: str, history: int, turns: int, ours: bool) -> dict[st
         for turn in range(turns):
             await graph.ainvoke({"messages": [HumanMessage(f"turn {turn}")]}, CONFIG)
 
-    if ours:
+    if side == "ours":
         async with CheckpointSaver(JournalStore(root)) as saver:
             await langgraph_graph(saver).aupdate_state(CONFIG, {"messages": prefill})
             wait = _Wait()
@@ -273,7 +327,7 @@ async def _langgraph(root: str, history: int, turns: int, ours: bool) -> dict[st
 # -- pydantic-ai --------------------------------------------------------------------
 
 
-async def _pydantic(root: str, history: int, turns: int, ours: bool) -> dict[str, float]:
+async def _pydantic(root: str, history: int, turns: int, side: str) -> dict[str, float]:
     from pydantic_ai.conversation import Conversation, ConversationTypeAdapter
     from pydantic_ai.conversation_store import InMemoryConversationStore
     from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
@@ -291,7 +345,7 @@ async def _pydantic(root: str, history: int, turns: int, ours: bool) -> dict[str
         else:
             prefill.append(ModelResponse(parts=[TextPart(m["content"])]))
     timed = _Timed()
-    if ours:
+    if side == "ours":
         async with CheckpointConversationStore(JournalStore(root)) as store:
             await store.save(Conversation(conversation_id="chat", messages=prefill))
 
@@ -344,10 +398,15 @@ _CASES = {
 }
 
 
-def _run(kind: str, history: int, turns: int, ours: bool) -> dict[str, float]:
+# The framework's own work with no persistence: what a turn stalls the loop anyway.
+_FLOORS = {"openai-agents": "SDK alone (a list, nothing stored)"}
+
+
+def _run(kind: str, history: int, turns: int, side: str) -> dict[str, float]:
+    """One run of ``kind``; ``side``: "ours", "peer" or "floor"."""
     case, _ = _CASES[kind]
     with scratch_dir(f"adapters-{kind}-") as root:
-        return anyio.run(case, root, history, turns, ours)
+        return anyio.run(case, root, history, turns, side)
 
 
 def main(quick: bool) -> dict[str, Any]:
@@ -359,14 +418,11 @@ def main(quick: bool) -> dict[str, Any]:
         try:
             # A framework's first run in a process builds its schemas (hundreds of
             # ms on the loop): pay it once, for neither side.
-            _run(kind, 2, 1, False)
-            _run(kind, 2, 1, True)
-            pairs = [
-                (_run(kind, history, turns, True), _run(kind, history, turns, False))
-                for _ in range(repeats)
-            ]
-            ours = _median([p[0] for p in pairs])
-            peer = _median([p[1] for p in pairs])
+            sides = ["ours", "peer", *(["floor"] if kind in _FLOORS else [])]
+            for side in sides:
+                _run(kind, 2, 1, side)
+            runs = [[_run(kind, history, turns, side) for side in sides] for _ in range(repeats)]
+            ours, peer, *floor = (_median([run[at] for run in runs]) for at in range(len(sides)))
         except ImportError as exc:
             report.notes.append(f"{kind}: not run ({exc})")
             continue
@@ -380,9 +436,23 @@ def main(quick: bool) -> dict[str, Any]:
                 rows=[
                     [f"checkpointer ({kind})", *(_cells(ours))],
                     [peer_name, *(_cells(peer))],
+                    *([_FLOORS[kind], *_cells(run)] for run in floor),
                 ],
             )
         )
+        report.notes.append(
+            f"{kind}: a full GC pass over this process's heap took "
+            f"{ours['full gc'] * 1e3:.0f} ms of CPU (done before each run)"
+        )
+        if floor:
+            report.ratios.append(
+                ratio(
+                    f"{kind}: worst stall checkpointer / {_FLOORS[kind]}",
+                    ours["stall"] / floor[0]["stall"] if floor[0]["stall"] else None,
+                    note=f"the framework's own steps with nothing stored; "
+                    f"{ours['stall'] * 1e3:.1f} ms vs {floor[0]['stall'] * 1e3:.1f} ms",
+                )
+            )
         report.ratios += [
             ratio(
                 f"{kind}: bytes checkpointer / {peer_name}", ours["bytes"] / peer["bytes"], "<", 1
@@ -417,7 +487,8 @@ def _report_sizes(report: Report, quick: bool) -> None:
     report.tables.append(
         Table(
             title="openai-agents: CheckpointSession on a JournalStore alone, by history length "
-            "(add_items of one item, durability='sync'; get_items of all)",
+            "(add_items of one item, durability='sync'; get_items of all; freed: the "
+            "caller dropping what get_items returned, as any session's items)",
             columns=["items", *_SIZE_FIGURES, "repeats"],
             rows=[
                 [f"{n:,}", *(stat(figures[f"{w}/{n}"]) for w in _SIZE_FIGURES), repeats]
@@ -441,7 +512,7 @@ def _median(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
 
 
-def _cells(figures: dict[str, float]) -> list[str]:
+def _cells(figures: dict[str, float]) -> list[Cell]:
     return [
         f"{figures['bytes'] / 1024:.1f} KiB",
         f"{figures['stall'] * 1e3:.1f} ms",

@@ -1,7 +1,8 @@
 """Case ``strands``: ``CheckpointSessionManager`` against Strands' own ``FileSessionManager``.
 
-One Strands Agent on a scripted offline model (each turn: a tool call, its
-result, an answer: four messages of ~250 bytes), ``SlidingWindowConversationManager(W)``
+One Strands Agent on the tests' scripted offline model (each turn: a prompt of
+~200 bytes, a tool call, its result, an answer: four messages of 300 to 700 bytes,
+``tests/children/strands_child.py``), ``SlidingWindowConversationManager(W)``
 (Strands' default, W = 40), run in this process with Strands' sync call:
 
 * checkpointer: ``CheckpointSessionManager`` on a ``JournalStore``, with the
@@ -22,11 +23,10 @@ host Strands' files.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -36,39 +36,18 @@ from ._harness import Report, Table, bytes_written, ratio, scratch_dir
 STRACE = "/usr/bin/strace"
 TEXT = "x" * 200
 _kill_in_tool = {"on": False}
-_ids = itertools.count()
 
 
 def _agent(manager: Any, window: int | None) -> Any:
-    from strands import Agent, tool
+    """The tests' scripted agent (a tool call, its result, an answer), with a tool that can
+    SIGKILL this process."""
+    from strands import tool
     from strands.agent.conversation_manager import (
         NullConversationManager,
         SlidingWindowConversationManager,
     )
-    from strands.models.model import Model
 
-    class Scripted(Model):
-        def update_config(self, **model_config: Any) -> None:
-            pass
-
-        def get_config(self) -> Any:
-            return {}
-
-        def structured_output(self, *args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError
-
-        async def stream(self, messages: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-            yield {"messageStart": {"role": "assistant"}}
-            if any("toolResult" in block for block in messages[-1]["content"]):
-                yield {"contentBlockDelta": {"delta": {"text": f"answer {TEXT}"}}}
-                yield {"contentBlockStop": {}}
-                yield {"messageStop": {"stopReason": "end_turn"}}
-                return
-            use = {"toolUseId": f"t{next(_ids)}", "name": "lookup"}  # unique, as a model's
-            yield {"contentBlockStart": {"start": {"toolUse": use}}}
-            yield {"contentBlockDelta": {"delta": {"toolUse": {"input": f'{{"q": "{TEXT}"}}'}}}}
-            yield {"contentBlockStop": {}}
-            yield {"messageStop": {"stopReason": "tool_use"}}
+    from tests.children.strands_child import scripted_agent
 
     @tool
     def lookup(q: str) -> str:
@@ -80,13 +59,7 @@ def _agent(manager: Any, window: int | None) -> Any:
     conversation = (
         NullConversationManager() if window is None else SlidingWindowConversationManager(window)
     )
-    return Agent(
-        model=Scripted(),
-        tools=[lookup],
-        session_manager=manager,
-        conversation_manager=conversation,
-        callback_handler=None,
-    )
+    return scripted_agent(manager, tools=[lookup], conversation_manager=conversation)
 
 
 def _manager(kind: str, root: str) -> Any:
@@ -130,7 +103,7 @@ def _turns(agent: Any, first: int, count: int) -> dict[str, float]:
     before = bytes_written()
     with _syncs() as syncs:
         for n in range(first, first + count):
-            agent(f"turn {n}")
+            agent(f"turn {n} {TEXT}")
     after = bytes_written()
     written = float("nan") if before is None or after is None else after - before
     return {"bytes": written / count, "syncs": syncs["syncs"] / count}
@@ -142,7 +115,7 @@ def _run(kind: str, window: int | None, warm: int, fill: int, measured: int) -> 
         agent = _agent(manager, window)
         early = _turns(agent, 0, warm)
         for n in range(warm, fill):
-            agent(f"turn {n}")
+            agent(f"turn {n} {TEXT}")
         late = _turns(agent, fill, measured)
         with contextlib.suppress(AttributeError):
             manager.close()
@@ -162,7 +135,7 @@ def _sigkill(kind: str, window: int) -> tuple[int, int]:
             agent = _agent(_manager(kind, root), window)
             for n in range(3):
                 _kill_in_tool["on"] = n == 2
-                agent(f"turn {n}")
+                agent(f"turn {n} {TEXT}")
             os._exit(0)
         os.waitpid(pid, 0)
         agent = _agent(_manager(kind, root), window)

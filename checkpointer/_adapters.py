@@ -1,4 +1,5 @@
-"""What the framework adapters share: the key of a framework's id, option checks, lock refusals.
+"""What the framework adapters share: the key of a framework's id, option checks, lock refusals,
+the registry of an adapter's sessions.
 
 Over the public API only, as the adapters themselves; the core never imports it.
 """
@@ -10,14 +11,26 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from checkpointer import CheckpointFailed, Failed, KeyCommitter, Limits, Result
+from checkpointer import (
+    Checkpoint,
+    CheckpointFailed,
+    Failed,
+    KeyCommitter,
+    Limits,
+    Meta,
+    Result,
+    SessionRegistry,
+    Snapshot,
+)
+from checkpointer._registry import open_bound
 from checkpointer.stores import KEY_PATTERN, KeyLocked, LockingStore, Store
 
 __all__ = [
     "HELD",
     "Held",
+    "Keeper",
     "check_committer_options",
     "check_durability",
     "check_options",
@@ -28,6 +41,7 @@ __all__ = [
     "locked",
     "probe_lock",
     "raise_failed",
+    "session_registry",
 ]
 
 Durability = Literal["async", "sync"]
@@ -68,6 +82,47 @@ def check_committer_options(owner: str, options: dict[str, Any], why: str) -> di
     if unknown:
         raise TypeError(f"{owner} takes {', '.join(_COMMITTER)}, not {', '.join(unknown)}: {why}")
     return options
+
+
+class Keeper(Protocol):
+    """An adapter that keeps its sessions' state for the writers of a ``SessionRegistry``."""
+
+    def _snapshot(self, key: str) -> Snapshot | None:
+        """The key's state now (the registry's ``source``)."""
+
+    def _resume(self, key: str) -> Checkpoint[Any] | Meta | None:
+        """Load the key as the registry opens it (blocking) and set up its state."""
+
+    def _closed(self, key: str, result: Result) -> None:
+        """Drop the key's state: its writer closed with ``result``."""
+
+
+def session_registry(
+    keeper: Keeper,
+    store: Store,
+    options: dict[str, Any],
+    *,
+    idle_timeout: float,
+    max_open: int | None,
+    first_write_takes_key: bool = False,
+) -> SessionRegistry:
+    """The ``SessionRegistry`` over ``store`` of ``keeper``'s sessions; ``options`` (checked
+    by ``check_options``) for each writer.
+
+    ``first_write_takes_key``: a key opened to be read is not written (nor
+    locked) until its first change (``write_on_start=False``).
+    """
+    if first_write_takes_key:
+        options = {**options, "write_on_start": False}
+    return SessionRegistry(
+        keeper._snapshot,
+        store,
+        resume=keeper._resume,
+        on_close=keeper._closed,
+        idle_timeout=idle_timeout,
+        max_open=max_open,
+        **options,
+    )
 
 
 def lock_timeout(options: dict[str, Any]) -> float:
@@ -130,17 +185,23 @@ class Held:
     second process at once, one let go refuses it at its next commit.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self._limit = limit
         self._lock = threading.Lock()
         self._order: OrderedDict[KeyCommitter, None] = OrderedDict()
 
+    def limit(self) -> int:
+        """``limit``; without one, ``open_bound()`` (read at each use: a server may raise its
+        ``ulimit -n`` after import)."""
+        return open_bound() if self._limit is None else self._limit
+
     def used(self, committer: KeyCommitter) -> None:
         """``committer`` has committed (it holds its lock): the most recently used now."""
+        limit = self.limit()
         with self._lock:
             self._order[committer] = None
             self._order.move_to_end(committer)
-            over = len(self._order) - self._limit
+            over = len(self._order) - limit
             oldest = [self._order.popitem(last=False)[0] for _ in range(max(over, 0))]
         for committer_ in oldest:  # outside the lock: a release waits for no commit
             committer_.release()
@@ -151,4 +212,4 @@ class Held:
             self._order.pop(committer, None)
 
 
-HELD = Held(512)  # the process's: every adapter's committers share the descriptors
+HELD = Held()  # the process's: every adapter's committers share the descriptors

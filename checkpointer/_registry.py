@@ -16,6 +16,7 @@ import functools
 import logging
 import math
 import os
+import resource
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -33,12 +34,19 @@ from ._writer.clock import Clock, MonotonicClock
 from ._writer.service import CheckpointWriter
 from ._writer.timer import spawn_system_task
 
-__all__ = ["RegistryStatistics", "SessionRegistry"]
+__all__ = ["RegistryStatistics", "SessionRegistry", "open_bound"]
 
 logger = logging.getLogger("checkpointer")
 
 _REFUSED = ("locked", "conflict", "newer-version")  # another writer's key: refused for good
 _CLOSING_AT_ONCE = 64  # final writes in flight at once: each runs in a thread of its own
+
+
+def open_bound() -> int:
+    """How many keys to hold open by default: 512, or half the process's soft descriptor
+    limit if that is less (a lock descriptor each on a file store; at least 8)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return 512 if soft == resource.RLIM_INFINITY else max(8, min(512, soft // 2))
 
 
 class RegistryStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,7 +129,8 @@ class SessionRegistry:
             an opening that failed once ``resume`` was called.
         idle_timeout: seconds a key stays open with no ``session()`` block.
         max_open: most keys open at once outside a ``session()`` block (one
-            descriptor each on a ``FileStore``).
+            descriptor each on a ``FileStore``); None: ``open_bound()``, 512 or
+            half the process's ``ulimit -n`` if less, read at each opening.
         clock: the clock idle time is read on (the writers' too).
         **writer_options: for each ``CheckpointWriter`` (``debounce``,
             ``transcript``, ``limits``, ...); not ``exit_hooks``.
@@ -140,13 +149,13 @@ class SessionRegistry:
         resume: Callable[[str], Checkpoint[Any] | Meta | None],
         on_close: Callable[[str, Result], object] | None = None,
         idle_timeout: float = 300.0,
-        max_open: int = 512,
+        max_open: int | None = None,
         clock: Clock | None = None,
         **writer_options: Any,
     ) -> None:
         if not idle_timeout > 0:
             raise ValueError(f"idle_timeout must be > 0 seconds, got {idle_timeout!r}")
-        if type(max_open) is not int or max_open < 1:
+        if max_open is not None and (type(max_open) is not int or max_open < 1):
             raise ValueError(f"max_open must be an int >= 1, got {max_open!r}")
         for reserved in ("resume_from", "exit_hooks"):
             if reserved in writer_options:
@@ -286,7 +295,8 @@ class SessionRegistry:
     async def _evict(self) -> None:
         """Close the least recently used keys not in use while more than ``max_open`` are open
         (closing ones not counted: each opening in flight makes room for itself only)."""
-        while len(self._entries) - self._closing_now > self._max_open:
+        bound = open_bound() if self._max_open is None else self._max_open
+        while len(self._entries) - self._closing_now > bound:
             victim = next(
                 (e for e in self._entries.values() if e.phase is _Phase.OPEN and not e.users),
                 None,

@@ -24,12 +24,17 @@ from checkpointer import (
     Failed,
     Meta,
     Result,
-    SessionRegistry,
     Snapshot,
     Transcript,
     load,
 )
-from checkpointer._adapters import check_durability, check_options, locked, probe_lock
+from checkpointer._adapters import (
+    check_durability,
+    check_options,
+    locked,
+    probe_lock,
+    session_registry,
+)
 from checkpointer.stores import KeyLocked, Store
 
 if TYPE_CHECKING:
@@ -162,7 +167,8 @@ class CheckpointSessionStore(SessionStore):
         durability: ``"async"`` (default): an append is a ``notify()``;
             ``"sync"``: it waits for its durable write.
         idle_timeout: seconds a session's key stays held with no append.
-        max_open: most sessions held at once (a descriptor each on a file store).
+        max_open: most sessions held at once (a descriptor each on a file store); None:
+            512, or half the process's ``ulimit -n`` if less.
         **writer_options: for each session's ``CheckpointWriter``; ``transcript``
             defaults to ``Transcript("messages", repair=False)``: the entries as
             the CLI wrote them (it closes a dangling call itself on resume).
@@ -176,7 +182,7 @@ class CheckpointSessionStore(SessionStore):
         *,
         durability: Literal["async", "sync"] = "async",
         idle_timeout: float = 300.0,
-        max_open: int = 512,
+        max_open: int | None = None,
         **writer_options: Any,
     ) -> None:
         self.store = store
@@ -188,14 +194,13 @@ class CheckpointSessionStore(SessionStore):
         self._resumed: dict[str, Checkpoint[_State] | None] = {}  # read, its session not made
         self._loaded: dict[str, Meta | None] = {}  # what load() saw: the fence of a first append
         self._failed: list[Failed] = []  # final writes that failed, for aclose
-        self._registry = SessionRegistry(
-            self._snapshot,
+        self._registry = session_registry(  # the first append's write takes the key
+            self,
             store,
-            resume=self._resume,
-            on_close=self._closed,
+            options,
             idle_timeout=idle_timeout,
             max_open=max_open,
-            **{**options, "write_on_start": False},  # the first append's write takes the key
+            first_write_takes_key=True,
         )
 
     def __repr__(self) -> str:

@@ -26,7 +26,6 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     Result,
-    SessionRegistry,
     Snapshot,
     Transcript,
     load,
@@ -37,6 +36,7 @@ from checkpointer._adapters import (
     framework_key,
     probe_lock,
     raise_failed,
+    session_registry,
 )
 from checkpointer.messages import HistoryProblem, close_dangling_tool_calls, validate_history
 from checkpointer.stores import Store
@@ -79,6 +79,18 @@ def _decoded(stored: Sequence[msgspec.Raw]) -> list[Any]:
     for at in range(0, len(stored), _BATCH):
         items += _DECODER.decode(b"[" + b",".join(stored[at : at + _BATCH]) + b"]")
     return items
+
+
+def _latest(held: list[msgspec.Raw], limit: int | None) -> list[list[Any]]:
+    """The latest ``limit`` items of ``held`` decoded (in a worker thread), in a box to empty.
+
+    The slice is one step under the GIL: a call on the loop that changes the
+    items comes wholly before it or after it.  The box: the worker thread
+    keeps what it returned until its next job, and the last reference to a
+    100,000-item list would then free it there, holding the GIL (some 20 ms)
+    in the middle of another call; emptied on the loop, the caller frees it.
+    """
+    return [_decoded(held[:] if limit is None else held[-limit:])]
 
 
 class _State(msgspec.Struct):
@@ -165,7 +177,8 @@ class CheckpointSessions:
     Args:
         store: where the sessions go.
         idle_timeout: seconds a session's key stays open with no call.
-        max_open: most keys open at once (one descriptor each on a ``FileStore``).
+        max_open: most keys open at once (one descriptor each on a ``FileStore``); None:
+            512, or half the process's ``ulimit -n`` if less.
         **writer_options: for each ``CheckpointWriter``; a ``transcript=``
             (with ``repair``) makes ``add_items`` refuse items a model API
             would reject (checked on the new items and the calls still open).
@@ -176,7 +189,7 @@ class CheckpointSessions:
         store: Store,
         *,
         idle_timeout: float = 300.0,
-        max_open: int = 512,
+        max_open: int | None = None,
         **writer_options: Any,
     ) -> None:
         self.store = store
@@ -184,14 +197,8 @@ class CheckpointSessions:
         transcript: Transcript | None = self.options.pop("transcript", None)
         self._checks = transcript is not None and transcript.repair
         self._held: dict[str, _Held] = {}
-        self.registry = SessionRegistry(
-            self._source,
-            store,
-            resume=self._resume,
-            on_close=lambda key, _result: self._held.pop(key, None),
-            idle_timeout=idle_timeout,
-            max_open=max_open,
-            **self.options,
+        self.registry = session_registry(
+            self, store, self.options, idle_timeout=idle_timeout, max_open=max_open
         )
 
     async def __aenter__(self) -> CheckpointSessions:
@@ -210,11 +217,14 @@ class CheckpointSessions:
         self._held[key] = _Held(_OPENING.get(), checkpoint, self._checks)
         return checkpoint
 
-    def _source(self, key: str) -> Snapshot | None:
+    def _snapshot(self, key: str) -> Snapshot | None:
         held = self._held.get(key)
         if held is None:
             return None
         return Snapshot(key, {"session_id": held.session_id, "messages": held.stored()})
+
+    def _closed(self, key: str, _result: Result) -> None:
+        self._held.pop(key, None)
 
     @contextlib.asynccontextmanager
     async def _use(
@@ -350,7 +360,7 @@ class CheckpointSession:
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """Copies of the latest ``limit`` items (or ``session_settings.limit``), oldest first.
 
-        Decoded in a worker thread: a long history does not hold the event loop.
+        Copied and decoded in a worker thread: a long history does not hold the event loop.
         """
         async with self._use() as (held, writer):
             if writer.statistics().writes == 0:  # the key is not held yet: is it as loaded?
@@ -359,8 +369,9 @@ class CheckpointSession:
                 limit = self.session_settings.limit
             if limit is not None and limit <= 0:
                 return []
-            items = held.items[:] if limit is None else held.items[-limit:]
-        return await anyio.to_thread.run_sync(_decoded, items)
+            items = held.items
+        box = await anyio.to_thread.run_sync(_latest, items, limit)
+        return box.pop()
 
     def _check_as_loaded(self, held: _Held) -> None:
         """Raise if another writer wrote (or deleted) the key since this session loaded it:

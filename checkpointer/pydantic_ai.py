@@ -39,7 +39,6 @@ from checkpointer import (
     CheckpointWriter,
     Failed,
     Result,
-    SessionRegistry,
     Snapshot,
     load,
 )
@@ -51,6 +50,7 @@ from checkpointer._adapters import (
     lock_timeout,
     locked,
     raise_failed,
+    session_registry,
 )
 from checkpointer.stores import KeyLocked, Store
 
@@ -163,7 +163,8 @@ class CheckpointConversationStore(ConversationStore):
         idle_timeout: seconds a saved conversation's key stays held with no
             save (``SessionRegistry``); then, or when past ``max_open``, it is
             let go and read afresh at its next use.
-        max_open: most conversation keys held at once.
+        max_open: most conversation keys held at once; None: 512, or half the
+            process's ``ulimit -n`` if less.
         **writer_options: for each ``CheckpointWriter`` (the saves' and
             ``checkpoint_run``'s).
 
@@ -175,7 +176,7 @@ class CheckpointConversationStore(ConversationStore):
         store: Store,
         *,
         idle_timeout: float = 300.0,
-        max_open: int = 512,
+        max_open: int | None = None,
         **writer_options: Any,
     ) -> None:
         self.store = store
@@ -190,14 +191,13 @@ class CheckpointConversationStore(ConversationStore):
         self._open: dict[str, _Conversation | None] = {}
         self._where: dict[str, str] = {}  # entry id -> a conversation id that stores it
         self._saving: dict[str, dict[str, Any] | None] = {}  # key -> its save being written
-        self._registry = SessionRegistry(
-            self._snapshot,
+        self._registry = session_registry(  # the first save takes the key
+            self,
             store,
-            resume=self._resume,
-            on_close=self._closed,
+            self._options,
             idle_timeout=idle_timeout,
             max_open=max_open,
-            **{**self._options, "write_on_start": False},  # the first save takes the key
+            first_write_takes_key=True,
         )
 
     def __repr__(self) -> str:

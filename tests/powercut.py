@@ -302,13 +302,17 @@ def run(
     else:
         planner = _Planner(rng, kind.steps, early, timed)
     started = time.monotonic()
-    with scratch(root, "powercut") as where, contextlib.closing(Zygote("tests.powercut")) as zygote:
+    with contextlib.ExitStack() as stack:
+        where = stack.enter_context(scratch(root, "powercut"))
+        zygote = stack.enter_context(contextlib.closing(Zygote("tests.powercut")))
         backing = os.path.join(where, "disk")
         mountpoint = os.path.join(where, "mnt")
         on_disk = os.path.join(backing, "store")  # the store's root, as the checks read it
         floor, summary_floor = Reported(), [-1]
         debris: set[str] = set()  # dead writers' temp files the last cuts left, not yet swept
         follow: tuple[str, str, int] | None = None  # a step that only the last cut made possible
+        following = PowerFS(backing, mountpoint, model)
+        stack.callback(lambda: following.close())  # the one started for a cut never made
         for i in range(cuts):
             plan = planner.next()
             if mutate is None and i == 0 and "mkdir" in kind.steps:
@@ -330,8 +334,10 @@ def run(
                 "mutate": mutate,
                 "neighbour": mutation.neighbour if mutation is not None else NEIGHBOUR_GAP,
             }
-            fs = PowerFS(backing, mountpoint, model)
+            fs, following = following, PowerFS(backing, mountpoint, model)
             fs.mount()
+            if i + 1 < cuts:
+                following.start()  # the next cut's FUSE process starts while this one serves
             try:
                 child, report, hit = _one_cut(fs, zygote, spec, plan, rng, max_delay, linger)
             finally:

@@ -74,7 +74,7 @@ def _on_a_root(args: argparse.Namespace) -> int:
 
 
 def _open(args: argparse.Namespace) -> Root:
-    keys = _keys(args.key_file)
+    keys = _keys(args.key_file, args.command)
     if args.root.startswith(S3_SCHEME):
         return S3Root(args.root, args.endpoint_url, keys)
     if args.dsn is not None or args.root.startswith(PG_SCHEMES):
@@ -82,16 +82,31 @@ def _open(args: argparse.Namespace) -> Root:
     return DirectoryRoot(args.root, keys)
 
 
-def _keys(key_file: str | None) -> Encryption | None:
-    """The keys of --key-file, else of CHECKPOINTER_KEYS, else None (RootError if bad)."""
+def _keys(key_file: str | None, command: str) -> Encryption | None:
+    """The keys of --key-file, else of CHECKPOINTER_KEYS, else None (RootError if bad).
+
+    A key file others may read is used, with a warning: the keys open every checkpoint.
+    """
     where, text = "CHECKPOINTER_KEYS", os.environ.get("CHECKPOINTER_KEYS")
     if key_file is not None:
         where = key_file
         try:
             with open(key_file, encoding="utf-8") as file:
+                mode = os.fstat(file.fileno()).st_mode
                 text = file.read()
         except OSError as exc:
             raise RootError(f"cannot read the key file {key_file}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise RootError(
+                f"{key_file}: not a key file (binary); write each key as id:base64, one a "
+                "line (Encryption.new_key makes one)"
+            ) from None
+        if mode & 0o077:
+            report.error(
+                command,
+                f"warning: the key file {key_file} is readable by others (mode "
+                f"{mode & 0o777:04o}); chmod 600 it",
+            )
     if not text:
         return None
     try:

@@ -21,8 +21,8 @@ import contextlib
 import errno
 import fcntl
 import os
+import random
 import re
-import secrets
 import stat
 import threading
 import time
@@ -319,9 +319,14 @@ def _wait(gate: threading.Lock) -> None:
 
 
 def _create_temp(name: str, dir_fd: int) -> tuple[int, str]:
-    """A new temp ``.<name>.<16 hex>.tmp`` of mode 000 (``mkstemp``'s name costs microseconds)."""
+    """A new temp ``.<name>.<16 hex>.tmp`` of mode 000 (``mkstemp``'s name costs microseconds).
+
+    The name need only be new, not secret (``O_EXCL`` refuses a taken one, and
+    ``random`` is reseeded in a forked child): no ``getrandom`` syscall, which
+    releases the GIL and, in a burst of writes, waits to take it back.
+    """
     while True:
-        tmp = f".{name}.{secrets.token_hex(8)}.tmp"
+        tmp = f".{name}.{random.getrandbits(64):016x}.tmp"
         try:
             return os.open(tmp, _TEMP_FLAGS, 0, dir_fd=dir_fd), tmp
         except FileExistsError:

@@ -49,6 +49,7 @@ class PowerFS:
         self.freeze_info: dict[str, Any] | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._mounted = threading.Event()
+        self._told_to_mount = False
         self._ended: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._errors: list[str] = []
         self._stderr: list[bytes] = []
@@ -57,10 +58,11 @@ class PowerFS:
     def __repr__(self) -> str:
         return f"<PowerFS {self.mountpoint} over {self.backing} ({self.model})>"
 
-    def mount(self) -> None:
-        """Start the FUSE process and wait until the kernel has reached it."""
-        os.makedirs(self.backing, exist_ok=True)
-        os.makedirs(self.mountpoint, exist_ok=True)
+    def start(self) -> None:
+        """Start the FUSE process, to mount later: its interpreter and imports, ahead of time
+        (a run of cuts starts the next cut's while the current one serves)."""
+        if self._proc is not None:
+            return
         model = ["--model", self.model]
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests._powerfs", self.backing, self.mountpoint, *model],
@@ -76,6 +78,15 @@ class PowerFS:
         ]
         for pump in self._pumps:
             pump.start()
+
+    def mount(self) -> None:
+        """Mount (the FUSE process started if need be); wait until the kernel has reached it."""
+        os.makedirs(self.backing, exist_ok=True)
+        os.makedirs(self.mountpoint, exist_ok=True)
+        self.start()
+        assert self._proc is not None
+        self._send("GO")  # it reads the backing directory now, not when it started
+        self._told_to_mount = True
         deadline = time.monotonic() + HANG_GUARD
         while not self._mounted.wait(0.01):
             if self._proc.poll() is not None or time.monotonic() > deadline:
@@ -182,8 +193,9 @@ class PowerFS:
             return
         # Not os.path.ismount(): it stats the mount's root, which a frozen
         # disk answers with EIO, and would say "not mounted".
-        detach = ["fusermount3", "-uz", self.mountpoint]
-        subprocess.run(detach, capture_output=True, check=False)
+        if self._told_to_mount:  # else the mount point may be another PowerFS's: leave it
+            detach = ["fusermount3", "-uz", self.mountpoint]
+            subprocess.run(detach, capture_output=True, check=False)
         _reap(proc)
 
     def __enter__(self) -> PowerFS:

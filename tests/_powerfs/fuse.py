@@ -283,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("mountpoint")
     p.add_argument("--model", choices=MODELS, default="strict")
     args = p.parse_args(argv)
+    if sys.stdin.readline().strip() != "GO":  # started ahead of its mount (PowerFS.start)
+        return 0
     disk = PowerDisk(
         args.backing, args.model, on_freeze=lambda info: _say("FROZEN " + json.dumps(info))
     )

@@ -39,8 +39,8 @@ from checkpointer.google_adk import (
     session_key,
     user_key,
 )
-from tests._support import ROOT, child_env
-from tests.adapters.conftest import MANY
+from tests._support import MANY, MAX_OPEN, ROOT, child_env, cli
+from tests.adapters.conftest import serve_many
 from tests.children.adk_child import APP, SESSION, USER, gemini_problems, turn
 
 pytestmark = pytest.mark.anyio
@@ -396,18 +396,6 @@ async def test_a_forked_child_does_not_write_its_parents_session(tmp_path: Path)
     assert os.waitstatus_to_exitcode(status) == 0
 
 
-def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "checkpointer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=child_env(),
-        cwd=ROOT,
-    )
-
-
 async def test_verify_and_show_read_the_killed_session_as_gemini(tmp_path: Path) -> None:
     """``verify`` and ``show`` on the store an agent killed inside its tool left: the model's
     turns counted from the events (the gemini dialect), the call the kill left open said as a
@@ -417,11 +405,11 @@ async def test_verify_and_show_read_the_killed_session_as_gemini(tmp_path: Path)
         line = child.stdout.readline()
         assert line.startswith("in-tool ")
         os.kill(int(line.split()[1]), signal.SIGKILL)
-    verified = _cli("verify", tmp_path)
+    verified = cli("verify", tmp_path)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "1 tool call(s) open at the end" in verified.stdout
     assert "unrecognised" not in verified.stdout and "0 bad" in verified.stdout
-    shown = _cli("show", tmp_path, session_key(APP, USER, SESSION))
+    shown = cli("show", tmp_path, session_key(APP, USER, SESSION))
     assert shown.returncode == 0, shown.stderr
     events = _stored(JournalStore(tmp_path), session_key(APP, USER, SESSION))["events"]
     turns = sum(e.get("content", {}).get("role") == "model" for e in events)
@@ -449,18 +437,8 @@ async def test_bytes_per_turn_follow_the_change_across_tool_calls(tmp_path: Path
 
 def test_a_server_holds_more_sessions_than_descriptors(shm_root: Path) -> None:
     """``MANY`` sessions created and each given a message by one service in a process limited
-    to 1,024 descriptors: every session's event is stored."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.children.adk_child", "many", str(shm_root), str(MANY)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=child_env(),
-        timeout=1800,
-        check=False,
-    )
-    assert done.returncode == 0 and done.stdout == "done\n", done.stderr[-3000:]
-    store = JournalStore(shm_root)
+    to ``DESCRIPTORS`` (fewer): every session's event is stored."""
+    store = serve_many("adk_child", shm_root)
     wrong = []
     for i in range(MANY):
         checkpoint = load(store, session_key(APP, USER, f"s{i}"))
@@ -477,7 +455,7 @@ def test_a_session_let_go_then_written_elsewhere_is_stale_then_read_afresh(
     """Past the process's bound a session's lock is let go; another process appends to it;
     the first one's next turn is refused (``StaleSessionError``), never stored over it, and
     the turn after builds on what the other wrote."""
-    server = _child("let-go", tmp_path, "600")
+    server = _child("let-go", tmp_path, str(MAX_OPEN + 8))
     try:
         assert server.stdout is not None and server.stdin is not None
         assert server.stdout.readline() == "let-go\n"

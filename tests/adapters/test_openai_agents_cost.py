@@ -10,6 +10,7 @@ that decodes), never timed.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,34 @@ async def test_get_items_decodes_in_a_worker_thread(
         assert await session.get_items() == [_item(i) for i in range(3000)]
         assert await session.get_items(limit=2) == [_item(2998), _item(2999)]
     assert threads and threading.get_ident() not in threads
+
+
+class _Watched(list[Any]):
+    """A session's held items that note the thread of each slice taken of them."""
+
+    threads: list[int]
+
+    def __getitem__(self, at: Any) -> Any:
+        if isinstance(at, slice):
+            self.threads.append(threading.get_ident())
+        return super().__getitem__(at)
+
+
+async def test_get_items_copies_the_history_in_a_worker_thread(tmp_path: Path) -> None:
+    """get_items takes its copy of the held items off the event loop's thread too (a
+    100,000-item slice is no loop stall), and hands its caller the list's only reference:
+    no worker thread frees it later, holding the GIL, in the middle of another call."""
+    async with CheckpointSession("chat", JournalStore(tmp_path)) as session:
+        await session.add_items([_item(i) for i in range(3000)])  # type: ignore[misc]
+        held = session._sessions._held[session.key]  # type: ignore[union-attr]
+        held.items = watched = _Watched(held.items)
+        watched.threads = []
+        items = await session.get_items()
+        assert sys.getrefcount(items) == 2  # ``items`` and the argument
+        assert items == [_item(i) for i in range(3000)]
+        assert await session.get_items(limit=2) == [_item(2998), _item(2999)]
+        sliced_in = list(watched.threads)  # not the final write's slice of the new items
+    assert len(sliced_in) == 2 and threading.get_ident() not in sliced_in
 
 
 async def test_items_held_outside_are_copies_and_a_replaced_item_is_written(

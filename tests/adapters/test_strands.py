@@ -32,8 +32,8 @@ from strands.types.exceptions import SessionException
 
 from checkpointer import JournalStore, load
 from checkpointer.strands import CheckpointFailed, CheckpointSessionManager, session_key
-from tests._support import ROOT, child_env
-from tests.adapters.conftest import MANY
+from tests._support import MANY, MAX_OPEN, ROOT, child_env, cli
+from tests.adapters.conftest import serve_many
 from tests.children.strands_child import WINDOW, converse_problems, scripted_agent, turn
 
 
@@ -268,27 +268,15 @@ def test_two_processes_started_at_once_on_a_new_session(tmp_path: Path) -> None:
     assert "refused" in out  # the race was run: at least once both were live together
 
 
-def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "checkpointer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=child_env(),
-        cwd=ROOT,
-    )
-
-
 def test_verify_and_show_read_the_killed_session_as_converse(killed: Path) -> None:
     """``verify`` and ``show`` on the store a killed agent left: the turns counted in the
     Converse dialect, the call the kill left open said as a warning (what Strands wrote,
     closed by Strands on resume), no problem."""
-    verified = _cli("verify", killed)
+    verified = cli("verify", killed)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "1 tool call(s) open at the end" in verified.stdout
     assert "unrecognised" not in verified.stdout and "0 bad" in verified.stdout
-    shown = _cli("show", killed, session_key("chat"))
+    shown = cli("show", killed, session_key("chat"))
     assert shown.returncode == 0, shown.stderr
     messages = _stored(killed)["messages"]  # type: ignore[index]
     turns = sum(m["role"] == "assistant" for m in messages)
@@ -315,19 +303,9 @@ def test_bytes_per_turn_follow_the_change_across_tool_calls(tmp_path: Path) -> N
 
 
 def test_a_server_holds_more_sessions_than_descriptors(shm_root: Path) -> None:
-    """``MANY`` agents, each with its manager, open together in a process limited to 1,024
-    descriptors, each one turn with a tool call: every session's turn is stored."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.children.strands_child", "many", str(shm_root), str(MANY)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=child_env(),
-        timeout=1800,
-        check=False,
-    )
-    assert done.returncode == 0 and done.stdout == "done\n", done.stderr[-3000:]
-    store = JournalStore(shm_root)
+    """``MANY`` agents, each with its manager, open together in a process limited to
+    ``DESCRIPTORS`` (fewer), each one turn with a tool call: every session's turn is stored."""
+    store = serve_many("strands_child", shm_root)
     wrong = []
     for i in range(MANY):
         checkpoint = load(store, session_key(f"s{i}"))
@@ -348,8 +326,9 @@ def test_a_session_let_go_then_written_elsewhere_is_refused_not_overwritten(
     """Past the process's bound a session's lock is let go; another process then takes the
     session and writes it; the first one's next turn is refused ("conflict"), and what the
     other wrote stays."""
+    past = str(MAX_OPEN + 8)  # sessions opened after chat's turn: past the bound, chat let go
     server = subprocess.Popen(
-        [sys.executable, "-m", "tests.children.strands_child", "let-go", str(tmp_path), "600"],
+        [sys.executable, "-m", "tests.children.strands_child", "let-go", str(tmp_path), past],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -11,7 +11,8 @@ On a ``JournalStore(ROOT)``, session ``APP``/``USER``/``SESSION``:
   wait for a line on stdin, close.
 * ``append`` / ``delete``: append one event to the session (or delete it)
   and print ``ok``, or the error's class name and message on one line.
-* ``many N``: a server under ``ulimit -n 1024``: ``N`` sessions ``s<i>``
+* ``many N``: a server under ``ulimit -n DESCRIPTORS`` (``tests._support``,
+  ``limit_descriptors``; so is ``let-go``): ``N`` sessions ``s<i>``
   created, each given one user message ``q<i>`` (an event, no model call:
   a Runner's turn costs 0.1 s of CPU), the service closed; print ``done``.
 * ``let-go N``: one turn of the session, then ``N`` other sessions created
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import resource
 import sys
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -44,6 +44,7 @@ from google.genai import types
 
 from checkpointer import JournalStore
 from checkpointer.google_adk import CheckpointSessionService
+from tests._support import limit_descriptors
 
 APP, USER, SESSION = "app", "user-1", "chat"
 _block = {"on": False}
@@ -146,7 +147,7 @@ async def server(service: CheckpointSessionService, command: str, n: int) -> Non
 
 async def main(command: str, root: str, *n: str) -> None:
     if n:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+        limit_descriptors()
     async with CheckpointSessionService(JournalStore(root)) as service:
         if n:
             await server(service, command, int(n[0]))

@@ -10,7 +10,7 @@ ROOT BASE_URL BACKEND PROMPT [RESUME_ID]``; ``... delete ROOT SESSION_ID BACKEND
 deletes one through the SDK's ``delete_session_via_store``.
 
 A server's many sessions, without the CLI (``test_claude_agent_sdk.py``):
-``... many ROOT N BACKEND``: under ``ulimit -n 1024``, sessions ``s<i>`` of
+``... many ROOT N BACKEND``: under ``tests._support.limit_descriptors()``, sessions ``s<i>`` of
 project ``proj`` each get one entry (uuid ``u<i>``), 64 at a time; closed, the
 registry's statistics printed as JSON.  ``... reopen ROOT BACKEND``: session
 ``s0`` gets entry ``first``, is closed for idleness (``idle``), waits for a
@@ -260,22 +260,21 @@ def entry(uuid: str) -> Any:
 
 
 async def many(root: str, n: int) -> None:
-    import resource
-
     import anyio
     import msgspec
 
     from checkpointer import JournalStore
     from checkpointer.claude_agent_sdk import CheckpointSessionStore
+    from tests._support import MAX_OPEN, limit_descriptors
 
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    limit_descriptors()
     keys = iter(range(n))
 
     async def requests() -> None:  # a server's: many sessions at once
         for i in keys:
             await sessions.append({"project_key": "proj", "session_id": f"s{i}"}, [entry(f"u{i}")])
 
-    async with CheckpointSessionStore(JournalStore(root)) as sessions:
+    async with CheckpointSessionStore(JournalStore(root), max_open=MAX_OPEN) as sessions:
         async with anyio.create_task_group() as tg:
             for _ in range(64):
                 tg.start_soon(requests)

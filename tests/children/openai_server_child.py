@@ -5,7 +5,7 @@
 One ``CheckpointSessions`` over the ``FileStore`` at ``ROOT``; session ``s<i>``
 (``i < N``) is a user's.
 
-* ``many``: under ``ulimit -n 1024``, run one turn of the real ``Runner``
+* ``many``: under ``tests._support.limit_descriptors()``, run one turn of the real ``Runner``
   (the offline model, a tool call) for every session, 64 requests at a time,
   then close; print the registry's statistics as JSON.
 * ``hold``: run one turn for every session with changes debounced for an hour,
@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import resource
 import sys
 from typing import Any
 
@@ -31,6 +30,7 @@ from agents import Runner
 
 from checkpointer import FileStore
 from checkpointer.openai_agents import CheckpointSession, CheckpointSessions
+from tests._support import MAX_OPEN, limit_descriptors
 from tests.children.adapter_child import responses_problems
 
 
@@ -58,7 +58,7 @@ def agent() -> Any:
 
 
 async def many(root: str, n: int) -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    limit_descriptors()
     keys = iter(range(n))
 
     async def requests() -> None:  # a server's: many users at once
@@ -68,7 +68,8 @@ async def many(root: str, n: int) -> None:
             assert result.final_output == f"done: answer:hi {i}", result.final_output
 
     # Debounced for an hour: what reaches disk is each key's final write, at its eviction.
-    async with CheckpointSessions(FileStore(root), debounce=3600.0, max_wait=3600.0) as sessions:
+    options: dict[str, Any] = {"debounce": 3600.0, "max_wait": 3600.0, "max_open": MAX_OPEN}
+    async with CheckpointSessions(FileStore(root), **options) as sessions:
         async with asyncio.TaskGroup() as tg:
             for _ in range(64):
                 tg.create_task(requests())

@@ -4,8 +4,9 @@
 
 Each key ``k<i>`` (``i < N``) of the ``FileStore`` at ``ROOT`` holds ``{"n": n}``.
 
-* ``many``: under ``ulimit -n 1024``, use every key once (``n`` + 1), 64
-  requests at a time, then close; print the registry's statistics as JSON.
+* ``many``: under ``ulimit -n DESCRIPTORS``, at most ``MAX_OPEN`` open
+  (``tests._support``), use every key once (``n`` + 1), 64 requests at a
+  time, then close; print the registry's statistics as JSON.
 * ``pydantic``: as ``many``, through a pydantic-ai ``CheckpointConversationStore``:
   conversation ``c<i>`` saved with one message ``hi <i>``.
 * ``hold``: open every key (written ``n`` = 0), set ``n`` = 1 and notify with a
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import resource
 import sys
 import threading
 from typing import Any
@@ -31,6 +31,7 @@ import anyio
 
 from checkpointer import FileStore, SessionRegistry, Snapshot, load
 from checkpointer.stores import KeyLocked
+from tests._support import MAX_OPEN, limit_descriptors
 
 
 class Server:
@@ -59,8 +60,9 @@ class Server:
 
 
 async def many(root: str, n: int) -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
-    server = Server(root, debounce=3600.0, max_wait=3600.0)  # each open one holds its lock
+    limit_descriptors()
+    options: dict[str, Any] = {"debounce": 3600.0, "max_wait": 3600.0, "max_open": MAX_OPEN}
+    server = Server(root, **options)  # each open one holds its lock
     keys = iter(range(n))
 
     async def requests() -> None:  # a server's: many sessions asked for at once
@@ -85,7 +87,7 @@ async def pydantic(root: str, n: int) -> None:
 
     from checkpointer.pydantic_ai import CheckpointConversationStore
 
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    limit_descriptors()
     keys = iter(range(n))
 
     async def requests() -> None:
@@ -94,7 +96,7 @@ async def pydantic(root: str, n: int) -> None:
             conversation.messages.append(ModelRequest(parts=[UserPromptPart(f"hi {i}")]))
             await conversations.save(conversation)
 
-    async with CheckpointConversationStore(FileStore(root)) as conversations:
+    async with CheckpointConversationStore(FileStore(root), max_open=MAX_OPEN) as conversations:
         async with anyio.create_task_group() as tg:
             for _ in range(64):
                 tg.start_soon(requests)

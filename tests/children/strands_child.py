@@ -11,7 +11,8 @@ Prints ``done`` after the last turn.
 
     python -m tests.children.strands_child many ROOT N
 
-A server under ``ulimit -n 1024``: ``N`` sessions ``s<i>``, each its own agent
+A server under ``ulimit -n DESCRIPTORS`` (``tests._support``, ``limit_descriptors``;
+so is ``let-go``): ``N`` sessions ``s<i>``, each its own agent
 and manager, kept open together, each one turn; then all closed; prints ``done``.
 
     python -m tests.children.strands_child let-go ROOT N
@@ -34,6 +35,8 @@ from typing import Any
 from strands import Agent, tool
 from strands.agent.conversation_manager import SlidingWindowConversationManager
 from strands.models.model import Model
+
+from tests._support import limit_descriptors
 
 WINDOW = 10
 _block = {"on": False}
@@ -107,11 +110,12 @@ def lookup(q: str) -> str:
 
 
 def scripted_agent(session_manager: Any, **kwargs: Any) -> Agent:
-    """The agent of these tests: the scripted model, ``lookup``, a window of ``WINDOW``."""
+    """The agent of these tests: the scripted model, ``lookup``, a window of ``WINDOW``
+    (the benchmark's: its own ``lookup``, its own window)."""
     kwargs.setdefault("conversation_manager", SlidingWindowConversationManager(WINDOW))
+    kwargs.setdefault("tools", [lookup])
     return Agent(
         model=ScriptedModel(),
-        tools=[lookup],
         session_manager=session_manager,
         callback_handler=None,
         **kwargs,
@@ -163,13 +167,11 @@ def race(root: str, trials: int) -> None:
 
 
 def many(root: str, n: int) -> None:
-    """``n`` sessions open at once, each one turn, in a process of 1,024 descriptors."""
-    import resource
-
+    """``n`` sessions open at once, each one turn, in a process of ``DESCRIPTORS``."""
     from checkpointer import JournalStore
     from checkpointer.strands import CheckpointSessionManager
 
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    limit_descriptors()
     store = JournalStore(root)
     managers = [CheckpointSessionManager(f"s{i}", store) for i in range(n)]
     for i, manager in enumerate(managers):
@@ -184,6 +186,7 @@ def let_go(root: str, n: int) -> None:
     from checkpointer import CheckpointFailed, JournalStore
     from checkpointer.strands import CheckpointSessionManager
 
+    limit_descriptors()
     store = JournalStore(root)
     first = CheckpointSessionManager("chat", store)
     agent = scripted_agent(first)

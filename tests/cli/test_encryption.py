@@ -38,6 +38,7 @@ def root(tmp_path: Path) -> Path:
 def key_file(tmp_path: Path, *keys: str) -> Path:
     path = tmp_path / "keys.txt"
     path.write_text("\n".join(keys) + "\n")
+    path.chmod(0o600)
     return path
 
 
@@ -178,3 +179,23 @@ def test_without_a_key_it_names_the_key_id_and_only_claims_a_meta_it_has(
     assert status == 0 and "key id 'old'" in snap and "key id 'old'" in chat, out
     assert "meta is readable" in snap and "meta" not in chat, out
     assert out.splitlines()[-1].endswith("2 not checked (encrypted)"), out
+
+
+def test_a_binary_key_file_is_refused_and_one_others_read_is_warned_of(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Raw key bytes in the file: status 1 naming the file and the format, no traceback and
+    no byte of it shown; a key file of mode 0644 is used, with a warning naming it."""
+    raw = tmp_path / ".." / "raw.key"
+    raw.write_bytes(b"\x01\xe1\xff" + os.urandom(29))
+    status, out = run(capsys, "ls", root, "--key-file", raw)
+    assert status == 1 and "raw.key" in out and "id:base64" in out, out
+    assert "Traceback" not in out and "\\x" not in out, out
+    keys = key_file(tmp_path / "..", OLD)
+    keys.chmod(0o644)
+    status, out = run(capsys, "ls", root, "--key-file", keys)
+    assert status == 0 and "my password" in out, out
+    assert "readable by others (mode 0644)" in out and str(keys) in out, out
+    keys.chmod(0o600)
+    status, out = run(capsys, "ls", root, "--key-file", keys)
+    assert status == 0 and "readable by others" not in out, out

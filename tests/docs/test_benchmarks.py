@@ -208,18 +208,23 @@ def test_fingerprint_cost_does_not_grow_with_the_history() -> None:
 
 
 def test_charts_drawn_from_series(tmp_path: Path) -> None:
-    """With matplotlib installed, the growth and stall series become two PNG files."""
-    pytest.importorskip("matplotlib")
+    """The growth, stall and sessions series become the four charts, as PNG files."""
     from benchmarks._charts import draw
 
     point = {"median": 0.01, "p10": 0.008, "p90": 0.012, "unit": "s", "samples": []}
+    sessions = {
+        f"sessions/{metric}/{backend}": [[100, point], [1000, point]]
+        for metric in ("open", "close", "memory", "notify", "burst", "burst-alone", "bare")
+        for backend in ("asyncio", "trio")
+    }
     results = {
         "growth": {"series": {"growth/FileStore": [[100, point], [1000, point]]}},
         "stall": {"series": {"stall/one 10 MiB checkpoint/checkpointer": [[10, point]]}},
+        "sessions": {"series": sessions},
     }
     lines = draw(results, str(tmp_path), "test")
-    assert (tmp_path / "test-growth.png").stat().st_size > 0, lines
-    assert (tmp_path / "test-stall.png").stat().st_size > 0, lines
+    for chart in ("growth", "stall", "sessions", "groupcommit"):
+        assert (tmp_path / f"test-{chart}.png").stat().st_size > 0, lines
 
 
 @pytest.mark.parametrize("strict", [False, True])
@@ -308,7 +313,6 @@ def test_journal_quick_mode_prints_every_figure(tmp_path: Path) -> None:
 
 def test_charts_print_the_medians_of_the_tables(tmp_path: Path) -> None:
     """Each point and bar of a chart carries its median as the tables print it."""
-    pytest.importorskip("matplotlib")
     from benchmarks.__main__ import fmt_cell
     from benchmarks._charts import draw
 

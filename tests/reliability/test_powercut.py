@@ -4,9 +4,9 @@
 a backing directory, without FUSE.  The rest mounts it through FUSE and
 skips, saying why, where that cannot be done (no ``/dev/fuse``, no
 privilege, no ``fuse3``).  The full run is ``python -m tests.powercut
---cuts 200 --store all`` (``tests/powercut.py``); here it runs 3 cuts per
-store and model, and each mutation (a removed fsync, the sweep disabled, a
-failed commit reported written) is shown to be caught.
+--cuts 200 --store all`` (``tests/powercut.py``); ``test_powercut_command.py``
+runs it with 3 cuts per store and model, and shows each mutation (a removed
+fsync, the sweep disabled, a failed commit reported written) caught.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import select
 import signal
 import subprocess
@@ -33,7 +32,6 @@ from checkpointer._stores.atomic import makedirs_durable
 from checkpointer._transcript.summary import safe_watermark
 from checkpointer.summaries import SummaryCheckpoint, load_summary
 from checkpointer.summaries import write_summary as write_summary_checkpoint
-from tests import powercut
 from tests._powerfs import HANG_GUARD, PowerDisk, PowerFS, label_kind, unavailable
 from tests._support import ROOT, tree
 from tests._support.harness import KEY, state_for
@@ -347,58 +345,6 @@ def test_the_first_write_into_a_new_root_survives_a_power_cut(mounted: PowerFS, 
         assert os.path.exists(
             os.path.join(on_disk, KEY + (".json" if store == "file" else ".jsonl"))
         )
-
-
-def test_the_documented_command_loses_nothing(
-    fuse: None, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """python -m tests.powercut, 3 cuts per store and model: every check passes after every cut."""
-    code = powercut.main(["--cuts", "3", "--store", "all", "--max-mib", "0.25", "-q"])
-    out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if line.startswith("store=")]
-    assert code == 0, out
-    assert len(rows) == 2 * len(powercut.STORES), out  # every store, two models
-    for row in rows:
-        figures = dict(re.findall(r"(\w+)=(\w+)", row))
-        assert figures["cuts"] == "3", row
-        assert figures["losses"] == "0", row
-    assert "| journal | ext4 |" in out
-
-
-@pytest.mark.parametrize(
-    ("mutation", "seen", "model"),
-    [
-        *(
-            (mutation, seen, model)
-            for mutation, seen in [
-                ("file-fsync", "does not load"),
-                ("dir-fsync", "the checkpoint is gone"),
-                ("journal-fsync", "older than seq"),
-            ]
-            for model in ("strict", "ext4")
-        ),
-        # Neither depends on the model: one each.
-        ("sweep", "the open left 1 dead writers' temp files", "strict"),
-        ("written-on-failure", "older than seq", "ext4"),
-    ],
-)
-def test_the_torture_catches_each_mutation(
-    fuse: None, mutation: str, seen: str, model: str
-) -> None:
-    """A removed fsync, no sweep, Written for a failed commit: an aimed cut shows it."""
-    spec = powercut.MUTATIONS[mutation]
-    summary = powercut.run(
-        powercut.MUTATION_CUTS,
-        store=spec.store,
-        model=model,
-        mutate=mutation,
-        max_bytes=SMALL,
-        seed=1,
-        stop_on_loss=True,
-    )
-    assert summary.caught_at is not None, "\n".join(summary.lines())
-    assert summary.caught_at <= powercut.MUTATION_CUTS
-    assert seen in summary.problems[0], summary.problems[0]
 
 
 def test_makedirs_durable_fsyncs_the_parent_of_every_directory_it_makes(tmp_path: Path) -> None:

@@ -98,6 +98,17 @@ class Session:
     def snapshot(self) -> Snapshot:
         return Snapshot(self.key, self.state)
 
+    def commit(self, store: Any, seq: int) -> None:
+        """Stage the state on ``store`` and commit it as ``meta(seq)``, over ``prev(seq)``."""
+        staged = store.stage(self.key, self.state)
+        store.commit(self.key, meta(seq, self.key), staged, expected=prev(seq))
+
+    def grow(self, store: Any, *added: int) -> None:
+        """A history: ``added[i]`` messages, then a commit as seq ``i + 1``, for each ``i``."""
+        for seq, n in enumerate(added, 1):
+            self.add(n)
+            self.commit(store, seq)
+
 
 def writer_for(session: Session, store: Any, clock: FakeClock, **kw: Any) -> CheckpointWriter[Any]:
     kw.setdefault("debounce", 1.0)
@@ -634,7 +645,7 @@ def test_rewrite_keeps_the_journal_within_its_threshold(tmp_path: Path) -> None:
         session.add()
         if seq % 50 == 0:
             _agent_compaction(session)
-        store.commit("s1", meta(seq), store.stage("s1", session.state), expected=prev(seq))
+        session.commit(store, seq)
         stats = store.statistics("s1")
         assert stats.size == os.path.getsize(store.location("s1"))
         assert stats.live is not None
@@ -648,11 +659,10 @@ def test_a_rewrite_leaves_header_and_one_compaction(tmp_path: Path) -> None:
     """A rewritten journal is a fresh file: a header and a single compaction row."""
     store = JournalStore(tmp_path, rewrite_min_bytes=0, rewrite_factor=1.5)
     session = Session()
-    session.add(10)
-    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
+    session.grow(store, 10)
     for seq in range(2, 40):
         session.add()
-        store.commit("s1", meta(seq), store.stage("s1", session.state), expected=prev(seq))
+        session.commit(store, seq)
         if kinds(store) == ["header", "compaction"] and seq > 2:
             break
     else:
@@ -672,8 +682,7 @@ def test_stale_staged_append_becomes_a_compaction(tmp_path: Path) -> None:
     """An append staged before another commit is written as a compaction, never duplicated."""
     store = JournalStore(tmp_path)
     session = Session()
-    session.add(3)
-    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
+    session.grow(store, 3)
     session.add()
     older = store.stage("s1", session.state)
     session.add()
@@ -690,13 +699,12 @@ def test_a_journal_changed_behind_the_store_is_reread(tmp_path: Path) -> None:
     """Another store appending to the same key is noticed; ours writes a compaction."""
     ours, theirs = JournalStore(tmp_path), JournalStore(tmp_path)
     session = Session()
-    session.add(2)
-    ours.commit("s1", meta(1), ours.stage("s1", session.state), expected=prev(1))
+    session.grow(ours, 2)
     theirs.read_meta("s1")
     other = {"title": "theirs", "messages": [*session.messages, Msg("user", "x")]}
     theirs.commit("s1", meta(2), theirs.stage("s1", other), expected=prev(2))
     session.add()
-    ours.commit("s1", meta(3), ours.stage("s1", session.state), expected=prev(3))
+    session.commit(ours, 3)
     assert kinds(ours)[-1] == "compaction"
     assert loaded(ours).state == as_json(session.state)
 
@@ -707,8 +715,7 @@ def test_failed_append_is_rewritten_from_memory(
     """After a failed fsync the file is never fsynced again: the next commit rewrites it."""
     store = JournalStore(tmp_path)
     session = Session()
-    session.add(2)
-    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
+    session.grow(store, 2)
     inode = os.stat(store.location("s1")).st_ino
     real_fsync = os.fsync
 
@@ -806,8 +813,7 @@ def test_a_stage_reentered_while_the_witnesses_are_busy_does_not_wait(tmp_path: 
     """Staging while the witness list is in use (a re-entrant flush) writes a compaction."""
     store = JournalStore(tmp_path)
     session = Session()
-    session.add(2)
-    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
+    session.grow(store, 2)
     session.add()
     with store._witness_lock:  # as if a signal handler interrupted a stage holding it
         staged = store.stage("s1", session.state)

@@ -17,8 +17,6 @@ import json
 import logging
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -42,15 +40,14 @@ from checkpointer import (
     load,
 )
 from checkpointer.stores import KeyLocked, KeyLockedError, Store, unfenced
-from tests._support import CHILDREN, ROOT, child_env
+from tests._support import child_env
+from tests._support.two_writers import Terminal, count_refused, start_at_once
 from tests.conftest import FakeClock
 from tests.pg import Cluster, find_binaries
 from tests.stores.test_lock import PlainStore
 
-CHILD = CHILDREN / "conflict_child.py"
 KEY = "shared"
 KINDS = ["file", "journal", "pg", "pgjournal"]
-TIMEOUT = 60.0  # a hang guard for reading a child's line, never a timing assertion
 
 
 _CLUSTER: list[Cluster] = []
@@ -85,7 +82,7 @@ class Place:
         self.kind = kind
         self.env = child_env()
         self.stores: list[Any] = []
-        self.agents: list[Agent] = []
+        self.agents: list[Terminal] = []
         if kind in ("file", "journal"):
             self.spec = f"{kind}:{tmp_path}"
             self.root = tmp_path
@@ -132,72 +129,11 @@ def pg_place(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Place]:
     p.close()
 
 
-class Agent:
-    """A conflict_child.py process: send it commands, read its JSON lines."""
-
-    def __init__(
-        self,
-        place: Place,
-        name: str,
-        *,
-        resume: bool = False,
-        wait: bool = False,
-    ) -> None:
-        args = [sys.executable, str(CHILD), place.spec, KEY, name]
-        args += ["--resume"] * resume + ["--wait"] * wait
-        self.proc = subprocess.Popen(
-            args,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=place.env,
-        )
-        self.err: str | None = None
-        place.agents.append(self)
-        self.loaded: dict[str, Any] = {}
-        self.opened: dict[str, Any] = {}
-
-    def start(self) -> Agent:
-        """Load and open (the interpreter started already, in __init__)."""
-        self.send("go")
-        self.loaded = self.read("loaded")
-        self.opened = self.read("open")
-        return self
-
-    def read(self, step: str) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # the child prints a line per step, or dies
-        if not line:
-            raise AssertionError(f"the child ended before {step!r}: {self.finish()}")
-        got: dict[str, Any] = json.loads(line)
-        assert got["step"] == step, got
-        return got
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def append(self, text: str) -> dict[str, Any]:
-        self.send(f"append {text}")
-        return self.read("append")
-
-    def close(self) -> dict[str, Any]:
-        self.send("close")
-        closed = self.read("closed")
-        self.finish()
-        return closed
-
-    def finish(self) -> str:
-        """Wait for the child to end (its stdin closed); its stderr."""
-        if self.err is None:
-            try:
-                _, self.err = self.proc.communicate(timeout=TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                _, self.err = self.proc.communicate()
-        return self.err
+def terminal(place: Place, name: str, *, resume: bool = False, wait: bool = False) -> Terminal:
+    """A conflict_child.py terminal on ``KEY``, ended by ``place.close`` if the test fails."""
+    made = Terminal(place.spec, KEY, name, place.env, resume=resume, wait=wait)
+    place.agents.append(made)
+    return made
 
 
 def contents(store: Store) -> list[str]:
@@ -247,53 +183,19 @@ def _start_both(place: Place, keys: list[str], start: str) -> int:
             pytest.skip("a corrupt file is a file store's")
         for key in keys:
             Path(place.store().location(key)).write_bytes(CORRUPT)
-    child = [sys.executable, "-m", "tests.children.start_child", place.spec]
-    procs = {
-        name: subprocess.Popen(
-            [*child, name, str(TURNS), *keys],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=place.env,
-            cwd=ROOT,
-        )
-        for name in ("a", "b")
-    }
-    for proc in procs.values():  # both interpreters are up: go, both at once
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    ran: dict[tuple[str, str], Any] = {}
-    for name, proc in procs.items():
-        out, err = proc.communicate(timeout=TIMEOUT * 2)
-        assert proc.returncode == 0, err
-        for key, run in json.loads(out).items():
-            ran[key, name] = run
-    store = place.store()
-    refused = 0
-    for key in keys:
-        checkpoint = load(store, key)
-        assert checkpoint is not None
-        stored = checkpoint.state["messages"]
-        for name in ("a", "b"):
-            run = ran[key, name]
-            if run["results"][-1] == "Written:":
-                assert stored[: len(run["messages"])] == run["messages"], (key, name, stored)
-            else:
-                refused += 1
-                assert run["results"][-1] in ("Failed:conflict", "Failed:locked"), run
-        if start == "corrupt":
-            aside = list(place.root.glob(f"{key}.corrupt-*"))
-            assert [p.read_bytes() for p in aside] == [CORRUPT], aside
-    return refused
+    ran = start_at_once(place.spec, place.env, keys, TURNS)
+    refusals = count_refused(place.store(), keys, ran, ("Failed:conflict", "Failed:locked"))
+    for key in keys if start == "corrupt" else []:
+        aside = list(place.root.glob(f"{key}.corrupt-*"))
+        assert [p.read_bytes() for p in aside] == [CORRUPT], aside
+    return refusals
 
 
 def test_a_delete_from_another_process_is_refused_while_a_writer_holds_the_key(
     place: Place,
 ) -> None:
     """store.delete() while another process's writer holds the key: KeyLocked naming it."""
-    a = Agent(place, "A").start()
+    a = terminal(place, "A").start()
     assert a.append("one")["result"] == "Written"
     store = place.store()
     with pytest.raises(KeyLocked, match=f"pid {a.proc.pid}"):
@@ -308,7 +210,7 @@ def test_a_delete_from_another_process_is_refused_while_a_writer_holds_the_key(
 def test_a_stale_second_process_never_replaces_the_first_ones_work(place: Place) -> None:
     """A runs, B loads and appends: 'locked' while A lives, then 'conflict' naming A (pid,
     host, seq) and the way out, logged once, not retried; A's checkpoint stays whole."""
-    a, b = Agent(place, "A"), Agent(place, "B")
+    a, b = terminal(place, "A"), terminal(place, "B")
     assert a.start().opened["writes"] == 1
     assert a.append("one")["result"] == "Written"
     b.start()
@@ -341,7 +243,7 @@ def test_a_stale_second_process_never_replaces_the_first_ones_work(place: Place)
 
 def test_a_process_started_after_the_other_ended_resumes_and_writes(place: Place) -> None:
     """B started after A exited loads A's last checkpoint and writes on top of it."""
-    a, b = Agent(place, "A"), Agent(place, "B", resume=True)
+    a, b = terminal(place, "A"), terminal(place, "B", resume=True)
     assert a.start().append("one")["result"] == "Written"
     assert a.close()["failures"] == 0
     a_final = load(place.store(), KEY)
@@ -360,7 +262,7 @@ def test_a_writer_locked_out_at_once_still_notes_what_it_saw(place: Place) -> No
     """B's first attempt meets A's lock before B ever read the key under it; A writes
     again and is SIGKILLed (no final write): B's write is still a conflict, not a
     replacement of A's last write."""
-    a, b = Agent(place, "A"), Agent(place, "B")
+    a, b = terminal(place, "A"), terminal(place, "B")
     assert a.start().append("one")["result"] == "Written"
     assert b.start().opened["failures"] == 1  # locked: B noted A's first checkpoint then
     assert a.append("two")["result"] == "Written"
@@ -384,7 +286,7 @@ def test_a_second_process_waiting_for_the_lock_never_replaces_what_was_written_m
     """B (lock_timeout=, no resume_from) loads A's first message and waits for the lock
     while A writes twice more and closes; B then gets the lock and finds a conflict:
     its window opened at its first attempt, before the wait, and A's work stays whole."""
-    a, b = Agent(place, "A"), Agent(place, "B", wait=True)
+    a, b = terminal(place, "A"), terminal(place, "B", wait=True)
     assert a.start().append("one")["result"] == "Written"
     b.send("go")
     assert b.read("loaded")["n"] == 1
@@ -436,7 +338,7 @@ def test_a_key_deleted_under_a_live_writer_is_never_recreated(pg_place: Place) -
     once A's session (and lock) is gone, the delete goes through, and A's next write and its
     close are Failed("conflict", ... was deleted ...): the key stays deleted."""
     place = pg_place
-    a = Agent(place, "A").start()
+    a = terminal(place, "A").start()
     assert a.append("one")["result"] == "Written"
     deleter = place.store()
     with pytest.raises(KeyLockedError) as info:

@@ -27,6 +27,7 @@ from checkpointer import (
     _exit,
     load,
 )
+from checkpointer._registry import open_bound
 from tests._support import HANG_GUARD
 from tests.conftest import FakeClock
 
@@ -168,6 +169,36 @@ async def test_the_least_recently_used_key_closes_first_past_max_open(sessions: 
             assert stored(sessions.store, "b") == (ord("b"), False)
         stats = registry.statistics()
         assert (stats.open, stats.evicted, stats.opened) == (3, 1, 4)
+
+
+@pytest.mark.parametrize(
+    ("soft", "bound"), [(20, 10), (256, 128), (1024, 512), (1 << 20, 512), (6, 8), (-1, 512)]
+)
+def test_without_max_open_the_bound_follows_the_descriptor_limit(
+    monkeypatch: pytest.MonkeyPatch, soft: int, bound: int
+) -> None:
+    """512, or half the process's soft ``ulimit -n`` if less (at least 8; unlimited: 512)."""
+    import resource
+
+    soft = resource.RLIM_INFINITY if soft == -1 else soft
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, resource.RLIM_INFINITY))
+    assert open_bound() == bound
+
+
+async def test_without_max_open_a_low_ulimit_closes_keys_past_half_of_it(
+    sessions: Sessions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``ulimit -n 20`` (read at each opening) the 11th key closes the least recent."""
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (20, 20))
+    async with sessions.registry() as registry:
+        for i in range(15):
+            async with registry.session(f"k{i}"):
+                sessions.n[f"k{i}"] = i
+        await until_open(registry, 10)
+        assert registry.statistics().evicted == 5
+    assert [key for key, _ in sessions.closed][:5] == [f"k{i}" for i in range(5)]
 
 
 async def test_keys_in_use_are_not_evicted(sessions: Sessions) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -15,6 +16,8 @@ from tests.stores.postgres.test_store import cluster, pg, pytestmark, schema  # 
 
 
 class PgRig:
+    """The sealed cases' access to a schema's rows (``tests/stores/sealed_cases.py``)."""
+
     def __init__(self, server: Cluster, name: str) -> None:
         self.dsn, self.schema = server.dsn(), name
         self.made: list[PostgresStore] = []
@@ -23,7 +26,7 @@ class PgRig:
         self.made.append(PostgresStore(self.dsn, schema=self.schema, encryption=encryption))
         return self.made[-1]
 
-    def _sql(self, sql: str, *args: object) -> list[tuple[object, ...]]:
+    def _sql(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             cursor = conn.execute(sql.replace("{s}", self.schema), args)
             return cursor.fetchall() if cursor.description else []
@@ -36,7 +39,7 @@ class PgRig:
     def put(self, key: str, data: bytes) -> None:
         self._sql("UPDATE {s}.checkpoints SET state = %s WHERE key = %s", data, key)
 
-    def copy(self, src: str, dst: str) -> None:
+    def copy(self, src: str, dst: str) -> None:  # the checkpoints row
         self._sql(
             "UPDATE {s}.checkpoints d SET revision = c.revision, meta = c.meta, state = c.state "
             "FROM {s}.checkpoints c WHERE c.key = %s AND d.key = %s",

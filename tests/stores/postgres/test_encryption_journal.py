@@ -10,7 +10,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 
 from checkpointer import PostgresJournalStore, PostgresStore, load
@@ -18,25 +17,17 @@ from checkpointer._cli import main
 from checkpointer.stores import Encryption
 from tests.pg import PASSWORD, USER, Cluster
 from tests.stores import sealed_cases
+from tests.stores.postgres.test_encryption import PgRig
 from tests.stores.postgres.test_store import cluster, pg, pytestmark, schema  # noqa: F401
 
 
-class PgJournalRig:
+class PgJournalRig(PgRig):
     journal = True
-
-    def __init__(self, server: Cluster, name: str) -> None:
-        self.dsn, self.schema = server.dsn(), name
-        self.made: list[PostgresJournalStore] = []
 
     def store(self, encryption: Encryption | None, **kw: Any) -> PostgresJournalStore:
         made = PostgresJournalStore(self.dsn, schema=self.schema, encryption=encryption, **kw)
         self.made.append(made)
         return made
-
-    def _sql(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            cursor = conn.execute(sql.replace("{s}", self.schema), args)
-            return cursor.fetchall() if cursor.description else []
 
     def rows(self, key: str) -> list[bytes]:
         found = self._sql("SELECT body FROM {s}.journal WHERE key = %s ORDER BY n", key)
@@ -62,12 +53,7 @@ class PgJournalRig:
             dst,
             src,
         )
-        self._sql(
-            "UPDATE {s}.checkpoints d SET revision = c.revision, meta = c.meta, state = c.state "
-            "FROM {s}.checkpoints c WHERE c.key = %s AND d.key = %s",
-            src,
-            dst,
-        )
+        super().copy(src, dst)
 
 
 @pytest.fixture

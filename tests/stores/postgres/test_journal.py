@@ -90,20 +90,19 @@ def test_appends_insert_one_row_per_new_message(
     """A checkpoint adding k messages inserts k rows (and a state row if the rest changed)."""
     store = make_journal()
     session = Session()
-    session.add(3)
-    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
+    session.grow(store, 3)
     assert kinds(pg, schema) == ["compaction"]
     for seq, added in [(2, 1), (3, 5), (4, 2)]:
         before = rows(pg, schema)
         session.add(added)
-        store.commit("s1", meta(seq), store.stage("s1", session.state), expected=prev(seq))
+        session.commit(store, seq)
         after = rows(pg, schema)
         assert after[: len(before)] == before  # nothing rewritten
         assert [kind for _, kind in after[len(before) :]] == ["message"] * added
         assert state_of(store) == as_json(session.state)
     session.state["title"] = "renamed"
     session.add(1)
-    store.commit("s1", meta(5), store.stage("s1", session.state), expected=prev(5))
+    session.commit(store, 5)
     assert kinds(pg, schema)[-2:] == ["message", "state"]
     assert store.compactions == 1 and store.appends == 4
     assert state_of(make_journal()) == as_json(session.state)
@@ -116,18 +115,15 @@ def test_changed_history_replaces_the_rows_with_one_compaction(
     """An edited history deletes the key's rows and inserts one compaction row."""
     store = make_journal()
     session = Session()
-    session.add(3)
-    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
-    session.add(4)
-    store.commit("s1", meta(2), store.stage("s1", session.state), expected=prev(2))
+    session.grow(store, 3, 4)
     assert len(rows(pg, schema)) == 5
     session.messages[1] = Msg("user", "edited")
-    store.commit("s1", meta(3), store.stage("s1", session.state), expected=prev(3))
+    session.commit(store, 3)
     assert kinds(pg, schema) == ["compaction"]
     assert state_of(store)["messages"][1]["content"] == "edited"
     older = store.stage("s1", session.state)
     session.add()
-    store.commit("s1", meta(4), store.stage("s1", session.state), expected=prev(4))
+    session.commit(store, 4)
     # Staged before the last commit: never duplicated.
     store.commit("s1", meta(5), older, expected=prev(5))
     assert kinds(pg, schema) == ["compaction"]
@@ -175,7 +171,7 @@ def test_rows_are_compacted_past_the_rewrite_threshold(
     for seq in range(1, 60):
         session.state["title"] = f"t{seq}"  # a state row every time
         session.add()
-        store.commit("s1", meta(seq), store.stage("s1", session.state), expected=prev(seq))
+        session.commit(store, seq)
         assert state_of(store) == as_json(session.state)
     with admin(pg) as conn:
         row = conn.execute(
@@ -326,10 +322,7 @@ def test_delete_removes_the_rows(
     """Deleting a journal key removes its head and its rows."""
     store = make_journal()
     session = Session()
-    session.add(2)
-    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
-    session.add(2)
-    store.commit("s1", meta(2), store.stage("s1", session.state), expected=prev(2))
+    session.grow(store, 2, 2)
     assert store.keys() == ["s1"] and len(rows(pg, schema)) == 3
     assert store.delete("s1")
     assert store.keys() == [] and rows(pg, schema) == []
@@ -358,10 +351,7 @@ def test_move_aside_keeps_a_journal_rows(
     """Moving a journal key aside takes its rows along, as lines; the key is then free."""
     store = make_journal()
     session = Session()
-    session.add(2)
-    store.commit("s1", meta(1), store.stage("s1", session.state), expected=prev(1))
-    session.add(1)
-    store.commit("s1", meta(2), store.stage("s1", session.state), expected=prev(2))
+    session.grow(store, 2, 1)
     assert store.move_aside("s1", "corrupt-x") is not None
     assert rows(pg, schema) == [] and load(store, "s1") is None
     with admin(pg) as conn:
@@ -403,10 +393,7 @@ def test_a_damaged_row_moves_the_key_aside_not_away(
     """A resuming writer meets a garbled row: the key goes aside with all its rows, then afresh."""
     first = make_journal()
     session = Session()
-    session.add(2)
-    first.commit("s1", meta(1), first.stage("s1", session.state), expected=prev(1))
-    session.add(1)
-    first.commit("s1", meta(2), first.stage("s1", session.state), expected=prev(2))
+    session.grow(first, 2, 1)
     first.close()
     with admin(pg) as conn:
         garble = "UPDATE {}.journal SET body = 'garbled' WHERE key = 's1' AND kind = 'message'"

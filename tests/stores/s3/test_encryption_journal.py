@@ -17,7 +17,7 @@ from checkpointer._cli import main
 from checkpointer.stores import Encryption
 from tests.s3 import Place
 from tests.stores import sealed_cases
-from tests.stores.s3.test_processes import Agent
+from tests.stores.s3.test_processes import started
 
 
 class S3JournalRig:
@@ -141,7 +141,7 @@ def test_re_encrypt_under_a_live_writer_loses_and_undoes_nothing(
     over the re-encrypted journal with the segments it replaced; NEW alone opens it."""
     place = rig.place
     place.env["CHECKPOINTER_KEYS"] = f"{NEW},{OLD}"
-    agent = Agent(place, kind, "a")
+    agent = started(place, kind, "a")
     try:
         for text in ("one", "two"):
             assert agent.append(text)["result"] == "Written"

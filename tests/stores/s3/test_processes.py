@@ -12,21 +12,17 @@ tests of two writers fail.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from checkpointer import load
 from tests import stress, torture
 from tests._support import ROOT
+from tests._support.two_writers import Terminal, count_refused, start_at_once
 from tests.s3 import Place
 
 KINDS = ["s3", "s3journal"]
-TIMEOUT = 60.0  # a hang guard for a child, never a timing assertion
 STARTS = 20
 TURNS = 3
 
@@ -39,89 +35,15 @@ def place() -> Iterator[Place]:
     p.close()
 
 
-class Agent:
-    """A conflict_child.py process on one key: send commands, read its JSON lines."""
-
-    def __init__(self, place: Place, kind: str, name: str, *, resume: bool = False) -> None:
-        child = ROOT / "tests" / "children" / "conflict_child.py"
-        args = [sys.executable, str(child), place.spec(kind), "shared", name]
-        self.proc = subprocess.Popen(
-            args + ["--resume"] * resume,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=place.env,
-        )
-        self.send("go")
-        self.loaded = self.read("loaded")
-        self.opened = self.read("open")
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def read(self, step: str) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"the child ended before {step!r}: {self.finish()}")
-        got: dict[str, Any] = json.loads(line)
-        assert got["step"] == step, got
-        return got
-
-    def append(self, text: str) -> dict[str, Any]:
-        self.send(f"append {text}")
-        return self.read("append")
-
-    def close(self) -> dict[str, Any]:
-        self.send("close")
-        closed = self.read("closed")
-        self.finish()
-        return closed
-
-    def finish(self) -> str:
-        try:
-            _, err = self.proc.communicate(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        return err
+def started(place: Place, kind: str, name: str, *, resume: bool = False) -> Terminal:
+    """A conflict_child.py terminal on the key "shared", loaded and open."""
+    return Terminal(place.spec(kind), "shared", name, place.env, resume=resume).start()
 
 
 def contents(place: Place, kind: str) -> list[str]:
     checkpoint = load(place.store(kind), "shared")
     assert checkpoint is not None
     return [m["content"] for m in checkpoint.state["messages"]]
-
-
-def start_at_once(place: Place, kind: str, keys: list[str]) -> dict[tuple[str, str], Any]:
-    """Two start_child processes on ``keys``, told to go at one moment; what each ran."""
-    child = [sys.executable, "-m", "tests.children.start_child", place.spec(kind)]
-    procs = {
-        name: subprocess.Popen(
-            [*child, name, str(TURNS), *keys],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=place.env,
-            cwd=ROOT,
-        )
-        for name in ("a", "b")
-    }
-    for proc in procs.values():
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    ran: dict[tuple[str, str], Any] = {}
-    for name, proc in procs.items():
-        out, err = proc.communicate(timeout=TIMEOUT * 2)
-        assert proc.returncode == 0, err
-        for key, run in json.loads(out).items():
-            ran[key, name] = run
-    return ran
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -136,18 +58,8 @@ def test_two_processes_started_at_once_on_new_keys_never_lose_a_written_state(
     refused = 0
     for round_ in range(3):
         keys = [f"new-{round_}-{i}" for i in range(STARTS)]
-        ran = start_at_once(place, kind, keys)
-        for key in keys:
-            checkpoint = load(store, key)
-            assert checkpoint is not None
-            stored = checkpoint.state["messages"]
-            for name in ("a", "b"):
-                run = ran[key, name]
-                if run["results"][-1] == "Written:":
-                    assert stored[: len(run["messages"])] == run["messages"], (key, run, stored)
-                else:
-                    refused += 1
-                    assert run["results"][-1] == "Failed:conflict", run
+        ran = start_at_once(place.spec(kind), place.env, keys, TURNS)
+        refused += count_refused(store, keys, ran, ("Failed:conflict",))
         if refused:
             break
     assert refused > 0  # the two did overlap: the case was exercised
@@ -158,9 +70,9 @@ def test_two_live_processes_cannot_both_make_progress(place: Place, kind: str) -
     """A writes; B loads it and opens (no lock refuses B: its open write lands on A's
     checkpoint); A's next write is Failed('conflict') naming B, never a replacement of
     B's; B goes on; what is stored is A's first message and B's."""
-    a = Agent(place, kind, "A")
+    a = started(place, kind, "A")
     assert a.append("one")["result"] == "Written"
-    b = Agent(place, kind, "B", resume=True)
+    b = started(place, kind, "B", resume=True)
     assert (b.loaded["n"], b.opened["writes"], b.opened["failures"]) == (1, 1, 0)
     refused = a.append("two")
     assert (refused["result"], refused["reason"]) == ("Failed", "conflict"), refused
@@ -177,10 +89,10 @@ def test_a_process_started_after_the_other_ended_resumes_and_writes(
     place: Place, kind: str
 ) -> None:
     """B started after A exited loads A's last checkpoint and writes on top of it."""
-    a = Agent(place, kind, "A")
+    a = started(place, kind, "A")
     assert a.append("one")["result"] == "Written"
     assert a.close()["failures"] == 0
-    b = Agent(place, kind, "B", resume=True)
+    b = started(place, kind, "B", resume=True)
     assert b.opened["failures"] == 0
     assert b.append("two")["result"] == "Written"
     assert b.close()["failures"] == 0

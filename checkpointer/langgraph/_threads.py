@@ -85,7 +85,12 @@ class Threads:
     """One saver's threads (over its store, with its writer options), and who writes them."""
 
     def __init__(
-        self, store: Store, options: dict[str, Any], *, idle_timeout: float, max_open: int
+        self,
+        store: Store,
+        options: dict[str, Any],
+        *,
+        idle_timeout: float,
+        max_open: int | None,
     ) -> None:
         self._store = store
         self._options = options

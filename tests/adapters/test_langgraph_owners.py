@@ -567,14 +567,14 @@ async def test_another_process_writing_while_a_run_s_thread_is_let_go_is_a_confl
 def test_a_sync_server_holds_more_threads_than_descriptors_under_ulimit_256(
     tmp_path: Path,
 ) -> None:
-    """A ``with`` saver (``max_open=100``) serving 400 threads from 8 request threads under
+    """A ``with`` saver (default ``max_open``) serving 400 threads from 8 request threads under
     ``ulimit -n 256``: each turn stored; a thread let go resumes fenced (one another process
     wrote meanwhile raises "conflict", and a new run goes on from the other's turn; one it
     did not write goes on)."""
     root = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path  # descriptors, not fsync
     with tempfile.TemporaryDirectory(dir=root) as where:
         server = subprocess.Popen(
-            [sys.executable, "-m", "tests.children.langgraph_sync_child", where, "400", "100"],
+            [sys.executable, "-m", "tests.children.langgraph_sync_child", where, "400"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -1,8 +1,8 @@
 """A synchronous LangGraph server under ``ulimit -n 256``, for ``test_langgraph_owners.py``.
 
-    python -m tests.children.langgraph_sync_child ROOT N MAX_OPEN
+    python -m tests.children.langgraph_sync_child ROOT N
 
-One ``CheckpointSaver`` (``with``, ``max_open=MAX_OPEN``) on the ``FileStore`` at
+One ``CheckpointSaver`` (``with``, its default ``max_open``) on the ``FileStore`` at
 ``ROOT`` serves threads ``t0`` ... ``t<N-1>`` one turn each (``"hi <i>"``,
 ``durability="sync"``) from 8 request threads, ``graph.invoke`` in each, then
 prints ``{"step": "served", "descriptors": ...}`` (its open descriptors then).
@@ -44,9 +44,9 @@ def turn(graph: Any, thread_id: str, text: str) -> Any:
     return [m.content for m in result["messages"]]
 
 
-def main(root: str, n: int, max_open: int) -> None:
+def main(root: str, n: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-    with CheckpointSaver(FileStore(root), max_open=max_open) as saver:
+    with CheckpointSaver(FileStore(root)) as saver:
         graph = langgraph_graph(saver)
         with ThreadPoolExecutor(8) as requests:  # a threaded server's workers
             served = list(requests.map(lambda i: turn(graph, f"t{i}", f"hi {i}"), range(n)))
@@ -61,4 +61,4 @@ def main(root: str, n: int, max_open: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]))

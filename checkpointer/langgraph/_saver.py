@@ -49,7 +49,11 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         idle_timeout: seconds an async saver holds a thread's key with no put
             (``SessionRegistry``); then, or when past ``max_open``, its
             writer closes and the thread is read afresh at its next use.
-        max_open: most threads' keys an async saver holds at once.
+        max_open: most threads' keys a saver holds at once (a descriptor each
+            on a ``FileStore``; None: 512, or half the process's ``ulimit -n``
+            if less); a synchronous saver's least recently used thread past
+            it lets its lock go and takes it again at its next put, refused
+            if another writer wrote the thread meanwhile.
         **writer_options: for each thread's ``CheckpointWriter``; ``limits``,
             ``transcript`` and ``state_version`` for its ``KeyCommitter`` too.
 
@@ -62,7 +66,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
         *,
         serde: SerializerProtocol | None = None,
         idle_timeout: float = 300.0,
-        max_open: int = 512,
+        max_open: int | None = None,
         **writer_options: Any,
     ) -> None:
         super().__init__(serde=serde)

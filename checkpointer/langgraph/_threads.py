@@ -4,7 +4,9 @@ A thread the saver changed is *held*.  An async saver's ``SessionRegistry``
 writes it: each change runs inside the key's session (its writer opened
 from the revision the thread was read from, so no close comes mid-put), and
 the thread leaves memory once its writer closed (idle, evicted, the saver's
-close).  A synchronous saver's ``KeyCommitter`` commits each change at once.
+close).  A synchronous saver's ``KeyCommitter`` commits each change at once; past
+``max_open`` the least recently used lets its key's lock go (``Held``) and takes
+it again at its next commit, fenced on what it wrote.
 When the store refuses, the rows are dropped and the refusal raised.
 """
 
@@ -31,7 +33,13 @@ from checkpointer import (
     Snapshot,
     load,
 )
-from checkpointer._adapters import committer_options, framework_key, probe_lock, raise_failed
+from checkpointer._adapters import (
+    Held,
+    committer_options,
+    framework_key,
+    probe_lock,
+    raise_failed,
+)
 from checkpointer.stores import Store
 
 from ._log import Log, State
@@ -61,6 +69,9 @@ class Thread(Log):
         self.result: Result | None = None  # its committer's final commit's
         self.taken = 0  # rows its writer's last snapshot took
         self.stored: int | None = None  # its writer closed, these rows stored: base is stale
+        # A synchronous saver's puts commit from LangGraph's worker threads at once: a state
+        # is taken and committed under it, so an older state never lands after a newer one.
+        self.committing = threading.Lock()
 
     def read(self, checkpoint: Checkpoint[State] | None) -> None:
         """Take what the store holds (``load``'s answer) as the thread, unless it is held."""
@@ -74,7 +85,12 @@ class Threads:
     """One saver's threads (over its store, with its writer options), and who writes them."""
 
     def __init__(
-        self, store: Store, options: dict[str, Any], *, idle_timeout: float, max_open: int
+        self,
+        store: Store,
+        options: dict[str, Any],
+        *,
+        idle_timeout: float,
+        max_open: int | None,
     ) -> None:
         self._store = store
         self._options = options
@@ -91,6 +107,7 @@ class Threads:
             **options,  # its opening writes the put that opened it (and takes the key)
         )
         self._async = False  # entered with ``async with``: the registry writes the threads
+        self._held = Held(max_open)  # a synchronous saver's committers holding their lock
         self._tasks: anyio.abc.TaskGroup | None = None  # an async saver's
 
     def __len__(self) -> int:
@@ -300,10 +317,13 @@ class Threads:
     def _commit(self, thread: Thread, durability: str | None) -> None:
         """Commit the thread now (no timer would write it later); raise a refusal, or a failure
         of a durable put."""
-        state = self._state(thread)
-        if state is None:
-            return  # deleted or refused meanwhile: nothing of this saver's to write
-        result = self._committer(thread).commit(state)
+        with thread.committing:
+            state = self._state(thread)
+            if state is None:
+                return  # deleted or refused meanwhile: nothing of this saver's to write
+            committer = self._committer(thread)
+            result = committer.commit(state)
+        self._held.used(committer)  # past max_open, the least recently used lets its lock go
         if _refusal(result, "sync"):
             assert isinstance(result, Failed)
             self._refuse(thread, result, raised=True)
@@ -328,10 +348,12 @@ class Threads:
         with self.lock:
             committer, thread.committer = thread.committer, None
         if committer is not None:
-            state = self._state(thread)
-            if state is not None:
-                thread.result = committer.commit(state, live=False)
+            with thread.committing:
+                state = self._state(thread)
+                if state is not None:
+                    thread.result = committer.commit(state, live=False)
             committer.close()
+            self._held.forget(committer)
 
     # -- both ------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -302,6 +303,39 @@ def test_sync_graph_writes_every_put(tmp_path: Path) -> None:
         graph.invoke({"messages": [Human("a")]}, CONFIG)
         latest = graph.get_state(CONFIG).config["configurable"]["checkpoint_id"]
         assert latest in {r.get("id") for r in _rows(tmp_path)}
+
+
+def _race_put_and_writes(saver: CheckpointSaver, thread_id: str, tasks: int) -> None:
+    """A put of checkpoint "2" and ``tasks`` put_writes for "1", from threads started at once."""
+    configurable = {"thread_id": thread_id, "checkpoint_ns": ""}
+    start = threading.Barrier(1 + tasks)
+
+    def put() -> None:
+        start.wait()
+        saver.put({"configurable": configurable}, {**empty_checkpoint(), "id": "2"}, {}, {})
+
+    def put_writes(task: str) -> None:
+        start.wait()
+        at: Any = {"configurable": {**configurable, "checkpoint_id": "1"}}
+        saver.put_writes(at, [("channel", task)], task)
+
+    workers = [threading.Thread(target=put)]
+    workers += [threading.Thread(target=put_writes, args=(f"task{n}",)) for n in range(tasks)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+
+def test_sync_puts_from_many_threads_never_write_an_older_state_last(tmp_path: Path) -> None:
+    """A put and put_writes racing in LangGraph's worker threads: the thread's last commit
+    holds every row of them, never a state taken before another's change (100 races)."""
+    with CheckpointSaver(JournalStore(tmp_path)) as saver:
+        for trial in range(100):
+            config: Any = {"configurable": {"thread_id": f"t{trial}", "checkpoint_ns": ""}}
+            saver.put(config, {**empty_checkpoint(), "id": "1"}, {}, {})
+            _race_put_and_writes(saver, f"t{trial}", tasks=8)
+            assert len(_rows(tmp_path, f"t{trial}")) == 10  # 2 checkpoints, 8 writes
 
 
 def test_thread_keys() -> None:

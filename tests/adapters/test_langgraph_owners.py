@@ -559,3 +559,64 @@ async def test_another_process_writing_while_a_run_s_thread_is_let_go_is_a_confl
     assert "since this saver let it go" in str(raised.value)
     assert theirs[-4:] == _turn("b2")
     assert await _stored(kind, tmp_path) == theirs
+
+
+# -- a synchronous server of more threads than descriptors ----------------------------------
+
+
+def test_a_sync_server_holds_more_threads_than_descriptors_under_ulimit_256(
+    tmp_path: Path,
+) -> None:
+    """A ``with`` saver (default ``max_open``) serving 400 threads from 8 request threads under
+    ``ulimit -n 256``: each turn stored; a thread let go resumes fenced (one another process
+    wrote meanwhile raises "conflict", and a new run goes on from the other's turn; one it
+    did not write goes on)."""
+    root = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path  # descriptors, not fsync
+    with tempfile.TemporaryDirectory(dir=root) as where:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tests.children.langgraph_sync_child", where, "400"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=child_env(),
+        )
+        watchdog = threading.Timer(600, server.kill)  # a hang guard, not a timing assertion
+        watchdog.start()
+        try:
+            assert server.stdout is not None and server.stdin is not None
+            served = server.stdout.readline()
+            assert served, server.communicate()[1][-3000:]
+            with CheckpointSaver(FileStore(where)) as other:  # t0's key was let go: it takes it
+                other_config: Any = {"configurable": {"thread_id": "t0"}}
+                langgraph_graph(other).invoke(
+                    {"messages": [HumanMessage("b0")]}, other_config, durability="sync"
+                )
+            server.stdin.write("go\n")
+            server.stdin.flush()
+            again = json.loads(server.stdout.readline())
+            out, err = server.communicate()
+        finally:
+            watchdog.cancel()
+        assert server.returncode == 0, err[-3000:]
+        assert json.loads(out) == {"step": "closed"}
+        assert again["t0"]["reason"] == "conflict", again
+        assert again["t1"] == [*_turn("hi 1"), *_turn("again 1")]
+        theirs = [*_turn("hi 0"), *_turn("b0")]
+        assert again["t0_retried"] == [*theirs, *_turn("again 0")]  # from what they wrote
+        expected = {0: again["t0_retried"], 1: again["t1"]}
+        wrong = []
+        with CheckpointSaver(FileStore(where)) as saver:
+            graph = langgraph_graph(saver)
+            for i in range(400):
+                stored = load(FileStore(where), thread_key(f"t{i}"))
+                state = graph.get_state({"configurable": {"thread_id": f"t{i}"}})
+                contents = _contents(state)
+                if (
+                    stored is None
+                    or stored.meta.live
+                    or contents != expected.get(i, _turn(f"hi {i}"))
+                ):
+                    wrong.append((i, contents))
+        assert wrong == []

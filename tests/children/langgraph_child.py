@@ -174,15 +174,14 @@ def race(kind: str, base: str, repeats: int) -> None:
 
 
 async def many(root: str, n: int) -> None:
-    import resource
-
     import msgspec
     from langchain_core.messages import HumanMessage
 
     from checkpointer.langgraph import CheckpointSaver
+    from tests._support import limit_descriptors
     from tests.children.adapter_child import langgraph_graph
 
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+    limit_descriptors()  # the saver's default max_open follows it
     ids = iter(range(n))
     saver = CheckpointSaver(FileStore(root))
     graph = langgraph_graph(saver)

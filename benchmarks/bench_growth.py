@@ -171,7 +171,7 @@ _NOTES = {
     "FileStore+Transcript": "a whole-file store: grows with it",
     "JournalStore": "the cost follows the change; sizes interleaved",
     "JournalStore, numbers": "checking an int-holding history takes an identity "
-    "scan (~12 ns per message), since an equal message (2 == 2.0) may encode otherwise",
+    "scan (a step per message), since an equal message (2 == 2.0) may encode otherwise",
 }
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from checkpointer import Failed, Snapshot
@@ -533,6 +533,7 @@ ODD_MESSAGE = ODD | st.fixed_dictionaries(
 
 @settings(max_examples=100, deadline=None)
 @given(messages=st.lists(ODD_MESSAGE, max_size=6))
+@example(messages=[{"role": None, "type": []}])  # a list "type": was unhashable in a set test
 def test_odd_histories_are_problems_never_exceptions(messages: list[Any]) -> None:
     """Any JSON at all (list ids, tool_calls that are not lists, ...) gets an answer from
     every helper, never an exception: a hand-edited file is a problem to report."""

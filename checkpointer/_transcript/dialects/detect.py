@@ -37,7 +37,7 @@ def classify(message: Any) -> Classified:
             return LANGCHAIN, LANGCHAIN.read(message)  # a LangChain ChatMessage's dump
         kind = message.get("type")
         if kind is not None:
-            if "parentUuid" in message or "uuid" in message or kind in _ENTRIES_ONLY:
+            if "parentUuid" in message or "uuid" in message or _entry_only(kind):
                 return read_entry(message)  # LangChain has "system" too, without a uuid
             return _read(_by_type(kind), message)
         if is_event(message):
@@ -101,6 +101,10 @@ def _event(content: Any) -> Classified:
 
 def _by_type(kind: Any) -> Dialect | None:
     return _BY_TYPE.get(kind) if isinstance(kind, str) else None
+
+
+def _entry_only(kind: Any) -> bool:
+    return isinstance(kind, str) and kind in _ENTRIES_ONLY
 
 
 def _read(dialect: Dialect | None, message: Any) -> Classified:

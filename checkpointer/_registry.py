@@ -43,10 +43,11 @@ _CLOSING_AT_ONCE = 64  # final writes in flight at once: each runs in a thread o
 
 
 def open_bound() -> int:
-    """How many keys to hold open by default: 512, or half the process's soft descriptor
-    limit if that is less (a lock descriptor each on a file store; at least 8)."""
+    """How many keys to hold open by default: 512, or a quarter of the process's soft
+    descriptor limit if that is less (a lock descriptor each on a file store; the rest
+    for the writes, openings and closings in flight, and the process's own)."""
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return 512 if soft == resource.RLIM_INFINITY else max(8, min(512, soft // 2))
+    return 512 if soft == resource.RLIM_INFINITY else max(1, min(512, soft // 4))
 
 
 class RegistryStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -130,7 +131,7 @@ class SessionRegistry:
         idle_timeout: seconds a key stays open with no ``session()`` block.
         max_open: most keys open at once outside a ``session()`` block (one
             descriptor each on a ``FileStore``); None: ``open_bound()``, 512 or
-            half the process's ``ulimit -n`` if less, read at each opening.
+            a quarter of the process's ``ulimit -n`` if less, read at each opening.
         clock: the clock idle time is read on (the writers' too).
         **writer_options: for each ``CheckpointWriter`` (``debounce``,
             ``transcript``, ``limits``, ...); not ``exit_hooks``.
@@ -304,6 +305,8 @@ class SessionRegistry:
             if victim is None:
                 return  # all in use: the blocks' ends make room
             await self._start_close(victim, "evicted").wait()
+            if victim.phase is _Phase.OPEN:
+                return  # kept open, its state not written: past the bound until it is
 
     async def release(self, key: str) -> Result | None:
         """Close the key's writer now (its final write, then its lock), then ``on_close``.
@@ -345,16 +348,37 @@ class SessionRegistry:
 
         It stays in the registry, so in the exit hook's reach, until its final write is done."""
         assert entry.writer is not None
+        kept = False
         try:
             async with self._closing:
+                if why and (kept := await self._kept(entry)):
+                    return
                 entry.result = await entry.writer.aclose()
         except Exception as exc:  # source() raised in the timer task (trio): the key is let go
             entry.result = Failed("write-failed", f"the close raised {describe_error(exc)}")
             logger.exception("checkpointer: closing %r: %s", entry.key, entry.result.error)
         finally:
-            if why:
-                self._counts[why] += 1
-            self._forget(entry, entry.result)
+            if not kept:
+                if why:
+                    self._counts[why] += 1
+                self._forget(entry, entry.result)
+
+    async def _kept(self, entry: _Entry) -> bool:
+        """Write an idle or evicted key's state before it is let go; if that fails (a full
+        disk, no descriptor left), keep it open: its state is only in memory, and its
+        writer retries as any failed write.  Not another writer's key: that is let go."""
+        assert entry.writer is not None
+        result = await entry.writer.write_now()
+        if not isinstance(result, Failed) or result.reason in _REFUSED:
+            return False
+        logger.warning(
+            "checkpointer: %r kept open: its state could not be written (%s)", entry.key, result
+        )
+        entry.phase = _Phase.OPEN
+        self._closing_now -= 1
+        self._touch(entry)
+        self._wake(entry)
+        return True
 
     def _forget(self, entry: _Entry, result: Result | None) -> None:
         """The entry leaves the registry; ``on_close`` if it had been resumed."""

@@ -168,7 +168,7 @@ class CheckpointSessionStore(SessionStore):
             ``"sync"``: it waits for its durable write.
         idle_timeout: seconds a session's key stays held with no append.
         max_open: most sessions held at once (a descriptor each on a file store); None:
-            512, or half the process's ``ulimit -n`` if less.
+            512, or a quarter of the process's ``ulimit -n`` if less.
         **writer_options: for each session's ``CheckpointWriter``; ``transcript``
             defaults to ``Transcript("messages", repair=False)``: the entries as
             the CLI wrote them (it closes a dangling call itself on resume).

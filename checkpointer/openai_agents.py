@@ -178,7 +178,7 @@ class CheckpointSessions:
         store: where the sessions go.
         idle_timeout: seconds a session's key stays open with no call.
         max_open: most keys open at once (one descriptor each on a ``FileStore``); None:
-            512, or half the process's ``ulimit -n`` if less.
+            512, or a quarter of the process's ``ulimit -n`` if less.
         **writer_options: for each ``CheckpointWriter``; a ``transcript=``
             (with ``repair``) makes ``add_items`` refuse items a model API
             would reject (checked on the new items and the calls still open).

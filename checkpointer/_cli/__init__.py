@@ -91,7 +91,7 @@ def _keys(key_file: str | None, command: str) -> Encryption | None:
     if key_file is not None:
         where = key_file
         try:
-            with open(key_file, encoding="utf-8") as file:
+            with open(key_file, encoding="utf-8-sig") as file:  # a BOM (Notepad) is no key
                 mode = os.fstat(file.fileno()).st_mode
                 text = file.read()
         except OSError as exc:
@@ -104,9 +104,11 @@ def _keys(key_file: str | None, command: str) -> Encryption | None:
         if mode & 0o077:
             report.error(
                 command,
-                f"warning: the key file {key_file} is readable by others (mode "
+                f"warning: the key file {key_file} is open to others (mode "
                 f"{mode & 0o777:04o}); chmod 600 it",
             )
+        if not text.strip():
+            raise RootError(f"{key_file}: no key in it; write each key as id:base64, one a line")
     if not text:
         return None
     try:

@@ -318,15 +318,21 @@ def _wait(gate: threading.Lock) -> None:
         )
 
 
+_names = random.Random()
+os.register_at_fork(after_in_child=_names.seed)  # a child draws names of its own
+
+
 def _create_temp(name: str, dir_fd: int) -> tuple[int, str]:
     """A new temp ``.<name>.<16 hex>.tmp`` of mode 000 (``mkstemp``'s name costs microseconds).
 
-    The name need only be new, not secret (``O_EXCL`` refuses a taken one, and
-    ``random`` is reseeded in a forked child): no ``getrandom`` syscall, which
-    releases the GIL and, in a burst of writes, waits to take it back.
+    The name need only be new, not secret (``O_EXCL`` refuses a taken one: a
+    child forked outside Python's fork hooks, drawing its parent's names, pays a
+    retry): no ``getrandom`` syscall, which releases the GIL and, in a burst of
+    writes, waits to take it back.  A generator of its own, so the program's
+    ``random`` sequence (a seeded run) is not ours to consume.
     """
     while True:
-        tmp = f".{name}.{random.getrandbits(64):016x}.tmp"
+        tmp = f".{name}.{_names.getrandbits(64):016x}.tmp"
         try:
             return os.open(tmp, _TEMP_FLAGS, 0, dir_fd=dir_fd), tmp
         except FileExistsError:

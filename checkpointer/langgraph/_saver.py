@@ -50,7 +50,7 @@ class CheckpointSaver(BaseCheckpointSaver[str]):
             (``SessionRegistry``); then, or when past ``max_open``, its
             writer closes and the thread is read afresh at its next use.
         max_open: most threads' keys a saver holds at once (a descriptor each
-            on a ``FileStore``; None: 512, or half the process's ``ulimit -n``
+            on a ``FileStore``; None: 512, or a quarter of the process's ``ulimit -n``
             if less); a synchronous saver's least recently used thread past
             it lets its lock go and takes it again at its next put, refused
             if another writer wrote the thread meanwhile.

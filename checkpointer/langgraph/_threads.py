@@ -34,6 +34,7 @@ from checkpointer import (
     load,
 )
 from checkpointer._adapters import (
+    HELD,
     Held,
     committer_options,
     framework_key,
@@ -107,7 +108,9 @@ class Threads:
             **options,  # its opening writes the put that opened it (and takes the key)
         )
         self._async = False  # entered with ``async with``: the registry writes the threads
-        self._held = Held(max_open)  # a synchronous saver's committers holding their lock
+        # A synchronous saver's committers holding their lock: the process's bound, shared
+        # with the other savers and adapters, unless max_open gives this saver its own.
+        self._held = HELD if max_open is None else Held(max_open)
         self._tasks: anyio.abc.TaskGroup | None = None  # an async saver's
 
     def __len__(self) -> int:

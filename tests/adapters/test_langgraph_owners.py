@@ -466,7 +466,8 @@ def test_a_server_holds_more_threads_than_descriptors(tmp_path: Path) -> None:
         )
         assert done.returncode == 0, done.stderr[-3000:]
         stats = json.loads(done.stdout.splitlines()[-1])
-        assert (stats["opened"], stats["failed"], stats["open"]) == (MANY, 0, 0)
+        # A key let go between a run's puts (64 runs at once, the bound near it) reopens, fenced.
+        assert stats["opened"] >= MANY and (stats["failed"], stats["open"]) == (0, 0)
         assert stats["evicted"] >= MANY - MAX_OPEN
         wrong = []
         with CheckpointSaver(FileStore(where)) as saver:

@@ -75,7 +75,8 @@ def test_a_server_holds_more_sessions_than_descriptors(root: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     stats = json.loads(done.stdout.splitlines()[-1])
-    assert (stats["opened"], stats["failed"]) == (MANY, 0)
+    # A key let go between a turn's calls (64 at once, the bound near it) reopens, fenced.
+    assert stats["opened"] >= MANY and stats["failed"] == 0
     assert stats["evicted"] >= MANY - MAX_OPEN
     _check_turns(root, MANY)
 

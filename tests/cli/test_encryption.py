@@ -181,11 +181,11 @@ def test_without_a_key_it_names_the_key_id_and_only_claims_a_meta_it_has(
     assert out.splitlines()[-1].endswith("2 not checked (encrypted)"), out
 
 
-def test_a_binary_key_file_is_refused_and_one_others_read_is_warned_of(
+def test_a_key_file_binary_empty_or_open_to_others_is_said_so(
     root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Raw key bytes in the file: status 1 naming the file and the format, no traceback and
-    no byte of it shown; a key file of mode 0644 is used, with a warning naming it."""
+    """Raw key bytes, or no key: status 1 naming the file and the format, no traceback and
+    no byte of it shown; mode 0644: used, with a warning naming it; a BOM and CRLF: read."""
     raw = tmp_path / ".." / "raw.key"
     raw.write_bytes(b"\x01\xe1\xff" + os.urandom(29))
     status, out = run(capsys, "ls", root, "--key-file", raw)
@@ -195,7 +195,13 @@ def test_a_binary_key_file_is_refused_and_one_others_read_is_warned_of(
     keys.chmod(0o644)
     status, out = run(capsys, "ls", root, "--key-file", keys)
     assert status == 0 and "my password" in out, out
-    assert "readable by others (mode 0644)" in out and str(keys) in out, out
+    assert "open to others (mode 0644)" in out and str(keys) in out, out
     keys.chmod(0o600)
     status, out = run(capsys, "ls", root, "--key-file", keys)
-    assert status == 0 and "readable by others" not in out, out
+    assert status == 0 and "open to others" not in out, out
+    keys.write_text("\ufeff" + OLD + "\r\n")  # saved by Notepad: a BOM, CRLF
+    status, out = run(capsys, "ls", root, "--key-file", keys)
+    assert status == 0 and "my password" in out, out
+    keys.write_text("\n")
+    status, out = run(capsys, "ls", root, "--key-file", keys)
+    assert status == 1 and "no key in it" in out, out

@@ -66,6 +66,20 @@ def test_write_atomic_file_mode_is_0600_even_over_a_0644_file(tmp_path: Path) ->
     assert target.read_bytes() == b"two"
 
 
+def test_writes_leave_the_programs_random_sequence_alone(tmp_path: Path) -> None:
+    """A seeded program (an eval, a simulation) draws the same numbers with writes between."""
+    import random
+
+    random.seed(1234)
+    alone = [random.random() for _ in range(5)]
+    random.seed(1234)
+    between = []
+    for i in range(5):
+        write_atomic(str(tmp_path / "x.json"), [b"%d" % i])
+        between.append(random.random())
+    assert between == alone
+
+
 def test_filestore_creates_root_0700_on_first_write_not_before(tmp_path: Path) -> None:
     """The root does not exist after construction or open(); the first write makes it 0700."""
     root = tmp_path / "checkpoints"

@@ -172,12 +172,13 @@ async def test_the_least_recently_used_key_closes_first_past_max_open(sessions: 
 
 
 @pytest.mark.parametrize(
-    ("soft", "bound"), [(20, 10), (256, 128), (1024, 512), (1 << 20, 512), (6, 8), (-1, 512)]
+    ("soft", "bound"), [(40, 10), (256, 64), (2048, 512), (1 << 20, 512), (3, 1), (-1, 512)]
 )
 def test_without_max_open_the_bound_follows_the_descriptor_limit(
     monkeypatch: pytest.MonkeyPatch, soft: int, bound: int
 ) -> None:
-    """512, or half the process's soft ``ulimit -n`` if less (at least 8; unlimited: 512)."""
+    """512, or a quarter of the process's soft ``ulimit -n`` if less (at least 1; unlimited:
+    512)."""
     import resource
 
     soft = resource.RLIM_INFINITY if soft == -1 else soft
@@ -188,10 +189,10 @@ def test_without_max_open_the_bound_follows_the_descriptor_limit(
 async def test_without_max_open_a_low_ulimit_closes_keys_past_half_of_it(
     sessions: Sessions, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Under ``ulimit -n 20`` (read at each opening) the 11th key closes the least recent."""
+    """Under ``ulimit -n 40`` (read at each opening) the 11th key closes the least recent."""
     import resource
 
-    monkeypatch.setattr(resource, "getrlimit", lambda _: (20, 20))
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (40, 40))
     async with sessions.registry() as registry:
         for i in range(15):
             async with registry.session(f"k{i}"):
@@ -199,6 +200,39 @@ async def test_without_max_open_a_low_ulimit_closes_keys_past_half_of_it(
         await until_open(registry, 10)
         assert registry.statistics().evicted == 5
     assert [key for key, _ in sessions.closed][:5] == [f"k{i}" for i in range(5)]
+
+
+class _Failing(FileStore):
+    """A store whose writes fail while ``failing`` (a full disk, no descriptor left)."""
+
+    failing = False
+
+    def write(self, key: str, chunks: Any, **kw: Any) -> int:
+        if self.failing:
+            raise OSError(24, "Too many open files")
+        return super().write(key, chunks, **kw)
+
+
+async def test_a_key_whose_state_cannot_be_written_is_kept_open_not_let_go(
+    tmp_path: Path,
+) -> None:
+    """Evicted, a key whose last change cannot be written stays open (its state is only in
+    memory; on_close not called), past max_open; it closes, written, once the store works."""
+    sessions = Sessions(_Failing(tmp_path))
+    async with sessions.registry(max_open=1) as registry:
+        async with registry.session("a"):  # its opening wrote {"n": 0}
+            sessions.n["a"] = 7
+        sessions.store.failing = True  # type: ignore[attr-defined]
+        async with registry.session("b"):  # a is evicted: its write fails, so it stays
+            sessions.n["b"] = 1
+        stats = registry.statistics()
+        assert (stats.open, stats.evicted) == (2, 0) and sessions.closed == []
+        assert sessions.n["a"] == 7 and stored(sessions.store, "a") == (0, True)
+        sessions.store.failing = False  # type: ignore[attr-defined]
+        assert isinstance(await registry.release("a"), Written)
+        assert [key for key, _ in sessions.closed] == ["a"]
+    assert stored(sessions.store, "a") == (7, False)
+    assert stored(sessions.store, "b") == (1, False)
 
 
 async def test_keys_in_use_are_not_evicted(sessions: Sessions) -> None:

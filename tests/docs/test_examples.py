@@ -22,6 +22,10 @@ EXAMPLES = ROOT / "examples"
 TIMEOUT = 30.0
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Child:
     """An example running in a subprocess, its output read as it comes."""
 
@@ -31,6 +35,9 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # Ctrl-C as a terminal sends it, even when the suite runs as a background job
+            # (whose children start with SIGINT ignored).
+            preexec_fn=_sigint_default,
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -60,8 +67,12 @@ class Child:
             self.proc.send_signal(signum)
         assert self.proc.stdout is not None and self.proc.stderr is not None
         with self.proc.stdout, self.proc.stderr:
+            try:
+                status = self.proc.wait(timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                raise AssertionError(f"still running {TIMEOUT} s after signal {signum}") from None
             err = self.proc.stderr.read()
-            status = self.proc.wait(timeout=TIMEOUT)
             self._reader.join(timeout=TIMEOUT)
         return status, "\n".join(self.lines), err
 

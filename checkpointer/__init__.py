@@ -10,7 +10,7 @@ the rest is in public submodules named for what they hold:
 
 from ._committer import KeyCommitter
 from ._load import load
-from ._registry import RegistryStatistics, SessionRegistry
+from ._registry import SessionRegistry
 from ._stores.encoding import Transcript
 from ._stores.files import FileStore
 from ._stores.journal.file import JournalStore
@@ -26,6 +26,7 @@ from ._values import (
     Limits,
     Meta,
     NewerVersionError,
+    RegistryStatistics,
     Result,
     Skipped,
     Snapshot,

@@ -24,7 +24,6 @@ from checkpointer import (
     SessionRegistry,
     Snapshot,
 )
-from checkpointer._registry import open_bound
 from checkpointer.stores import KEY_PATTERN, KeyLocked, LockingStore, Store
 
 __all__ = [
@@ -191,9 +190,9 @@ class Held:
         self._order: OrderedDict[KeyCommitter, None] = OrderedDict()
 
     def limit(self) -> int:
-        """``limit``; without one, ``open_bound()`` (read at each use: a server may raise its
-        ``ulimit -n`` after import)."""
-        return open_bound() if self._limit is None else self._limit
+        """``limit``; without one, ``SessionRegistry.default_max_open()`` (read at each use: a
+        server may raise its ``ulimit -n`` after import)."""
+        return SessionRegistry.default_max_open() if self._limit is None else self._limit
 
     def used(self, committer: KeyCommitter) -> None:
         """``committer`` has committed (it holds its lock): the most recently used now."""

@@ -24,50 +24,30 @@ from typing import Any, Literal, final
 
 import anyio
 import anyio.to_thread
-import msgspec
 
 from . import _exit
 from ._stores.base import Store
 from ._text import describe_error
-from ._values import Checkpoint, CheckpointFailed, Failed, Meta, Result, Skipped, Snapshot
+from ._values import (
+    Checkpoint,
+    CheckpointFailed,
+    Failed,
+    Meta,
+    RegistryStatistics,
+    Result,
+    Skipped,
+    Snapshot,
+)
 from ._writer.clock import Clock, MonotonicClock
 from ._writer.service import CheckpointWriter
 from ._writer.timer import spawn_system_task
 
-__all__ = ["RegistryStatistics", "SessionRegistry", "open_bound"]
+__all__ = ["SessionRegistry"]
 
 logger = logging.getLogger("checkpointer")
 
 _REFUSED = ("locked", "conflict", "newer-version")  # another writer's key: refused for good
 _CLOSING_AT_ONCE = 64  # final writes in flight at once: each runs in a thread of its own
-
-
-def open_bound() -> int:
-    """How many keys to hold open by default: 512, or a quarter of the process's soft
-    descriptor limit if that is less (a lock descriptor each on a file store; the rest
-    for the writes, openings and closings in flight, and the process's own)."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return 512 if soft == resource.RLIM_INFINITY else max(1, min(512, soft // 4))
-
-
-class RegistryStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """A snapshot of a registry's counters (``SessionRegistry.statistics()``).
-
-    Attributes:
-        open: sessions whose writer is open (or opening, or closing) now.
-        in_use: of those, sessions inside a ``session()`` block now.
-        opened: writers opened, reopens included.
-        closed_idle: writers closed after ``idle_timeout`` unused.
-        evicted: writers closed to stay within ``max_open``.
-        failed: opens that raised (``resume``, a refused first write, ...).
-    """
-
-    open: int
-    in_use: int
-    opened: int
-    closed_idle: int
-    evicted: int
-    failed: int
 
 
 class _Phase(enum.Enum):
@@ -130,8 +110,8 @@ class SessionRegistry:
             an opening that failed once ``resume`` was called.
         idle_timeout: seconds a key stays open with no ``session()`` block.
         max_open: most keys open at once outside a ``session()`` block (one
-            descriptor each on a ``FileStore``); None: ``open_bound()``, 512 or
-            a quarter of the process's ``ulimit -n`` if less, read at each opening.
+            descriptor each on a ``FileStore``); None: ``default_max_open()``, read
+            at each opening.
         clock: the clock idle time is read on (the writers' too).
         **writer_options: for each ``CheckpointWriter`` (``debounce``,
             ``transcript``, ``limits``, ...); not ``exit_hooks``.
@@ -185,6 +165,14 @@ class SessionRegistry:
 
     def __repr__(self) -> str:
         return f"<SessionRegistry {self._state} store={self._store!r} open={len(self._entries)}>"
+
+    @staticmethod
+    def default_max_open() -> int:
+        """512, or a quarter of the process's soft ``ulimit -n`` if less (at least 1): a
+        lock descriptor per open key on a file store, the rest for the writes, openings
+        and closings in flight and the process's own."""
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return 512 if soft == resource.RLIM_INFINITY else max(1, min(512, soft // 4))
 
     def statistics(self) -> RegistryStatistics:
         """The registry's counters, as a frozen value."""
@@ -296,7 +284,7 @@ class SessionRegistry:
     async def _evict(self) -> None:
         """Close the least recently used keys not in use while more than ``max_open`` are open
         (closing ones not counted: each opening in flight makes room for itself only)."""
-        bound = open_bound() if self._max_open is None else self._max_open
+        bound = self.default_max_open() if self._max_open is None else self._max_open
         while len(self._entries) - self._closing_now > bound:
             victim = next(
                 (e for e in self._entries.values() if e.phase is _Phase.OPEN and not e.users),

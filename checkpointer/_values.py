@@ -18,6 +18,7 @@ __all__ = [
     "Meta",
     "NewerVersionError",
     "Prepared",
+    "RegistryStatistics",
     "Result",
     "SkipReason",
     "Skipped",
@@ -361,6 +362,26 @@ class Failed(msgspec.Struct, frozen=True):
 
 
 Result: TypeAlias = Written | Skipped | Failed
+
+
+class RegistryStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of a registry's counters (``SessionRegistry.statistics()``).
+
+    Attributes:
+        open: sessions whose writer is open (or opening, or closing) now.
+        in_use: of those, sessions inside a ``session()`` block now.
+        opened: writers opened, reopens included.
+        closed_idle: writers closed after ``idle_timeout`` unused.
+        evicted: writers closed to stay within ``max_open``.
+        failed: opens that raised (``resume``, a refused first write, ...).
+    """
+
+    open: int
+    in_use: int
+    opened: int
+    closed_idle: int
+    evicted: int
+    failed: int
 
 
 class WriterStatistics(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,9 +21,9 @@ HANG_GUARD = 60.0  # seconds; a hang guard, never a timing assertion
 
 # A server holding more sessions than it has descriptors: a child limited to DESCRIPTORS
 # serves MANY sessions, at most MAX_OPEN held at once (a lock descriptor each: the
-# library's default, ``open_bound()``, a quarter of the limit), which proves at a fraction
-# of the cost what the long run (CHECKPOINTER_LONG_TESTS=1) does at the size:
-# 10,000 sessions under 1,024 descriptors.
+# library's default, ``SessionRegistry.default_max_open()``, a quarter of the limit),
+# which proves at a fraction of the cost what the long run (CHECKPOINTER_LONG_TESTS=1)
+# does at the size: 10,000 sessions under 1,024 descriptors.
 LONG = os.environ.get("CHECKPOINTER_LONG_TESTS") == "1"
 DESCRIPTORS = 1024 if LONG else 256
 MANY = 10_000 if LONG else 400

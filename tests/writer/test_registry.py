@@ -27,7 +27,6 @@ from checkpointer import (
     _exit,
     load,
 )
-from checkpointer._registry import open_bound
 from tests._support import HANG_GUARD
 from tests.conftest import FakeClock
 
@@ -183,7 +182,7 @@ def test_without_max_open_the_bound_follows_the_descriptor_limit(
 
     soft = resource.RLIM_INFINITY if soft == -1 else soft
     monkeypatch.setattr(resource, "getrlimit", lambda _: (soft, resource.RLIM_INFINITY))
-    assert open_bound() == bound
+    assert SessionRegistry.default_max_open() == bound
 
 
 async def test_without_max_open_a_low_ulimit_closes_keys_past_half_of_it(

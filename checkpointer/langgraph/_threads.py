@@ -29,7 +29,6 @@ from checkpointer import (
     KeyCommitter,
     Meta,
     Result,
-    SessionRegistry,
     Snapshot,
     load,
 )
@@ -40,6 +39,7 @@ from checkpointer._adapters import (
     framework_key,
     probe_lock,
     raise_failed,
+    session_registry,
 )
 from checkpointer.stores import Store
 
@@ -98,14 +98,9 @@ class Threads:
         self.lock = threading.RLock()  # over the threads and their logs
         self._by_key: dict[str, Thread] = {}
         self._unraised: list[Failed] = []  # refusals and failed closes no put raised
-        self.registry = SessionRegistry(
-            self._source,
-            store,
-            resume=self._resume,
-            on_close=self._closed,
-            idle_timeout=idle_timeout,
-            max_open=max_open,
-            **options,  # its opening writes the put that opened it (and takes the key)
+        # Its opening writes the put that opened it (and takes the key).
+        self.registry = session_registry(
+            self, store, options, idle_timeout=idle_timeout, max_open=max_open
         )
         self._async = False  # entered with ``async with``: the registry writes the threads
         # A synchronous saver's committers holding their lock: the process's bound, shared
@@ -215,7 +210,7 @@ class Threads:
         )
         return None if thread is None else thread.base
 
-    def _source(self, key: str) -> Snapshot | None:
+    def _snapshot(self, key: str) -> Snapshot | None:
         with self.lock:
             thread = self._by_key.get(key)
             state = None if thread is None else self._state(thread)

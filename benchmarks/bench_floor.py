@@ -25,12 +25,13 @@ a warm loop does not see.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 import anyio
@@ -101,13 +102,29 @@ def _source(state: dict[str, Any]) -> Snapshot:
     return Snapshot("floor", state)
 
 
-async def _async_pairs(
-    root: str, state: dict[str, Any], n: int
-) -> tuple[list[float], list[float], list[float]]:
+class _Times:
+    """Paired wall times of ours and the floor, and the process's CPU time (user +
+    system, all threads: the write_now's worker too) over each call."""
+
+    def __init__(self) -> None:
+        self.ours: list[float] = []
+        self.floor: list[float] = []
+        self.cpu_ours: list[float] = []
+        self.cpu_floor: list[float] = []
+        self.hops: list[float] = []
+        self.cpu_hops: list[float] = []
+
+    @contextlib.contextmanager
+    def timing(self, wall: list[float], cpu: list[float]) -> Iterator[None]:
+        c0, t0 = time.process_time(), time.perf_counter()
+        yield
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+
+
+async def _async_pairs(root: str, state: dict[str, Any], n: int) -> _Times:
     """Paired write_now / floor times, and the median empty thread hop after each pair."""
-    ours: list[float] = []
-    floor: list[float] = []
-    hops: list[float] = []
+    times = _Times()
     store = FileStore(root)
     floor_path = os.path.join(root, "bare.json")  # the recipe's own file, beside the key's
     async with CheckpointWriter(
@@ -121,26 +138,25 @@ async def _async_pairs(
         for i in range(n):
             state["rev"] = i
             for turn in (0, 1) if i % 2 else (1, 0):
-                t0 = time.perf_counter()
                 if turn == 0:
-                    result = await writer.write_now(force=True)
+                    with times.timing(times.ours, times.cpu_ours):
+                        result = await writer.write_now(force=True)
                     assert isinstance(result, Written), result
-                    ours.append(time.perf_counter() - t0)
                 else:
-                    write_floor(floor_path, data)
-                    floor.append(time.perf_counter() - t0)
+                    with times.timing(times.floor, times.cpu_floor):
+                        write_floor(floor_path, data)
             pair_hops: list[float] = []
+            hop_cpu: list[float] = []
             for _ in range(HOPS_PER_PAIR):
-                t0 = time.perf_counter()
-                await anyio.to_thread.run_sync(_nothing)
-                pair_hops.append(time.perf_counter() - t0)
-            hops.append(statistics.median(pair_hops))
-    return ours, floor, hops
+                with times.timing(pair_hops, hop_cpu):
+                    await anyio.to_thread.run_sync(_nothing)
+            times.hops.append(statistics.median(pair_hops))
+            times.cpu_hops.append(statistics.median(hop_cpu))
+    return times
 
 
-def _sync_pairs(root: str, state: dict[str, Any], n: int) -> tuple[list[float], list[float]]:
-    ours: list[float] = []
-    floor: list[float] = []
+def _sync_pairs(root: str, state: dict[str, Any], n: int) -> _Times:
+    times = _Times()
     store = FileStore(root)
     floor_path = os.path.join(root, "bare.json")  # the recipe's own file, beside the key's
     writer: CheckpointWriter[Snapshot] = CheckpointWriter(
@@ -156,15 +172,14 @@ def _sync_pairs(root: str, state: dict[str, Any], n: int) -> tuple[list[float], 
         for i in range(n):
             state["rev"] = i  # a change, or flush_sync would skip as unchanged
             for turn in (0, 1) if i % 2 else (1, 0):
-                t0 = time.perf_counter()
                 if turn == 0:
-                    result = writer.flush_sync()
+                    with times.timing(times.ours, times.cpu_ours):
+                        result = writer.flush_sync()
                     assert isinstance(result, Written), result
-                    ours.append(time.perf_counter() - t0)
                 else:
-                    write_floor(floor_path, data)
-                    floor.append(time.perf_counter() - t0)
-    return ours, floor
+                    with times.timing(times.floor, times.cpu_floor):
+                        write_floor(floor_path, data)
+    return times
 
 
 # -- where the overhead goes -------------------------------------------------------
@@ -277,15 +292,16 @@ def measure(quick: bool, mode: Mode) -> Report:
     breakdown: list[list[Any]] = []
     report = Report(title="")
     largest = 0
+    cold: list[str] = []
     for label, nbytes in QUICK_SIZES if quick else SIZES:
         state = state_of(nbytes)
         n = repeats(nbytes, quick)
-        hops: list[float] = []
         with scratch_dir("floor-") as root:
             if mode == "write_now":
-                ours, floor, hops = anyio.run(_async_pairs, root, state, n)
+                times = anyio.run(_async_pairs, root, state, n)
             else:
-                ours, floor = _sync_pairs(root, state, n)
+                times = _sync_pairs(root, state, n)
+            ours, floor, hops = times.ours, times.floor, times.hops
             floor_file = os.path.join(root, "bare.json")  # the recipe's own file, beside the key's
             file_bytes = os.path.getsize(floor_file)
             with open(floor_file, "rb") as f:
@@ -302,6 +318,10 @@ def measure(quick: bool, mode: Mode) -> Report:
         value = paired([t - s_encode.median for t in ours], base)
         over = sorted(t - s_encode.median - b for t, b in zip(ours, base, strict=True))
         overhead = over[len(over) // 2]
+        cpu_base = times.cpu_floor
+        if times.cpu_hops:
+            cpu_base = [f + h for f, h in zip(cpu_base, times.cpu_hops, strict=True)]
+        cpu = sorted(c - s_encode.median - b for c, b in zip(times.cpu_ours, cpu_base, strict=True))
         known = sum(parts.values())
         breakdown.append(
             [
@@ -309,8 +329,11 @@ def measure(quick: bool, mode: Mode) -> Report:
                 overhead,
                 *[parts[name] for name in PART_NAMES],
                 overhead - known,
+                cpu[len(cpu) // 2],
             ]
         )
+        if nbytes <= 100 << 10 and known > 0:
+            cold.append(f"{label} {cpu[len(cpu) // 2] / known:.1f}x")
         base_name = "(floor + empty hop)" if hops else "floor"
         report.ratios.append(
             ratio(
@@ -347,7 +370,7 @@ def measure(quick: bool, mode: Mode) -> Report:
                 + (" + hop" if mode == "write_now" else "")
                 + " (median of the pairs; parts timed alone, warm)"
             ),
-            columns=["state", "overhead", *PART_NAMES, "rest (cold caches)"],
+            columns=["state", "overhead", *PART_NAMES, "rest (cold)", "CPU beyond floor"],
             rows=breakdown,
         )
     )
@@ -356,8 +379,18 @@ def measure(quick: bool, mode: Mode) -> Report:
         "Meta and its encoding; unchanged check = the byte compare against the last write "
         "(its last 4 KiB first); write calls = write_atomic less the floor's calls, without "
         "fsync; other python = a flush into a store without I/O, less the parts and the "
-        "encode; rest = the overhead left: the same code run cold after the fsync's sleep "
-        "(a warm loop runs it 3-5x faster), and noise"
+        "encode; rest = the overhead left: the same code run cold after the fsync's sleep; "
+        "CPU beyond floor = the process's CPU time (user + system, every thread) of the "
+        "checkpoint less the floor's (and the empty hop's, for write_now) and the encode's, "
+        "median of the pairs"
+    )
+    report.notes.append(
+        "cold: the overhead is CPU time (CPU beyond floor is about the overhead, not a wait "
+        "on the disk), yet the parts timed warm are a fraction of it: the CPU beyond the "
+        "floor is " + ", ".join(cold) + " the parts' warm sum (timed in a loop, the "
+        "write calls on tmpfs). The writer's Python and syscalls cost that much more "
+        "right after an fsync's sleep, on the disk's filesystem: the floor's few lines "
+        "slow down alike. Only less code per write would close the gap"
     )
     if largest <= KEEP_BYTES:
         report.notes.append(

@@ -98,6 +98,23 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _cpu() -> tuple[float, float]:
+    """The process's CPU seconds so far (every thread): (user, system)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime
+
+
+def _per(end: tuple[float, float], start: tuple[float, float], n: int) -> tuple[float, float]:
+    return (end[0] - start[0]) / n, (end[1] - start[1]) / n
+
+
+def _cpu_cell(samples: list[list[float]]) -> str:
+    """CPU per checkpoint, its user part (the part that holds the GIL, mostly) beside it."""
+    user = sorted(u for u, _ in samples)[len(samples) // 2]
+    total = sorted(u + s for u, s in samples)[len(samples) // 2]
+    return f"{total * 1e6:.0f} µs (user {user * 1e6:.0f})"
+
+
 def _source(state: dict[str, Any]) -> Snapshot:
     return Snapshot(state["key"], state)
 
@@ -236,14 +253,20 @@ async def _run(n: int, turns: int, kind: str = "file") -> dict[str, Any]:
         bares: list[float] = []
         ceilings: list[float] = []  # the bare recipe without its directory fsync
         firsts: list[float] = []
+        cpu: dict[str, list[tuple[float, float]]] = {"burst": [], "bare": []}
         for turn in range(turns):
             for grouped in (True, False) if turn % 2 else (False, True):
                 with _group_commit(grouped):
+                    c0 = _cpu()
                     seconds, first = await _burst(store, states, writers, turn)
+                    if grouped:
+                        cpu["burst"].append(_per(_cpu(), c0, n))
                 bursts[grouped].append(seconds)
                 firsts.append(first)
             files = await anyio.to_thread.run_sync(_read_files, store, states)
+            c0 = _cpu()
             bares.append(await anyio.to_thread.run_sync(_bare, bare_root, files))
+            cpu["bare"].append(_per(_cpu(), c0, n))
             ceilings.append(await anyio.to_thread.run_sync(_bare, bare_root, files, False))
         closing = anyio.Semaphore(THREADS)
 
@@ -269,6 +292,8 @@ async def _run(n: int, turns: int, kind: str = "file") -> dict[str, Any]:
         "burst_solo": [n / b for b in bursts[False]],
         "bare": [n / b for b in bares],
         "ceiling": [n / b for b in ceilings],
+        "cpu_burst": cpu["burst"],
+        "cpu_bare": cpu["bare"],
         "failures": failures,
     }
 
@@ -411,6 +436,7 @@ def _bursts(
         grouped = _median_ratio(f["burst"], f["bare"])
         alone = _median_ratio(f["burst_solo"], f["bare"])
         ceiling = _median_ratio(f["ceiling"], f["bare"])
+        cpu, cpu_bare = _cpu_cell(f["cpu_burst"]), _cpu_cell(f["cpu_bare"])
         rows.append(
             [
                 backend,
@@ -423,6 +449,8 @@ def _bursts(
                 f"{grouped:.2f}x",
                 f"{alone:.2f}x",
                 f"{ceiling:.2f}x",
+                cpu,
+                cpu_bare,
             ]
         )
         report.ratios.append(
@@ -434,7 +462,7 @@ def _bursts(
                 note=f"median of {turns} turns, each followed by the bare recipe; "
                 f"each write fsyncing its directory alone: {alone:.2f}x; the bare recipe "
                 f"with no directory fsync at all (not durable: the most sharing it can give): "
-                f"{ceiling:.2f}x",
+                f"{ceiling:.2f}x; CPU per checkpoint {cpu}, the bare recipe's {cpu_bare}",
             )
         )
     for backend, f in journals.items():
@@ -451,8 +479,17 @@ def _bursts(
                 f"{_median_ratio(f['burst'], f['bare']):.2f}x",
                 f"{_median_ratio(f['burst_solo'], f['bare']):.2f}x",
                 f"{_median_ratio(f['ceiling'], f['bare']):.2f}x",
+                _cpu_cell(f["cpu_burst"]),
+                _cpu_cell(f["cpu_bare"]),
             ]
         )
+    report.notes.append(
+        "CPU/checkpoint: the process's CPU time (every thread, user + system; the kernel's "
+        "part of an fsync is CPU time too) over a burst or the bare recipe's run, per "
+        "checkpoint, median of the turns; user: the part in user space, which holds the "
+        "GIL (Python code and C extensions): one thread at a time runs it, so a burst's "
+        "checkpoints/s is at most 1 / user, and at most cores / total"
+    )
     report.tables.append(
         Table(
             title="bursts: every session changes once; checkpoints/s until all are on disk",
@@ -467,6 +504,8 @@ def _bursts(
                 "group / bare",
                 "alone / bare",
                 "no dir fsync / bare",
+                "CPU/checkpoint (group)",
+                "CPU/checkpoint (bare)",
             ],
             rows=rows,
         )

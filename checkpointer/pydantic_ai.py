@@ -163,8 +163,8 @@ class CheckpointConversationStore(ConversationStore):
         idle_timeout: seconds a saved conversation's key stays held with no
             save (``SessionRegistry``); then, or when past ``max_open``, it is
             let go and read afresh at its next use.
-        max_open: most conversation keys held at once; None: 512, or half the
-            process's ``ulimit -n`` if less.
+        max_open: most conversation keys held at once; None: 512, or a quarter
+            of the process's ``ulimit -n`` if less.
         **writer_options: for each ``CheckpointWriter`` (the saves' and
             ``checkpoint_run``'s).
 

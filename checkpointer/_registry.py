@@ -48,6 +48,7 @@ logger = logging.getLogger("checkpointer")
 
 _REFUSED = ("locked", "conflict", "newer-version")  # another writer's key: refused for good
 _CLOSING_AT_ONCE = 64  # final writes in flight at once: each runs in a thread of its own
+_Why = Literal["closed_idle", "evicted", ""]  # why a key closes: its count ("" none)
 
 
 class _Phase(enum.Enum):
@@ -86,17 +87,16 @@ class _Entry:
 class SessionRegistry:
     """Hands out the ``CheckpointWriter`` of each session of a server, opening and closing them.
 
-    A key's writer opens when ``session(key)`` first asks for it: ``resume(key)``
-    loads the session (and sets up your state of it), the writer resumes
-    from what it returned, fenced as any resume.  Unused for
-    ``idle_timeout`` seconds, or the least recently used when a key past
-    ``max_open`` opens, it closes: its final write done, then its lock and
-    descriptor let go, then ``on_close(key, result)`` (drop your state of it
-    there).  A key used again later opens again through ``resume``: what
-    another process wrote meanwhile is what you get.  One exit hook flushes
-    every open writer at exit and on SIGTERM/SIGHUP.  Use it as ``async
-    with SessionRegistry(...) as registry:`` on asyncio or trio, or let the
-    first ``session()`` open it on its loop and call ``aclose()``.
+    A key's writer opens when ``session(key)`` first asks for it: ``resume(key)`` loads
+    the session (and sets up your state of it), the writer resumes from what it returned,
+    fenced as any resume.  Unused for ``idle_timeout`` seconds, or least recently used past
+    ``max_open``, it closes: its final write, then its lock and descriptor let go, then
+    ``on_close(key, result)`` (drop your state there); if the store fails that write, it
+    stays open, its lock let go, until a write lands.  Used again, it opens again through
+    ``resume``: what another process wrote meanwhile is what you get.  One exit hook
+    flushes every open writer at exit and on SIGTERM/SIGHUP.  ``async with
+    SessionRegistry(...) as registry:`` on asyncio or trio, or let the first ``session()``
+    open it on its loop, then ``aclose()``.
 
     Args:
         source: ``source(key)`` returns the session's ``Snapshot(key, state)``
@@ -215,8 +215,11 @@ class SessionRegistry:
             self._touch(entry)
             if entry.users == 0 and self._state == "closing" and entry.phase is _Phase.OPEN:
                 self._start_close(entry, "")  # aclose() waits for it
-            elif entry.users == 0 and self._napping_forever and self._nap is not None:
-                self._nap.cancel()  # the reaper had nothing idle to wait for
+            elif entry.users == 0:
+                if (victim := self._victim()) is not None:  # opened past the bound: make room
+                    self._start_close(victim, "evicted")
+                if self._napping_forever and self._nap is not None:
+                    self._nap.cancel()  # the reaper had nothing idle to wait for
 
     def _touch(self, entry: _Entry) -> None:
         entry.last_used = self._clock.now()
@@ -282,19 +285,20 @@ class SessionRegistry:
         return None if entry.error is not None else self._source(entry.key)
 
     async def _evict(self) -> None:
-        """Close the least recently used keys not in use while more than ``max_open`` are open
-        (closing ones not counted: each opening in flight makes room for itself only)."""
-        bound = self.default_max_open() if self._max_open is None else self._max_open
-        while len(self._entries) - self._closing_now > bound:
-            victim = next(
-                (e for e in self._entries.values() if e.phase is _Phase.OPEN and not e.users),
-                None,
-            )
-            if victim is None:
-                return  # all in use: the blocks' ends make room
+        """Close the least recently used keys not in use while past ``max_open``."""
+        while (victim := self._victim()) is not None:
             await self._start_close(victim, "evicted").wait()
             if victim.phase is _Phase.OPEN:
                 return  # kept open, its state not written: past the bound until it is
+
+    def _victim(self) -> _Entry | None:
+        """The least recently used key not in use if more than ``max_open`` are open, closing
+        ones not counted (each opening in flight makes room for itself only); else None."""
+        bound = self.default_max_open() if self._max_open is None else self._max_open
+        if len(self._entries) - self._closing_now <= bound:
+            return None
+        idle = (e for e in self._entries.values() if e.phase is _Phase.OPEN and not e.users)
+        return next(idle, None)
 
     async def release(self, key: str) -> Result | None:
         """Close the key's writer now (its final write, then its lock), then ``on_close``.
@@ -318,9 +322,7 @@ class SessionRegistry:
             return entry.result
         return None
 
-    def _start_close(
-        self, entry: _Entry, why: Literal["closed_idle", "evicted", ""]
-    ) -> anyio.Event:
+    def _start_close(self, entry: _Entry, why: _Why) -> anyio.Event:
         """Close the entry in a task of the registry's own, so a caller cancelled meanwhile
         (a request's timeout, Ctrl-C) never leaves it half closed; set once it is gone."""
         entry.phase = _Phase.CLOSING
@@ -331,10 +333,9 @@ class SessionRegistry:
         )
         return done
 
-    async def _close(self, entry: _Entry, why: Literal["closed_idle", "evicted", ""]) -> None:
-        """Close the entry's writer (its final write, then its lock), then ``on_close``.
-
-        It stays in the registry, so in the exit hook's reach, until its final write is done."""
+    async def _close(self, entry: _Entry, why: _Why) -> None:
+        """Close the entry's writer (its final write, then its lock), then ``on_close``; it
+        stays in the registry, so in the exit hook's reach, until its final write is done."""
         assert entry.writer is not None
         kept = False
         try:
@@ -352,16 +353,19 @@ class SessionRegistry:
                 self._forget(entry, entry.result)
 
     async def _kept(self, entry: _Entry) -> bool:
-        """Write an idle or evicted key's state before it is let go; if that fails (a full
-        disk, no descriptor left), keep it open: its state is only in memory, and its
-        writer retries as any failed write.  Not another writer's key: that is let go."""
+        """Write an idle or evicted key's state before it is let go; if the store failed
+        (a full disk, no descriptor left), keep it open, its lock let go: its writer retries
+        as any failed write, retaking the lock, fenced.  Any other failure, or any once
+        closing: let go."""
         assert entry.writer is not None
         result = await entry.writer.write_now()
-        if not isinstance(result, Failed) or result.reason in _REFUSED:
+        failed = isinstance(result, Failed) and result.reason == "write-failed"
+        if not failed or self._state != "open":
             return False
         logger.warning(
             "checkpointer: %r kept open: its state could not be written (%s)", entry.key, result
         )
+        entry.writer._core.release_locks()  # no descriptor held while the store fails
         entry.phase = _Phase.OPEN
         self._closing_now -= 1
         self._touch(entry)
@@ -444,7 +448,7 @@ class SessionRegistry:
                     if entry.phase is _Phase.OPEN and not entry.users:
                         self._start_close(entry, "")
                 for entry in list(self._entries.values()):
-                    if self._entries.get(entry.key) is entry and not entry.users:
+                    if entry.phase is not _Phase.OPEN and self._entries.get(entry.key) is entry:
                         await entry.changed.wait()  # closing, or opening: then look again
             in_use = [entry.changed for entry in self._entries.values() if entry.users]
             if in_use:
@@ -470,9 +474,7 @@ class _Resuming:
     after waiting for it to return, and keeps it from starting after (a cancelled opening)."""
 
     def __init__(self, resume: Callable[[str], Checkpoint[Any] | Meta | None], key: str) -> None:
-        self._resume = resume
-        self._key = key
-        self._guard = threading.Lock()
+        self._resume, self._key, self._guard = resume, key, threading.Lock()
         self._state: Literal["new", "called", "settled"] = "new"
 
     def __call__(self) -> Checkpoint[Any] | Meta | None:
@@ -485,11 +487,9 @@ class _Resuming:
     def settle(self, blocking: bool = True) -> bool | None:
         if not self._guard.acquire(blocking):
             return None  # resume runs now
-        try:
-            called, self._state = self._state == "called", "settled"
-            return called
-        finally:
-            self._guard.release()
+        called, self._state = self._state == "called", "settled"
+        self._guard.release()
+        return called
 
 
 def _raise_refused(writer: CheckpointWriter[Snapshot]) -> None:

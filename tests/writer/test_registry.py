@@ -201,6 +201,23 @@ async def test_without_max_open_a_low_ulimit_closes_keys_past_half_of_it(
     assert [key for key, _ in sessions.closed][:5] == [f"k{i}" for i in range(5)]
 
 
+class _Gated(FileStore):
+    """A store whose writes, while ``failing``, wait for ``gate``, then fail."""
+
+    failing = False
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def write(self, key: str, chunks: Any, **kw: Any) -> int:
+        if self.failing:
+            self.entered.set()
+            assert self.gate.wait(60)
+            raise OSError(28, "No space left on device")
+        return super().write(key, chunks, **kw)
+
+
 class _Failing(FileStore):
     """A store whose writes fail while ``failing`` (a full disk, no descriptor left)."""
 
@@ -215,8 +232,9 @@ class _Failing(FileStore):
 async def test_a_key_whose_state_cannot_be_written_is_kept_open_not_let_go(
     tmp_path: Path,
 ) -> None:
-    """Evicted, a key whose last change cannot be written stays open (its state is only in
-    memory; on_close not called), past max_open; it closes, written, once the store works."""
+    """Evicted, a key whose last change the store fails to write stays open (its state is only
+    in memory; on_close not called), past max_open, its lock let go (no descriptor held while
+    the store fails); it closes, written, once the store works."""
     sessions = Sessions(_Failing(tmp_path))
     async with sessions.registry(max_open=1) as registry:
         async with registry.session("a"):  # its opening wrote {"n": 0}
@@ -227,11 +245,84 @@ async def test_a_key_whose_state_cannot_be_written_is_kept_open_not_let_go(
         stats = registry.statistics()
         assert (stats.open, stats.evicted) == (2, 0) and sessions.closed == []
         assert sessions.n["a"] == 7 and stored(sessions.store, "a") == (0, True)
+        FileStore(tmp_path).lock("a").release()  # not held while kept
         sessions.store.failing = False  # type: ignore[attr-defined]
-        assert isinstance(await registry.release("a"), Written)
-        assert [key for key, _ in sessions.closed] == ["a"]
+        await registry.release("a")  # or the eviction b's end began, retried, closes it
+        assert [(key, type(result)) for key, result in sessions.closed] == [("a", Written)]
     assert stored(sessions.store, "a") == (7, False)
     assert stored(sessions.store, "b") == (1, False)
+
+
+@pytest.mark.parametrize("fault", ["source", "encode"])
+async def test_a_key_whose_state_can_never_be_written_is_let_go(
+    sessions: Sessions, fault: str
+) -> None:
+    """A failure no retry mends (source() raises, the state does not encode) lets an evicted
+    key go, on_close told: kept, such keys would hold the registry past max_open for good."""
+    broken = {"a"}
+    source = sessions.source
+
+    def faulty(key: str) -> Snapshot | None:
+        if key in broken and fault == "source":
+            raise RuntimeError("no state")
+        snapshot = source(key)
+        if key in broken and snapshot is not None:
+            return Snapshot(key, {"n": object()})  # msgspec cannot encode it
+        return snapshot
+
+    sessions.source = faulty  # type: ignore[method-assign]
+    async with sessions.registry(max_open=1) as registry:
+        async with registry.session("a"):
+            pass
+        async with registry.session("b"):
+            sessions.n["b"] = 1
+        await until_open(registry, 1)
+        assert registry.statistics().evicted == 1
+        assert [key for key, _ in sessions.closed] == ["a"]
+    assert stored(sessions.store, "b") == (1, False)
+
+
+async def test_blocks_ending_past_max_open_evict(sessions: Sessions) -> None:
+    """Opened past max_open while every key was in use, the registry shrinks back to it as
+    the blocks end, not at the next opening (a burst's keys would hold their locks)."""
+    async with sessions.registry(max_open=1) as registry:
+        async with registry.session("a"), registry.session("b"), registry.session("c"):
+            assert registry.statistics().open == 3
+        await until_open(registry, 1)
+        assert sorted(key for key, _ in sessions.closed) == ["b", "c"]  # least recently used
+
+
+async def test_aclose_ends_when_a_close_in_flight_keeps_its_key(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Idle closes whose writes fail as aclose() begins: aclose() closes their keys (the final
+    writes fail, on_close told) rather than wait for a key kept open."""
+    sessions = Sessions(_Gated(tmp_path))
+    store: _Gated = sessions.store  # type: ignore[assignment]
+    registry = sessions.registry(idle_timeout=10.0, clock=clock)
+    ended = anyio.Event()
+
+    async def close() -> None:
+        await registry.aclose()
+        ended.set()
+
+    async with anyio.create_task_group() as tg:
+        for key in ("a", "b"):
+            async with registry.session(key):
+                sessions.n[key] = 1
+        store.failing = True
+        await clock.advance(10.0, sleepers=3)  # idle: their closes begin, held at the gate
+        assert await anyio.to_thread.run_sync(store.entered.wait, HANG_GUARD)
+        tg.start_soon(close)
+        await anyio.wait_all_tasks_blocked()
+        store.gate.set()
+        with anyio.move_on_after(HANG_GUARD):
+            await ended.wait()
+        if not ended.is_set():  # free the stuck aclose() (a release sets what it waits on)
+            for key in ("a", "b"):
+                await registry.release(key)
+            pytest.fail("aclose() waited forever for a key kept open")
+    assert sorted(key for key, _ in sessions.closed) == ["a", "b"]
 
 
 async def test_keys_in_use_are_not_evicted(sessions: Sessions) -> None:

@@ -166,7 +166,8 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
             flight in a worker thread before it writes anyway.
         lock_timeout: how long a write waits for another live writer of the
             key to let go of its lock; 0 means ``Failed("locked")`` at once,
-            retried with backoff.
+            retried with backoff.  An exit or signal flush (``flush_sync``)
+            waits no longer than ``exit_timeout``.
 
     Each is a number of seconds up to 4,294,967 (about 49
     days, the longest wait Python's threading takes on every platform).

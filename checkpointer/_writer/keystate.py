@@ -25,6 +25,7 @@ from .._stores.base import (
     StateStore,
     Store,
     new_revision,
+    time_left,
 )
 from .._stores.sealing import DecryptionError
 from .._text import describe_error
@@ -108,15 +109,19 @@ class KeyLocks:
         self._held: dict[str, KeyLock] = {}
 
     def acquire(self, key: str, location: str, *, wait: bool = True) -> Failed | bool:
-        """Take ``key``'s lock unless held, waiting up to ``lock_timeout`` if ``wait``.
+        """Take ``key``'s lock unless held, waiting up to ``lock_timeout`` if ``wait``, never
+        past the caller's ``commit_deadline`` (an exit flush's ``exit_timeout``).
 
         True when taken now, False when held already or the store does not
         lock, ``Failed`` (naming ``location``) when refused.
         """
         if self._store is None or key in self._held:
             return False
+        timeout = self._timeout if wait else 0.0
+        if (left := time_left()) >= 0:
+            timeout = min(timeout, left)
         try:
-            self._held[key] = self._store.lock(key, timeout=self._timeout if wait else 0.0)
+            self._held[key] = self._store.lock(key, timeout=timeout)
         except KeyLocked as exc:
             return Failed("locked", str(exc))
         except Exception as exc:

@@ -20,17 +20,20 @@ from typing import Any
 import pytest
 
 from checkpointer import (
+    CheckpointWriter,
     Failed,
     FileStore,
     JournalStore,
     KeyCommitter,
     Limits,
+    Result,
     Skipped,
+    Snapshot,
     Written,
     load,
 )
 from checkpointer.stores import KeyLocked, Store
-from tests._support import ROOT, child_env
+from tests._support import HANG_GUARD, ROOT, child_env
 
 STORES = {"file": FileStore, "journal": JournalStore}
 
@@ -170,6 +173,31 @@ def test_lock_timeout_waits_for_the_holder(tmp_path: Path) -> None:
     # It expected what was stored when it first tried; the holder's close changed that.
     assert isinstance(result, Failed) and result.reason == "conflict"
     waiting.close()
+
+
+def test_a_flush_waits_for_a_held_lock_no_longer_than_exit_timeout(tmp_path: Path) -> None:
+    """An exit flush (flush_sync) whose key another writer holds waits for its lock up to
+    exit_timeout, not lock_timeout: an exit flushes every writer in turn."""
+    import threading
+
+    holder = KeyCommitter(FileStore(tmp_path), "k")
+    assert isinstance(holder.commit({"by": "holder"}), Written)
+    limits = Limits(lock_timeout=3600, exit_timeout=0.1)
+    writer: CheckpointWriter[Snapshot] = CheckpointWriter(
+        lambda: Snapshot("k", {"by": "writer"}),
+        FileStore(tmp_path),
+        limits=limits,
+        write_on_start=False,
+        exit_hooks=False,
+    ).open()
+    results: list[Result] = []
+    flushing = threading.Thread(target=lambda: results.append(writer.flush_sync()), daemon=True)
+    flushing.start()
+    flushing.join(HANG_GUARD)
+    holder.close()  # lets a flush still waiting (the bug) go on
+    flushing.join()
+    assert isinstance(results[0], Failed) and results[0].reason == "locked"
+    writer.close()
 
 
 _CHILD = """

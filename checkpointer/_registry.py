@@ -365,7 +365,8 @@ class SessionRegistry:
         logger.warning(
             "checkpointer: %r kept open: its state could not be written (%s)", entry.key, result
         )
-        entry.writer._core.release_locks()  # no descriptor held while the store fails
+        entry.writer._core.detached = True  # no descriptor held while the store fails
+        entry.writer._core.release_locks()
         entry.phase = _Phase.OPEN
         self._closing_now -= 1
         self._touch(entry)

@@ -127,6 +127,7 @@ class Committer:
         self.phase = Phase.NEW
         self.pid = os.getpid()
         self.record = Record(retried=retried)
+        self.detached = False  # kept open by a registry while its store fails: see execute
 
     def forked(self) -> bool:
         """Whether this is a forked child's copy of a writer its parent opened: such a copy
@@ -136,10 +137,7 @@ class Committer:
     @contextlib.contextmanager
     def _holding(self, lock: threading.Lock, timeout: float = -1) -> Iterator[bool]:
         """Hold ``lock`` (up to ``timeout``; negative: no bound); yield whether it was taken.
-
-        ``_exit.busy``: a signal landing meanwhile waits for the block's end
-        rather than deadlock on the lock.
-        """
+        ``_exit.busy``: a signal landing meanwhile waits for the block's end, not deadlocks."""
         with _exit.busy(), commit_deadline(timeout):
             locked = lock.acquire(timeout=timeout)
             try:
@@ -239,15 +237,17 @@ class Committer:
         return content
 
     def execute(self, job: Job, timeout: float = -1) -> Result:
-        """Write a prepared job under the I/O lock, waited for up to ``timeout`` seconds.
-
-        Past it, writes anyway: an exit flush must not wait forever for a
-        write stuck on the disk (``KeyState.overtaking``).
-        """
+        """Write a prepared job under the I/O lock, waited for up to ``timeout`` seconds; past
+        it, writes anyway: an exit flush must not wait forever for a write stuck on the disk
+        (``KeyState.overtaking``)."""
         with self._holding(self._io_lock, timeout) as locked:
             if not locked:
                 logger.warning("checkpointer: a write outlasted %ss; writing anyway", timeout)
             result = self._execute_locked(job, locked)
+            if self.detached:  # no lock held between its tries (nor a descriptor) till one lands
+                self.detached = not isinstance(result, Written)
+                if self.detached:
+                    self._locks.release(job.key)
             # A live write that fails while closing is followed by the final write.
             return self.record.account(result, quiet=not job.live or self.phase >= Phase.CLOSING)
 

@@ -27,6 +27,7 @@ from checkpointer import (
     _exit,
     load,
 )
+from checkpointer.stores import KeyLocked
 from tests._support import HANG_GUARD
 from tests.conftest import FakeClock
 
@@ -251,6 +252,35 @@ async def test_a_key_whose_state_cannot_be_written_is_kept_open_not_let_go(
         assert [(key, type(result)) for key, result in sessions.closed] == [("a", Written)]
     assert stored(sessions.store, "a") == (7, False)
     assert stored(sessions.store, "b") == (1, False)
+
+
+async def test_a_kept_key_holds_no_lock_between_its_retries(tmp_path: Path) -> None:
+    """Kept open while its store fails, a key's writer retries; each failed retry lets go of
+    the lock it took, so a long outage does not pile up descriptors again."""
+    sessions = Sessions(_Failing(tmp_path))
+    fast = Limits(retry_initial=0.001, retry_max=0.002)
+    async with sessions.registry(max_open=1, limits=fast) as registry:
+        async with registry.session("a"):
+            sessions.n["a"] = 7
+        sessions.store.failing = True  # type: ignore[attr-defined]
+        async with registry.session("b"):
+            sessions.n["b"] = 1
+        kept = registry._entries["a"].writer
+        assert kept is not None
+        with anyio.fail_after(HANG_GUARD):
+            while kept.statistics().failures < 5:  # noqa: ASYNC110 -- retries in threads
+                await anyio.sleep(0.001)
+        free = 0
+        with anyio.fail_after(HANG_GUARD):
+            while free < 3:  # a retry holds it only while it runs
+                try:
+                    FileStore(tmp_path).lock("a").release()
+                    free += 1
+                except KeyLocked:
+                    pass
+                await anyio.sleep(0.001)
+        sessions.store.failing = False  # type: ignore[attr-defined]
+    assert stored(sessions.store, "a") == (7, False)
 
 
 @pytest.mark.parametrize("fault", ["source", "encode"])

@@ -405,6 +405,7 @@ async def test_a_writer_whose_thread_was_deleted_never_brings_it_back(
 # -- two processes started at once on a new thread, many times, under load ---------------------
 
 REPEATS = 20
+AT_ONCE = 4  # repetitions side by side (each its own root): their waits overlap
 
 
 @pytest.fixture
@@ -424,7 +425,7 @@ async def test_two_processes_started_at_once_on_a_new_thread_lose_no_turn(
 ) -> None:
     """Each reads the new thread, waits a random moment, runs three turns: every turn that
     returned is stored; one that began after the other closed its saver is never refused."""
-    race = _child("race", kind, str(tmp_path), str(REPEATS))
+    race = _child("race", kind, str(tmp_path), str(REPEATS), str(AT_ONCE))
     out, _ = race.communicate(timeout=REPEATS * TIMEOUT)
     assert race.returncode == 0
     reports = [json.loads(line) for line in out.splitlines()]

@@ -1,8 +1,9 @@
 """LangGraph agents in processes of their own, for ``tests/adapters/test_langgraph_owners.py``.
 
     python -m tests.children.langgraph_child serve STORE THREAD [IDLE_TIMEOUT]
-    python -m tests.children.langgraph_child race STORE ROOT REPEATS
+    python -m tests.children.langgraph_child race STORE ROOT REPEATS [AT_ONCE]
     python -m tests.children.langgraph_child many ROOT N
+    python -m tests.children.langgraph_child zygote FD
 
 ``STORE`` is ``file``, ``journal``, ``unlocked-file`` or ``unlocked-journal``
 (a store of one's own that forwards every method but ``lock()``: it fences
@@ -24,13 +25,21 @@ stdin, one command a line, and answers each with one JSON line:
 
 ``race`` imports LangGraph once, then for each repetition forks two agents,
 ``a`` and ``b``, on thread ``chat`` of ``ROOT/<n>``, released at the same
-moment.  Each reads the thread (a UI showing it), waits 0 to 0.2 s, plus
-1 s half of the time (at random), runs three turns (``"a-0"``...) and
-closes its saver, then prints ``{"rep": n, "name": ..., "turns": [...],
-"failed": ..., "started": t0, "closed": t1}``: the turns that returned,
-the first ``CheckpointFailed`` (or None), and when its first turn began
-and its saver had closed (``time.monotonic()``: one clock for every
-process of the machine).
+moment; ``AT_ONCE`` repetitions (default 1) run side by side, so their waits
+overlap and each pair races under the others' load.  Each agent reads the
+thread (a UI showing it), waits 0 to 0.2 s, plus 1 s half of the time (at
+random), runs three turns (``"a-0"``...) and closes its saver, then prints
+``{"rep": n, "name": ..., "turns": [...], "failed": ..., "started": t0,
+"closed": t1}``: the turns that returned, the first ``CheckpointFailed`` (or
+None), and when its first turn began and its saver had closed
+(``time.monotonic()``: one clock for every process of the machine).
+
+``zygote`` imports LangGraph and the saver once, then forks a ``serve``
+agent for each request on the ``SOCK_SEQPACKET`` socket ``FD``: a JSON
+``["spawn", [ARG, ...]]`` with two descriptors, the agent's stdin and
+stdout, answered with its pid; ``["reap", PID]`` waits for that agent and
+answers its exit code.  The tests' agents start in a moment, not an
+interpreter's and LangGraph's start each: processes of their own all the same.
 
 ``many`` is a server under ``ulimit -n 1024``: one saver on the ``FileStore``
 at ``ROOT``, threads ``t0`` ... ``t<N-1>`` one turn each (``"hi <i>"``,
@@ -41,11 +50,14 @@ time; then it closes the saver and prints the registry's statistics.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
 import random
+import socket
 import sys
 import time
+import traceback
 from typing import Any
 
 from checkpointer import CheckpointFailed, FileStore, JournalStore
@@ -146,31 +158,45 @@ async def race_agent(kind: str, root: str, name: str) -> dict[str, Any]:
     return {"turns": turns, "failed": failed, "started": started, "closed": time.monotonic()}
 
 
-def race(kind: str, base: str, repeats: int) -> None:
+def race(kind: str, base: str, repeats: int, at_once: int = 1) -> None:
     import langgraph.graph  # noqa: F401 -- imported once, before the forks
 
-    for rep in range(repeats):
-        root = os.path.join(base, str(rep))
-        start_r, start_w = os.pipe()
-        pids = {}
-        for name in ("a", "b"):
-            pid = os.fork()
-            if pid == 0:
-                os.close(start_w)
-                random.seed()  # not the parent's sequence: each agent waits its own time
-                try:
-                    os.read(start_r, 1)  # both released by one write
-                    say(rep=rep, name=name, **asyncio.run(race_agent(kind, root, name)))
-                finally:
-                    os._exit(0)
-            pids[name] = pid
-        os.close(start_r)
-        os.write(start_w, b"go")
-        os.close(start_w)
-        for pid in pids.values():
+    for first in range(0, repeats, at_once):
+        pids: dict[int, int] = {}  # pid: repetition
+        starts: list[int] = []  # their start pipes' write ends
+        for rep in range(first, min(first + at_once, repeats)):
+            start_r, start_w = os.pipe()
+            for name in ("a", "b"):
+                pids[_race_agent_forked(kind, base, rep, name, start_r, [*starts, start_w])] = rep
+            os.close(start_r)
+            starts.append(start_w)
+        for start_w in starts:
+            os.write(start_w, b"go")  # a repetition's two agents, released by one write
+            os.close(start_w)
+        for pid, rep in pids.items():
             _, status = os.waitpid(pid, 0)
             if os.waitstatus_to_exitcode(status) != 0:
                 raise SystemExit(f"agent {pid} of repetition {rep} exited with {status}")
+
+
+def _race_agent_forked(
+    kind: str, base: str, rep: int, name: str, start_r: int, writers: list[int]
+) -> int:
+    """Fork agent ``name`` of repetition ``rep``: it waits for its start, runs, says how it went.
+
+    ``writers``: the start pipes' write ends open here, closed in the agent."""
+    pid = os.fork()
+    if pid == 0:
+        for start_w in writers:
+            os.close(start_w)
+        random.seed()  # not the parent's sequence: each agent waits its own time
+        try:
+            os.read(start_r, 1)
+            root = os.path.join(base, str(rep))
+            say(rep=rep, name=name, **asyncio.run(race_agent(kind, root, name)))
+        finally:
+            os._exit(0)
+    return pid
 
 
 async def many(root: str, n: int) -> None:
@@ -197,14 +223,66 @@ async def many(root: str, n: int) -> None:
     say(step="done", **msgspec.to_builtins(saver._threads.registry.statistics()))
 
 
+def zygote(fd: int) -> None:
+    import langchain_core.messages  # noqa: F401 -- imported once, before the forks
+    import langgraph.graph  # noqa: F401
+
+    import checkpointer.langgraph  # noqa: F401
+    import tests.children.adapter_child  # noqa: F401
+
+    requests = socket.socket(fileno=fd)
+    while True:
+        message, fds, _, _ = socket.recv_fds(requests, 65536, 2)
+        if not message:  # the test process let go of its end
+            return
+        what, arg = json.loads(message)
+        if what == "spawn":
+            pid = os.fork()
+            if pid == 0:
+                requests.close()
+                _forked(arg, fds)
+            for passed in fds:
+                os.close(passed)
+            requests.send(str(pid).encode())
+        else:
+            _, status = os.waitpid(arg, 0)
+            requests.send(str(os.waitstatus_to_exitcode(status)).encode())
+
+
+def _forked(argv: list[str], fds: list[int]) -> None:
+    """In a forked agent: ``fds`` become stdin and stdout, ``argv`` runs, the process ends."""
+    code = 1
+    try:
+        os.dup2(fds[0], 0)
+        os.dup2(fds[1], 1)
+        for passed in fds:
+            os.close(passed)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 -- fresh buffers, not the zygote's
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.argv = [sys.argv[0], *argv]
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        atexit._run_exitfuncs()  # as the end of an interpreter would
+        sys.stdout.flush()
+        os._exit(code)
+
+
 def main() -> None:
-    if sys.argv[1] == "serve":
+    if sys.argv[1] == "zygote":
+        zygote(int(sys.argv[2]))
+    elif sys.argv[1] == "serve":
         idle = float(sys.argv[4]) if len(sys.argv) > 4 else 300.0
         asyncio.run(serve(sys.argv[2], sys.argv[3], idle))
     elif sys.argv[1] == "many":
         asyncio.run(many(sys.argv[2], int(sys.argv[3])))
     else:
-        race(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        at_once = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+        race(sys.argv[2], sys.argv[3], int(sys.argv[4]), at_once)
 
 
 if __name__ == "__main__":

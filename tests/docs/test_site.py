@@ -13,7 +13,7 @@ import pytest
 
 import checkpointer
 from checkpointer import langgraph, openai_agents, pydantic_ai
-from tests.docblocks import ROOT, Block, pages, python_blocks, run_twice
+from tests.docblocks import ROOT, pages, python_blocks, run_twice
 
 DOC_PAGES = [p for p in pages() if p.name != "README.md"]
 
@@ -132,53 +132,6 @@ def test_messages_page_says_which_structs_write_their_defaults() -> None:
         "type": "tool_result",
         "tool_use_id": "u",
     }
-
-
-def _module_name(block: Block) -> str:
-    """A file name for the block: its page and line, as an importable module name."""
-    page = str(block.page.relative_to(ROOT).with_suffix(""))
-    return re.sub(r"\W", "_", page) + f"_{block.line}"
-
-
-def test_python_blocks_pass_mypy_strict(tmp_path: Path) -> None:
-    """Every Python block of the README and the docs, pasted alone, passes ``mypy --strict``.
-
-    One mypy run over all blocks, each its own file (issue 16: 13 of 17 blocks
-    failed: ``list[dict]``, ``load(...)`` being ``Checkpoint | None``, ...).  A
-    fragment not meant to be typed alone says so with ``docs-test: skip: REASON``.
-    """
-    blocks = [b for p in pages() for b in python_blocks(p) if b.mode != "skip"]
-    assert len(blocks) >= 15
-    files: dict[str, Block] = {}
-    for block in blocks:
-        path = tmp_path / f"{_module_name(block)}.py"
-        path.write_text(block.code, encoding="utf-8")
-        files[path.name] = block
-    mypy = shutil.which("mypy", path=str(Path(sys.executable).parent)) or "mypy"
-    proc = subprocess.run(
-        [
-            mypy,
-            "--strict",
-            "--python-version",
-            "3.11",
-            "--no-error-summary",
-            "--cache-dir",  # kept between runs: a cold run checks the frameworks too
-            str(ROOT / ".mypy_cache" / "docs-blocks"),
-            *sorted(files),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-
-    def where(m: re.Match[str]) -> str:  # "README_41.py:4:" -> "README.md:45:"
-        block = files[m[1]]
-        return f"{block.page.relative_to(ROOT)}:{block.line + int(m[2])}:"
-
-    report = re.sub(r"^(\w+\.py):(\d+):", where, proc.stdout, flags=re.M)
-    assert proc.returncode == 0, report + proc.stderr
 
 
 def test_cli_page_names_every_command_and_option() -> None:

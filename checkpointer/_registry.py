@@ -51,10 +51,7 @@ _CLOSING_AT_ONCE = 64  # final writes in flight at once: each runs in a thread o
 _Why = Literal["closed_idle", "evicted", ""]  # why a key closes: its count ("" none)
 
 
-class _Phase(enum.Enum):
-    OPENING = "opening"
-    OPEN = "open"
-    CLOSING = "closing"
+_Phase = enum.Enum("_Phase", "OPENING OPEN CLOSING")
 
 
 @final
@@ -365,8 +362,7 @@ class SessionRegistry:
         logger.warning(
             "checkpointer: %r kept open: its state could not be written (%s)", entry.key, result
         )
-        entry.writer._core.detached = True  # no descriptor held while the store fails
-        entry.writer._core.release_locks()
+        entry.writer._detach()
         entry.phase = _Phase.OPEN
         self._closing_now -= 1
         self._touch(entry)
@@ -488,8 +484,10 @@ class _Resuming:
     def settle(self, blocking: bool = True) -> bool | None:
         if not self._guard.acquire(blocking):
             return None  # resume runs now
-        called, self._state = self._state == "called", "settled"
-        self._guard.release()
+        try:
+            called, self._state = self._state == "called", "settled"
+        finally:
+            self._guard.release()
         return called
 
 

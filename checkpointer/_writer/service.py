@@ -289,6 +289,13 @@ class CheckpointWriter(Generic[S]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _detach(self) -> None:
+        """Hold no lock, nor its descriptor, between writes until one lands: for a
+        ``SessionRegistry`` keeping the key open while its store fails.  A write in flight
+        lets go of it as it ends (``Committer.execute``)."""
+        self._core.detached = True
+        self._core.release_locks()
+
     def flush_sync(self, reason: Literal["manual", "exit", "signal"] = "manual") -> Result:
         """Write the current state now, synchronously, from any thread; never raises for a failure.
 

@@ -339,7 +339,9 @@ class SessionRegistry:
             async with self._closing:
                 if why and (kept := await self._kept(entry)):
                     return
-                entry.result = await entry.writer.aclose()
+                result = await entry.writer.aclose()
+                if not why or result != Skipped("unchanged"):  # else _kept's write was the last
+                    entry.result = result
         except Exception as exc:  # source() raised in the timer task (trio): the key is let go
             entry.result = Failed("write-failed", f"the close raised {describe_error(exc)}")
             logger.exception("checkpointer: closing %r: %s", entry.key, entry.result.error)
@@ -355,7 +357,7 @@ class SessionRegistry:
         as any failed write, retaking the lock, fenced.  Any other failure, or any once
         closing: let go."""
         assert entry.writer is not None
-        result = await entry.writer.write_now()
+        result = entry.result = await entry.writer._write_final()
         failed = isinstance(result, Failed) and result.reason == "write-failed"
         if not failed or self._state != "open":
             return False

@@ -289,6 +289,11 @@ class CheckpointWriter(Generic[S]):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    async def _write_final(self) -> Result:
+        """``write_now()`` as a close's final write (``live=False``), the writer left open:
+        a ``SessionRegistry`` closes a key only once its state is stored."""
+        return await self._timer.write(live=False)
+
     def _detach(self) -> None:
         """Hold no lock, nor its descriptor, between writes until one lands: for a
         ``SessionRegistry`` keeping the key open while its store fails.  A write in flight

@@ -171,6 +171,27 @@ async def test_the_least_recently_used_key_closes_first_past_max_open(sessions: 
         assert (stats.open, stats.evicted, stats.opened) == (3, 1, 4)
 
 
+async def test_a_key_closed_idle_or_evicted_is_written_once(
+    sessions: Sessions, clock: FakeClock
+) -> None:
+    """An idle or evicted key's close makes one write, its final one (``live=False``), after
+    the opening's: a close costs one fsynced write, not two."""
+    async with sessions.registry(max_open=1, idle_timeout=10.0, clock=clock) as registry:
+        for key in ("a", "b"):  # b's opening evicts a
+            async with registry.session(key):
+                sessions.n[key] = 1
+        await clock.advance(10.0, sleepers=1)  # b is idle
+        await until_open(registry, 0)
+    for key in ("a", "b"):
+        checkpoint = load(sessions.store, key)
+        assert checkpoint is not None
+        assert (checkpoint.state["n"], checkpoint.meta.live, checkpoint.meta.seq) == (1, False, 2)
+    assert [(key, type(result)) for key, result in sessions.closed] == [
+        ("a", Written),
+        ("b", Written),
+    ]
+
+
 @pytest.mark.parametrize(
     ("soft", "bound"), [(40, 10), (256, 64), (2048, 512), (1 << 20, 512), (3, 1), (-1, 512)]
 )

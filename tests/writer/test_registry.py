@@ -19,6 +19,7 @@ from checkpointer import (
     Checkpoint,
     CheckpointFailed,
     FileStore,
+    JournalStore,
     Limits,
     Result,
     SessionRegistry,
@@ -38,7 +39,7 @@ class Sessions:
     """A server's state of its sessions: ``{"n": n}`` per key, made by ``resume``, dropped
     by ``on_close``."""
 
-    def __init__(self, store: FileStore) -> None:
+    def __init__(self, store: FileStore | JournalStore) -> None:
         self.store = store
         self.n: dict[str, int] = {}
         self.resumed: list[str] = []
@@ -74,7 +75,7 @@ async def until_open(registry: SessionRegistry, n: int) -> None:
             await anyio.sleep(0.001)
 
 
-def stored(store: FileStore, key: str) -> tuple[int, bool] | None:
+def stored(store: FileStore | JournalStore, key: str) -> tuple[int, bool] | None:
     checkpoint = load(store, key)
     return None if checkpoint is None else (checkpoint.state["n"], checkpoint.meta.live)
 
@@ -251,24 +252,36 @@ class _Failing(FileStore):
         return super().write(key, chunks, **kw)
 
 
+class _FailingJournal(JournalStore):
+    """A journal whose commits fail while ``failing``."""
+
+    failing = False
+
+    def commit(self, *args: Any, **kw: Any) -> int:
+        if self.failing:
+            raise OSError(28, "No space left on device")
+        return super().commit(*args, **kw)
+
+
+@pytest.mark.parametrize("failing", [_Failing, _FailingJournal])
 async def test_a_key_whose_state_cannot_be_written_is_kept_open_not_let_go(
-    tmp_path: Path,
+    tmp_path: Path, failing: type[_Failing | _FailingJournal]
 ) -> None:
     """Evicted, a key whose last change the store fails to write stays open (its state is only
     in memory; on_close not called), past max_open, its lock let go (no descriptor held while
     the store fails); it closes, written, once the store works."""
-    sessions = Sessions(_Failing(tmp_path))
+    sessions = Sessions(store := failing(tmp_path))
     async with sessions.registry(max_open=1) as registry:
         async with registry.session("a"):  # its opening wrote {"n": 0}
             sessions.n["a"] = 7
-        sessions.store.failing = True  # type: ignore[attr-defined]
+        store.failing = True
         async with registry.session("b"):  # a is evicted: its write fails, so it stays
             sessions.n["b"] = 1
         stats = registry.statistics()
         assert (stats.open, stats.evicted) == (2, 0) and sessions.closed == []
         assert sessions.n["a"] == 7 and stored(sessions.store, "a") == (0, True)
-        FileStore(tmp_path).lock("a").release()  # not held while kept
-        sessions.store.failing = False  # type: ignore[attr-defined]
+        failing(tmp_path).lock("a").release()  # not held while kept
+        store.failing = False
         await registry.release("a")  # or the eviction b's end began, retried, closes it
         assert [(key, type(result)) for key, result in sessions.closed] == [("a", Written)]
     assert stored(sessions.store, "a") == (7, False)
@@ -278,12 +291,12 @@ async def test_a_key_whose_state_cannot_be_written_is_kept_open_not_let_go(
 async def test_a_kept_key_holds_no_lock_between_its_retries(tmp_path: Path) -> None:
     """Kept open while its store fails, a key's writer retries; each failed retry lets go of
     the lock it took, so a long outage does not pile up descriptors again."""
-    sessions = Sessions(_Failing(tmp_path))
+    sessions = Sessions(store := _Failing(tmp_path))
     fast = Limits(retry_initial=0.001, retry_max=0.002)
     async with sessions.registry(max_open=1, limits=fast) as registry:
         async with registry.session("a"):
             sessions.n["a"] = 7
-        sessions.store.failing = True  # type: ignore[attr-defined]
+        store.failing = True
         async with registry.session("b"):
             sessions.n["b"] = 1
         kept = registry._entries["a"].writer
@@ -300,7 +313,7 @@ async def test_a_kept_key_holds_no_lock_between_its_retries(tmp_path: Path) -> N
                 except KeyLocked:
                     pass
                 await anyio.sleep(0.001)
-        sessions.store.failing = False  # type: ignore[attr-defined]
+        store.failing = False
     assert stored(sessions.store, "a") == (7, False)
 
 

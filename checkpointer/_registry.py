@@ -6,6 +6,9 @@ least recently used key is its first and the idle ones lead it.  An entry is
 ``OPENING`` (its ``resume`` and first write running), ``OPEN``, or ``CLOSING``
 (its final write running); it leaves the dict once its writer has let the key
 go, so a key in use again waits for that and then resumes from what it wrote.
+
+Past 500 lines: the entry's phases and the registry's (open, closing) are one machine,
+and its transitions (open, evict, idle close, keep, release, aclose) read each other's.
 """
 
 from __future__ import annotations
@@ -215,8 +218,12 @@ class SessionRegistry:
             elif entry.users == 0:
                 if (victim := self._victim()) is not None:  # opened past the bound: make room
                     self._start_close(victim, "evicted")
-                if self._napping_forever and self._nap is not None:
-                    self._nap.cancel()  # the reaper had nothing idle to wait for
+                self._rouse()
+
+    def _rouse(self) -> None:
+        """A key is idle again: wake the reaper if it sleeps with nothing idle to wait for."""
+        if self._napping_forever and self._nap is not None:
+            self._nap.cancel()
 
     def _touch(self, entry: _Entry) -> None:
         entry.last_used = self._clock.now()
@@ -357,7 +364,10 @@ class SessionRegistry:
         as any failed write, retaking the lock, fenced.  Any other failure, or any once
         closing: let go."""
         assert entry.writer is not None
-        result = entry.result = await entry.writer._write_final()
+        try:
+            result = entry.result = await entry.writer._write_final()
+        except Exception as exc:  # no worker thread to be had (a pids limit): as a full disk
+            result = Failed("write-failed", f"the write raised {describe_error(exc)}")
         failed = isinstance(result, Failed) and result.reason == "write-failed"
         if not failed or self._state != "open":
             return False
@@ -369,6 +379,7 @@ class SessionRegistry:
         self._closing_now -= 1
         self._touch(entry)
         self._wake(entry)
+        self._rouse()
         return True
 
     def _forget(self, entry: _Entry, result: Result | None) -> None:

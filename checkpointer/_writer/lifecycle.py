@@ -145,7 +145,8 @@ class Lifecycle:
         """
         thread = None if self.close is None else self.close.thread
         if thread is not None and (self.closed or not self._exit_hooks):
-            thread.join(self._limits.exit_timeout)
+            if thread.ident is not None:  # a signal may land before it starts
+                thread.join(self._limits.exit_timeout)
         elif self._exit_hooks and not self.closed:
             when = "at exit" if reason == "exit" else "on a signal"
             self._core.record.note_final(self._core.flush(live=False), when)

@@ -317,6 +317,56 @@ async def test_a_kept_key_holds_no_lock_between_its_retries(tmp_path: Path) -> N
     assert stored(sessions.store, "a") == (7, False)
 
 
+async def test_a_kept_key_closes_idle_once_its_store_works(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Kept open by an idle close its store failed, a key closes idle_timeout after its
+    retry lands, with no other session used meanwhile: its lock is not held till exit."""
+    sessions = Sessions(store := _Failing(tmp_path))
+    limits = Limits(retry_initial=1.0, retry_max=1.0)
+    async with sessions.registry(idle_timeout=10.0, clock=clock, limits=limits) as registry:
+        async with registry.session("a"):
+            sessions.n["a"] = 7
+        store.failing = True
+        await clock.advance(10.0)  # idle: its close's write fails, so it is kept
+        await clock.wait_for_deadline()  # the writer's retry, on the clock
+        store.failing = False
+        await clock.advance(11.0)  # the retry lands
+        await clock.advance(21.0)  # idle again
+        await until_open(registry, 0)
+        assert [(key, type(result)) for key, result in sessions.closed] == [("a", Written)]
+        FileStore(tmp_path).lock("a", timeout=0).release()  # let go
+    assert stored(sessions.store, "a") == (7, False)
+
+
+async def test_a_close_with_no_thread_to_be_had_keeps_the_key(
+    sessions: Sessions, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No worker thread to be had for an evicted key's write (a pids limit): the key is kept
+    open as for a store's failure, its lock let go, and closes written once threads return."""
+    run_sync, starved = anyio.to_thread.run_sync, False
+
+    async def starving(func: Any, *args: Any, **kw: Any) -> Any:
+        if starved and args and getattr(args[0], "key", None) == "a":  # a's writes' hop
+            raise RuntimeError("can't start new thread")
+        return await run_sync(func, *args, **kw)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", starving)
+    limits = Limits(retry_initial=3600.0, retry_max=3600.0)
+    async with sessions.registry(max_open=1, limits=limits) as registry:
+        async with registry.session("a"):  # its opening wrote {"n": 0}
+            sessions.n["a"] = 7
+        starved = True
+        async with registry.session("b"):  # a is evicted: its write has no thread
+            sessions.n["b"] = 1
+        assert registry.statistics().open == 2 and sessions.closed == []
+        FileStore(sessions.store.root).lock("a", timeout=0).release()  # not held while kept
+        starved = False
+        await registry.release("a")
+        assert [(key, type(result)) for key, result in sessions.closed] == [("a", Written)]
+    assert stored(sessions.store, "a") == (7, False)
+
+
 @pytest.mark.parametrize("fault", ["source", "encode"])
 async def test_a_key_whose_state_can_never_be_written_is_let_go(
     sessions: Sessions, fault: str

@@ -174,3 +174,53 @@ def test_a_key_closed_for_idleness_reopens_from_another_process_write(
     assert server.proc.returncode == 0, server.report()
     checkpoint = load(FileStore(root), "k0")
     assert checkpoint is not None and checkpoint.state == {"n": 101}
+
+
+SIGTERM_AS_A_CLOSE_STARTS = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    import anyio
+    from checkpointer import FileStore, SessionRegistry, Snapshot
+
+    start = threading.Thread.start
+
+    def start_after_sigterm(thread):  # the signal lands as the final write's thread starts
+        if thread.name == "checkpointer-final-write":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.01)  # its handler runs here, before start()
+        start(thread)
+
+    threading.Thread.start = start_after_sigterm
+    state = {}
+
+    async def main():
+        async with SessionRegistry(
+            lambda key: Snapshot(key, {"n": state[key]}),
+            FileStore(sys.argv[1]),
+            resume=lambda key: state.update({key: 0}),
+            debounce=0.0,
+        ) as registry:
+            async with registry.session("k0"):
+                state["k0"] = 5
+            await registry.release("k0")
+            await anyio.sleep(30)
+
+    anyio.run(main, backend=sys.argv[2])
+    """
+)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigterm_as_a_close_s_final_write_starts_ends_the_process(root: Path, backend: str) -> None:
+    """SIGTERM landing as a key's close starts its final write's thread: the process dies of it,
+    the key's last state stored (the exit hook wrote it), not a signal swallowed."""
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_AS_A_CLOSE_STARTS, str(root), backend],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr[-3000:]
+    assert counts(root, 1) == {5: 1}

@@ -33,9 +33,13 @@ logger = logging.getLogger("checkpointer")
 SWEEP_EVERY = 300.0
 """Seconds after which a root is swept again at the next open (a sibling may have died)."""
 
-# (pid, st_dev, st_ino) of a root this process swept -> when (monotonic): by the
-# directory, not its name (a root deleted and made again is swept afresh).
-_swept: dict[tuple[int, int, int], float] = {}
+# (pid, absolute path, st_dev, st_ino) of a root this process swept -> when (monotonic):
+# by its path and the directory there, for neither alone names one.  A path that names
+# another directory (a relative root after chdir) is swept afresh, and so is a new path
+# whose directory got the inode of one swept and deleted (ext4 and tmpfs reuse it at once).
+# A root deleted and made again at its path and inode holds only temps younger than the
+# sweep, as when a sibling dies later: swept at an open past SWEEP_EVERY.
+_swept: dict[tuple[int, str, int, int], float] = {}
 
 _PEEK = 4096  # bytes read to find a file's meta: a meta is a few hundred
 _MARK = b"\x00checkpointer-revision "  # + the revision + b"\n": no envelope starts so
@@ -106,7 +110,7 @@ class FileStore:
             st = None  # not there yet: swept when it is
         now = time.monotonic()
         if st is not None:
-            swept = (os.getpid(), st.st_dev, st.st_ino)
+            swept = (os.getpid(), os.path.abspath(self.root), st.st_dev, st.st_ino)
             last = _swept.get(swept)
             if last is not None and now - last < SWEEP_EVERY:
                 return

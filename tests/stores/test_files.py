@@ -304,6 +304,22 @@ def test_filestore_open_sweeps_once_per_root_and_process(tmp_path: Path) -> None
     assert not stale.exists()
 
 
+def test_filestore_open_sweeps_a_root_new_to_the_process_on_the_inode_of_one_swept(
+    tmp_path: Path,
+) -> None:
+    """A root this process never opened is swept at its first open, though it has the
+    (st_dev, st_ino) of one it swept: ext4 and tmpfs give a new directory the inode of one
+    just deleted (here: the swept directory renamed, which keeps its inode for certain)."""
+    swept, fresh = tmp_path / "swept", tmp_path / "fresh"
+    swept.mkdir()
+    FileStore(swept).open()
+    swept.rename(fresh)
+    stale = fresh / temp_name("s1.json")
+    stale.write_bytes(b"{")
+    FileStore(fresh).open()
+    assert not stale.exists()
+
+
 # -- FileStore ---------------------------------------------------------------
 
 

@@ -164,6 +164,8 @@ RESTORE_OFF_MAIN_CHILD = textwrap.dedent(
     from checkpointer import CheckpointWriter, FileStore, Snapshot
 
     root, mode = sys.argv[1], sys.argv[2]
+    for s in (signal.SIGTERM, signal.SIGHUP):  # not what it inherited (nohup: SIGHUP ignored)
+        signal.signal(s, signal.SIG_DFL)
 
     def ours():
         handlers = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)]
@@ -203,7 +205,9 @@ def test_a_close_off_the_main_thread_restores_the_signal_handlers(
     tmp_path: Path, mode: str
 ) -> None:
     """The last writer closed in a worker thread: SIGTERM/SIGHUP get their old handlers back
-    (through the writer's loop on the main thread, else at the main thread's next write)."""
+    (through the writer's loop on the main thread, else at the main thread's next write).
+    The child starts from the default handlers whatever it inherited (a suite run under
+    nohup ignores SIGHUP)."""
     env = child_env()
     done = subprocess.run(
         [sys.executable, "-c", RESTORE_OFF_MAIN_CHILD, str(tmp_path), mode],

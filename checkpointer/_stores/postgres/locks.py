@@ -136,6 +136,19 @@ class LocksPart(ConnectionPart):
             finally:
                 self._mutex.release()
 
+    def _release_all(self) -> None:
+        """Unlock every key on the live connection (its closing caller holds the mutex):
+        the server ends a closed session when it gets to it, and until then the keys'
+        locks would keep other writers out, this store's next connection too."""
+        conn = self._conn
+        if not self._held or conn is None or conn.closed or conn.broken:
+            return
+        with (
+            contextlib.suppress(self._pg.Error),
+            self._watchdog.watch(conn.fileno(), self._deadline),
+        ):
+            conn.execute(self._sql["release_all"])
+
     def locked_by(self, key: str) -> str | None:
         """Who holds the writer lock of ``key`` (one line; this store counts), None if free."""
         check_key(key)

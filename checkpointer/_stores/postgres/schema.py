@@ -120,6 +120,9 @@ QUERIES = {
             DELETE FROM {s}.holders WHERE key = %(key)s AND backend_pid = pg_backend_pid()
         )
         SELECT pg_advisory_unlock(%(id)s)""",
+    "release_all": """
+        WITH gone AS (DELETE FROM {s}.holders WHERE backend_pid = pg_backend_pid())
+        SELECT pg_advisory_unlock_all()""",
     # The conditional writes: each applies only over the revision expected, checked
     # by the statement that writes (READ COMMITTED re-checks the row it waited for).
     # No checkpoint expected: an insert that a row already there stops.

@@ -248,9 +248,10 @@ class PostgresStore(LocksPart):
             return self._version(conn)
 
     def close(self) -> None:
-        """Close the connection, which releases every lock; a later call connects again (a
+        """Release every lock, then close the connection; a later call connects again (a
         lock object from ``lock()`` stays its writer's)."""
         with _exit.busy(), self._mutex:
+            self._release_all()
             self._drop()
             self._watchdog.close()
 

@@ -38,6 +38,7 @@ schema = _pg.schema
 
 STORES = [PostgresStore, PostgresJournalStore]
 _COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # the simple-query COMMIT psycopg sends
+_TERMINATE = b"X\x00\x00\x00\x04"  # what psycopg sends as it closes a connection
 
 
 class CommitEater:
@@ -52,6 +53,7 @@ class CommitEater:
         self.eaten = threading.Event()  # an answer to a COMMIT was dropped
         self._cut = b""
         self._refuse = 0
+        self._linger = False
         self.was_cut = threading.Event()  # a connection was dropped by cut()
         self._socks: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -64,6 +66,11 @@ class CommitEater:
         then close the next ``then_refuse`` connections at once (a server restarting)."""
         self._refuse = then_refuse
         self._cut = marker
+
+    def linger(self) -> None:
+        """Keep the server's side of a connection the client closes open until ``close()``:
+        a server that ends a closed session late (loaded, or a network that lost the FIN)."""
+        self._linger = True
 
     def close(self) -> None:
         for sock in [self._listener, *self._socks]:
@@ -94,6 +101,9 @@ class CommitEater:
                             sock.shutdown(socket.SHUT_RDWR)
                     self.was_cut.set()
                     return
+                if self._linger and data.endswith(_TERMINATE):
+                    server.sendall(data[: -len(_TERMINATE)])
+                    return  # the server's side stays open: its session and locks with it
                 if self._armed.is_set() and _COMMIT in data:
                     self._armed.clear()
                     eating.set()  # psycopg waits for each answer: the next one is COMMIT's
@@ -314,6 +324,27 @@ def test_store_close_keeps_a_second_writer_of_the_key_out(
     final = load(store, "k")
     assert final is not None and final.state == {"by": "a", "n": 9} and final.meta.seq == 3
     store.close()
+
+
+@pytest.mark.parametrize("store_type", STORES, ids=lambda t: t.__name__)
+def test_store_close_frees_the_keys_before_it_returns(
+    pg: Cluster, schema: str, eater: CommitEater, store_type: type[PostgresStore]
+) -> None:
+    """store.close() unlocks its keys on the server before it closes the connection: a
+    session the server ends late (here: never, until the proxy closes) keeps no key from
+    another store, nor from this one's next connection."""
+    store = store_type(_through(pg, eater.port), schema=schema)
+    writer = CheckpointWriter(lambda: Snapshot("k", {"n": 1}), store, exit_hooks=False)
+    writer.open()
+    assert store.held() == {"k"}
+    eater.linger()
+    store.close()
+    other = store_type(pg.dsn(), schema=schema)
+    assert other.locked_by("k") is None
+    assert other.acquire("k") is None
+    other.release("k")
+    assert isinstance(writer.close(), Written)  # its store's next connection takes the key
+    other.close()
 
 
 # -- 3. a forked child on the inherited journal store ---------------------------------

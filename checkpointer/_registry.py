@@ -42,7 +42,7 @@ from ._values import (
     Snapshot,
 )
 from ._writer.clock import Clock, MonotonicClock
-from ._writer.service import CheckpointWriter
+from ._writer.service import DEFAULT_LIMITS, CheckpointWriter
 from ._writer.timer import spawn_system_task
 
 __all__ = ["SessionRegistry"]
@@ -151,6 +151,7 @@ class SessionRegistry:
         self._options = writer_options
         # Checked once here as each writer checks them: a typo fails now, not every request.
         CheckpointWriter(lambda: None, store, resume_from=None, exit_hooks=False, **writer_options)
+        self._close_timeout = writer_options.get("limits", DEFAULT_LIMITS).close_timeout
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._closing_now = 0  # entries CLOSING: an opening's room is counted without them
         self._state: Literal["new", "open", "closing", "closed"] = "new"
@@ -361,11 +362,13 @@ class SessionRegistry:
     async def _kept(self, entry: _Entry) -> bool:
         """Write an idle or evicted key's state before it is let go; if the store failed
         (a full disk, no descriptor left), keep it open, its lock let go: its writer retries
-        as any failed write, retaking the lock, fenced.  Any other failure, or any once
-        closing: let go."""
+        as any failed write, retaking the lock, fenced.  Any other failure, a write past
+        ``close_timeout`` (it goes on, the final write behind it), or any once closing: let go."""
         assert entry.writer is not None
+        result: Result | None = None
         try:
-            result = entry.result = await entry.writer._write_final()
+            with anyio.move_on_after(self._close_timeout):  # a store that never answers
+                result = entry.result = await entry.writer._write_final()
         except Exception as exc:  # no worker thread to be had (a pids limit): as a full disk
             result = Failed("write-failed", f"the write raised {describe_error(exc)}")
         failed = isinstance(result, Failed) and result.reason == "write-failed"

@@ -18,6 +18,7 @@ import pytest
 from checkpointer import (
     Checkpoint,
     CheckpointFailed,
+    Failed,
     FileStore,
     JournalStore,
     Limits,
@@ -31,6 +32,7 @@ from checkpointer import (
 from checkpointer.stores import KeyLocked
 from tests._support import HANG_GUARD
 from tests.conftest import FakeClock
+from tests.writer.test_close import final_threads_end
 
 pytestmark = pytest.mark.anyio
 
@@ -437,6 +439,59 @@ async def test_aclose_ends_when_a_close_in_flight_keeps_its_key(
                 await registry.release(key)
             pytest.fail("aclose() waited forever for a key kept open")
     assert sorted(key for key, _ in sessions.closed) == ["a", "b"]
+
+
+class _Hung(FileStore):
+    """A store whose writes, while ``hung``, wait for ``gate`` (a disk that does not answer)."""
+
+    hung = False
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def write(self, key: str, chunks: Any, **kw: Any) -> int:
+        if self.hung:
+            self.entered.set()
+            assert self.gate.wait(2 * HANG_GUARD)  # past the test's own guard
+        return super().write(key, chunks, **kw)
+
+
+async def test_an_idle_close_whose_write_never_returns_ends_at_close_timeout(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """An idle key's write stuck in the store as aclose() begins: aclose() returns, bounded by
+    close_timeout as a writer's close is, the key let go with a Failed saying its write goes
+    on; the state lands once the store answers."""
+    sessions = Sessions(_Hung(tmp_path))
+    store: _Hung = sessions.store  # type: ignore[assignment]
+    registry = sessions.registry(idle_timeout=10.0, clock=clock, limits=Limits(close_timeout=0.05))
+    ended = anyio.Event()
+
+    async def close() -> None:
+        await registry.aclose()
+        ended.set()
+
+    async with anyio.create_task_group() as tg:
+        async with registry.session("a") as writer:
+            sessions.n["a"] = 1
+            assert isinstance(await writer.write_now(), Written)
+            sessions.n["a"] = 2  # not notified: the idle close writes it
+        store.hung = True
+        await clock.advance(10.0, sleepers=1)  # idle: its close begins, its write held
+        assert await anyio.to_thread.run_sync(store.entered.wait, HANG_GUARD)
+        tg.start_soon(close)
+        with anyio.move_on_after(HANG_GUARD):
+            await ended.wait()
+        hung = not ended.is_set()
+        store.gate.set()
+        await ended.wait()
+        assert not hung, "aclose() waited for an idle close's write past close_timeout"
+    [(key, result)] = sessions.closed
+    assert key == "a" and isinstance(result, Failed), result
+    assert "goes on in a thread of its own" in result.error
+    await anyio.to_thread.run_sync(final_threads_end)
+    assert stored(store, "a") == (2, False)
 
 
 async def test_keys_in_use_are_not_evicted(sessions: Sessions) -> None:

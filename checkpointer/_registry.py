@@ -40,6 +40,7 @@ from ._values import (
     Result,
     Skipped,
     Snapshot,
+    Written,
 )
 from ._writer.clock import Clock, MonotonicClock
 from ._writer.service import DEFAULT_LIMITS, CheckpointWriter
@@ -348,8 +349,8 @@ class SessionRegistry:
                 if why and (kept := await self._kept(entry)):
                     return
                 result = await entry.writer.aclose()
-                if not why or result != Skipped("unchanged"):  # else _kept's write was the last
-                    entry.result = result
+                if result != Skipped("unchanged") or not isinstance(entry.result, Written):
+                    entry.result = result  # else _kept's write was the last
         except Exception as exc:  # source() raised in the timer task (trio): the key is let go
             entry.result = Failed("write-failed", f"the close raised {describe_error(exc)}")
             logger.exception("checkpointer: closing %r: %s", entry.key, entry.result.error)
@@ -360,17 +361,21 @@ class SessionRegistry:
                 self._forget(entry, entry.result)
 
     async def _kept(self, entry: _Entry) -> bool:
-        """Write an idle or evicted key's state before it is let go; if the store failed
-        (a full disk, no descriptor left), keep it open, its lock let go: its writer retries
-        as any failed write, retaking the lock, fenced.  Any other failure, a write past
-        ``close_timeout`` (it goes on, the final write behind it), or any once closing: let go."""
+        """Write an idle or evicted key's state before it is let go; if the store failed it
+        (a full disk, no descriptor or thread left) or has not answered within
+        ``close_timeout`` (the write goes on), keep it open: a use meanwhile gets its writer,
+        which holds no lock between its retries, fenced as any.  Any other failure, or any
+        once closing: let go."""
         assert entry.writer is not None
-        result: Result | None = None
+        result: Result = Failed(
+            "write-failed", f"no answer within close_timeout={self._close_timeout}s; it goes on"
+        )
         try:
-            with anyio.move_on_after(self._close_timeout):  # a store that never answers
-                result = entry.result = await entry.writer._write_final()
+            with anyio.move_on_after(self._close_timeout):  # a store that does not answer
+                result = await entry.writer._write_final()
         except Exception as exc:  # no worker thread to be had (a pids limit): as a full disk
             result = Failed("write-failed", f"the write raised {describe_error(exc)}")
+        entry.result = result
         failed = isinstance(result, Failed) and result.reason == "write-failed"
         if not failed or self._state != "open":
             return False

@@ -494,6 +494,31 @@ async def test_an_idle_close_whose_write_never_returns_ends_at_close_timeout(
     assert stored(store, "a") == (2, False)
 
 
+async def test_a_key_whose_idle_write_outlasts_close_timeout_stays_open(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """An idle key's write the store has not answered within close_timeout: the key stays open
+    (its write goes on), so a use meanwhile gets the same writer, not a refusal by its own
+    write's lock, and its change lands after that write."""
+    sessions = Sessions(store := _Hung(tmp_path))
+    limits = Limits(close_timeout=0.05)
+    async with sessions.registry(idle_timeout=10.0, clock=clock, limits=limits) as registry:
+        async with registry.session("a") as first:
+            sessions.n["a"] = 1
+        store.hung = True
+        await clock.advance(10.0, sleepers=1)  # idle: its close begins, its write held
+        assert await anyio.to_thread.run_sync(store.entered.wait, HANG_GUARD)
+        async with registry.session("a") as again:  # after close_timeout: kept open
+            assert again is first
+            sessions.n["a"] = 100
+            store.hung = False
+            store.gate.set()
+        await registry.release("a")
+    assert sessions.resumed == ["a"]
+    assert [(key, type(result)) for key, result in sessions.closed] == [("a", Written)]
+    assert stored(store, "a") == (100, False)
+
+
 async def test_keys_in_use_are_not_evicted(sessions: Sessions) -> None:
     """Every open key in use: a new one opens past max_open rather than close one in use."""
     async with sessions.registry(max_open=1) as registry:

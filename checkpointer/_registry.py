@@ -267,8 +267,8 @@ class SessionRegistry:
                 clock=self._clock,
                 **self._options,
             )
+            entry.writer = writer  # in the exit hook's reach from its first write on
             await writer.aopen()
-            entry.writer = writer
             _raise_refused(writer)
         except BaseException as exc:
             if not isinstance(exc, anyio.get_cancelled_exc_class()):

@@ -224,3 +224,57 @@ def test_sigterm_as_a_close_s_final_write_starts_ends_the_process(root: Path, ba
     )
     assert done.returncode == -signal.SIGTERM, done.stderr[-3000:]
     assert counts(root, 1) == {5: 1}
+
+
+SIGTERM_AS_A_KEY_OPENS = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    import anyio
+    from checkpointer import CheckpointWriter, FileStore, SessionRegistry, Snapshot, load
+
+    class Slow(FileStore):
+        slow = False
+
+        def write(self, key, chunks, **kw):
+            written = super().write(key, chunks, **kw)
+            if self.slow:  # landed; SIGTERM comes before the opening ends
+                threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
+                time.sleep(1.0)
+            return written
+
+    store = Slow(sys.argv[1])
+    state = {}
+
+    def resume(key):
+        checkpoint = load(store, key)
+        state[key] = checkpoint.state["n"]
+        return checkpoint
+
+    async def main():
+        async with CheckpointWriter(lambda: Snapshot("k0", {"n": 6}), store, resume_from=None):
+            pass
+        source = lambda key: Snapshot(key, {"n": state[key]})
+        async with SessionRegistry(source, store, resume=resume) as registry:
+            store.slow = True
+            async with registry.session("k0"):
+                state["k0"] = 7
+
+    anyio.run(main, backend=sys.argv[2])
+    """
+)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sigterm_as_a_key_opens_stores_it_ended(root: Path, backend: str) -> None:
+    """SIGTERM as a key's opening write lands: the exit hook writes it too (``live=False``),
+    not left as a live session's checkpoint."""
+    done = subprocess.run(
+        [sys.executable, "-c", SIGTERM_AS_A_KEY_OPENS, str(root), backend],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr[-3000:]
+    assert counts(root, 1) == {6: 1}

@@ -176,6 +176,19 @@ def test_a_key_closed_for_idleness_reopens_from_another_process_write(
     assert checkpoint is not None and checkpoint.state == {"n": 101}
 
 
+def killed(script: str, root: Path, backend: str) -> None:
+    """Run ``script`` (its argv: the root, the backend): it must die of its own SIGTERM."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(root), backend],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr[-3000:]
+
+
 SIGTERM_AS_A_CLOSE_STARTS = textwrap.dedent(
     """
     import os, signal, sys, threading, time
@@ -214,15 +227,7 @@ SIGTERM_AS_A_CLOSE_STARTS = textwrap.dedent(
 def test_sigterm_as_a_close_s_final_write_starts_ends_the_process(root: Path, backend: str) -> None:
     """SIGTERM landing as a key's close starts its final write's thread: the process dies of it,
     the key's last state stored (the exit hook wrote it), not a signal swallowed."""
-    done = subprocess.run(
-        [sys.executable, "-c", SIGTERM_AS_A_CLOSE_STARTS, str(root), backend],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-        check=False,
-    )
-    assert done.returncode == -signal.SIGTERM, done.stderr[-3000:]
+    killed(SIGTERM_AS_A_CLOSE_STARTS, root, backend)
     assert counts(root, 1) == {5: 1}
 
 
@@ -268,13 +273,5 @@ SIGTERM_AS_A_KEY_OPENS = textwrap.dedent(
 def test_sigterm_as_a_key_opens_stores_it_ended(root: Path, backend: str) -> None:
     """SIGTERM as a key's opening write lands: the exit hook writes it too (``live=False``),
     not left as a live session's checkpoint."""
-    done = subprocess.run(
-        [sys.executable, "-c", SIGTERM_AS_A_KEY_OPENS, str(root), backend],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD,
-        check=False,
-    )
-    assert done.returncode == -signal.SIGTERM, done.stderr[-3000:]
+    killed(SIGTERM_AS_A_KEY_OPENS, root, backend)
     assert counts(root, 1) == {6: 1}

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -565,29 +565,46 @@ async def test_a_thread_closed_for_idleness_reopens_from_another_process_write(
 
 class _LetGo(CheckpointSaver):
     """Each put after the first waits until the thread's writer was closed for idleness; the
-    third runs ``meanwhile`` first (LangGraph runs a step's put and put_writes at once)."""
+    third runs ``meanwhile`` first (LangGraph runs a step's put and put_writes at once), once
+    no put is writing and the thread is let go, and every other put waits for it: a put of
+    the run's beside it would take the thread's lock from the other process."""
 
     def __init__(self, store: Store, meanwhile: Callable[[], object] | None = None) -> None:
         super().__init__(store, idle_timeout=0.01)
         self._meanwhile = meanwhile
         self._puts = 0
+        self._writing = 0
+        self._gate = anyio.Lock()
 
-    async def _wait(self) -> None:
-        self._puts += 1
-        while self._puts > 1 and self._threads.registry.statistics().open:  # noqa: ASYNC110
+    async def _let_go(self, *, writing: bool) -> None:
+        """Wait until the thread's writer is closed (and, ``writing``, no put of ours writes)."""
+        while (writing and self._writing) or self._threads.registry.statistics().open:  # noqa: ASYNC110
             await anyio.sleep(0.005)
-        meanwhile = self._meanwhile
-        if self._puts >= 3 and meanwhile is not None:
-            self._meanwhile = None
-            await anyio.to_thread.run_sync(meanwhile)
+
+    @contextlib.asynccontextmanager
+    async def _put(self) -> AsyncIterator[None]:
+        self._puts += 1
+        if self._puts > 1:
+            await self._let_go(writing=False)
+        async with self._gate:
+            meanwhile = self._meanwhile
+            if self._puts >= 3 and meanwhile is not None:
+                self._meanwhile = None
+                await self._let_go(writing=True)  # a put that passed the gate first ends first
+                await anyio.to_thread.run_sync(meanwhile)
+            self._writing += 1
+        try:
+            yield
+        finally:
+            self._writing -= 1
 
     async def aput(self, config: RunnableConfig, *args: Any) -> RunnableConfig:
-        await self._wait()
-        return await super().aput(config, *args)
+        async with self._put():
+            return await super().aput(config, *args)
 
     async def aput_writes(self, config: RunnableConfig, *args: Any) -> None:
-        await self._wait()
-        await super().aput_writes(config, *args)
+        async with self._put():
+            await super().aput_writes(config, *args)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -22,6 +22,28 @@ from checkpointer._stores.atomic import write_atomic
 subprocess._USE_VFORK = False  # type: ignore[misc]
 
 
+# The longest modules go first (about 100-300 CPU-s each, a module on one worker: pyproject's
+# --dist loadfile, --no-loadscope-reorder keeps this order): the last modules handed out are
+# short ones, so neither worker runs a long one alone at the end.  The rest keep their order.
+LONGEST = (
+    "tests/docs/test_quality.py",
+    "tests/docs/test_benchmarks.py",
+    "tests/adapters/test_langgraph_owners.py",
+    "tests/docs/test_site.py",
+    "tests/reliability/test_powercut_command.py",
+    "tests/adapters/test_google_adk.py",
+    "tests/stores/s3/test_processes.py",
+    "tests/adapters/test_claude_agent_sdk_cli.py",
+    "tests/adapters/test_pydantic_ai_owner.py",
+    "tests/adapters/test_openai_agents_server.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first = {module: rank for rank, module in enumerate(LONGEST)}
+    items.sort(key=lambda item: first.get(item.nodeid.partition("::")[0], len(first)))
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Every async test runs on asyncio and on trio."""

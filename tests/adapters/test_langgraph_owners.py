@@ -11,15 +11,19 @@ LangGraph nodes.  Asyncio only, as LangGraph's async API.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import anyio
 import anyio.to_thread
@@ -62,27 +66,86 @@ def _child(*args: str) -> subprocess.Popen[str]:
     )
 
 
-class Agent:
-    """A LangGraph agent in a process of its own (``langgraph_child serve``) on thread "chat"."""
+class Zygote:
+    """``langgraph_child zygote``: LangGraph imported once, in a process that forks each agent."""
 
-    def __init__(self, kind: str, root: Path, *idle_timeout: str) -> None:
-        self.proc = _child("serve", f"{kind}:{root}", "chat", *idle_timeout)
-        self.pid = self.proc.pid
-        self._watchdog = threading.Timer(TIMEOUT, self.proc.kill)
+    def __init__(self) -> None:
+        self.requests, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.requests.settimeout(TIMEOUT + 30)  # a hang guard: a reap waits out the watchdog
+        with theirs:
+            argv = [sys.executable, "-m", "tests.children.langgraph_child", "zygote"]
+            self.proc = subprocess.Popen(
+                [*argv, str(theirs.fileno())], pass_fds=[theirs.fileno()], cwd=ROOT, env=child_env()
+            )
+        self._lock = threading.Lock()
+
+    def _ask(self, request: list[Any], fds: list[int] | None = None) -> int:
+        with self._lock:
+            socket.send_fds(self.requests, [json.dumps(request).encode()], fds or [])
+            answer = self.requests.recv(64)
+        assert answer, f"the zygote ended (exit {self.proc.wait()})"
+        return int(answer)
+
+    def spawn(self, *args: str) -> tuple[int, IO[str], IO[str]]:
+        """A forked agent running ``langgraph_child ARGS``: its pid, stdin and stdout."""
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        try:
+            pid = self._ask(["spawn", list(args)], [stdin_r, stdout_w])
+        finally:
+            os.close(stdin_r)
+            os.close(stdout_w)
+        return pid, open(stdin_w, "w"), open(stdout_r)
+
+    def reap(self, pid: int) -> int:
+        """Wait for the agent ``pid`` to end: its exit code."""
+        return self._ask(["reap", pid])
+
+    def close(self) -> None:
+        self.requests.close()
+        self.proc.wait(TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def zygote() -> Iterator[Zygote]:
+    forks = Zygote()
+    yield forks
+    forks.close()
+
+
+class Agent:
+    """A LangGraph agent in a process of its own (``langgraph_child serve``) on thread "chat",
+    forked by the module's zygote."""
+
+    def __init__(self, zygote: Zygote, kind: str, root: Path, *idle_timeout: str) -> None:
+        self._zygote = zygote
+        self.pid, self._stdin, self._stdout = zygote.spawn(
+            "serve", f"{kind}:{root}", "chat", *idle_timeout
+        )
+        self.returncode: int | None = None
+        self._watchdog = threading.Timer(TIMEOUT, self._kill)
         self._watchdog.start()
         assert self._read()["step"] == "ready"
 
+    def _kill(self) -> None:
+        if self.returncode is None:  # not reaped: the pid is still this agent's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            self.returncode = self._zygote.reap(self.pid)
+        return self.returncode
+
     def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        assert line, f"agent {self.pid} ended (exit {self.proc.wait()})"
+        line = self._stdout.readline()
+        assert line, f"agent {self.pid} ended (exit {self.wait()})"
         answer: dict[str, Any] = json.loads(line)
         return answer
 
     def send(self, command: str) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
+        self._stdin.write(command + "\n")
+        self._stdin.flush()
         return self._read()
 
     def turns(self, *texts: str) -> list[str]:
@@ -96,23 +159,25 @@ class Agent:
 
     def close(self) -> dict[str, Any]:
         answer = self.send("close")
-        self.proc.wait(timeout=TIMEOUT)
+        self.wait()
         self._watchdog.cancel()
         return answer
 
     def kill(self) -> None:
         self._watchdog.cancel()
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate()  # and its pipes closed
+        self._kill()
+        self.wait()
+        for pipe in (self._stdin, self._stdout):
+            with contextlib.suppress(OSError):  # a write the dead agent never read
+                pipe.close()
 
 
 @pytest.fixture
-def agents() -> Iterator[Callable[..., Agent]]:
+def agents(zygote: Zygote) -> Iterator[Callable[..., Agent]]:
     started: list[Agent] = []
 
     def start(kind: str, root: Path, *idle_timeout: str) -> Agent:
-        agent = Agent(kind, root, *idle_timeout)
+        agent = Agent(zygote, kind, root, *idle_timeout)
         started.append(agent)
         return agent
 
@@ -500,29 +565,46 @@ async def test_a_thread_closed_for_idleness_reopens_from_another_process_write(
 
 class _LetGo(CheckpointSaver):
     """Each put after the first waits until the thread's writer was closed for idleness; the
-    third runs ``meanwhile`` first (LangGraph runs a step's put and put_writes at once)."""
+    third runs ``meanwhile`` first (LangGraph runs a step's put and put_writes at once), once
+    no put is writing and the thread is let go, and every other put waits for it: a put of
+    the run's beside it would take the thread's lock from the other process."""
 
     def __init__(self, store: Store, meanwhile: Callable[[], object] | None = None) -> None:
         super().__init__(store, idle_timeout=0.01)
         self._meanwhile = meanwhile
         self._puts = 0
+        self._writing = 0
+        self._gate = anyio.Lock()
 
-    async def _wait(self) -> None:
-        self._puts += 1
-        while self._puts > 1 and self._threads.registry.statistics().open:  # noqa: ASYNC110
+    async def _let_go(self, *, writing: bool) -> None:
+        """Wait until the thread's writer is closed (and, ``writing``, no put of ours writes)."""
+        while (writing and self._writing) or self._threads.registry.statistics().open:  # noqa: ASYNC110
             await anyio.sleep(0.005)
-        meanwhile = self._meanwhile
-        if self._puts >= 3 and meanwhile is not None:
-            self._meanwhile = None
-            await anyio.to_thread.run_sync(meanwhile)
+
+    @contextlib.asynccontextmanager
+    async def _put(self) -> AsyncIterator[None]:
+        self._puts += 1
+        if self._puts > 1:
+            await self._let_go(writing=False)
+        async with self._gate:
+            meanwhile = self._meanwhile
+            if self._puts >= 3 and meanwhile is not None:
+                self._meanwhile = None
+                await self._let_go(writing=True)  # a put that passed the gate first ends first
+                await anyio.to_thread.run_sync(meanwhile)
+            self._writing += 1
+        try:
+            yield
+        finally:
+            self._writing -= 1
 
     async def aput(self, config: RunnableConfig, *args: Any) -> RunnableConfig:
-        await self._wait()
-        return await super().aput(config, *args)
+        async with self._put():
+            return await super().aput(config, *args)
 
     async def aput_writes(self, config: RunnableConfig, *args: Any) -> None:
-        await self._wait()
-        await super().aput_writes(config, *args)
+        async with self._put():
+            await super().aput_writes(config, *args)
 
 
 @pytest.mark.parametrize("kind", KINDS)

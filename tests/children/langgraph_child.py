@@ -3,6 +3,7 @@
     python -m tests.children.langgraph_child serve STORE THREAD [IDLE_TIMEOUT]
     python -m tests.children.langgraph_child race STORE ROOT REPEATS [AT_ONCE]
     python -m tests.children.langgraph_child many ROOT N
+    python -m tests.children.langgraph_child zygote FD
 
 ``STORE`` is ``file``, ``journal``, ``unlocked-file`` or ``unlocked-journal``
 (a store of one's own that forwards every method but ``lock()``: it fences
@@ -33,6 +34,13 @@ random), runs three turns (``"a-0"``...) and closes its saver, then prints
 None), and when its first turn began and its saver had closed
 (``time.monotonic()``: one clock for every process of the machine).
 
+``zygote`` imports LangGraph and the saver once, then forks a ``serve``
+agent for each request on the ``SOCK_SEQPACKET`` socket ``FD``: a JSON
+``["spawn", [ARG, ...]]`` with two descriptors, the agent's stdin and
+stdout, answered with its pid; ``["reap", PID]`` waits for that agent and
+answers its exit code.  The tests' agents start in a moment, not an
+interpreter's and LangGraph's start each: processes of their own all the same.
+
 ``many`` is a server under ``ulimit -n 1024``: one saver on the ``FileStore``
 at ``ROOT``, threads ``t0`` ... ``t<N-1>`` one turn each (``"hi <i>"``,
 ``durability="sync"``: each thread's key taken as its run puts), 64 runs at a
@@ -42,11 +50,14 @@ time; then it closes the saver and prints the registry's statistics.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import os
 import random
+import socket
 import sys
 import time
+import traceback
 from typing import Any
 
 from checkpointer import CheckpointFailed, FileStore, JournalStore
@@ -212,8 +223,59 @@ async def many(root: str, n: int) -> None:
     say(step="done", **msgspec.to_builtins(saver._threads.registry.statistics()))
 
 
+def zygote(fd: int) -> None:
+    import langchain_core.messages  # noqa: F401 -- imported once, before the forks
+    import langgraph.graph  # noqa: F401
+
+    import checkpointer.langgraph  # noqa: F401
+    import tests.children.adapter_child  # noqa: F401
+
+    requests = socket.socket(fileno=fd)
+    while True:
+        message, fds, _, _ = socket.recv_fds(requests, 65536, 2)
+        if not message:  # the test process let go of its end
+            return
+        what, arg = json.loads(message)
+        if what == "spawn":
+            pid = os.fork()
+            if pid == 0:
+                requests.close()
+                _forked(arg, fds)
+            for passed in fds:
+                os.close(passed)
+            requests.send(str(pid).encode())
+        else:
+            _, status = os.waitpid(arg, 0)
+            requests.send(str(os.waitstatus_to_exitcode(status)).encode())
+
+
+def _forked(argv: list[str], fds: list[int]) -> None:
+    """In a forked agent: ``fds`` become stdin and stdout, ``argv`` runs, the process ends."""
+    code = 1
+    try:
+        os.dup2(fds[0], 0)
+        os.dup2(fds[1], 1)
+        for passed in fds:
+            os.close(passed)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 -- fresh buffers, not the zygote's
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.argv = [sys.argv[0], *argv]
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        atexit._run_exitfuncs()  # as the end of an interpreter would
+        sys.stdout.flush()
+        os._exit(code)
+
+
 def main() -> None:
-    if sys.argv[1] == "serve":
+    if sys.argv[1] == "zygote":
+        zygote(int(sys.argv[2]))
+    elif sys.argv[1] == "serve":
         idle = float(sys.argv[4]) if len(sys.argv) > 4 else 300.0
         asyncio.run(serve(sys.argv[2], sys.argv[3], idle))
     elif sys.argv[1] == "many":

@@ -227,19 +227,21 @@ async def test_without_max_open_a_low_ulimit_closes_keys_past_half_of_it(
 
 
 class _Gated(FileStore):
-    """A store whose writes, while ``failing``, wait for ``gate``, then fail."""
+    """A store whose writes, while ``held``, wait for ``gate`` (a disk that does not answer),
+    then fail if ``failing``."""
 
-    failing = False
+    held = failing = False
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.gate, self.entered = threading.Event(), threading.Event()
 
     def write(self, key: str, chunks: Any, **kw: Any) -> int:
-        if self.failing:
+        if self.held:
             self.entered.set()
-            assert self.gate.wait(60)
-            raise OSError(28, "No space left on device")
+            assert self.gate.wait(2 * HANG_GUARD)  # past the test's own guard
+            if self.failing:
+                raise OSError(28, "No space left on device")
         return super().write(key, chunks, **kw)
 
 
@@ -413,8 +415,7 @@ async def test_aclose_ends_when_a_close_in_flight_keeps_its_key(
 ) -> None:
     """Idle closes whose writes fail as aclose() begins: aclose() closes their keys (the final
     writes fail, on_close told) rather than wait for a key kept open."""
-    sessions = Sessions(_Gated(tmp_path))
-    store: _Gated = sessions.store  # type: ignore[assignment]
+    sessions = Sessions(store := _Gated(tmp_path))
     registry = sessions.registry(idle_timeout=10.0, clock=clock)
     ended = anyio.Event()
 
@@ -426,7 +427,7 @@ async def test_aclose_ends_when_a_close_in_flight_keeps_its_key(
         for key in ("a", "b"):
             async with registry.session(key):
                 sessions.n[key] = 1
-        store.failing = True
+        store.held = store.failing = True
         await clock.advance(10.0, sleepers=3)  # idle: their closes begin, held at the gate
         assert await anyio.to_thread.run_sync(store.entered.wait, HANG_GUARD)
         tg.start_soon(close)
@@ -441,30 +442,13 @@ async def test_aclose_ends_when_a_close_in_flight_keeps_its_key(
     assert sorted(key for key, _ in sessions.closed) == ["a", "b"]
 
 
-class _Hung(FileStore):
-    """A store whose writes, while ``hung``, wait for ``gate`` (a disk that does not answer)."""
-
-    hung = False
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.gate, self.entered = threading.Event(), threading.Event()
-
-    def write(self, key: str, chunks: Any, **kw: Any) -> int:
-        if self.hung:
-            self.entered.set()
-            assert self.gate.wait(2 * HANG_GUARD)  # past the test's own guard
-        return super().write(key, chunks, **kw)
-
-
 async def test_an_idle_close_whose_write_never_returns_ends_at_close_timeout(
     tmp_path: Path, clock: FakeClock
 ) -> None:
     """An idle key's write stuck in the store as aclose() begins: aclose() returns, bounded by
     close_timeout as a writer's close is, the key let go with a Failed saying its write goes
     on; the state lands once the store answers."""
-    sessions = Sessions(_Hung(tmp_path))
-    store: _Hung = sessions.store  # type: ignore[assignment]
+    sessions = Sessions(store := _Gated(tmp_path))
     registry = sessions.registry(idle_timeout=10.0, clock=clock, limits=Limits(close_timeout=0.05))
     ended = anyio.Event()
 
@@ -477,7 +461,7 @@ async def test_an_idle_close_whose_write_never_returns_ends_at_close_timeout(
             sessions.n["a"] = 1
             assert isinstance(await writer.write_now(), Written)
             sessions.n["a"] = 2  # not notified: the idle close writes it
-        store.hung = True
+        store.held = True
         await clock.advance(10.0, sleepers=1)  # idle: its close begins, its write held
         assert await anyio.to_thread.run_sync(store.entered.wait, HANG_GUARD)
         tg.start_soon(close)
@@ -500,18 +484,18 @@ async def test_a_key_whose_idle_write_outlasts_close_timeout_stays_open(
     """An idle key's write the store has not answered within close_timeout: the key stays open
     (its write goes on), so a use meanwhile gets the same writer, not a refusal by its own
     write's lock, and its change lands after that write."""
-    sessions = Sessions(store := _Hung(tmp_path))
+    sessions = Sessions(store := _Gated(tmp_path))
     limits = Limits(close_timeout=0.05)
     async with sessions.registry(idle_timeout=10.0, clock=clock, limits=limits) as registry:
         async with registry.session("a") as first:
             sessions.n["a"] = 1
-        store.hung = True
+        store.held = True
         await clock.advance(10.0, sleepers=1)  # idle: its close begins, its write held
         assert await anyio.to_thread.run_sync(store.entered.wait, HANG_GUARD)
         async with registry.session("a") as again:  # after close_timeout: kept open
             assert again is first
             sessions.n["a"] = 100
-            store.hung = False
+            store.held = False
             store.gate.set()
         await registry.release("a")
     assert sessions.resumed == ["a"]
